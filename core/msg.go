@@ -1,0 +1,221 @@
+package core
+
+import "time"
+
+// ProtocolVersion is checked at connect: a Hello with another version is refused.
+const ProtocolVersion = 1
+
+// ConnID names one control connection. The driver assigns it; a reconnect is a
+// new ConnID. Zero means "no connection".
+type ConnID uint64
+
+// LeaseID is a fencing token: every grant gets a strictly greater one.
+type LeaseID uint64
+
+// StepID names a step: "<run>/<step name>", with "[i]" appended for the i-th
+// instance of a forEach step.
+type StepID string
+
+// RunID names a run: "run-<n>".
+type RunID string
+
+// WorkerID is a worker instance's UUID, fixed for its process lifetime.
+type WorkerID string
+
+// LeaseRef names one lease a worker holds.
+type LeaseRef struct {
+	Step  StepID
+	Lease LeaseID
+}
+
+// Msg is a control-plane message between a worker and the orchestrator.
+type Msg interface{ Kind() string }
+
+// Messages from a worker to the orchestrator.
+type (
+	// Hello opens every connection. The first connection of an instance
+	// carries Token (enrollment); later ones carry Credential and InFlight.
+	Hello struct {
+		Version    int
+		Token      string // "<name>.<secret hex>" on enrollment
+		Credential string // session credential on reconnect
+		Worker     WorkerID
+		Name       string
+		Tags       []string
+		Labels     map[string]string
+		Platform   string
+		Slots      int
+		Scaler     bool          // scaler-managed: single use, no grace
+		MaxDelay   time.Duration // the worker's max reconnect delay; grace = 2×
+		InFlight   []LeaseRef
+	}
+	// Heartbeat lists the leases the worker holds.
+	Heartbeat struct{ InFlight []LeaseRef }
+	// Start accepts a dispatch. For a no-write step the process has already
+	// started; for a write-bearing step it asks permission (the start handshake)
+	// and the process starts only on a StartAck with OK.
+	Start struct {
+		Lease   LeaseID
+		Request uint64
+	}
+	// RejectDispatch refuses a dispatch (busy, incompatible); the step is
+	// requeued as never started.
+	RejectDispatch struct {
+		Lease  LeaseID
+		Reason string
+	}
+	// Report is complete|fail(step, lease, outcome, request id).
+	Report struct {
+		Step    StepID
+		Lease   LeaseID
+		Request uint64
+		Outcome Outcome
+	}
+	// Logs carries log lines of one lease, each with the worker's sequence
+	// number and timestamp.
+	Logs struct {
+		Lease LeaseID
+		Lines []LogLine
+	}
+	// Events carries protocol events of one lease (buffered while offline).
+	Events struct {
+		Lease  LeaseID
+		Events []LogLine
+	}
+	// Refresh asks for the session credential's validity to slide forward.
+	Refresh struct{ Request uint64 }
+)
+
+// Messages from the orchestrator to a worker.
+type (
+	// Welcome accepts a Hello. Credential is set only on enrollment.
+	Welcome struct {
+		Worker        WorkerID
+		Credential    string
+		CredentialTTL time.Duration
+		Heartbeat     time.Duration
+		// Cancel lists reported leases that are no longer current.
+		Cancel []LeaseID
+	}
+	// Refused refuses a Hello; the driver closes the connection after sending.
+	Refused struct {
+		Reason string
+		Fatal  bool // the worker must not retry (bad token, revoked, expired)
+	}
+	// Dispatch grants a lease.
+	Dispatch struct {
+		Lease   LeaseID
+		Step    StepID
+		Run     RunID
+		Command string
+		Env     map[string]string
+		Writes  bool
+		Timeout time.Duration
+		Attempt int
+	}
+	// StartAck answers Start: OK means START is durably recorded.
+	StartAck struct {
+		Lease   LeaseID
+		Request uint64
+		OK      bool
+		Reason  string
+	}
+	// Cancel tells the worker to stop a lease's execution.
+	Cancel struct {
+		Lease  LeaseID
+		Reason string
+	}
+	// Answer answers a Report: exactly one of COMMITTED, CANCELLED, REJECTED.
+	Answer struct {
+		Lease   LeaseID
+		Request uint64
+		Verdict Verdict
+		Reason  string
+	}
+	// Refreshed answers Refresh with the credential's new validity.
+	Refreshed struct {
+		Request uint64
+		TTL     time.Duration
+	}
+	// Close ends the session (token revoked, credential expired, superseded).
+	// The driver closes the connection after sending it.
+	Close struct{ Reason string }
+)
+
+func (Hello) Kind() string          { return "hello" }
+func (Heartbeat) Kind() string      { return "heartbeat" }
+func (Start) Kind() string          { return "start" }
+func (RejectDispatch) Kind() string { return "reject" }
+func (Report) Kind() string         { return "report" }
+func (Logs) Kind() string           { return "logs" }
+func (Events) Kind() string         { return "events" }
+func (Refresh) Kind() string        { return "refresh" }
+func (Welcome) Kind() string        { return "welcome" }
+func (Refused) Kind() string        { return "refused" }
+func (Dispatch) Kind() string       { return "dispatch" }
+func (StartAck) Kind() string       { return "start-ack" }
+func (Cancel) Kind() string         { return "cancel" }
+func (Answer) Kind() string         { return "answer" }
+func (Refreshed) Kind() string      { return "refreshed" }
+func (Close) Kind() string          { return "close" }
+
+// Verdict is the orchestrator's answer to a report.
+type Verdict uint8
+
+const (
+	VerdictNone Verdict = iota
+	Committed
+	Cancelled
+	Rejected
+)
+
+func (v Verdict) String() string {
+	switch v {
+	case Committed:
+		return "COMMITTED"
+	case Cancelled:
+		return "CANCELLED"
+	case Rejected:
+		return "REJECTED"
+	}
+	return "NONE"
+}
+
+// OutcomeStatus is what a worker says happened to an execution.
+type OutcomeStatus uint8
+
+const (
+	OutcomeSuccess       OutcomeStatus = iota + 1 // exit code 0
+	OutcomeFailure                                // non-zero exit or failed to start
+	OutcomeCancelled                              // stopped after a Cancel
+	OutcomeCleanupFailed                          // stopped after a Cancel, cleanup failed
+)
+
+func (o OutcomeStatus) String() string {
+	switch o {
+	case OutcomeSuccess:
+		return "ok"
+	case OutcomeFailure:
+		return "fail"
+	case OutcomeCancelled:
+		return "cancelled"
+	case OutcomeCleanupFailed:
+		return "cleanup-failed"
+	}
+	return "invalid"
+}
+
+// Outcome is the result a worker reports for a lease.
+type Outcome struct {
+	Status   OutcomeStatus
+	ExitCode int
+	Message  string
+}
+
+// LogLine is one line of step output or one protocol event, stamped by the
+// worker's clock (the orchestrator stores it as given).
+type LogLine struct {
+	Seq  uint64
+	At   time.Time
+	Text string
+}

@@ -1,0 +1,635 @@
+package core
+
+import (
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/hex"
+	"fmt"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Orchestrator is the pure state machine that owns all durable truth: runs,
+// steps, leases, the worker pool and tokens. It is not safe for concurrent use;
+// one driver goroutine owns it. It does no I/O and reads no clock: every input
+// comes with the orchestrator's time, and every effect is returned in a Ready.
+type Orchestrator struct {
+	cfg Config
+	now time.Time
+
+	// Durable state (every field below is reflected in Records).
+	meta    MetaRecord
+	runs    map[RunID]*RunRecord
+	steps   map[StepID]*StepRecord
+	leases  map[LeaseID]*LeaseRecord
+	workers map[WorkerID]*WorkerRecord
+	tokens  map[string]*TokenRecord
+	events  map[RunID][]ServerEvent
+	logs    map[LeaseID][]StepLogLine
+
+	// Derived indexes, rebuilt by load.
+	specOf       map[StepID]*StepSpec
+	dependents   map[StepID][]StepID
+	ready        map[StepID]bool // queued, no lease, not a task step
+	workerLeases map[WorkerID]map[LeaseID]bool
+	logSeen      map[LeaseID]map[uint64]bool
+
+	// Connections are not durable: after a restart every worker is disconnected.
+	conns  map[ConnID]WorkerID
+	connOf map[WorkerID]ConnID
+
+	timers timerHeap
+
+	// The batch being built by the current Step.
+	rd      Ready
+	dirty   map[string]bool
+	appends []Record
+}
+
+// NewOrchestrator returns an empty orchestrator.
+func NewOrchestrator(cfg Config) *Orchestrator {
+	o := &Orchestrator{cfg: cfg.withDefaults()}
+	o.init()
+	return o
+}
+
+func (o *Orchestrator) init() {
+	o.runs = map[RunID]*RunRecord{}
+	o.steps = map[StepID]*StepRecord{}
+	o.leases = map[LeaseID]*LeaseRecord{}
+	o.workers = map[WorkerID]*WorkerRecord{}
+	o.tokens = map[string]*TokenRecord{}
+	o.events = map[RunID][]ServerEvent{}
+	o.logs = map[LeaseID][]StepLogLine{}
+	o.specOf = map[StepID]*StepSpec{}
+	o.dependents = map[StepID][]StepID{}
+	o.ready = map[StepID]bool{}
+	o.workerLeases = map[WorkerID]map[LeaseID]bool{}
+	o.logSeen = map[LeaseID]map[uint64]bool{}
+	o.conns = map[ConnID]WorkerID{}
+	o.connOf = map[WorkerID]ConnID{}
+	o.dirty = map[string]bool{}
+}
+
+// Config returns the effective configuration (defaults filled in).
+func (o *Orchestrator) Config() Config { return o.cfg }
+
+// Now returns the time of the last input.
+func (o *Orchestrator) Now() time.Time { return o.now }
+
+// Step applies one input at time now and returns the resulting batch. Time
+// never runs backwards inside the core: an earlier now is treated as the
+// last one seen. Timers strictly overdue fire before the input; then the input
+// is applied; then timers due at now fire (so an input and a timer at the same
+// instant are ordered by which the driver delivers first); then ready steps
+// are dispatched.
+func (o *Orchestrator) Step(now time.Time, in Input) Ready {
+	if now.Before(o.now) {
+		now = o.now
+	}
+	o.now = now
+	if o.meta.NextSweep.IsZero() {
+		o.meta.NextSweep = now.Add(o.cfg.SweepInterval)
+		o.arm(o.meta.NextSweep, tSweep, "")
+		o.markMeta()
+	}
+	o.fireTimers(now, true)
+	switch in := in.(type) {
+	case Tick:
+	case Received:
+		o.receive(in)
+	case Disconnected:
+		if w, ok := o.conns[in.Conn]; ok {
+			o.disconnect(w, "connection closed")
+		}
+	case Submit:
+		o.submit(in)
+	case CancelRun:
+		o.apiCancelRun(in)
+	case Approve:
+		o.gate(in.Call, in.Step, EvApprove)
+	case RejectGate:
+		o.gate(in.Call, in.Step, EvReject)
+	case CreateToken:
+		o.createToken(in)
+	case RevokeToken:
+		o.revokeToken(in)
+	default:
+		panic(fmt.Sprintf("core: unknown input %T", in))
+	}
+	o.fireTimers(now, false)
+	o.dispatch()
+	return o.finish()
+}
+
+// finish collects the batch: dirty entities become records, sorted by key.
+func (o *Orchestrator) finish() Ready {
+	keys := make([]string, 0, len(o.dirty))
+	for k := range o.dirty {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	recs := make([]Record, 0, len(keys)+len(o.appends))
+	for _, k := range keys {
+		recs = append(recs, o.recordFor(k))
+	}
+	recs = append(recs, o.appends...)
+	sort.SliceStable(recs, func(i, j int) bool { return recs[i].Key < recs[j].Key })
+	rd := o.rd
+	rd.Records = recs
+	if t, ok := o.nextTimer(); ok {
+		rd.Deadline = t.at
+	}
+	o.rd = Ready{}
+	clear(o.dirty)
+	o.appends = nil
+	return rd
+}
+
+func (o *Orchestrator) recordFor(key string) Record {
+	kind, id, _ := strings.Cut(key, "/")
+	var v any
+	switch kind {
+	case KindMeta:
+		v = o.meta
+	case KindRun:
+		if r := o.runs[RunID(id)]; r != nil {
+			v = r
+		}
+	case KindStep:
+		if s := o.steps[StepID(id)]; s != nil {
+			v = s
+		}
+	case KindLease:
+		if l := o.leases[parseLeaseKey(id)]; l != nil {
+			v = l
+		}
+	case KindWorker:
+		if w := o.workers[WorkerID(id)]; w != nil {
+			v = w
+		}
+	case KindToken:
+		if t := o.tokens[id]; t != nil {
+			v = t
+		}
+	default:
+		panic("core: dirty key of unknown kind " + key)
+	}
+	if v == nil {
+		return Record{Key: key, Delete: true}
+	}
+	return Record{Key: key, Value: encode(v)}
+}
+
+func leaseKeyID(id LeaseID) string { return strconv.FormatUint(uint64(id), 10) }
+
+func parseLeaseKey(s string) LeaseID {
+	n, _ := strconv.ParseUint(s, 10, 64)
+	return LeaseID(n)
+}
+
+func (o *Orchestrator) markMeta()              { o.dirty[metaKey()] = true }
+func (o *Orchestrator) markRun(r *RunRecord)   { o.dirty[runKey(r.ID)] = true }
+func (o *Orchestrator) markLease(l *LeaseRecord) {
+	o.dirty[leaseKey(l.ID)] = true
+}
+func (o *Orchestrator) markWorker(w *WorkerRecord) { o.dirty[workerKey(w.ID)] = true }
+func (o *Orchestrator) markToken(t *TokenRecord)   { o.dirty[tokenKey(t.Name)] = true }
+
+// markStep records a change to a step and keeps the ready set in step.
+func (o *Orchestrator) markStep(s *StepRecord) {
+	o.dirty[stepKey(s.ID)] = true
+	if s.State == StateQueued && s.Lease == 0 && o.specOf[s.ID].Type != "task" {
+		o.ready[s.ID] = true
+	} else {
+		delete(o.ready, s.ID)
+	}
+}
+
+func (o *Orchestrator) send(c ConnID, m Msg) {
+	o.rd.Messages = append(o.rd.Messages, Envelope{Conn: c, Msg: m})
+}
+
+func (o *Orchestrator) sendTo(w WorkerID, m Msg) {
+	if c, ok := o.connOf[w]; ok {
+		o.send(c, m)
+	}
+}
+
+func (o *Orchestrator) answer(a APIAnswer) { o.rd.Answers = append(o.rd.Answers, a) }
+
+func (o *Orchestrator) logf(level, msg string, kv ...string) {
+	e := LogEntry{Level: level, Msg: msg}
+	for i := 0; i+1 < len(kv); i += 2 {
+		e.Fields = append(e.Fields, Field{kv[i], kv[i+1]})
+	}
+	o.rd.Logs = append(o.rd.Logs, e)
+}
+
+// event records a server event on a run (durably, as an appended record).
+func (o *Orchestrator) event(run RunID, step StepID, kind, msg string) {
+	r := o.runs[run]
+	if r == nil {
+		return
+	}
+	r.EventSeq++
+	o.markRun(r)
+	ev := ServerEvent{Run: run, Seq: r.EventSeq, At: o.now, Step: step, Kind: kind, Message: msg}
+	o.events[run] = append(o.events[run], ev)
+	o.rd.Events = append(o.rd.Events, ev)
+	o.appends = append(o.appends, Record{Key: eventKey(run, ev.Seq), Value: encode(ev)})
+}
+
+func (o *Orchestrator) connected(w WorkerID) bool {
+	_, ok := o.connOf[w]
+	return ok
+}
+
+// ---- the step state machine ----
+
+// transition applies event e to step s. The table refusing the pair here is
+// a bug in the orchestrator, never a consequence of input: callers check the
+// state first. Entering a terminal state ends the step's lease and cascades.
+func (o *Orchestrator) transition(s *StepRecord, e Event) {
+	to, ok := Next(s.State, e)
+	if !ok {
+		panic(fmt.Sprintf("core: step %s: %s refused in state %s", s.ID, e, s.State))
+	}
+	from := s.State
+	s.State = to
+	switch {
+	case to == StateQueued:
+		s.QueuedAt = o.now
+	case to == StateRunning && from == StateQueued:
+		s.StartedAt = o.now
+		s.EverStarted = true
+	}
+	if to != StateCancelling {
+		s.ForceAt = time.Time{}
+	}
+	if to.Terminal() {
+		s.FinishedAt = o.now
+		if s.Lease != 0 {
+			o.endLease(o.leases[s.Lease], "step "+to.String())
+		}
+	}
+	o.markStep(s)
+	if to.Terminal() {
+		o.afterTerminal(s)
+	}
+}
+
+func (o *Orchestrator) fail(s *StepRecord, class FailureClass, msg string) {
+	s.Class, s.Message = class, msg
+	o.transition(s, EvFail)
+	o.event(s.Run, s.ID, "step-failed", string(class)+": "+msg)
+}
+
+// endLease takes authority away from a lease. It is never given back.
+func (o *Orchestrator) endLease(l *LeaseRecord, reason string) {
+	if l == nil || !l.Current {
+		return
+	}
+	l.Current = false
+	l.EndReason = reason
+	l.Deadline = time.Time{}
+	o.markLease(l)
+	delete(o.workerLeases[l.Worker], l.ID)
+	if s := o.steps[l.Step]; s != nil && s.Lease == l.ID {
+		s.Lease = 0
+		o.markStep(s)
+	}
+}
+
+// afterTerminal cascades a finished step to its dependents and its run.
+func (o *Orchestrator) afterTerminal(s *StepRecord) {
+	r := o.runs[s.Run]
+	if s.State == StateFailed && !r.Failed {
+		r.Failed = true
+		o.markRun(r)
+		o.event(r.ID, s.ID, "run-failed", fmt.Sprintf("run failed: step %s failed", s.ID))
+		if r.Parent != "" {
+			o.event(r.Parent, "", "child-run-failed", fmt.Sprintf("child run %s failed at step %s", r.ID, s.ID))
+		}
+	}
+	if s.State != StateSuccess {
+		for _, d := range o.dependents[s.ID] {
+			ds := o.steps[d]
+			if ds.State == StatePending {
+				ds.SkippedBy = s.ID
+				ds.Message = fmt.Sprintf("skipped: dependency %s %s", s.ID, s.State)
+				o.transition(ds, EvSkip)
+				o.event(r.ID, ds.ID, "step-skipped", ds.Message)
+			}
+		}
+	} else {
+		for _, d := range o.dependents[s.ID] {
+			o.promote(o.steps[d])
+		}
+	}
+	o.checkRunFinished(r)
+}
+
+func (o *Orchestrator) checkRunFinished(r *RunRecord) {
+	if r.Finished {
+		return
+	}
+	for _, id := range r.Steps {
+		if !o.steps[id].State.Terminal() {
+			return
+		}
+	}
+	r.Finished = true
+	r.FinishedAt = o.now
+	o.markRun(r)
+	st := o.runStatus(r)
+	o.event(r.ID, "", "run-finished", "run "+st)
+	if r.Parent != "" {
+		o.event(r.Parent, "", "child-run-finished", fmt.Sprintf("child run %s %s", r.ID, st))
+	}
+}
+
+// promote moves a pending step whose dependencies all succeeded through its
+// gate (held, waiting) or into the queue.
+func (o *Orchestrator) promote(s *StepRecord) {
+	if s.State != StatePending {
+		return
+	}
+	for _, d := range s.Deps {
+		if o.steps[d].State != StateSuccess {
+			return
+		}
+	}
+	sp := o.specOf[s.ID]
+	switch {
+	case sp.Hold:
+		if sp.HoldExpiry > 0 {
+			s.HoldUntil = o.now.Add(sp.HoldExpiry)
+			o.arm(s.HoldUntil, tHold, string(s.ID))
+		}
+		o.transition(s, EvHold)
+		o.event(s.Run, s.ID, "step-held", "waiting for an operator's approval")
+	case sp.Wait > 0:
+		s.WaitUntil = o.now.Add(sp.Wait)
+		o.arm(s.WaitUntil, tWait, string(s.ID))
+		o.transition(s, EvWait)
+	default:
+		o.enqueue(s)
+	}
+}
+
+func (o *Orchestrator) enqueue(s *StepRecord) {
+	o.transition(s, EvEnqueue)
+	o.afterQueued(s)
+}
+
+// afterQueued runs a task step on the orchestrator itself: it has no command
+// to ship, so it starts and succeeds at once.
+func (o *Orchestrator) afterQueued(s *StepRecord) {
+	if o.specOf[s.ID].Type != "task" {
+		return
+	}
+	o.transition(s, EvStart)
+	s.Outcome = &Outcome{Status: OutcomeSuccess}
+	o.transition(s, EvSucceed)
+	o.event(s.Run, s.ID, "task-step", "task step completed on the orchestrator")
+}
+
+// ---- operator API ----
+
+func (o *Orchestrator) submit(in Submit) {
+	if err := in.Spec.Validate(); err != nil {
+		o.answer(APIAnswer{Call: in.Call, Err: err.Error()})
+		return
+	}
+	if in.Parent != "" && o.runs[in.Parent] == nil {
+		o.answer(APIAnswer{Call: in.Call, Err: fmt.Sprintf("unknown parent run %q", in.Parent)})
+		return
+	}
+	o.meta.RunSeq++
+	o.markMeta()
+	r := &RunRecord{ID: RunID(fmt.Sprintf("run-%d", o.meta.RunSeq)), Spec: in.Spec, Parent: in.Parent, SubmittedAt: o.now}
+	if in.Spec.Timeout > 0 {
+		r.Deadline = o.now.Add(in.Spec.Timeout)
+	}
+	o.runs[r.ID] = r
+	o.indexRun(r, true)
+	o.markRun(r)
+	o.event(r.ID, "", "run-submitted", fmt.Sprintf("run submitted with %d steps", len(r.Steps)))
+	for _, id := range r.Steps {
+		o.markStep(o.steps[id])
+	}
+	for _, id := range r.Steps {
+		o.promote(o.steps[id])
+	}
+	o.answer(APIAnswer{Call: in.Call, Run: r.ID})
+}
+
+// instanceIDs lists the step ids a spec step expands to.
+func instanceIDs(run RunID, sp *StepSpec) []StepID {
+	if len(sp.ForEach) == 0 {
+		return []StepID{StepID(string(run) + "/" + sp.Name)}
+	}
+	ids := make([]StepID, len(sp.ForEach))
+	for i := range sp.ForEach {
+		ids[i] = StepID(fmt.Sprintf("%s/%s[%d]", run, sp.Name, i))
+	}
+	return ids
+}
+
+// indexRun builds the derived indexes of a run; with create it also creates
+// the run's steps (on submit, not on load).
+func (o *Orchestrator) indexRun(r *RunRecord, create bool) {
+	for i := range r.Spec.Steps {
+		sp := &r.Spec.Steps[i]
+		var deps []StepID
+		for _, d := range sp.DependsOn {
+			for k := range r.Spec.Steps {
+				if r.Spec.Steps[k].Name == d {
+					deps = append(deps, instanceIDs(r.ID, &r.Spec.Steps[k])...)
+				}
+			}
+		}
+		for idx, id := range instanceIDs(r.ID, sp) {
+			o.specOf[id] = sp
+			for _, d := range deps {
+				o.dependents[d] = append(o.dependents[d], id)
+			}
+			if !create {
+				continue
+			}
+			req, _ := RequiredTags(*sp)
+			s := &StepRecord{ID: id, Run: r.ID, Name: sp.Name, Index: -1, Deps: deps, RequiredTags: req}
+			if len(sp.ForEach) > 0 {
+				s.Index, s.Item = idx, sp.ForEach[idx]
+			}
+			o.steps[id] = s
+			r.Steps = append(r.Steps, id)
+		}
+	}
+}
+
+func (o *Orchestrator) apiCancelRun(in CancelRun) {
+	r := o.runs[in.Run]
+	switch {
+	case r == nil:
+		o.answer(APIAnswer{Call: in.Call, Err: fmt.Sprintf("unknown run %q", in.Run)})
+		return
+	case r.Finished:
+		o.answer(APIAnswer{Call: in.Call, Err: fmt.Sprintf("run %s already finished (%s)", r.ID, o.runStatus(r))})
+		return
+	}
+	reason := in.Reason
+	if reason == "" {
+		reason = "cancelled by operator"
+	}
+	o.cancelRun(r, ClassOperator, reason)
+	o.answer(APIAnswer{Call: in.Call, Run: r.ID})
+}
+
+func (o *Orchestrator) cancelRun(r *RunRecord, class FailureClass, reason string) {
+	if r.CancelReason == "" {
+		r.CancelReason, r.CancelClass = reason, class
+		o.markRun(r)
+		o.event(r.ID, "", "run-cancel", reason)
+	}
+	for _, id := range r.Steps {
+		o.cancelStep(o.steps[id], class, reason)
+	}
+}
+
+// cancelStep cancels one step (§3.5): a running step on a connected worker is
+// cancelled gracefully; anything else non-terminal is cancelled at once.
+func (o *Orchestrator) cancelStep(s *StepRecord, class FailureClass, reason string) {
+	switch s.State {
+	case StateRunning:
+		l := o.leases[s.Lease]
+		if o.connected(l.Worker) {
+			s.Class, s.Message = class, reason
+			s.ForceAt = o.now.Add(o.cfg.ForceCancel)
+			o.arm(s.ForceAt, tForce, string(s.ID))
+			o.transition(s, EvCancelGraceful)
+			o.sendTo(l.Worker, Cancel{Lease: l.ID, Reason: reason})
+			o.event(s.Run, s.ID, "step-cancelling", reason)
+			return
+		}
+		fallthrough
+	case StatePending, StateQueued, StateRecovering, StateHeld, StateWaiting:
+		if s.Lease != 0 {
+			l := o.leases[s.Lease]
+			o.sendTo(l.Worker, Cancel{Lease: l.ID, Reason: reason})
+		}
+		s.Class, s.Message = class, reason
+		o.transition(s, EvCancel)
+		o.event(s.Run, s.ID, "step-cancelled", reason)
+	}
+}
+
+func (o *Orchestrator) gate(call CallID, id StepID, e Event) {
+	s := o.steps[id]
+	if s == nil {
+		o.answer(APIAnswer{Call: call, Err: fmt.Sprintf("unknown step %q", id)})
+		return
+	}
+	if _, ok := Next(s.State, e); !ok || s.State != StateHeld {
+		o.answer(APIAnswer{Call: call, Err: fmt.Sprintf("step %s is %s, not held: %s refused", id, s.State, e)})
+		return
+	}
+	if e == EvReject {
+		s.Class, s.Message = ClassGate, "rejected by reviewer"
+	}
+	s.HoldUntil = time.Time{}
+	o.transition(s, e)
+	if e == EvApprove {
+		o.event(s.Run, s.ID, "step-approved", "approved by reviewer")
+		o.afterQueued(s)
+	} else {
+		o.event(s.Run, s.ID, "step-rejected", "rejected by reviewer")
+	}
+	o.answer(APIAnswer{Call: call, Run: s.Run})
+}
+
+func hashSecret(b []byte) [32]byte { return sha256.Sum256(b) }
+
+func (o *Orchestrator) createToken(in CreateToken) {
+	switch {
+	case in.Name == "" || len(in.Name) > MaxNameLength || strings.ContainsAny(in.Name, ". /\t\n"):
+		o.answer(APIAnswer{Call: in.Call, Err: fmt.Sprintf("token name %q must be 1-%d characters without '.', '/' or spaces", in.Name, MaxNameLength)})
+		return
+	case o.tokens[in.Name] != nil:
+		o.answer(APIAnswer{Call: in.Call, Err: fmt.Sprintf("token %q already exists", in.Name)})
+		return
+	case in.TTL <= 0:
+		o.answer(APIAnswer{Call: in.Call, Err: "token TTL must be positive"})
+		return
+	}
+	secret := hex.EncodeToString(in.Secret[:])
+	t := &TokenRecord{Name: in.Name, Hash: hashSecret([]byte(secret)), CreatedAt: o.now, ExpiresAt: o.now.Add(in.TTL)}
+	o.tokens[t.Name] = t
+	o.markToken(t)
+	o.logf("info", "enrollment token created", "token", t.Name, "expires_in", DescribeDuration(in.TTL))
+	o.answer(APIAnswer{Call: in.Call, Token: t.Name + "." + secret})
+}
+
+func (o *Orchestrator) revokeToken(in RevokeToken) {
+	t := o.tokens[in.Name]
+	if t == nil {
+		o.answer(APIAnswer{Call: in.Call, Err: fmt.Sprintf("unknown token %q", in.Name)})
+		return
+	}
+	if !t.Revoked {
+		t.Revoked = true
+		o.markToken(t)
+		o.logf("info", "enrollment token revoked", "token", t.Name)
+		if w := o.workers[t.Worker]; w != nil && !w.Revoked {
+			w.Revoked, w.Active = true, false
+			w.GraceUntil = time.Time{}
+			o.markWorker(w)
+			o.triageAll(w, causeRevoked)
+			if c, ok := o.connOf[w.ID]; ok {
+				o.send(c, Close{Reason: "enrollment token revoked"})
+				o.dropConn(c)
+			}
+		}
+	}
+	o.answer(APIAnswer{Call: in.Call})
+}
+
+// ---- queries ----
+
+// RunStatus is a run's status derived from its steps: running, failing (a
+// step failed, others still going), cancelling, or, once every step is
+// terminal, success, failed or cancelled.
+func (o *Orchestrator) runStatus(r *RunRecord) string {
+	if !r.Finished {
+		switch {
+		case r.CancelReason != "":
+			return "cancelling"
+		case r.Failed:
+			return "failing"
+		}
+		return "running"
+	}
+	cancelled := false
+	for _, id := range r.Steps {
+		switch o.steps[id].State {
+		case StateFailed:
+			return "failed"
+		case StateCancelled:
+			cancelled = true
+		}
+	}
+	if cancelled {
+		return "cancelled"
+	}
+	return "success"
+}
+
+// ---- helpers for credentials ----
+
+func checkSecret(hash [32]byte, secret string) bool {
+	h := hashSecret([]byte(secret))
+	return subtle.ConstantTimeCompare(h[:], hash[:]) == 1
+}

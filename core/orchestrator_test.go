@@ -1,0 +1,613 @@
+package core
+
+import (
+	"bytes"
+	"fmt"
+	"sort"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cockroachdb/datadriven"
+)
+
+// t0 is the scenario clock's origin; every time is printed relative to it.
+var t0 = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+
+// harness drives one Orchestrator through a scenario file. It keeps the
+// "disk" (every batch's records applied in order) and after every command
+// checks that the disk equals the machine's own Records(): a state change
+// that was not emitted as a record would be lost by a restart.
+type harness struct {
+	t        *testing.T
+	cfg      Config
+	o        *Orchestrator
+	now      time.Time
+	disk     map[string][]byte
+	conns    map[string]ConnID // worker → current connection
+	connName map[ConnID]string
+	nextConn ConnID
+	nextCall CallID
+	secrets  int
+	prev     map[StepID]State
+	tokens   map[string]string // token name → full token, as the API answered
+	creds    map[string]string // worker → session credential from its Welcome
+}
+
+func newHarness(t *testing.T) *harness {
+	h := &harness{t: t, cfg: DefaultConfig(), now: t0, disk: map[string][]byte{},
+		conns: map[string]ConnID{}, connName: map[ConnID]string{}}
+	h.o = NewOrchestrator(h.cfg)
+	h.prev = map[StepID]State{}
+	h.tokens = map[string]string{}
+	h.creds = map[string]string{}
+	return h
+}
+
+func TestScenarios(t *testing.T) {
+	datadriven.Walk(t, "testdata", func(t *testing.T, path string) {
+		if strings.HasPrefix(filepathBase(path), "worker_") {
+			return
+		}
+		h := newHarness(t)
+		datadriven.RunTest(t, path, func(t *testing.T, d *datadriven.TestData) string {
+			return h.run(d)
+		})
+	})
+}
+
+func filepathBase(p string) string {
+	if i := strings.LastIndexByte(p, '/'); i >= 0 {
+		return p[i+1:]
+	}
+	return p
+}
+
+func (h *harness) name(c ConnID) string {
+	if n, ok := h.connName[c]; ok {
+		return n
+	}
+	return fmt.Sprintf("conn%d", c)
+}
+
+// step feeds one input and renders the batch plus the step transitions it
+// caused.
+func (h *harness) step(in Input, entropy ...byte) []string {
+	rd := h.o.Step(h.now, in)
+	return h.absorb(rd)
+}
+
+func (h *harness) absorb(rd Ready) []string {
+	for _, r := range rd.Records {
+		if r.Delete {
+			delete(h.disk, r.Key)
+		} else {
+			h.disk[r.Key] = r.Value
+		}
+	}
+	h.checkDisk()
+	for _, a := range rd.Answers {
+		if a.Token != "" {
+			h.tokens[tokenName(a.Token)] = a.Token
+		}
+	}
+	out := h.transitions()
+	out = append(out, DescribeReady(rd, t0, h.name)...)
+	for _, e := range rd.Messages {
+		switch e.Msg.(type) {
+		case Close, Refused:
+			if n, ok := h.connName[e.Conn]; ok && h.conns[n] == e.Conn {
+				delete(h.conns, n)
+			}
+		}
+	}
+	return out
+}
+
+func (h *harness) checkDisk() {
+	recs := h.o.Records()
+	if len(recs) != len(h.disk) {
+		keys := make([]string, 0, len(h.disk))
+		for k := range h.disk {
+			keys = append(keys, k)
+		}
+		sort.Strings(keys)
+		h.t.Fatalf("disk holds %d records, machine has %d: a change was not emitted as a record\ndisk: %v", len(h.disk), len(recs), keys)
+	}
+	for _, r := range recs {
+		if !bytes.Equal(h.disk[r.Key], r.Value) {
+			h.t.Fatalf("record %s on disk differs from the machine:\ndisk:    %s\nmachine: %s", r.Key, h.disk[r.Key], r.Value)
+		}
+	}
+}
+
+// transitions lists the steps whose state changed since the last command.
+func (h *harness) transitions() []string {
+	var out []string
+	for _, s := range h.o.Steps() {
+		before, ok := h.prev[s.ID]
+		if !ok {
+			before = StatePending
+		}
+		if !ok && s.State == StatePending {
+			h.prev[s.ID] = s.State
+			continue
+		}
+		if before != s.State {
+			line := fmt.Sprintf("step %s: %s -> %s", s.ID, before, s.State)
+			if s.State == StateFailed || s.State == StateCancelled || s.State == StateSkipped {
+				if s.Class != "" {
+					line += " class=" + string(s.Class)
+				}
+				if s.Message != "" {
+					line += " msg=" + quote(s.Message)
+				}
+			}
+			out = append(out, line)
+		}
+		h.prev[s.ID] = s.State
+	}
+	return out
+}
+
+func (h *harness) call() CallID { h.nextCall++; return h.nextCall }
+
+func (h *harness) run(d *datadriven.TestData) (out string) {
+	defer func() {
+		if r := recover(); r != nil {
+			out = fmt.Sprintf("panic: %v\n", r)
+		}
+	}()
+	lines := h.command(d)
+	if len(lines) == 0 {
+		return "ok\n"
+	}
+	return strings.Join(lines, "\n") + "\n"
+}
+
+func (h *harness) arg(d *datadriven.TestData, key string) (string, bool) {
+	for _, a := range d.CmdArgs {
+		if a.Key == key {
+			if len(a.Vals) == 0 {
+				return "", true
+			}
+			return strings.Join(a.Vals, ","), true
+		}
+	}
+	return "", false
+}
+
+func (h *harness) argOr(d *datadriven.TestData, key, def string) string {
+	if v, ok := h.arg(d, key); ok {
+		return v
+	}
+	return def
+}
+
+func (h *harness) pos(d *datadriven.TestData, i int) string {
+	n := 0
+	for _, a := range d.CmdArgs {
+		if len(a.Vals) == 0 {
+			if n == i {
+				return a.Key
+			}
+			n++
+		}
+	}
+	h.t.Fatalf("%s: %s needs positional argument %d", d.Pos, d.Cmd, i+1)
+	return ""
+}
+
+func (h *harness) dur(d *datadriven.TestData, key string, def time.Duration) time.Duration {
+	v, ok := h.arg(d, key)
+	if !ok {
+		return def
+	}
+	x, err := time.ParseDuration(v)
+	if err != nil {
+		h.t.Fatalf("%s: %s=%q: %v", d.Pos, key, v, err)
+	}
+	return x
+}
+
+func (h *harness) num(d *datadriven.TestData, key string, def uint64) uint64 {
+	v, ok := h.arg(d, key)
+	if !ok {
+		return def
+	}
+	x, err := strconv.ParseUint(v, 10, 64)
+	if err != nil {
+		h.t.Fatalf("%s: %s=%q: %v", d.Pos, key, v, err)
+	}
+	return x
+}
+
+func (h *harness) conn(d *datadriven.TestData, w string) ConnID {
+	c, ok := h.conns[w]
+	if !ok {
+		h.t.Fatalf("%s: worker %s has no open connection", d.Pos, w)
+	}
+	return c
+}
+
+func (h *harness) newConn(w string) ConnID {
+	h.nextConn++
+	h.conns[w] = h.nextConn
+	h.connName[h.nextConn] = w
+	return h.nextConn
+}
+
+func (h *harness) secret() (s [16]byte) {
+	h.secrets++
+	copy(s[:], fmt.Sprintf("secret-%09d", h.secrets))
+	return s
+}
+
+// parseRefs reads "run-1/a@3,run-1/b@4".
+func (h *harness) parseRefs(d *datadriven.TestData, v string) []LeaseRef {
+	var refs []LeaseRef
+	for _, p := range strings.Split(v, ",") {
+		if p == "" {
+			continue
+		}
+		step, lease, ok := strings.Cut(p, "@")
+		n, err := strconv.ParseUint(lease, 10, 64)
+		if !ok || err != nil {
+			h.t.Fatalf("%s: bad in-flight entry %q (want step@lease)", d.Pos, p)
+		}
+		refs = append(refs, LeaseRef{Step: StepID(step), Lease: LeaseID(n)})
+	}
+	return refs
+}
+
+func (h *harness) leaseStep(id LeaseID) StepID {
+	for _, l := range h.o.Leases() {
+		if l.ID == id {
+			return l.Step
+		}
+	}
+	return ""
+}
+
+func (h *harness) command(d *datadriven.TestData) []string {
+	switch d.Cmd {
+	case "config":
+		// Must come first: rebuilds the machine with the given knobs.
+		h.cfg.MaxAttempts = int(h.num(d, "max-attempts", uint64(h.cfg.MaxAttempts)))
+		h.cfg.UnmatchedTimeout = h.dur(d, "unmatched", h.cfg.UnmatchedTimeout)
+		h.cfg.SweepInterval = h.dur(d, "sweep", h.cfg.SweepInterval)
+		h.cfg.CredentialTTL = h.dur(d, "credential-ttl", h.cfg.CredentialTTL)
+		h.o = NewOrchestrator(h.cfg)
+		return nil
+
+	case "advance":
+		h.now = h.now.Add(h.dur(d, "by", mustDur(h.t, h.pos(d, 0))))
+		return append([]string{"now: " + DescribeAt(h.now, t0)}, h.step(Tick{})...)
+
+	case "tick":
+		return h.step(Tick{})
+
+	case "token":
+		switch h.pos(d, 0) {
+		case "create":
+			return h.step(CreateToken{Call: h.call(), Name: h.argOr(d, "name", ""), TTL: h.dur(d, "ttl", time.Hour), Secret: h.secret()})
+		case "revoke":
+			return h.step(RevokeToken{Call: h.call(), Name: h.argOr(d, "name", "")})
+		}
+
+	case "enroll":
+		// enroll w1 [token=T | no token → one is created] [tags=..] [slots=N] ...
+		w := h.pos(d, 0)
+		var pre []string
+		tok, ok := h.arg(d, "token")
+		if !ok {
+			name := "tok-" + w
+			rd := h.o.Step(h.now, CreateToken{Call: h.call(), Name: name, TTL: time.Hour, Secret: h.secret()})
+			h.absorb(rd)
+			tok = rd.Answers[0].Token
+		} else if !strings.Contains(tok, ".") {
+			tok = h.tokens[tok]
+		}
+		hello := Hello{Version: int(h.num(d, "version", ProtocolVersion)), Token: tok, Worker: WorkerID(w),
+			Name: h.argOr(d, "name", w), Platform: h.argOr(d, "platform", ""), Slots: int(h.num(d, "slots", 1)),
+			MaxDelay: h.dur(d, "maxdelay", 60*time.Second)}
+		if v, ok := h.arg(d, "tags"); ok {
+			hello.Tags = strings.Split(v, ",")
+		}
+		if v, ok := h.arg(d, "labels"); ok {
+			hello.Labels = map[string]string{}
+			for _, kv := range strings.Split(v, ",") {
+				k, val, _ := strings.Cut(kv, ":")
+				hello.Labels[k] = val
+			}
+		}
+		if _, ok := h.arg(d, "scaler"); ok {
+			hello.Scaler = true
+		}
+		if _, ok := h.arg(d, "no-reconnect"); ok {
+			hello.MaxDelay = 0
+		}
+		c := h.newConn(w)
+		rd := h.o.Step(h.now, Received{Conn: c, Msg: hello, Entropy: h.secret()})
+		for _, e := range rd.Messages {
+			if wel, ok := e.Msg.(Welcome); ok && wel.Credential != "" {
+				h.creds[w] = wel.Credential
+			}
+		}
+		return append(pre, h.absorb(rd)...)
+
+	case "connect":
+		// connect w1 [inflight=step@lease,...] [credential=bad]
+		w := h.pos(d, 0)
+		cred := h.creds[w]
+		if v, ok := h.arg(d, "credential"); ok {
+			cred = v
+		}
+		hello := Hello{Version: ProtocolVersion, Credential: cred, Worker: WorkerID(w), Name: w, Slots: 1}
+		hello.InFlight = h.parseRefs(d, h.argOr(d, "inflight", ""))
+		c := h.newConn(w)
+		return h.step(Received{Conn: c, Msg: hello})
+
+	case "disconnect":
+		w := h.pos(d, 0)
+		c := h.conn(d, w)
+		delete(h.conns, w)
+		return h.step(Disconnected{Conn: c})
+
+	case "heartbeat":
+		w := h.pos(d, 0)
+		return h.step(Received{Conn: h.conn(d, w), Msg: Heartbeat{InFlight: h.parseRefs(d, h.argOr(d, "inflight", ""))}})
+
+	case "start":
+		w := h.pos(d, 0)
+		return h.step(Received{Conn: h.conn(d, w), Msg: Start{Lease: LeaseID(h.num(d, "lease", 0)), Request: h.num(d, "req", 1)}})
+
+	case "reject":
+		w := h.pos(d, 0)
+		return h.step(Received{Conn: h.conn(d, w), Msg: RejectDispatch{Lease: LeaseID(h.num(d, "lease", 0)), Reason: h.argOr(d, "reason", "busy")}})
+
+	case "report":
+		// report w1 lease=3 ok|fail|cancelled|cleanup-failed [exit=N] [msg=..] [req=N] [step=..]
+		w := h.pos(d, 0)
+		lease := LeaseID(h.num(d, "lease", 0))
+		m := Report{Lease: lease, Request: h.num(d, "req", 1), Step: StepID(h.argOr(d, "step", string(h.leaseStep(lease))))}
+		switch {
+		case h.has(d, "ok"):
+			m.Outcome = Outcome{Status: OutcomeSuccess}
+		case h.has(d, "fail"):
+			m.Outcome = Outcome{Status: OutcomeFailure, ExitCode: int(h.num(d, "exit", 1)), Message: h.argOr(d, "msg", "")}
+		case h.has(d, "cancelled"):
+			m.Outcome = Outcome{Status: OutcomeCancelled}
+		case h.has(d, "cleanup-failed"):
+			m.Outcome = Outcome{Status: OutcomeCleanupFailed, Message: h.argOr(d, "msg", "")}
+		}
+		return h.step(Received{Conn: h.conn(d, w), Msg: m})
+
+	case "logs":
+		// logs w1 lease=3 seq=1,2,3 [marker="text"]
+		w := h.pos(d, 0)
+		var lines []LogLine
+		if v, ok := h.arg(d, "marker"); ok {
+			lines = append(lines, LogLine{Seq: 0, At: h.now, Text: v})
+		}
+		for _, s := range strings.Split(h.argOr(d, "seq", ""), ",") {
+			if s == "" {
+				continue
+			}
+			n, _ := strconv.ParseUint(s, 10, 64)
+			lines = append(lines, LogLine{Seq: n, At: h.now, Text: "line " + s})
+		}
+		return h.step(Received{Conn: h.conn(d, w), Msg: Logs{Lease: LeaseID(h.num(d, "lease", 0)), Lines: lines}})
+
+	case "refresh":
+		w := h.pos(d, 0)
+		return h.step(Received{Conn: h.conn(d, w), Msg: Refresh{Request: h.num(d, "req", 1)}})
+
+	case "raw":
+		// raw conn=N kind  — a message on an unidentified connection.
+		h.nextConn++
+		c := h.nextConn
+		return h.step(Received{Conn: c, Msg: Heartbeat{}})
+
+	case "submit":
+		spec := h.parseRun(d)
+		return h.step(Submit{Call: h.call(), Spec: spec, Parent: RunID(h.argOr(d, "parent", ""))})
+
+	case "cancel":
+		return h.step(CancelRun{Call: h.call(), Run: RunID(h.pos(d, 0)), Reason: h.argOr(d, "reason", "")})
+
+	case "approve":
+		return h.step(Approve{Call: h.call(), Step: StepID(h.pos(d, 0))})
+
+	case "reject-gate":
+		return h.step(RejectGate{Call: h.call(), Step: StepID(h.pos(d, 0))})
+
+	case "restart":
+		// The process dies: connections and memory are gone; the disk stays.
+		recs := make([]Record, 0, len(h.disk))
+		for k, v := range h.disk {
+			recs = append(recs, Record{Key: k, Value: v})
+		}
+		sort.Slice(recs, func(i, j int) bool { return recs[i].Key < recs[j].Key })
+		h.conns = map[string]ConnID{}
+		o, rd, err := Restore(h.cfg, h.now, recs)
+		if err != nil {
+			return []string{"restore error: " + err.Error()}
+		}
+		h.o = o
+		return h.absorb(rd)
+
+	case "state":
+		var out []string
+		for _, s := range h.o.Steps() {
+			out = append(out, DescribeStep(s))
+		}
+		for _, l := range h.o.Leases() {
+			out = append(out, DescribeLease(l))
+		}
+		for _, w := range h.o.Workers() {
+			out = append(out, DescribeWorker(w))
+		}
+		for _, id := range h.o.RunIDs() {
+			_, st, _ := h.o.Run(id)
+			out = append(out, fmt.Sprintf("run %s %s", id, st))
+		}
+		return out
+
+	case "events":
+		var out []string
+		for _, ev := range h.o.Events(RunID(h.pos(d, 0))) {
+			out = append(out, DescribeAt(ev.At, t0)+" "+DescribeEvent(ev, t0))
+		}
+		return out
+
+	case "stored-logs":
+		var out []string
+		for _, ln := range h.o.StepLogs(StepID(h.pos(d, 0))) {
+			out = append(out, fmt.Sprintf("lease=%d seq=%d %q", ln.Lease, ln.Line.Seq, ln.Line.Text))
+		}
+		return out
+
+	case "fence":
+		w := h.pos(d, 0)
+		if err := h.o.Fence(WorkerID(w), LeaseID(h.num(d, "lease", 0))); err != nil {
+			return []string{"refused: " + err.Error()}
+		}
+		return []string{"may write"}
+
+	case "transition":
+		s, ok1 := ParseState(h.pos(d, 0))
+		e, ok2 := ParseEvent(h.pos(d, 1))
+		if !ok1 || !ok2 {
+			h.t.Fatalf("%s: unknown state or event", d.Pos)
+		}
+		if to, ok := Next(s, e); ok {
+			return []string{fmt.Sprintf("%s --%s--> %s", s, e, to)}
+		}
+		return []string{fmt.Sprintf("%s --%s--> refused", s, e)}
+	}
+	h.t.Fatalf("%s: unknown command %q", d.Pos, d.Cmd)
+	return nil
+}
+
+func (h *harness) has(d *datadriven.TestData, key string) bool {
+	_, ok := h.arg(d, key)
+	return ok
+}
+
+func mustDur(t *testing.T, s string) time.Duration {
+	d, err := time.ParseDuration(s)
+	if err != nil {
+		t.Fatalf("bad duration %q: %v", s, err)
+	}
+	return d
+}
+
+// parseRun reads a run from the command's input block, one step a line:
+//
+//	run timeout=1h            (optional first line)
+//	build: cmd="make" writes after=a,b tags=docker timeout=5m
+func (h *harness) parseRun(d *datadriven.TestData) RunSpec {
+	var spec RunSpec
+	for _, line := range strings.Split(strings.TrimSpace(d.Input), "\n") {
+		line = strings.TrimSpace(line)
+		if line == "" {
+			continue
+		}
+		fields := splitFields(line)
+		if fields[0] == "run" {
+			for _, f := range fields[1:] {
+				k, v, _ := strings.Cut(f, "=")
+				if k == "timeout" {
+					spec.Timeout = mustDur(h.t, v)
+				}
+			}
+			continue
+		}
+		s := StepSpec{Name: strings.TrimSuffix(fields[0], ":")}
+		s.Command = "run " + s.Name
+		for _, f := range fields[1:] {
+			k, v, _ := strings.Cut(f, "=")
+			v = strings.Trim(v, `"`)
+			list := func() []string {
+				if v == "" {
+					return nil
+				}
+				return strings.Split(v, ",")
+			}
+			switch k {
+			case "cmd":
+				s.Command = v
+			case "after":
+				s.DependsOn = list()
+			case "writes":
+				s.Writes = true
+			case "type":
+				s.Type = v
+			case "runner":
+				s.Runner = v
+			case "tags":
+				s.Tags = list()
+			case "target":
+				s.Target = v
+			case "platform":
+				s.Platform = v
+			case "labels":
+				s.Labels = map[string]string{}
+				for _, kv := range list() {
+					a, b, _ := strings.Cut(kv, ":")
+					s.Labels[a] = b
+				}
+			case "timeout":
+				s.Timeout = mustDur(h.t, v)
+			case "foreach":
+				s.ForEach = list()
+			case "concurrency":
+				n, _ := strconv.Atoi(v)
+				s.Concurrency = n
+			case "hold":
+				s.Hold = true
+			case "hold-expiry":
+				s.HoldExpiry = mustDur(h.t, v)
+			case "wait":
+				s.Wait = mustDur(h.t, v)
+			case "env":
+				s.Env = map[string]string{}
+				for _, kv := range list() {
+					a, b, _ := strings.Cut(kv, ":")
+					s.Env[a] = b
+				}
+			default:
+				h.t.Fatalf("%s: unknown step field %q", d.Pos, k)
+			}
+		}
+		spec.Steps = append(spec.Steps, s)
+	}
+	return spec
+}
+
+// splitFields splits on spaces outside double quotes.
+func splitFields(s string) []string {
+	var out []string
+	var cur strings.Builder
+	inq := false
+	for _, r := range s {
+		switch {
+		case r == '"':
+			inq = !inq
+			cur.WriteRune(r)
+		case r == ' ' && !inq:
+			if cur.Len() > 0 {
+				out = append(out, cur.String())
+				cur.Reset()
+			}
+		default:
+			cur.WriteRune(r)
+		}
+	}
+	if cur.Len() > 0 {
+		out = append(out, cur.String())
+	}
+	return out
+}

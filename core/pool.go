@@ -1,0 +1,817 @@
+package core
+
+import (
+	"encoding/hex"
+	"fmt"
+	"sort"
+	"strings"
+	"time"
+)
+
+// receive handles one message from a worker connection.
+func (o *Orchestrator) receive(in Received) {
+	if h, ok := in.Msg.(Hello); ok {
+		o.hello(in.Conn, h, in.Entropy)
+		return
+	}
+	wid, ok := o.conns[in.Conn]
+	if !ok {
+		// A message before Hello, or on a connection already closed: the
+		// connection has no identity, so nothing it says can change state.
+		o.send(in.Conn, Close{Reason: fmt.Sprintf("protocol error: %s before hello", in.Msg.Kind())})
+		return
+	}
+	w := o.workers[wid]
+	switch m := in.Msg.(type) {
+	case Heartbeat:
+		o.heartbeat(w, m)
+	case Start:
+		o.start(w, in.Conn, m)
+	case RejectDispatch:
+		o.rejectDispatch(w, m)
+	case Report:
+		o.report(w, in.Conn, m)
+	case Logs:
+		o.storeLogs(w, m.Lease, m.Lines, false)
+	case Events:
+		o.storeLogs(w, m.Lease, m.Events, true)
+	case Refresh:
+		o.refresh(w, in.Conn, m)
+	default:
+		o.send(in.Conn, Close{Reason: fmt.Sprintf("protocol error: unexpected %s from a worker", in.Msg.Kind())})
+		o.disconnect(wid, "protocol error")
+	}
+}
+
+func (o *Orchestrator) refuse(c ConnID, reason string, fatal bool) {
+	o.send(c, Refused{Reason: reason, Fatal: fatal})
+	o.logf("warn", "connection refused", "reason", reason)
+}
+
+// hello enrolls a new instance (Token) or reconnects a known one (Credential).
+func (o *Orchestrator) hello(c ConnID, h Hello, entropy [16]byte) {
+	if old, ok := o.conns[c]; ok {
+		o.send(c, Close{Reason: "protocol error: second hello on one connection"})
+		o.disconnect(old, "protocol error")
+		return
+	}
+	if h.Version != ProtocolVersion {
+		o.refuse(c, fmt.Sprintf("protocol version %d not supported (want %d)", h.Version, ProtocolVersion), true)
+		return
+	}
+	if h.Worker == "" || len(h.Worker) > MaxNameLength {
+		o.refuse(c, "hello without a valid worker instance id", true)
+		return
+	}
+	if h.Token != "" {
+		o.enroll(c, h, entropy)
+		return
+	}
+	w := o.workers[h.Worker]
+	wid, secret, _ := strings.Cut(h.Credential, ".")
+	switch {
+	case w == nil || WorkerID(wid) != h.Worker || !checkSecret(w.CredHash, secret):
+		o.refuse(c, "invalid session credential", true)
+		return
+	case w.Revoked:
+		o.refuse(c, "worker's enrollment token was revoked", true)
+		return
+	case !o.now.Before(w.CredExpiry):
+		o.refuse(c, "session credential expired; enroll again with a new token", true)
+		return
+	}
+	if oc, ok := o.connOf[w.ID]; ok {
+		// The old socket is dead but its close was not seen yet.
+		o.send(oc, Close{Reason: "superseded by a new connection"})
+		o.disconnect(w.ID, "superseded by a new connection")
+	}
+	o.attach(c, w)
+	wasInactive := !w.Active
+	w.Active = true
+	w.LastHeartbeat = o.now
+	w.GraceUntil = time.Time{}
+	offline := o.now.Sub(w.DisconnectedAt)
+	w.DisconnectedAt = time.Time{}
+	o.markWorker(w)
+	if wasInactive {
+		o.logf("info", "worker reactivated", "worker_id", string(w.ID))
+	}
+	cancel, lost := o.reconcile(w, h.InFlight, offline)
+	o.send(c, Welcome{Worker: w.ID, CredentialTTL: o.cfg.CredentialTTL, Heartbeat: o.cfg.HeartbeatInterval, Cancel: cancel})
+	// A step the orchestrator holds for this worker that the worker did not
+	// report was lost with its execution: triage it now.
+	for _, id := range lost {
+		l := o.leases[id]
+		o.triage(o.steps[l.Step], l, causeLost)
+	}
+	// Cancels of steps that were cancelling before the worker came back.
+	for _, id := range o.sortedLeases(w.ID) {
+		l := o.leases[id]
+		if s := o.steps[l.Step]; s.State == StateCancelling {
+			s.ForceAt = o.now.Add(o.cfg.ForceCancel)
+			o.arm(s.ForceAt, tForce, string(s.ID))
+			o.markStep(s)
+			o.send(c, Cancel{Lease: l.ID, Reason: s.Message})
+		}
+	}
+}
+
+func (o *Orchestrator) enroll(c ConnID, h Hello, entropy [16]byte) {
+	name, secret, ok := strings.Cut(h.Token, ".")
+	t := o.tokens[name]
+	switch {
+	case !ok || name == "" || secret == "":
+		o.refuse(c, "malformed enrollment token (want <name>.<secret>)", true)
+		return
+	case t == nil || !checkSecret(t.Hash, secret):
+		o.refuse(c, "unknown enrollment token", true)
+		return
+	case t.Revoked:
+		o.refuse(c, fmt.Sprintf("enrollment token %q was revoked", name), true)
+		return
+	case t.Consumed:
+		o.refuse(c, fmt.Sprintf("enrollment token %q was already used", name), true)
+		return
+	case !o.now.Before(t.ExpiresAt):
+		o.refuse(c, fmt.Sprintf("enrollment token %q expired", name), true)
+		return
+	case o.workers[h.Worker] != nil:
+		o.refuse(c, fmt.Sprintf("worker instance %s is already enrolled", h.Worker), true)
+		return
+	case h.Slots < 0 || h.Slots > 1024:
+		o.refuse(c, fmt.Sprintf("slots %d out of range 1..1024", h.Slots), true)
+		return
+	}
+	cred := hex.EncodeToString(entropy[:])
+	w := &WorkerRecord{
+		ID: h.Worker, Name: h.Name, Token: name, Tags: sortedCopy(h.Tags), Labels: copyMap(h.Labels),
+		Platform: h.Platform, Slots: max(h.Slots, 1), Scaler: h.Scaler, Active: true,
+		CredHash: hashSecret([]byte(cred)), CredExpiry: o.now.Add(o.cfg.CredentialTTL),
+		LastHeartbeat: o.now, EnrolledAt: o.now,
+	}
+	if w.Name == "" {
+		w.Name = name
+	}
+	if !h.Scaler {
+		w.Grace = 2 * h.MaxDelay
+	}
+	t.Consumed, t.Worker = true, w.ID
+	o.markToken(t)
+	o.workers[w.ID] = w
+	o.markWorker(w)
+	o.attach(c, w)
+	o.logf("info", "worker enrolled", "worker_id", string(w.ID), "name", w.Name, "token", name)
+	cancel := make([]LeaseID, 0, len(h.InFlight))
+	for _, r := range h.InFlight {
+		cancel = append(cancel, r.Lease)
+	}
+	sort.Slice(cancel, func(i, j int) bool { return cancel[i] < cancel[j] })
+	o.send(c, Welcome{Worker: w.ID, Credential: string(w.ID) + "." + cred, CredentialTTL: o.cfg.CredentialTTL, Heartbeat: o.cfg.HeartbeatInterval, Cancel: cancel})
+}
+
+func (o *Orchestrator) attach(c ConnID, w *WorkerRecord) {
+	o.conns[c] = w.ID
+	o.connOf[w.ID] = c
+	o.arm(w.CredExpiry, tCred, string(w.ID))
+}
+
+func (o *Orchestrator) dropConn(c ConnID) {
+	if w, ok := o.conns[c]; ok {
+		delete(o.conns, c)
+		if o.connOf[w] == c {
+			delete(o.connOf, w)
+		}
+	}
+}
+
+// reconcile compares a reconnecting worker's in-flight list with the leases
+// the orchestrator holds for it (§3.3): reported current leases of
+// recovering steps are reclaimed (START). It returns the reported leases that
+// are not current, which the worker must cancel, and the held leases the
+// worker did not report.
+func (o *Orchestrator) reconcile(w *WorkerRecord, inflight []LeaseRef, offline time.Duration) (cancel, lost []LeaseID) {
+	reported := map[LeaseID]bool{}
+	for _, r := range inflight {
+		l := o.leases[r.Lease]
+		if l == nil || l.Worker != w.ID || l.Step != r.Step || !l.Current {
+			cancel = append(cancel, r.Lease)
+			continue
+		}
+		reported[l.ID] = true
+		s := o.steps[l.Step]
+		if s.State == StateRecovering {
+			l.Deadline = time.Time{}
+			o.markLease(l)
+			o.transition(s, EvStart)
+			msg := fmt.Sprintf("worker %s reconnected after %s; step reclaimed", w.ID, DescribeDuration(offline.Truncate(time.Second)))
+			o.event(s.Run, s.ID, "step-reclaimed", msg)
+			o.logf("info", "Job recovered from agent reconnection", "recovery_duration", fmt.Sprint(offline.Milliseconds()),
+				"worker_id", string(w.ID), "step_id", string(s.ID), "run_id", string(s.Run))
+		}
+	}
+	for _, id := range o.sortedLeases(w.ID) {
+		if !reported[id] {
+			lost = append(lost, id)
+		}
+	}
+	sort.Slice(cancel, func(i, j int) bool { return cancel[i] < cancel[j] })
+	return cancel, lost
+}
+
+func (o *Orchestrator) sortedLeases(w WorkerID) []LeaseID {
+	ids := make([]LeaseID, 0, len(o.workerLeases[w]))
+	for id := range o.workerLeases[w] {
+		ids = append(ids, id)
+	}
+	sort.Slice(ids, func(i, j int) bool { return ids[i] < ids[j] })
+	return ids
+}
+
+// disconnect handles a dropped control connection (§3.3).
+func (o *Orchestrator) disconnect(wid WorkerID, reason string) {
+	c, ok := o.connOf[wid]
+	if !ok {
+		return
+	}
+	o.dropConn(c)
+	w := o.workers[wid]
+	w.DisconnectedAt = o.now
+	o.markWorker(w)
+	o.logf("info", "worker disconnected", "worker_id", string(wid), "reason", reason)
+	if w.Scaler || w.Grace <= 0 {
+		o.triageAll(w, causeNoGrace)
+		w.Active = false
+		return
+	}
+	w.GraceUntil = o.now.Add(w.Grace)
+	o.arm(w.GraceUntil, tGrace, string(w.ID))
+	for _, id := range o.sortedLeases(wid) {
+		l := o.leases[id]
+		s := o.steps[l.Step]
+		if s.State == StateRunning {
+			l.Deadline = w.GraceUntil
+			o.markLease(l)
+			o.arm(l.Deadline, tLease, leaseKeyID(l.ID))
+			o.transition(s, EvRecover)
+			o.event(s.Run, s.ID, "step-recovering",
+				fmt.Sprintf("worker %s disconnected; holding the step for %s", wid, DescribeDuration(w.Grace)))
+		}
+	}
+}
+
+// triageCause says why a worker's in-flight steps are being triaged.
+type triageCause uint8
+
+const (
+	causeGrace   triageCause = iota // grace window expired
+	causeNoGrace                    // scaler-managed or no-reconnect worker disconnected
+	causeStale                      // heartbeat timeout
+	causeRevoked                    // token revoked
+	causeLost                       // reconnected without reporting the step
+)
+
+func (o *Orchestrator) triageAll(w *WorkerRecord, cause triageCause) {
+	for _, id := range o.sortedLeases(w.ID) {
+		l := o.leases[id]
+		o.triage(o.steps[l.Step], l, cause)
+	}
+}
+
+// triage resolves one in-flight step of a lost worker (§3.3): never started →
+// requeue; started no-write → requeue from the beginning; started
+// write-bearing → failed, never re-dispatched. The attempt cap applies to
+// requeues. A cancelling step cannot finish its cancel: it is forced.
+func (o *Orchestrator) triage(s *StepRecord, l *LeaseRecord, cause triageCause) {
+	w := o.workers[l.Worker]
+	class, msg := ClassDisconnect, "agent disconnected and did not reconnect within the recovery window"
+	switch cause {
+	case causeNoGrace:
+		if w.Scaler {
+			msg = "scaler-managed agent disconnected mid-execution"
+		} else {
+			msg = "agent disconnected with --no-reconnect mid-execution"
+		}
+	case causeStale:
+		class, msg = ClassStaleWorker, fmt.Sprintf("worker %s sent no heartbeat for %s", w.ID, DescribeDuration(o.cfg.HeartbeatTimeout))
+	case causeRevoked:
+		class, msg = ClassRevoked, fmt.Sprintf("worker %s's enrollment token was revoked", w.ID)
+	case causeLost:
+		msg = fmt.Sprintf("worker %s reconnected without this step: its execution was lost", w.ID)
+	}
+	o.sendTo(w.ID, Cancel{Lease: l.ID, Reason: msg})
+	switch s.State {
+	case StateQueued:
+		o.endLease(l, "never started: "+msg)
+		o.requeue(s, msg)
+	case StateRunning, StateRecovering:
+		if s.State == StateRunning {
+			o.transition(s, EvRecover)
+		}
+		if o.specOf[s.ID].Writes {
+			o.fail(s, class, msg+"; write-bearing step not re-dispatched")
+			return
+		}
+		o.endLease(l, msg)
+		if s.Attempts >= o.cfg.MaxAttempts {
+			o.fail(s, ClassAttemptsExhausted, fmt.Sprintf("step was dispatched %d times without completing; last: %s", s.Attempts, msg))
+			return
+		}
+		o.transition(s, EvRequeue)
+		o.event(s.Run, s.ID, "step-requeued", "no-write step re-dispatched from the beginning: "+msg)
+	case StateCancelling:
+		o.transition(s, EvCancelForce)
+		o.event(s.Run, s.ID, "step-cancelled", "cancel forced: "+msg)
+	default:
+		panic(fmt.Sprintf("core: triage of step %s in state %s with current lease %d", s.ID, s.State, l.ID))
+	}
+}
+
+// requeue puts a never-started queued step (lease already ended) back in the
+// ready queue, or fails it when a new grant would exceed the attempt cap.
+func (o *Orchestrator) requeue(s *StepRecord, why string) {
+	if s.Attempts >= o.cfg.MaxAttempts {
+		o.fail(s, ClassAttemptsExhausted, fmt.Sprintf("step was dispatched %d times without completing; last: %s", s.Attempts, why))
+		return
+	}
+	s.QueuedAt = o.now
+	o.markStep(s)
+	o.event(s.Run, s.ID, "step-requeued", "requeued, never started: "+why)
+}
+
+func (o *Orchestrator) heartbeat(w *WorkerRecord, h Heartbeat) {
+	w.LastHeartbeat = o.now
+	if !w.Active {
+		w.Active = true
+		o.logf("info", "worker reactivated", "worker_id", string(w.ID))
+	}
+	o.markWorker(w)
+	for _, r := range h.InFlight {
+		if l := o.leases[r.Lease]; l == nil || l.Worker != w.ID || !l.Current {
+			o.sendTo(w.ID, Cancel{Lease: r.Lease, Reason: "lease is no longer current"})
+		}
+	}
+}
+
+// leaseFor finds a lease the worker may speak for, or says why not.
+func (o *Orchestrator) leaseFor(w *WorkerRecord, id LeaseID) (*LeaseRecord, string) {
+	l := o.leases[id]
+	switch {
+	case l == nil:
+		return nil, fmt.Sprintf("unknown lease %d", id)
+	case l.Worker != w.ID:
+		return nil, fmt.Sprintf("lease %d belongs to another worker", id)
+	}
+	return l, ""
+}
+
+// start is the start handshake: START is recorded (and, by the driver,
+// persisted) before the StartAck that lets a write-bearing process run.
+func (o *Orchestrator) start(w *WorkerRecord, c ConnID, m Start) {
+	l, why := o.leaseFor(w, m.Lease)
+	if l == nil {
+		o.send(c, StartAck{Lease: m.Lease, Request: m.Request, Reason: why})
+		return
+	}
+	if !l.Current {
+		o.send(c, StartAck{Lease: m.Lease, Request: m.Request, Reason: "lease is no longer current: " + l.EndReason})
+		return
+	}
+	s := o.steps[l.Step]
+	switch s.State {
+	case StateQueued:
+		l.Started = true
+		l.Deadline = time.Time{}
+		o.markLease(l)
+		o.transition(s, EvStart)
+	case StateRecovering:
+		l.Deadline = time.Time{}
+		o.markLease(l)
+		o.transition(s, EvStart)
+	case StateCancelling:
+		o.send(c, StartAck{Lease: m.Lease, Request: m.Request, Reason: "step is being cancelled"})
+		return
+	}
+	o.send(c, StartAck{Lease: m.Lease, Request: m.Request, OK: true})
+}
+
+func (o *Orchestrator) rejectDispatch(w *WorkerRecord, m RejectDispatch) {
+	l, _ := o.leaseFor(w, m.Lease)
+	if l == nil || !l.Current {
+		return
+	}
+	s := o.steps[l.Step]
+	if s.State != StateQueued || l.Started {
+		return
+	}
+	why := fmt.Sprintf("worker %s rejected the dispatch: %s", w.ID, m.Reason)
+	o.endLease(l, why)
+	o.requeue(s, why)
+}
+
+// report answers complete|fail with exactly one of COMMITTED, CANCELLED,
+// REJECTED (§3.2). Repeats of an answered report get the same answer.
+func (o *Orchestrator) report(w *WorkerRecord, c ConnID, m Report) {
+	reply := func(v Verdict, reason string) {
+		o.send(c, Answer{Lease: m.Lease, Request: m.Request, Verdict: v, Reason: reason})
+	}
+	if m.Request == 0 || m.Outcome.Status < OutcomeSuccess || m.Outcome.Status > OutcomeCleanupFailed {
+		reply(Rejected, "malformed report")
+		return
+	}
+	l, why := o.leaseFor(w, m.Lease)
+	if l == nil {
+		reply(Rejected, why)
+		return
+	}
+	if l.Step != m.Step {
+		reply(Rejected, fmt.Sprintf("lease %d is not a lease of step %s", l.ID, m.Step))
+		return
+	}
+	for _, a := range l.Answers {
+		if a.Request == m.Request {
+			if a.Outcome == m.Outcome {
+				reply(a.Verdict, a.Reason)
+			} else {
+				reply(Rejected, "conflicting duplicate: request already answered with a different outcome")
+			}
+			return
+		}
+	}
+	record := func(v Verdict, reason string) {
+		l.Answers = append(l.Answers, AnsweredReport{Request: m.Request, Outcome: m.Outcome, Verdict: v, Reason: reason})
+		o.markLease(l)
+		reply(v, reason)
+	}
+	if l.Committed {
+		// Not recorded: a stream of conflicting reports must not grow the lease.
+		reply(Rejected, "a different completion for this lease was already committed")
+		return
+	}
+	if !l.Current {
+		record(Cancelled, "lease lost authority: "+l.EndReason)
+		return
+	}
+	s := o.steps[l.Step]
+	sp := o.specOf[s.ID]
+	switch s.State {
+	case StateCancelling:
+		if m.Outcome.Status == OutcomeCleanupFailed {
+			l.Committed = true
+			s.Outcome = &m.Outcome
+			record(Committed, "")
+			o.fail(s, ClassCleanup, "cancel cleanup failed: "+m.Outcome.Message)
+			return
+		}
+		record(Cancelled, "step was cancelled")
+		o.transition(s, EvComplete)
+		o.event(s.Run, s.ID, "step-cancelled", "worker stopped the step")
+		return
+	case StateQueued:
+		if sp.Writes {
+			record(Rejected, "write-bearing step reported without a recorded start")
+			return
+		}
+		l.Started = true
+		o.transition(s, EvStart)
+	case StateRecovering:
+		o.transition(s, EvStart)
+	}
+	if s.State != StateRunning {
+		panic(fmt.Sprintf("core: report on current lease %d of step %s in state %s", l.ID, s.ID, s.State))
+	}
+	l.Committed = true
+	s.Outcome = &m.Outcome
+	record(Committed, "")
+	switch m.Outcome.Status {
+	case OutcomeSuccess:
+		o.transition(s, EvSucceed)
+	default:
+		msg := m.Outcome.Message
+		if msg == "" {
+			msg = fmt.Sprintf("exit status %d", m.Outcome.ExitCode)
+		}
+		o.fail(s, ClassExecution, fmt.Sprintf("step exited with code %d: %s", m.Outcome.ExitCode, msg))
+	}
+}
+
+// MaxLogLinesPerMessage bounds one Logs/Events message.
+const MaxLogLinesPerMessage = 10000
+
+// storeLogs keeps a current lease's log lines, deduplicated by sequence
+// number (0 is a gap marker and is always kept). Lines of a lease that lost
+// authority are refused: logs are writes, and writes are fenced.
+func (o *Orchestrator) storeLogs(w *WorkerRecord, id LeaseID, lines []LogLine, event bool) {
+	l, _ := o.leaseFor(w, id)
+	if l == nil || !l.Current || len(lines) > MaxLogLinesPerMessage {
+		o.logf("warn", "log lines refused", "worker_id", string(w.ID), "lease", leaseKeyID(id), "lines", fmt.Sprint(len(lines)))
+		return
+	}
+	seen := o.logSeen[id]
+	if seen == nil {
+		seen = map[uint64]bool{}
+		o.logSeen[id] = seen
+	}
+	for _, ln := range lines {
+		if ln.Seq != 0 {
+			if seen[ln.Seq] {
+				continue
+			}
+			seen[ln.Seq] = true
+		}
+		sl := StepLogLine{Step: l.Step, Lease: id, Index: len(o.logs[id]), Event: event, Line: ln}
+		o.logs[id] = append(o.logs[id], sl)
+		o.appends = append(o.appends, Record{Key: logKey(id, sl.Index), Value: encode(sl)})
+	}
+}
+
+func (o *Orchestrator) refresh(w *WorkerRecord, c ConnID, m Refresh) {
+	if !o.now.Before(w.CredExpiry) {
+		o.send(c, Close{Reason: "session credential expired"})
+		o.disconnect(w.ID, "credential expired")
+		return
+	}
+	w.CredExpiry = o.now.Add(o.cfg.CredentialTTL)
+	o.markWorker(w)
+	o.arm(w.CredExpiry, tCred, string(w.ID))
+	o.send(c, Refreshed{Request: m.Request, TTL: o.cfg.CredentialTTL})
+}
+
+// ---- timers ----
+
+func (o *Orchestrator) fire(t timer) {
+	switch t.kind {
+	case tSweep:
+		o.sweep()
+	case tLease:
+		l := o.leases[parseLeaseKey(t.key)]
+		s := o.steps[l.Step]
+		switch s.State {
+		case StateQueued:
+			why := fmt.Sprintf("dispatch not started by worker %s within the deadline", l.Worker)
+			o.sendTo(l.Worker, Cancel{Lease: l.ID, Reason: why})
+			o.endLease(l, "never started: "+why)
+			o.requeue(s, why)
+		case StateRecovering:
+			o.triage(s, l, causeGrace)
+		}
+	case tGrace:
+		w := o.workers[WorkerID(t.key)]
+		w.Active = false
+		w.GraceUntil = time.Time{}
+		o.markWorker(w)
+		o.logf("info", "worker deregistered: grace window expired", "worker_id", string(w.ID))
+		o.triageAll(w, causeGrace)
+	case tCred:
+		w := o.workers[WorkerID(t.key)]
+		o.sendTo(w.ID, Close{Reason: "session credential expired"})
+		o.disconnect(w.ID, "credential expired")
+	case tForce:
+		s := o.steps[StepID(t.key)]
+		if s.Lease != 0 {
+			l := o.leases[s.Lease]
+			o.sendTo(l.Worker, Cancel{Lease: l.ID, Reason: "cancel forced"})
+		}
+		o.transition(s, EvCancelForce)
+		o.event(s.Run, s.ID, "step-cancelled", fmt.Sprintf("cancel forced after %s", DescribeDuration(o.cfg.ForceCancel)))
+	case tWait:
+		s := o.steps[StepID(t.key)]
+		s.WaitUntil = time.Time{}
+		o.transition(s, EvTimerDone)
+		o.afterQueued(s)
+	case tHold:
+		s := o.steps[StepID(t.key)]
+		s.HoldUntil = time.Time{}
+		s.Class, s.Message = ClassGate, "hold expired without approval"
+		o.transition(s, EvExpire)
+		o.event(s.Run, s.ID, "step-expired", s.Message)
+	}
+}
+
+// sweep is the recovery sweeper (§3.4), always on, in four phases.
+func (o *Orchestrator) sweep() {
+	o.meta.NextSweep = o.now.Add(o.cfg.SweepInterval)
+	o.arm(o.meta.NextSweep, tSweep, "")
+	o.markMeta()
+	// 1. Stale workers: connected but silent past the heartbeat timeout.
+	for _, id := range sortedKeys(o.workers) {
+		w := o.workers[id]
+		if !w.Active || !o.connected(w.ID) || o.now.Sub(w.LastHeartbeat) < o.cfg.HeartbeatTimeout {
+			continue
+		}
+		w.Active = false
+		o.markWorker(w)
+		o.logf("warn", "worker marked inactive: no heartbeat", "worker_id", string(w.ID))
+		o.triageAll(w, causeStale)
+	}
+	// 2. Step timeouts.
+	for _, id := range sortedKeys(o.steps) {
+		s := o.steps[id]
+		sp := o.specOf[id]
+		if s.State != StateRunning || sp.Timeout <= 0 || o.now.Sub(s.StartedAt) < sp.Timeout {
+			continue
+		}
+		l := o.leases[s.Lease]
+		msg := fmt.Sprintf("step exceeded its timeout of %s", DescribeDuration(sp.Timeout))
+		o.sendTo(l.Worker, Cancel{Lease: l.ID, Reason: msg})
+		o.fail(s, ClassStepTimeout, msg)
+	}
+	// 3. Run timeouts.
+	for _, id := range sortedKeys(o.runs) {
+		r := o.runs[id]
+		if r.Finished || r.Deadline.IsZero() || o.now.Before(r.Deadline) {
+			continue
+		}
+		o.cancelRun(r, ClassRunTimeout, fmt.Sprintf("run exceeded its timeout of %s", DescribeDuration(r.Spec.Timeout)))
+	}
+	// 4. Unmatched steps.
+	for _, id := range sortedKeys(o.ready) {
+		s := o.steps[id]
+		if o.now.Sub(s.QueuedAt) < o.cfg.UnmatchedTimeout || o.anyActiveMatch(s) {
+			continue
+		}
+		o.fail(s, ClassUnmatched, "No active worker with required tags to run this step"+o.requirement(s))
+	}
+}
+
+func (o *Orchestrator) requirement(s *StepRecord) string {
+	sp := o.specOf[s.ID]
+	var parts []string
+	if len(s.RequiredTags) > 0 {
+		parts = append(parts, "tags "+strings.Join(s.RequiredTags, ","))
+	}
+	if sp.Target != "" {
+		parts = append(parts, "target "+sp.Target)
+	}
+	if len(sp.Labels) > 0 {
+		parts = append(parts, "labels "+describeMap(sp.Labels))
+	}
+	if sp.Platform != "" {
+		parts = append(parts, "platform "+sp.Platform)
+	}
+	if len(parts) == 0 {
+		return ""
+	}
+	return " (needs " + strings.Join(parts, "; ") + ")"
+}
+
+func (o *Orchestrator) anyActiveMatch(s *StepRecord) bool {
+	for _, w := range o.workers {
+		if w.Active && !w.Revoked && o.matches(w, s) {
+			return true
+		}
+	}
+	return false
+}
+
+// matches is §3.9: target → labels → platform → tags ⊆ worker tags.
+func (o *Orchestrator) matches(w *WorkerRecord, s *StepRecord) bool {
+	sp := o.specOf[s.ID]
+	if sp.Target != "" && sp.Target != w.Name {
+		return false
+	}
+	for k, v := range sp.Labels {
+		if w.Labels[k] != v {
+			return false
+		}
+	}
+	if sp.Platform != "" && sp.Platform != w.Platform {
+		return false
+	}
+	for _, t := range s.RequiredTags {
+		i := sort.SearchStrings(w.Tags, t)
+		if i == len(w.Tags) || w.Tags[i] != t {
+			return false
+		}
+	}
+	return true
+}
+
+// ---- scheduling ----
+
+// dispatch grants leases to ready steps, oldest first (a cross-level ready
+// queue), each to the least-loaded matching worker with a free slot.
+func (o *Orchestrator) dispatch() {
+	if len(o.ready) == 0 {
+		return
+	}
+	var free []*WorkerRecord
+	for _, id := range sortedKeys(o.workers) {
+		w := o.workers[id]
+		if w.Active && !w.Revoked && o.connected(id) && len(o.workerLeases[id]) < w.Slots {
+			free = append(free, w)
+		}
+	}
+	if len(free) == 0 {
+		return
+	}
+	queue := make([]*StepRecord, 0, len(o.ready))
+	for id := range o.ready {
+		queue = append(queue, o.steps[id])
+	}
+	sort.Slice(queue, func(i, j int) bool {
+		a, b := queue[i], queue[j]
+		if !a.QueuedAt.Equal(b.QueuedAt) {
+			return a.QueuedAt.Before(b.QueuedAt)
+		}
+		return a.ID < b.ID
+	})
+	inflight := map[string]int{} // forEach group → steps holding a lease
+	for _, s := range queue {
+		sp := o.specOf[s.ID]
+		group := string(s.Run) + "/" + s.Name
+		if sp.Concurrency > 0 {
+			n, ok := inflight[group]
+			if !ok {
+				for _, id := range instanceIDs(s.Run, sp) {
+					if o.steps[id].Lease != 0 {
+						n++
+					}
+				}
+			}
+			inflight[group] = n
+			if n >= sp.Concurrency {
+				continue
+			}
+		}
+		var best *WorkerRecord
+		for _, w := range free {
+			if len(o.workerLeases[w.ID]) < w.Slots && o.matches(w, s) &&
+				(best == nil || len(o.workerLeases[w.ID]) < len(o.workerLeases[best.ID])) {
+				best = w
+			}
+		}
+		if best == nil {
+			continue
+		}
+		o.grant(s, best)
+		if sp.Concurrency > 0 {
+			inflight[group]++
+		}
+	}
+}
+
+func (o *Orchestrator) grant(s *StepRecord, w *WorkerRecord) {
+	sp := o.specOf[s.ID]
+	if sp.Writes && s.EverStarted {
+		panic(fmt.Sprintf("core: re-dispatch of started write-bearing step %s", s.ID))
+	}
+	if s.Attempts >= o.cfg.MaxAttempts {
+		panic(fmt.Sprintf("core: grant %d of step %s exceeds the attempt cap", s.Attempts+1, s.ID))
+	}
+	o.meta.LeaseSeq++
+	o.markMeta()
+	l := &LeaseRecord{ID: LeaseID(o.meta.LeaseSeq), Step: s.ID, Worker: w.ID, GrantedAt: o.now, Current: true,
+		Deadline: o.now.Add(o.cfg.DispatchAck)}
+	o.leases[l.ID] = l
+	o.markLease(l)
+	o.arm(l.Deadline, tLease, leaseKeyID(l.ID))
+	if o.workerLeases[w.ID] == nil {
+		o.workerLeases[w.ID] = map[LeaseID]bool{}
+	}
+	o.workerLeases[w.ID][l.ID] = true
+	s.Attempts++
+	s.Lease = l.ID
+	o.markStep(s)
+	o.sendTo(w.ID, Dispatch{Lease: l.ID, Step: s.ID, Run: s.Run, Command: sp.Command, Env: o.envFor(s, sp),
+		Writes: sp.Writes, Timeout: sp.Timeout, Attempt: s.Attempts})
+}
+
+// envFor is the shipped environment: the orchestrator's snapshot, then the
+// run's and the step's env, all minus the denylist, plus TETHER_ITEM.
+func (o *Orchestrator) envFor(s *StepRecord, sp *StepSpec) map[string]string {
+	env := map[string]string{}
+	for _, src := range []map[string]string{o.cfg.Env, o.runs[s.Run].Spec.Env, sp.Env} {
+		for k, v := range src {
+			if !Denied(k) {
+				env[k] = v
+			}
+		}
+	}
+	if s.Index >= 0 {
+		env["TETHER_ITEM"] = s.Item
+	}
+	if len(env) == 0 {
+		return nil
+	}
+	return env
+}
+
+func sortedKeys[K ~string | ~uint64, V any](m map[K]V) []K {
+	ks := make([]K, 0, len(m))
+	for k := range m {
+		ks = append(ks, k)
+	}
+	sort.Slice(ks, func(i, j int) bool { return ks[i] < ks[j] })
+	return ks
+}
+
+func copyMap(m map[string]string) map[string]string {
+	if len(m) == 0 {
+		return nil
+	}
+	c := make(map[string]string, len(m))
+	for k, v := range m {
+		c[k] = v
+	}
+	return c
+}

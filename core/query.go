@@ -1,0 +1,147 @@
+package core
+
+import (
+	"errors"
+	"fmt"
+	"sort"
+)
+
+// Read-only queries. They return copies; nothing a caller does to them changes
+// the orchestrator.
+
+// ErrNotCurrent is returned by Fence when a lease has lost its authority.
+var ErrNotCurrent = errors.New("lease is not current")
+
+// ErrUnknownLease is returned by Fence for a lease that does not exist or
+// belongs to another worker.
+var ErrUnknownLease = errors.New("unknown lease")
+
+// Fence answers "may lease L, held by worker W, write now?" for proxied writes
+// (data-plane PUT and append, secret put). Only a current lease may write.
+func (o *Orchestrator) Fence(w WorkerID, l LeaseID) error {
+	lr := o.leases[l]
+	switch {
+	case lr == nil || lr.Worker != w:
+		return fmt.Errorf("%w %d for worker %s", ErrUnknownLease, l, w)
+	case !lr.Current:
+		return fmt.Errorf("%w: lease %d: %s", ErrNotCurrent, l, lr.EndReason)
+	}
+	if wr := o.workers[w]; wr == nil || wr.Revoked {
+		return fmt.Errorf("%w: worker %s is revoked", ErrNotCurrent, w)
+	}
+	return nil
+}
+
+// RunIDs lists every run, in submission order.
+func (o *Orchestrator) RunIDs() []RunID {
+	ids := sortedKeys(o.runs)
+	sort.SliceStable(ids, func(i, j int) bool {
+		return o.runs[ids[i]].SubmittedAt.Before(o.runs[ids[j]].SubmittedAt) ||
+			(o.runs[ids[i]].SubmittedAt.Equal(o.runs[ids[j]].SubmittedAt) && len(ids[i]) < len(ids[j]))
+	})
+	return ids
+}
+
+// Run returns a run and its derived status.
+func (o *Orchestrator) Run(id RunID) (RunRecord, string, bool) {
+	r := o.runs[id]
+	if r == nil {
+		return RunRecord{}, "", false
+	}
+	c := *r
+	c.Steps = append([]StepID(nil), r.Steps...)
+	return c, o.runStatus(r), true
+}
+
+// StepByID returns a copy of a step.
+func (o *Orchestrator) StepByID(id StepID) (StepRecord, bool) {
+	s := o.steps[id]
+	if s == nil {
+		return StepRecord{}, false
+	}
+	return copyStep(s), true
+}
+
+// StepSpecOf returns the declaration a step was expanded from.
+func (o *Orchestrator) StepSpecOf(id StepID) (StepSpec, bool) {
+	sp := o.specOf[id]
+	if sp == nil {
+		return StepSpec{}, false
+	}
+	return *sp, true
+}
+
+func copyStep(s *StepRecord) StepRecord {
+	c := *s
+	c.Deps = append([]StepID(nil), s.Deps...)
+	if s.Outcome != nil {
+		oc := *s.Outcome
+		c.Outcome = &oc
+	}
+	return c
+}
+
+// Steps returns every step, sorted by id.
+func (o *Orchestrator) Steps() []StepRecord {
+	out := make([]StepRecord, 0, len(o.steps))
+	for _, id := range sortedKeys(o.steps) {
+		out = append(out, copyStep(o.steps[id]))
+	}
+	return out
+}
+
+// Leases returns every lease, sorted by id.
+func (o *Orchestrator) Leases() []LeaseRecord {
+	out := make([]LeaseRecord, 0, len(o.leases))
+	for _, id := range sortedKeys(o.leases) {
+		l := *o.leases[id]
+		l.Answers = append([]AnsweredReport(nil), l.Answers...)
+		out = append(out, l)
+	}
+	return out
+}
+
+// Workers returns every worker, sorted by id, with whether it is connected.
+func (o *Orchestrator) Workers() []WorkerView {
+	out := make([]WorkerView, 0, len(o.workers))
+	for _, id := range sortedKeys(o.workers) {
+		w := *o.workers[id]
+		w.Tags = append([]string(nil), w.Tags...)
+		w.Labels = copyMap(w.Labels)
+		out = append(out, WorkerView{WorkerRecord: w, Connected: o.connected(id), Leases: len(o.workerLeases[id])})
+	}
+	return out
+}
+
+// WorkerView is a worker with its live connection state.
+type WorkerView struct {
+	WorkerRecord
+	Connected bool
+	Leases    int // current leases
+}
+
+// Tokens returns every token, sorted by name.
+func (o *Orchestrator) Tokens() []TokenRecord {
+	out := make([]TokenRecord, 0, len(o.tokens))
+	for _, n := range sortedKeys(o.tokens) {
+		out = append(out, *o.tokens[n])
+	}
+	return out
+}
+
+// Events returns a run's server events in order.
+func (o *Orchestrator) Events(run RunID) []ServerEvent {
+	return append([]ServerEvent(nil), o.events[run]...)
+}
+
+// StepLogs returns the stored log lines of a step, lease by lease, each in
+// arrival order.
+func (o *Orchestrator) StepLogs(step StepID) []StepLogLine {
+	var out []StepLogLine
+	for _, id := range sortedKeys(o.leases) {
+		if o.leases[id].Step == step {
+			out = append(out, o.logs[id]...)
+		}
+	}
+	return out
+}

@@ -1,0 +1,187 @@
+package core
+
+import "time"
+
+// Config holds the orchestrator's knobs. Zero fields take the defaults of
+// DESIGN §5 (see DefaultConfig).
+type Config struct {
+	HeartbeatInterval time.Duration // told to workers; default 30s
+	HeartbeatTimeout  time.Duration // silent longer → stale; default 120s
+	SweepInterval     time.Duration // recovery sweeper period; default 60s
+	UnmatchedTimeout  time.Duration // queued longer with no matching worker → failed; default 30s
+	DispatchAck       time.Duration // a dispatch not started or rejected by then is requeued; default 10s
+	ForceCancel       time.Duration // cancelling longer → cancelled (CANCEL_FORCE); default 30s
+	KillGrace         time.Duration // worker's SIGTERM→SIGKILL; must be < ForceCancel; default 10s
+	CredentialTTL     time.Duration // session credential validity, slid by each refresh; default 15m
+	MaxAttempts       int           // lease grants per step; default 5
+	// Env is the orchestrator's environment snapshot shipped with every
+	// dispatch, minus the denylist (the driver fills it; the core filters).
+	Env map[string]string
+}
+
+// DefaultConfig returns the defaults of DESIGN §5.
+func DefaultConfig() Config {
+	return Config{
+		HeartbeatInterval: 30 * time.Second,
+		HeartbeatTimeout:  120 * time.Second,
+		SweepInterval:     60 * time.Second,
+		UnmatchedTimeout:  30 * time.Second,
+		DispatchAck:       10 * time.Second,
+		ForceCancel:       30 * time.Second,
+		KillGrace:         10 * time.Second,
+		CredentialTTL:     15 * time.Minute,
+		MaxAttempts:       5,
+	}
+}
+
+func (c Config) withDefaults() Config {
+	d := DefaultConfig()
+	set := func(v *time.Duration, def time.Duration) {
+		if *v <= 0 {
+			*v = def
+		}
+	}
+	set(&c.HeartbeatInterval, d.HeartbeatInterval)
+	set(&c.HeartbeatTimeout, d.HeartbeatTimeout)
+	set(&c.SweepInterval, d.SweepInterval)
+	set(&c.UnmatchedTimeout, d.UnmatchedTimeout)
+	set(&c.DispatchAck, d.DispatchAck)
+	set(&c.ForceCancel, d.ForceCancel)
+	set(&c.KillGrace, d.KillGrace)
+	set(&c.CredentialTTL, d.CredentialTTL)
+	if c.MaxAttempts <= 0 {
+		c.MaxAttempts = d.MaxAttempts
+	}
+	if c.KillGrace >= c.ForceCancel {
+		c.ForceCancel = c.KillGrace + d.ForceCancel - d.KillGrace
+	}
+	return c
+}
+
+// Input is one thing that happened, handed to Orchestrator.Step with the
+// orchestrator's clock reading.
+type Input interface{ isInput() }
+
+// CallID names an operator API call; its answer carries the same id.
+type CallID uint64
+
+// Inputs.
+type (
+	// Tick says only that time passed; due timers fire.
+	Tick struct{}
+	// Received is a message that arrived on a control connection. Entropy is
+	// 16 fresh random bytes from the driver, used only when a credential is
+	// issued (the core has no randomness of its own).
+	Received struct {
+		Conn    ConnID
+		Msg     Msg
+		Entropy [16]byte
+	}
+	// Disconnected says a control connection dropped.
+	Disconnected struct{ Conn ConnID }
+	// Submit submits a run.
+	Submit struct {
+		Call   CallID
+		Spec   RunSpec
+		Parent RunID
+	}
+	// CancelRun cancels every non-terminal step of a run.
+	CancelRun struct {
+		Call   CallID
+		Run    RunID
+		Reason string
+	}
+	// Approve opens a held step's gate; RejectGate closes it (cancelled).
+	Approve struct {
+		Call CallID
+		Step StepID
+	}
+	RejectGate struct {
+		Call CallID
+		Step StepID
+	}
+	// CreateToken creates a named, time-boxed enrollment token whose secret
+	// the driver drew at random.
+	CreateToken struct {
+		Call   CallID
+		Name   string
+		TTL    time.Duration
+		Secret [16]byte
+	}
+	// RevokeToken revokes a token; its worker, if any, is disconnected and
+	// loses every lease.
+	RevokeToken struct {
+		Call CallID
+		Name string
+	}
+)
+
+func (Tick) isInput()         {}
+func (Received) isInput()     {}
+func (Disconnected) isInput() {}
+func (Submit) isInput()       {}
+func (CancelRun) isInput()    {}
+func (Approve) isInput()      {}
+func (RejectGate) isInput()   {}
+func (CreateToken) isInput()  {}
+func (RevokeToken) isInput()  {}
+
+// Ready is everything one Step produced. The driver handles it in this order:
+//
+//  1. Records are saved to stable storage (one transaction, synced) BEFORE
+//     any Message is sent or any Answer returned;
+//  2. then Messages are sent, in order, each on its connection; a Close or
+//     Refused message is followed by closing that connection;
+//  3. then Answers are returned to their callers;
+//  4. Events and Logs are informational (Events are also in Records);
+//  5. the driver calls Step with a Tick no later than Deadline (zero: none).
+type Ready struct {
+	// Records are upserts and deletes of keyed entity snapshots, sorted by
+	// key. They must be durable before any Message or Answer leaves.
+	Records []Record
+	// Messages to workers, in the order they must be sent.
+	Messages []Envelope
+	// Answers to operator API calls.
+	Answers []APIAnswer
+	// Events are the server events recorded on runs in this batch.
+	Events []ServerEvent
+	// Logs are the orchestrator's structured log lines.
+	Logs []LogEntry
+	// Deadline is the earliest time a timer is due; zero means none.
+	Deadline time.Time
+}
+
+// Envelope addresses a message to a control connection.
+type Envelope struct {
+	Conn ConnID
+	Msg  Msg
+}
+
+// APIAnswer answers an operator call. Err is empty on success.
+type APIAnswer struct {
+	Call  CallID
+	Err   string
+	Run   RunID  // Submit
+	Token string // CreateToken: "<name>.<secret hex>", shown once
+}
+
+// ServerEvent is a recovery or lifecycle event recorded on a run.
+type ServerEvent struct {
+	Run     RunID
+	Seq     int
+	At      time.Time
+	Step    StepID
+	Kind    string
+	Message string
+}
+
+// LogEntry is one structured log line of the orchestrator. Fields are in a
+// fixed order (seed 003's observability names where they apply).
+type LogEntry struct {
+	Level  string
+	Msg    string
+	Fields []Field
+}
+
+// Field is one key=value of a LogEntry.
+type Field struct{ Key, Value string }

@@ -1,0 +1,197 @@
+package core
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+)
+
+// Record is one keyed entity snapshot: an upsert (Value set) or a delete. A
+// batch of records is applied atomically by the driver; restart loads them all.
+type Record struct {
+	Key    string // "<kind>/<id>", see the *Key functions
+	Value  []byte // canonical JSON of the entity; nil with Delete
+	Delete bool
+}
+
+// Record kinds (the key prefix).
+const (
+	KindMeta   = "meta"
+	KindRun    = "run"
+	KindStep   = "step"
+	KindLease  = "lease"
+	KindWorker = "worker"
+	KindToken  = "token"
+	KindEvent  = "event"
+	KindLog    = "log"
+)
+
+// ErrBadRecord is returned by Restore when a record cannot be decoded.
+var ErrBadRecord = errors.New("bad record")
+
+// MetaRecord holds the counters.
+type MetaRecord struct {
+	RunSeq    uint64
+	LeaseSeq  uint64
+	NextSweep time.Time
+}
+
+// RunRecord is a run.
+type RunRecord struct {
+	ID           RunID
+	Spec         RunSpec
+	Parent       RunID `json:",omitempty"`
+	SubmittedAt  time.Time
+	Deadline     time.Time `json:",omitzero"` // run timeout instant
+	CancelReason string    `json:",omitempty"`
+	CancelClass  FailureClass
+	Steps        []StepID
+	EventSeq     int
+	Failed       bool // some step failed: the run can no longer succeed
+	Finished     bool // every step is terminal
+	FinishedAt   time.Time `json:",omitzero"`
+}
+
+// StepRecord is a step (one forEach instance is one step).
+type StepRecord struct {
+	ID           StepID
+	Run          RunID
+	Name         string // the spec name (without "[i]")
+	Index        int    // forEach instance index, -1 if not fanned out
+	Item         string `json:",omitempty"`
+	Deps         []StepID
+	State        State
+	Class        FailureClass `json:",omitempty"`
+	Message      string       `json:",omitempty"`
+	SkippedBy    StepID       `json:",omitempty"`
+	Attempts     int          // lease grants so far
+	Lease        LeaseID      // current lease, 0 when none
+	QueuedAt     time.Time    `json:",omitzero"`
+	StartedAt    time.Time    `json:",omitzero"`
+	WaitUntil    time.Time    `json:",omitzero"` // waiting gate
+	HoldUntil    time.Time    `json:",omitzero"` // held gate expiry
+	ForceAt      time.Time    `json:",omitzero"` // cancelling force deadline
+	Outcome      *Outcome     `json:",omitempty"`
+	FinishedAt   time.Time    `json:",omitzero"`
+	EverStarted  bool         // some lease of this step recorded START
+	RequiredTags []string     `json:",omitempty"`
+}
+
+// LeaseRecord is one dispatch attempt of one step to one worker.
+type LeaseRecord struct {
+	ID        LeaseID
+	Step      StepID
+	Worker    WorkerID
+	GrantedAt time.Time
+	Current   bool
+	Started   bool      // START recorded under this lease
+	Deadline  time.Time `json:",omitzero"` // ack deadline (not started) or recovery deadline (recovering)
+	EndReason string    `json:",omitempty"`
+	Committed bool
+	Answers   []AnsweredReport `json:",omitempty"`
+}
+
+// AnsweredReport remembers an answered report for idempotent replays.
+type AnsweredReport struct {
+	Request uint64
+	Outcome Outcome
+	Verdict Verdict
+	Reason  string `json:",omitempty"`
+}
+
+// WorkerRecord is an enrolled worker instance.
+type WorkerRecord struct {
+	ID             WorkerID
+	Name           string
+	Token          string
+	Tags           []string          `json:",omitempty"`
+	Labels         map[string]string `json:",omitempty"`
+	Platform       string            `json:",omitempty"`
+	Slots          int
+	Scaler         bool
+	Grace          time.Duration
+	Active         bool
+	Revoked        bool
+	CredHash       [32]byte
+	CredExpiry     time.Time
+	LastHeartbeat  time.Time
+	DisconnectedAt time.Time `json:",omitzero"` // zero while connected
+	GraceUntil     time.Time `json:",omitzero"`
+	EnrolledAt     time.Time
+}
+
+// TokenRecord is an enrollment token; only the secret's hash is kept.
+type TokenRecord struct {
+	Name      string
+	Hash      [32]byte
+	CreatedAt time.Time
+	ExpiresAt time.Time
+	Consumed  bool
+	Worker    WorkerID `json:",omitempty"`
+	Revoked   bool
+}
+
+// StepLogLine is one stored line of a step's log (or one event when Event).
+type StepLogLine struct {
+	Step  StepID
+	Lease LeaseID
+	Index int // arrival order within the lease
+	Event bool
+	Line  LogLine
+}
+
+// Key functions.
+func metaKey() string              { return KindMeta }
+func runKey(id RunID) string       { return KindRun + "/" + string(id) }
+func stepKey(id StepID) string     { return KindStep + "/" + string(id) }
+func leaseKey(id LeaseID) string   { return fmt.Sprintf("%s/%020d", KindLease, id) }
+func workerKey(id WorkerID) string { return KindWorker + "/" + string(id) }
+func tokenKey(name string) string  { return KindToken + "/" + name }
+func eventKey(r RunID, seq int) string {
+	return fmt.Sprintf("%s/%s/%08d", KindEvent, r, seq)
+}
+func logKey(l LeaseID, idx int) string { return fmt.Sprintf("%s/%020d/%010d", KindLog, l, idx) }
+
+func encode(v any) []byte {
+	b, err := json.Marshal(v)
+	if err != nil {
+		panic(fmt.Sprintf("core: encoding a record cannot fail: %v", err))
+	}
+	return b
+}
+
+// DecodeRecord decodes a record's value by its key's kind. It is what
+// Restore uses, exported for tools and fuzzing.
+func DecodeRecord(r Record) (any, error) {
+	kind := r.Key
+	if i := strings.IndexByte(kind, '/'); i >= 0 {
+		kind = kind[:i]
+	}
+	var v any
+	switch kind {
+	case KindMeta:
+		v = &MetaRecord{}
+	case KindRun:
+		v = &RunRecord{}
+	case KindStep:
+		v = &StepRecord{}
+	case KindLease:
+		v = &LeaseRecord{}
+	case KindWorker:
+		v = &WorkerRecord{}
+	case KindToken:
+		v = &TokenRecord{}
+	case KindEvent:
+		v = &ServerEvent{}
+	case KindLog:
+		v = &StepLogLine{}
+	default:
+		return nil, fmt.Errorf("%w: unknown kind in key %q", ErrBadRecord, r.Key)
+	}
+	if err := json.Unmarshal(r.Value, v); err != nil {
+		return nil, fmt.Errorf("%w: key %q: %v", ErrBadRecord, r.Key, err)
+	}
+	return v, nil
+}

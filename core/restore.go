@@ -1,0 +1,235 @@
+package core
+
+import (
+	"encoding/binary"
+	"fmt"
+	"hash/fnv"
+	"sort"
+	"time"
+)
+
+// Restore rebuilds an orchestrator from its persisted records after a restart
+// (§3.6) at time now. Every worker starts disconnected with a fresh grace
+// window; every live lease gets a fresh deadline (now + its worker's grace);
+// running steps go to recovering; cancelling steps keep cancelling with a fresh
+// force deadline. The returned Ready holds the records of that re-arming and
+// must be handled like any other batch.
+func Restore(cfg Config, now time.Time, recs []Record) (*Orchestrator, Ready, error) {
+	o := &Orchestrator{cfg: cfg.withDefaults()}
+	o.init()
+	if err := o.load(recs); err != nil {
+		return nil, Ready{}, err
+	}
+	if now.Before(o.now) {
+		now = o.now
+	}
+	o.now = now
+	o.rearm()
+	o.rebuildTimers()
+	o.dispatch()
+	return o, o.finish(), nil
+}
+
+// load applies records to an empty orchestrator and rebuilds derived indexes.
+func (o *Orchestrator) load(recs []Record) error {
+	for _, r := range recs {
+		if r.Delete {
+			continue
+		}
+		v, err := DecodeRecord(r)
+		if err != nil {
+			return err
+		}
+		switch v := v.(type) {
+		case *MetaRecord:
+			o.meta = *v
+		case *RunRecord:
+			o.runs[v.ID] = v
+		case *StepRecord:
+			o.steps[v.ID] = v
+		case *LeaseRecord:
+			o.leases[v.ID] = v
+		case *WorkerRecord:
+			o.workers[v.ID] = v
+		case *TokenRecord:
+			o.tokens[v.Name] = v
+		case *ServerEvent:
+			o.events[v.Run] = append(o.events[v.Run], *v)
+		case *StepLogLine:
+			o.logs[v.Lease] = append(o.logs[v.Lease], *v)
+		}
+	}
+	for _, id := range sortedKeys(o.runs) {
+		r := o.runs[id]
+		o.indexRun(r, false)
+		for _, sid := range r.Steps {
+			if o.steps[sid] == nil {
+				return fmt.Errorf("%w: run %s names missing step %s", ErrBadRecord, r.ID, sid)
+			}
+		}
+		sort.Slice(o.events[id], func(i, j int) bool { return o.events[id][i].Seq < o.events[id][j].Seq })
+	}
+	for id, s := range o.steps {
+		if o.specOf[id] == nil {
+			return fmt.Errorf("%w: step %s has no run", ErrBadRecord, id)
+		}
+		o.markStepIndex(s)
+	}
+	for _, l := range o.leases {
+		if !l.Current {
+			continue
+		}
+		if o.workers[l.Worker] == nil || o.steps[l.Step] == nil {
+			return fmt.Errorf("%w: lease %d names a missing worker or step", ErrBadRecord, l.ID)
+		}
+		if o.workerLeases[l.Worker] == nil {
+			o.workerLeases[l.Worker] = map[LeaseID]bool{}
+		}
+		o.workerLeases[l.Worker][l.ID] = true
+	}
+	for id, lines := range o.logs {
+		sort.Slice(lines, func(i, j int) bool { return lines[i].Index < lines[j].Index })
+		seen := map[uint64]bool{}
+		for _, ln := range lines {
+			if ln.Line.Seq != 0 {
+				seen[ln.Line.Seq] = true
+			}
+		}
+		o.logSeen[id] = seen
+	}
+	for _, w := range o.workers {
+		if w.LastHeartbeat.After(o.now) {
+			o.now = w.LastHeartbeat
+		}
+	}
+	return nil
+}
+
+// markStepIndex updates the ready set without marking the step dirty.
+func (o *Orchestrator) markStepIndex(s *StepRecord) {
+	if s.State == StateQueued && s.Lease == 0 && o.specOf[s.ID].Type != "task" {
+		o.ready[s.ID] = true
+	}
+}
+
+// rearm is §3.6: nothing the previous process promised is dropped; every
+// promise gets a fresh deadline from now.
+func (o *Orchestrator) rearm() {
+	for _, id := range sortedKeys(o.workers) {
+		w := o.workers[id]
+		w.LastHeartbeat = o.now // a restart is not the worker's silence
+		if w.Active && !w.Revoked {
+			w.DisconnectedAt = o.now
+			if w.Grace > 0 {
+				w.GraceUntil = o.now.Add(w.Grace)
+			} else {
+				w.GraceUntil = o.now
+			}
+		}
+		o.markWorker(w)
+	}
+	for _, id := range sortedKeys(o.leases) {
+		l := o.leases[id]
+		if !l.Current {
+			continue
+		}
+		w := o.workers[l.Worker]
+		s := o.steps[l.Step]
+		l.Deadline = o.now.Add(w.Grace)
+		o.markLease(l)
+		switch s.State {
+		case StateRunning:
+			o.transition(s, EvRecover)
+			o.event(s.Run, s.ID, "step-recovering",
+				fmt.Sprintf("orchestrator restarted; holding the step for worker %s for %s", w.ID, DescribeDuration(w.Grace)))
+		case StateCancelling:
+			l.Deadline = time.Time{}
+			s.ForceAt = o.now.Add(o.cfg.ForceCancel)
+			o.markStep(s)
+		}
+	}
+	if o.meta.NextSweep.Before(o.now) {
+		o.meta.NextSweep = o.now.Add(o.cfg.SweepInterval)
+		o.markMeta()
+	}
+}
+
+// Records returns every record of the current state, sorted by key: what a
+// store holding every batch so far would hold.
+func (o *Orchestrator) Records() []Record {
+	var recs []Record
+	add := func(key string, v any) { recs = append(recs, Record{Key: key, Value: encode(v)}) }
+	add(metaKey(), o.meta)
+	for _, id := range sortedKeys(o.runs) {
+		add(runKey(id), o.runs[id])
+		for _, ev := range o.events[id] {
+			add(eventKey(id, ev.Seq), ev)
+		}
+	}
+	for _, id := range sortedKeys(o.steps) {
+		add(stepKey(id), o.steps[id])
+	}
+	for _, id := range sortedKeys(o.leases) {
+		add(leaseKey(id), o.leases[id])
+		for _, ln := range o.logs[id] {
+			add(logKey(id, ln.Index), ln)
+		}
+	}
+	for _, id := range sortedKeys(o.workers) {
+		add(workerKey(id), o.workers[id])
+	}
+	for _, id := range sortedKeys(o.tokens) {
+		add(tokenKey(id), o.tokens[id])
+	}
+	sort.Slice(recs, func(i, j int) bool { return recs[i].Key < recs[j].Key })
+	return recs
+}
+
+// Clone returns an independent deep copy, connections included.
+func (o *Orchestrator) Clone() *Orchestrator {
+	c := &Orchestrator{cfg: o.cfg}
+	c.init()
+	if err := c.load(o.Records()); err != nil {
+		panic("core: clone: " + err.Error())
+	}
+	c.cfg.Env = copyMap(o.cfg.Env)
+	c.now = o.now
+	for k, v := range o.conns {
+		c.conns[k] = v
+	}
+	for k, v := range o.connOf {
+		c.connOf[k] = v
+	}
+	c.rebuildTimers()
+	return c
+}
+
+// Fingerprint is a 64-bit FNV-1a hash of the canonical state: every record
+// (sorted by key), the connections (sorted) and the time. Equal states give
+// equal fingerprints whatever the map order.
+func (o *Orchestrator) Fingerprint() uint64 {
+	h := fnv.New64a()
+	var b [8]byte
+	put := func(x uint64) {
+		binary.LittleEndian.PutUint64(b[:], x)
+		h.Write(b[:])
+	}
+	put(uint64(o.now.UnixNano()))
+	for _, r := range o.Records() {
+		h.Write([]byte(r.Key))
+		h.Write([]byte{0})
+		h.Write(r.Value)
+		h.Write([]byte{0})
+	}
+	conns := make([]ConnID, 0, len(o.conns))
+	for c := range o.conns {
+		conns = append(conns, c)
+	}
+	sort.Slice(conns, func(i, j int) bool { return conns[i] < conns[j] })
+	for _, c := range conns {
+		put(uint64(c))
+		h.Write([]byte(o.conns[c]))
+		h.Write([]byte{0})
+	}
+	return h.Sum64()
+}

@@ -1,0 +1,132 @@
+package core
+
+import (
+	"container/heap"
+	"time"
+)
+
+// timerKind orders timers that fall due at the same instant.
+type timerKind uint8
+
+const (
+	tSweep timerKind = iota
+	tLease           // lease ack deadline or recovery (grace) deadline
+	tGrace           // worker grace window ends: deregistered (inactive)
+	tCred            // connected worker's credential expires
+	tForce           // cancelling step's force deadline
+	tWait            // waiting step's timer
+	tHold            // held step's expiry
+)
+
+type timer struct {
+	at   time.Time
+	kind timerKind
+	key  string // entity id
+}
+
+func (a timer) less(b timer) bool {
+	if !a.at.Equal(b.at) {
+		return a.at.Before(b.at)
+	}
+	if a.kind != b.kind {
+		return a.kind < b.kind
+	}
+	return a.key < b.key
+}
+
+// timerHeap is a min-heap with lazy deletion: an entry is valid only while the
+// entity still holds that deadline (see Orchestrator.timerValid), so moving a
+// deadline is a push and stale entries are discarded when they surface. The
+// heap is derived state: Restore and Clone rebuild it from the entities.
+type timerHeap []timer
+
+func (h timerHeap) Len() int           { return len(h) }
+func (h timerHeap) Less(i, j int) bool { return h[i].less(h[j]) }
+func (h timerHeap) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
+func (h *timerHeap) Push(x any)        { *h = append(*h, x.(timer)) }
+func (h *timerHeap) Pop() any {
+	old := *h
+	t := old[len(old)-1]
+	*h = old[:len(old)-1]
+	return t
+}
+
+func (o *Orchestrator) arm(at time.Time, kind timerKind, key string) {
+	if at.IsZero() {
+		return
+	}
+	heap.Push(&o.timers, timer{at: at, kind: kind, key: key})
+}
+
+// timerValid reports whether a heap entry still matches its entity.
+func (o *Orchestrator) timerValid(t timer) bool {
+	switch t.kind {
+	case tSweep:
+		return o.meta.NextSweep.Equal(t.at)
+	case tLease:
+		l := o.leases[parseLeaseKey(t.key)]
+		return l != nil && l.Current && l.Deadline.Equal(t.at)
+	case tGrace:
+		w := o.workers[WorkerID(t.key)]
+		return w != nil && !o.connected(w.ID) && w.Active && w.GraceUntil.Equal(t.at)
+	case tCred:
+		w := o.workers[WorkerID(t.key)]
+		return w != nil && o.connected(w.ID) && w.CredExpiry.Equal(t.at)
+	case tForce:
+		s := o.steps[StepID(t.key)]
+		return s != nil && s.State == StateCancelling && s.ForceAt.Equal(t.at)
+	case tWait:
+		s := o.steps[StepID(t.key)]
+		return s != nil && s.State == StateWaiting && s.WaitUntil.Equal(t.at)
+	case tHold:
+		s := o.steps[StepID(t.key)]
+		return s != nil && s.State == StateHeld && s.HoldUntil.Equal(t.at)
+	}
+	return false
+}
+
+// nextTimer returns the earliest valid timer, discarding stale entries.
+func (o *Orchestrator) nextTimer() (timer, bool) {
+	for len(o.timers) > 0 {
+		t := o.timers[0]
+		if o.timerValid(t) {
+			return t, true
+		}
+		heap.Pop(&o.timers)
+	}
+	return timer{}, false
+}
+
+// fireTimers fires every valid timer due at or before limit (strictly before
+// when strict), in (time, kind, key) order.
+func (o *Orchestrator) fireTimers(limit time.Time, strict bool) {
+	for {
+		t, ok := o.nextTimer()
+		if !ok || t.at.After(limit) || (strict && t.at.Equal(limit)) {
+			return
+		}
+		heap.Pop(&o.timers)
+		o.fire(t)
+	}
+}
+
+// rebuildTimers re-arms the heap from the entities (after load).
+func (o *Orchestrator) rebuildTimers() {
+	o.timers = o.timers[:0]
+	o.arm(o.meta.NextSweep, tSweep, "")
+	for _, l := range o.leases {
+		if l.Current {
+			o.arm(l.Deadline, tLease, leaseKeyID(l.ID))
+		}
+	}
+	for _, w := range o.workers {
+		o.arm(w.GraceUntil, tGrace, string(w.ID))
+		o.arm(w.CredExpiry, tCred, string(w.ID))
+	}
+	for _, s := range o.steps {
+		o.arm(s.ForceAt, tForce, string(s.ID))
+		o.arm(s.WaitUntil, tWait, string(s.ID))
+		o.arm(s.HoldUntil, tHold, string(s.ID))
+	}
+	heap.Init(&o.timers)
+}
