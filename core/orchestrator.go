@@ -42,6 +42,11 @@ type Orchestrator struct {
 
 	timers timerHeap
 
+	// enc caches every record's encoding (the last value emitted) and fp is
+	// the order-independent sum of their hashes: Fingerprint in O(1).
+	enc map[string][]byte
+	fp  uint64
+
 	// The batch being built by the current Step.
 	rd      Ready
 	dirty   map[string]bool
@@ -71,6 +76,20 @@ func (o *Orchestrator) init() {
 	o.conns = map[ConnID]WorkerID{}
 	o.connOf = map[WorkerID]ConnID{}
 	o.dirty = map[string]bool{}
+	o.enc = map[string][]byte{}
+	o.fp = 0
+}
+
+// cache keeps enc and fp in step with one record.
+func (o *Orchestrator) cache(r Record) {
+	if old, ok := o.enc[r.Key]; ok {
+		o.fp -= recordHash(r.Key, old)
+		delete(o.enc, r.Key)
+	}
+	if !r.Delete {
+		o.enc[r.Key] = r.Value
+		o.fp += recordHash(r.Key, r.Value)
+	}
 }
 
 // Config returns the effective configuration (defaults filled in).
@@ -137,6 +156,9 @@ func (o *Orchestrator) finish() Ready {
 	}
 	recs = append(recs, o.appends...)
 	sort.SliceStable(recs, func(i, j int) bool { return recs[i].Key < recs[j].Key })
+	for _, r := range recs {
+		o.cache(r)
+	}
 	rd := o.rd
 	rd.Records = recs
 	if t, ok := o.nextTimer(); ok {
@@ -190,8 +212,8 @@ func parseLeaseKey(s string) LeaseID {
 	return LeaseID(n)
 }
 
-func (o *Orchestrator) markMeta()              { o.dirty[metaKey()] = true }
-func (o *Orchestrator) markRun(r *RunRecord)   { o.dirty[runKey(r.ID)] = true }
+func (o *Orchestrator) markMeta()            { o.dirty[metaKey()] = true }
+func (o *Orchestrator) markRun(r *RunRecord) { o.dirty[runKey(r.ID)] = true }
 func (o *Orchestrator) markLease(l *LeaseRecord) {
 	o.dirty[leaseKey(l.ID)] = true
 }
@@ -283,8 +305,10 @@ func (o *Orchestrator) transition(s *StepRecord, e Event) {
 
 func (o *Orchestrator) fail(s *StepRecord, class FailureClass, msg string) {
 	s.Class, s.Message = class, msg
-	o.transition(s, EvFail)
+	// The failure is recorded before the cascade it causes (run-failed,
+	// skips, run-finished), so the run's events read in causal order.
 	o.event(s.Run, s.ID, "step-failed", string(class)+": "+msg)
+	o.transition(s, EvFail)
 }
 
 // endLease takes authority away from a lease. It is never given back.
@@ -315,13 +339,19 @@ func (o *Orchestrator) afterTerminal(s *StepRecord) {
 		}
 	}
 	if s.State != StateSuccess {
+		// A skipped step names the step whose failure (or cancellation)
+		// skipped it, however far upstream (§3.1).
+		root, why := s.ID, fmt.Sprintf("skipped: dependency %s %s", s.ID, s.State)
+		if s.State == StateSkipped && s.SkippedBy != "" {
+			root = s.SkippedBy
+			why = fmt.Sprintf("skipped: dependency %s was skipped after %s %s", s.ID, root, o.steps[root].State)
+		}
 		for _, d := range o.dependents[s.ID] {
 			ds := o.steps[d]
 			if ds.State == StatePending {
-				ds.SkippedBy = s.ID
-				ds.Message = fmt.Sprintf("skipped: dependency %s %s", s.ID, s.State)
-				o.transition(ds, EvSkip)
+				ds.SkippedBy, ds.Message = root, why
 				o.event(r.ID, ds.ID, "step-skipped", ds.Message)
+				o.transition(ds, EvSkip)
 			}
 		}
 	} else {
@@ -393,8 +423,8 @@ func (o *Orchestrator) afterQueued(s *StepRecord) {
 	}
 	o.transition(s, EvStart)
 	s.Outcome = &Outcome{Status: OutcomeSuccess}
-	o.transition(s, EvSucceed)
 	o.event(s.Run, s.ID, "task-step", "task step completed on the orchestrator")
+	o.transition(s, EvSucceed)
 }
 
 // ---- operator API ----
@@ -522,8 +552,8 @@ func (o *Orchestrator) cancelStep(s *StepRecord, class FailureClass, reason stri
 			o.sendTo(l.Worker, Cancel{Lease: l.ID, Reason: reason})
 		}
 		s.Class, s.Message = class, reason
-		o.transition(s, EvCancel)
 		o.event(s.Run, s.ID, "step-cancelled", reason)
+		o.transition(s, EvCancel)
 	}
 }
 
@@ -541,12 +571,13 @@ func (o *Orchestrator) gate(call CallID, id StepID, e Event) {
 		s.Class, s.Message = ClassGate, "rejected by reviewer"
 	}
 	s.HoldUntil = time.Time{}
-	o.transition(s, e)
 	if e == EvApprove {
 		o.event(s.Run, s.ID, "step-approved", "approved by reviewer")
+		o.transition(s, e)
 		o.afterQueued(s)
 	} else {
 		o.event(s.Run, s.ID, "step-rejected", "rejected by reviewer")
+		o.transition(s, e)
 	}
 	o.answer(APIAnswer{Call: call, Run: s.Run})
 }

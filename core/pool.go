@@ -283,6 +283,11 @@ func (o *Orchestrator) triageAll(w *WorkerRecord, cause triageCause) {
 // requeues. A cancelling step cannot finish its cancel: it is forced.
 func (o *Orchestrator) triage(s *StepRecord, l *LeaseRecord, cause triageCause) {
 	w := o.workers[l.Worker]
+	if cause == causeGrace && (w.Scaler || w.Grace <= 0) {
+		// A worker without a grace window (after a restart) had no recovery
+		// window to miss: it is a scaler-managed or no-reconnect disconnect.
+		cause = causeNoGrace
+	}
 	class, msg := ClassDisconnect, "agent disconnected and did not reconnect within the recovery window"
 	switch cause {
 	case causeNoGrace:
@@ -319,8 +324,8 @@ func (o *Orchestrator) triage(s *StepRecord, l *LeaseRecord, cause triageCause) 
 		o.transition(s, EvRequeue)
 		o.event(s.Run, s.ID, "step-requeued", "no-write step re-dispatched from the beginning: "+msg)
 	case StateCancelling:
-		o.transition(s, EvCancelForce)
 		o.event(s.Run, s.ID, "step-cancelled", "cancel forced: "+msg)
+		o.transition(s, EvCancelForce)
 	default:
 		panic(fmt.Sprintf("core: triage of step %s in state %s with current lease %d", s.ID, s.State, l.ID))
 	}
@@ -463,8 +468,8 @@ func (o *Orchestrator) report(w *WorkerRecord, c ConnID, m Report) {
 			return
 		}
 		record(Cancelled, "step was cancelled")
-		o.transition(s, EvComplete)
 		o.event(s.Run, s.ID, "step-cancelled", "worker stopped the step")
+		o.transition(s, EvComplete)
 		return
 	case StateQueued:
 		if sp.Writes {
@@ -499,10 +504,12 @@ const MaxLogLinesPerMessage = 10000
 
 // storeLogs keeps a current lease's log lines, deduplicated by sequence
 // number (0 is a gap marker and is always kept). Lines of a lease that lost
-// authority are refused: logs are writes, and writes are fenced.
+// authority are refused: logs are writes, and writes are fenced. A lease
+// that committed keeps its authority over its own log: a worker replaying
+// its buffer after a reconnect re-sends the report first.
 func (o *Orchestrator) storeLogs(w *WorkerRecord, id LeaseID, lines []LogLine, event bool) {
 	l, _ := o.leaseFor(w, id)
-	if l == nil || !l.Current || len(lines) > MaxLogLinesPerMessage {
+	if l == nil || !(l.Current || l.Committed) || len(lines) > MaxLogLinesPerMessage {
 		o.logf("warn", "log lines refused", "worker_id", string(w.ID), "lease", leaseKeyID(id), "lines", fmt.Sprint(len(lines)))
 		return
 	}
@@ -571,8 +578,8 @@ func (o *Orchestrator) fire(t timer) {
 			l := o.leases[s.Lease]
 			o.sendTo(l.Worker, Cancel{Lease: l.ID, Reason: "cancel forced"})
 		}
-		o.transition(s, EvCancelForce)
 		o.event(s.Run, s.ID, "step-cancelled", fmt.Sprintf("cancel forced after %s", DescribeDuration(o.cfg.ForceCancel)))
+		o.transition(s, EvCancelForce)
 	case tWait:
 		s := o.steps[StepID(t.key)]
 		s.WaitUntil = time.Time{}
@@ -582,8 +589,8 @@ func (o *Orchestrator) fire(t timer) {
 		s := o.steps[StepID(t.key)]
 		s.HoldUntil = time.Time{}
 		s.Class, s.Message = ClassGate, "hold expired without approval"
-		o.transition(s, EvExpire)
 		o.event(s.Run, s.ID, "step-expired", s.Message)
+		o.transition(s, EvExpire)
 	}
 }
 

@@ -36,6 +36,7 @@ func (o *Orchestrator) load(recs []Record) error {
 		if r.Delete {
 			continue
 		}
+		o.cache(r)
 		v, err := DecodeRecord(r)
 		if err != nil {
 			return err
@@ -189,7 +190,7 @@ func (o *Orchestrator) Records() []Record {
 func (o *Orchestrator) Clone() *Orchestrator {
 	c := &Orchestrator{cfg: o.cfg}
 	c.init()
-	if err := c.load(o.Records()); err != nil {
+	if err := c.load(o.cachedRecords()); err != nil {
 		panic("core: clone: " + err.Error())
 	}
 	c.cfg.Env = copyMap(o.cfg.Env)
@@ -204,9 +205,35 @@ func (o *Orchestrator) Clone() *Orchestrator {
 	return c
 }
 
-// Fingerprint is a 64-bit FNV-1a hash of the canonical state: every record
-// (sorted by key), the connections (sorted) and the time. Equal states give
-// equal fingerprints whatever the map order.
+// cachedRecords returns the records as last emitted, sorted by key.
+func (o *Orchestrator) cachedRecords() []Record {
+	recs := make([]Record, 0, len(o.enc))
+	for k, v := range o.enc {
+		recs = append(recs, Record{Key: k, Value: v})
+	}
+	sort.Slice(recs, func(i, j int) bool { return recs[i].Key < recs[j].Key })
+	return recs
+}
+
+// recordHash mixes one record into 64 bits (FNV-1a, then a splitmix64
+// finalizer so that summing hashes does not let similar records cancel).
+func recordHash(key string, value []byte) uint64 {
+	h := fnv.New64a()
+	h.Write([]byte(key))
+	h.Write([]byte{0})
+	h.Write(value)
+	x := h.Sum64()
+	x ^= x >> 30
+	x *= 0xbf58476d1ce4e5b9
+	x ^= x >> 27
+	x *= 0x94d049bb133111eb
+	x ^= x >> 31
+	return x
+}
+
+// Fingerprint is a canonical 64-bit hash of the state: the sum of the hashes
+// of every record (so map and emission order cannot matter), mixed with the
+// connections (sorted) and the time. Equal states give equal fingerprints.
 func (o *Orchestrator) Fingerprint() uint64 {
 	h := fnv.New64a()
 	var b [8]byte
@@ -215,12 +242,7 @@ func (o *Orchestrator) Fingerprint() uint64 {
 		h.Write(b[:])
 	}
 	put(uint64(o.now.UnixNano()))
-	for _, r := range o.Records() {
-		h.Write([]byte(r.Key))
-		h.Write([]byte{0})
-		h.Write(r.Value)
-		h.Write([]byte{0})
-	}
+	put(o.fp)
 	conns := make([]ConnID, 0, len(o.conns))
 	for c := range o.conns {
 		conns = append(conns, c)
