@@ -159,11 +159,33 @@ func (h *harness) run(d *datadriven.TestData) (out string) {
 			out = fmt.Sprintf("panic: %v\n", r)
 		}
 	}()
+	d.CmdArgs = joinQuoted(d.CmdArgs)
 	lines := h.command(d)
 	if len(lines) == 0 {
 		return "ok\n"
 	}
 	return strings.Join(lines, "\n") + "\n"
+}
+
+// joinQuoted lets a value hold spaces: datadriven splits key="a b c" into
+// key=`"a` and bare words `b`, `c"`; this joins them back into key=`a b c`.
+func joinQuoted(args []datadriven.CmdArg) []datadriven.CmdArg {
+	var out []datadriven.CmdArg
+	for i := 0; i < len(args); i++ {
+		a := args[i]
+		if len(a.Vals) != 1 || !strings.HasPrefix(a.Vals[0], `"`) {
+			out = append(out, a)
+			continue
+		}
+		v := a.Vals[0]
+		for !(len(v) >= 2 && strings.HasSuffix(v, `"`)) && i+1 < len(args) && len(args[i+1].Vals) == 0 {
+			i++
+			v += " " + args[i].Key
+		}
+		a.Vals = []string{strings.TrimSuffix(strings.TrimPrefix(v, `"`), `"`)}
+		out = append(out, a)
+	}
+	return out
 }
 
 func (h *harness) arg(d *datadriven.TestData, key string) (string, bool) {
@@ -282,7 +304,12 @@ func (h *harness) command(d *datadriven.TestData) []string {
 		return nil
 
 	case "advance":
+		// advance 10s [no-tick]: with no-tick only the clock moves; the next
+		// input is the first the machine sees at the new time.
 		h.now = h.now.Add(h.dur(d, "by", mustDur(h.t, h.pos(d, 0))))
+		if h.has(d, "no-tick") {
+			return []string{"now: " + DescribeAt(h.now, t0) + " (no tick)"}
+		}
 		return append([]string{"now: " + DescribeAt(h.now, t0)}, h.step(Tick{})...)
 
 	case "tick":

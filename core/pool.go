@@ -490,6 +490,14 @@ func (o *Orchestrator) report(w *WorkerRecord, c ConnID, m Report) {
 	switch m.Outcome.Status {
 	case OutcomeSuccess:
 		o.transition(s, EvSucceed)
+	case OutcomeCancelled, OutcomeCleanupFailed:
+		// The worker stopped a step nobody asked it to cancel: say so rather
+		// than claim an exit code it never reported.
+		msg := fmt.Sprintf("worker reported the step %s although no cancel was requested", m.Outcome.Status)
+		if m.Outcome.Message != "" {
+			msg += ": " + m.Outcome.Message
+		}
+		o.fail(s, ClassExecution, msg)
 	default:
 		msg := m.Outcome.Message
 		if msg == "" {

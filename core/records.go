@@ -49,8 +49,8 @@ type RunRecord struct {
 	CancelClass  FailureClass
 	Steps        []StepID
 	EventSeq     int
-	Failed       bool // some step failed: the run can no longer succeed
-	Finished     bool // every step is terminal
+	Failed       bool      // some step failed: the run can no longer succeed
+	Finished     bool      // every step is terminal
 	FinishedAt   time.Time `json:",omitzero"`
 }
 

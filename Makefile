@@ -1,0 +1,37 @@
+# Tether — build, test and demo targets. `make test` is what CI runs.
+GO ?= go
+GOFLAGS ?=
+PKGS := ./...
+
+.PHONY: test test-short check fmt vet bench demo clean
+
+## test: formatting, vet, then every test (purity check, scenarios, determinism, …)
+test: check
+	$(GO) test $(GOFLAGS) -count=1 $(PKGS)
+
+## test-short: the same with reduced seed budgets
+test-short: check
+	$(GO) test $(GOFLAGS) -short -count=1 $(PKGS)
+
+## check: gofmt and go vet must be clean
+check:
+	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
+	if [ -n "$$out" ]; then echo "gofmt: not formatted:"; echo "$$out"; exit 1; fi
+	$(GO) vet $(PKGS)
+
+fmt:
+	gofmt -w $$(git ls-files '*.go')
+
+vet:
+	$(GO) vet $(PKGS)
+
+## bench: benchmarks only (figures are quoted with this command)
+bench:
+	$(GO) test -run '^$$' -bench . -benchmem $(PKGS)
+
+## demo: run Tether for real on loopback with a bbolt file in a temp dir
+demo:
+	$(GO) run ./cmd/demo
+
+clean:
+	$(GO) clean -testcache
