@@ -205,7 +205,8 @@ func (o *Orchestrator) recordFor(key string) Record {
 	return Record{Key: key, Value: encode(v)}
 }
 
-func leaseKeyID(id LeaseID) string { return strconv.FormatUint(uint64(id), 10) }
+// leaseKeyID is a lease id padded so that text order is numeric order.
+func leaseKeyID(id LeaseID) string { return fmt.Sprintf("%020d", uint64(id)) }
 
 func parseLeaseKey(s string) LeaseID {
 	n, _ := strconv.ParseUint(s, 10, 64)
@@ -404,6 +405,7 @@ func (o *Orchestrator) promote(s *StepRecord) {
 	case sp.Wait > 0:
 		s.WaitUntil = o.now.Add(sp.Wait)
 		o.arm(s.WaitUntil, tWait, string(s.ID))
+		o.event(s.Run, s.ID, "step-waiting", fmt.Sprintf("waiting %s before queueing", DescribeDuration(sp.Wait)))
 		o.transition(s, EvWait)
 	default:
 		o.enqueue(s)
@@ -447,7 +449,7 @@ func (o *Orchestrator) submit(in Submit) {
 	o.runs[r.ID] = r
 	o.indexRun(r, true)
 	o.markRun(r)
-	o.event(r.ID, "", "run-submitted", fmt.Sprintf("run submitted with %d steps", len(r.Steps)))
+	o.event(r.ID, "", "run-submitted", fmt.Sprintf("run submitted with %d step%s", len(r.Steps), plural(len(r.Steps))))
 	for _, id := range r.Steps {
 		o.markStep(o.steps[id])
 	}
@@ -580,6 +582,13 @@ func (o *Orchestrator) gate(call CallID, id StepID, e Event) {
 		o.transition(s, e)
 	}
 	o.answer(APIAnswer{Call: call, Run: s.Run})
+}
+
+func plural(n int) string {
+	if n == 1 {
+		return ""
+	}
+	return "s"
 }
 
 func hashSecret(b []byte) [32]byte { return sha256.Sum256(b) }

@@ -79,6 +79,9 @@ func (o *Orchestrator) hello(c ConnID, h Hello, entropy [16]byte) {
 	case !o.now.Before(w.CredExpiry):
 		o.refuse(c, "session credential expired; enroll again with a new token", true)
 		return
+	case w.Scaler:
+		o.refuse(c, "scaler-managed worker instances are single-use; enroll a new instance", true)
+		return
 	}
 	if oc, ok := o.connOf[w.ID]; ok {
 		// The old socket is dead but its close was not seen yet.
@@ -108,9 +111,8 @@ func (o *Orchestrator) hello(c ConnID, h Hello, entropy [16]byte) {
 	for _, id := range o.sortedLeases(w.ID) {
 		l := o.leases[id]
 		if s := o.steps[l.Step]; s.State == StateCancelling {
-			s.ForceAt = o.now.Add(o.cfg.ForceCancel)
-			o.arm(s.ForceAt, tForce, string(s.ID))
-			o.markStep(s)
+			// The force deadline stands: a worker that keeps reconnecting
+			// must not push it back.
 			o.send(c, Cancel{Lease: l.ID, Reason: s.Message})
 		}
 	}
@@ -297,7 +299,7 @@ func (o *Orchestrator) triage(s *StepRecord, l *LeaseRecord, cause triageCause) 
 			msg = "agent disconnected with --no-reconnect mid-execution"
 		}
 	case causeStale:
-		class, msg = ClassStaleWorker, fmt.Sprintf("worker %s sent no heartbeat for %s", w.ID, DescribeDuration(o.cfg.HeartbeatTimeout))
+		class, msg = ClassStaleWorker, fmt.Sprintf("worker %s sent no heartbeat for %s", w.ID, DescribeDuration(o.now.Sub(w.LastHeartbeat).Truncate(time.Second)))
 	case causeRevoked:
 		class, msg = ClassRevoked, fmt.Sprintf("worker %s's enrollment token was revoked", w.ID)
 	case causeLost:
@@ -409,6 +411,7 @@ func (o *Orchestrator) rejectDispatch(w *WorkerRecord, m RejectDispatch) {
 		return
 	}
 	why := fmt.Sprintf("worker %s rejected the dispatch: %s", w.ID, m.Reason)
+	s.RejectedBy = w.ID
 	o.endLease(l, why)
 	o.requeue(s, why)
 }
@@ -453,6 +456,12 @@ func (o *Orchestrator) report(w *WorkerRecord, c ConnID, m Report) {
 		return
 	}
 	if !l.Current {
+		if len(l.Answers) >= MaxAnswersPerLease {
+			// Still the same answer, but a worker inventing request ids
+			// for a dead lease must not grow its record.
+			reply(Cancelled, "lease lost authority: "+l.EndReason)
+			return
+		}
 		record(Cancelled, "lease lost authority: "+l.EndReason)
 		return
 	}
@@ -499,13 +508,16 @@ func (o *Orchestrator) report(w *WorkerRecord, c ConnID, m Report) {
 		}
 		o.fail(s, ClassExecution, msg)
 	default:
-		msg := m.Outcome.Message
-		if msg == "" {
-			msg = fmt.Sprintf("exit status %d", m.Outcome.ExitCode)
+		msg := fmt.Sprintf("step exited with code %d", m.Outcome.ExitCode)
+		if m.Outcome.Message != "" {
+			msg += ": " + m.Outcome.Message
 		}
-		o.fail(s, ClassExecution, fmt.Sprintf("step exited with code %d: %s", m.Outcome.ExitCode, msg))
+		o.fail(s, ClassExecution, msg)
 	}
 }
+
+// MaxAnswersPerLease bounds the answers remembered for one lease.
+const MaxAnswersPerLease = 16
 
 // MaxLogLinesPerMessage bounds one Logs/Events message.
 const MaxLogLinesPerMessage = 10000
@@ -518,7 +530,7 @@ const MaxLogLinesPerMessage = 10000
 func (o *Orchestrator) storeLogs(w *WorkerRecord, id LeaseID, lines []LogLine, event bool) {
 	l, _ := o.leaseFor(w, id)
 	if l == nil || !(l.Current || l.Committed) || len(lines) > MaxLogLinesPerMessage {
-		o.logf("warn", "log lines refused", "worker_id", string(w.ID), "lease", leaseKeyID(id), "lines", fmt.Sprint(len(lines)))
+		o.logf("warn", "log lines refused", "worker_id", string(w.ID), "lease", fmt.Sprint(id), "lines", fmt.Sprint(len(lines)))
 		return
 	}
 	seen := o.logSeen[id]
@@ -748,10 +760,20 @@ func (o *Orchestrator) dispatch() {
 				continue
 			}
 		}
+		// The least-loaded matching worker wins, ties to the smaller id; the
+		// worker that last rejected this step only when no other can take it.
 		var best *WorkerRecord
+		better := func(w *WorkerRecord) bool {
+			if best == nil {
+				return true
+			}
+			if (w.ID == s.RejectedBy) != (best.ID == s.RejectedBy) {
+				return best.ID == s.RejectedBy
+			}
+			return len(o.workerLeases[w.ID]) < len(o.workerLeases[best.ID])
+		}
 		for _, w := range free {
-			if len(o.workerLeases[w.ID]) < w.Slots && o.matches(w, s) &&
-				(best == nil || len(o.workerLeases[w.ID]) < len(o.workerLeases[best.ID])) {
+			if len(o.workerLeases[w.ID]) < w.Slots && o.matches(w, s) && better(w) {
 				best = w
 			}
 		}

@@ -76,6 +76,7 @@ type StepRecord struct {
 	Outcome      *Outcome     `json:",omitempty"`
 	FinishedAt   time.Time    `json:",omitzero"`
 	EverStarted  bool         // some lease of this step recorded START
+	RejectedBy   WorkerID     `json:",omitempty"` // last worker that rejected a dispatch of it
 	RequiredTags []string     `json:",omitempty"`
 }
 

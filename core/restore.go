@@ -120,6 +120,12 @@ func (o *Orchestrator) rearm() {
 		w := o.workers[id]
 		w.LastHeartbeat = o.now // a restart is not the worker's silence
 		if w.Active && !w.Revoked {
+			// The outage was the orchestrator's: a worker that was in the
+			// pool must be able to come back even if its credential would
+			// have lapsed while nobody could refresh it.
+			if exp := o.now.Add(o.cfg.CredentialTTL); w.CredExpiry.Before(exp) {
+				w.CredExpiry = exp
+			}
 			w.DisconnectedAt = o.now
 			if w.Grace > 0 {
 				w.GraceUntil = o.now.Add(w.Grace)
