@@ -282,6 +282,7 @@ func (o *Orchestrator) transition(s *StepRecord, e Event) {
 	}
 	from := s.State
 	s.State = to
+	o.rd.Transitions = append(o.rd.Transitions, StepTransition{Step: s.ID, From: from, Event: e, To: to})
 	switch {
 	case to == StateQueued:
 		s.QueuedAt = o.now

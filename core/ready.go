@@ -147,8 +147,19 @@ type Ready struct {
 	Events []ServerEvent
 	// Logs are the orchestrator's structured log lines.
 	Logs []LogEntry
+	// Transitions lists every step transition of the batch, in order; every
+	// one is a row of the table (checkers verify it independently).
+	Transitions []StepTransition
 	// Deadline is the earliest time a timer is due; zero means none.
 	Deadline time.Time
+}
+
+// StepTransition is one applied row of the transition table.
+type StepTransition struct {
+	Step  StepID
+	From  State
+	Event Event
+	To    State
 }
 
 // Envelope addresses a message to a control connection.
