@@ -3,6 +3,12 @@ module github.com/tether-run/tether
 go 1.26
 
 require (
-	github.com/cockroachdb/datadriven v1.0.3 // indirect
+	github.com/cockroachdb/datadriven v1.0.3
+	github.com/gorilla/websocket v1.5.3
+	go.etcd.io/bbolt v1.5.0
+)
+
+require (
 	github.com/pmezard/go-difflib v1.0.0 // indirect
+	golang.org/x/sys v0.45.0 // indirect
 )

@@ -28,7 +28,9 @@
 //  4. Only then send the batch's Messages in order, each on its connection;
 //     after a Close or Refused message, close that connection and do not
 //     report its Disconnected. Then return the Answers to their callers.
-//  5. Arrange a Tick no later than Deadline.
+//  5. Arrange a Tick no later than Deadline. When several inputs were merged
+//     into one batch, the last Ready's Deadline is the machine's earliest
+//     timer (each Ready's Deadline is computed from the whole state).
 //  6. On restart, load every record and call Restore(cfg, now, records); its
 //     Ready is handled like any other batch (it re-arms every in-flight
 //     promise with fresh deadlines).
@@ -36,11 +38,12 @@
 // # Driving a Worker
 //
 //  1. Call Step(now, WBoot{}) once, with the worker's local clock.
-//  2. Do what the WorkerReady says, in this order: Close the connection if
-//     asked; Dial if asked and report WConnected or WDialFailed; send Send in
-//     order; carry out Exec commands (start a step process in its own process
-//     group, SIGTERM or SIGKILL the group); write Logs; if Exit is set, exit
-//     with its code (step processes die with the worker).
+//  2. Do what the WorkerReady says, in this order: send Send in order on the
+//     current connection; Close that connection if asked (and report no
+//     WDisconnected for it); Dial if asked and report WConnected or
+//     WDialFailed; carry out Exec commands (start a step process in its own
+//     process group, SIGTERM or SIGKILL the group); write Logs; if Exit is
+//     set, exit with its code (step processes die with the worker).
 //  3. Feed back every transport event (WDisconnected), every message
 //     (WReceived), every line of step output (WExecOutput), every process exit
 //     (WExecExited), and a WTick when Deadline passes.

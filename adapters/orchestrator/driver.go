@@ -1,0 +1,553 @@
+// Package orchestrator drives one core.Orchestrator in the real world: a bbolt
+// store, the WebSocket control plane at /control, the real clock, and a Go
+// API for operators.
+//
+// The Driver follows core/doc.go's duties to the letter. One goroutine owns
+// the Orchestrator. It blocks for one input, drains whatever else is queued
+// (group commit, at most maxBatch inputs), steps each with a fresh time.Now,
+// saves every record of the merged batch in ONE store transaction, and only
+// then sends the batch's messages (each connection has its own buffered
+// writer), closes the connections the core closed, answers the API calls and
+// runs the queued read-only queries. Then it arms a timer for the Deadline.
+package orchestrator
+
+import (
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/tether-run/tether/adapters/store"
+	"github.com/tether-run/tether/adapters/wire"
+	"github.com/tether-run/tether/core"
+)
+
+// Limits.
+const (
+	inputQueue      = 4096 // inputs waiting for the loop; senders block beyond it
+	maxBatch        = 512  // inputs stepped into one group commit
+	defaultMaxConns = 1024 // concurrent control connections
+)
+
+var (
+	// ErrClosed is returned when the driver was closed, or stopped on a
+	// store failure, before a call could be answered.
+	ErrClosed = errors.New("orchestrator: driver closed")
+	// ErrRefused is returned, wrapped with the orchestrator's reason, when
+	// the orchestrator refuses an operator call (an invalid run, an unknown
+	// token, ...).
+	ErrRefused = errors.New("orchestrator: refused")
+)
+
+// Options configures a Driver.
+type Options struct {
+	// Addr is the control plane's listen address; "127.0.0.1:0" picks a port.
+	Addr string
+	// StorePath is the bbolt file. An existing file is restored (§3.6).
+	StorePath string
+	// Store, if set, is used instead of opening StorePath (tests wrap the
+	// bbolt store with it). The driver closes it.
+	Store Store
+	// Config is the core's configuration. Config.Env is the environment
+	// snapshot shipped with every dispatch (see EnvSnapshot); the core
+	// removes the denylist.
+	Config core.Config
+	// Logger receives structured logs; nil means slog.Default().
+	Logger *slog.Logger
+	// MaxConns bounds concurrent control connections; zero means 1024.
+	MaxConns int
+}
+
+// Store is what the driver needs of durable storage; *store.Store is one.
+// Apply must make the whole batch durable atomically before returning nil.
+type Store interface {
+	Apply(recs []core.Record) error
+	Load() ([]core.Record, error)
+	Close() error
+}
+
+// EnvSnapshot returns this process's environment as a map, for Config.Env.
+func EnvSnapshot() map[string]string {
+	env := map[string]string{}
+	for _, kv := range os.Environ() {
+		if k, v, ok := strings.Cut(kv, "="); ok && k != "" {
+			env[k] = v
+		}
+	}
+	return env
+}
+
+// Driver runs one orchestrator. Its methods are safe for concurrent use.
+type Driver struct {
+	opts Options
+	log  *slog.Logger
+	st   Store
+	ln   net.Listener
+	srv  *http.Server
+
+	inputs chan input
+	quit   chan struct{} // closed by Close
+	done   chan struct{} // closed when everything has stopped
+	err    error         // why the loop stopped; read after done
+	once   sync.Once
+
+	nextConn atomic.Uint64
+	nextCall atomic.Uint64
+	nconns   atomic.Int64
+
+	mu     sync.Mutex
+	closed bool           // no new connections once set
+	live   map[*conn]bool // every connection with running goroutines
+	wg     sync.WaitGroup // connection goroutines
+
+	// Owned by the loop goroutine.
+	o          *core.Orchestrator
+	conns      map[core.ConnID]*conn
+	coreClosed map[core.ConnID]bool // the core closed these; their reads end silently
+	calls      map[core.CallID]chan core.APIAnswer
+	timer      *time.Timer
+}
+
+// Inputs of the loop.
+type (
+	input  interface{}
+	opened struct{ c *conn }
+	frame  struct {
+		conn core.ConnID
+		msg  core.Msg
+	}
+	dropped struct {
+		conn   core.ConnID
+		reason string
+	}
+	call struct {
+		in    core.Input
+		reply chan core.APIAnswer
+	}
+	query struct {
+		f    func(*core.Orchestrator)
+		done chan struct{}
+	}
+	tick struct{}
+)
+
+// Start opens the store, restores the orchestrator from it (an empty store
+// gives an empty orchestrator), persists the restore batch, and starts the
+// loop and the control plane.
+func Start(opts Options) (*Driver, error) {
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	if opts.MaxConns <= 0 {
+		opts.MaxConns = defaultMaxConns
+	}
+	d := &Driver{
+		opts:       opts,
+		log:        opts.Logger,
+		inputs:     make(chan input, inputQueue),
+		quit:       make(chan struct{}),
+		done:       make(chan struct{}),
+		live:       map[*conn]bool{},
+		conns:      map[core.ConnID]*conn{},
+		coreClosed: map[core.ConnID]bool{},
+		calls:      map[core.CallID]chan core.APIAnswer{},
+	}
+	st := opts.Store
+	if st == nil {
+		bst, err := store.Open(opts.StorePath)
+		if err != nil {
+			return nil, fmt.Errorf("orchestrator: %w", err)
+		}
+		st = bst
+	}
+	d.st = st
+	recs, err := st.Load()
+	if err != nil {
+		st.Close()
+		return nil, fmt.Errorf("orchestrator: %w", err)
+	}
+	o, rd, err := core.Restore(opts.Config, time.Now(), recs)
+	if err != nil {
+		st.Close()
+		return nil, fmt.Errorf("orchestrator: restore from %s: %w", opts.StorePath, err)
+	}
+	d.o = o
+	// The restore batch is a batch like any other; no connection exists yet,
+	// so it has nothing to send.
+	if err := st.Apply(rd.Records); err != nil {
+		st.Close()
+		return nil, fmt.Errorf("orchestrator: persist restore batch: %w", err)
+	}
+	d.emitLogs(rd)
+	d.log.Info("orchestrator restored", "store", opts.StorePath, "records", len(recs), "runs", len(o.RunIDs()))
+
+	ln, err := net.Listen("tcp", opts.Addr)
+	if err != nil {
+		st.Close()
+		return nil, fmt.Errorf("orchestrator: listen on %s: %w", opts.Addr, err)
+	}
+	d.ln = ln
+	mux := http.NewServeMux()
+	mux.HandleFunc("/control", d.serveControl)
+	d.srv = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(d.log.Handler(), slog.LevelWarn)}
+	d.timer = time.NewTimer(time.Hour)
+	d.arm(rd.Deadline)
+
+	go d.run()
+	go func() {
+		if err := d.srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			d.log.Error("control plane stopped", "err", err)
+		}
+	}()
+	d.log.Info("control plane listening", "url", d.URL())
+	return d, nil
+}
+
+// Addr returns the address the control plane listens on.
+func (d *Driver) Addr() string { return d.ln.Addr().String() }
+
+// URL returns the control plane's WebSocket URL, for workers.
+func (d *Driver) URL() string { return "ws://" + d.Addr() + "/control" }
+
+// Done is closed once the driver has stopped (Close, or a store failure).
+func (d *Driver) Done() <-chan struct{} { return d.done }
+
+// Close stops the driver without stepping anything more: it stops listening,
+// drops every connection, waits for its goroutines and closes the store.
+// Inputs not yet persisted are lost, exactly as in a crash, and nothing of
+// theirs has left the process. It returns the error that stopped the loop,
+// if one did.
+func (d *Driver) Close() error {
+	d.once.Do(func() { close(d.quit) })
+	<-d.done
+	return d.err
+}
+
+// run is the loop goroutine; when the loop ends it tears everything down.
+func (d *Driver) run() {
+	err := d.loop()
+	if err != nil {
+		d.log.Error("orchestrator loop stopped", "err", err)
+	}
+	d.timer.Stop()
+	for _, reply := range d.calls {
+		close(reply)
+	}
+	d.srv.Close()
+	d.mu.Lock()
+	d.closed = true
+	for c := range d.live {
+		c.abort()
+	}
+	d.mu.Unlock()
+	d.wg.Wait()
+	if cerr := d.st.Close(); cerr != nil && err == nil {
+		err = cerr
+	}
+	d.err = err
+	close(d.done)
+}
+
+func (d *Driver) loop() error {
+	batch := make([]input, 0, maxBatch)
+	for {
+		batch = batch[:0]
+		select {
+		case <-d.quit:
+			return nil
+		case <-d.timer.C:
+			batch = append(batch, tick{})
+		case in := <-d.inputs:
+			batch = append(batch, in)
+		}
+	drain:
+		for len(batch) < maxBatch {
+			select {
+			case in := <-d.inputs:
+				batch = append(batch, in)
+			default:
+				break drain
+			}
+		}
+		if err := d.process(batch); err != nil {
+			return err
+		}
+	}
+}
+
+// process steps a batch of inputs and handles the merged Ready: persist,
+// then send, then answer (core/doc.go, duties 2-5).
+func (d *Driver) process(batch []input) error {
+	var (
+		recs    []core.Record
+		msgs    []core.Envelope
+		answers []core.APIAnswer
+		readys  []core.Ready // for logs, emitted after the commit
+		queries []query
+		stepped bool
+		dl      time.Time
+	)
+	step := func(in core.Input) {
+		rd := d.o.Step(time.Now(), in)
+		recs = append(recs, rd.Records...)
+		msgs = append(msgs, rd.Messages...)
+		answers = append(answers, rd.Answers...)
+		readys = append(readys, core.Ready{Logs: rd.Logs, Events: rd.Events})
+		stepped, dl = true, rd.Deadline // the last Ready's Deadline is the core's earliest timer now
+	}
+	for _, in := range batch {
+		switch in := in.(type) {
+		case tick:
+			step(core.Tick{})
+		case opened:
+			d.conns[in.c.id] = in.c
+		case frame:
+			if d.coreClosed[in.conn] || d.conns[in.conn] == nil {
+				continue // the core already treats this connection as gone
+			}
+			rcv := core.Received{Conn: in.conn, Msg: in.msg}
+			if _, err := rand.Read(rcv.Entropy[:]); err != nil {
+				return fmt.Errorf("read entropy: %w", err)
+			}
+			step(rcv)
+		case dropped:
+			delete(d.conns, in.conn)
+			if d.coreClosed[in.conn] {
+				delete(d.coreClosed, in.conn) // closed by the core: not a Disconnected
+				continue
+			}
+			d.log.Info("control connection dropped", "conn", uint64(in.conn), "reason", in.reason)
+			step(core.Disconnected{Conn: in.conn})
+		case call:
+			if ct, ok := in.in.(core.CreateToken); ok {
+				if _, err := rand.Read(ct.Secret[:]); err != nil {
+					return fmt.Errorf("read entropy: %w", err)
+				}
+				in.in = ct
+			}
+			d.calls[callID(in.in)] = in.reply
+			step(in.in)
+		case query:
+			queries = append(queries, in)
+		}
+	}
+	// Duty 3: the whole batch durable in one transaction before anything leaves.
+	if err := d.st.Apply(recs); err != nil {
+		return fmt.Errorf("persist batch of %d records: %w", len(recs), err)
+	}
+	// Duty 4: messages in order, closing what the core closed; then answers.
+	for _, e := range msgs {
+		d.deliver(e)
+	}
+	for _, a := range answers {
+		if reply, ok := d.calls[a.Call]; ok {
+			reply <- a // buffered: never blocks
+			delete(d.calls, a.Call)
+		}
+	}
+	for _, q := range queries {
+		q.f(d.o)
+		close(q.done)
+	}
+	for _, rd := range readys {
+		d.emitLogs(rd)
+	}
+	// Duty 5.
+	if stepped {
+		d.arm(dl)
+	}
+	return nil
+}
+
+func callID(in core.Input) core.CallID {
+	switch in := in.(type) {
+	case core.Submit:
+		return in.Call
+	case core.CancelRun:
+		return in.Call
+	case core.Approve:
+		return in.Call
+	case core.RejectGate:
+		return in.Call
+	case core.CreateToken:
+		return in.Call
+	case core.RevokeToken:
+		return in.Call
+	}
+	panic(fmt.Sprintf("orchestrator: %T is not an API call", in))
+}
+
+// arm sets the timer for the core's next deadline (zero: none).
+func (d *Driver) arm(at time.Time) {
+	d.timer.Stop()
+	if !at.IsZero() {
+		d.timer.Reset(max(time.Until(at), 0))
+	}
+}
+
+// deliver encodes one message for its connection. After a Close or Refused
+// the connection is closed once the frame is written, and its end is not
+// reported to the core.
+func (d *Driver) deliver(e core.Envelope) {
+	c := d.conns[e.Conn]
+	if c == nil {
+		d.log.Debug("message for a gone connection dropped", "conn", uint64(e.Conn), "msg", core.DescribeMsg(e.Msg))
+		return
+	}
+	b, err := wire.Encode(e.Msg)
+	if err != nil {
+		// The worker cannot receive it: to the protocol that is a broken
+		// connection, which the core will hear about as a Disconnected.
+		d.log.Error("cannot encode message; dropping the connection", "conn", uint64(c.id), "kind", e.Msg.Kind(), "err", err)
+		c.abort()
+		return
+	}
+	c.send(b)
+	switch m := e.Msg.(type) {
+	case core.Close:
+		d.closeByCore(c, closeNormal, m.Reason)
+	case core.Refused:
+		code := closeNormal
+		if m.Fatal {
+			code = closePolicy
+		}
+		d.closeByCore(c, code, m.Reason)
+	}
+}
+
+func (d *Driver) closeByCore(c *conn, code int, reason string) {
+	delete(d.conns, c.id)
+	d.coreClosed[c.id] = true
+	c.closeAfterQueued(code, reason)
+}
+
+func (d *Driver) emitLogs(rd core.Ready) {
+	for _, e := range rd.Logs {
+		attrs := make([]any, 0, 2*len(e.Fields))
+		for _, f := range e.Fields {
+			attrs = append(attrs, f.Key, f.Value)
+		}
+		d.log.Log(context.Background(), level(e.Level), e.Msg, attrs...)
+	}
+	for _, ev := range rd.Events {
+		d.log.Info("server event", "run", string(ev.Run), "seq", ev.Seq, "step", string(ev.Step), "kind", ev.Kind, "message", ev.Message)
+	}
+}
+
+func level(s string) slog.Level {
+	switch s {
+	case "debug":
+		return slog.LevelDebug
+	case "warn", "warning":
+		return slog.LevelWarn
+	case "error":
+		return slog.LevelError
+	}
+	return slog.LevelInfo
+}
+
+// push hands an input to the loop, blocking while the queue is full.
+func (d *Driver) push(ctx context.Context, in input) error {
+	select {
+	case d.inputs <- in:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-d.quit:
+		return ErrClosed
+	case <-d.done:
+		return ErrClosed
+	}
+}
+
+// ---- operator API ----
+
+// do runs one API call and waits for its answer, which comes only after the
+// call's batch is durable. If ctx ends first the call may still take effect.
+func (d *Driver) do(ctx context.Context, mk func(core.CallID) core.Input) (core.APIAnswer, error) {
+	id := core.CallID(d.nextCall.Add(1))
+	reply := make(chan core.APIAnswer, 1)
+	if err := d.push(ctx, call{in: mk(id), reply: reply}); err != nil {
+		return core.APIAnswer{}, err
+	}
+	select {
+	case a, ok := <-reply:
+		if !ok {
+			return core.APIAnswer{}, ErrClosed
+		}
+		if a.Err != "" {
+			return a, fmt.Errorf("%w: %s", ErrRefused, a.Err)
+		}
+		return a, nil
+	case <-ctx.Done():
+		return core.APIAnswer{}, ctx.Err()
+	}
+}
+
+// Submit submits a run and returns its id.
+func (d *Driver) Submit(ctx context.Context, spec core.RunSpec) (core.RunID, error) {
+	a, err := d.do(ctx, func(id core.CallID) core.Input { return core.Submit{Call: id, Spec: spec} })
+	if err != nil {
+		return "", fmt.Errorf("submit %q: %w", spec.Name, err)
+	}
+	return a.Run, nil
+}
+
+// CancelRun cancels every non-terminal step of a run.
+func (d *Driver) CancelRun(ctx context.Context, run core.RunID, reason string) error {
+	_, err := d.do(ctx, func(id core.CallID) core.Input { return core.CancelRun{Call: id, Run: run, Reason: reason} })
+	if err != nil {
+		return fmt.Errorf("cancel %s: %w", run, err)
+	}
+	return nil
+}
+
+// CreateToken creates a named enrollment token valid for ttl and returns it
+// ("<name>.<secret>"); it is shown only once.
+func (d *Driver) CreateToken(ctx context.Context, name string, ttl time.Duration) (string, error) {
+	a, err := d.do(ctx, func(id core.CallID) core.Input { return core.CreateToken{Call: id, Name: name, TTL: ttl} })
+	if err != nil {
+		return "", fmt.Errorf("create token %q: %w", name, err)
+	}
+	return a.Token, nil
+}
+
+// RevokeToken revokes a token; its worker is disconnected and loses its leases.
+func (d *Driver) RevokeToken(ctx context.Context, name string) error {
+	_, err := d.do(ctx, func(id core.CallID) core.Input { return core.RevokeToken{Call: id, Name: name} })
+	if err != nil {
+		return fmt.Errorf("revoke token %q: %w", name, err)
+	}
+	return nil
+}
+
+// Snapshot runs f on the loop goroutine, between batches, after every
+// earlier batch is durable and sent. f must only read o (the query methods
+// of core.Orchestrator return copies) and must not keep it.
+func (d *Driver) Snapshot(ctx context.Context, f func(o *core.Orchestrator)) error {
+	q := query{f: f, done: make(chan struct{})}
+	if err := d.push(ctx, q); err != nil {
+		return fmt.Errorf("snapshot: %w", err)
+	}
+	select {
+	case <-q.done:
+		return nil
+	case <-d.done:
+		select {
+		case <-q.done: // ran just before the loop stopped
+			return nil
+		default:
+		}
+		return fmt.Errorf("snapshot: %w", ErrClosed)
+	case <-ctx.Done():
+		return fmt.Errorf("snapshot: %w", ctx.Err())
+	}
+}

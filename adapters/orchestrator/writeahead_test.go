@@ -1,0 +1,193 @@
+package orchestrator_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/gorilla/websocket"
+
+	"github.com/tether-run/tether/adapters/orchestrator"
+	"github.com/tether-run/tether/adapters/store"
+	"github.com/tether-run/tether/adapters/wire"
+	"github.com/tether-run/tether/core"
+)
+
+var errInjected = errors.New("injected store failure")
+
+// slowStore wraps the bbolt store: it delays every Apply (widening the
+// window a send-before-persist would slip through), remembers what is
+// durable, and can be told to fail.
+type slowStore struct {
+	*store.Store
+	delay time.Duration
+	fail  atomic.Bool
+
+	mu      sync.Mutex
+	durable map[string][]byte
+}
+
+func (s *slowStore) Apply(recs []core.Record) error {
+	if s.fail.Load() {
+		return errInjected
+	}
+	time.Sleep(s.delay)
+	if err := s.Store.Apply(recs); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, r := range recs {
+		if r.Delete {
+			delete(s.durable, r.Key)
+		} else {
+			s.durable[r.Key] = r.Value
+		}
+	}
+	return nil
+}
+
+// get decodes the durable record under key, nil if there is none.
+func (s *slowStore) get(t *testing.T, key string) any {
+	t.Helper()
+	s.mu.Lock()
+	v, ok := s.durable[key]
+	s.mu.Unlock()
+	if !ok {
+		return nil
+	}
+	rec, err := core.DecodeRecord(core.Record{Key: key, Value: v})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rec
+}
+
+func leaseKey(l core.LeaseID) string { return fmt.Sprintf("%s/%020d", core.KindLease, l) }
+
+// rawWorker speaks the protocol by hand.
+type rawWorker struct {
+	t  *testing.T
+	ws *websocket.Conn
+}
+
+func (w rawWorker) send(m core.Msg) {
+	w.t.Helper()
+	b, err := wire.Encode(m)
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	if err := w.ws.WriteMessage(websocket.TextMessage, b); err != nil {
+		w.t.Fatal(err)
+	}
+}
+
+func (w rawWorker) recv() core.Msg {
+	w.t.Helper()
+	w.ws.SetReadDeadline(time.Now().Add(10 * time.Second))
+	_, b, err := w.ws.ReadMessage()
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	m, err := wire.Decode(b)
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	return m
+}
+
+// TestWriteAhead checks duty 3-4 from the outside: at the moment an answer
+// or a message arrives, the batch that produced it is already durable.
+func TestWriteAhead(t *testing.T) {
+	ctx, cancel := context.WithTimeout(t.Context(), testTimeout)
+	defer cancel()
+	bst, err := store.Open(filepath.Join(t.TempDir(), "tether.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := &slowStore{Store: bst, delay: 50 * time.Millisecond, durable: map[string][]byte{}}
+	d, err := orchestrator.Start(orchestrator.Options{Addr: "127.0.0.1:0", Store: st, Logger: testLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+
+	tok, err := d.CreateToken(ctx, "raw", time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.get(t, "token/raw") == nil {
+		t.Fatal("CreateToken answered before its token record was durable")
+	}
+
+	ws, _, err := websocket.DefaultDialer.DialContext(ctx, d.URL(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ws.Close()
+	w := rawWorker{t, ws}
+	w.send(core.Hello{Version: core.ProtocolVersion, Token: tok, Worker: "raw-1", Slots: 1, MaxDelay: time.Second})
+	if m, ok := w.recv().(core.Welcome); !ok || m.Credential == "" {
+		t.Fatalf("want a Welcome with a credential, got %s", core.DescribeMsg(m))
+	}
+	if st.get(t, "worker/raw-1") == nil {
+		t.Fatal("Welcome sent before the worker record was durable")
+	}
+
+	run, err := d.Submit(ctx, core.RunSpec{Name: "wa", Steps: []core.StepSpec{{Name: "only", Command: "true", Writes: true}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.get(t, "run/"+string(run)) == nil {
+		t.Fatal("Submit answered before its run record was durable")
+	}
+	dm, ok := w.recv().(core.Dispatch)
+	if !ok {
+		t.Fatalf("want a Dispatch, got %s", core.DescribeMsg(dm))
+	}
+	if l, _ := st.get(t, leaseKey(dm.Lease)).(*core.LeaseRecord); l == nil || !l.Current {
+		t.Fatal("Dispatch sent before its lease grant was durable")
+	}
+	stepKey := "step/" + string(dm.Step)
+
+	w.send(core.Start{Lease: dm.Lease, Request: 1})
+	if m, ok := w.recv().(core.StartAck); !ok || !m.OK {
+		t.Fatalf("want StartAck OK, got %s", core.DescribeMsg(m))
+	}
+	if s, _ := st.get(t, stepKey).(*core.StepRecord); s == nil || s.State != core.StateRunning || !s.EverStarted {
+		t.Fatal("StartAck sent before START was durable (the start handshake)")
+	}
+
+	w.send(core.Report{Step: dm.Step, Lease: dm.Lease, Request: 2, Outcome: core.Outcome{Status: core.OutcomeSuccess}})
+	if m, ok := w.recv().(core.Answer); !ok || m.Verdict != core.Committed {
+		t.Fatalf("want Answer COMMITTED, got %s", core.DescribeMsg(m))
+	}
+	if s, _ := st.get(t, stepKey).(*core.StepRecord); s == nil || s.State != core.StateSuccess {
+		t.Fatal("COMMITTED answered before the step's success was durable")
+	}
+
+	// A store that fails stops the driver: nothing of the failed batch is
+	// answered or sent, and Close reports why.
+	st.fail.Store(true)
+	if _, err := d.Submit(ctx, core.RunSpec{Name: "doomed", Steps: []core.StepSpec{{Name: "x", Command: "true"}}}); !errors.Is(err, orchestrator.ErrClosed) {
+		t.Fatalf("Submit with a failing store: err = %v, want ErrClosed", err)
+	}
+	select {
+	case <-d.Done():
+	case <-ctx.Done():
+		t.Fatal("driver did not stop after a store failure")
+	}
+	if err := d.Close(); !errors.Is(err, errInjected) {
+		t.Fatalf("Close = %v, want the store failure", err)
+	}
+	ws.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, b, err := ws.ReadMessage(); err == nil {
+		t.Fatalf("after the store failure the worker still received %s", strings.TrimSpace(string(b)))
+	}
+}

@@ -1,0 +1,136 @@
+// Package store is the orchestrator's durable record store on bbolt.
+//
+// A Store holds core.Records, keyed snapshots of entities, in one bucket. Apply
+// writes a batch of upserts and deletes in a single bbolt transaction, which
+// bbolt fsyncs on commit: when Apply returns nil the whole batch is on stable
+// storage, and after a crash either all of it or none of it is there. Load
+// returns every record sorted by key, which is what core.Restore wants.
+package store
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+	berrors "go.etcd.io/bbolt/errors"
+
+	"github.com/tether-run/tether/core"
+)
+
+// bucket holds every record, keyed by core.Record.Key.
+var bucket = []byte("records")
+
+// openTimeout bounds the wait for bbolt's file lock, held by another process
+// (or another Store in this one) that has the file open.
+const openTimeout = 2 * time.Second
+
+var (
+	// ErrClosed is returned when a Store is used after Close.
+	ErrClosed = errors.New("store: closed")
+	// ErrEmptyKey is returned when a record to apply has an empty key.
+	ErrEmptyKey = errors.New("store: record with an empty key")
+	// ErrKeyTooLarge is returned when a record's key exceeds bbolt's key limit.
+	ErrKeyTooLarge = errors.New("store: record key too large")
+	// ErrNoValue is returned when an upsert record carries no value.
+	ErrNoValue = errors.New("store: upsert record without a value")
+)
+
+// Store is a bbolt file of core.Records. It is safe for concurrent use, though
+// the orchestrator driver uses it from one goroutine.
+type Store struct {
+	db *bolt.DB
+}
+
+// Open opens (creating if needed) the store file at path. It fails after a
+// short wait if another Store holds the file.
+func Open(path string) (*Store, error) {
+	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: openTimeout, NoSync: false})
+	if err != nil {
+		return nil, fmt.Errorf("store: open %s: %w", path, err)
+	}
+	err = db.Update(func(tx *bolt.Tx) error {
+		_, err := tx.CreateBucketIfNotExists(bucket)
+		return err
+	})
+	if err != nil {
+		db.Close()
+		return nil, fmt.Errorf("store: create bucket in %s: %w", path, err)
+	}
+	return &Store{db: db}, nil
+}
+
+// Apply writes a batch of records in one transaction: upserts put their
+// value, deletes remove their key, in order (a later record of the same key
+// wins). It returns only once the transaction is committed and synced; on
+// error nothing of the batch is applied.
+func (s *Store) Apply(recs []core.Record) error {
+	if len(recs) == 0 {
+		return nil
+	}
+	for i, r := range recs {
+		switch {
+		case r.Key == "":
+			return fmt.Errorf("store: apply record %d of %d: %w", i+1, len(recs), ErrEmptyKey)
+		case len(r.Key) > bolt.MaxKeySize:
+			return fmt.Errorf("store: apply record %d of %d (%.40q…): %w", i+1, len(recs), r.Key, ErrKeyTooLarge)
+		case !r.Delete && r.Value == nil:
+			return fmt.Errorf("store: apply record %q: %w", r.Key, ErrNoValue)
+		}
+	}
+	err := s.db.Update(func(tx *bolt.Tx) error {
+		b := tx.Bucket(bucket)
+		for _, r := range recs {
+			var err error
+			if r.Delete {
+				err = b.Delete([]byte(r.Key))
+			} else {
+				err = b.Put([]byte(r.Key), r.Value)
+			}
+			if err != nil {
+				return fmt.Errorf("record %q: %w", r.Key, err)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("store: apply %d records: %w", len(recs), s.mapErr(err))
+	}
+	return nil
+}
+
+// Load returns every record, sorted by key (bbolt's byte order, which is Go's
+// string order).
+func (s *Store) Load() ([]core.Record, error) {
+	var recs []core.Record
+	err := s.db.View(func(tx *bolt.Tx) error {
+		return tx.Bucket(bucket).ForEach(func(k, v []byte) error {
+			// bbolt's slices are valid only inside the transaction.
+			recs = append(recs, core.Record{Key: string(k), Value: append([]byte{}, v...)})
+			return nil
+		})
+	})
+	if err != nil {
+		return nil, fmt.Errorf("store: load: %w", s.mapErr(err))
+	}
+	return recs, nil
+}
+
+// Close closes the file; closing twice is harmless. Apply and Load return
+// ErrClosed afterwards.
+func (s *Store) Close() error {
+	if err := s.db.Close(); err != nil {
+		return fmt.Errorf("store: close: %w", err)
+	}
+	return nil
+}
+
+// Path returns the file's path.
+func (s *Store) Path() string { return s.db.Path() }
+
+func (s *Store) mapErr(err error) error {
+	if errors.Is(err, berrors.ErrDatabaseNotOpen) {
+		return ErrClosed
+	}
+	return err
+}

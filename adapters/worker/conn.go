@@ -1,0 +1,133 @@
+package worker
+
+import (
+	"sync"
+	"time"
+
+	"github.com/gorilla/websocket"
+
+	"github.com/tether-run/tether/adapters/wire"
+)
+
+// Control-plane timing and limits (the orchestrator pings every 20 s).
+const (
+	readWait  = 60 * time.Second // no frame and no ping this long: the connection is dead
+	writeWait = 10 * time.Second // one frame must be written within this
+	sendQueue = 1024             // frames queued; a connection that cannot keep up is dropped
+)
+
+// conn is the worker's side of one control connection.
+type conn struct {
+	gen uint64
+	ws  *websocket.Conn
+
+	out      chan []byte   // written and closed by the loop goroutine only
+	closing  bool          // loop goroutine only: out is closed
+	stop     chan struct{} // closed by abort
+	stopOnce sync.Once
+}
+
+// startConn runs the read loop and the writer of a new connection.
+func (d *Driver) startConn(gen uint64, ws *websocket.Conn) *conn {
+	c := &conn{gen: gen, ws: ws, out: make(chan []byte, sendQueue), stop: make(chan struct{})}
+	d.wg.Add(2)
+	go func() {
+		defer d.wg.Done()
+		c.writeLoop()
+	}()
+	go func() {
+		defer d.wg.Done()
+		reason := d.readLoop(c)
+		c.abort()
+		d.push(lost{gen: gen, reason: reason})
+	}()
+	return c
+}
+
+// readLoop feeds decoded frames to the loop until the connection fails, and
+// returns why. A frame that does not decode ends the connection.
+func (d *Driver) readLoop(c *conn) string {
+	c.ws.SetReadLimit(wire.MaxFrame)
+	c.ws.SetReadDeadline(time.Now().Add(readWait))
+	c.ws.SetPingHandler(func(data string) error {
+		c.ws.SetReadDeadline(time.Now().Add(readWait))
+		c.ws.WriteControl(websocket.PongMessage, []byte(data), time.Now().Add(writeWait)) // best effort
+		return nil
+	})
+	for {
+		typ, b, err := c.ws.ReadMessage()
+		if err != nil {
+			return err.Error()
+		}
+		c.ws.SetReadDeadline(time.Now().Add(readWait))
+		if typ != websocket.TextMessage {
+			c.hangUp(websocket.CloseUnsupportedData, "binary frame")
+			return "orchestrator sent a binary frame"
+		}
+		m, err := wire.Decode(b)
+		if err != nil {
+			d.log.Warn("undecodable frame from orchestrator; closing the connection", "err", err)
+			c.hangUp(websocket.CloseUnsupportedData, "undecodable frame")
+			return "undecodable frame: " + err.Error()
+		}
+		if !d.push(received{gen: c.gen, msg: m}) {
+			return "worker stopping"
+		}
+	}
+}
+
+// writeLoop writes queued frames until out is closed (then it sends a close
+// frame) or the connection is aborted or fails.
+func (c *conn) writeLoop() {
+	defer c.ws.Close()
+	for {
+		select {
+		case b, ok := <-c.out:
+			if !ok {
+				c.hangUp(websocket.CloseNormalClosure, "")
+				return
+			}
+			c.ws.SetWriteDeadline(time.Now().Add(writeWait))
+			if err := c.ws.WriteMessage(websocket.TextMessage, b); err != nil {
+				c.abort()
+				return
+			}
+		case <-c.stop:
+			return
+		}
+	}
+}
+
+// send queues a frame (loop goroutine only); a full queue drops the connection.
+func (c *conn) send(b []byte) {
+	if c.closing {
+		return
+	}
+	select {
+	case c.out <- b:
+	default:
+		c.abort()
+	}
+}
+
+// closeAfterQueued closes the connection once queued frames are written
+// (loop goroutine only).
+func (c *conn) closeAfterQueued() {
+	if !c.closing {
+		c.closing = true
+		close(c.out)
+	}
+}
+
+// abort hangs up at once.
+func (c *conn) abort() {
+	c.stopOnce.Do(func() {
+		close(c.stop)
+		c.ws.Close()
+	})
+}
+
+func (c *conn) hangUp(code int, reason string) {
+	c.ws.WriteControl(websocket.CloseMessage, websocket.FormatCloseMessage(code, reason), time.Now().Add(time.Second))
+	c.abort()
+}

@@ -1,0 +1,338 @@
+// Package worker drives one core.Worker in the real world: it dials the
+// orchestrator's WebSocket control plane, runs step processes with `sh -c`,
+// and keeps the core's timers with the worker's own clock.
+//
+// One goroutine owns the Worker and applies each WorkerReady in the order
+// core.WorkerReady documents: Send (on the current connection), Close, Dial,
+// Exec, then Logs, and Exit last. Connections carry a generation number so
+// that nothing from a connection the core gave up (Close) or a dial it
+// abandoned is ever fed back.
+package worker
+
+import (
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/gorilla/websocket"
+
+	"github.com/tether-run/tether/adapters/wire"
+	"github.com/tether-run/tether/core"
+)
+
+// inputQueue bounds the inputs waiting for the loop; producers (read loop,
+// process output) block beyond it, which backpressures the step's pipe.
+const inputQueue = 1024
+
+// ErrNoURL is returned by New when Options.URL is empty.
+var ErrNoURL = errors.New("worker: no orchestrator URL")
+
+// Options configures a Driver.
+type Options struct {
+	// URL is the orchestrator's control plane, e.g. ws://127.0.0.1:7070/control.
+	URL string
+	// Config configures the core worker; an empty ID gets a random UUID and
+	// a zero Seed a random one.
+	Config core.WorkerConfig
+	// Logger receives structured logs; nil means slog.Default().
+	Logger *slog.Logger
+	// Env is the base environment of step processes (the shipped env is
+	// overlaid on it); nil means this process's environment.
+	Env []string
+}
+
+// Driver runs one worker. Run may be called once.
+type Driver struct {
+	opts Options
+	log  *slog.Logger
+	w    *core.Worker
+
+	inputs chan input
+	done   chan struct{} // closed when Run is returning: producers stop
+	wg     sync.WaitGroup
+
+	// Owned by the loop goroutine.
+	ctx        context.Context
+	gen        uint64 // generation of the current connection or dial
+	cur        *conn  // current connection, nil when none
+	dialCancel func() // cancels the pending dial, nil when none
+	procs      map[core.LeaseID]*proc
+	timer      *time.Timer
+}
+
+// Inputs of the loop.
+type (
+	input  interface{}
+	dialed struct {
+		gen uint64
+		ws  *websocket.Conn
+		err error
+	}
+	received struct {
+		gen uint64
+		msg core.Msg
+	}
+	lost struct {
+		gen    uint64
+		reason string
+	}
+	output struct {
+		lease core.LeaseID
+		text  string
+	}
+	exited core.WExecExited
+)
+
+// New returns a worker driver.
+func New(opts Options) (*Driver, error) {
+	if opts.URL == "" {
+		return nil, ErrNoURL
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	if opts.Env == nil {
+		opts.Env = os.Environ()
+	}
+	if opts.Config.ID == "" {
+		opts.Config.ID = core.WorkerID(newUUID())
+	}
+	if opts.Config.Seed == 0 {
+		var b [8]byte
+		rand.Read(b[:])
+		for _, x := range b {
+			opts.Config.Seed = opts.Config.Seed<<8 | uint64(x)
+		}
+	}
+	d := &Driver{
+		opts:   opts,
+		w:      core.NewWorker(opts.Config),
+		inputs: make(chan input, inputQueue),
+		done:   make(chan struct{}),
+		procs:  map[core.LeaseID]*proc{},
+	}
+	d.log = opts.Logger.With("worker", opts.Config.Name, "worker_id", string(opts.Config.ID))
+	return d, nil
+}
+
+// ID returns the worker instance's id.
+func (d *Driver) ID() core.WorkerID { return d.opts.Config.ID }
+
+// Run runs the worker until the core asks it to exit, and returns that exit
+// code; or until ctx ends, and returns ctx's error. Either way every step
+// process is killed (step processes die with the worker) and every goroutine
+// has stopped when it returns.
+func (d *Driver) Run(ctx context.Context) (int, error) {
+	d.ctx = ctx
+	d.timer = time.NewTimer(time.Hour)
+	d.timer.Stop()
+	defer d.shutdown()
+	if x := d.apply(d.w.Step(time.Now(), core.WBoot{})); x != nil {
+		return x.Code, nil
+	}
+	for {
+		var in core.WorkerInput
+		select {
+		case <-ctx.Done():
+			d.log.Info("worker stopping", "reason", context.Cause(ctx))
+			return 0, ctx.Err()
+		case <-d.timer.C:
+			in = core.WTick{}
+		case raw := <-d.inputs:
+			in = d.translate(raw)
+		}
+		if in == nil {
+			continue
+		}
+		if x := d.apply(d.w.Step(time.Now(), in)); x != nil {
+			d.log.Info("worker exiting", "code", x.Code, "reason", x.Reason)
+			return x.Code, nil
+		}
+	}
+}
+
+// translate turns a driver event into a core input, or nil when it belongs
+// to a connection or dial the core no longer has.
+func (d *Driver) translate(raw input) core.WorkerInput {
+	switch in := raw.(type) {
+	case dialed:
+		if in.gen != d.gen || d.dialCancel == nil {
+			if in.ws != nil {
+				in.ws.Close() // an abandoned dial
+			}
+			return nil
+		}
+		d.dialCancel()
+		d.dialCancel = nil
+		if in.err != nil {
+			return core.WDialFailed{Reason: in.err.Error()}
+		}
+		d.cur = d.startConn(in.gen, in.ws)
+		return core.WConnected{Conn: core.ConnID(in.gen)}
+	case received:
+		if d.cur == nil || in.gen != d.cur.gen {
+			return nil
+		}
+		return core.WReceived{Msg: in.msg}
+	case lost:
+		if d.cur == nil || in.gen != d.cur.gen {
+			return nil
+		}
+		d.cur.abort()
+		d.cur = nil
+		return core.WDisconnected{Reason: in.reason}
+	case output:
+		return core.WExecOutput{Lease: in.lease, Text: in.text}
+	case exited:
+		delete(d.procs, in.Lease)
+		return core.WExecExited(in)
+	}
+	panic(fmt.Sprintf("worker: unknown input %T", raw))
+}
+
+// apply carries out one WorkerReady; it returns the Exit, if any.
+func (d *Driver) apply(rd core.WorkerReady) *core.WorkerExit {
+	for _, m := range rd.Send {
+		d.send(m)
+	}
+	if rd.Close {
+		d.gen++ // whatever the old connection or dial still says is ignored
+		if d.cur != nil {
+			d.cur.closeAfterQueued()
+			d.cur = nil
+		}
+		if d.dialCancel != nil {
+			d.dialCancel()
+			d.dialCancel = nil
+		}
+	}
+	if rd.Dial {
+		d.dial()
+	}
+	for _, c := range rd.Exec {
+		d.exec(c)
+	}
+	for _, l := range rd.Logs {
+		d.log.Info(l)
+	}
+	if rd.Exit != nil {
+		return rd.Exit
+	}
+	d.timer.Stop()
+	if !rd.Deadline.IsZero() {
+		d.timer.Reset(max(time.Until(rd.Deadline), 0))
+	}
+	return nil
+}
+
+// send encodes one message for the current connection. Logs and Events too
+// large for one frame are split (the core batches by count, not bytes).
+func (d *Driver) send(m core.Msg) {
+	if d.cur == nil {
+		d.log.Warn("message without a connection dropped", "msg", core.DescribeMsg(m))
+		return
+	}
+	b, err := wire.Encode(m)
+	if errors.Is(err, wire.ErrFrameTooLarge) {
+		if parts := split(m); parts != nil {
+			for _, p := range parts {
+				d.send(p)
+			}
+			return
+		}
+	}
+	if err != nil {
+		d.log.Error("cannot encode message; dropping the connection", "kind", m.Kind(), "err", err)
+		d.cur.abort() // the read loop reports the loss
+		return
+	}
+	d.cur.send(b)
+}
+
+// split halves a Logs or Events message; nil if it cannot be split.
+func split(m core.Msg) []core.Msg {
+	switch m := m.(type) {
+	case core.Logs:
+		if n := len(m.Lines); n > 1 {
+			return []core.Msg{core.Logs{Lease: m.Lease, Lines: m.Lines[:n/2]}, core.Logs{Lease: m.Lease, Lines: m.Lines[n/2:]}}
+		}
+	case core.Events:
+		if n := len(m.Events); n > 1 {
+			return []core.Msg{core.Events{Lease: m.Lease, Events: m.Events[:n/2]}, core.Events{Lease: m.Lease, Events: m.Events[n/2:]}}
+		}
+	}
+	return nil
+}
+
+// dial opens a new connection in the background; the result comes back as a
+// dialed input of the new generation.
+func (d *Driver) dial() {
+	d.gen++
+	gen := d.gen
+	if d.dialCancel != nil {
+		d.dialCancel()
+	}
+	timeout := d.w.Config().DialTimeout
+	ctx, cancel := context.WithTimeout(d.ctx, timeout)
+	d.dialCancel = cancel
+	d.wg.Add(1)
+	go func() {
+		defer d.wg.Done()
+		dialer := websocket.Dialer{HandshakeTimeout: timeout, ReadBufferSize: 4096, WriteBufferSize: 4096}
+		ws, resp, err := dialer.DialContext(ctx, d.opts.URL, nil)
+		if resp != nil && resp.Body != nil {
+			resp.Body.Close()
+		}
+		if err != nil {
+			err = fmt.Errorf("dial %s: %w", d.opts.URL, err)
+			if resp != nil {
+				err = fmt.Errorf("%w (HTTP %s)", err, resp.Status)
+			}
+		}
+		if !d.push(dialed{gen: gen, ws: ws, err: err}) && ws != nil {
+			ws.Close()
+		}
+	}()
+}
+
+// push hands an input to the loop; false once Run is returning.
+func (d *Driver) push(in input) bool {
+	select {
+	case d.inputs <- in:
+		return true
+	case <-d.done:
+		return false
+	}
+}
+
+// shutdown kills every step process group, closes the connection and waits
+// for every goroutine.
+func (d *Driver) shutdown() {
+	for lease, p := range d.procs {
+		p.signal(d.log, lease, killSignal)
+	}
+	if d.cur != nil {
+		d.cur.closeAfterQueued()
+		d.cur = nil
+	}
+	if d.dialCancel != nil {
+		d.dialCancel()
+	}
+	d.timer.Stop()
+	close(d.done)
+	d.wg.Wait()
+}
+
+// newUUID returns a random (version 4) UUID.
+func newUUID() string {
+	var b [16]byte
+	rand.Read(b[:])
+	b[6] = b[6]&0x0f | 0x40
+	b[8] = b[8]&0x3f | 0x80
+	return fmt.Sprintf("%x-%x-%x-%x-%x", b[0:4], b[4:6], b[6:8], b[8:10], b[10:])
+}

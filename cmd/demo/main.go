@@ -1,0 +1,189 @@
+// Command demo runs Tether for real on loopback: an orchestrator with a bbolt
+// file in a fresh temp dir, three workers that enroll with tokens over the
+// WebSocket control plane and run their steps as `sh -c` processes, and one
+// example workflow. It prints each step as it finishes and the run's status,
+// then shuts everything down. It exits 1 if the run did not succeed.
+//
+//	go run ./cmd/demo [-v]
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/tether-run/tether/adapters/orchestrator"
+	"github.com/tether-run/tether/adapters/worker"
+	"github.com/tether-run/tether/core"
+)
+
+const (
+	demoTimeout  = 45 * time.Second
+	pollInterval = 20 * time.Millisecond
+	workers      = 3
+)
+
+// workflow is the example run: fetch, a forEach build fan-out over four
+// targets (two at a time), a write-bearing publish after the builds, and an
+// independent lint.
+var workflow = core.RunSpec{
+	Name: "release",
+	Env:  map[string]string{"RELEASE": "v1.4.2"},
+	Steps: []core.StepSpec{
+		{Name: "fetch", Command: `echo "fetched sources for $RELEASE"; sleep 0.2`},
+		{Name: "build", DependsOn: []string{"fetch"}, Concurrency: 2,
+			ForEach: []string{"linux-amd64", "linux-arm64", "darwin-arm64", "windows-amd64"},
+			Command: `echo "building $TETHER_ITEM"; sleep 0.2`},
+		{Name: "publish", DependsOn: []string{"build"}, Writes: true,
+			Command: `echo "published $RELEASE (4 artifacts)"; sleep 0.2`},
+		{Name: "lint", Command: `echo "lint: 0 findings"; sleep 0.3`},
+	},
+}
+
+func main() { os.Exit(run()) }
+
+func run() int {
+	verbose := flag.Bool("v", false, "log at info level (default: warnings only)")
+	flag.Parse()
+	level := slog.LevelWarn
+	if *verbose {
+		level = slog.LevelInfo
+	}
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	ctx, cancel := context.WithTimeout(ctx, demoTimeout)
+	defer cancel()
+	if err := demo(ctx, os.Stdout, log); err != nil {
+		fmt.Fprintln(os.Stderr, "demo:", err)
+		return 1
+	}
+	return 0
+}
+
+func demo(ctx context.Context, out io.Writer, log *slog.Logger) (err error) {
+	dir, err := os.MkdirTemp("", "tether-demo-")
+	if err != nil {
+		return fmt.Errorf("temp dir: %w", err)
+	}
+	defer os.RemoveAll(dir)
+	orch, err := orchestrator.Start(orchestrator.Options{
+		Addr:      "127.0.0.1:0",
+		StorePath: filepath.Join(dir, "tether.db"),
+		Config:    core.Config{Env: orchestrator.EnvSnapshot()},
+		Logger:    log.With("side", "orchestrator"),
+	})
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if cerr := orch.Close(); cerr != nil && err == nil {
+			err = fmt.Errorf("close orchestrator: %w", cerr)
+		}
+	}()
+	fmt.Fprintf(out, "orchestrator listening at %s, store %s\n", orch.URL(), filepath.Join(dir, "tether.db"))
+
+	wctx, stopWorkers := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	defer func() {
+		stopWorkers()
+		wg.Wait()
+	}()
+	for i := 1; i <= workers; i++ {
+		name := fmt.Sprintf("worker-%d", i)
+		tok, err := orch.CreateToken(ctx, name, 10*time.Minute)
+		if err != nil {
+			return err
+		}
+		w, err := worker.New(worker.Options{URL: orch.URL(), Config: core.WorkerConfig{Name: name, Token: tok},
+			Logger: log.With("side", "worker")})
+		if err != nil {
+			return err
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if code, err := w.Run(wctx); err == nil {
+				log.Error("worker exited", "worker", name, "code", code)
+			}
+		}()
+	}
+	fmt.Fprintf(out, "started %d workers, each enrolling with its own one-time token\n", workers)
+
+	submitted := time.Now()
+	runID, err := orch.Submit(ctx, workflow)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(out, "submitted %s %q: fetch -> build[0..3] (forEach, concurrency 2) -> publish (writes); lint\n\n", runID, workflow.Name)
+	fmt.Fprintf(out, "%8s  %-20s %-9s %-9s %s\n", "t", "step", "state", "worker", "attempt  output")
+
+	printed := map[core.StepID]bool{}
+	var status string
+	for {
+		var lines []string
+		done := false
+		err := orch.Snapshot(ctx, func(o *core.Orchestrator) {
+			r, st, _ := o.Run(runID)
+			for _, id := range r.Steps {
+				s, _ := o.StepByID(id)
+				if !s.State.Terminal() || printed[id] {
+					continue
+				}
+				printed[id] = true
+				lines = append(lines, describeStep(o, s, s.FinishedAt.Sub(submitted)))
+			}
+			done, status = r.Finished, st
+		})
+		if err != nil {
+			return err
+		}
+		for _, l := range lines {
+			fmt.Fprintln(out, l)
+		}
+		if done {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("run %s did not finish: %w", runID, ctx.Err())
+		case <-time.After(pollInterval):
+		}
+	}
+	fmt.Fprintf(out, "\nrun %s finished: %s in %.2fs\n", runID, status, time.Since(submitted).Seconds())
+	if status != "success" {
+		return errors.New("run " + string(runID) + " " + status)
+	}
+	return nil
+}
+
+// describeStep is one line: time since submit, step, state, worker, attempt,
+// and the first line of its output.
+func describeStep(o *core.Orchestrator, s core.StepRecord, at time.Duration) string {
+	workerName, names := "-", map[core.WorkerID]string{}
+	for _, w := range o.Workers() {
+		names[w.ID] = w.Name
+	}
+	for _, l := range o.Leases() { // the step's last lease ran it
+		if l.Step == s.ID {
+			workerName = names[l.Worker]
+		}
+	}
+	first := ""
+	if logs := o.StepLogs(s.ID); len(logs) > 0 {
+		first = fmt.Sprintf("%q", logs[0].Line.Text)
+	}
+	if s.Message != "" {
+		first += " " + s.Message
+	}
+	return fmt.Sprintf("%7.2fs  %-20s %-9s %-9s %-8d %s", at.Seconds(), s.ID, s.State, workerName, s.Attempts, first)
+}
