@@ -3,6 +3,7 @@ module github.com/tether-run/tether
 go 1.26
 
 require (
+	github.com/anishathalye/porcupine v1.3.1
 	github.com/cockroachdb/datadriven v1.0.3
 	github.com/gorilla/websocket v1.5.3
 	go.etcd.io/bbolt v1.5.0

@@ -697,7 +697,7 @@ func (o *Orchestrator) matches(w *WorkerRecord, s *StepRecord) bool {
 		return false
 	}
 	for k, v := range sp.Labels {
-		if w.Labels[k] != v {
+		if wv, ok := w.Labels[k]; !ok || wv != v {
 			return false
 		}
 	}

@@ -1,0 +1,184 @@
+package sim
+
+import (
+	"fmt"
+	"math"
+	"regexp"
+	"sort"
+	"strconv"
+	"time"
+
+	"github.com/anishathalye/porcupine"
+
+	"github.com/tether-run/tether/core"
+	"github.com/tether-run/tether/spec"
+)
+
+const opClientOperator = 1 << 20
+
+type leaseKey struct {
+	w core.WorkerID
+	l core.LeaseID
+}
+
+// history is what the simulator records for the end-of-run checks: the
+// client-visible operations for porcupine, and every log line printed or lost
+// for the log continuity check.
+type history struct {
+	ops       []porcupine.Operation
+	open      []bool
+	reports   map[[2]uint64]int // (lease, request) → op index
+	runs      []core.RunID
+	dispatch  map[core.LeaseID]core.Dispatch
+	printedN  map[leaseKey]int
+	lostSeqs  map[leaseKey]map[uint64]bool
+	inflight  map[leaseKey]map[uint64]int // lines on the wire right now
+	workerIdx map[core.WorkerID]int
+}
+
+func newHistory() *history {
+	return &history{reports: map[[2]uint64]int{}, dispatch: map[core.LeaseID]core.Dispatch{},
+		printedN: map[leaseKey]int{}, lostSeqs: map[leaseKey]map[uint64]bool{}, inflight: map[leaseKey]map[uint64]int{}, workerIdx: map[core.WorkerID]int{}}
+}
+
+func nanos(t time.Time) int64 { return t.Sub(t0).Nanoseconds() }
+
+func (h *history) begin(now time.Time, client int, in spec.StepInput) int {
+	h.ops = append(h.ops, porcupine.Operation{ClientId: client, Input: in, Call: nanos(now)})
+	h.open = append(h.open, true)
+	return len(h.ops) - 1
+}
+
+func (h *history) end(i int, now time.Time, out spec.StepOutput) {
+	if !h.open[i] {
+		return
+	}
+	h.open[i] = false
+	h.ops[i].Output = out
+	h.ops[i].Return = nanos(now)
+}
+
+func (h *history) reportSent(now time.Time, wid core.WorkerID, m core.Report) {
+	k := [2]uint64{uint64(m.Lease), m.Request}
+	if _, ok := h.reports[k]; ok {
+		return // a retransmission: the same operation
+	}
+	client, ok := h.workerIdx[wid]
+	if !ok {
+		client = len(h.workerIdx)
+		h.workerIdx[wid] = client
+	}
+	h.reports[k] = h.begin(now, client, spec.StepInput{Kind: spec.OpReport, Step: m.Step, Lease: m.Lease, Request: m.Request, Outcome: m.Outcome})
+}
+
+func (h *history) delivered(now time.Time, m core.Msg) {
+	switch m := m.(type) {
+	case core.Answer:
+		if i, ok := h.reports[[2]uint64{uint64(m.Lease), m.Request}]; ok {
+			h.end(i, now, spec.StepOutput{Verdict: m.Verdict})
+		}
+	case core.Dispatch:
+		h.dispatch[m.Lease] = m
+	}
+}
+
+// stepSpec says what the worker was told about a lease's step.
+func (h *history) stepSpec(step core.StepID) (core.Dispatch, bool) {
+	for _, d := range h.dispatch {
+		if d.Step == step {
+			return d, true
+		}
+	}
+	return core.Dispatch{}, false
+}
+
+func (h *history) processStarted(w core.WorkerID, l core.LeaseID, s core.StepID) {}
+
+func (h *history) printed(w core.WorkerID, l core.LeaseID) { h.printedN[leaseKey{w, l}]++ }
+
+// onWire counts a Logs message's lines onto (+1) or off (-1) the wire.
+func (h *history) onWire(w core.WorkerID, m core.Logs, d int) {
+	k := leaseKey{w, m.Lease}
+	if h.inflight[k] == nil {
+		h.inflight[k] = map[uint64]int{}
+	}
+	for _, ln := range m.Lines {
+		if ln.Seq != 0 {
+			h.inflight[k][ln.Seq] += d
+		}
+	}
+}
+
+func (h *history) lostLine(w core.WorkerID, l core.LeaseID, seq uint64) {
+	k := leaseKey{w, l}
+	if h.lostSeqs[k] == nil {
+		h.lostSeqs[k] = map[uint64]bool{}
+	}
+	h.lostSeqs[k][seq] = true
+}
+
+// finish closes every operation that never returned: unknown, Return = max.
+func (h *history) finish() []porcupine.Operation {
+	for i := range h.ops {
+		if h.open[i] {
+			h.open[i] = false
+			h.ops[i].Output = spec.StepOutput{Unknown: true}
+			h.ops[i].Return = math.MaxInt64
+		}
+	}
+	return h.ops
+}
+
+var dropRe = regexp.MustCompile(`(\d+) log lines dropped due to buffer overflow`)
+
+// checkLogs is the log continuity check: for every committed lease, the lines
+// the orchestrator stored equal what the execution printed, except lines a
+// gap marker reports dropped (exactly) and lines the simulator saw lost on a
+// dead socket or in an orchestrator crash, or still on the wire at the end.
+func (h *history) checkLogs(o *core.Orchestrator) (string, bool) {
+	leases := o.Leases()
+	for _, l := range leases {
+		if !l.Committed {
+			continue
+		}
+		k := leaseKey{l.Worker, l.ID}
+		printed := h.printedN[k]
+		seen := map[uint64]bool{}
+		dropped := 0
+		for _, ln := range o.StepLogs(l.Step) {
+			if ln.Lease != l.ID || ln.Event {
+				continue
+			}
+			if ln.Line.Seq == 0 {
+				if m := dropRe.FindStringSubmatch(ln.Line.Text); m != nil {
+					n, _ := strconv.Atoi(m[1])
+					dropped += n
+				}
+				continue
+			}
+			if seen[ln.Line.Seq] {
+				return fmt.Sprintf("lease %d: line %d stored twice", l.ID, ln.Line.Seq), false
+			}
+			seen[ln.Line.Seq] = true
+			if int(ln.Line.Seq) > printed {
+				return fmt.Sprintf("lease %d: stored line %d but the execution printed only %d", l.ID, ln.Line.Seq, printed), false
+			}
+		}
+		missing := 0
+		var first []uint64
+		for s := uint64(1); s <= uint64(printed); s++ {
+			if !seen[s] && !h.lostSeqs[k][s] && h.inflight[k][s] == 0 {
+				missing++
+				if len(first) < 5 {
+					first = append(first, s)
+				}
+			}
+		}
+		if missing != dropped {
+			sort.Slice(first, func(i, j int) bool { return first[i] < first[j] })
+			return fmt.Sprintf("lease %d on %s: %d of %d printed lines missing (first %v), gap markers account for %d",
+				l.ID, l.Worker, missing, printed, first, dropped), false
+		}
+	}
+	return "", true
+}

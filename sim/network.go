@@ -1,0 +1,274 @@
+package sim
+
+import (
+	"time"
+
+	"github.com/tether-run/tether/core"
+)
+
+// conn is one control connection between a worker and one orchestrator
+// incarnation. Each direction is FIFO (a message never overtakes an earlier
+// one on the same connection); different connections race freely.
+type conn struct {
+	id       core.ConnID
+	worker   int
+	epoch    int
+	orchOpen bool // the orchestrator still treats it as open
+	broken   bool // reset: nothing more gets through either way
+	brokenAt time.Time
+	lastToO  time.Time
+	lastToW  time.Time
+}
+
+// link is the network path of one worker, with its faults.
+type link struct {
+	cutUp     bool      // worker → orchestrator blocked
+	cutDown   bool      // orchestrator → worker blocked
+	clogUntil time.Time // messages wait until then
+}
+
+func (w *world) delay() time.Duration {
+	d := w.uniform(w.opt.DelayMin, w.opt.DelayMax)
+	if !w.healed && w.chance(w.opt.TailProb) {
+		d *= 20
+	}
+	return d
+}
+
+// dial opens a connection for a worker, or fails.
+func (w *world) dial(wn *workerNode) {
+	gen := wn.gen
+	lk := &wn.link
+	if !w.orch.up || lk.cutUp || lk.cutDown {
+		w.after(w.uniform(time.Second, 10*time.Second), evDial, wn.idx, nil, "dial failed", func() {
+			if wn.gen == gen {
+				w.stepWorker(wn, core.WDialFailed{Reason: "connection refused"})
+			}
+		})
+		return
+	}
+	w.connSeq++
+	c := &conn{id: w.connSeq, worker: wn.idx, epoch: w.orch.epoch, orchOpen: true}
+	w.conns[c.id] = c
+	w.after(w.delay(), evDial, wn.idx, nil, "connected", func() {
+		if wn.gen != gen {
+			return
+		}
+		if c.broken {
+			w.stepWorker(wn, core.WDialFailed{Reason: "connection reset"})
+			return
+		}
+		wn.conn = c.id
+		w.stepWorker(wn, core.WConnected{Conn: c.id})
+	})
+}
+
+// sendToOrch carries one message from a worker over its current connection.
+func (w *world) sendToOrch(wn *workerNode, m core.Msg) {
+	c := w.conns[wn.conn]
+	if c == nil || c.broken {
+		w.lost(wn, m)
+		return
+	}
+	if wn.link.cutUp {
+		w.lost(wn, m) // one-way partition: silently gone
+		return
+	}
+	if !w.healed && w.chance(w.opt.LossProb) {
+		w.fault("message-loss")
+		w.lost(wn, m)
+		w.breakConn(c, true)
+		return
+	}
+	at := w.now.Add(w.delay())
+	if wn.link.clogUntil.After(at) {
+		at = wn.link.clogUntil.Add(w.delay())
+	}
+	if at.Before(c.lastToO) {
+		at = c.lastToO
+	}
+	c.lastToO = at
+	logs, isLogs := m.(core.Logs)
+	if isLogs {
+		w.hist.onWire(wn.id, logs, +1)
+	}
+	deliver := func() {
+		if isLogs {
+			w.hist.onWire(wn.id, logs, -1)
+		}
+		if c.broken && !c.brokenAt.After(at) || c.epoch != w.orch.epoch || !c.orchOpen || !w.orch.up {
+			w.lost(wn, m)
+			return
+		}
+		var ent [16]byte
+		for i := range ent {
+			ent[i] = byte(w.r.Uint32())
+		}
+		w.orchInput(core.Received{Conn: c.id, Msg: m, Entropy: ent})
+	}
+	w.at(at, evToOrch, wn.idx, m, "", deliver)
+	if _, hello := m.(core.Hello); !hello && !w.healed && w.chance(w.opt.DupProb) {
+		w.fault("duplicate")
+		w.at(at, evToOrch, wn.idx, m, "duplicate", func() {
+			if c.broken || c.epoch != w.orch.epoch || !c.orchOpen || !w.orch.up {
+				return
+			}
+			w.orchInput(core.Received{Conn: c.id, Msg: m})
+		})
+	}
+}
+
+// sendToWorker carries one message from the orchestrator.
+func (w *world) sendToWorker(id core.ConnID, m core.Msg) {
+	c := w.conns[id]
+	if c == nil || c.broken || !c.orchOpen || c.epoch != w.orch.epoch {
+		return
+	}
+	closing := false
+	switch m.(type) {
+	case core.Close, core.Refused:
+		closing = true
+		c.orchOpen = false
+	}
+	wn := w.workers[c.worker]
+	if wn.link.cutDown {
+		if closing {
+			w.breakConn(c, false)
+		}
+		return
+	}
+	at := w.now.Add(w.delay())
+	if wn.link.clogUntil.After(at) {
+		at = wn.link.clogUntil.Add(w.delay())
+	}
+	if at.Before(c.lastToW) {
+		at = c.lastToW
+	}
+	c.lastToW = at
+	gen := wn.gen
+	w.at(at, evToWorker, wn.idx, m, "", func() {
+		if wn.gen != gen || wn.conn != c.id || (c.broken && !c.brokenAt.After(at)) {
+			return
+		}
+		w.chk.Delivered(w.now, wn.id, m)
+		w.hist.delivered(w.now, m)
+		w.stepWorker(wn, core.WReceived{Msg: m})
+	})
+	if closing {
+		// The orchestrator closes the socket after the message; the worker
+		// reads the message, then sees the close.
+		w.at(at.Add(time.Millisecond), evWorkerNotice, wn.idx, nil, "closed by orchestrator", func() {
+			c.broken, c.brokenAt = true, w.now
+			if wn.gen == gen && wn.conn == c.id {
+				wn.conn = 0
+				w.stepWorker(wn, core.WDisconnected{Reason: "closed by orchestrator"})
+			}
+		})
+	}
+}
+
+// breakConn resets a connection. Each end notices on its own schedule (a
+// socket drop is not seen by both ends at once); messages still in flight are
+// lost.
+func (w *world) breakConn(c *conn, fault bool) {
+	if c.broken {
+		return
+	}
+	c.broken, c.brokenAt = true, w.now
+	if fault {
+		w.fault("socket-drop")
+	}
+	notice := func() time.Duration { return w.uniform(0, max(w.opt.NoticeMax, time.Millisecond)) }
+	if c.orchOpen {
+		epoch := w.orch.epoch
+		w.after(notice(), evOrchNotice, c.worker, nil, "", func() {
+			if w.orch.epoch == epoch && c.orchOpen && w.orch.up {
+				c.orchOpen = false
+				w.orchInput(core.Disconnected{Conn: c.id})
+			}
+		})
+	}
+	wn := w.workers[c.worker]
+	gen := wn.gen
+	w.after(notice(), evWorkerNotice, c.worker, nil, "", func() {
+		if wn.gen == gen && wn.conn == c.id {
+			wn.conn = 0
+			w.stepWorker(wn, core.WDisconnected{Reason: "connection reset"})
+		}
+	})
+}
+
+// lost records what a lost message took with it (log lines, for the log
+// continuity check).
+func (w *world) lost(wn *workerNode, m core.Msg) {
+	if l, ok := m.(core.Logs); ok {
+		for _, ln := range l.Lines {
+			if ln.Seq != 0 {
+				w.hist.lostLine(wn.id, l.Lease, ln.Seq)
+			}
+		}
+	}
+}
+
+// ---- network faults ----
+
+// partition cuts a set of workers off, in one or both directions, for at
+// least PartitionMin.
+func (w *world) partition() {
+	if w.healed || len(w.workers) == 0 {
+		return
+	}
+	var set []*workerNode
+	kind := []string{"isolate-one", "split", "symmetric", "one-way"}[w.r.IntN(4)]
+	switch kind {
+	case "isolate-one", "one-way":
+		set = []*workerNode{w.workers[w.r.IntN(len(w.workers))]}
+	case "split":
+		for _, wn := range w.workers {
+			if w.chance(0.5) {
+				set = append(set, wn)
+			}
+		}
+	case "symmetric":
+		set = w.workers
+	}
+	w.fault("partition-" + kind)
+	for _, wn := range set {
+		wn.link.cutUp = true
+		if kind != "one-way" {
+			wn.link.cutDown = true
+			if c := w.conns[wn.conn]; c != nil {
+				w.breakConn(c, false)
+			}
+			for _, c := range w.sortedConns() {
+				if c.worker == wn.idx && c.orchOpen {
+					w.breakConn(c, false)
+				}
+			}
+		}
+	}
+	d := w.uniform(w.opt.PartitionMin, w.opt.PartitionMax)
+	w.after(d, evFault, -1, nil, "partition heals", func() {
+		for _, wn := range set {
+			wn.link.cutUp, wn.link.cutDown = false, false
+		}
+	})
+}
+
+// swizzleClog stops links one by one and brings them back in another order.
+func (w *world) swizzleClog() {
+	if w.healed || len(w.workers) == 0 {
+		return
+	}
+	w.fault("swizzle-clog")
+	order := w.r.Perm(len(w.workers))
+	back := w.r.Perm(len(w.workers))
+	step := w.uniform(time.Second, 10*time.Second)
+	end := w.now.Add(step * time.Duration(len(order)+1))
+	for i, idx := range order {
+		wn := w.workers[idx]
+		w.after(step*time.Duration(i), evFault, idx, nil, "clog", func() {
+			wn.link.clogUntil = end.Add(step * time.Duration(back[idx]))
+		})
+	}
+}

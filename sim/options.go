@@ -1,0 +1,164 @@
+package sim
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"sort"
+	"strings"
+	"time"
+)
+
+// Options is one run's world: its faults and its workload. Swarm testing: each
+// seed draws its own Options (see Swarm), so seeds differ in kind, not only in
+// luck — one seed partitions a lot and never crashes, another crashes the
+// orchestrator every few minutes on a fast network.
+type Options struct {
+	Workers         int     // static workers at start
+	Scalers         int     // scaler-managed single-use workers alive at once
+	NoReconnectFrac float64 // chance a static worker runs with --no-reconnect
+	SlotsMax        int
+
+	DelayMin, DelayMax time.Duration // per-message network delay
+	TailProb           float64       // chance of a long tail delay (×20)
+	DupProb            float64       // a retransmitting proxy delivers a message twice
+	LossProb           float64       // a lost message resets its connection
+	NoticeMax          time.Duration // how late each end notices a dead socket
+
+	PartitionEvery time.Duration // mean time between partitions; 0 = none
+	PartitionMin   time.Duration
+	PartitionMax   time.Duration
+	ClogEvery      time.Duration // mean time between swizzle-clogs; 0 = none
+
+	ClockOffsetMax time.Duration // worker clock offset
+	DriftMax       float64       // worker clock rate error (0.05 = ±5%)
+	JumpEvery      time.Duration // mean time between forward clock jumps; 0 = none
+	WobbleAmp      time.Duration // periodic wobble amplitude
+
+	FsyncMin, FsyncMax time.Duration
+
+	WorkerCrashEvery time.Duration // per worker; 0 = never
+	WorkerPauseEvery time.Duration // per worker; 0 = never
+	PauseMax         time.Duration
+	OrchCrashEvery   time.Duration // 0 = never
+	OrchDownMax      time.Duration
+
+	Runs         int
+	SubmitEvery  time.Duration
+	StepsMax     int
+	WriteFrac    float64
+	FailProb     float64
+	ExecMin      time.Duration
+	ExecMax      time.Duration
+	LinesMax     int
+	TagFrac      float64
+	ForEachFrac  float64
+	HoldFrac     float64
+	WaitFrac     float64
+	TimeoutFrac  float64
+	CancelEvery  time.Duration // operator cancels a random run; 0 = never
+	RevokeEvery  time.Duration // operator revokes a random worker's token; 0 = never
+	QueryEvery   time.Duration // operator queries a random step
+	IgnoreTermP  float64       // a process ignores SIGTERM
+	FaultPhase   time.Duration // faults happen only during this phase
+	Buggify      map[string]bool
+	LogBuffer    int // worker log ring (small values stress overflow)
+	EventBuffer  int
+	MaxDelayWork time.Duration // the workers' max reconnect delay (grace = 2×)
+}
+
+// Swarm draws a seed's Options.
+func Swarm(seed uint64) Options {
+	r := rand.New(rand.NewPCG(seed, 0x5eed))
+	dur := func(lo, hi time.Duration) time.Duration {
+		return lo + time.Duration(r.Int64N(int64(hi-lo)+1))
+	}
+	maybe := func(p float64, d time.Duration) time.Duration {
+		if r.Float64() < p {
+			return d
+		}
+		return 0
+	}
+	o := Options{
+		Workers:          2 + r.IntN(4),
+		Scalers:          r.IntN(2),
+		NoReconnectFrac:  []float64{0, 0, 0.2}[r.IntN(3)],
+		SlotsMax:         1 + r.IntN(3),
+		DelayMin:         dur(100*time.Microsecond, 5*time.Millisecond),
+		TailProb:         []float64{0, 0.001, 0.01}[r.IntN(3)],
+		DupProb:          []float64{0, 0, 0.01, 0.05}[r.IntN(4)],
+		LossProb:         []float64{0, 0.0005, 0.002, 0.01}[r.IntN(4)],
+		NoticeMax:        dur(time.Second, 60*time.Second),
+		PartitionEvery:   maybe(0.5, dur(5*time.Minute, 30*time.Minute)),
+		PartitionMin:     dur(time.Second, 30*time.Second),
+		ClogEvery:        maybe(0.3, dur(5*time.Minute, 30*time.Minute)),
+		ClockOffsetMax:   dur(0, time.Hour),
+		DriftMax:         []float64{0, 0.001, 0.05}[r.IntN(3)],
+		JumpEvery:        maybe(0.3, dur(10*time.Minute, 60*time.Minute)),
+		WobbleAmp:        maybe(0.3, dur(0, 2*time.Second)),
+		FsyncMin:         dur(50*time.Microsecond, 500*time.Microsecond),
+		WorkerCrashEvery: maybe(0.6, dur(10*time.Minute, 90*time.Minute)),
+		WorkerPauseEvery: maybe(0.4, dur(10*time.Minute, 60*time.Minute)),
+		PauseMax:         dur(5*time.Second, 5*time.Minute),
+		OrchCrashEvery:   maybe(0.5, dur(10*time.Minute, 60*time.Minute)),
+		OrchDownMax:      dur(time.Second, 5*time.Minute),
+		Runs:             20 + r.IntN(40),
+		SubmitEvery:      dur(10*time.Second, 2*time.Minute),
+		StepsMax:         2 + r.IntN(6),
+		WriteFrac:        r.Float64(),
+		FailProb:         []float64{0, 0.05, 0.2}[r.IntN(3)],
+		ExecMin:          dur(100*time.Millisecond, 5*time.Second),
+		LinesMax:         r.IntN(40),
+		TagFrac:          []float64{0, 0.2}[r.IntN(2)],
+		ForEachFrac:      []float64{0, 0.2}[r.IntN(2)],
+		HoldFrac:         []float64{0, 0.1}[r.IntN(2)],
+		WaitFrac:         []float64{0, 0.1}[r.IntN(2)],
+		TimeoutFrac:      []float64{0, 0.2}[r.IntN(2)],
+		CancelEvery:      maybe(0.4, dur(5*time.Minute, 30*time.Minute)),
+		RevokeEvery:      maybe(0.2, dur(20*time.Minute, 90*time.Minute)),
+		QueryEvery:       dur(10*time.Second, 2*time.Minute),
+		IgnoreTermP:      []float64{0, 0.2}[r.IntN(2)],
+		FaultPhase:       dur(20*time.Minute, 90*time.Minute),
+		LogBuffer:        []int{10000, 10000, 8}[r.IntN(3)],
+		EventBuffer:      []int{5000, 5000, 4}[r.IntN(3)],
+		MaxDelayWork:     []time.Duration{60 * time.Second, 60 * time.Second, 10 * time.Second}[r.IntN(3)],
+	}
+	o.DelayMax = o.DelayMin + dur(0, 50*time.Millisecond)
+	o.PartitionMax = o.PartitionMin + dur(0, 5*time.Minute)
+	o.FsyncMax = o.FsyncMin + dur(0, 20*time.Millisecond)
+	o.ExecMax = o.ExecMin + dur(0, 3*time.Minute)
+	o.Buggify = map[string]bool{}
+	for _, site := range BuggifySites {
+		if r.Float64() < 0.25 {
+			o.Buggify[site] = true
+		}
+	}
+	return o
+}
+
+// BuggifySites are the edge paths worth stressing. A site is active for a
+// seed with p=0.25 and then fires with p=0.25 each time it is reached.
+var BuggifySites = []string{
+	"report-twice",    // a worker's report leaves twice
+	"late-heartbeat",  // a heartbeat is held back for a minute or more
+	"slow-fsync",      // an fsync takes seconds
+	"late-start",      // a Start is held back past the dispatch-ack deadline
+	"drop-after-send", // the socket dies right after a report leaves
+}
+
+// Describe renders the options one per line, sorted, for failure reports.
+func (o Options) Describe() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "workers=%d scalers=%d no-reconnect=%.2f slots<=%d\n", o.Workers, o.Scalers, o.NoReconnectFrac, o.SlotsMax)
+	fmt.Fprintf(&b, "net delay=%s..%s tail=%.3f dup=%.3f loss=%.4f notice<=%s\n", o.DelayMin, o.DelayMax, o.TailProb, o.DupProb, o.LossProb, o.NoticeMax)
+	fmt.Fprintf(&b, "partition every=%s for %s..%s clog every=%s\n", o.PartitionEvery, o.PartitionMin, o.PartitionMax, o.ClogEvery)
+	fmt.Fprintf(&b, "clock offset<=%s drift<=%.3f jump every=%s wobble=%s\n", o.ClockOffsetMax, o.DriftMax, o.JumpEvery, o.WobbleAmp)
+	fmt.Fprintf(&b, "crash worker every=%s pause every=%s (<=%s) orchestrator every=%s (down<=%s)\n", o.WorkerCrashEvery, o.WorkerPauseEvery, o.PauseMax, o.OrchCrashEvery, o.OrchDownMax)
+	fmt.Fprintf(&b, "runs=%d steps<=%d writes=%.2f fail=%.2f exec=%s..%s fault phase=%s\n", o.Runs, o.StepsMax, o.WriteFrac, o.FailProb, o.ExecMin, o.ExecMax, o.FaultPhase)
+	sites := make([]string, 0, len(o.Buggify))
+	for s := range o.Buggify {
+		sites = append(sites, s)
+	}
+	sort.Strings(sites)
+	fmt.Fprintf(&b, "buggify=%s", strings.Join(sites, ","))
+	return b.String()
+}

@@ -1,0 +1,235 @@
+package sim
+
+import (
+	"sort"
+	"time"
+
+	"github.com/tether-run/tether/core"
+)
+
+// orchNode is the orchestrator process: the real core machine behind the same
+// driver discipline the real adapters follow (core/doc.go): a batch's records
+// are synced to disk BEFORE any of its messages or answers leave. Inputs that
+// arrive while an fsync is in flight are stepped and grouped into the next
+// commit (group commit).
+type orchNode struct {
+	o     *core.Orchestrator
+	up    bool
+	epoch int // incarnation; a crash makes every older event moot
+	disk  map[string][]byte
+
+	pending    []*pendingBatch // stepped, not yet being persisted
+	persisting []*pendingBatch // in the fsync now
+	tickAt     time.Time
+}
+
+// pendingBatch is one stepped batch, or a read answered only once everything
+// stepped before it is durable.
+type pendingBatch struct {
+	rd    core.Ready
+	read  func()
+	lines []lineRef // log lines this batch stored: lost if it never syncs
+}
+
+type lineRef struct {
+	w   core.WorkerID
+	l   core.LeaseID
+	seq uint64
+}
+
+// orchInput steps one input through the orchestrator.
+func (w *world) orchInput(in core.Input) {
+	n := w.orch
+	if !n.up {
+		return
+	}
+	w.chk.Input(w.now, in)
+	rd := n.o.Step(w.now, in)
+	w.chk.Batch(w.now, n.o, rd)
+	pb := &pendingBatch{rd: rd}
+	if r, ok := in.(core.Received); ok {
+		if l, ok := r.Msg.(core.Logs); ok {
+			if c := w.conns[r.Conn]; c != nil {
+				for _, ln := range l.Lines {
+					if ln.Seq != 0 {
+						pb.lines = append(pb.lines, lineRef{w.workers[c.worker].id, l.Lease, ln.Seq})
+					}
+				}
+			}
+		}
+	}
+	w.queueBatch(pb)
+}
+
+// queueBatch queues a batch for the write-ahead pipeline.
+func (w *world) queueBatch(pb *pendingBatch) {
+	n := w.orch
+	n.pending = append(n.pending, pb)
+	w.scheduleOrchTick(pb.rd.Deadline)
+	w.maybePersist()
+}
+
+// orchRead answers a read once everything stepped so far is durable: a
+// reader never sees state a crash could take back.
+func (w *world) orchRead(fn func()) {
+	n := w.orch
+	n.pending = append(n.pending, &pendingBatch{read: fn})
+	w.maybePersist()
+}
+
+func (w *world) maybePersist() {
+	n := w.orch
+	if len(n.persisting) > 0 || len(n.pending) == 0 {
+		return
+	}
+	n.persisting, n.pending = n.pending, nil
+	d := w.uniform(w.opt.FsyncMin, w.opt.FsyncMax)
+	if w.buggify("slow-fsync") {
+		d += w.uniform(500*time.Millisecond, 5*time.Second)
+	}
+	epoch := n.epoch
+	w.after(d, evPersist, -1, nil, "", func() {
+		if n.epoch != epoch || !n.up {
+			return
+		}
+		group := n.persisting
+		n.persisting = nil
+		w.persist(group)
+		w.release(group)
+		w.maybePersist()
+	})
+}
+
+// persist makes a group's records durable (one atomic transaction).
+func (w *world) persist(group []*pendingBatch) {
+	n := w.orch
+	for _, pb := range group {
+		if pb.read != nil {
+			continue
+		}
+		for _, r := range pb.rd.Records {
+			if r.Delete {
+				delete(n.disk, r.Key)
+			} else {
+				n.disk[r.Key] = r.Value
+			}
+		}
+		w.chk.Persisted(w.now, pb.rd)
+	}
+}
+
+// release sends a durable group's messages, answers its calls, runs its reads.
+func (w *world) release(group []*pendingBatch) {
+	for _, pb := range group {
+		if pb.read != nil {
+			pb.read()
+			continue
+		}
+		for _, e := range pb.rd.Messages {
+			w.sendToWorker(e.Conn, e.Msg)
+		}
+		for _, a := range pb.rd.Answers {
+			w.answered(a)
+		}
+	}
+}
+
+func (w *world) scheduleOrchTick(at time.Time) {
+	n := w.orch
+	if at.IsZero() {
+		return
+	}
+	if !n.tickAt.IsZero() && !n.tickAt.Before(w.now) && !at.Before(n.tickAt) {
+		return
+	}
+	n.tickAt = at
+	epoch := n.epoch
+	w.at(at, evOrchTick, -1, nil, "", func() {
+		if n.epoch != epoch || !n.up || !n.tickAt.Equal(at) {
+			return
+		}
+		n.tickAt = time.Time{}
+		w.orchInput(core.Tick{})
+	})
+}
+
+// crashOrch kills the orchestrator process: memory, connections and every
+// batch not yet synced are gone. An fsync in flight completes or not.
+func (w *world) crashOrch() {
+	n := w.orch
+	if !n.up {
+		return
+	}
+	w.fault("orchestrator-crash")
+	if len(n.persisting) > 0 && w.chance(0.5) {
+		w.persist(n.persisting) // synced, but nothing of it was sent
+		n.persisting = nil
+	}
+	for _, group := range [][]*pendingBatch{n.persisting, n.pending} {
+		for _, pb := range group {
+			for _, lr := range pb.lines {
+				w.hist.lostLine(lr.w, lr.l, lr.seq)
+			}
+		}
+	}
+	n.up = false
+	n.epoch++
+	n.pending, n.persisting = nil, nil
+	n.tickAt = time.Time{}
+	w.chk.Crash(w.now)
+	for _, c := range w.sortedConns() {
+		if c.orchOpen {
+			c.orchOpen = false
+			w.breakConn(c, false)
+		}
+	}
+	for _, call := range w.calls {
+		call.lost = true
+	}
+	down := w.uniform(time.Second, max(time.Second, w.opt.OrchDownMax))
+	if w.healed {
+		down = time.Second
+	}
+	w.after(down, evFault, -1, nil, "orchestrator restarts", w.restartOrch)
+}
+
+// restartOrch rebuilds the orchestrator from what was durable (§3.6).
+func (w *world) restartOrch() {
+	n := w.orch
+	if n.up {
+		return
+	}
+	keys := make([]string, 0, len(n.disk))
+	for k := range n.disk {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	recs := make([]core.Record, len(keys))
+	for i, k := range keys {
+		recs[i] = core.Record{Key: k, Value: n.disk[k]}
+	}
+	o, rd, err := core.Restore(w.coreConfig(), w.now, recs)
+	if err != nil {
+		w.fail("restore", err.Error())
+		return
+	}
+	n.o = o
+	n.up = true
+	w.chk.Restored(w.now, o, rd)
+	w.queueBatch(&pendingBatch{rd: rd})
+}
+
+func (w *world) coreConfig() core.Config { return core.Config{} }
+
+func (w *world) sortedConns() []*conn {
+	ids := make([]core.ConnID, 0, len(w.conns))
+	for id := range w.conns {
+		ids = append(ids, id)
+	}
+	sort.Slice(ids, func(i, j int) bool { return ids[i] < ids[j] })
+	out := make([]*conn, len(ids))
+	for i, id := range ids {
+		out[i] = w.conns[id]
+	}
+	return out
+}

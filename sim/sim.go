@@ -1,0 +1,90 @@
+package sim
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/anishathalye/porcupine"
+
+	"github.com/tether-run/tether/core"
+	"github.com/tether-run/tether/spec"
+)
+
+// Simulate runs one seed: a fault phase with the seed's swarm options, then a
+// liveness phase after healing; safety invariants after every event, then
+// liveness, log continuity and linearizability at the end. It is a pure
+// function of (seed, opt, cfg).
+func Simulate(seed uint64, opt Options, cfg Config) Result {
+	w := newWorld(seed, opt, cfg)
+	w.orch = &orchNode{o: core.NewOrchestrator(w.coreConfig()), up: true, disk: map[string][]byte{}}
+	for i := 0; i < opt.Workers; i++ {
+		allTags := i == 0
+		w.requestToken(func(tok string) { w.spawnWorker(tok, false, allTags) })
+	}
+	for i := 0; i < opt.Scalers; i++ {
+		w.requestToken(func(tok string) { w.spawnWorker(tok, true, false) })
+	}
+	w.startOperator()
+	w.startFaults()
+	w.at(w.faultEnd, evHeal, -1, nil, "heal: faults stop", w.heal)
+	w.run()
+	res := Result{Seed: seed, Events: w.events, SimTime: w.now.Sub(t0), Faults: w.faults, Buggified: w.buggified,
+		Checks: w.chk.Checks(), TraceHash: w.trace, Options: opt}
+	if w.failure == nil {
+		w.finalChecks()
+	}
+	res.PorcOps = len(w.hist.ops)
+	res.Failure = w.failure
+	if w.orch.up {
+		for _, id := range w.orch.o.RunIDs() {
+			if r, _, _ := w.orch.o.Run(id); r.Finished {
+				res.RunsDone++
+			}
+			res.StepsTotal += len(func() []core.StepID { r, _, _ := w.orch.o.Run(id); return r.Steps }())
+		}
+	}
+	return res
+}
+
+func (w *world) finalChecks() {
+	if !w.orch.up {
+		w.fail("liveness", "the orchestrator is down at the end of the liveness phase")
+		return
+	}
+	if !w.finished() {
+		var open []string
+		for _, id := range w.orch.o.RunIDs() {
+			if r, st, _ := w.orch.o.Run(id); !r.Finished {
+				open = append(open, fmt.Sprintf("%s (%s)", id, st))
+			}
+		}
+		w.fail("8 every-run-terminates", fmt.Sprintf("runs not finished %s after healing: %v", w.now.Sub(w.faultEnd), open))
+		return
+	}
+	if v := w.chk.CheckLiveness(w.orch.o); v != nil {
+		w.fail(v.Invariant, v.Detail)
+		return
+	}
+	if msg, ok := w.hist.checkLogs(w.orch.o); !ok {
+		w.fail("log-continuity", msg)
+		return
+	}
+	ops := w.hist.finish()
+	res, info := spec.CheckHistory(ops, 10*time.Second)
+	switch res {
+	case porcupine.Illegal:
+		w.fail("linearizability", fmt.Sprintf("the client-visible history (%d operations) is not linearizable", len(ops)))
+		if w.cfg.VizDir != "" {
+			path := filepath.Join(w.cfg.VizDir, fmt.Sprintf("tether-sim-%#x.html", w.seed))
+			if f, err := os.Create(path); err == nil {
+				porcupine.Visualize(spec.StepModel, info, f)
+				f.Close()
+				w.failure.VizPath = path
+			}
+		}
+	case porcupine.Unknown:
+		w.fail("linearizability", "porcupine timed out: the history is too large to check; shrink the workload")
+	}
+}

@@ -1,0 +1,384 @@
+package sim
+
+import (
+	"fmt"
+	"math"
+	"sort"
+	"time"
+
+	"github.com/tether-run/tether/core"
+)
+
+// workerNode is one worker process: the real core.Worker, a skewed clock,
+// its step processes, and its network link.
+type workerNode struct {
+	idx     int
+	id      core.WorkerID
+	m       *core.Worker
+	alive   bool
+	gen     int // bumped on crash/exit: events of a dead process are moot
+	conn    core.ConnID
+	link    link
+	scaler  bool
+	allTags bool
+
+	// Clock: local(t) = t + offset + drift×(t−t0) + jumps + wobble·sin(2π(t−t0)/period).
+	offset time.Duration
+	drift  float64
+	jumps  time.Duration
+	wobble time.Duration
+	period time.Duration
+
+	pausedUntil time.Time
+	deferred    []core.WorkerInput // inputs that arrived while paused, in order
+	tickAt      time.Time
+	procs       map[core.LeaseID]*proc
+	revoked     bool
+}
+
+// proc is one simulated step process.
+type proc struct {
+	lease   core.LeaseID
+	step    core.StepID
+	writes  bool
+	done    bool
+	ignTerm bool
+}
+
+// local is the worker's clock reading at simulated time t. It is strictly
+// increasing (wobble's slope stays far below 1), so deadlines can be mapped
+// back by bisection.
+func (wn *workerNode) local(t time.Time) time.Time {
+	el := t.Sub(t0)
+	d := wn.offset + time.Duration(float64(el)*wn.drift) + wn.jumps
+	if wn.wobble != 0 {
+		d += time.Duration(float64(wn.wobble) * math.Sin(2*math.Pi*float64(el)/float64(wn.period)))
+	}
+	return t.Add(d)
+}
+
+// simTimeFor maps a local deadline back to simulated time (the first
+// simulated instant whose local reading is at or after it).
+func (wn *workerNode) simTimeFor(now time.Time, local time.Time) time.Time {
+	if !wn.local(now).Before(local) {
+		return now
+	}
+	if wn.drift == 0 && wn.wobble == 0 {
+		return local.Add(-wn.offset - wn.jumps) // exact: only an offset
+	}
+	lo, hi := now, now.Add(2*local.Sub(wn.local(now))+time.Hour)
+	for hi.Sub(lo) > time.Microsecond {
+		mid := lo.Add(hi.Sub(lo) / 2)
+		if wn.local(mid).Before(local) {
+			lo = mid
+		} else {
+			hi = mid
+		}
+	}
+	return hi
+}
+
+var tagSets = [][]string{nil, {"docker"}, {"gpu"}, {"docker", "gpu"}}
+
+// spawnWorker boots a new worker instance with an enrollment token.
+func (w *world) spawnWorker(token string, scaler, allTags bool) *workerNode {
+	idx := len(w.workers)
+	wn := &workerNode{idx: idx, id: core.WorkerID(fmt.Sprintf("w%d", idx+1)), alive: true, scaler: scaler,
+		allTags: allTags, procs: map[core.LeaseID]*proc{}}
+	if !w.healed {
+		// Clocks draw from their own stream, so a clock change alters nothing
+		// else about the run.
+		cr := w.clockR
+		wn.offset = time.Duration(cr.Int64N(2*int64(w.opt.ClockOffsetMax)+1)) - w.opt.ClockOffsetMax
+		wn.drift = (2*cr.Float64() - 1) * w.opt.DriftMax
+		wn.wobble = time.Duration(cr.Int64N(int64(w.opt.WobbleAmp) + 1))
+		wn.period = 5*time.Minute + time.Duration(cr.Int64N(int64(15*time.Minute)))
+	}
+	tags := tagSets[w.r.IntN(len(tagSets))]
+	if allTags {
+		tags = tagSets[3]
+	}
+	cfg := core.WorkerConfig{
+		ID: wn.id, Name: string(wn.id), Token: token, Tags: tags,
+		Slots: 1 + w.r.IntN(w.opt.SlotsMax), Scaler: scaler,
+		NoReconnect: !scaler && !allTags && !w.healed && w.chance(w.opt.NoReconnectFrac),
+		Seed:        w.r.Uint64(), BackoffMax: w.opt.MaxDelayWork,
+		LogBuffer: w.opt.LogBuffer, EventBuffer: w.opt.EventBuffer,
+	}
+	wn.m = core.NewWorker(cfg)
+	w.workers = append(w.workers, wn)
+	w.stepWorker(wn, core.WBoot{})
+	w.scheduleWorkerFaults(wn)
+	return wn
+}
+
+// stepWorker feeds one input to a worker (deferred while it is paused).
+func (w *world) stepWorker(wn *workerNode, in core.WorkerInput) {
+	if !wn.alive {
+		return
+	}
+	if w.now.Before(wn.pausedUntil) || len(wn.deferred) > 0 {
+		// A paused process reads its inputs later, in the order they came.
+		wn.deferred = append(wn.deferred, in)
+		if len(wn.deferred) == 1 {
+			gen := wn.gen
+			w.at(wn.pausedUntil, evWorkerTick, wn.idx, nil, "resumes", func() {
+				if wn.gen == gen {
+					w.resume(wn)
+				}
+			})
+		}
+		return
+	}
+	rd := wn.m.Step(wn.local(w.now), in)
+	w.applyWorker(wn, rd)
+}
+
+// resume feeds a paused worker what it missed, in order.
+func (w *world) resume(wn *workerNode) {
+	for len(wn.deferred) > 0 && wn.alive && !w.now.Before(wn.pausedUntil) {
+		in := wn.deferred[0]
+		wn.deferred = wn.deferred[1:]
+		w.applyWorker(wn, wn.m.Step(wn.local(w.now), in))
+	}
+	if len(wn.deferred) > 0 && wn.alive {
+		gen := wn.gen
+		w.at(wn.pausedUntil, evWorkerTick, wn.idx, nil, "resumes", func() {
+			if wn.gen == gen {
+				w.resume(wn)
+			}
+		})
+	}
+}
+
+func (w *world) applyWorker(wn *workerNode, rd core.WorkerReady) {
+	for _, m := range rd.Send {
+		switch m := m.(type) {
+		case core.Report:
+			w.hist.reportSent(w.now, wn.id, m)
+			w.sendToOrch(wn, m)
+			if w.buggify("report-twice") {
+				w.sendToOrch(wn, m)
+			}
+			if w.buggify("drop-after-send") {
+				if c := w.conns[wn.conn]; c != nil {
+					w.breakConn(c, true)
+				}
+			}
+			continue
+		case core.Heartbeat:
+			if w.buggify("late-heartbeat") {
+				gen, c := wn.gen, wn.conn
+				w.after(w.uniform(time.Minute, 3*time.Minute), evWorkerTick, wn.idx, m, "late", func() {
+					if wn.gen == gen && wn.conn == c {
+						w.sendToOrch(wn, m)
+					}
+				})
+				continue
+			}
+		case core.Start:
+			if w.buggify("late-start") {
+				gen, c := wn.gen, wn.conn
+				w.after(w.uniform(10*time.Second, 30*time.Second), evWorkerTick, wn.idx, m, "late", func() {
+					if wn.gen == gen && wn.conn == c {
+						w.sendToOrch(wn, m)
+					}
+				})
+				continue
+			}
+		}
+		w.sendToOrch(wn, m)
+	}
+	if rd.Close {
+		if c := w.conns[wn.conn]; c != nil {
+			c.broken, c.brokenAt = true, w.now
+			if c.orchOpen {
+				epoch := w.orch.epoch
+				w.after(w.uniform(0, time.Second), evOrchNotice, wn.idx, nil, "worker closed", func() {
+					if w.orch.epoch == epoch && c.orchOpen && w.orch.up {
+						c.orchOpen = false
+						w.orchInput(core.Disconnected{Conn: c.id})
+					}
+				})
+			}
+		}
+		wn.conn = 0
+	}
+	if rd.Dial {
+		w.dial(wn)
+	}
+	for _, x := range rd.Exec {
+		w.exec(wn, x)
+	}
+	if rd.Exit != nil {
+		w.exitWorker(wn, fmt.Sprintf("exit %d: %s", rd.Exit.Code, rd.Exit.Reason))
+		return
+	}
+	if !rd.Deadline.IsZero() {
+		at := wn.simTimeFor(w.now, rd.Deadline)
+		if wn.tickAt.IsZero() || wn.tickAt.Before(w.now) || at.Before(wn.tickAt) {
+			wn.tickAt = at
+			gen := wn.gen
+			w.at(at, evWorkerTick, wn.idx, nil, "", func() {
+				if wn.gen == gen && wn.tickAt.Equal(at) {
+					wn.tickAt = time.Time{}
+					w.stepWorker(wn, core.WTick{})
+				}
+			})
+		}
+	}
+}
+
+// exec carries out an executor command with a simulated process.
+func (w *world) exec(wn *workerNode, x core.ExecCommand) {
+	switch x.Op {
+	case core.ExecStart:
+		if p := wn.procs[x.Lease]; p != nil && !p.done {
+			w.fail("executor", fmt.Sprintf("worker %s started lease %d twice", wn.id, x.Lease))
+			return
+		}
+		sp, _ := w.hist.stepSpec(x.Step)
+		p := &proc{lease: x.Lease, step: x.Step, writes: sp.Writes, ignTerm: w.chance(w.opt.IgnoreTermP)}
+		wn.procs[x.Lease] = p
+		w.chk.ProcessStarted(w.now, wn.id, x.Lease, x.Step, sp.Writes)
+		w.hist.processStarted(wn.id, x.Lease, x.Step)
+		dur := w.uniform(w.opt.ExecMin, w.opt.ExecMax)
+		gen := wn.gen
+		alive := func() bool { return wn.gen == gen && !p.done }
+		lines := 0
+		if w.opt.LinesMax > 0 {
+			lines = w.r.IntN(w.opt.LinesMax + 1)
+		}
+		offs := make([]time.Duration, lines)
+		for i := range offs {
+			offs[i] = w.uniform(0, dur)
+		}
+		sort.Slice(offs, func(i, j int) bool { return offs[i] < offs[j] })
+		for i, off := range offs {
+			w.after(off, evProc, wn.idx, nil, "output", func() {
+				if alive() {
+					w.hist.printed(wn.id, x.Lease)
+					w.stepWorker(wn, core.WExecOutput{Lease: x.Lease, Text: fmt.Sprintf("line %d", i+1)})
+				}
+			})
+		}
+		if p.writes {
+			for i := 0; i < 1+w.r.IntN(3); i++ {
+				w.after(w.uniform(0, dur), evProc, wn.idx, nil, "external write", func() {
+					if alive() {
+						w.chk.ExternalWrite(w.now, wn.id, x.Lease, x.Step)
+					}
+				})
+			}
+		}
+		code := 0
+		if w.chance(w.opt.FailProb) {
+			code = 1
+		}
+		w.after(dur, evProc, wn.idx, nil, "exits", func() {
+			if alive() {
+				w.procExit(wn, p, code, false)
+			}
+		})
+	case core.ExecTerm:
+		p := wn.procs[x.Lease]
+		if p == nil || p.done || p.ignTerm {
+			return
+		}
+		gen := wn.gen
+		w.after(w.uniform(0, 2*time.Second), evProc, wn.idx, nil, "exits on SIGTERM", func() {
+			if wn.gen == gen && !p.done {
+				w.procExit(wn, p, 143, true)
+			}
+		})
+	case core.ExecKill:
+		if p := wn.procs[x.Lease]; p != nil && !p.done {
+			w.procExit(wn, p, 137, true)
+		}
+	}
+}
+
+func (w *world) procExit(wn *workerNode, p *proc, code int, signaled bool) {
+	p.done = true
+	w.chk.ProcessStopped(w.now, wn.id, p.lease)
+	w.stepWorker(wn, core.WExecExited{Lease: p.lease, ExitCode: code, Signaled: signaled})
+}
+
+// killProcs ends every process of a dead worker (they die with it).
+func (w *world) killProcs(wn *workerNode) {
+	ids := make([]core.LeaseID, 0, len(wn.procs))
+	for id := range wn.procs {
+		ids = append(ids, id)
+	}
+	sort.Slice(ids, func(i, j int) bool { return ids[i] < ids[j] })
+	for _, id := range ids {
+		if p := wn.procs[id]; !p.done {
+			p.done = true
+			w.chk.ProcessStopped(w.now, wn.id, id)
+		}
+	}
+}
+
+// exitWorker ends a worker process (it exited, or crashed).
+func (w *world) exitWorker(wn *workerNode, why string) {
+	if !wn.alive {
+		return
+	}
+	wn.alive = false
+	wn.gen++
+	wn.deferred = nil
+	w.killProcs(wn)
+	if c := w.conns[wn.conn]; c != nil {
+		w.breakConn(c, false)
+	}
+	wn.conn = 0
+	// The fleet replaces lost capacity with a new instance and a new token.
+	w.after(w.uniform(5*time.Second, 2*time.Minute), evFault, wn.idx, nil, "replacement after "+why, func() {
+		w.replace(wn)
+	})
+}
+
+// replace boots a fresh instance in a dead worker's place.
+func (w *world) replace(dead *workerNode) {
+	w.requestToken(func(token string) {
+		w.spawnWorker(token, dead.scaler, dead.allTags)
+	})
+}
+
+func (w *world) scheduleWorkerFaults(wn *workerNode) {
+	gen := wn.gen
+	if w.opt.WorkerCrashEvery > 0 {
+		w.after(w.exp(w.opt.WorkerCrashEvery), evFault, wn.idx, nil, "crash", func() {
+			if wn.gen == gen && !w.healed && wn.alive {
+				w.fault("worker-crash")
+				w.exitWorker(wn, "crash")
+			}
+		})
+	}
+	if w.opt.WorkerPauseEvery > 0 {
+		var pause func()
+		pause = func() {
+			if wn.gen != gen || w.healed || !wn.alive {
+				return
+			}
+			w.fault("worker-pause")
+			wn.pausedUntil = w.now.Add(w.uniform(time.Second, w.opt.PauseMax))
+			w.after(w.exp(w.opt.WorkerPauseEvery), evFault, wn.idx, nil, "pause", pause)
+		}
+		w.after(w.exp(w.opt.WorkerPauseEvery), evFault, wn.idx, nil, "pause", pause)
+	}
+	if w.opt.JumpEvery > 0 {
+		var jump func()
+		jump = func() {
+			if wn.gen != gen || w.healed || !wn.alive {
+				return
+			}
+			w.fault("clock-jump")
+			wn.jumps += w.uniform(time.Second, 10*time.Minute)
+			wn.tickAt = time.Time{}
+			w.stepWorker(wn, core.WTick{}) // its deadlines moved closer
+			w.after(w.exp(w.opt.JumpEvery), evFault, wn.idx, nil, "clock jump", jump)
+		}
+		w.after(w.exp(w.opt.JumpEvery), evFault, wn.idx, nil, "clock jump", jump)
+	}
+}

@@ -1,0 +1,312 @@
+package sim
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/tether-run/tether/core"
+	"github.com/tether-run/tether/spec"
+)
+
+// apiCall is an operator call in flight.
+type apiCall struct {
+	lost bool // the orchestrator crashed before answering
+	on   func(core.APIAnswer)
+}
+
+// call sends an operator API call; a down orchestrator refuses it at once.
+func (w *world) call(mk func(core.CallID) core.Input, on func(core.APIAnswer)) bool {
+	if !w.orch.up {
+		return false
+	}
+	w.callSeq++
+	id := w.callSeq
+	w.calls[id] = &apiCall{on: on}
+	w.orchInput(mk(id))
+	return true
+}
+
+func (w *world) answered(a core.APIAnswer) {
+	c := w.calls[a.Call]
+	if c == nil {
+		return
+	}
+	delete(w.calls, a.Call)
+	if c.on != nil {
+		c.on(a)
+	}
+}
+
+// requestToken creates an enrollment token, retrying while the orchestrator
+// is down or the answer was lost to a crash.
+func (w *world) requestToken(then func(token string)) {
+	var try func()
+	try = func() {
+		var secret [16]byte
+		for i := range secret {
+			secret[i] = byte(w.r.Uint32())
+		}
+		name := fmt.Sprintf("tok-%d", w.callSeq+1)
+		answered := false
+		ok := w.call(func(id core.CallID) core.Input {
+			return core.CreateToken{Call: id, Name: name, TTL: 24 * time.Hour, Secret: secret}
+		}, func(a core.APIAnswer) {
+			answered = true
+			if a.Err == "" {
+				then(a.Token)
+			}
+		})
+		w.after(30*time.Second, evOperator, -1, nil, "token retry", func() {
+			if !answered {
+				try()
+			}
+		})
+		_ = ok
+	}
+	try()
+}
+
+// ---- the operator ----
+
+func (w *world) startOperator() {
+	var submit func()
+	submit = func() {
+		if w.healed || w.runsSent >= w.opt.Runs {
+			return // the workload runs through the fault phase, up to Runs
+		}
+		spec := w.randomRun()
+		w.call(func(id core.CallID) core.Input { return core.Submit{Call: id, Spec: spec} }, func(a core.APIAnswer) {
+			if a.Err != "" {
+				w.fail("workload", "a generated run was refused: "+a.Err)
+				return
+			}
+			w.hist.runs = append(w.hist.runs, a.Run)
+		})
+		w.runsSent++
+		w.after(w.exp(w.opt.SubmitEvery), evOperator, -1, nil, "submit", submit)
+	}
+	w.after(w.uniform(time.Second, 30*time.Second), evOperator, -1, nil, "submit", submit)
+
+	if w.opt.CancelEvery > 0 {
+		var cancel func()
+		cancel = func() {
+			if w.healed {
+				return
+			}
+			if len(w.hist.runs) > 0 {
+				run := w.hist.runs[w.r.IntN(len(w.hist.runs))]
+				w.cancelRun(run)
+			}
+			w.after(w.exp(w.opt.CancelEvery), evOperator, -1, nil, "cancel", cancel)
+		}
+		w.after(w.exp(w.opt.CancelEvery), evOperator, -1, nil, "cancel", cancel)
+	}
+	if w.opt.RevokeEvery > 0 {
+		var revoke func()
+		revoke = func() {
+			if w.healed {
+				return
+			}
+			var live []*workerNode
+			for _, wn := range w.workers {
+				if wn.alive && !wn.revoked && !wn.allTags {
+					live = append(live, wn)
+				}
+			}
+			if len(live) > 0 {
+				wn := live[w.r.IntN(len(live))]
+				name := tokenName(wn.m.Config().Token)
+				if w.call(func(id core.CallID) core.Input { return core.RevokeToken{Call: id, Name: name} }, nil) {
+					wn.revoked = true
+					w.fault("token-revoke")
+				}
+			}
+			w.after(w.exp(w.opt.RevokeEvery), evOperator, -1, nil, "revoke", revoke)
+		}
+		w.after(w.exp(w.opt.RevokeEvery), evOperator, -1, nil, "revoke", revoke)
+	}
+	var query func()
+	query = func() {
+		if w.orch.up {
+			w.queryRandomStep()
+			if w.chance(0.3) || w.healed {
+				w.approveHeld()
+			}
+		}
+		if !w.finished() {
+			w.after(w.opt.QueryEvery, evOperator, -1, nil, "query", query)
+		}
+	}
+	w.after(w.opt.QueryEvery, evOperator, -1, nil, "query", query)
+}
+
+func tokenName(tok string) string {
+	for i := 0; i < len(tok); i++ {
+		if tok[i] == '.' {
+			return tok[:i]
+		}
+	}
+	return tok
+}
+
+// cancelRun cancels a run; for the linearizability check it is one cancel
+// operation on each of the run's steps.
+func (w *world) cancelRun(run core.RunID) {
+	r, _, ok := w.orch.o.Run(run)
+	if !w.orch.up || !ok {
+		return
+	}
+	ops := make([]int, len(r.Steps))
+	for i, s := range r.Steps {
+		ops[i] = w.hist.begin(w.now, opClientOperator, spec.StepInput{Kind: spec.OpCancel, Step: s})
+	}
+	w.call(func(id core.CallID) core.Input { return core.CancelRun{Call: id, Run: run} }, func(a core.APIAnswer) {
+		for _, op := range ops {
+			w.hist.end(op, w.now, spec.StepOutput{Err: a.Err})
+		}
+	})
+}
+
+// queryRandomStep reads a step as a client would: the answer reflects only
+// durable state and is returned once that state is synced.
+func (w *world) queryRandomStep() {
+	steps := w.orch.o.Steps()
+	if len(steps) == 0 {
+		return
+	}
+	s := steps[w.r.IntN(len(steps))]
+	op := w.hist.begin(w.now, opClientOperator, spec.StepInput{Kind: spec.OpQuery, Step: s.ID})
+	out := spec.StepOutput{State: s.State, Outcome: s.Outcome}
+	w.orchRead(func() { w.hist.end(op, w.now, out) })
+}
+
+func (w *world) approveHeld() {
+	for _, s := range w.orch.o.Steps() {
+		if s.State == core.StateHeld {
+			id := s.ID
+			if w.healed || w.chance(0.5) {
+				w.call(func(c core.CallID) core.Input { return core.Approve{Call: c, Step: id} }, nil)
+			} else {
+				w.call(func(c core.CallID) core.Input { return core.RejectGate{Call: c, Step: id} }, nil)
+			}
+			return
+		}
+	}
+}
+
+// randomRun draws a DAG workflow.
+func (w *world) randomRun() core.RunSpec {
+	n := 1 + w.r.IntN(w.opt.StepsMax)
+	rs := core.RunSpec{Name: fmt.Sprintf("run%d", w.runsSent+1)}
+	if w.chance(0.1) {
+		rs.Timeout = w.uniform(5*time.Minute, 60*time.Minute)
+	}
+	for i := 0; i < n; i++ {
+		s := core.StepSpec{Name: fmt.Sprintf("s%d", i), Command: "work", Writes: w.chance(w.opt.WriteFrac)}
+		for j := 0; j < i; j++ {
+			if w.chance(0.4) {
+				s.DependsOn = append(s.DependsOn, fmt.Sprintf("s%d", j))
+			}
+		}
+		if w.chance(w.opt.TagFrac) {
+			s.Tags = []string{[]string{"docker", "gpu"}[w.r.IntN(2)]}
+		}
+		if w.chance(w.opt.ForEachFrac) {
+			s.ForEach = []string{"a", "b", "c"}
+			s.Concurrency = 1 + w.r.IntN(2)
+		}
+		switch {
+		case w.chance(w.opt.HoldFrac):
+			s.Hold = true
+		case w.chance(w.opt.WaitFrac):
+			s.Wait = w.uniform(time.Second, time.Minute)
+		}
+		if w.chance(w.opt.TimeoutFrac) {
+			s.Timeout = w.uniform(w.opt.ExecMin, 2*w.opt.ExecMax)
+		}
+		rs.Steps = append(rs.Steps, s)
+	}
+	return rs
+}
+
+// ---- phases ----
+
+func (w *world) startFaults() {
+	if w.opt.PartitionEvery > 0 {
+		var p func()
+		p = func() {
+			if w.healed {
+				return
+			}
+			w.partition()
+			w.after(w.exp(w.opt.PartitionEvery), evFault, -1, nil, "partition", p)
+		}
+		w.after(w.exp(w.opt.PartitionEvery), evFault, -1, nil, "partition", p)
+	}
+	if w.opt.ClogEvery > 0 {
+		var c func()
+		c = func() {
+			if w.healed {
+				return
+			}
+			w.swizzleClog()
+			w.after(w.exp(w.opt.ClogEvery), evFault, -1, nil, "clog", c)
+		}
+		w.after(w.exp(w.opt.ClogEvery), evFault, -1, nil, "clog", c)
+	}
+	if w.opt.OrchCrashEvery > 0 {
+		var c func()
+		c = func() {
+			if w.healed {
+				return
+			}
+			w.crashOrch()
+			w.after(w.exp(w.opt.OrchCrashEvery), evFault, -1, nil, "orchestrator crash", c)
+		}
+		w.after(w.exp(w.opt.OrchCrashEvery), evFault, -1, nil, "orchestrator crash", c)
+	}
+}
+
+// heal ends the fault phase: the network heals, nothing crashes or pauses any
+// more, the orchestrator is up, held steps get approved, and a healthy worker
+// with every tag joins. Then time runs for a bound derived from the timeouts.
+func (w *world) heal() {
+	w.healed = true
+	for _, wn := range w.workers {
+		wn.link = link{}
+		if wn.pausedUntil.After(w.now) {
+			wn.pausedUntil = w.now
+			w.resume(wn)
+		}
+	}
+	if !w.orch.up {
+		w.restartOrch()
+	}
+	w.requestToken(func(token string) { w.spawnWorker(token, false, true) })
+	cfg := core.DefaultConfig()
+	per := w.opt.ExecMax + 2*w.opt.MaxDelayWork + cfg.HeartbeatTimeout + 2*cfg.SweepInterval + cfg.ForceCancel
+	bound := time.Duration(3*w.opt.StepsMax+cfg.MaxAttempts)*per + 10*time.Minute
+	w.deadline = w.now.Add(bound)
+	var check func()
+	check = func() {
+		if w.finished() {
+			w.deadline = w.now
+			return
+		}
+		w.after(30*time.Second, evHeal, -1, nil, "liveness check", check)
+	}
+	w.after(30*time.Second, evHeal, -1, nil, "liveness check", check)
+}
+
+// finished: every submitted run is terminal (as far as the live state says).
+func (w *world) finished() bool {
+	if !w.orch.up || !w.healed {
+		return false
+	}
+	for _, id := range w.orch.o.RunIDs() {
+		if r, _, _ := w.orch.o.Run(id); !r.Finished {
+			return false
+		}
+	}
+	return true
+}

@@ -1,0 +1,299 @@
+// Package sim is Tether's seeded deterministic simulator: one orchestrator
+// and a fleet of workers — the real core machines — in a simulated world of
+// virtual time, a faulty network, skewed clocks, a disk that loses what was
+// not synced, crashing and pausing processes, and an operator. One seed
+// decides everything; every invariant of spec/ is checked after every event.
+package sim
+
+import (
+	"container/heap"
+	"fmt"
+	"hash/fnv"
+	"io"
+	"math/rand/v2"
+	"time"
+
+	"github.com/tether-run/tether/core"
+	"github.com/tether-run/tether/spec"
+)
+
+// t0 is the simulated epoch.
+var t0 = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+
+// Limits: a simulation that runs away is a failure, not a hang.
+const (
+	maxEvents  = 2_000_000
+	lastEvents = 50
+)
+
+// evKind names what an event is, for the trace hash and the failure report.
+type evKind uint8
+
+const (
+	evOrchTick evKind = iota
+	evPersist
+	evToOrch
+	evToWorker
+	evOrchNotice
+	evWorkerNotice
+	evDial
+	evWorkerTick
+	evProc
+	evFault
+	evOperator
+	evHeal
+)
+
+var evNames = [...]string{"orch-tick", "persist", "→orch", "→worker", "orch-notices-drop", "worker-notices-drop",
+	"dial", "worker-tick", "process", "fault", "operator", "heal"}
+
+type event struct {
+	at   time.Time
+	seq  uint64
+	kind evKind
+	node int // worker index, -1 for the orchestrator or the world
+	msg  core.Msg
+	note string
+	fn   func()
+}
+
+type evHeap []*event
+
+func (h evHeap) Len() int { return len(h) }
+func (h evHeap) Less(i, j int) bool {
+	if !h[i].at.Equal(h[j].at) {
+		return h[i].at.Before(h[j].at)
+	}
+	return h[i].seq < h[j].seq
+}
+func (h evHeap) Swap(i, j int) { h[i], h[j] = h[j], h[i] }
+func (h *evHeap) Push(x any)   { *h = append(*h, x.(*event)) }
+func (h *evHeap) Pop() any {
+	old := *h
+	e := old[len(old)-1]
+	*h = old[:len(old)-1]
+	return e
+}
+
+// Result summarises one simulated run.
+type Result struct {
+	Seed       uint64
+	Events     uint64
+	SimTime    time.Duration
+	Faults     map[string]int
+	Buggified  map[string]int
+	Checks     uint64
+	PorcOps    int
+	TraceHash  uint64
+	Failure    *Failure
+	Options    Options
+	RunsDone   int
+	StepsTotal int
+}
+
+// Failure is a violated property with everything needed to replay it.
+type Failure struct {
+	Seed      uint64
+	Invariant string
+	Detail    string
+	At        time.Duration
+	Last      []string
+	Options   string
+	VizPath   string
+}
+
+// ReplayCommand is the one line that reproduces a failure.
+func (f *Failure) ReplayCommand() string {
+	return fmt.Sprintf("go test ./sim -run 'TestSim$' -sim.seed=%#x -v", f.Seed)
+}
+
+func (f *Failure) String() string {
+	s := fmt.Sprintf("seed %#x violated %s at +%s: %s\n", f.Seed, f.Invariant, f.At, f.Detail)
+	s += "swarm options:\n" + f.Options + "\n"
+	s += fmt.Sprintf("last %d events:\n", len(f.Last))
+	for _, l := range f.Last {
+		s += "  " + l + "\n"
+	}
+	if f.VizPath != "" {
+		s += "porcupine visualization: " + f.VizPath + "\n"
+	}
+	s += "reproduce with: " + f.ReplayCommand() + "\n"
+	return s
+}
+
+// Config tunes a simulation beyond its seed.
+type Config struct {
+	Canary bool      // fail on 1 seed in 100, to prove the failure path works
+	VizDir string    // where a linearizability failure writes its HTML
+	Trace  io.Writer // if set, every event is written here, one per line
+}
+
+type world struct {
+	seed   uint64
+	opt    Options
+	cfg    Config
+	r      *rand.Rand
+	clockR *rand.Rand // worker clocks only
+	now    time.Time
+	seq    uint64
+	q      evHeap
+
+	events uint64
+	trace  uint64
+	last   [lastEvents]*event
+	lastN  int
+
+	chk     *spec.Checker
+	orch    *orchNode
+	workers []*workerNode
+	conns   map[core.ConnID]*conn
+	connSeq core.ConnID
+	callSeq core.CallID
+	calls   map[core.CallID]*apiCall
+
+	faults    map[string]int
+	buggified map[string]int
+	healed    bool
+	hist      *history
+	failure   *Failure
+	runsSent  int
+	faultEnd  time.Time
+	deadline  time.Time
+}
+
+func newWorld(seed uint64, opt Options, cfg Config) *world {
+	w := &world{
+		seed: seed, opt: opt, cfg: cfg,
+		r:         rand.New(rand.NewPCG(seed, seed^0xa5a5a5a5a5a5a5a5)),
+		clockR:    rand.New(rand.NewPCG(seed, 0xc10c)),
+		now:       t0,
+		chk:       spec.NewChecker(),
+		conns:     map[core.ConnID]*conn{},
+		calls:     map[core.CallID]*apiCall{},
+		faults:    map[string]int{},
+		buggified: map[string]int{},
+	}
+	w.hist = newHistory()
+	w.faultEnd = t0.Add(opt.FaultPhase)
+	return w
+}
+
+// at schedules fn at time t (never in the past).
+func (w *world) at(t time.Time, kind evKind, node int, msg core.Msg, note string, fn func()) {
+	if t.Before(w.now) {
+		t = w.now
+	}
+	w.seq++
+	heap.Push(&w.q, &event{at: t, seq: w.seq, kind: kind, node: node, msg: msg, note: note, fn: fn})
+}
+
+func (w *world) after(d time.Duration, kind evKind, node int, msg core.Msg, note string, fn func()) {
+	w.at(w.now.Add(d), kind, node, msg, note, fn)
+}
+
+// uniform draws a duration in [lo, hi].
+func (w *world) uniform(lo, hi time.Duration) time.Duration {
+	if hi <= lo {
+		return lo
+	}
+	return lo + time.Duration(w.r.Int64N(int64(hi-lo)+1))
+}
+
+// exp draws an exponential duration with the given mean.
+func (w *world) exp(mean time.Duration) time.Duration {
+	return time.Duration(w.r.ExpFloat64() * float64(mean))
+}
+
+func (w *world) chance(p float64) bool { return p > 0 && w.r.Float64() < p }
+
+// buggify reports whether an active BUGGIFY site fires here.
+func (w *world) buggify(site string) bool {
+	if w.healed || !w.opt.Buggify[site] || !w.chance(0.25) {
+		return false
+	}
+	w.buggified[site]++
+	return true
+}
+
+func (w *world) fault(kind string) { w.faults[kind]++ }
+
+// run is the event loop: pop, hash, execute, check — until the queue is
+// empty, the deadline passes, or a property fails.
+func (w *world) run() {
+	h := fnv.New64a()
+	var b [8]byte
+	for len(w.q) > 0 && w.failure == nil {
+		e := heap.Pop(&w.q).(*event)
+		if !w.deadline.IsZero() && e.at.After(w.deadline) {
+			break
+		}
+		w.now = e.at
+		w.events++
+		if w.events > maxEvents {
+			w.fail("event-budget", fmt.Sprintf("more than %d events: the simulation ran away", maxEvents))
+			break
+		}
+		put := func(x uint64) {
+			for i := range b {
+				b[i] = byte(x >> (8 * i))
+			}
+			h.Write(b[:])
+		}
+		put(uint64(e.at.UnixNano()))
+		put(e.seq)
+		put(uint64(e.kind)<<32 | uint64(uint32(int32(e.node))))
+		w.last[w.lastN%lastEvents] = e
+		w.lastN++
+		if w.cfg.Trace != nil {
+			fmt.Fprintln(w.cfg.Trace, w.describe(e))
+		}
+		w.execEvent(e)
+		if w.failure != nil {
+			break
+		}
+		if v := w.chk.Check(); v != nil {
+			w.fail(v.Invariant, v.Detail)
+		}
+		if w.cfg.Canary && w.seed%100 == 42 && w.events == 1000 {
+			w.fail("canary", "the canary check fails on every seed ≡ 42 mod 100 (enabled with -sim.canary)")
+		}
+	}
+	w.trace = h.Sum64()
+}
+
+// exec runs one event; a panic (a core assertion, or a bug in the world) is
+// a failure of the seed like any violated invariant.
+func (w *world) execEvent(e *event) {
+	defer func() {
+		if r := recover(); r != nil {
+			w.fail("panic", fmt.Sprint(r))
+		}
+	}()
+	e.fn()
+}
+
+func (w *world) fail(inv, detail string) {
+	if w.failure != nil {
+		return
+	}
+	f := &Failure{Seed: w.seed, Invariant: inv, Detail: detail, At: w.now.Sub(t0), Options: w.opt.Describe()}
+	n := min(w.lastN, lastEvents)
+	for i := w.lastN - n; i < w.lastN; i++ {
+		f.Last = append(f.Last, w.describe(w.last[i%lastEvents]))
+	}
+	w.failure = f
+}
+
+func (w *world) describe(e *event) string {
+	s := fmt.Sprintf("+%s #%d %s", e.at.Sub(t0), e.seq, evNames[e.kind])
+	if e.node >= 0 && e.node < len(w.workers) {
+		s += " " + string(w.workers[e.node].id)
+	}
+	if e.msg != nil {
+		s += " " + core.DescribeMsg(e.msg)
+	}
+	if e.note != "" {
+		s += " " + e.note
+	}
+	return s
+}

@@ -1,0 +1,337 @@
+package spec
+
+import (
+	"cmp"
+	"fmt"
+	"hash/fnv"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/anishathalye/porcupine"
+	"github.com/tether-run/tether/core"
+)
+
+// OpKind is the kind of a client-visible operation on one step.
+type OpKind uint8
+
+// The operations of the step register. A run-level operation is recorded as
+// one operation per step of the run (a submit once the run's step ids are
+// known, a cancel for each of its steps).
+const (
+	OpSubmit OpKind = iota + 1 // the step was submitted (as part of its run)
+	OpReport                   // a worker's complete|fail report and its answer
+	OpCancel                   // the step's run was cancelled
+	OpQuery                    // an operator read the step
+)
+
+func (k OpKind) String() string {
+	switch k {
+	case OpSubmit:
+		return "submit"
+	case OpReport:
+		return "report"
+	case OpCancel:
+		return "cancel"
+	case OpQuery:
+		return "query"
+	}
+	return fmt.Sprintf("op(%d)", uint8(k))
+}
+
+// StepInput is an operation's input. Lease, Request and Outcome are set for
+// OpReport only.
+type StepInput struct {
+	Kind    OpKind
+	Step    core.StepID
+	Lease   core.LeaseID
+	Request uint64
+	Outcome core.Outcome
+}
+
+// StepOutput is what the caller saw. Verdict answers a report; State and
+// Outcome answer a query (Outcome nil: no outcome); Err is an API error
+// (unknown step, finished run); Unknown means the call timed out and its
+// effect is unknown (its Return is then set to the end of time).
+type StepOutput struct {
+	Verdict core.Verdict
+	State   core.State
+	Outcome *core.Outcome
+	Err     string
+	Unknown bool
+}
+
+// regState is the model's state of one step: what the register promises to
+// clients, not the hidden lease bookkeeping behind it.
+type regState struct {
+	submitted bool
+	committed bool
+	commit    reportKey
+	cancelled bool         // a cancel took effect before anything committed
+	maxLease  core.LeaseID // greatest lease of the step shown to exist (a CANCELLED or COMMITTED answer)
+	answers   []answered   // every answered report, sorted by key
+}
+
+type reportKey struct {
+	lease   core.LeaseID
+	request uint64
+	outcome core.Outcome
+}
+
+type answered struct {
+	key     reportKey
+	verdict core.Verdict
+}
+
+func compareKeys(a, b reportKey) int {
+	return cmp.Or(cmp.Compare(a.lease, b.lease), cmp.Compare(a.request, b.request),
+		cmp.Compare(a.outcome.Status, b.outcome.Status), cmp.Compare(a.outcome.ExitCode, b.outcome.ExitCode),
+		strings.Compare(a.outcome.Message, b.outcome.Message))
+}
+
+func (s regState) answerOf(k reportKey) (core.Verdict, bool) {
+	i, ok := slices.BinarySearchFunc(s.answers, k, func(a answered, k reportKey) int { return compareKeys(a.key, k) })
+	if !ok {
+		return core.VerdictNone, false
+	}
+	return s.answers[i].verdict, true
+}
+
+// record returns a copy of s that remembers an answered report.
+func (s regState) record(k reportKey, v core.Verdict) regState {
+	i, found := slices.BinarySearchFunc(s.answers, k, func(a answered, k reportKey) int { return compareKeys(a.key, k) })
+	if found {
+		return s
+	}
+	n := make([]answered, 0, len(s.answers)+1)
+	n = append(n, s.answers[:i]...)
+	n = append(n, answered{k, v})
+	s.answers = append(n, s.answers[i:]...)
+	return s
+}
+
+func (s regState) prove(l core.LeaseID) regState {
+	s.maxLease = max(s.maxLease, l)
+	return s
+}
+
+// expected is the terminal state a committed outcome implies.
+func expected(o core.Outcome) core.State {
+	if o.Status == core.OutcomeSuccess {
+		return core.StateSuccess
+	}
+	return core.StateFailed
+}
+
+// stepModel is the nondeterministic sequential specification of one step.
+func stepModel(state, input, output any) []any {
+	s := state.(regState)
+	in := input.(StepInput)
+	out := output.(StepOutput)
+	one := func(ok bool, n regState) []any {
+		if !ok {
+			return nil
+		}
+		return []any{n}
+	}
+	switch in.Kind {
+	case OpSubmit:
+		n := s
+		n.submitted = true
+		switch {
+		case out.Unknown:
+			if s.submitted {
+				return []any{s}
+			}
+			return []any{s, n}
+		case out.Err != "":
+			return []any{s}
+		}
+		return one(!s.submitted, n)
+
+	case OpCancel:
+		n := s
+		if !s.committed {
+			n.cancelled = true
+		}
+		switch {
+		case out.Unknown:
+			return []any{s, n}
+		case out.Err != "":
+			return []any{s}
+		}
+		return one(s.submitted, n)
+
+	case OpQuery:
+		switch {
+		case out.Unknown:
+			return []any{s}
+		case out.Err != "":
+			return one(!s.submitted, s)
+		case !s.submitted:
+			return nil
+		case s.committed:
+			return one(out.Outcome != nil && *out.Outcome == s.commit.outcome && out.State == expected(s.commit.outcome), s)
+		case out.Outcome != nil || out.State == core.StateSuccess:
+			return nil // an outcome nobody was answered COMMITTED for
+		case s.cancelled:
+			switch out.State {
+			case core.StateCancelling, core.StateCancelled, core.StateFailed, core.StateSkipped:
+				return []any{s}
+			}
+			return nil
+		}
+		return []any{s}
+
+	case OpReport:
+		k := reportKey{in.Lease, in.Request, in.Outcome}
+		if v, ok := s.answerOf(k); ok {
+			// An exact repeat gets the recorded answer again.
+			return one(out.Unknown || out.Verdict == v, s)
+		}
+		if s.committed && k == s.commit {
+			// The commit was made by a call whose answer was lost.
+			if out.Unknown {
+				return []any{s}
+			}
+			return one(out.Verdict == core.Committed, s.record(k, core.Committed))
+		}
+		canCommit := s.submitted && !s.committed && in.Lease >= s.maxLease &&
+			(!s.cancelled || in.Outcome.Status == core.OutcomeCleanupFailed)
+		commit := func() regState {
+			n := s
+			n.committed, n.commit = true, k
+			return n.prove(in.Lease)
+		}
+		if out.Unknown {
+			if canCommit {
+				return []any{s, commit()}
+			}
+			return []any{s}
+		}
+		switch out.Verdict {
+		case core.Committed:
+			return one(canCommit, commit().record(k, core.Committed))
+		case core.Cancelled:
+			return one(s.submitted, s.prove(in.Lease).record(k, core.Cancelled))
+		case core.Rejected:
+			return []any{s.record(k, core.Rejected)}
+		}
+		return nil
+	}
+	return nil
+}
+
+func equalStates(a, b any) bool {
+	x, y := a.(regState), b.(regState)
+	return x.submitted == y.submitted && x.committed == y.committed && x.commit == y.commit &&
+		x.cancelled == y.cancelled && x.maxLease == y.maxLease && slices.Equal(x.answers, y.answers)
+}
+
+func hashState(a any) uint64 {
+	s := a.(regState)
+	h := fnv.New64a()
+	fmt.Fprintf(h, "%v|%v|%v|%v|%d|%d", s.submitted, s.committed, s.commit, s.cancelled, s.maxLease, len(s.answers))
+	return h.Sum64()
+}
+
+func describeInput(in StepInput) string {
+	if in.Kind == OpReport {
+		return fmt.Sprintf("report(%s lease=%d req=%d %s)", in.Step, in.Lease, in.Request, describeOutcome(in.Outcome))
+	}
+	return fmt.Sprintf("%s(%s)", in.Kind, in.Step)
+}
+
+func describeOutput(in StepInput, out StepOutput) string {
+	switch {
+	case out.Unknown:
+		return "?"
+	case out.Err != "":
+		return "error: " + out.Err
+	case in.Kind == OpReport:
+		return out.Verdict.String()
+	case in.Kind == OpQuery:
+		if out.Outcome == nil {
+			return out.State.String() + ", no outcome"
+		}
+		return out.State.String() + ", " + describeOutcome(*out.Outcome)
+	}
+	return "ok"
+}
+
+func describeState(a any) string {
+	s := a.(regState)
+	var parts []string
+	if !s.submitted {
+		parts = append(parts, "not submitted")
+	}
+	if s.committed {
+		parts = append(parts, fmt.Sprintf("committed lease %d req %d %s", s.commit.lease, s.commit.request, describeOutcome(s.commit.outcome)))
+	}
+	if s.cancelled {
+		parts = append(parts, "cancelled")
+	}
+	if s.maxLease > 0 {
+		parts = append(parts, fmt.Sprintf("lease ≥ %d", s.maxLease))
+	}
+	if len(parts) == 0 {
+		return "open"
+	}
+	return strings.Join(parts, "; ")
+}
+
+// partitionByStep splits a history by step: steps are independent registers.
+func partitionByStep(history []porcupine.Operation) [][]porcupine.Operation {
+	idx := map[core.StepID]int{}
+	var parts [][]porcupine.Operation
+	for _, op := range history {
+		s := op.Input.(StepInput).Step
+		i, ok := idx[s]
+		if !ok {
+			i = len(parts)
+			idx[s] = i
+			parts = append(parts, nil)
+		}
+		parts[i] = append(parts[i], op)
+	}
+	return parts
+}
+
+// StepModel is the porcupine model of the step register (DESIGN §4,
+// histories), partitioned by step. Per step its state is the committed
+// report (lease, request id, outcome) if any, whether a cancel took effect,
+// the greatest lease shown to exist, and every answered report. A report is
+// answered COMMITTED only if nothing is committed yet, no cancel took effect
+// (except a cleanup-failed report after a cancel), and no greater lease of
+// the step was shown to exist (a superseded lease never commits); an exact
+// repeat of an answered report gets the same answer (so a repeat of the
+// committed report gets COMMITTED); CANCELLED and REJECTED are otherwise
+// always legal, since the model cannot see lease currency. A query returns
+// the committed outcome with the state it implies (success for ok, failed
+// otherwise), never an outcome that was not committed, never "no outcome"
+// after a commit; after a cancel took effect on an uncommitted step it shows
+// cancelling, cancelled, failed or skipped. An Unknown output (the call timed
+// out) allows both "took effect" and "did not".
+//
+// A step's history that holds no successful submit is checked as if the
+// step existed from the start (callers that do not record submits).
+// Task steps, whose outcome the orchestrator commits itself, do not belong
+// in histories.
+var StepModel = (&porcupine.NondeterministicModel{
+	Partition: partitionByStep,
+	Init:      func() []any { return []any{regState{}, regState{submitted: true}} },
+	Step:      stepModel,
+	Equal:     equalStates,
+	Hash:      hashState,
+	DescribeOperation: func(input, output any) string {
+		in := input.(StepInput)
+		return describeInput(in) + " → " + describeOutput(in, output.(StepOutput))
+	},
+	DescribeState: describeState,
+}).ToModel()
+
+// CheckHistory checks a history of step operations for linearizability
+// against StepModel. timeout 0 means no limit.
+func CheckHistory(ops []porcupine.Operation, timeout time.Duration) (porcupine.CheckResult, porcupine.LinearizationInfo) {
+	return porcupine.CheckOperationsVerbose(StepModel, ops, timeout)
+}
