@@ -58,6 +58,7 @@ type Options struct {
 	CancelEvery  time.Duration // operator cancels a random run; 0 = never
 	RevokeEvery  time.Duration // operator revokes a random worker's token; 0 = never
 	QueryEvery   time.Duration // operator queries a random step
+	ReplayEvery  time.Duration // someone boots a worker with an already-used token; 0 = never
 	IgnoreTermP  float64       // a process ignores SIGTERM
 	FaultPhase   time.Duration // faults happen only during this phase
 	Buggify      map[string]bool
@@ -116,6 +117,7 @@ func Swarm(seed uint64) Options {
 		CancelEvery:      maybe(0.4, dur(5*time.Minute, 30*time.Minute)),
 		RevokeEvery:      maybe(0.2, dur(20*time.Minute, 90*time.Minute)),
 		QueryEvery:       dur(10*time.Second, 2*time.Minute),
+		ReplayEvery:      maybe(0.3, dur(5*time.Minute, 30*time.Minute)),
 		IgnoreTermP:      []float64{0, 0.2}[r.IntN(2)],
 		FaultPhase:       dur(20*time.Minute, 90*time.Minute),
 		LogBuffer:        []int{10000, 10000, 8}[r.IntN(3)],

@@ -44,8 +44,10 @@ func (w *world) orchInput(in core.Input) {
 		return
 	}
 	w.chk.Input(w.now, in)
+	held := w.heldReported(in)
 	rd := n.o.Step(w.now, in)
 	w.chk.Batch(w.now, n.o, rd)
+	w.checkBatch(held, rd)
 	pb := &pendingBatch{rd: rd}
 	if r, ok := in.(core.Received); ok {
 		if l, ok := r.Msg.(core.Logs); ok {
@@ -216,6 +218,7 @@ func (w *world) restartOrch() {
 	n.o = o
 	n.up = true
 	w.chk.Restored(w.now, o, rd)
+	w.checkBatch(nil, rd)
 	w.queueBatch(&pendingBatch{rd: rd})
 }
 

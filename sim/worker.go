@@ -34,6 +34,7 @@ type workerNode struct {
 	tickAt      time.Time
 	procs       map[core.LeaseID]*proc
 	revoked     bool
+	replay      bool // booted with a replayed token: must be refused, is not replaced
 }
 
 // proc is one simulated step process.
@@ -332,6 +333,9 @@ func (w *world) exitWorker(wn *workerNode, why string) {
 		w.breakConn(c, false)
 	}
 	wn.conn = 0
+	if wn.replay {
+		return
+	}
 	// The fleet replaces lost capacity with a new instance and a new token.
 	w.after(w.uniform(5*time.Second, 2*time.Minute), evFault, wn.idx, nil, "replacement after "+why, func() {
 		w.replace(wn)

@@ -125,6 +125,22 @@ func (w *world) startOperator() {
 		}
 		w.after(w.exp(w.opt.RevokeEvery), evOperator, -1, nil, "revoke", revoke)
 	}
+	if w.opt.ReplayEvery > 0 {
+		var replay func()
+		replay = func() {
+			if w.healed {
+				return
+			}
+			if len(w.workers) > 0 {
+				victim := w.workers[w.r.IntN(len(w.workers))]
+				w.fault("token-replay")
+				wn := w.spawnWorker(victim.m.Config().Token, false, false)
+				wn.replay = true
+			}
+			w.after(w.exp(w.opt.ReplayEvery), evOperator, -1, nil, "token replay", replay)
+		}
+		w.after(w.exp(w.opt.ReplayEvery), evOperator, -1, nil, "token replay", replay)
+	}
 	var query func()
 	query = func() {
 		if w.orch.up {

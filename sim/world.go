@@ -155,6 +155,7 @@ type world struct {
 	buggified map[string]int
 	healed    bool
 	hist      *history
+	props     *props
 	failure   *Failure
 	runsSent  int
 	faultEnd  time.Time
@@ -174,6 +175,7 @@ func newWorld(seed uint64, opt Options, cfg Config) *world {
 		buggified: map[string]int{},
 	}
 	w.hist = newHistory()
+	w.props = newProps()
 	w.faultEnd = t0.Add(opt.FaultPhase)
 	return w
 }
