@@ -1,13 +1,18 @@
 # Tether — build, test and demo targets. `make test` is what CI runs.
 GO ?= go
 GOFLAGS ?=
+SHELL := /bin/bash
 PKGS := ./...
 
-.PHONY: test test-short check fmt vet bench demo clean
+.PHONY: test test-short check fmt vet bench demo clean mutants
 
-## test: formatting, vet, then every test (purity check, scenarios, determinism, …)
+## test: formatting, vet, then every test (purity check, scenarios, determinism, …);
+## the simulator's one-line summary is shown (go test hides a passing package's output)
 test: check
-	$(GO) test $(GOFLAGS) -count=1 $(PKGS)
+	$(GO) test $(GOFLAGS) -count=1 $$($(GO) list ./... | grep -v '/sim$$')
+	@set -o pipefail; $(GO) test $(GOFLAGS) -count=1 -v -run . ./sim > .sim-test.log 2>&1 \
+	  && { grep -E '^(sim:|--- PASS|ok )' .sim-test.log; rm -f .sim-test.log; } \
+	  || { cat .sim-test.log; rm -f .sim-test.log; exit 1; }
 
 ## test-short: the same with reduced seed budgets
 test-short: check
@@ -32,6 +37,10 @@ bench:
 ## demo: run Tether for real on loopback with a bbolt file in a temp dir
 demo:
 	$(GO) run ./cmd/demo
+
+## mutants: apply each planted bug in sim/mutants/*.patch to a copy of the tree; the simulator must catch every one
+mutants:
+	$(GO) run ./sim/mutants/run
 
 clean:
 	$(GO) clean -testcache

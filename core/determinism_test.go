@@ -468,3 +468,34 @@ func TestSafetyUnderRandomInputs(t *testing.T) {
 		}
 	}
 }
+
+// TestLogDedup: a duplicated message stores nothing twice — log lines by
+// sequence, events by their own sequence, gap markers by time and text.
+func TestLogDedup(t *testing.T) {
+	o := NewOrchestrator(Config{})
+	var sec [16]byte
+	rd := o.Step(t0, CreateToken{Call: 1, Name: "t", TTL: time.Hour, Secret: sec})
+	o.Step(t0, Received{Conn: 1, Msg: Hello{Version: ProtocolVersion, Token: rd.Answers[0].Token, Worker: "w1", Slots: 1, MaxDelay: time.Minute}})
+	o.Step(t0, Submit{Call: 2, Spec: RunSpec{Steps: []StepSpec{{Name: "a", Command: "x"}}}})
+	marker := LogLine{Seq: 0, At: t0, Text: "--- Orchestrator offline for 5s. Replaying 0 buffered events and 1 buffered log lines. 2 log lines dropped due to buffer overflow. ---"}
+	logs := Logs{Lease: 1, Lines: []LogLine{marker, {Seq: 1, At: t0, Text: "one"}}}
+	events := Events{Lease: 1, Events: []LogLine{{Seq: 1, At: t0, Text: "event one"}}}
+	for i := 0; i < 2; i++ {
+		o.Step(t0, Received{Conn: 1, Msg: logs})
+		o.Step(t0, Received{Conn: 1, Msg: events})
+	}
+	var markers, lines, evs int
+	for _, ln := range o.StepLogs("run-1/a") {
+		switch {
+		case ln.Event:
+			evs++
+		case ln.Line.Seq == 0:
+			markers++
+		default:
+			lines++
+		}
+	}
+	if markers != 1 || lines != 1 || evs != 1 {
+		t.Fatalf("stored %d markers, %d lines, %d events; want one of each", markers, lines, evs)
+	}
+}

@@ -34,7 +34,7 @@ type Orchestrator struct {
 	dependents   map[StepID][]StepID
 	ready        map[StepID]bool // queued, no lease, not a task step
 	workerLeases map[WorkerID]map[LeaseID]bool
-	logSeen      map[LeaseID]map[uint64]bool
+	logSeen      map[LeaseID]map[lineID]bool
 
 	// Connections are not durable: after a restart every worker is disconnected.
 	conns  map[ConnID]WorkerID
@@ -72,7 +72,7 @@ func (o *Orchestrator) init() {
 	o.dependents = map[StepID][]StepID{}
 	o.ready = map[StepID]bool{}
 	o.workerLeases = map[WorkerID]map[LeaseID]bool{}
-	o.logSeen = map[LeaseID]map[uint64]bool{}
+	o.logSeen = map[LeaseID]map[lineID]bool{}
 	o.conns = map[ConnID]WorkerID{}
 	o.connOf = map[WorkerID]ConnID{}
 	o.dirty = map[string]bool{}

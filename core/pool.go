@@ -522,8 +522,25 @@ const MaxAnswersPerLease = 16
 // MaxLogLinesPerMessage bounds one Logs/Events message.
 const MaxLogLinesPerMessage = 10000
 
-// storeLogs keeps a current lease's log lines, deduplicated by sequence
-// number (0 is a gap marker and is always kept). Lines of a lease that lost
+// lineID identifies a stored line for deduplication: log lines and events
+// have separate sequences; a gap marker (sequence 0) is identified by its
+// timestamp and text, so a duplicated marker is not counted twice.
+type lineID struct {
+	event bool
+	seq   uint64
+	at    int64
+	text  string
+}
+
+func idOf(ln LogLine, event bool) lineID {
+	if ln.Seq != 0 {
+		return lineID{event: event, seq: ln.Seq}
+	}
+	return lineID{event: event, at: ln.At.UnixNano(), text: ln.Text}
+}
+
+// storeLogs keeps a current lease's log lines and events, deduplicated (see
+// lineID), in arrival order. Lines of a lease that lost
 // authority are refused: logs are writes, and writes are fenced. A lease
 // that committed keeps its authority over its own log: a worker replaying
 // its buffer after a reconnect re-sends the report first.
@@ -535,16 +552,15 @@ func (o *Orchestrator) storeLogs(w *WorkerRecord, id LeaseID, lines []LogLine, e
 	}
 	seen := o.logSeen[id]
 	if seen == nil {
-		seen = map[uint64]bool{}
+		seen = map[lineID]bool{}
 		o.logSeen[id] = seen
 	}
 	for _, ln := range lines {
-		if ln.Seq != 0 {
-			if seen[ln.Seq] {
-				continue
-			}
-			seen[ln.Seq] = true
+		k := idOf(ln, event)
+		if seen[k] {
+			continue
 		}
+		seen[k] = true
 		sl := StepLogLine{Step: l.Step, Lease: id, Index: len(o.logs[id]), Event: event, Line: ln}
 		o.logs[id] = append(o.logs[id], sl)
 		o.appends = append(o.appends, Record{Key: logKey(id, sl.Index), Value: encode(sl)})

@@ -90,11 +90,9 @@ func (o *Orchestrator) load(recs []Record) error {
 	}
 	for id, lines := range o.logs {
 		sort.Slice(lines, func(i, j int) bool { return lines[i].Index < lines[j].Index })
-		seen := map[uint64]bool{}
+		seen := map[lineID]bool{}
 		for _, ln := range lines {
-			if ln.Line.Seq != 0 {
-				seen[ln.Line.Seq] = true
-			}
+			seen[idOf(ln.Line, ln.Event)] = true
 		}
 		o.logSeen[id] = seen
 	}

@@ -33,12 +33,13 @@ type history struct {
 	printedN  map[leaseKey]int
 	lostSeqs  map[leaseKey]map[uint64]bool
 	inflight  map[leaseKey]map[uint64]int // lines on the wire right now
+	lostDrops map[leaseKey]int            // drops reported by gap markers that were lost or are still on the wire
 	workerIdx map[core.WorkerID]int
 }
 
 func newHistory() *history {
 	return &history{reports: map[[2]uint64]int{}, dispatch: map[core.LeaseID]core.Dispatch{},
-		printedN: map[leaseKey]int{}, lostSeqs: map[leaseKey]map[uint64]bool{}, inflight: map[leaseKey]map[uint64]int{}, workerIdx: map[core.WorkerID]int{}}
+		printedN: map[leaseKey]int{}, lostSeqs: map[leaseKey]map[uint64]bool{}, inflight: map[leaseKey]map[uint64]int{}, lostDrops: map[leaseKey]int{}, workerIdx: map[core.WorkerID]int{}}
 }
 
 func nanos(t time.Time) int64 { return t.Sub(t0).Nanoseconds() }
@@ -105,8 +106,23 @@ func (h *history) onWire(w core.WorkerID, m core.Logs, d int) {
 	for _, ln := range m.Lines {
 		if ln.Seq != 0 {
 			h.inflight[k][ln.Seq] += d
+		} else {
+			h.lostDrops[k] += d * markerDrops(ln.Text)
 		}
 	}
+}
+
+// lostMarker accounts for a gap marker lost on the wire.
+func (h *history) lostMarker(w core.WorkerID, l core.LeaseID, text string) {
+	h.lostDrops[leaseKey{w, l}] += markerDrops(text)
+}
+
+func markerDrops(text string) int {
+	if m := dropRe.FindStringSubmatch(text); m != nil {
+		n, _ := strconv.Atoi(m[1])
+		return n
+	}
+	return 0
 }
 
 func (h *history) lostLine(w core.WorkerID, l core.LeaseID, seq uint64) {
@@ -150,10 +166,7 @@ func (h *history) checkLogs(o *core.Orchestrator) (string, bool) {
 				continue
 			}
 			if ln.Line.Seq == 0 {
-				if m := dropRe.FindStringSubmatch(ln.Line.Text); m != nil {
-					n, _ := strconv.Atoi(m[1])
-					dropped += n
-				}
+				dropped += markerDrops(ln.Line.Text)
 				continue
 			}
 			if seen[ln.Line.Seq] {
@@ -174,10 +187,10 @@ func (h *history) checkLogs(o *core.Orchestrator) (string, bool) {
 				}
 			}
 		}
-		if missing != dropped {
+		if missing != dropped+h.lostDrops[k] {
 			sort.Slice(first, func(i, j int) bool { return first[i] < first[j] })
-			return fmt.Sprintf("lease %d on %s: %d of %d printed lines missing (first %v), gap markers account for %d",
-				l.ID, l.Worker, missing, printed, first, dropped), false
+			return fmt.Sprintf("lease %d on %s: %d of %d printed lines missing (first %v), gap markers account for %d (+%d in markers lost on the wire)",
+				l.ID, l.Worker, missing, printed, first, dropped, h.lostDrops[k]), false
 		}
 	}
 	return "", true

@@ -205,6 +205,8 @@ func (w *world) lost(wn *workerNode, m core.Msg) {
 		for _, ln := range l.Lines {
 			if ln.Seq != 0 {
 				w.hist.lostLine(wn.id, l.Lease, ln.Seq)
+			} else {
+				w.hist.lostMarker(wn.id, l.Lease, ln.Text)
 			}
 		}
 	}

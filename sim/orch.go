@@ -32,9 +32,10 @@ type pendingBatch struct {
 }
 
 type lineRef struct {
-	w   core.WorkerID
-	l   core.LeaseID
-	seq uint64
+	w      core.WorkerID
+	l      core.LeaseID
+	seq    uint64
+	marker string // seq 0: a gap marker's text
 }
 
 // orchInput steps one input through the orchestrator.
@@ -53,9 +54,11 @@ func (w *world) orchInput(in core.Input) {
 		if l, ok := r.Msg.(core.Logs); ok {
 			if c := w.conns[r.Conn]; c != nil {
 				for _, ln := range l.Lines {
-					if ln.Seq != 0 {
-						pb.lines = append(pb.lines, lineRef{w.workers[c.worker].id, l.Lease, ln.Seq})
+					lr := lineRef{w: w.workers[c.worker].id, l: l.Lease, seq: ln.Seq}
+					if ln.Seq == 0 {
+						lr.marker = ln.Text
 					}
+					pb.lines = append(pb.lines, lr)
 				}
 			}
 		}
@@ -170,7 +173,11 @@ func (w *world) crashOrch() {
 	for _, group := range [][]*pendingBatch{n.persisting, n.pending} {
 		for _, pb := range group {
 			for _, lr := range pb.lines {
-				w.hist.lostLine(lr.w, lr.l, lr.seq)
+				if lr.seq == 0 {
+					w.hist.lostMarker(lr.w, lr.l, lr.marker)
+				} else {
+					w.hist.lostLine(lr.w, lr.l, lr.seq)
+				}
 			}
 		}
 	}
