@@ -35,6 +35,7 @@ type history struct {
 	inflight  map[leaseKey]map[uint64]int // lines on the wire right now
 	lostDrops map[leaseKey]int            // drops reported by gap markers that were lost or are still on the wire
 	workerIdx map[core.WorkerID]int
+	notes     []porcupine.Annotation // faults, shown on the visualization
 }
 
 func newHistory() *history {

@@ -77,14 +77,29 @@ func (w *world) finalChecks() {
 	case porcupine.Illegal:
 		w.fail("linearizability", fmt.Sprintf("the client-visible history (%d operations) is not linearizable", len(ops)))
 		if w.cfg.VizDir != "" {
-			path := filepath.Join(w.cfg.VizDir, fmt.Sprintf("tether-sim-%#x.html", w.seed))
-			if f, err := os.Create(path); err == nil {
-				porcupine.Visualize(spec.StepModel, info, f)
-				f.Close()
-				w.failure.VizPath = path
+			path, err := writeViz(w.cfg.VizDir, w.seed, info, w.hist.notes)
+			if err != nil {
+				w.failure.Detail += "; writing the visualization failed: " + err.Error()
 			}
+			w.failure.VizPath = path
 		}
 	case porcupine.Unknown:
 		w.fail("linearizability", "porcupine timed out: the history is too large to check; shrink the workload")
 	}
+}
+
+// writeViz writes porcupine's HTML visualization of a history, with the
+// faults as annotations, and returns its path.
+func writeViz(dir string, seed uint64, info porcupine.LinearizationInfo, notes []porcupine.Annotation) (string, error) {
+	info.AddAnnotations(notes)
+	path := filepath.Join(dir, fmt.Sprintf("tether-sim-%#x.html", seed))
+	f, err := os.Create(path)
+	if err != nil {
+		return "", err
+	}
+	if err := porcupine.Visualize(spec.StepModel, info, f); err != nil {
+		f.Close()
+		return "", err
+	}
+	return path, f.Close()
 }

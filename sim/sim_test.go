@@ -10,6 +10,11 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/anishathalye/porcupine"
+
+	"github.com/tether-run/tether/core"
+	"github.com/tether-run/tether/spec"
 )
 
 var (
@@ -211,4 +216,32 @@ func BenchmarkSimEvents(b *testing.B) {
 	}
 	b.ReportMetric(float64(events)/time.Since(start).Seconds(), "events/s")
 	b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "seeds/s")
+}
+
+// TestLinearizabilityFailureWritesViz: an illegal history (two leases of one
+// step both COMMITTED) is caught and its visualization, with the faults as
+// annotations, is written where the failure report says.
+func TestLinearizabilityFailureWritesViz(t *testing.T) {
+	ok := core.Outcome{Status: core.OutcomeSuccess}
+	ops := []porcupine.Operation{
+		{ClientId: 0, Input: spec.StepInput{Kind: spec.OpReport, Step: "run-1/a", Lease: 1, Request: 1, Outcome: ok},
+			Call: 0, Output: spec.StepOutput{Verdict: core.Committed}, Return: 10},
+		{ClientId: 1, Input: spec.StepInput{Kind: spec.OpReport, Step: "run-1/a", Lease: 2, Request: 1, Outcome: ok},
+			Call: 20, Output: spec.StepOutput{Verdict: core.Committed}, Return: 30},
+	}
+	res, info := spec.CheckHistory(ops, 10*time.Second)
+	if res != porcupine.Illegal {
+		t.Fatalf("a double commit was judged %v", res)
+	}
+	path, err := writeViz(t.TempDir(), 0x42, info, []porcupine.Annotation{{Tag: "faults", Start: 15, Description: "orchestrator-crash"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	html, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(html), "orchestrator-crash") {
+		t.Fatal("the visualization lacks the fault annotation")
+	}
 }

@@ -13,6 +13,8 @@ import (
 	"math/rand/v2"
 	"time"
 
+	"github.com/anishathalye/porcupine"
+
 	"github.com/tether-run/tether/core"
 	"github.com/tether-run/tether/spec"
 )
@@ -217,7 +219,10 @@ func (w *world) buggify(site string) bool {
 	return true
 }
 
-func (w *world) fault(kind string) { w.faults[kind]++ }
+func (w *world) fault(kind string) {
+	w.faults[kind]++
+	w.hist.notes = append(w.hist.notes, porcupine.Annotation{Tag: "faults", Start: nanos(w.now), Description: kind})
+}
 
 // run is the event loop: pop, hash, execute, check — until the queue is
 // empty, the deadline passes, or a property fails.
