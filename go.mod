@@ -11,5 +11,7 @@ require (
 
 require (
 	github.com/pmezard/go-difflib v1.0.0 // indirect
+	go.yaml.in/yaml/v3 v3.0.6 // indirect
 	golang.org/x/sys v0.45.0 // indirect
+	pgregory.net/rapid v1.3.0 // indirect
 )
