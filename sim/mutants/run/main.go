@@ -1,0 +1,306 @@
+// Command run is the mutation harness of the simulator: it applies each
+// planted bug in sim/mutants/*.patch to a fresh copy of the repository, runs
+// the seeded simulator against it, and prints whether the bug was caught, how
+// many seeds it took, and which invariant saw it.
+//
+//	go run ./sim/mutants/run [-seeds 500] [-first 1] [-only name,...] [-v]
+//
+// A patch that does not apply, a mutant that does not build, or a mutant the
+// simulator does not catch within the seed budget fails the run.
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strconv"
+	"strings"
+	"syscall"
+	"text/tabwriter"
+	"time"
+)
+
+var (
+	flagSeeds = flag.Int("seeds", 500, "seeds per mutant (passed as -sim.seeds)")
+	flagFirst = flag.Uint64("first", 1, "first seed (passed as -sim.first)")
+	flagOnly  = flag.String("only", "", "comma-separated mutant names (file names without .patch, or their prefixes) to run; default all")
+	flagV     = flag.Bool("v", false, "print each mutant's full go test output")
+)
+
+// result is one mutant's row.
+type result struct {
+	name      string
+	caught    bool
+	seed      uint64 // the smallest failing seed, if caught
+	invariant string
+	elapsed   time.Duration
+	err       error // the harness could not judge the mutant (patch or build failed)
+}
+
+// failRe matches the simulator's failure line:
+// "seed 0x2a violated NoStaleCommit at +1m2s: …".
+var failRe = regexp.MustCompile(`seed (0x[0-9a-fA-F]+|\d+) violated (.+?) at \+`)
+
+func main() {
+	flag.Parse()
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	code, err := run(ctx)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "mutants:", err)
+		if code == 0 {
+			code = 2
+		}
+	}
+	os.Exit(code)
+}
+
+func run(ctx context.Context) (int, error) {
+	root, err := gitOut(ctx, "", "rev-parse", "--show-toplevel")
+	if err != nil {
+		return 2, fmt.Errorf("not in a git repository: %v", err)
+	}
+	root = strings.TrimSpace(root)
+	patches, err := filepath.Glob(filepath.Join(root, "sim", "mutants", "*.patch"))
+	if err != nil {
+		return 2, err
+	}
+	sort.Strings(patches)
+	patches = selectPatches(patches, *flagOnly)
+	if len(patches) == 0 {
+		return 2, errors.New("no patches in sim/mutants (or none matches -only)")
+	}
+	files, err := trackedFiles(ctx, root)
+	if err != nil {
+		return 2, err
+	}
+	fmt.Printf("mutants: %d patches, %d seeds each from seed %d\n", len(patches), *flagSeeds, *flagFirst)
+	start := time.Now()
+	var results []result
+	for _, p := range patches {
+		if ctx.Err() != nil {
+			return 130, ctx.Err()
+		}
+		r := runMutant(ctx, root, files, p)
+		results = append(results, r)
+		status := "caught"
+		switch {
+		case r.err != nil:
+			status = "ERROR: " + r.err.Error()
+		case !r.caught:
+			status = "NOT CAUGHT"
+		default:
+			status = fmt.Sprintf("caught at seed %d by %s", r.seed, r.invariant)
+		}
+		fmt.Printf("  %-32s %s (%s)\n", r.name, status, r.elapsed.Round(100*time.Millisecond))
+	}
+	if ctx.Err() != nil {
+		return 130, ctx.Err()
+	}
+	fmt.Println()
+	printTable(os.Stdout, results)
+	fmt.Printf("\nwall time %s\n", time.Since(start).Round(time.Second))
+	code := 0
+	for _, r := range results {
+		switch {
+		case r.err != nil:
+			fmt.Printf("FAIL: mutant %s could not be judged: %v\n", r.name, r.err)
+			code = 1
+		case !r.caught:
+			fmt.Printf("FAIL: mutant %s survived %d seeds\n", r.name, *flagSeeds)
+			code = 1
+		}
+	}
+	if code == 0 {
+		fmt.Printf("all %d mutants caught\n", len(results))
+	}
+	return code, nil
+}
+
+func selectPatches(patches []string, only string) []string {
+	if only == "" {
+		return patches
+	}
+	var out []string
+	for _, p := range patches {
+		name := strings.TrimSuffix(filepath.Base(p), ".patch")
+		for _, want := range strings.Split(only, ",") {
+			if want = strings.TrimSpace(want); want != "" && (name == want || strings.HasPrefix(name, want) || strings.TrimLeft(name, "0123456789-") == want) {
+				out = append(out, p)
+				break
+			}
+		}
+	}
+	return out
+}
+
+// runMutant copies the repository, applies one patch, and runs the simulator.
+func runMutant(ctx context.Context, root string, files []string, patch string) (r result) {
+	r.name = strings.TrimSuffix(filepath.Base(patch), ".patch")
+	t0 := time.Now()
+	defer func() { r.elapsed = time.Since(t0) }()
+	dir, err := os.MkdirTemp("", "tether-mutant-")
+	if err != nil {
+		r.err = err
+		return r
+	}
+	defer os.RemoveAll(dir)
+	if err := copyFiles(root, dir, files); err != nil {
+		r.err = fmt.Errorf("copying the repository: %v", err)
+		return r
+	}
+	// The copy is not a git repository: git apply patches relative to it.
+	// The ceiling keeps git from finding a repository above the temp dir.
+	apply := exec.CommandContext(ctx, "git", "apply", "--whitespace=nowarn", patch)
+	apply.Dir = dir
+	apply.Env = append(os.Environ(), "GIT_CEILING_DIRECTORIES="+filepath.Dir(dir))
+	if out, err := apply.CombinedOutput(); err != nil {
+		r.err = fmt.Errorf("patch does not apply: %v: %s", err, strings.TrimSpace(string(out)))
+		return r
+	}
+	args := []string{"test", "./sim", "-run", "TestSim$", "-count=1", "-timeout=60m", "-v",
+		"-sim.seeds=" + strconv.Itoa(*flagSeeds), "-sim.first=" + strconv.FormatUint(*flagFirst, 10), "-sim.stopfirst"}
+	cmd := exec.CommandContext(ctx, "go", args...)
+	cmd.Dir = dir
+	// go test runs the test binary as a child: on an interrupt, end the
+	// whole process group, not only the go command.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
+	var out bytes.Buffer
+	if *flagV {
+		cmd.Stdout = io.MultiWriter(&out, os.Stdout)
+	} else {
+		cmd.Stdout = &out
+	}
+	cmd.Stderr = cmd.Stdout
+	runErr := cmd.Run()
+	if ctx.Err() != nil {
+		r.err = ctx.Err()
+		return r
+	}
+	if m := failRe.FindStringSubmatch(out.String()); m != nil {
+		seed, err := strconv.ParseUint(m[1], 0, 64)
+		if err != nil {
+			r.err = fmt.Errorf("unparsable seed %q", m[1])
+			return r
+		}
+		r.caught, r.seed, r.invariant = true, seed, strings.TrimSpace(m[2])
+		return r
+	}
+	var exit *exec.ExitError
+	switch {
+	case runErr == nil:
+		// Every seed passed: the bug survived.
+	case errors.As(runErr, &exit):
+		r.err = fmt.Errorf("go test failed without a seed failure (does the mutant build?):\n%s", tail(out.String(), 30))
+	default:
+		r.err = runErr
+	}
+	return r
+}
+
+func printTable(w io.Writer, results []result) {
+	tw := tabwriter.NewWriter(w, 0, 0, 1, ' ', 0)
+	fmt.Fprintln(tw, "mutant\t| caught\t| seeds to first failure\t| invariant")
+	fmt.Fprintln(tw, "------\t| ------\t| ----------------------\t| ---------")
+	for _, r := range results {
+		switch {
+		case r.err != nil:
+			fmt.Fprintf(tw, "%s\t| ERROR\t| -\t| %s\n", r.name, firstLine(r.err.Error()))
+		case !r.caught:
+			fmt.Fprintf(tw, "%s\t| NO\t| > %d\t| -\n", r.name, *flagSeeds)
+		default:
+			fmt.Fprintf(tw, "%s\t| yes\t| %d\t| %s\n", r.name, r.seed-*flagFirst+1, r.invariant)
+		}
+	}
+	tw.Flush()
+}
+
+// trackedFiles lists the repository's tracked files that exist in the work
+// tree (a tracked file deleted there is left out, as the work tree has it).
+func trackedFiles(ctx context.Context, root string) ([]string, error) {
+	out, err := gitOut(ctx, root, "ls-files", "-z")
+	if err != nil {
+		return nil, err
+	}
+	var files []string
+	for _, f := range strings.Split(out, "\x00") {
+		if f == "" {
+			continue
+		}
+		if _, err := os.Lstat(filepath.Join(root, f)); errors.Is(err, fs.ErrNotExist) {
+			continue
+		}
+		files = append(files, f)
+	}
+	return files, nil
+}
+
+// copyFiles copies the work tree's version of each file (uncommitted edits
+// included) from root into dir, keeping modes and symlinks.
+func copyFiles(root, dir string, files []string) error {
+	for _, f := range files {
+		src, dst := filepath.Join(root, f), filepath.Join(dir, f)
+		if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
+			return err
+		}
+		fi, err := os.Lstat(src)
+		if err != nil {
+			return err
+		}
+		switch {
+		case fi.Mode()&fs.ModeSymlink != 0:
+			target, err := os.Readlink(src)
+			if err != nil {
+				return err
+			}
+			if err := os.Symlink(target, dst); err != nil {
+				return err
+			}
+		case fi.Mode().IsRegular():
+			b, err := os.ReadFile(src)
+			if err != nil {
+				return err
+			}
+			if err := os.WriteFile(dst, b, fi.Mode().Perm()); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+func gitOut(ctx context.Context, dir string, args ...string) (string, error) {
+	cmd := exec.CommandContext(ctx, "git", args...)
+	cmd.Dir = dir
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return "", fmt.Errorf("git %s: %v: %s", strings.Join(args, " "), err, strings.TrimSpace(stderr.String()))
+	}
+	return string(out), nil
+}
+
+func tail(s string, n int) string {
+	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}
+
+func firstLine(s string) string {
+	line, _, _ := strings.Cut(s, "\n")
+	return line
+}
