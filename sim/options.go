@@ -145,6 +145,7 @@ var BuggifySites = []string{
 	"slow-fsync",      // an fsync takes seconds
 	"late-start",      // a Start is held back past the dispatch-ack deadline
 	"drop-after-send", // the socket dies right after a report leaves
+	"cancel-race",     // the operator cancels a run just as one of its steps reports
 }
 
 // Describe renders the options one per line, sorted, for failure reports.

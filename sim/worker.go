@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"sort"
+	"strings"
 	"time"
 
 	"github.com/tether-run/tether/core"
@@ -157,6 +158,10 @@ func (w *world) applyWorker(wn *workerNode, rd core.WorkerReady) {
 		switch m := m.(type) {
 		case core.Report:
 			w.hist.reportSent(w.now, wn.id, m)
+			if w.orch.up && w.buggify("cancel-race") {
+				run, _, _ := strings.Cut(string(m.Step), "/")
+				w.cancelRun(core.RunID(run))
+			}
 			w.sendToOrch(wn, m)
 			if w.buggify("report-twice") {
 				w.sendToOrch(wn, m)
