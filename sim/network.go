@@ -22,13 +22,18 @@ type conn struct {
 
 // link is the network path of one worker, with its faults.
 type link struct {
+	scale     float64   // this link's delays relative to the seed's range
 	cutUp     bool      // worker → orchestrator blocked
 	cutDown   bool      // orchestrator → worker blocked
 	clogUntil time.Time // messages wait until then
 }
 
-func (w *world) delay() time.Duration {
+// delay draws one message's network delay on a worker's link: each link has
+// its own distribution (the seed's range scaled by the link's factor), with
+// a heavy tail.
+func (w *world) delay(lk *link) time.Duration {
 	d := w.uniform(w.opt.DelayMin, w.opt.DelayMax)
+	d = time.Duration(float64(d) * lk.scale)
 	if !w.healed && w.chance(w.opt.TailProb) {
 		d *= 20
 	}
@@ -50,7 +55,7 @@ func (w *world) dial(wn *workerNode) {
 	w.connSeq++
 	c := &conn{id: w.connSeq, worker: wn.idx, epoch: w.orch.epoch, orchOpen: true}
 	w.conns[c.id] = c
-	w.after(w.delay(), evDial, wn.idx, nil, "connected", func() {
+	w.after(w.delay(lk), evDial, wn.idx, nil, "connected", func() {
 		if wn.gen != gen {
 			return
 		}
@@ -80,9 +85,9 @@ func (w *world) sendToOrch(wn *workerNode, m core.Msg) {
 		w.breakConn(c, true)
 		return
 	}
-	at := w.now.Add(w.delay())
+	at := w.now.Add(w.delay(&wn.link))
 	if wn.link.clogUntil.After(at) {
-		at = wn.link.clogUntil.Add(w.delay())
+		at = wn.link.clogUntil.Add(w.delay(&wn.link))
 	}
 	if at.Before(c.lastToO) {
 		at = c.lastToO
@@ -109,7 +114,9 @@ func (w *world) sendToOrch(wn *workerNode, m core.Msg) {
 	w.at(at, evToOrch, wn.idx, m, "", deliver)
 	if _, hello := m.(core.Hello); !hello && !w.healed && w.chance(w.opt.DupProb) {
 		w.fault("duplicate")
-		w.at(at, evToOrch, wn.idx, m, "duplicate", func() {
+		// A retransmitting proxy's copy trails the original, possibly behind
+		// later messages of the same connection: a reordered stale copy.
+		w.at(at.Add(w.uniform(0, time.Second)), evToOrch, wn.idx, m, "duplicate", func() {
 			if c.broken || c.epoch != w.orch.epoch || !c.orchOpen || !w.orch.up {
 				return
 			}
@@ -137,9 +144,9 @@ func (w *world) sendToWorker(id core.ConnID, m core.Msg) {
 		}
 		return
 	}
-	at := w.now.Add(w.delay())
+	at := w.now.Add(w.delay(&wn.link))
 	if wn.link.clogUntil.After(at) {
-		at = wn.link.clogUntil.Add(w.delay())
+		at = wn.link.clogUntil.Add(w.delay(&wn.link))
 	}
 	if at.Before(c.lastToW) {
 		at = c.lastToW

@@ -87,6 +87,7 @@ func (w *world) spawnWorker(token string, scaler, allTags bool) *workerNode {
 	idx := len(w.workers)
 	wn := &workerNode{idx: idx, id: core.WorkerID(fmt.Sprintf("w%d", idx+1)), alive: true, scaler: scaler,
 		allTags: allTags, procs: map[core.LeaseID]*proc{}}
+	wn.link.scale = 0.5 + 2.5*w.r.Float64()
 	if !w.healed {
 		// Clocks draw from their own stream, so a clock change alters nothing
 		// else about the run.

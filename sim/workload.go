@@ -75,12 +75,20 @@ func (w *world) startOperator() {
 			return // the workload runs through the fault phase, up to Runs
 		}
 		spec := w.randomRun()
+		called := w.now
 		w.call(func(id core.CallID) core.Input { return core.Submit{Call: id, Spec: spec} }, func(a core.APIAnswer) {
 			if a.Err != "" {
 				w.fail("workload", "a generated run was refused: "+a.Err)
 				return
 			}
 			w.hist.runs = append(w.hist.runs, a.Run)
+			// One submit operation per step, for the linearizability check.
+			if r, _, ok := w.orch.o.Run(a.Run); ok {
+				for _, s := range r.Steps {
+					op := w.hist.begin(called, opClientOperator, spec2input(s))
+					w.hist.end(op, w.now, specOutputOK())
+				}
+			}
 		})
 		w.runsSent++
 		w.after(w.exp(w.opt.SubmitEvery), evOperator, -1, nil, "submit", submit)
@@ -191,6 +199,9 @@ func (w *world) queryRandomStep() {
 		return
 	}
 	s := steps[w.r.IntN(len(steps))]
+	if sp, _ := w.orch.o.StepSpecOf(s.ID); sp.Type == "task" {
+		return // task steps commit without a report: not in the model
+	}
 	op := w.hist.begin(w.now, opClientOperator, spec.StepInput{Kind: spec.OpQuery, Step: s.ID})
 	out := spec.StepOutput{State: s.State, Outcome: s.Outcome}
 	w.orchRead(func() { w.hist.end(op, w.now, out) })
@@ -289,7 +300,7 @@ func (w *world) startFaults() {
 func (w *world) heal() {
 	w.healed = true
 	for _, wn := range w.workers {
-		wn.link = link{}
+		wn.link = link{scale: wn.link.scale}
 		if wn.pausedUntil.After(w.now) {
 			wn.pausedUntil = w.now
 			w.resume(wn)
@@ -326,3 +337,7 @@ func (w *world) finished() bool {
 	}
 	return true
 }
+
+func spec2input(s core.StepID) spec.StepInput { return spec.StepInput{Kind: spec.OpSubmit, Step: s} }
+
+func specOutputOK() spec.StepOutput { return spec.StepOutput{} }
