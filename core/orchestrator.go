@@ -32,7 +32,10 @@ type Orchestrator struct {
 	// Derived indexes, rebuilt by load.
 	specOf       map[StepID]*StepSpec
 	dependents   map[StepID][]StepID
-	ready        map[StepID]bool // queued, no lease, not a task step
+	ready        map[StepID]time.Time // queued, no lease, not a task step → its QueuedAt
+	readyQ       []readyEntry         // ready steps in dispatch order, with stale entries (see dispatch)
+	readyUnsort  bool                 // readyQ needs sorting
+	open         map[RunID]int        // non-terminal steps per run
 	workerLeases map[WorkerID]map[LeaseID]bool
 	logSeen      map[LeaseID]map[lineID]bool
 
@@ -70,7 +73,10 @@ func (o *Orchestrator) init() {
 	o.logs = map[LeaseID][]StepLogLine{}
 	o.specOf = map[StepID]*StepSpec{}
 	o.dependents = map[StepID][]StepID{}
-	o.ready = map[StepID]bool{}
+	o.ready = map[StepID]time.Time{}
+	o.readyQ = nil
+	o.readyUnsort = false
+	o.open = map[RunID]int{}
 	o.workerLeases = map[WorkerID]map[LeaseID]bool{}
 	o.logSeen = map[LeaseID]map[lineID]bool{}
 	o.conns = map[ConnID]WorkerID{}
@@ -224,11 +230,64 @@ func (o *Orchestrator) markToken(t *TokenRecord)   { o.dirty[tokenKey(t.Name)] =
 // markStep records a change to a step and keeps the ready set in step.
 func (o *Orchestrator) markStep(s *StepRecord) {
 	o.dirty[stepKey(s.ID)] = true
-	if s.State == StateQueued && s.Lease == 0 && o.specOf[s.ID].Type != "task" {
-		o.ready[s.ID] = true
-	} else {
-		delete(o.ready, s.ID)
+	o.indexReady(s)
+}
+
+// readyEntry orders the ready queue: oldest queued first, then by step id.
+type readyEntry struct {
+	at time.Time
+	id StepID
+}
+
+func (a readyEntry) less(b readyEntry) bool {
+	if !a.at.Equal(b.at) {
+		return a.at.Before(b.at)
 	}
+	return a.id < b.id
+}
+
+// indexReady keeps the ready set and its ordered queue in step with s. The
+// queue is append-mostly (steps are queued at the current time); an entry
+// whose step left the set or was queued again is stale and skipped.
+func (o *Orchestrator) indexReady(s *StepRecord) {
+	if s.State != StateQueued || s.Lease != 0 || o.specOf[s.ID].Type == "task" {
+		delete(o.ready, s.ID)
+		return
+	}
+	if at, ok := o.ready[s.ID]; ok && at.Equal(s.QueuedAt) {
+		return
+	}
+	o.ready[s.ID] = s.QueuedAt
+	e := readyEntry{at: s.QueuedAt, id: s.ID}
+	if n := len(o.readyQ); n > 0 && e.less(o.readyQ[n-1]) {
+		o.readyUnsort = true
+	}
+	o.readyQ = append(o.readyQ, e)
+}
+
+// readyQueue returns the live entries of the ready queue in order, sorting
+// and compacting it first when needed.
+func (o *Orchestrator) readyQueue() []readyEntry {
+	if o.readyUnsort || len(o.readyQ) > 2*len(o.ready)+64 {
+		live := o.readyQ[:0]
+		for _, e := range o.readyQ {
+			if at, ok := o.ready[e.id]; ok && at.Equal(e.at) {
+				live = append(live, e)
+			}
+		}
+		if o.readyUnsort {
+			sort.Slice(live, func(i, j int) bool { return live[i].less(live[j]) })
+		}
+		// Drop duplicates an at-time-order round trip may have left.
+		out := live[:0]
+		for i, e := range live {
+			if i == 0 || e != live[i-1] {
+				out = append(out, e)
+			}
+		}
+		o.readyQ, o.readyUnsort = out, false
+	}
+	return o.readyQ
 }
 
 func (o *Orchestrator) send(c ConnID, m Msg) {
@@ -257,9 +316,9 @@ func (o *Orchestrator) event(run RunID, step StepID, kind, msg string) {
 	if r == nil {
 		return
 	}
-	r.EventSeq++
-	o.markRun(r)
-	ev := ServerEvent{Run: run, Seq: r.EventSeq, At: o.now, Step: step, Kind: kind, Message: msg}
+	// The sequence is derived from the events themselves (appended records),
+	// so recording an event never rewrites the run's record.
+	ev := ServerEvent{Run: run, Seq: len(o.events[run]) + 1, At: o.now, Step: step, Kind: kind, Message: msg}
 	o.events[run] = append(o.events[run], ev)
 	o.rd.Events = append(o.rd.Events, ev)
 	o.appends = append(o.appends, Record{Key: eventKey(run, ev.Seq), Value: encode(ev)})
@@ -282,6 +341,9 @@ func (o *Orchestrator) transition(s *StepRecord, e Event) {
 	}
 	from := s.State
 	s.State = to
+	if to.Terminal() && !from.Terminal() {
+		o.open[s.Run]--
+	}
 	o.rd.Transitions = append(o.rd.Transitions, StepTransition{Step: s.ID, From: from, Event: e, To: to})
 	switch {
 	case to == StateQueued:
@@ -365,13 +427,8 @@ func (o *Orchestrator) afterTerminal(s *StepRecord) {
 }
 
 func (o *Orchestrator) checkRunFinished(r *RunRecord) {
-	if r.Finished {
+	if r.Finished || o.open[r.ID] > 0 {
 		return
-	}
-	for _, id := range r.Steps {
-		if !o.steps[id].State.Terminal() {
-			return
-		}
 	}
 	r.Finished = true
 	r.FinishedAt = o.now
@@ -449,6 +506,7 @@ func (o *Orchestrator) submit(in Submit) {
 	}
 	o.runs[r.ID] = r
 	o.indexRun(r, true)
+	o.open[r.ID] = len(r.Steps)
 	o.markRun(r)
 	o.event(r.ID, "", "run-submitted", fmt.Sprintf("run submitted with %d step%s", len(r.Steps), plural(len(r.Steps))))
 	for _, id := range r.Steps {

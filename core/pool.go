@@ -738,28 +738,25 @@ func (o *Orchestrator) dispatch() {
 		return
 	}
 	var free []*WorkerRecord
+	slots := 0 // free slots left among the free workers
 	for _, id := range sortedKeys(o.workers) {
 		w := o.workers[id]
 		if w.Active && !w.Revoked && o.connected(id) && len(o.workerLeases[id]) < w.Slots {
 			free = append(free, w)
+			slots += w.Slots - len(o.workerLeases[id])
 		}
 	}
 	if len(free) == 0 {
 		return
 	}
-	queue := make([]*StepRecord, 0, len(o.ready))
-	for id := range o.ready {
-		queue = append(queue, o.steps[id])
-	}
-	sort.Slice(queue, func(i, j int) bool {
-		a, b := queue[i], queue[j]
-		if !a.QueuedAt.Equal(b.QueuedAt) {
-			return a.QueuedAt.Before(b.QueuedAt)
-		}
-		return a.ID < b.ID
-	})
+	queue := o.readyQueue()
 	inflight := map[string]int{} // forEach group → steps holding a lease
-	for _, s := range queue {
+	for i := 0; i < len(queue) && slots > 0; i++ {
+		e := queue[i]
+		if at, ok := o.ready[e.id]; !ok || !at.Equal(e.at) {
+			continue // stale entry
+		}
+		s := o.steps[e.id]
 		sp := o.specOf[s.ID]
 		group := string(s.Run) + "/" + s.Name
 		if sp.Concurrency > 0 {
@@ -797,6 +794,7 @@ func (o *Orchestrator) dispatch() {
 			continue
 		}
 		o.grant(s, best)
+		slots--
 		if sp.Concurrency > 0 {
 			inflight[group]++
 		}

@@ -48,7 +48,6 @@ type RunRecord struct {
 	CancelReason string    `json:",omitempty"`
 	CancelClass  FailureClass
 	Steps        []StepID
-	EventSeq     int
 	Failed       bool      // some step failed: the run can no longer succeed
 	Finished     bool      // every step is terminal
 	FinishedAt   time.Time `json:",omitzero"`

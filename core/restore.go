@@ -104,10 +104,12 @@ func (o *Orchestrator) load(recs []Record) error {
 	return nil
 }
 
-// markStepIndex updates the ready set without marking the step dirty.
+// markStepIndex updates the derived indexes of a loaded step without
+// marking it dirty.
 func (o *Orchestrator) markStepIndex(s *StepRecord) {
-	if s.State == StateQueued && s.Lease == 0 && o.specOf[s.ID].Type != "task" {
-		o.ready[s.ID] = true
+	o.indexReady(s)
+	if !s.State.Terminal() {
+		o.open[s.Run]++
 	}
 }
 
