@@ -7,11 +7,11 @@ require (
 	github.com/cockroachdb/datadriven v1.0.3
 	github.com/gorilla/websocket v1.5.3
 	go.etcd.io/bbolt v1.5.0
+	go.yaml.in/yaml/v3 v3.0.6
+	pgregory.net/rapid v1.3.0
 )
 
 require (
 	github.com/pmezard/go-difflib v1.0.0 // indirect
-	go.yaml.in/yaml/v3 v3.0.6 // indirect
 	golang.org/x/sys v0.45.0 // indirect
-	pgregory.net/rapid v1.3.0 // indirect
 )

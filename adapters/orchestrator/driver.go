@@ -20,6 +20,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -64,6 +65,9 @@ type Options struct {
 	Logger *slog.Logger
 	// MaxConns bounds concurrent control connections; zero means 1024.
 	MaxConns int
+	// AdminToken, if set, mounts the operator HTTP API (APIHandler) under
+	// /api/ on the control plane's server, authenticated with this token.
+	AdminToken string
 }
 
 // Store is what the driver needs of durable storage; *store.Store is one.
@@ -197,6 +201,9 @@ func Start(opts Options) (*Driver, error) {
 	d.ln = ln
 	mux := http.NewServeMux()
 	mux.HandleFunc("/control", d.serveControl)
+	if opts.AdminToken != "" {
+		mux.Handle("/api/", d.APIHandler(opts.AdminToken))
+	}
 	d.srv = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(d.log.Handler(), slog.LevelWarn)}
 	d.timer = time.NewTimer(time.Hour)
 	d.arm(rd.Deadline)
@@ -217,6 +224,9 @@ func (d *Driver) Addr() string { return d.ln.Addr().String() }
 // URL returns the control plane's WebSocket URL, for workers.
 func (d *Driver) URL() string { return "ws://" + d.Addr() + "/control" }
 
+// APIURL returns the base URL of the operator API (see Options.AdminToken).
+func (d *Driver) APIURL() string { return "http://" + d.Addr() + "/api" }
+
 // Done is closed once the driver has stopped (Close, or a store failure).
 func (d *Driver) Done() <-chan struct{} { return d.done }
 
@@ -229,6 +239,21 @@ func (d *Driver) Close() error {
 	d.once.Do(func() { close(d.quit) })
 	<-d.done
 	return d.err
+}
+
+// Shutdown stops gracefully: it stops accepting HTTP requests, lets the
+// operator API requests in progress finish (until ctx ends), then Closes.
+// Control connections are hijacked, so Shutdown does not wait for them; they
+// are dropped by Close and their workers reconnect to the next start.
+func (d *Driver) Shutdown(ctx context.Context) error {
+	serr := d.srv.Shutdown(ctx)
+	if err := d.Close(); err != nil {
+		return err
+	}
+	if serr != nil && !errors.Is(serr, http.ErrServerClosed) {
+		return fmt.Errorf("orchestrator: shutdown: %w", serr)
+	}
+	return nil
 }
 
 // run is the loop goroutine; when the loop ends it tears everything down.
@@ -433,13 +458,27 @@ func (d *Driver) emitLogs(rd core.Ready) {
 	for _, e := range rd.Logs {
 		attrs := make([]any, 0, 2*len(e.Fields))
 		for _, f := range e.Fields {
-			attrs = append(attrs, f.Key, f.Value)
+			attrs = append(attrs, logAttr(f))
 		}
 		d.log.Log(context.Background(), level(e.Level), e.Msg, attrs...)
 	}
 	for _, ev := range rd.Events {
 		d.log.Info("server event", "run", string(ev.Run), "seq", ev.Seq, "step", string(ev.Step), "kind", ev.Kind, "message", ev.Message)
 	}
+}
+
+// numericFields are core log fields that are numbers (seed 003's
+// observability fields); the core's fields are strings, so they are logged
+// as numbers here, for dashboards that aggregate them.
+var numericFields = map[string]bool{"recovery_duration": true, "buffered_messages_count": true}
+
+func logAttr(f core.Field) slog.Attr {
+	if numericFields[f.Key] {
+		if n, err := strconv.ParseInt(f.Value, 10, 64); err == nil {
+			return slog.Int64(f.Key, n)
+		}
+	}
+	return slog.String(f.Key, f.Value)
 }
 
 func level(s string) slog.Level {
@@ -518,6 +557,24 @@ func (d *Driver) CreateToken(ctx context.Context, name string, ttl time.Duration
 		return "", fmt.Errorf("create token %q: %w", name, err)
 	}
 	return a.Token, nil
+}
+
+// Approve opens a held step's gate: the step is queued.
+func (d *Driver) Approve(ctx context.Context, step core.StepID) error {
+	_, err := d.do(ctx, func(id core.CallID) core.Input { return core.Approve{Call: id, Step: step} })
+	if err != nil {
+		return fmt.Errorf("approve %s: %w", step, err)
+	}
+	return nil
+}
+
+// RejectGate closes a held step's gate: the step is cancelled.
+func (d *Driver) RejectGate(ctx context.Context, step core.StepID) error {
+	_, err := d.do(ctx, func(id core.CallID) core.Input { return core.RejectGate{Call: id, Step: step} })
+	if err != nil {
+		return fmt.Errorf("reject %s: %w", step, err)
+	}
+	return nil
 }
 
 // RevokeToken revokes a token; its worker is disconnected and loses its leases.

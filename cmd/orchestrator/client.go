@@ -1,0 +1,560 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"io/fs"
+	"net/http"
+	"net/url"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/tether-run/tether/adapters/orchestrator"
+)
+
+const (
+	defaultURL     = "http://127.0.0.1:7420"
+	adminTokenEnv  = "TETHER_ADMIN_TOKEN"
+	defaultTimeout = 30 * time.Second
+	maxAnswerSize  = 256 << 20 // a run's logs can be large
+)
+
+const clientHelp = `
+
+The orchestrator is found with --url; the admin token is --admin-token, else
+$TETHER_ADMIN_TOKEN, else the file <--data-dir>/admin-token. Output is a table
+for people; --json prints the API's JSON answer instead.`
+
+// clientFlags registers the flags every client command takes.
+func clientFlags(extra func(fs *flag.FlagSet, o *options)) func(fs *flag.FlagSet, o *options) {
+	return func(fs *flag.FlagSet, o *options) {
+		fs.StringVar(&o.url, "url", defaultURL, "orchestrator `URL` (its operator API is under /api/)")
+		fs.StringVar(&o.adminToken, "admin-token", "", "admin `token` (default: $"+adminTokenEnv+", then <data-dir>/admin-token)")
+		fs.StringVar(&o.dataDir, "data-dir", defaultDataDir, "orchestrator data `directory` holding admin-token")
+		fs.BoolVar(&o.json, "json", false, "print JSON instead of a table")
+		fs.DurationVar(&o.timeout, "timeout", defaultTimeout, "give up on the orchestrator after this `duration`")
+		if extra != nil {
+			extra(fs, o)
+		}
+	}
+}
+
+func clientCommands() []*command {
+	return []*command{
+		{
+			path: "token create", args: "NAME", nargs: 1,
+			short: "create a one-time enrollment token for a worker",
+			long: `Create a named, time-boxed enrollment token and print it (NAME.SECRET) on
+stdout. The secret is shown only this once; the orchestrator keeps only its
+hash. The token enrolls exactly one worker process, once: give it to
+'worker connect --token'. A worker enrolled with it is named NAME unless it
+says otherwise.` + clientHelp,
+			example: `  orchestrator token create builder-1 --ttl 2h
+  TOKEN=$(orchestrator token create builder-2) && worker connect --token "$TOKEN"`,
+			flags: clientFlags(func(fs *flag.FlagSet, o *options) {
+				fs.DurationVar(&o.ttl, "ttl", orchestrator.DefaultTokenTTL, "the token is valid for this `duration`")
+			}),
+			run: tokenCreate,
+		},
+		{
+			path: "token list", nargs: 0,
+			short: "list enrollment tokens (never their secrets)",
+			long: `List every enrollment token: name, state (unused, consumed, expired,
+revoked), when it was created and expires, and the worker instance that
+consumed it. Secrets are never shown.` + clientHelp,
+			example: "  orchestrator token list",
+			flags:   clientFlags(nil),
+			run:     tokenList,
+		},
+		{
+			path: "token revoke", args: "NAME", nargs: 1,
+			short: "revoke a token; its worker is disconnected and loses its leases",
+			long: `Revoke an enrollment token. An unused token can no longer enroll; the worker
+it enrolled is disconnected for good, and each of its in-flight steps is
+triaged (never-started and no-write steps are requeued, started write-bearing
+steps fail with class "revoked").` + clientHelp,
+			example: "  orchestrator token revoke builder-1",
+			flags:   clientFlags(nil),
+			run:     tokenRevoke,
+		},
+		{
+			path: "run submit", args: "FILE", nargs: 1,
+			short: "submit a workflow (YAML) and print the run id",
+			long: `Submit a workflow definition (YAML; FILE "-" reads stdin) and print the new
+run's id on stdout. An invalid definition is refused with the line of each
+problem. See cmd/orchestrator/examples/ for definitions.` + clientHelp,
+			example: `  orchestrator run submit examples/dag.yaml
+  RUN=$(orchestrator run submit release.yaml) && orchestrator run show "$RUN"`,
+			flags: clientFlags(nil),
+			run:   runSubmit,
+		},
+		{
+			path: "run list", nargs: 0,
+			short:   "list runs with their status",
+			long:    `List every run in submission order with its status and step counts.` + clientHelp,
+			example: "  orchestrator run list\n  orchestrator run list --json",
+			flags:   clientFlags(nil),
+			run:     runList,
+		},
+		{
+			path: "run show", args: "RUN", nargs: 1,
+			short: "show a run: status, steps, server events",
+			long: `Show one run: its status; each step's state, attempts, worker, exit code,
+failure class and message; and the run's server events (recovery and
+lifecycle events, in order).` + clientHelp,
+			example: "  orchestrator run show run-1\n  orchestrator run show run-1 --json | jq -r .status",
+			flags:   clientFlags(nil),
+			run:     runShow,
+		},
+		{
+			path: "run cancel", args: "RUN", nargs: 1,
+			short: "cancel every non-terminal step of a run",
+			long: `Cancel a run. Running steps on connected workers are stopped (SIGTERM, then
+SIGKILL after the kill grace) and end cancelled; every other unfinished step
+is cancelled at once. Cancelling a finished run is refused (exit 3).` + clientHelp,
+			example: `  orchestrator run cancel run-4 --reason "wrong branch"`,
+			flags: clientFlags(func(fs *flag.FlagSet, o *options) {
+				fs.StringVar(&o.reason, "reason", "", "why, recorded on the run (default \"cancelled by operator\")")
+			}),
+			run: runCancel,
+		},
+		{
+			path: "run logs", args: "RUN", nargs: 1,
+			short: "print the stored output of a run's steps",
+			long: `Print the stored log lines of a run's steps, lease by lease, with the
+worker's timestamps. Gap markers ("--- Orchestrator offline for …") show where
+a worker buffered output while disconnected. --step NAME limits the output to
+one step (all its forEach instances) or one instance (NAME[i]).` + clientHelp,
+			example: "  orchestrator run logs run-1\n  orchestrator run logs run-1 --step build[2]",
+			flags: clientFlags(func(fs *flag.FlagSet, o *options) {
+				fs.StringVar(&o.step, "step", "", "only this step `NAME` (or NAME[i])")
+			}),
+			run: runLogs,
+		},
+		{
+			path: "step approve", args: "STEP", nargs: 1,
+			short: "approve a held step (hold: true); it is queued",
+			long: `Open the gate of a step that declares "hold: true" and is waiting for an
+operator: the step is queued for a worker. STEP is the step's id,
+RUN/NAME or RUN/NAME[i] (see 'run show').` + clientHelp,
+			example: "  orchestrator step approve run-1/publish",
+			flags:   clientFlags(nil),
+			run:     func(ctx context.Context, e *env, args []string) error { return stepGate(ctx, e, args[0], true) },
+		},
+		{
+			path: "step reject", args: "STEP", nargs: 1,
+			short: "reject a held step; it is cancelled",
+			long: `Reject a held step: it is cancelled (class "gate") and its dependents are
+skipped. STEP is RUN/NAME or RUN/NAME[i].` + clientHelp,
+			example: "  orchestrator step reject run-1/publish",
+			flags:   clientFlags(nil),
+			run:     func(ctx context.Context, e *env, args []string) error { return stepGate(ctx, e, args[0], false) },
+		},
+		{
+			path: "worker list", nargs: 0,
+			short: "list enrolled workers and their state",
+			long: `List every enrolled worker instance: id, name, state (connected,
+disconnected — within its grace window —, inactive, revoked), tags, slots,
+current leases and last heartbeat.` + clientHelp,
+			example: "  orchestrator worker list",
+			flags:   clientFlags(nil),
+			run:     workerList,
+		},
+	}
+}
+
+// ---- the HTTP client ----
+
+type client struct {
+	base  string // ".../api"
+	token string
+	http  *http.Client
+}
+
+// apiError is a non-2xx answer.
+type apiError struct {
+	status int
+	msg    string
+}
+
+func (e *apiError) Error() string { return e.msg }
+
+func newClient(e *env) (*client, error) {
+	o := e.opts
+	u, err := url.Parse(strings.TrimRight(o.url, "/"))
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return nil, usageErrorf("--url %q: want http://HOST:PORT", o.url)
+	}
+	base := strings.TrimSuffix(u.String(), "/api") + "/api"
+	tok := o.adminToken
+	if tok == "" {
+		tok = e.getenv(adminTokenEnv)
+	}
+	if tok == "" {
+		path := filepath.Join(o.dataDir, adminTokenFile)
+		t, err := readAdminToken(path)
+		switch {
+		case errors.Is(err, fs.ErrNotExist):
+			return nil, usageErrorf("no admin token: pass --admin-token, set $%s, or point --data-dir at the orchestrator's data directory (%s does not exist)", adminTokenEnv, path)
+		case err != nil:
+			return nil, usageErrorf("admin token: %v", err)
+		}
+		tok = t
+	}
+	return &client{base: base, token: tok, http: &http.Client{Timeout: o.timeout}}, nil
+}
+
+// call sends one request and decodes a 2xx answer into out.
+func (c *client) call(ctx context.Context, method, path string, body []byte, contentType string, out any) error {
+	var rd io.Reader
+	if body != nil {
+		rd = bytes.NewReader(body)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, c.base+path, rd)
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Authorization", "Bearer "+c.token)
+	req.Header.Set("Accept", "application/json")
+	if contentType != "" {
+		req.Header.Set("Content-Type", contentType)
+	}
+	resp, err := c.http.Do(req)
+	if err != nil {
+		return fmt.Errorf("cannot reach the orchestrator (is 'orchestrator serve' running there?): %w", err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(io.LimitReader(resp.Body, maxAnswerSize))
+	if err != nil {
+		return fmt.Errorf("reading the answer: %w", err)
+	}
+	if resp.StatusCode/100 != 2 {
+		var ae orchestrator.APIError
+		msg := strings.TrimSpace(string(b))
+		if json.Unmarshal(b, &ae) == nil && ae.Error != "" {
+			msg = ae.Error
+		}
+		err := &apiError{status: resp.StatusCode, msg: fmt.Sprintf("%s (HTTP %d)", msg, resp.StatusCode)}
+		if resp.StatusCode/100 == 4 {
+			return &exitErr{code: exitRefused, err: err}
+		}
+		return err
+	}
+	if out == nil {
+		return nil
+	}
+	if err := json.Unmarshal(b, out); err != nil {
+		return fmt.Errorf("undecodable answer from the orchestrator: %w", err)
+	}
+	return nil
+}
+
+func jsonBody(v any) []byte {
+	b, _ := json.Marshal(v)
+	return b
+}
+
+// printJSON prints v indented.
+func printJSON(w io.Writer, v any) error {
+	b, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		return err
+	}
+	_, err = w.Write(append(b, '\n'))
+	return err
+}
+
+// withClient runs f with a client and a context bounded by --timeout.
+func withClient(ctx context.Context, e *env, f func(ctx context.Context, c *client) error) error {
+	c, err := newClient(e)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, e.opts.timeout)
+	defer cancel()
+	return f(ctx, c)
+}
+
+// escapeStepID escapes a step id for a URL path, keeping its "/".
+func escapeStepID(id string) string {
+	parts := strings.Split(id, "/")
+	for i, p := range parts {
+		parts[i] = url.PathEscape(p)
+	}
+	return strings.Join(parts, "/")
+}
+
+// ---- commands ----
+
+func tokenCreate(ctx context.Context, e *env, args []string) error {
+	return withClient(ctx, e, func(ctx context.Context, c *client) error {
+		var out orchestrator.APICreatedToken
+		req := orchestrator.APITokenRequest{Name: args[0], TTL: e.opts.ttl.String()}
+		if err := c.call(ctx, http.MethodPost, "/tokens", jsonBody(req), "application/json", &out); err != nil {
+			return err
+		}
+		if e.opts.json {
+			return printJSON(e.stdout, out)
+		}
+		fmt.Fprintln(e.stdout, out.Token)
+		ws := strings.Replace(strings.TrimSuffix(c.base, "/api"), "http", "ws", 1) + "/control"
+		fmt.Fprintf(e.stderr, "Enrollment token %q expires %s. It is shown only this once and enrolls one worker:\n  worker connect --url %s --token %s\n",
+			out.Name, fmtTime(out.ExpiresAt), ws, out.Token)
+		return nil
+	})
+}
+
+func tokenList(ctx context.Context, e *env, _ []string) error {
+	return withClient(ctx, e, func(ctx context.Context, c *client) error {
+		var out orchestrator.APITokenList
+		if err := c.call(ctx, http.MethodGet, "/tokens", nil, "", &out); err != nil {
+			return err
+		}
+		if e.opts.json {
+			return printJSON(e.stdout, out)
+		}
+		tw := tabwriter.NewWriter(e.stdout, 0, 0, 2, ' ', 0)
+		fmt.Fprintln(tw, "NAME\tSTATE\tCREATED\tEXPIRES\tCONSUMED BY")
+		for _, t := range out.Tokens {
+			by := "-"
+			if t.ConsumedBy != "" {
+				by = t.ConsumedBy
+				if t.WorkerName != "" {
+					by = t.WorkerName + " (" + t.ConsumedBy + ")"
+				}
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", t.Name, t.State, fmtTime(t.CreatedAt), fmtTime(t.ExpiresAt), by)
+		}
+		return tw.Flush()
+	})
+}
+
+func tokenRevoke(ctx context.Context, e *env, args []string) error {
+	return withClient(ctx, e, func(ctx context.Context, c *client) error {
+		var out map[string]string
+		if err := c.call(ctx, http.MethodDelete, "/tokens/"+url.PathEscape(args[0]), nil, "", &out); err != nil {
+			return err
+		}
+		if e.opts.json {
+			return printJSON(e.stdout, out)
+		}
+		fmt.Fprintf(e.stdout, "token %s revoked\n", args[0])
+		return nil
+	})
+}
+
+func runSubmit(ctx context.Context, e *env, args []string) error {
+	var src []byte
+	var err error
+	name := args[0]
+	if name == "-" {
+		src, err = io.ReadAll(io.LimitReader(os.Stdin, orchestrator.MaxAPIBody+1))
+		name = "stdin"
+	} else {
+		src, err = os.ReadFile(name)
+	}
+	if err != nil {
+		return fmt.Errorf("read workflow: %w", err)
+	}
+	return withClient(ctx, e, func(ctx context.Context, c *client) error {
+		var out orchestrator.APISubmitted
+		path := "/runs?file=" + url.QueryEscape(filepath.Base(name))
+		if err := c.call(ctx, http.MethodPost, path, src, "application/yaml", &out); err != nil {
+			return err
+		}
+		if e.opts.json {
+			return printJSON(e.stdout, out)
+		}
+		fmt.Fprintln(e.stdout, out.Run)
+		return nil
+	})
+}
+
+func runList(ctx context.Context, e *env, _ []string) error {
+	return withClient(ctx, e, func(ctx context.Context, c *client) error {
+		var out orchestrator.APIRunList
+		if err := c.call(ctx, http.MethodGet, "/runs", nil, "", &out); err != nil {
+			return err
+		}
+		if e.opts.json {
+			return printJSON(e.stdout, out)
+		}
+		tw := tabwriter.NewWriter(e.stdout, 0, 0, 2, ' ', 0)
+		fmt.Fprintln(tw, "RUN\tNAME\tSTATUS\tSTEPS\tSUBMITTED\tFINISHED")
+		for _, r := range out.Runs {
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", r.ID, orDash(r.Name), r.Status, stateCounts(r), fmtTime(r.SubmittedAt), fmtTime(r.FinishedAt))
+		}
+		return tw.Flush()
+	})
+}
+
+// stateCounts renders "3/5 success, 1 running".
+func stateCounts(r orchestrator.APIRun) string {
+	states := make([]string, 0, len(r.States))
+	for s := range r.States {
+		states = append(states, s)
+	}
+	sort.Strings(states)
+	parts := []string{}
+	for _, s := range states {
+		parts = append(parts, fmt.Sprintf("%d %s", r.States[s], s))
+	}
+	return fmt.Sprintf("%d (%s)", r.Steps, strings.Join(parts, ", "))
+}
+
+func runShow(ctx context.Context, e *env, args []string) error {
+	return withClient(ctx, e, func(ctx context.Context, c *client) error {
+		var out orchestrator.APIRunDetail
+		if err := c.call(ctx, http.MethodGet, "/runs/"+url.PathEscape(args[0]), nil, "", &out); err != nil {
+			return err
+		}
+		if e.opts.json {
+			return printJSON(e.stdout, out)
+		}
+		r := out.Run
+		fmt.Fprintf(e.stdout, "Run %s %q: %s\n", r.ID, r.Name, out.Status)
+		fmt.Fprintf(e.stdout, "Submitted %s", fmtTime(r.SubmittedAt))
+		if !r.FinishedAt.IsZero() {
+			fmt.Fprintf(e.stdout, ", finished %s (%s)", fmtTime(r.FinishedAt), r.FinishedAt.Sub(r.SubmittedAt).Round(time.Millisecond))
+		}
+		fmt.Fprintln(e.stdout)
+		if r.CancelReason != "" {
+			fmt.Fprintf(e.stdout, "Cancelled: %s\n", r.CancelReason)
+		}
+		fmt.Fprintln(e.stdout)
+		tw := tabwriter.NewWriter(e.stdout, 0, 0, 2, ' ', 0)
+		fmt.Fprintln(tw, "STEP\tSTATE\tATTEMPTS\tWORKER\tEXIT\tWRITES\tCLASS\tMESSAGE")
+		for _, s := range out.Steps {
+			exit := "-"
+			if s.ExitCode != nil {
+				exit = fmt.Sprint(*s.ExitCode)
+			}
+			msg := s.Message
+			if s.SkippedBy != "" {
+				msg = strings.TrimSpace(msg + " (skipped by " + s.SkippedBy + ")")
+			}
+			writes := "no"
+			if s.Writes {
+				writes = "yes"
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\n", s.ID, s.State, s.Attempts, orDash(s.Worker), exit, writes, orDash(s.Class), orDash(oneLine(msg)))
+		}
+		if err := tw.Flush(); err != nil {
+			return err
+		}
+		fmt.Fprintln(e.stdout, "\nServer events:")
+		tw = tabwriter.NewWriter(e.stdout, 0, 0, 2, ' ', 0)
+		for _, ev := range out.Events {
+			fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\n", ev.At.Local().Format("15:04:05.000"), ev.Kind, orDash(ev.Step), oneLine(ev.Message))
+		}
+		return tw.Flush()
+	})
+}
+
+func runCancel(ctx context.Context, e *env, args []string) error {
+	return withClient(ctx, e, func(ctx context.Context, c *client) error {
+		var out orchestrator.APISubmitted
+		body := jsonBody(map[string]string{"reason": e.opts.reason})
+		if err := c.call(ctx, http.MethodPost, "/runs/"+url.PathEscape(args[0])+"/cancel", body, "application/json", &out); err != nil {
+			return err
+		}
+		if e.opts.json {
+			return printJSON(e.stdout, out)
+		}
+		fmt.Fprintf(e.stdout, "run %s cancelling\n", out.Run)
+		return nil
+	})
+}
+
+func runLogs(ctx context.Context, e *env, args []string) error {
+	return withClient(ctx, e, func(ctx context.Context, c *client) error {
+		var out orchestrator.APILogs
+		path := "/runs/" + url.PathEscape(args[0]) + "/logs"
+		if e.opts.step != "" {
+			path += "?step=" + url.QueryEscape(e.opts.step)
+		}
+		if err := c.call(ctx, http.MethodGet, path, nil, "", &out); err != nil {
+			return err
+		}
+		if e.opts.json {
+			return printJSON(e.stdout, out)
+		}
+		for _, l := range out.Lines {
+			text := l.Text
+			if l.Event {
+				text = "(event) " + text
+			}
+			fmt.Fprintf(e.stdout, "%s %s | %s\n", l.At.Local().Format("15:04:05.000"), l.Step, text)
+		}
+		return nil
+	})
+}
+
+func stepGate(ctx context.Context, e *env, step string, approve bool) error {
+	action := "reject"
+	if approve {
+		action = "approve"
+	}
+	return withClient(ctx, e, func(ctx context.Context, c *client) error {
+		var out orchestrator.APIStepAnswer
+		if err := c.call(ctx, http.MethodPost, "/steps/"+escapeStepID(step)+"/"+action, nil, "", &out); err != nil {
+			return err
+		}
+		if e.opts.json {
+			return printJSON(e.stdout, out)
+		}
+		fmt.Fprintf(e.stdout, "step %s %sd: now %s\n", out.Step, action, out.State)
+		return nil
+	})
+}
+
+func workerList(ctx context.Context, e *env, _ []string) error {
+	return withClient(ctx, e, func(ctx context.Context, c *client) error {
+		var out orchestrator.APIWorkerList
+		if err := c.call(ctx, http.MethodGet, "/workers", nil, "", &out); err != nil {
+			return err
+		}
+		if e.opts.json {
+			return printJSON(e.stdout, out)
+		}
+		tw := tabwriter.NewWriter(e.stdout, 0, 0, 2, ' ', 0)
+		fmt.Fprintln(tw, "NAME\tID\tSTATE\tTAGS\tSLOTS\tLEASES\tLAST HEARTBEAT")
+		for _, w := range out.Workers {
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\t%s\n", w.Name, w.ID, w.State, orDash(strings.Join(w.Tags, ",")), w.Slots, w.Leases, fmtTime(w.LastHeartbeat))
+		}
+		return tw.Flush()
+	})
+}
+
+// ---- formatting ----
+
+func fmtTime(t time.Time) string {
+	if t.IsZero() {
+		return "-"
+	}
+	return t.Local().Format("2006-01-02 15:04:05")
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+func oneLine(s string) string {
+	s = strings.ReplaceAll(s, "\n", " ")
+	if len(s) > 200 {
+		s = strings.ToValidUTF8(s[:200], "") + "…"
+	}
+	return s
+}

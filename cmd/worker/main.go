@@ -1,0 +1,483 @@
+// Command worker runs a Tether worker: it enrolls with the orchestrator with a
+// one-time token, dials home over the WebSocket control plane, and runs the
+// steps it is given as `sh -c` processes. Run `worker --help` for details.
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"io/fs"
+	"log/slog"
+	"net/url"
+	"os"
+	"os/signal"
+	"sort"
+	"strconv"
+	"strings"
+	"syscall"
+	"text/tabwriter"
+
+	"go.yaml.in/yaml/v3"
+
+	"github.com/tether-run/tether/adapters/worker"
+	"github.com/tether-run/tether/core"
+)
+
+// Exit codes of the worker binary. 2 and 3 are the core's
+// (core.WorkerExitDisconnected, core.WorkerExitRefused); usage errors
+// therefore use 64 (EX_USAGE), so that 2 keeps one meaning for a supervisor.
+const (
+	exitOK           = 0
+	exitError        = 1
+	exitDisconnected = core.WorkerExitDisconnected // 2
+	exitRefused      = core.WorkerExitRefused      // 3
+	exitUsage        = 64
+)
+
+const (
+	defaultURL        = "ws://127.0.0.1:7420/control"
+	defaultConfigFile = "worker-config.yaml"
+	maxConfigSize     = 1 << 20
+)
+
+const exitCodesHelp = `Exit codes:
+  0   stopped by SIGINT or SIGTERM (its step processes are killed)
+  1   error (cannot start)
+  2   disconnected from the orchestrator under --no-reconnect (or never
+      connected); core.WorkerExitDisconnected
+  3   refused by the orchestrator for good: unknown, replayed (already used),
+      expired or revoked token, expired credential, protocol version;
+      core.WorkerExitRefused
+  64  usage (bad flags, arguments or config file). Not 2: 2 is taken by the
+      worker protocol above.`
+
+const topHelp = `worker — a Tether worker.
+
+A worker dials the orchestrator's control plane, enrolls once with a one-time
+enrollment token, and runs the steps the orchestrator leases to it as
+'sh -c' processes, streaming their output back. If the connection drops it
+keeps its steps running, buffers their output, and reconnects with backoff
+(1 s, x1.5, up to 60 s); --no-reconnect exits instead. Each process start is a
+new worker instance with its own random UUID.
+
+Usage:
+  worker connect [flags]
+  worker connect --help
+
+Commands:
+  connect   enroll with a token and run steps until stopped
+
+Example:
+  orchestrator token create builder-1 --ttl 1h     # on the orchestrator host
+  worker connect --url ws://orch.internal:7420/control --token builder-1.SECRET \
+      --tags script,docker --labels zone=eu --slots 4
+
+` + exitCodesHelp + "\n"
+
+const connectHelp = `Usage: worker connect [flags]
+
+Enroll with the orchestrator with a one-time token and run leased steps until
+SIGINT/SIGTERM (exit 0; running step processes are killed), until refused for
+good (exit 3), or, with --no-reconnect, until the connection is lost (exit 2).
+
+The token (NAME.SECRET from 'orchestrator token create NAME') enrolls this
+process once; a restarted worker process is a new instance and needs a new
+token. The worker is named NAME unless --name says otherwise.
+
+Steps are matched to workers by target (--name), labels, platform and tags:
+a step runs here only if every tag it requires is in --tags (type script needs
+"script", runner docker needs "docker", and so on, plus the step's own tags:).
+
+The optional config file (YAML) takes the same settings; flags given on the
+command line override it, and an unknown key is an error naming its line:
+
+  url: ws://127.0.0.1:7420/control
+  token: builder-1.0123abcd...
+  name: builder-1
+  tags: [script, docker]
+  labels: {zone: eu, disk: ssd}
+  platform: linux/amd64
+  slots: 4
+  no_reconnect: false
+
+Example:
+  worker connect --url ws://127.0.0.1:7420/control --token builder-1.SECRET --tags script --slots 2
+  worker connect --config /etc/tether/worker-config.yaml --log-format json
+
+Flags:
+`
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	stop()
+	os.Exit(code)
+}
+
+// settings are the worker's settings: defaults, then the config file, then flags.
+type settings struct {
+	URL         string
+	Token       string
+	Name        string
+	Tags        []string
+	Labels      map[string]string
+	Platform    string
+	Slots       int
+	NoReconnect bool
+}
+
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 {
+		fmt.Fprint(stderr, topHelp)
+		return exitUsage
+	}
+	switch args[0] {
+	case "-h", "--help", "-help", "help":
+		if len(args) > 1 && args[0] == "help" && args[1] == "connect" {
+			return run(ctx, []string{"connect", "--help"}, stdout, stderr)
+		}
+		fmt.Fprint(stdout, topHelp)
+		return exitOK
+	case "connect":
+	default:
+		fmt.Fprintf(stderr, "worker: unknown command %q\n\n%s", args[0], topHelp)
+		return exitUsage
+	}
+	final, logFormat, logLevel, err := parseConnect(args[1:], stdout)
+	if errors.Is(err, flag.ErrHelp) {
+		return exitOK
+	}
+	if err != nil {
+		return usage(stderr, err)
+	}
+	log, err := newLogger(stderr, logFormat, logLevel)
+	if err != nil {
+		return usage(stderr, err)
+	}
+	return connect(ctx, final, log)
+}
+
+// parseConnect resolves connect's settings: defaults, then the config file,
+// then the flags given. Help is printed to stdout (and flag.ErrHelp returned).
+func parseConnect(args []string, stdout io.Writer) (final settings, logFormat, logLevel string, err error) {
+	flags := flag.NewFlagSet("worker connect", flag.ContinueOnError)
+	flags.SetOutput(io.Discard)
+	var (
+		s            settings
+		tags, labels string
+		config       string
+	)
+	flags.StringVar(&s.URL, "url", defaultURL, "orchestrator control plane `URL` (ws:// or wss://; http(s):// and a bare host:port work too)")
+	flags.StringVar(&s.Token, "token", "", "enrollment `token` NAME.SECRET (required, here or in the config file)")
+	flags.StringVar(&s.Name, "name", "", "worker `name` (default: the token's NAME)")
+	flags.StringVar(&tags, "tags", "", "comma-separated capability `tags`, e.g. script,docker")
+	flags.StringVar(&labels, "labels", "", "comma-separated `key=value` labels, e.g. zone=eu,disk=ssd")
+	flags.StringVar(&s.Platform, "platform", "", "`platform` for steps that declare one, e.g. linux/amd64")
+	flags.IntVar(&s.Slots, "slots", 1, "steps run at once (`N`, 1..1024)")
+	flags.BoolVar(&s.NoReconnect, "no-reconnect", false, "exit (code 2) when the connection is lost instead of reconnecting; no grace window")
+	flags.StringVar(&config, "config", defaultConfigFile, "worker config `file` (YAML); optional unless given explicitly")
+	flags.StringVar(&logFormat, "log-format", "text", "log `format` on stderr: text or json")
+	flags.StringVar(&logLevel, "log-level", "info", "log `level`: debug, info, warn or error")
+	err = flags.Parse(args)
+	if errors.Is(err, flag.ErrHelp) {
+		fmt.Fprint(stdout, connectHelp)
+		printFlags(stdout, flags)
+		fmt.Fprintf(stdout, "\n%s\n", exitCodesHelp)
+		return settings{}, "", "", err
+	}
+	if err == nil && flags.NArg() > 0 {
+		err = fmt.Errorf("takes no arguments, got %q", flags.Args())
+	}
+	if err != nil {
+		return settings{}, "", "", err
+	}
+	set := map[string]bool{}
+	flags.Visit(func(f *flag.Flag) { set[f.Name] = true })
+
+	// Config file, then the flags given.
+	final = settings{URL: defaultURL, Slots: 1}
+	src, rerr := os.ReadFile(config)
+	switch {
+	case rerr == nil:
+		if final, err = loadConfig(config, src); err != nil {
+			return settings{}, "", "", fmt.Errorf("bad config file:\n  %v", err)
+		}
+	case errors.Is(rerr, fs.ErrNotExist) && !set["config"]:
+	default:
+		return settings{}, "", "", fmt.Errorf("config file: %v", rerr)
+	}
+	if set["url"] {
+		final.URL = s.URL
+	}
+	if set["token"] {
+		final.Token = s.Token
+	}
+	if set["name"] {
+		final.Name = s.Name
+	}
+	if set["tags"] {
+		final.Tags = splitList(tags)
+	}
+	if set["labels"] {
+		if final.Labels, err = parseLabels(labels); err != nil {
+			return settings{}, "", "", err
+		}
+	}
+	if set["platform"] {
+		final.Platform = s.Platform
+	}
+	if set["slots"] {
+		final.Slots = s.Slots
+	}
+	if set["no-reconnect"] {
+		final.NoReconnect = s.NoReconnect
+	}
+	if final.Token == "" {
+		return settings{}, "", "", errors.New("--token is required (NAME.SECRET from 'orchestrator token create NAME')")
+	}
+	if name, secret, ok := strings.Cut(final.Token, "."); !ok || name == "" || secret == "" {
+		return settings{}, "", "", errors.New("--token must read NAME.SECRET")
+	}
+	if final.Slots < 1 || final.Slots > 1024 {
+		return settings{}, "", "", fmt.Errorf("--slots %d: want 1..1024", final.Slots)
+	}
+	if final.URL, err = controlURL(final.URL); err != nil {
+		return settings{}, "", "", err
+	}
+	if final.Name == "" {
+		final.Name, _, _ = strings.Cut(final.Token, ".")
+	}
+	return final, logFormat, logLevel, nil
+}
+
+func usage(stderr io.Writer, err error) int {
+	fmt.Fprintf(stderr, "worker connect: %v\nRun 'worker connect --help' for usage.\n", err)
+	return exitUsage
+}
+
+// connect runs the worker until it exits or ctx ends.
+func connect(ctx context.Context, s settings, log *slog.Logger) int {
+	id, err := newUUID()
+	if err != nil {
+		log.Error("cannot draw the instance id", "err", err)
+		return exitError
+	}
+	d, err := worker.New(worker.Options{
+		URL:    s.URL,
+		Logger: log,
+		Config: core.WorkerConfig{
+			ID: core.WorkerID(id), Name: s.Name, Token: s.Token, Tags: s.Tags, Labels: s.Labels,
+			Platform: s.Platform, Slots: s.Slots, NoReconnect: s.NoReconnect,
+		},
+	})
+	if err != nil {
+		log.Error("cannot start the worker", "err", err)
+		return exitError
+	}
+	log.Info("worker starting", "worker", s.Name, "worker_id", id, "url", s.URL, "tags", strings.Join(s.Tags, ","),
+		"slots", s.Slots, "no_reconnect", s.NoReconnect)
+	code, err := d.Run(ctx)
+	if err != nil { // ctx ended: SIGINT/SIGTERM
+		log.Info("worker stopped", "worker_id", id, "reason", "signal")
+		return exitOK
+	}
+	switch code {
+	case exitDisconnected:
+		log.Error("worker exiting: disconnected and not reconnecting", "worker_id", id, "code", code)
+	case exitRefused:
+		log.Error("worker exiting: refused by the orchestrator", "worker_id", id, "code", code)
+	default:
+		log.Warn("worker exiting", "worker_id", id, "code", code)
+	}
+	return code
+}
+
+// newUUID returns a random (version 4, RFC 9562) UUID from crypto/rand.
+func newUUID() (string, error) {
+	var b [16]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		return "", err
+	}
+	b[6] = b[6]&0x0f | 0x40 // version 4
+	b[8] = b[8]&0x3f | 0x80 // variant 10
+	return fmt.Sprintf("%x-%x-%x-%x-%x", b[0:4], b[4:6], b[6:8], b[8:10], b[10:]), nil
+}
+
+// controlURL normalizes the orchestrator URL: http(s) becomes ws(s), a bare
+// host:port gets ws://, and an empty path gets /control.
+func controlURL(raw string) (string, error) {
+	if !strings.Contains(raw, "://") {
+		raw = "ws://" + raw
+	}
+	u, err := url.Parse(raw)
+	if err != nil || u.Host == "" {
+		return "", fmt.Errorf("--url %q: want ws://HOST:PORT/control", raw)
+	}
+	switch u.Scheme {
+	case "ws", "wss":
+	case "http":
+		u.Scheme = "ws"
+	case "https":
+		u.Scheme = "wss"
+	default:
+		return "", fmt.Errorf("--url %q: scheme must be ws or wss", raw)
+	}
+	if u.Path == "" || u.Path == "/" {
+		u.Path = "/control"
+	}
+	return u.String(), nil
+}
+
+func splitList(s string) []string {
+	var out []string
+	for _, p := range strings.Split(s, ",") {
+		if p = strings.TrimSpace(p); p != "" {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+func parseLabels(s string) (map[string]string, error) {
+	m := map[string]string{}
+	for _, p := range splitList(s) {
+		k, v, ok := strings.Cut(p, "=")
+		if !ok || strings.TrimSpace(k) == "" {
+			return nil, fmt.Errorf("--labels: %q is not key=value", p)
+		}
+		m[strings.TrimSpace(k)] = strings.TrimSpace(v)
+	}
+	return m, nil
+}
+
+// loadConfig reads a worker config file over the defaults.
+func loadConfig(path string, src []byte) (settings, error) {
+	s := settings{URL: defaultURL, Slots: 1}
+	if len(src) > maxConfigSize {
+		return s, fmt.Errorf("%s: %d bytes, at most %d", path, len(src), maxConfigSize)
+	}
+	var doc yaml.Node
+	if err := yaml.Unmarshal(src, &doc); err != nil {
+		return s, fmt.Errorf("%s: %v", path, err)
+	}
+	if len(doc.Content) == 0 {
+		return s, nil
+	}
+	var errs []string
+	errf := func(n *yaml.Node, format string, args ...any) {
+		errs = append(errs, fmt.Sprintf("%s:%d: %s", path, n.Line, fmt.Sprintf(format, args...)))
+	}
+	scalar := func(n *yaml.Node, key string) string {
+		if n.Kind != yaml.ScalarNode || n.Tag == "!!null" {
+			errf(n, "%s must be a string", key)
+			return ""
+		}
+		return n.Value
+	}
+	root := doc.Content[0]
+	known := []string{"url", "token", "name", "tags", "labels", "platform", "slots", "no_reconnect"}
+	if root.Kind != yaml.MappingNode {
+		errf(root, "worker config must be a mapping of keys to values")
+		return s, errors.New(strings.Join(errs, "\n  "))
+	}
+	seen := map[string]bool{}
+	for i := 0; i+1 < len(root.Content); i += 2 {
+		k, v := root.Content[i], root.Content[i+1]
+		if seen[k.Value] {
+			errf(k, "key %q appears twice", k.Value)
+			continue
+		}
+		seen[k.Value] = true
+		switch k.Value {
+		case "url":
+			s.URL = scalar(v, k.Value)
+		case "token":
+			s.Token = scalar(v, k.Value)
+		case "name":
+			s.Name = scalar(v, k.Value)
+		case "platform":
+			s.Platform = scalar(v, k.Value)
+		case "tags":
+			switch v.Kind {
+			case yaml.SequenceNode:
+				for _, c := range v.Content {
+					if t := scalar(c, "tags entries"); t != "" {
+						s.Tags = append(s.Tags, t)
+					}
+				}
+			case yaml.ScalarNode:
+				s.Tags = splitList(v.Value)
+			default:
+				errf(v, "tags must be a list")
+			}
+		case "labels":
+			if v.Kind != yaml.MappingNode {
+				errf(v, "labels must be a mapping of keys to strings")
+				continue
+			}
+			s.Labels = map[string]string{}
+			for j := 0; j+1 < len(v.Content); j += 2 {
+				s.Labels[scalar(v.Content[j], "labels keys")] = scalar(v.Content[j+1], "labels values")
+			}
+		case "slots":
+			n, err := strconv.Atoi(v.Value)
+			if v.Kind != yaml.ScalarNode || err != nil || n < 1 || n > 1024 {
+				errf(v, "slots must be a whole number 1..1024, not %q", v.Value)
+			}
+			s.Slots = n
+		case "no_reconnect":
+			var b bool
+			if v.Kind != yaml.ScalarNode || v.Decode(&b) != nil {
+				errf(v, "no_reconnect must be true or false, not %q", v.Value)
+			}
+			s.NoReconnect = b
+		default:
+			errf(k, "unknown key %q (known: %s)", k.Value, strings.Join(known, ", "))
+		}
+	}
+	if len(errs) > 0 {
+		return s, errors.New(strings.Join(errs, "\n  "))
+	}
+	return s, nil
+}
+
+// printFlags lists a flag set GNU-style ("--name VALUE  usage (default …)").
+func printFlags(w io.Writer, fs *flag.FlagSet) {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	var names []string
+	fs.VisitAll(func(f *flag.Flag) { names = append(names, f.Name) })
+	sort.Strings(names)
+	for _, n := range names {
+		f := fs.Lookup(n)
+		arg, use := flag.UnquoteUsage(f)
+		name := "--" + f.Name
+		if arg != "" {
+			name += " " + strings.ToUpper(arg)
+		}
+		if f.DefValue != "" && f.DefValue != "false" && f.DefValue != "0" {
+			use += " (default " + f.DefValue + ")"
+		}
+		fmt.Fprintf(tw, "  %s\t%s\n", name, use)
+	}
+	tw.Flush()
+}
+
+// newLogger returns the structured logger on stderr: text (default) or json.
+func newLogger(w io.Writer, format, level string) (*slog.Logger, error) {
+	var lv slog.Level
+	if err := lv.UnmarshalText([]byte(level)); err != nil {
+		return nil, fmt.Errorf("--log-level %q: want debug, info, warn or error", level)
+	}
+	opts := &slog.HandlerOptions{Level: lv}
+	switch format {
+	case "text", "":
+		return slog.New(slog.NewTextHandler(w, opts)), nil
+	case "json":
+		return slog.New(slog.NewJSONHandler(w, opts)), nil
+	}
+	return nil, fmt.Errorf("--log-format %q: want text or json", format)
+}

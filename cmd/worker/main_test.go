@@ -1,0 +1,178 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"reflect"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/tether-run/tether/core"
+)
+
+func TestNewUUID(t *testing.T) {
+	v4 := regexp.MustCompile(`^[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$`)
+	seen := map[string]bool{}
+	for range 1000 {
+		id, err := newUUID()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !v4.MatchString(id) {
+			t.Fatalf("%q is not a version-4 UUID", id)
+		}
+		if seen[id] {
+			t.Fatalf("%q drawn twice", id)
+		}
+		seen[id] = true
+	}
+}
+
+func TestControlURL(t *testing.T) {
+	for in, want := range map[string]string{
+		"ws://h:1/control":  "ws://h:1/control",
+		"wss://h/x":         "wss://h/x",
+		"http://h:7420":     "ws://h:7420/control",
+		"https://h:7420/":   "wss://h:7420/control",
+		"127.0.0.1:7420":    "ws://127.0.0.1:7420/control",
+		"ftp://h/control":   "",
+		"ws:///nohost":      "",
+		"http://[::1]:7420": "ws://[::1]:7420/control",
+	} {
+		got, err := controlURL(in)
+		if (err != nil) != (want == "") || got != want {
+			t.Errorf("controlURL(%q) = %q, %v; want %q", in, got, err, want)
+		}
+	}
+}
+
+func writeFile(t *testing.T, name, src string) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), name)
+	if err := os.WriteFile(p, []byte(src), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func TestConfigFileAndFlags(t *testing.T) {
+	cfg := writeFile(t, "worker-config.yaml", `
+url: ws://orch:7420/control
+token: b1.abc
+tags: [script, docker]
+labels: {zone: eu}
+platform: linux/amd64
+slots: 3
+no_reconnect: true
+`)
+	s, _, _, err := parseConnect([]string{"--config", cfg}, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := settings{URL: "ws://orch:7420/control", Token: "b1.abc", Name: "b1", Tags: []string{"script", "docker"},
+		Labels: map[string]string{"zone": "eu"}, Platform: "linux/amd64", Slots: 3, NoReconnect: true}
+	if !reflect.DeepEqual(s, want) {
+		t.Errorf("from the file:\n got %+v\nwant %+v", s, want)
+	}
+	// Flags given override the file; flags not given do not.
+	s, format, _, err := parseConnect([]string{"--config", cfg, "--tags", "gpu", "--slots", "8", "--name", "n",
+		"--labels", "a=1, b = 2", "--no-reconnect=false", "--log-format", "json"}, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want.Tags, want.Slots, want.Name, want.Labels, want.NoReconnect = []string{"gpu"}, 8, "n", map[string]string{"a": "1", "b": "2"}, false
+	if !reflect.DeepEqual(s, want) || format != "json" {
+		t.Errorf("flags over the file:\n got %+v %s\nwant %+v json", s, format, want)
+	}
+}
+
+func TestConfigFileErrors(t *testing.T) {
+	for name, c := range map[string]struct{ src, want string }{
+		"unknown key": {"token: a.b\nslot: 2\n", "worker-config.yaml:2: unknown key \"slot\""},
+		"bad slots":   {"token: a.b\nslots: many\n", "worker-config.yaml:2: slots must be"},
+		"bad bool":    {"no_reconnect: maybe\n", "worker-config.yaml:1: no_reconnect"},
+		"bad tags":    {"tags: {a: b}\n", "worker-config.yaml:1: tags must be a list"},
+		"not a map":   {"- a\n", "worker-config.yaml:1: worker config must be a mapping"},
+		"twice":       {"name: a\nname: b\n", "worker-config.yaml:2: key \"name\" appears twice"},
+	} {
+		p := writeFile(t, "worker-config.yaml", c.src)
+		_, _, _, err := parseConnect([]string{"--config", p}, io.Discard)
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: err = %v, want it to contain %q", name, err, c.want)
+		}
+	}
+}
+
+func TestUsageExitCodes(t *testing.T) {
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	missing := filepath.Join(t.TempDir(), "nope.yaml")
+	for _, args := range [][]string{
+		{},
+		{"bogus"},
+		{"connect"}, // no token
+		{"connect", "--token", "no-dot"},
+		{"connect", "--token", "a.b", "--slots", "0"},
+		{"connect", "--token", "a.b", "--labels", "novalue"},
+		{"connect", "--token", "a.b", "--log-format", "xml"},
+		{"connect", "--token", "a.b", "--url", "ftp://x"},
+		{"connect", "--token", "a.b", "extra-arg"},
+		{"connect", "--nope"},
+		{"connect", "--token", "a.b", "--config", missing},
+	} {
+		var stderr bytes.Buffer
+		if code := run(ctx, args, io.Discard, &stderr); code != exitUsage {
+			t.Errorf("worker %q: exit %d, want %d (usage); stderr: %s", args, code, exitUsage, stderr.String())
+		}
+	}
+	for _, args := range [][]string{{"--help"}, {"help"}, {"connect", "--help"}, {"help", "connect"}} {
+		var stdout bytes.Buffer
+		if code := run(ctx, args, &stdout, io.Discard); code != exitOK {
+			t.Errorf("worker %q: exit %d, want 0", args, code)
+		}
+		if !strings.Contains(stdout.String(), "Example:") || !strings.Contains(stdout.String(), "Exit codes:") {
+			t.Errorf("worker %q: help lacks an example or the exit codes:\n%s", args, stdout.String())
+		}
+	}
+	if exitDisconnected != 2 || exitRefused != 3 || exitUsage == exitDisconnected {
+		t.Errorf("exit codes drifted from core: disconnected %d refused %d usage %d", exitDisconnected, exitRefused, exitUsage)
+	}
+}
+
+// Under --no-reconnect a worker that cannot reach the orchestrator exits 2
+// (core.WorkerExitDisconnected) instead of retrying.
+func TestNoReconnectExitsDisconnected(t *testing.T) {
+	ctx, cancel := context.WithTimeout(t.Context(), 15*time.Second)
+	defer cancel()
+	// A listener that hangs up on every connection: the WebSocket handshake
+	// fails, deterministically (a closed port could be taken by another test).
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			c.Close()
+		}
+	}()
+	addr := ln.Addr().String()
+	var stderr bytes.Buffer
+	code := run(ctx, []string{"connect", "--url", "ws://" + addr + "/control", "--token", "a.b", "--no-reconnect"}, io.Discard, &stderr)
+	if code != core.WorkerExitDisconnected {
+		t.Fatalf("exit %d, want %d; stderr:\n%s", code, core.WorkerExitDisconnected, stderr.String())
+	}
+	if ctx.Err() != nil {
+		t.Fatalf("the worker only stopped at the test's deadline")
+	}
+}
