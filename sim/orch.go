@@ -4,6 +4,7 @@ import (
 	"sort"
 	"time"
 
+	"github.com/tether-run/tether/adapters/commit"
 	"github.com/tether-run/tether/core"
 )
 
@@ -99,8 +100,7 @@ func (w *world) maybePersist() {
 		}
 		group := n.persisting
 		n.persisting = nil
-		w.persist(group)
-		w.release(group)
+		w.commit(group)
 		w.maybePersist()
 	})
 }
@@ -123,18 +123,23 @@ func (w *world) persist(group []*pendingBatch) {
 	}
 }
 
-// release sends a durable group's messages, answers its calls, runs its reads.
-func (w *world) release(group []*pendingBatch) {
+// commit runs the real drivers' write-ahead code (adapters/commit) over a
+// group whose fsync just completed: records durable, then messages, then
+// answers; then the group's reads are answered.
+func (w *world) commit(group []*pendingBatch) {
+	var g commit.Group
+	for _, pb := range group {
+		if pb.read == nil {
+			g.Add(pb.rd)
+		}
+	}
+	g.Commit(func([]core.Record) error {
+		w.persist(group)
+		return nil
+	}, func(e core.Envelope) { w.sendToWorker(e.Conn, e.Msg) }, w.answered)
 	for _, pb := range group {
 		if pb.read != nil {
 			pb.read()
-			continue
-		}
-		for _, e := range pb.rd.Messages {
-			w.sendToWorker(e.Conn, e.Msg)
-		}
-		for _, a := range pb.rd.Answers {
-			w.answered(a)
 		}
 	}
 }

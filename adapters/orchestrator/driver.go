@@ -26,6 +26,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/tether-run/tether/adapters/commit"
 	"github.com/tether-run/tether/adapters/store"
 	"github.com/tether-run/tether/adapters/wire"
 	"github.com/tether-run/tether/core"
@@ -312,20 +313,14 @@ func (d *Driver) loop() error {
 // then send, then answer (core/doc.go, duties 2-5).
 func (d *Driver) process(batch []input) error {
 	var (
-		recs    []core.Record
-		msgs    []core.Envelope
-		answers []core.APIAnswer
-		readys  []core.Ready // for logs, emitted after the commit
+		group   commit.Group // the same write-ahead code the simulator runs
 		queries []query
 		stepped bool
 		dl      time.Time
 	)
 	step := func(in core.Input) {
 		rd := d.o.Step(time.Now(), in)
-		recs = append(recs, rd.Records...)
-		msgs = append(msgs, rd.Messages...)
-		answers = append(answers, rd.Answers...)
-		readys = append(readys, core.Ready{Logs: rd.Logs, Events: rd.Events})
+		group.Add(rd)
 		stepped, dl = true, rd.Deadline // the last Ready's Deadline is the core's earliest timer now
 	}
 	for _, in := range batch {
@@ -364,25 +359,28 @@ func (d *Driver) process(batch []input) error {
 			queries = append(queries, in)
 		}
 	}
-	// Duty 3: the whole batch durable in one transaction before anything leaves.
-	if err := d.st.Apply(recs); err != nil {
-		return fmt.Errorf("persist batch of %d records: %w", len(recs), err)
-	}
-	// Duty 4: messages in order, closing what the core closed; then answers.
-	for _, e := range msgs {
-		d.deliver(e)
-	}
-	for _, a := range answers {
+	// Duties 3 and 4: the whole group durable in one transaction before
+	// anything leaves; then messages in order (closing what the core
+	// closed), then answers.
+	err := group.Commit(func(recs []core.Record) error {
+		if err := d.st.Apply(recs); err != nil {
+			return fmt.Errorf("persist batch of %d records: %w", len(recs), err)
+		}
+		return nil
+	}, d.deliver, func(a core.APIAnswer) {
 		if reply, ok := d.calls[a.Call]; ok {
 			reply <- a // buffered: never blocks
 			delete(d.calls, a.Call)
 		}
+	})
+	if err != nil {
+		return err
 	}
 	for _, q := range queries {
 		q.f(d.o)
 		close(q.done)
 	}
-	for _, rd := range readys {
+	for _, rd := range group.Readys() {
 		d.emitLogs(rd)
 	}
 	// Duty 5.
