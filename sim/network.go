@@ -16,6 +16,7 @@ type conn struct {
 	orchOpen bool // the orchestrator still treats it as open
 	broken   bool // reset: nothing more gets through either way
 	brokenAt time.Time
+	flushed  time.Time // a dead process's sent bytes still arrive until then
 	lastToO  time.Time
 	lastToW  time.Time
 }
@@ -154,7 +155,7 @@ func (w *world) sendToWorker(id core.ConnID, m core.Msg) {
 	c.lastToW = at
 	gen := wn.gen
 	w.at(at, evToWorker, wn.idx, m, "", func() {
-		if wn.gen != gen || wn.conn != c.id || (c.broken && !c.brokenAt.After(at)) {
+		if wn.gen != gen || wn.conn != c.id || (c.broken && !c.brokenAt.After(at) && at.After(c.flushed)) {
 			return
 		}
 		w.chk.Delivered(w.now, wn.id, m)
@@ -197,7 +198,7 @@ func (w *world) breakConn(c *conn, fault bool) {
 	}
 	wn := w.workers[c.worker]
 	gen := wn.gen
-	w.after(notice(), evWorkerNotice, c.worker, nil, "", func() {
+	w.at(maxTime(w.now, c.flushed).Add(notice()), evWorkerNotice, c.worker, nil, "", func() {
 		if wn.gen == gen && wn.conn == c.id {
 			wn.conn = 0
 			w.stepWorker(wn, core.WDisconnected{Reason: "connection reset"})
@@ -280,4 +281,22 @@ func (w *world) swizzleClog() {
 			wn.link.clogUntil = end.Add(step * time.Duration(back[idx]))
 		})
 	}
+}
+
+// flushAndBreak is a process crash on the orchestrator's side: what it had
+// already written to the socket still reaches the worker (the kernel sends
+// it), then the connection is gone.
+func (w *world) flushAndBreak(c *conn) {
+	if c.broken {
+		return
+	}
+	c.flushed = c.lastToW
+	w.breakConn(c, false)
+}
+
+func maxTime(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
 }

@@ -40,6 +40,7 @@ type Options struct {
 	WorkerPauseEvery time.Duration // per worker; 0 = never
 	PauseMax         time.Duration
 	OrchCrashEvery   time.Duration // 0 = never
+	FsyncCrashP      float64       // chance the orchestrator dies inside an fsync
 	OrchDownMax      time.Duration
 
 	Runs         int
@@ -102,6 +103,7 @@ func Swarm(seed uint64) Options {
 		PauseMax:         dur(5*time.Second, 5*time.Minute),
 		OrchCrashEvery:   maybe(0.5, dur(10*time.Minute, 60*time.Minute)),
 		OrchDownMax:      dur(time.Second, 5*time.Minute),
+		FsyncCrashP:      []float64{0, 0.002, 0.01}[r.IntN(3)],
 		Runs:             20 + r.IntN(40),
 		SubmitEvery:      dur(10*time.Second, 2*time.Minute),
 		StepsMax:         2 + r.IntN(6),

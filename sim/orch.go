@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"errors"
 	"sort"
 	"time"
 
@@ -133,10 +134,20 @@ func (w *world) commit(group []*pendingBatch) {
 			g.Add(pb.rd)
 		}
 	}
-	g.Commit(func([]core.Record) error {
+	err := g.Commit(func([]core.Record) error {
+		if !w.healed && w.chance(w.opt.FsyncCrashP) {
+			return errCrashInFsync // the process dies before the sync completes
+		}
 		w.persist(group)
 		return nil
 	}, func(e core.Envelope) { w.sendToWorker(e.Conn, e.Msg) }, w.answered)
+	if err != nil {
+		// Nothing of the group became durable: it dies with the process.
+		w.orch.pending = append(group, w.orch.pending...)
+		w.orch.persisting = nil
+		w.crashOrchAt("orchestrator-crash-in-fsync")
+		return
+	}
 	for _, pb := range group {
 		if pb.read != nil {
 			pb.read()
@@ -163,14 +174,18 @@ func (w *world) scheduleOrchTick(at time.Time) {
 	})
 }
 
+var errCrashInFsync = errors.New("orchestrator died during fsync")
+
 // crashOrch kills the orchestrator process: memory, connections and every
 // batch not yet synced are gone. An fsync in flight completes or not.
-func (w *world) crashOrch() {
+func (w *world) crashOrch() { w.crashOrchAt("orchestrator-crash") }
+
+func (w *world) crashOrchAt(kind string) {
 	n := w.orch
 	if !n.up {
 		return
 	}
-	w.fault("orchestrator-crash")
+	w.fault(kind)
 	if len(n.persisting) > 0 && w.chance(0.5) {
 		w.persist(n.persisting) // synced, but nothing of it was sent
 		n.persisting = nil
@@ -194,7 +209,7 @@ func (w *world) crashOrch() {
 	for _, c := range w.sortedConns() {
 		if c.orchOpen {
 			c.orchOpen = false
-			w.breakConn(c, false)
+			w.flushAndBreak(c)
 		}
 	}
 	for _, call := range w.calls {
