@@ -4,7 +4,7 @@ GOFLAGS ?=
 SHELL := /bin/bash
 PKGS := ./...
 
-.PHONY: test test-short check fmt vet bench demo clean mutants
+.PHONY: test test-short check fmt vet bench demo clean fuzz mutants
 
 ## test: formatting, vet, then every test (purity check, scenarios, determinism, …);
 ## the simulator's one-line summary is shown (go test hides a passing package's output)
@@ -44,3 +44,17 @@ mutants:
 
 clean:
 	$(GO) clean -testcache
+
+FUZZTIME ?= 30s
+FUZZ_TARGETS ?= FuzzRestore FuzzRecordRoundTrip FuzzRunSpec FuzzWorkflow FuzzInputStream
+
+## fuzz: each fuzz target in turn for FUZZTIME (make test already replays the corpora);
+## new failures land in <pkg>/testdata/fuzz/<Target>/
+fuzz:
+	@set -e; for t in $(FUZZ_TARGETS); do \
+	  min=10s; [ $$t = FuzzInputStream ] && min=100x; \
+	  echo "== ./fuzz $$t"; \
+	  $(GO) test ./fuzz -run '^$$' -fuzz "^$$t\$$" -fuzztime $(FUZZTIME) -fuzzminimizetime $$min; \
+	done; \
+	echo "== ./adapters/wire FuzzDecode"; \
+	$(GO) test ./adapters/wire -run '^$$' -fuzz '^FuzzDecode$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 10s
