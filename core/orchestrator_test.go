@@ -73,7 +73,7 @@ func (h *harness) name(c ConnID) string {
 
 // step feeds one input and renders the batch plus the step transitions it
 // caused.
-func (h *harness) step(in Input, entropy ...byte) []string {
+func (h *harness) step(in Input) []string {
 	rd := h.o.Step(h.now, in)
 	return h.absorb(rd)
 }

@@ -94,8 +94,6 @@ func (h *history) stepSpec(step core.StepID) (core.Dispatch, bool) {
 	return core.Dispatch{}, false
 }
 
-func (h *history) processStarted(w core.WorkerID, l core.LeaseID, s core.StepID) {}
-
 func (h *history) printed(w core.WorkerID, l core.LeaseID) { h.printedN[leaseKey{w, l}]++ }
 
 // onWire counts a Logs message's lines onto (+1) or off (-1) the wire.

@@ -248,7 +248,6 @@ func (w *world) exec(wn *workerNode, x core.ExecCommand) {
 		p := &proc{lease: x.Lease, step: x.Step, writes: sp.Writes, ignTerm: w.chance(w.opt.IgnoreTermP)}
 		wn.procs[x.Lease] = p
 		w.chk.ProcessStarted(w.now, wn.id, x.Lease, x.Step, sp.Writes)
-		w.hist.processStarted(wn.id, x.Lease, x.Step)
 		dur := w.uniform(w.opt.ExecMin, w.opt.ExecMax)
 		gen := wn.gen
 		alive := func() bool { return wn.gen == gen && !p.done }

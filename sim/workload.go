@@ -48,7 +48,7 @@ func (w *world) requestToken(then func(token string)) {
 		}
 		name := fmt.Sprintf("tok-%d", w.callSeq+1)
 		answered := false
-		ok := w.call(func(id core.CallID) core.Input {
+		w.call(func(id core.CallID) core.Input {
 			return core.CreateToken{Call: id, Name: name, TTL: 24 * time.Hour, Secret: secret}
 		}, func(a core.APIAnswer) {
 			answered = true
@@ -61,7 +61,6 @@ func (w *world) requestToken(then func(token string)) {
 				try()
 			}
 		})
-		_ = ok
 	}
 	try()
 }
