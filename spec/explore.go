@@ -1,0 +1,706 @@
+package spec
+
+// The exhaustive explorer: a model checker over the real core.Orchestrator
+// and core.Worker in an abstract world (see explore_world.go for the model
+// and its soundness argument, explore_hash.go for state identity).
+
+import (
+	"fmt"
+	"runtime"
+	"runtime/debug"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/tether-run/tether/core"
+)
+
+// NetworkModel says how the explorer's network may treat messages in flight.
+type NetworkModel uint8
+
+const (
+	// NetFIFO is what the real transport does (a WebSocket over TCP): each
+	// direction of a connection delivers in order; a loss is a reset of the
+	// whole connection (everything still in flight either way is gone, and
+	// each end notices on its own schedule). A message may also be delivered
+	// twice in a row (a retransmitting proxy, as the simulator's "duplicate"
+	// fault), within MaxDups.
+	NetFIFO NetworkModel = iota
+	// NetMultiset is harsher than any real transport: a connection's messages
+	// in flight are a multiset per direction; any of them may be delivered
+	// next (reorder), dropped alone without a reset (MaxDrops) or duplicated
+	// (MaxDups). A violation found only here may be one TCP cannot produce;
+	// the counterexample says which network it needed.
+	NetMultiset
+)
+
+func (n NetworkModel) String() string {
+	if n == NetMultiset {
+		return "multiset"
+	}
+	return "fifo"
+}
+
+// Scope bounds one exploration: the world (workers, the run, the network
+// model, the timing knobs) and the budgets of every nondeterministic choice.
+type Scope struct {
+	Name    string
+	Workers int               // static workers, one slot each unless Slots says otherwise
+	Slots   int               // slots per worker (default 1)
+	Steps   []core.StepSpec   // the one run submitted at the start
+	Network NetworkModel      // NetFIFO (the real transport) or NetMultiset
+	Config  core.Config       // the orchestrator's knobs (zero fields: core's defaults)
+	Worker  core.WorkerConfig // template for every worker (ID, Name, Token and Slots are filled in)
+	// Enrolled starts from a world where every worker has enrolled (connect,
+	// Hello, Welcome, in worker order) and the first dispatches are in
+	// flight, so that the depth budget goes to the run instead of to
+	// enrollment interleavings. Off, enrollment is explored too.
+	Enrolled bool
+
+	MaxDepth  int           // actions on a path; 0 = unbounded
+	MaxStates int           // distinct states; 0 = unbounded (the result says Truncated when hit)
+	MaxTime   time.Duration // wall time; 0 = unbounded (the result says Truncated when hit)
+	Horizon   time.Duration // no timer fires later than start + Horizon (abstract time is bounded)
+
+	MaxDisconnects    int          // connection resets (drop = reset in NetFIFO)
+	MaxOrchCrashes    int          // orchestrator crashes (each followed by a possible restart)
+	MaxWorkerCrashes  int          // worker process crashes
+	MaxWorkerRestarts int          // fresh worker instances booted in a dead worker's place
+	MaxCancels        int          // operator CancelRun calls
+	MaxRevokes        int          // operator RevokeToken calls
+	MaxDups           int          // duplicated deliveries
+	MaxDrops          int          // single-message drops without a reset (NetMultiset only)
+	MaxInFlight       int          // messages per connection direction; a state beyond it is checked but not expanded (0 = no bound)
+	MaxLease          core.LeaseID // a state that granted a greater lease id is checked but not expanded (0 = no bound)
+	MaxLogLines       int          // log lines a step process may print
+	// MaxDelays bounds how often time may pass while a message could be
+	// delivered (a network slower than a timer: the dispatch-ack race, a
+	// retransmit, a report overtaken by a grace expiry). Time passing over
+	// an idle network (a slow process, a worker backing off) is free. A
+	// negative value is no bound: every timing is explored.
+	MaxDelays int
+
+	DFS      bool // depth-first (for deep bounds; the counterexample is then not necessarily shortest)
+	Parallel int  // goroutines expanding a BFS level (default GOMAXPROCS)
+	Verify   bool // the Checker's costly cross-checks after every batch
+	// Progress, if set, is told of every finished BFS level (depth-first:
+	// of every millionth state, with the stack's depth and size).
+	Progress func(depth, states, frontier int, elapsed time.Duration)
+
+	// Mutate, if set, doctors every batch the orchestrator produces (the
+	// restore's included) before the Checker sees it and the driver sends
+	// its messages; the durable store keeps the records the core emitted.
+	// For tests that plant a bug the explorer must catch.
+	Mutate func(rd *core.Ready)
+}
+
+// Result is what one exploration found.
+type Result struct {
+	Scope       string
+	States      int // distinct states reached (the initial one included)
+	Transitions int // actions applied (edges explored, duplicates included)
+	MaxDepth    int // the deepest state reached
+	Pruned      int // states checked but not expanded (in-flight or lease bound)
+	// DepthBounded says states at MaxDepth were checked but not expanded:
+	// the result covers every path of at most MaxDepth actions.
+	DepthBounded bool
+	MemoHits     int           // orchestrator steps reused from an equal orchestrator
+	MemoMisses   int           // orchestrator steps computed (each a core Clone)
+	Truncated    bool          // MaxStates or MaxTime stopped the search before it covered its bounds
+	Duration     time.Duration // wall time
+	Violation    *Counterexample
+	// Sometimes says, for every SometimesProperties entry (and a few
+	// informational ones), whether some explored transition showed it.
+	Sometimes map[string]bool
+}
+
+// StatesPerSecond is States / Duration.
+func (r Result) StatesPerSecond() float64 {
+	if r.Duration <= 0 {
+		return 0
+	}
+	return float64(r.States) / r.Duration.Seconds()
+}
+
+// Summary is the one-line report of an exploration.
+func (r Result) Summary() string {
+	s := fmt.Sprintf("explore %s: %d states, %d transitions, max depth %d, %.0f states/s (%s)",
+		r.Scope, r.States, r.Transitions, r.MaxDepth, r.StatesPerSecond(), r.Duration.Round(time.Millisecond))
+	if r.Pruned > 0 {
+		s += fmt.Sprintf(", %d pruned by bounds", r.Pruned)
+	}
+	switch {
+	case r.Truncated:
+		s += ", cut short by the state or time budget"
+	case r.DepthBounded:
+		s += fmt.Sprintf(", every path of up to %d actions", r.MaxDepth)
+	default:
+		s += ", every reachable state"
+	}
+	var miss []string
+	for _, k := range SometimesProperties {
+		if !r.Sometimes[k] {
+			miss = append(miss, k)
+		}
+	}
+	if len(miss) > 0 {
+		s += ", never reached: " + strings.Join(miss, " ")
+	}
+	if r.Violation != nil {
+		s += ", VIOLATION " + r.Violation.Invariant
+	}
+	return s
+}
+
+// Counterexample is a path from the initial state to a state that breaks an
+// invariant: one action per line.
+type Counterexample struct {
+	Invariant string
+	Detail    string
+	Scope     string // the scope's name and bounds
+	Start     string // what the initial state already did
+	Path      []string
+	// SimNote says how to meet the same behaviour in the simulator: the
+	// options and faults a seed needs, and the path as simulator events.
+	SimNote string
+	// Replay is a Go snippet that re-executes the path with Replay.
+	Replay string
+
+	shortest string
+}
+
+func (c *Counterexample) String() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "invariant %s violated: %s\n", c.Invariant, c.Detail)
+	fmt.Fprintf(&b, "scope %s\nstart: %s\n", c.Scope, c.Start)
+	fmt.Fprintf(&b, "path (%d action(s), one per line%s):\n", len(c.Path), c.shortest)
+	for i, p := range c.Path {
+		fmt.Fprintf(&b, "  %3d. %s\n", i+1, p)
+	}
+	if c.SimNote != "" {
+		b.WriteString(c.SimNote)
+		if !strings.HasSuffix(c.SimNote, "\n") {
+			b.WriteString("\n")
+		}
+	}
+	if c.Replay != "" {
+		b.WriteString("replay: " + c.Replay + "\n")
+	}
+	return b.String()
+}
+
+// SometimesProperties must each be shown by some explored transition, or
+// the bounded model is vacuous where it matters.
+var SometimesProperties = []string{
+	SomeWriteStepFailedByTriage,
+	SomeNoWriteStepRedispatched,
+	SomeReportCancelled,
+	SomeRunSucceeded,
+}
+
+// The sometimes properties (and informational ones, reported but not required).
+const (
+	SomeWriteStepFailedByTriage = "write-step-failed-by-triage"  // a started write-bearing step failed for a lost/revoked worker
+	SomeNoWriteStepRedispatched = "no-write-step-redispatched"   // a started no-write step was dispatched again (a new lease)
+	SomeReportCancelled         = "report-cancelled"             // a report was answered CANCELLED
+	SomeRunSucceeded            = "run-succeeded"                // the run finished with success
+	SomeStepReclaimed           = "step-reclaimed"               // a recovering step was reclaimed by its reconnecting worker
+	SomeOrchestratorRestored    = "orchestrator-restored"        // the orchestrator was rebuilt by Restore
+	SomeCancelForced            = "cancel-forced"                // a cancelling step was forced
+	SomeDispatchRejected        = "dispatch-rejected"            // a worker rejected a dispatch
+	SomeWorkerRefused           = "worker-refused"               // a Hello was refused
+	SomeLeaseCancelledOnWelcome = "lease-cancelled-on-reconnect" // a Welcome told a worker to drop a lease
+)
+
+var sometimesAll = []string{
+	SomeWriteStepFailedByTriage, SomeNoWriteStepRedispatched, SomeReportCancelled, SomeRunSucceeded,
+	SomeStepReclaimed, SomeOrchestratorRestored, SomeCancelForced, SomeDispatchRejected,
+	SomeWorkerRefused, SomeLeaseCancelledOnWelcome,
+}
+
+func sometimesBit(name string) uint32 {
+	for i, n := range sometimesAll {
+		if n == name {
+			return 1 << i
+		}
+	}
+	panic("spec: unknown sometimes property " + name)
+}
+
+// exploreConfig is the orchestrator's knobs in every scope: the defaults of
+// DESIGN §5 except the heartbeat, which quiet scopes push past the horizon.
+func exploreConfig(heartbeat time.Duration) core.Config {
+	return core.Config{
+		DispatchAck:       10 * time.Second,
+		HeartbeatInterval: heartbeat,
+		HeartbeatTimeout:  120 * time.Second,
+		SweepInterval:     60 * time.Second,
+		UnmatchedTimeout:  30 * time.Second,
+		ForceCancel:       30 * time.Second,
+		KillGrace:         10 * time.Second,
+		CredentialTTL:     15 * time.Minute,
+		MaxAttempts:       5,
+	}
+}
+
+// exploreWorker is the worker template: a short backoff (1 s, 2 s, 4 s, so
+// the grace window is 8 s), no jitter (backoff instants are part of the
+// state), and the given retransmit and dial timeouts.
+func exploreWorker(timeout time.Duration) core.WorkerConfig {
+	return core.WorkerConfig{
+		BackoffBase:    time.Second,
+		BackoffFactor:  2,
+		BackoffMax:     4 * time.Second,
+		BackoffJitter:  -1,
+		RequestTimeout: timeout,
+		RequestRetries: 2,
+		KillGrace:      10 * time.Second,
+		DialTimeout:    timeout,
+	}
+}
+
+// DefaultScope is what `go test ./spec` explores, breadth-first: 2 enrolled
+// workers with one slot each; a 3-step run (a write-bearing step a, a
+// no-write step b, and c depending on both); the real transport (FIFO, a
+// drop is a reset); at most 1 disconnect, 1 orchestrator crash and restart,
+// 1 operator cancel; a fast network (no delay budget: time passes only over
+// an idle network); every path of up to 14 actions (the shortest successful
+// run takes 14) within 20 s of abstract time, in which the dispatch-ack
+// deadline (10 s), the grace window (8 s), the backoff (1-4 s) and the kill
+// grace (10 s) fall, while heartbeats, retransmits and dial timeouts (60 s)
+// do not.
+func DefaultScope() Scope {
+	return Scope{
+		Name:    "default",
+		Workers: 2,
+		Slots:   1,
+		Steps: []core.StepSpec{
+			{Name: "a", Command: "write a", Writes: true},
+			{Name: "b", Command: "read b"},
+			{Name: "c", Command: "read c", DependsOn: []string{"a", "b"}},
+		},
+		Network:  NetFIFO,
+		Enrolled: true,
+		Config:   exploreConfig(60 * time.Second),
+		Worker:   exploreWorker(60 * time.Second),
+
+		MaxDepth:       14,
+		Horizon:        20 * time.Second,
+		MaxDisconnects: 1,
+		MaxOrchCrashes: 1,
+		MaxCancels:     1,
+		MaxInFlight:    6,
+		MaxLease:       6,
+	}
+}
+
+// FaultsScope is every action the explorer has, shallow: enrollment
+// explored, 2 disconnects, orchestrator and worker crashes, a worker
+// restarted as a fresh instance, cancel, revoke, a duplicated delivery, a
+// slow network (one delay), a log line, the real retransmit, heartbeat and
+// dial timers. `go test ./spec` runs it too.
+func FaultsScope() Scope {
+	sc := DefaultScope()
+	sc.Name = "faults"
+	sc.Enrolled = false
+	sc.Config = exploreConfig(30 * time.Second)
+	sc.Worker = exploreWorker(10 * time.Second)
+	sc.MaxDepth = 7
+	sc.Horizon = 40 * time.Second
+	sc.MaxDisconnects = 2
+	sc.MaxWorkerCrashes = 1
+	sc.MaxWorkerRestarts = 1
+	sc.MaxRevokes = 1
+	sc.MaxDups = 1
+	sc.MaxDelays = 1
+	sc.MaxLogLines = 1
+	return sc
+}
+
+// MultisetScope is the default world over the adversarial network (reorder,
+// lone drops, duplicates), shallower.
+func MultisetScope() Scope {
+	sc := DefaultScope()
+	sc.Name = "multiset"
+	sc.Network = NetMultiset
+	sc.MaxDrops = 1
+	sc.MaxDups = 1
+	sc.MaxDepth = 8
+	return sc
+}
+
+// LargeScope is `-explore.scope=large` (make explore): the default world
+// with the brief's budgets and more — 2 disconnects, 1 orchestrator crash, 1
+// worker crash, 1 cancel, 1 token revocation — every path of up to 14
+// actions, depth-first (its memory is the visited set, not a frontier);
+// stopped after 100 million states or an hour (it then says so).
+func LargeScope() Scope {
+	sc := DefaultScope()
+	sc.Name = "large"
+	sc.DFS = true
+	sc.MaxDisconnects = 2
+	sc.MaxWorkerCrashes = 1
+	sc.MaxRevokes = 1
+	sc.MaxStates = 100_000_000
+	sc.MaxTime = time.Hour
+	return sc
+}
+
+// ScopeByName returns a named scope: default, faults, multiset or large.
+func ScopeByName(name string) (Scope, bool) {
+	switch name {
+	case "", "default":
+		return DefaultScope(), true
+	case "faults":
+		return FaultsScope(), true
+	case "multiset":
+		return MultisetScope(), true
+	case "large":
+		return LargeScope(), true
+	}
+	return Scope{}, false
+}
+
+// Explore explores every state reachable within the scope's bounds, checks
+// each against the invariants, and returns the figures, the sometimes
+// properties reached, and a counterexample if some state breaks an
+// invariant: breadth-first, the shortest one.
+func Explore(sc Scope) Result {
+	x := newExplorer(sc)
+	defer debug.SetGCPercent(debug.SetGCPercent(exploreGOGC))
+	x.start = time.Now()
+	var res Result
+	if sc.DFS {
+		res = x.dfs()
+	} else {
+		res = x.bfs()
+	}
+	res.Scope = sc.Name
+	res.Duration = time.Since(x.start)
+	res.MemoHits, res.MemoMisses = x.memo.stats()
+	res.Sometimes = map[string]bool{}
+	for i, n := range sometimesAll {
+		res.Sometimes[n] = x.hits&(1<<i) != 0
+	}
+	return res
+}
+
+// outOfBudget says whether the state or time budget is spent.
+func (x *explorer) outOfBudget(states int) bool {
+	return (x.sc.MaxStates > 0 && states >= x.sc.MaxStates) ||
+		(x.sc.MaxTime > 0 && time.Since(x.start) >= x.sc.MaxTime)
+}
+
+// ---- breadth-first ----
+
+// pathNode is one state's way in: its BFS parent and the action from it.
+// Labels are computed again, by replaying the actions, only for a
+// counterexample (rendering every label costs more than the step itself).
+type pathNode struct {
+	parent int32
+	act    action
+}
+
+type expansion struct {
+	succ []*xsucc
+	acts []action
+}
+
+func (x *explorer) bfs() Result {
+	var res Result
+	init, err := x.initial()
+	if err != nil {
+		res.Violation = &Counterexample{Invariant: "Setup", Detail: err.Error()}
+		return res
+	}
+	visited := make(map[uint64]int32, 1<<16)
+	visited[x.hash(init)] = 0
+	nodes := []pathNode{{parent: -1}}
+	res.States = 1
+	type item struct {
+		s  *xstate
+		id int32
+	}
+	frontier := []item{{init, 0}}
+	par := x.sc.Parallel
+	if par <= 0 {
+		par = runtime.GOMAXPROCS(0)
+	}
+	const chunk = 1024
+	out := make([]expansion, chunk)
+	for depth := 0; len(frontier) > 0; depth++ {
+		if x.sc.MaxDepth > 0 && depth >= x.sc.MaxDepth {
+			res.DepthBounded = true
+			break
+		}
+		last := x.sc.MaxDepth > 0 && depth+1 >= x.sc.MaxDepth // successors are checked, never expanded
+		var nf []item
+		// Expand the level a chunk at a time, in parallel, and merge each
+		// chunk in parent order: the result is deterministic, and only one
+		// chunk's successors are held at once.
+		for lo := 0; lo < len(frontier); lo += chunk {
+			hi := min(lo+chunk, len(frontier))
+			var wg sync.WaitGroup
+			var next atomic.Int64
+			next.Store(int64(lo))
+			for range par {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					for {
+						j := int(next.Add(1) - 1)
+						if j >= hi {
+							return
+						}
+						out[j-lo] = x.expand(frontier[j].s, !last)
+						frontier[j].s = nil // the parent is not needed any more
+					}
+				}()
+			}
+			wg.Wait()
+			for i := lo; i < hi; i++ {
+				e := out[i-lo]
+				out[i-lo] = expansion{}
+				res.Transitions += len(e.acts)
+				for k, sc := range e.succ {
+					x.hits |= sc.hits
+					if sc.viol != nil {
+						// The first violation in BFS order ends a shortest path.
+						nodes = append(nodes, pathNode{parent: frontier[i].id, act: e.acts[k]})
+						res.States++
+						res.MaxDepth = depth + 1
+						res.Violation = x.counterexample(actionsTo(nodes, int32(len(nodes)-1)), sc.viol.Invariant, sc.viol.Detail)
+						return res
+					}
+					if _, seen := visited[sc.hash]; seen {
+						continue
+					}
+					id := int32(len(nodes))
+					visited[sc.hash] = id
+					nodes = append(nodes, pathNode{parent: frontier[i].id, act: e.acts[k]})
+					res.States++
+					res.MaxDepth = depth + 1
+					switch {
+					case sc.pruned:
+						res.Pruned++
+					case last:
+						res.DepthBounded = true
+					default:
+						nf = append(nf, item{sc.s, id})
+					}
+				}
+				if x.outOfBudget(res.States) {
+					res.Truncated = true
+					return res
+				}
+			}
+		}
+		frontier = nf
+		if x.sc.Progress != nil {
+			x.sc.Progress(depth+1, res.States, len(frontier), time.Since(x.start))
+		}
+	}
+	return res
+}
+
+// expand computes every successor of s. keep says they will be expanded in
+// turn: their checkers are then packed for the frontier.
+func (x *explorer) expand(s *xstate, keep bool) expansion {
+	if s.chk == nil {
+		s.chk = s.pchk.unpack(s.o)
+	}
+	acts := x.actions(s)
+	e := expansion{succ: make([]*xsucc, 0, len(acts)), acts: acts}
+	for _, a := range acts {
+		sc := x.apply(s, a, false)
+		switch {
+		case !keep || sc.viol != nil || sc.pruned:
+			sc.s = nil
+		case sc.s.chk == s.chk && s.pchk != nil:
+			sc.s.chk = nil // untouched: it shares its parent's pack
+		default:
+			sc.s.pchk = x.packs.intern(sc.s.chkHash, packChecker(sc.s.chk))
+			sc.s.chk = nil
+		}
+		e.succ = append(e.succ, sc)
+	}
+	return e
+}
+
+// ---- depth-first ----
+
+func (x *explorer) dfs() Result {
+	var res Result
+	init, err := x.initial()
+	if err != nil {
+		res.Violation = &Counterexample{Invariant: "Setup", Detail: err.Error()}
+		return res
+	}
+	// visited holds the smallest depth a state was expanded at: a state met
+	// again at a smaller depth is expanded again (its bounded future is
+	// longer), so DFS reaches exactly the states BFS reaches.
+	visited := map[uint64]int32{x.hash(init): 0}
+	res.States = 1
+	type frame struct {
+		s    *xstate
+		acts []action
+		next int
+		act  action // the action that led here
+	}
+	stack := []frame{{s: init, acts: x.actions(init)}}
+	for len(stack) > 0 {
+		f := &stack[len(stack)-1]
+		if f.next >= len(f.acts) {
+			stack = stack[:len(stack)-1]
+			continue
+		}
+		a := f.acts[f.next]
+		f.next++
+		res.Transitions++
+		sc := x.apply(f.s, a, false)
+		x.hits |= sc.hits
+		depth := int32(len(stack))
+		if sc.viol != nil {
+			var p []action
+			for _, g := range stack[1:] {
+				p = append(p, g.act)
+			}
+			res.States++
+			res.MaxDepth = max(res.MaxDepth, int(depth))
+			res.Violation = x.counterexample(append(p, a), sc.viol.Invariant, sc.viol.Detail)
+			return res
+		}
+		d, seen := visited[sc.hash]
+		if seen && d <= depth {
+			continue
+		}
+		if !seen {
+			res.States++
+			if sc.pruned {
+				res.Pruned++
+			}
+			if x.sc.Progress != nil && res.States%1_000_000 == 0 {
+				x.sc.Progress(int(depth), res.States, len(stack), time.Since(x.start))
+			}
+		}
+		visited[sc.hash] = depth
+		res.MaxDepth = max(res.MaxDepth, int(depth))
+		if x.outOfBudget(res.States) {
+			res.Truncated = true
+			return res
+		}
+		if sc.pruned {
+			continue
+		}
+		if x.sc.MaxDepth > 0 && int(depth) >= x.sc.MaxDepth {
+			res.DepthBounded = true
+			continue
+		}
+		stack = append(stack, frame{s: sc.s, acts: x.actions(sc.s), act: a})
+	}
+	return res
+}
+
+// ---- counterexamples ----
+
+func actionsTo(nodes []pathNode, id int32) []action {
+	var p []action
+	for n := id; n > 0; n = nodes[n].parent {
+		p = append(p, nodes[n].act)
+	}
+	slices.Reverse(p)
+	return p
+}
+
+// counterexample renders a path of actions: it replays them from the
+// initial state, this time with labels and simulator notes.
+func (x *explorer) counterexample(acts []action, inv, detail string) *Counterexample {
+	ce := &Counterexample{Invariant: inv, Detail: detail, Scope: x.sc.Name + ": " + x.sc.describe()}
+	if !x.sc.DFS {
+		ce.shortest = "; breadth-first: no shorter path breaks an invariant"
+	}
+	ce.Start = "tokens created, the run submitted, every worker booted"
+	if x.sc.Enrolled {
+		ce.Start += " and enrolled (connect, hello, welcome, in worker order)"
+	}
+	faults := map[string]bool{}
+	var sim []string
+	if s, err := x.initial(); err == nil {
+		for _, a := range acts {
+			sc := x.apply(s, a, true)
+			ce.Path = append(ce.Path, sc.label)
+			sim = append(sim, sc.sim)
+			if sc.fault != "" {
+				faults[sc.fault] = true
+			}
+			s = sc.s
+		}
+	}
+	var fs []string
+	for f := range faults {
+		fs = append(fs, f)
+	}
+	slices.Sort(fs)
+	var b strings.Builder
+	fmt.Fprintf(&b, "simulator note: to meet this in the simulator (sim.Options) a seed needs %d workers with BackoffMax %s (MaxDelayWork) and ",
+		x.sc.Workers, x.sc.Worker.BackoffMax)
+	if len(fs) == 0 {
+		b.WriteString("no fault (an ordinary interleaving)")
+	} else {
+		b.WriteString(strings.Join(fs, "; "))
+	}
+	b.WriteString("; the path as simulator events (sim/world.go vocabulary):\n")
+	for _, e := range sim {
+		b.WriteString("  " + e + "\n")
+	}
+	ce.SimNote = b.String()
+	ce.Replay = fmt.Sprintf("sc, _ := spec.ScopeByName(%q); v, err := spec.Replay(sc, ce.Path)", x.sc.Name)
+	return ce
+}
+
+// Replay re-executes a counterexample's path (its labels) from the initial
+// state of sc and returns the violation it reaches, or an error naming the
+// first label that no enabled action has.
+func Replay(sc Scope, path []string) (*Violation, error) {
+	x := newExplorer(sc)
+	s, err := x.initial()
+	if err != nil {
+		return nil, err
+	}
+	for i, want := range path {
+		var found *xsucc
+		for _, a := range x.actions(s) {
+			if sc := x.apply(s, a, true); sc.label == want {
+				found = sc
+				break
+			}
+		}
+		if found == nil {
+			return nil, fmt.Errorf("step %d: no enabled action is %q", i+1, want)
+		}
+		if found.viol != nil {
+			return found.viol, nil
+		}
+		s = found.s
+	}
+	return nil, nil
+}
+
+// describe renders a scope's bounds on one line.
+func (sc Scope) describe() string {
+	mode := "bfs"
+	if sc.DFS {
+		mode = "dfs"
+	}
+	return fmt.Sprintf("%s, %d workers, %d steps, %s network, depth<=%d, horizon %s, disconnects<=%d, orchestrator crashes<=%d, worker crashes<=%d, restarts<=%d, cancels<=%d, revokes<=%d, dups<=%d, drops<=%d, delays<=%d, log lines<=%d",
+		mode, sc.Workers, len(sc.Steps), sc.Network, sc.MaxDepth, sc.Horizon, sc.MaxDisconnects, sc.MaxOrchCrashes,
+		sc.MaxWorkerCrashes, sc.MaxWorkerRestarts, sc.MaxCancels, sc.MaxRevokes, sc.MaxDups, sc.MaxDrops, sc.MaxDelays, sc.MaxLogLines)
+}
+
+// exploreGOGC is the GC percent while Explore runs: the search makes many
+// short-lived machine copies while a large frontier stays live, so it
+// collects less often than the default 100 (measured on the default scope:
+// 150 costs ~1.5x the live heap in RSS and saves ~20% of the time).
+var exploreGOGC = 150

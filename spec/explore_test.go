@@ -1,0 +1,297 @@
+package spec
+
+import (
+	"flag"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/tether-run/tether/core"
+)
+
+var (
+	flagExploreScope    = flag.String("explore.scope", "default", "explorer scope for TestExplore: default, faults, multiset or large")
+	flagExploreDepth    = flag.Int("explore.depth", 0, "override the scope's depth bound (0: the scope's own)")
+	flagExploreReplay   = flag.String("explore.replay", "", "TestExploreReplay: a file holding a counterexample's path, one action per line, replayed in -explore.scope")
+	flagExploreProgress = flag.Bool("explore.progress", false, "print a line per finished BFS level")
+)
+
+func exploreScope(t *testing.T) Scope {
+	t.Helper()
+	sc, ok := ScopeByName(*flagExploreScope)
+	if !ok {
+		t.Fatalf("unknown -explore.scope %q (want default, faults, multiset or large)", *flagExploreScope)
+	}
+	if *flagExploreDepth > 0 {
+		sc.MaxDepth = *flagExploreDepth
+	}
+	if *flagExploreProgress {
+		sc.Progress = func(depth, states, frontier int, el time.Duration) {
+			fmt.Printf("explore %s: depth %d, %d states, frontier/stack %d, %s\n", sc.Name, depth, states, frontier, el.Round(time.Millisecond))
+		}
+	}
+	return sc
+}
+
+// report prints the one-line summary (t.Log, and stdout because go test
+// hides a passing test's log) and fails on a violation, leaving its path in
+// a file that TestExploreReplay replays.
+func report(t *testing.T, sc Scope, res Result) {
+	t.Helper()
+	line := res.Summary()
+	t.Log(line)
+	fmt.Println(line)
+	if res.Violation == nil {
+		return
+	}
+	file := filepath.Join(os.TempDir(), fmt.Sprintf("tether-explore-%s.path", sc.Name))
+	msg := ""
+	if err := os.WriteFile(file, []byte(strings.Join(res.Violation.Path, "\n")+"\n"), 0o644); err == nil {
+		msg = fmt.Sprintf("replay: go test ./spec -run 'TestExploreReplay$' -explore.scope=%s -explore.replay=%s -v\n", sc.Name, file)
+	}
+	t.Fatalf("\n%s%s", res.Violation, msg)
+}
+
+// TestExplore explores a scope (-explore.scope, default: the default scope)
+// exhaustively within its bounds: no invariant may break, and every
+// sometimes property must be shown (else the bounds made the model vacuous).
+func TestExplore(t *testing.T) {
+	sc := exploreScope(t)
+	if testing.Short() && sc.Name == "default" {
+		sc.MaxOrchCrashes = 0 // the same depth (the shortest success takes 14 actions), fewer faults
+	}
+	res := Explore(sc)
+	report(t, sc, res)
+	var miss []string
+	for _, k := range SometimesProperties {
+		if !res.Sometimes[k] {
+			miss = append(miss, k)
+		}
+	}
+	if len(miss) > 0 {
+		t.Errorf("scope %s never showed %s: the bounded model is vacuous there (%s)", sc.Name, strings.Join(miss, ", "), sc.describe())
+	}
+	if sc.Name == "default" && !testing.Short() && *flagExploreDepth == 0 && res.States < 100_000 {
+		t.Errorf("the default scope reached only %d states; it is meant to reach at least 100,000", res.States)
+	}
+}
+
+// TestExploreFaults explores every action kind the explorer has (enrollment,
+// worker crashes and restarts, revocation, duplicates, a slow network, log
+// lines, real retransmit and heartbeat timers), shallowly.
+func TestExploreFaults(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short")
+	}
+	sc := FaultsScope()
+	report(t, sc, Explore(sc))
+}
+
+// TestExploreMultiset explores the default world over the adversarial
+// network: reordering, lone drops, duplicates.
+func TestExploreMultiset(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short")
+	}
+	sc := MultisetScope()
+	report(t, sc, Explore(sc))
+}
+
+// TestExploreReplay replays a counterexample's path saved by TestExplore.
+func TestExploreReplay(t *testing.T) {
+	if *flagExploreReplay == "" {
+		t.Skip("no -explore.replay file")
+	}
+	b, err := os.ReadFile(*flagExploreReplay)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var path []string
+	for _, l := range strings.Split(strings.TrimSpace(string(b)), "\n") {
+		if l = strings.TrimSpace(l); l != "" {
+			path = append(path, l)
+		}
+	}
+	v, err := Replay(exploreScope(t), path)
+	switch {
+	case err != nil:
+		t.Fatal(err)
+	case v == nil:
+		t.Fatalf("the %d actions replay without a violation", len(path))
+	}
+	t.Logf("replayed %d actions: %s", len(path), v)
+}
+
+// mutants are planted bugs: each doctors the batches the driver gets, and
+// the explorer must find the shortest path to the invariant it breaks.
+var mutants = []struct {
+	name   string
+	inv    []string // the invariants that may report it
+	mutate func(rd *core.Ready)
+}{
+	{
+		// A report on a lease that lost its authority is answered COMMITTED
+		// (seed 000's stale dispatch, accepted).
+		name: "stale-report-committed",
+		inv:  []string{"AtMostOneCommit", "NoStaleCommit", "CancelledNeverCommitted"},
+		mutate: func(rd *core.Ready) {
+			for i, e := range rd.Messages {
+				if a, ok := e.Msg.(core.Answer); ok && a.Verdict == core.Cancelled {
+					a.Verdict = core.Committed
+					rd.Messages[i].Msg = a
+				}
+			}
+		},
+	},
+	{
+		// The dispatch of a write-bearing step says it writes nothing: the
+		// worker starts it without the start handshake (sim/mutants/13).
+		name: "no-start-handshake",
+		inv:  []string{"WriteStepRunsOnce"},
+		mutate: func(rd *core.Ready) {
+			for i, e := range rd.Messages {
+				if d, ok := e.Msg.(core.Dispatch); ok && d.Writes {
+					d.Writes = false
+					rd.Messages[i].Msg = d
+				}
+			}
+		},
+	},
+}
+
+// TestExploreCatchesPlantedBugs shows the explorer catching planted bugs:
+// each counterexample breaks one of the expected invariants, is printed one
+// action per line, replays to the same violation, and is shortest (the same
+// search one action shallower finds nothing).
+func TestExploreCatchesPlantedBugs(t *testing.T) {
+	for _, m := range mutants {
+		t.Run(m.name, func(t *testing.T) {
+			sc := DefaultScope()
+			sc.Name = "default+" + m.name
+			sc.Mutate = m.mutate
+			sc.MaxDepth = 8
+			res := Explore(sc)
+			ce := res.Violation
+			if ce == nil {
+				t.Fatalf("the planted bug was not caught: %s", res.Summary())
+			}
+			text := ce.String()
+			t.Logf("caught:\n%s", text)
+			found := false
+			for _, inv := range m.inv {
+				found = found || ce.Invariant == inv
+			}
+			if !found {
+				t.Errorf("violation of %s, want one of %v", ce.Invariant, m.inv)
+			}
+			if len(ce.Path) == 0 || len(ce.Path) > sc.MaxDepth {
+				t.Fatalf("path of %d actions", len(ce.Path))
+			}
+			for i, p := range ce.Path {
+				if p == "" || !strings.Contains(text, fmt.Sprintf("%3d. %s\n", i+1, p)) {
+					t.Errorf("action %d (%q) is not printed on its own line", i+1, p)
+				}
+			}
+			if !strings.Contains(ce.SimNote, "simulator") || ce.Replay == "" {
+				t.Errorf("no simulator note or replay snippet: %q, %q", ce.SimNote, ce.Replay)
+			}
+			v, err := Replay(sc, ce.Path)
+			if err != nil || v == nil || v.Invariant != ce.Invariant {
+				t.Errorf("replaying the path gave %v, %v; want a violation of %s", v, err, ce.Invariant)
+			}
+			if len(ce.Path) > 1 { // (the initial state itself is checked before any search)
+				shallower := sc
+				shallower.MaxDepth = len(ce.Path) - 1
+				if r := Explore(shallower); r.Violation != nil {
+					t.Errorf("a %d-action path breaks %s too: the counterexample is not shortest", len(r.Violation.Path), r.Violation.Invariant)
+				}
+			}
+		})
+	}
+}
+
+// TestExploreDFSMatchesBFS: depth-first with re-expansion of states met
+// again at a smaller depth reaches exactly the states breadth-first does.
+func TestExploreDFSMatchesBFS(t *testing.T) {
+	sc := DefaultScope()
+	sc.MaxDepth = 8
+	bfs := Explore(sc)
+	sc.DFS = true
+	dfs := Explore(sc)
+	t.Logf("bfs: %s\ndfs: %s", bfs.Summary(), dfs.Summary())
+	if bfs.Violation != nil || dfs.Violation != nil {
+		t.Fatalf("violation: %v %v", bfs.Violation, dfs.Violation)
+	}
+	if bfs.States != dfs.States || bfs.MaxDepth != dfs.MaxDepth {
+		t.Errorf("bfs reached %d states (depth %d), dfs %d (depth %d)", bfs.States, bfs.MaxDepth, dfs.States, dfs.MaxDepth)
+	}
+}
+
+// TestExploreDeterministic: the parallel search gives the same figures and
+// the same counterexample every time.
+func TestExploreDeterministic(t *testing.T) {
+	sc := DefaultScope()
+	sc.MaxDepth = 7
+	a, b := Explore(sc), Explore(sc)
+	if a.States != b.States || a.Transitions != b.Transitions || a.MaxDepth != b.MaxDepth || a.Pruned != b.Pruned {
+		t.Errorf("two explorations differ:\n%s\n%s", a.Summary(), b.Summary())
+	}
+	sc.Mutate = mutants[0].mutate
+	sc.Parallel = 1
+	c := Explore(sc)
+	sc.Parallel = 4
+	d := Explore(sc)
+	if c.Violation == nil || d.Violation == nil || strings.Join(c.Violation.Path, "\n") != strings.Join(d.Violation.Path, "\n") {
+		t.Errorf("counterexamples differ between 1 and 4 goroutines:\n%v\n%v", c.Violation, d.Violation)
+	}
+}
+
+// TestExploreVerify runs the Checker's full cross-checks (its view against
+// the orchestrator's whole state after every batch) over a shallow default
+// scope: the explorer drives the Checker the way it expects.
+func TestExploreVerify(t *testing.T) {
+	sc := DefaultScope()
+	sc.Verify = true
+	sc.MaxDepth = 8
+	sc.MaxDelays = 1
+	res := Explore(sc)
+	t.Log(res.Summary())
+	if res.Violation != nil {
+		t.Fatalf("\n%s", res.Violation)
+	}
+}
+
+// TestExploreStateIdentity: the hash sees every part of the state — two
+// different successors of one state never share a hash unless they are the
+// same state (checked on the initial state's successors by comparing the
+// machines' own fingerprints).
+func TestExploreStateIdentity(t *testing.T) {
+	x := newExplorer(DefaultScope())
+	s, err := x.initial()
+	if err != nil {
+		t.Fatal(err)
+	}
+	byHash := map[uint64]*xsucc{}
+	for _, a := range x.actions(s) {
+		sc := x.apply(s, a, true)
+		if o, ok := byHash[sc.hash]; ok {
+			same := (o.s.o == nil) == (sc.s.o == nil) && o.s.now.Equal(sc.s.now)
+			if same && o.s.o != nil {
+				same = o.s.o.Fingerprint() == sc.s.o.Fingerprint()
+			}
+			for i := range o.s.ws {
+				same = same && o.s.ws[i].fp == sc.s.ws[i].fp && o.s.ws[i].alive == sc.s.ws[i].alive
+			}
+			if !same {
+				t.Errorf("%q and %q lead to different states with one hash", o.label, sc.label)
+			}
+		}
+		byHash[sc.hash] = sc
+	}
+	if len(byHash) < 2 {
+		t.Errorf("the initial state has %d distinct successors", len(byHash))
+	}
+}

@@ -1,0 +1,1296 @@
+package spec
+
+// The explorer's world: the real core machines, an abstract network, abstract
+// time, simulated step processes, crashes and an operator.
+//
+// # The model, and why it is sound
+//
+// A state is the orchestrator (or, while it is down, the crashed machine,
+// whose emitted records are exactly the durable store), every worker
+// machine, the driver's view of each connection and the messages in flight
+// on it, the step processes, the Checker's monitor state, the simulator
+// properties' state, the budgets spent, and the clock. Two paths that reach
+// the same state (the same 64-bit hash of all of it, explore_hash.go) have
+// the same futures and the same future verdicts, so the second is not
+// expanded. An action is one step of one machine, or one choice of the
+// environment; labels name them one per line in a counterexample.
+//
+//   - Persistence is atomic with the step: a batch is shown to the Checker
+//     (Batch), made durable (Persisted), and only then are its messages put on
+//     the network. A real driver can crash between Step and fsync; that
+//     loses the batch, which nobody outside the process saw: the same world
+//     as crashing just before the input (the crash resets the connection the
+//     input came on, so its message is lost either way, and the worker
+//     re-sends it as after any reset). A crash after the fsync and before the
+//     send is the atomic step followed by a crash whose connections close
+//     abruptly (below): its messages may never arrive. Group commit is an
+//     interleaving of such steps. So no behaviour is lost.
+//   - Network: see NetworkModel. In NetFIFO a "drop" is a reset of the whole
+//     connection, which is what TCP does with a loss it cannot recover; each
+//     end notices the reset in its own action (the orchestrator gets
+//     Disconnected, the worker WDisconnected), in either order, with other
+//     actions between. A connection closed by its peer's choice (Close,
+//     Refused, the worker's Close) is noticed only after the messages sent
+//     before the close (FIN ordering); one closed by a process's death
+//     (orchestrator or worker crash) may be noticed at any point, losing what
+//     had not arrived (the kernel's FIN or RST). Messages to a dead or closed
+//     orchestrator are lost.
+//   - Time is one clock for every machine (skew and drift are the simulator's
+//     business). It moves only by a tick: the machine whose deadline is the
+//     earliest (ties: each of them, in any order) is stepped with a Tick at
+//     that deadline, so every timer fires on time (a driver arranges a Tick
+//     no later than the Deadline), and an input and a timer at the same
+//     instant are explored in both orders. Time passing while a message
+//     could be delivered is a network slower than a timer: each such tick
+//     spends one unit of MaxDelays (time passing over an idle network — a
+//     slow process, a worker backing off or dialing, a drop nobody noticed
+//     yet — is free). No timer fires after start+Horizon. The default scopes
+//     push heartbeats, retransmits and dial timeouts past the horizon; the
+//     faults scope keeps them.
+//   - Step processes: a started process may exit 0 or 1 at any time, print a
+//     line (MaxLogLines) and, once SIGTERMed, exit 143; a SIGKILL ends it at
+//     once (the kill and the exit it causes are one action); it dies with its
+//     worker. A write-bearing process writes to the external system as it
+//     starts (ExternalWrite): the earliest, hence most dangerous, write.
+//   - Connection ids are the smallest id no live connection uses, so paths
+//     that opened connections in another order can meet. Received.Entropy is
+//     a function of the enrolling instance, for the same reason.
+//   - The operator (cancel, revoke), crashes, restarts, resets, duplicates,
+//     drops and delays are budgeted (Scope); the budget spent is part of the
+//     state.
+//   - Mutate doctors the Ready the driver gets: the Checker and the network
+//     see the doctored batch, the durable store keeps what the core emitted.
+//
+// # What is not reduced
+//
+// No partial-order reduction: every machine reads the one clock, so a
+// delivery and a tick never commute, and the Checker observes nearly every
+// action. No symmetry reduction over workers either: the worker's and the
+// orchestrator's fingerprints embed the worker id, so sorting worker states
+// is a no-op, and the orchestrator is not symmetric in its workers anyway
+// (dispatch ties go to the smaller worker id, sweeps and triage iterate in
+// id order), so two states that differ by swapping two workers do not have
+// swapped futures and identifying them would be unsound.
+
+import (
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/tether-run/tether/core"
+)
+
+var exploreT0 = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+
+type explorer struct {
+	sc       Scope
+	cfg      core.Config
+	end      time.Time // no tick after this
+	grace    time.Duration
+	writes   map[string]bool // step name → write-bearing
+	tokNames []string        // one per worker slot, then the spares for restarts
+	tokens   []string        // the token strings the API issued, same order
+	run      core.RunID
+	hits     uint32
+	start    time.Time
+	memo     *orchMemo
+	workers  *internTable[*core.Worker]
+	packs    *internTable[*checkerPack]
+}
+
+func newExplorer(sc Scope) *explorer {
+	if sc.Workers <= 0 {
+		sc.Workers = 1
+	}
+	if sc.Workers > 16 {
+		sc.Workers = 16
+	}
+	if sc.Slots <= 0 {
+		sc.Slots = 1
+	}
+	if sc.Name == "" {
+		sc.Name = "custom"
+	}
+	x := &explorer{sc: sc, cfg: sc.Config, end: exploreT0.Add(sc.Horizon), writes: map[string]bool{}, memo: newOrchMemo(1 << 15),
+		workers: newInternTable[*core.Worker](1 << 16), packs: newInternTable[*checkerPack](1 << 16)}
+	bmax := sc.Worker.BackoffMax
+	if bmax <= 0 {
+		bmax = 60 * time.Second
+	}
+	x.grace = 2 * bmax
+	for _, st := range sc.Steps {
+		x.writes[st.Name] = st.Writes
+	}
+	for i := range sc.Workers {
+		x.tokNames = append(x.tokNames, fmt.Sprintf("tok-w%d", i+1))
+	}
+	for i := range sc.MaxWorkerRestarts {
+		x.tokNames = append(x.tokNames, fmt.Sprintf("tok-spare%d", i+1))
+	}
+	return x
+}
+
+// writesOf says whether a step id ("run-1/a", "run-1/a[0]") is write-bearing.
+func (x *explorer) writesOf(id core.StepID) bool {
+	_, name, _ := strings.Cut(string(id), "/")
+	name, _, _ = strings.Cut(name, "[")
+	return x.writes[name]
+}
+
+// ---- state ----
+
+type xmsg struct {
+	m core.Msg
+	h uint64
+}
+
+type xconn struct {
+	id         core.ConnID
+	w          int // worker slot
+	toO, toW   []xmsg
+	orchOpen   bool // the orchestrator's driver reads it and owes it a Disconnected
+	workerOpen bool // it is the worker's current connection
+	broken     bool // reset: nothing more gets through either way
+	wClosed    bool // the worker closed it: the orchestrator notices after toO
+	oClosed    bool // the orchestrator closed it or died: the worker notices after toW
+	abrupt     bool // closed by a process's death: the other end may notice before the rest arrives
+}
+
+type xworker struct {
+	m        *core.Worker // nil when dead
+	fp       uint64       // m.Fingerprint(), kept up to date by the builder
+	alive    bool
+	inst     int // instance number in this slot (restarts)
+	tok      int // index into tokNames
+	id       core.WorkerID
+	conn     core.ConnID // the driver's view of the current connection
+	dialing  bool        // a Dial is outstanding
+	deadline time.Time
+}
+
+type xproc struct {
+	w      int
+	lease  core.LeaseID
+	step   core.StepID
+	writes bool
+	termed bool
+	lines  int
+}
+
+type budget struct {
+	resets, orchCrashes, workerCrashes, restarts, cancels, revokes, dups, drops, delays uint8
+}
+
+func (b budget) pack() uint64 {
+	return uint64(b.resets) | uint64(b.orchCrashes)<<7 | uint64(b.workerCrashes)<<14 | uint64(b.restarts)<<21 |
+		uint64(b.cancels)<<28 | uint64(b.revokes)<<35 | uint64(b.dups)<<42 | uint64(b.drops)<<49 | uint64(b.delays)<<56
+}
+
+type xstate struct {
+	now       time.Time
+	o         *core.Orchestrator // nil while down
+	oDL       time.Time          // the orchestrator's Deadline
+	dead      *core.Orchestrator // while down: the crashed machine, whose emitted records are the disk
+	diskHash  uint64             // while down: its fingerprint (finer than the disk alone)
+	ws        []xworker
+	conns     []*xconn // sorted by id
+	procs     []xproc  // sorted by (worker, lease)
+	chk       *Checker
+	pchk      *checkerPack              // the checker at rest in the BFS frontier (chk is then nil)
+	chkHash   uint64                    // chk.stateHash(), kept up to date by the builder
+	recoverAt map[core.StepID]time.Time // simulator property: when each recovering step went recovering
+	used      budget
+	revoked   uint32 // token indexes revoked
+}
+
+// ---- actions ----
+
+type actKind uint8
+
+const (
+	aDeliverO actKind = iota
+	aDeliverW
+	aDupO
+	aDupW
+	aDropO
+	aDropW
+	aReset
+	aNoticeO
+	aNoticeW
+	aConnect
+	aDialFail
+	aTickO
+	aTickW
+	aExit0
+	aExit1
+	aTermExit
+	aLine
+	aCrashO
+	aRestartO
+	aCrashW
+	aRestartW
+	aCancel
+	aRevoke
+)
+
+type action struct {
+	k    actKind
+	i, j int
+}
+
+func (x *explorer) actions(s *xstate) []action {
+	var as []action
+	multi := x.sc.Network == NetMultiset
+	msgActs := func(q []xmsg, ci int, deliver, dup, drop actKind, toOrch bool) {
+		n := len(q)
+		if n == 0 {
+			return
+		}
+		if !multi {
+			n = 1
+		}
+		for j := 0; j < n; j++ {
+			if multi && slices.ContainsFunc(q[:j], func(m xmsg) bool { return m.h == q[j].h }) {
+				continue // an identical message earlier in the multiset: same successors
+			}
+			as = append(as, action{deliver, ci, j})
+			_, hello := q[j].m.(core.Hello)
+			if int(s.used.dups) < x.sc.MaxDups && !(toOrch && hello) {
+				as = append(as, action{dup, ci, j})
+			}
+			if multi && int(s.used.drops) < x.sc.MaxDrops {
+				as = append(as, action{drop, ci, j})
+			}
+		}
+	}
+	for ci, c := range s.conns {
+		if s.o != nil && c.orchOpen && !c.broken {
+			msgActs(c.toO, ci, aDeliverO, aDupO, aDropO, true)
+		}
+		if s.o != nil && c.orchOpen && (c.broken || (c.wClosed && (len(c.toO) == 0 || multi || c.abrupt))) {
+			as = append(as, action{aNoticeO, ci, 0})
+		}
+		if c.workerOpen && !c.broken {
+			msgActs(c.toW, ci, aDeliverW, aDupW, aDropW, false)
+		}
+		if c.workerOpen && (c.broken || (c.oClosed && (len(c.toW) == 0 || multi || c.abrupt))) {
+			as = append(as, action{aNoticeW, ci, 0})
+		}
+		if !c.broken && (c.orchOpen || c.workerOpen) && int(s.used.resets) < x.sc.MaxDisconnects {
+			as = append(as, action{aReset, ci, 0})
+		}
+	}
+	for i, w := range s.ws {
+		if w.alive && w.dialing {
+			if s.o != nil {
+				as = append(as, action{aConnect, i, 0})
+			} else {
+				as = append(as, action{aDialFail, i, 0})
+			}
+		}
+	}
+	// Time: the earliest deadline (or any deadline already due) may fire.
+	var first time.Time
+	due := func(t time.Time) {
+		if !t.IsZero() && (first.IsZero() || t.Before(first)) {
+			first = t
+		}
+	}
+	if s.o != nil {
+		due(s.oDL)
+	}
+	for _, w := range s.ws {
+		if w.alive {
+			due(w.deadline)
+		}
+	}
+	limit := first
+	if limit.Before(s.now) {
+		limit = s.now
+	}
+	fires := func(t time.Time) bool { return !t.IsZero() && !t.After(limit) && !t.After(x.end) }
+	if x.sc.MaxDelays >= 0 && int(s.used.delays) >= x.sc.MaxDelays && x.inFlight(s) {
+		// Time may not pass over a deliverable message: the delay budget is spent.
+		fires = func(t time.Time) bool { return !t.IsZero() && !t.After(s.now) }
+	}
+	if s.o != nil && fires(s.oDL) {
+		as = append(as, action{aTickO, 0, 0})
+	}
+	for i, w := range s.ws {
+		if w.alive && fires(w.deadline) {
+			as = append(as, action{aTickW, i, 0})
+		}
+	}
+	for pi, p := range s.procs {
+		as = append(as, action{aExit0, pi, 0}, action{aExit1, pi, 0})
+		if p.termed {
+			as = append(as, action{aTermExit, pi, 0})
+		}
+		if p.lines < x.sc.MaxLogLines {
+			as = append(as, action{aLine, pi, 0})
+		}
+	}
+	if s.o != nil {
+		if int(s.used.orchCrashes) < x.sc.MaxOrchCrashes {
+			as = append(as, action{aCrashO, 0, 0})
+		}
+		if int(s.used.cancels) < x.sc.MaxCancels {
+			if r, _, ok := s.o.Run(x.run); ok && !r.Finished {
+				as = append(as, action{aCancel, 0, 0})
+			}
+		}
+		if int(s.used.revokes) < x.sc.MaxRevokes {
+			for i, w := range s.ws {
+				if s.revoked&(1<<w.tok) == 0 { // a dead worker's token too: its leases are triaged at once
+					as = append(as, action{aRevoke, i, 0})
+				}
+			}
+		}
+	} else {
+		as = append(as, action{aRestartO, 0, 0})
+	}
+	for i, w := range s.ws {
+		switch {
+		case w.alive && int(s.used.workerCrashes) < x.sc.MaxWorkerCrashes:
+			as = append(as, action{aCrashW, i, 0})
+		case !w.alive && int(s.used.restarts) < x.sc.MaxWorkerRestarts:
+			as = append(as, action{aRestartW, i, 0})
+		}
+	}
+	return as
+}
+
+// ---- successors ----
+
+type xsucc struct {
+	s      *xstate
+	hash   uint64
+	label  string
+	sim    string // the action as a simulator event (counterexamples only)
+	fault  string // the simulator option the action needs (counterexamples only)
+	viol   *Violation
+	pruned bool
+	hits   uint32
+}
+
+// builder makes one successor: a shallow copy of the parent whose parts are
+// copied on first write (machines are cloned only when stepped).
+type builder struct {
+	want                                            bool // compute the action's label (counterexamples only)
+	x                                               *explorer
+	s                                               *xstate
+	ownO, ownChk, ownWs, ownNet, ownProcs, ownRecov bool
+	ownW                                            uint64
+	label, sim, fault                               string
+	viol                                            *Violation
+	hits                                            uint32
+}
+
+func (b *builder) mutO() {
+	if !b.ownO {
+		b.s.o = b.s.o.Clone()
+		b.ownO = true
+	}
+}
+
+func (b *builder) mutChk() {
+	if !b.ownChk {
+		b.s.chk = b.s.chk.Clone()
+		b.ownChk = true
+	}
+}
+
+func (b *builder) mutWs() {
+	if !b.ownWs {
+		b.s.ws = slices.Clone(b.s.ws)
+		b.ownWs = true
+	}
+}
+
+func (b *builder) mutW(i int) *xworker {
+	b.mutWs()
+	w := &b.s.ws[i]
+	if b.ownW&(1<<i) == 0 {
+		if w.m != nil {
+			w.m = w.m.Clone()
+		}
+		b.ownW |= 1 << i
+	}
+	return w
+}
+
+func (b *builder) mutNet() {
+	if b.ownNet {
+		return
+	}
+	cs := make([]*xconn, len(b.s.conns))
+	for i, c := range b.s.conns {
+		n := *c
+		n.toO = slices.Clone(c.toO)
+		n.toW = slices.Clone(c.toW)
+		cs[i] = &n
+	}
+	b.s.conns = cs
+	b.ownNet = true
+}
+
+func (b *builder) mutProcs() {
+	if !b.ownProcs {
+		b.s.procs = slices.Clone(b.s.procs)
+		b.ownProcs = true
+	}
+}
+
+func (b *builder) mutRecov() {
+	if !b.ownRecov {
+		m := make(map[core.StepID]time.Time, len(b.s.recoverAt)+1)
+		for k, v := range b.s.recoverAt {
+			m[k] = v
+		}
+		b.s.recoverAt = m
+		b.ownRecov = true
+	}
+}
+
+func (b *builder) conn(id core.ConnID) *xconn {
+	for _, c := range b.s.conns {
+		if c.id == id {
+			return c
+		}
+	}
+	return nil
+}
+
+func (b *builder) fail(inv, format string, args ...any) {
+	if b.viol == nil {
+		b.viol = &Violation{Invariant: inv, Detail: fmt.Sprintf(format, args...)}
+	}
+}
+
+func (b *builder) hit(name string) { b.hits |= sometimesBit(name) }
+
+// apply computes the successor of s by a (with its label if want).
+func (x *explorer) apply(parent *xstate, a action, want bool) (out *xsucc) {
+	ns := *parent
+	b := &builder{x: x, s: &ns, want: want}
+	defer func() {
+		if r := recover(); r != nil {
+			out = &xsucc{s: &ns, label: b.label, sim: b.sim, fault: b.fault, viol: &Violation{Invariant: "Panic", Detail: fmt.Sprint(r)}, hits: b.hits}
+		}
+	}()
+	b.do(a)
+	b.gc()
+	// Machines stepped here are final: share them with equal ones.
+	for i := range ns.ws {
+		if w := &ns.ws[i]; b.ownW&(1<<i) != 0 && w.m != nil {
+			w.m = x.workers.intern(w.fp, w.m)
+		}
+	}
+	if b.viol == nil {
+		if v := ns.chk.Check(); v != nil {
+			b.viol = v
+		}
+	}
+	out = &xsucc{s: &ns, label: b.label, sim: b.sim, fault: b.fault, viol: b.viol, hits: b.hits}
+	if b.ownChk {
+		ns.chkHash = ns.chk.stateHash()
+	}
+	out.hash = x.hash(&ns)
+	out.pruned = x.pruned(&ns)
+	return out
+}
+
+func (x *explorer) pruned(s *xstate) bool {
+	if x.sc.MaxLease > 0 && s.chk.maxLease > x.sc.MaxLease {
+		return true
+	}
+	if x.sc.MaxInFlight > 0 {
+		for _, c := range s.conns {
+			if len(c.toO) > x.sc.MaxInFlight || len(c.toW) > x.sc.MaxInFlight {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// gc forgets connections neither end holds any more.
+func (b *builder) gc() {
+	if !b.ownNet {
+		return
+	}
+	b.s.conns = slices.DeleteFunc(b.s.conns, func(c *xconn) bool { return !c.orchOpen && !c.workerOpen })
+}
+
+func (b *builder) at() string { return "+" + b.s.now.Sub(exploreT0).String() }
+
+func (b *builder) wname(i int) string { return string(b.s.ws[i].id) }
+
+// note records, for a counterexample, the action's label, the same event in
+// the simulator's vocabulary (sim/world.go), and the simulator fault or
+// option it needs, if any.
+func (b *builder) note(sim, fault, format string, args ...any) {
+	b.label = b.at() + " " + fmt.Sprintf(format, args...)
+	b.sim = b.at() + " " + sim
+	b.fault = fault
+}
+
+func (b *builder) do(a action) {
+	s := b.s
+	switch a.k {
+	case aDeliverO, aDupO, aDropO:
+		b.mutNet()
+		c := s.conns[a.i]
+		m := c.toO[a.j]
+		if b.want {
+			d := core.DescribeMsg(m.m)
+			switch a.k {
+			case aDeliverO:
+				b.note("→orch "+b.wname(c.w)+" "+d, "", "deliver %s→orch c%d: %s", b.wname(c.w), c.id, d)
+			case aDupO:
+				b.note("→orch "+b.wname(c.w)+" "+d+" duplicate", "DupProb>0 (a duplicated delivery)", "dup %s→orch c%d: %s", b.wname(c.w), c.id, d)
+			default:
+				b.note("(lost) "+d, "a lone message loss (no simulator equivalent: its loss resets the connection)", "drop %s→orch c%d: %s", b.wname(c.w), c.id, d)
+			}
+		}
+		switch a.k {
+		case aDupO:
+			s.used.dups++
+		case aDropO:
+			s.used.drops++
+			c.toO = slices.Delete(c.toO, a.j, a.j+1)
+			return
+		default:
+			c.toO = slices.Delete(c.toO, a.j, a.j+1)
+		}
+		if _, ok := m.m.(core.RejectDispatch); ok {
+			b.hit(SomeDispatchRejected)
+		}
+		b.orch(core.Received{Conn: c.id, Msg: m.m, Entropy: entropyFor(m.m)})
+	case aDeliverW, aDupW, aDropW:
+		b.mutNet()
+		c := s.conns[a.i]
+		m := c.toW[a.j]
+		if b.want {
+			d := core.DescribeMsg(m.m)
+			switch a.k {
+			case aDeliverW:
+				b.note("→worker "+b.wname(c.w)+" "+d, "", "deliver orch→%s c%d: %s", b.wname(c.w), c.id, d)
+			case aDupW:
+				b.note("→worker "+b.wname(c.w)+" "+d+" (twice)", "a duplicated delivery to a worker (the simulator duplicates only →orch)", "dup orch→%s c%d: %s", b.wname(c.w), c.id, d)
+			default:
+				b.note("(lost) "+d, "a lone message loss (no simulator equivalent: its loss resets the connection)", "drop orch→%s c%d: %s", b.wname(c.w), c.id, d)
+			}
+		}
+		switch a.k {
+		case aDupW:
+			s.used.dups++
+		case aDropW:
+			s.used.drops++
+			c.toW = slices.Delete(c.toW, a.j, a.j+1)
+			return
+		default:
+			c.toW = slices.Delete(c.toW, a.j, a.j+1)
+		}
+		switch m.m.(type) {
+		case core.Answer, core.StartAck:
+			b.mutChk()
+		}
+		s.chk.Delivered(s.now, s.ws[c.w].id, m.m)
+		b.worker(c.w, core.WReceived{Msg: m.m})
+	case aReset:
+		b.mutNet()
+		c := s.conns[a.i]
+		if b.want {
+			b.note("fault socket-drop "+b.wname(c.w), "LossProb>0 or a partition (a connection reset)",
+				"reset c%d (%s): %d→orch and %d→worker messages lost", c.id, b.wname(c.w), len(c.toO), len(c.toW))
+		}
+		s.used.resets++
+		c.broken = true
+		c.toO, c.toW = nil, nil
+	case aNoticeO:
+		b.mutNet()
+		c := s.conns[a.i]
+		if b.want {
+			b.note("orch-notices-drop "+b.wname(c.w), "", "notice orch: c%d (%s) closed", c.id, b.wname(c.w))
+		}
+		c.orchOpen = false
+		c.toO = nil
+		b.orch(core.Disconnected{Conn: c.id})
+	case aNoticeW:
+		b.mutNet()
+		c := s.conns[a.i]
+		if b.want {
+			b.note("worker-notices-drop "+b.wname(c.w), "", "notice %s: c%d closed", b.wname(c.w), c.id)
+		}
+		c.workerOpen = false
+		c.toW = nil
+		b.mutWs()
+		s.ws[c.w].conn = 0
+		reason := "connection reset"
+		if !c.broken {
+			reason = "closed by orchestrator"
+		}
+		b.worker(c.w, core.WDisconnected{Reason: reason})
+	case aConnect:
+		b.mutNet()
+		b.mutWs()
+		id := core.ConnID(1)
+		for slices.ContainsFunc(s.conns, func(c *xconn) bool { return c.id == id }) {
+			id++
+		}
+		c := &xconn{id: id, w: a.i, orchOpen: true, workerOpen: true}
+		k, _ := slices.BinarySearchFunc(s.conns, id, func(c *xconn, id core.ConnID) int { return int(c.id) - int(id) })
+		s.conns = slices.Insert(s.conns, k, c)
+		s.ws[a.i].conn, s.ws[a.i].dialing = id, false
+		if b.want {
+			b.note("dial "+b.wname(a.i)+" connected", "", "connect %s c%d", b.wname(a.i), id)
+		}
+		b.worker(a.i, core.WConnected{Conn: id})
+	case aDialFail:
+		b.mutWs()
+		s.ws[a.i].dialing = false
+		if b.want {
+			b.note("dial "+b.wname(a.i)+" dial failed", "", "dial-fail %s (orchestrator down)", b.wname(a.i))
+		}
+		b.worker(a.i, core.WDialFailed{Reason: "connection refused"})
+	case aTickO:
+		slow := false
+		if s.oDL.After(s.now) {
+			slow = b.delay()
+			s.now = s.oDL
+		}
+		if b.want {
+			b.note("orch-tick", slowFault(slow), "tick orchestrator%s", slowNote(slow))
+		}
+		b.orch(core.Tick{})
+	case aTickW:
+		slow := false
+		if d := s.ws[a.i].deadline; d.After(s.now) {
+			slow = b.delay()
+			s.now = d
+		}
+		if b.want {
+			b.note("worker-tick "+b.wname(a.i), slowFault(slow), "tick %s%s", b.wname(a.i), slowNote(slow))
+		}
+		b.worker(a.i, core.WTick{})
+	case aExit0, aExit1, aTermExit:
+		p := s.procs[a.i]
+		b.mutProcs()
+		s.procs = slices.Delete(s.procs, a.i, a.i+1)
+		b.mutChk()
+		s.chk.ProcessStopped(s.now, s.ws[p.w].id, p.lease)
+		x := core.WExecExited{Lease: p.lease}
+		switch a.k {
+		case aExit1:
+			x.ExitCode = 1
+		case aTermExit:
+			x.ExitCode, x.Signaled = 143, true
+		}
+		if b.want {
+			how := fmt.Sprintf("code=%d", x.ExitCode)
+			if x.Signaled {
+				how = "on SIGTERM (143)"
+			}
+			fault := ""
+			if x.ExitCode == 1 {
+				fault = "FailProb>0"
+			}
+			b.note("process "+b.wname(p.w)+" exits", fault, "exit %s %s lease=%d %s", b.wname(p.w), p.step, p.lease, how)
+		}
+		b.worker(p.w, x)
+	case aLine:
+		b.mutProcs()
+		p := &s.procs[a.i]
+		p.lines++
+		text := fmt.Sprintf("line %d", p.lines)
+		if b.want {
+			b.note("process "+b.wname(p.w)+" output", "LinesMax>0", "output %s %s lease=%d %q", b.wname(p.w), p.step, p.lease, text)
+		}
+		b.worker(p.w, core.WExecOutput{Lease: p.lease, Text: text})
+	case aCrashO:
+		if b.want {
+			b.note("fault orchestrator-crash", "OrchCrashEvery>0", "crash-orchestrator")
+		}
+		b.crashOrch()
+	case aRestartO:
+		if b.want {
+			b.note("fault orchestrator restarts", "", "restart-orchestrator")
+		}
+		b.restartOrch()
+	case aCrashW:
+		if b.want {
+			b.note("fault worker-crash "+b.wname(a.i), "WorkerCrashEvery>0", "crash-worker %s", b.wname(a.i))
+		}
+		s.used.workerCrashes++
+		b.killWorker(a.i)
+	case aRestartW:
+		s.used.restarts++
+		b.bootWorker(a.i, s.ws[a.i].inst+1, b.x.sc.Workers+int(s.used.restarts)-1)
+		if b.want {
+			b.note("fault replacement "+b.wname(a.i), "", "restart-worker slot %d as %s", a.i+1, b.wname(a.i))
+		}
+	case aCancel:
+		s.used.cancels++
+		if b.want {
+			b.note("operator cancel "+string(b.x.run), "CancelEvery>0", "cancel-run %s", b.x.run)
+		}
+		b.orch(core.CancelRun{Call: 1000, Run: b.x.run})
+	case aRevoke:
+		w := s.ws[a.i]
+		s.used.revokes++
+		s.revoked |= 1 << w.tok
+		name := b.x.tokNames[w.tok]
+		if b.want {
+			b.note("operator revoke "+name, "RevokeEvery>0", "revoke %s (%s)", name, w.id)
+		}
+		b.orch(core.RevokeToken{Call: 1001, Name: name})
+	default:
+		panic(fmt.Sprintf("spec: explorer: unknown action %d", a.k))
+	}
+}
+
+func slowFault(slow bool) string {
+	if slow {
+		return "TailProb>0 or a clog/partition (a message in flight longer than a timer)"
+	}
+	return ""
+}
+
+func slowNote(slow bool) string {
+	if slow {
+		return " (a message still in flight: a delay)"
+	}
+	return ""
+}
+
+// inFlight says whether some message could be delivered now.
+func (x *explorer) inFlight(s *xstate) bool {
+	for _, c := range s.conns {
+		if c.broken {
+			continue
+		}
+		if (s.o != nil && c.orchOpen && len(c.toO) > 0) || (c.workerOpen && len(c.toW) > 0) {
+			return true
+		}
+	}
+	return false
+}
+
+// delay charges the delay budget when time passes over a deliverable
+// message, and says whether it did.
+func (b *builder) delay() bool {
+	if b.x.inFlight(b.s) {
+		b.s.used.delays++
+		return true
+	}
+	return false
+}
+
+// entropyFor is the driver's entropy for a Received: a function of the
+// enrolling instance, so that enrolling by another path gives the same
+// credential (and the same state).
+func entropyFor(m core.Msg) [16]byte {
+	var e [16]byte
+	if h, ok := m.(core.Hello); ok {
+		f := fnv.New128a()
+		f.Write([]byte(h.Worker))
+		copy(e[:], f.Sum(nil))
+	}
+	return e
+}
+
+func secretFor(name string) [16]byte {
+	var e [16]byte
+	f := fnv.New128a()
+	f.Write([]byte("secret/" + name))
+	copy(e[:], f.Sum(nil))
+	return e
+}
+
+// msgHash identifies a message by every field (the frequent kinds by hand,
+// the rest through fmt, which prints maps sorted).
+func msgHash(m core.Msg) uint64 {
+	var h hz
+	refs := func(rs []core.LeaseRef) {
+		h.u(uint64(len(rs)))
+		for _, r := range rs {
+			h.s(string(r.Step))
+			h.u(uint64(r.Lease))
+		}
+	}
+	outcome := func(o core.Outcome) {
+		h.u(uint64(o.Status), uint64(int64(o.ExitCode)))
+		h.s(o.Message)
+	}
+	lines := func(ls []core.LogLine) {
+		h.u(uint64(len(ls)))
+		for _, l := range ls {
+			h.u(l.Seq)
+			h.t(l.At)
+			h.s(l.Text)
+		}
+	}
+	switch m := m.(type) {
+	case core.Heartbeat:
+		h.u(1)
+		refs(m.InFlight)
+	case core.Start:
+		h.u(2, uint64(m.Lease), m.Request)
+	case core.Report:
+		h.u(3, uint64(m.Lease), m.Request)
+		h.s(string(m.Step))
+		outcome(m.Outcome)
+	case core.Logs:
+		h.u(4, uint64(m.Lease))
+		lines(m.Lines)
+	case core.Events:
+		h.u(5, uint64(m.Lease))
+		lines(m.Events)
+	case core.StartAck:
+		h.u(6, uint64(m.Lease), m.Request)
+		h.b(m.OK)
+		h.s(m.Reason)
+	case core.Answer:
+		h.u(7, uint64(m.Lease), m.Request, uint64(m.Verdict))
+		h.s(m.Reason)
+	case core.Cancel:
+		h.u(8, uint64(m.Lease))
+		h.s(m.Reason)
+	case core.RejectDispatch:
+		h.u(9, uint64(m.Lease))
+		h.s(m.Reason)
+	case core.Close:
+		h.u(10)
+		h.s(m.Reason)
+	default:
+		f := fnv.New64a()
+		fmt.Fprintf(f, "%T %+v", m, m)
+		h.u(11, f.Sum64())
+	}
+	return h.v
+}
+
+// ---- the orchestrator side of the driver ----
+
+// orch steps the orchestrator with one input and handles its batch the way
+// core/doc.go says: record, persist, then send.
+func (b *builder) orch(in core.Input) core.Ready {
+	s := b.s
+	b.mutChk()
+	held := b.heldReported(in)
+	s.chk.Input(s.now, in)
+	var rd core.Ready
+	if b.ownO {
+		rd = s.o.Step(s.now, in)
+	} else {
+		// The orchestrator is a deterministic function of (state, now,
+		// input): a transition already computed from an equal orchestrator
+		// is reused, the result shared (and never written to again).
+		key := memoKey{fp: s.o.Fingerprint(), now: s.now.UnixNano(), in: inputHash(in)}
+		if v, ok := b.x.memo.get(key); ok {
+			s.o, rd = v.o, readyCopy(v.rd)
+		} else {
+			s.o = s.o.Clone()
+			rd = s.o.Step(s.now, in)
+			b.x.memo.put(key, memoVal{o: s.o, rd: readyCopy(rd)})
+		}
+	}
+	b.ownO = false // possibly shared from here on: cloned again before any write
+	if b.x.sc.Mutate != nil {
+		b.x.sc.Mutate(&rd)
+	}
+	s.chk.Batch(s.now, s.o, rd)
+	s.chk.Persisted(s.now, rd) // durable before anything leaves
+	s.oDL = rd.Deadline
+	b.observe(rd, held)
+	b.sendW(rd.Messages)
+	return rd
+}
+
+func (b *builder) sendW(msgs []core.Envelope) {
+	for _, e := range msgs {
+		b.mutNet()
+		c := b.conn(e.Conn)
+		if c == nil || !c.orchOpen {
+			continue
+		}
+		if !c.broken {
+			c.toW = append(c.toW, xmsg{e.Msg, msgHash(e.Msg)})
+		}
+		switch e.Msg.(type) {
+		case core.Close, core.Refused:
+			// The driver closes the connection after the message and owes
+			// no Disconnected for it.
+			c.orchOpen, c.oClosed = false, true
+			c.toO = nil
+		}
+	}
+}
+
+func (b *builder) crashOrch() {
+	s := b.s
+	s.used.orchCrashes++
+	// The durable store is every record emitted so far; the crashed
+	// machine (immutable from here on) stands for it until the restart.
+	s.dead, s.diskHash = s.o, s.o.Fingerprint()
+	s.o, s.oDL = nil, time.Time{}
+	b.ownO = false
+	b.mutChk()
+	s.chk.Crash(s.now)
+	b.mutNet()
+	for _, c := range s.conns {
+		if c.orchOpen {
+			c.orchOpen, c.oClosed, c.abrupt = false, true, true
+		}
+		c.toO = nil
+	}
+}
+
+func (b *builder) restartOrch() {
+	s := b.s
+	// What a store holding every batch so far holds: the records as emitted
+	// (a Clone is rebuilt from exactly those).
+	key := memoKey{fp: s.diskHash, now: s.now.UnixNano(), in: 0x7265}
+	var o *core.Orchestrator
+	var rd core.Ready
+	if v, ok := b.x.memo.get(key); ok {
+		o, rd = v.o, readyCopy(v.rd)
+	} else {
+		var err error
+		o, rd, err = core.Restore(b.x.cfg, s.now, s.dead.Clone().Records())
+		if err != nil {
+			b.fail("Restore", "core.Restore failed on the durable records: %v", err)
+			return
+		}
+		b.x.memo.put(key, memoVal{o: o, rd: readyCopy(rd)})
+	}
+	if b.x.sc.Mutate != nil {
+		b.x.sc.Mutate(&rd)
+	}
+	s.o, b.ownO = o, false
+	s.dead, s.diskHash = nil, 0
+	b.mutChk()
+	s.chk.Restored(s.now, o, rd)
+	s.chk.Persisted(s.now, rd)
+	s.oDL = rd.Deadline
+	b.hit(SomeOrchestratorRestored)
+	b.observe(rd, nil)
+	b.sendW(rd.Messages)
+}
+
+// heldReported lists, for a reconnect Hello, the reported leases current
+// right before the orchestrator handles it (sim/props.go "inflight-honoured").
+func (b *builder) heldReported(in core.Input) map[core.StepID]core.LeaseID {
+	r, ok := in.(core.Received)
+	if !ok {
+		return nil
+	}
+	h, ok := r.Msg.(core.Hello)
+	if !ok || h.Credential == "" {
+		return nil
+	}
+	held := map[core.StepID]core.LeaseID{}
+	for _, ref := range h.InFlight {
+		if b.s.o.Fence(h.Worker, ref.Lease) == nil {
+			held[ref.Step] = ref.Lease
+		}
+	}
+	return held
+}
+
+// graceMsg is the triage message of a grace expiry (SPEC §4).
+const exploreGraceMsg = "did not reconnect within the recovery window"
+
+// observe runs the simulator's two extra properties over a batch and notes
+// the sometimes properties it shows.
+func (b *builder) observe(rd core.Ready, held map[core.StepID]core.LeaseID) {
+	s := b.s
+	var leftRecovering []core.StepID
+	for _, t := range rd.Transitions {
+		switch {
+		case t.Event == core.EvRecover:
+			b.mutRecov()
+			s.recoverAt[t.Step] = s.now
+		case t.From == core.StateRecovering:
+			leftRecovering = append(leftRecovering, t.Step)
+		}
+		if t.From == core.StateRecovering && t.To == core.StateRunning {
+			b.hit(SomeStepReclaimed)
+		}
+		if t.Event == core.EvCancelForce {
+			b.hit(SomeCancelForced)
+		}
+		if t.To == core.StateFailed && b.x.writesOf(t.Step) {
+			if st, ok := s.o.StepByID(t.Step); ok && st.EverStarted {
+				switch st.Class {
+				case core.ClassDisconnect, core.ClassStaleWorker, core.ClassRevoked:
+					b.hit(SomeWriteStepFailedByTriage)
+				}
+			}
+		}
+	}
+	for _, ev := range rd.Events {
+		if ev.Kind == "run-finished" && ev.Message == "run success" {
+			b.hit(SomeRunSucceeded)
+		}
+		if ev.Step == "" {
+			continue
+		}
+		if strings.Contains(ev.Message, exploreGraceMsg) && (ev.Kind == "step-failed" || ev.Kind == "step-requeued") {
+			if since, ok := s.recoverAt[ev.Step]; ok {
+				if d := s.now.Sub(since); d < b.x.grace {
+					b.fail("GraceWindow", "step %s was triaged for a grace expiry after only %s recovering; the window is 2 × %s = %s",
+						ev.Step, d, b.x.grace/2, b.x.grace)
+				}
+			}
+		}
+		if l, ok := held[ev.Step]; ok && strings.Contains(ev.Message, "its execution was lost") {
+			b.fail("InFlightHonoured", "the worker reported %s@%d, current, in its hello, yet the step was triaged as lost", ev.Step, l)
+		}
+	}
+	if len(leftRecovering) > 0 {
+		b.mutRecov()
+		for _, id := range leftRecovering {
+			delete(s.recoverAt, id)
+		}
+	}
+	for _, e := range rd.Messages {
+		switch m := e.Msg.(type) {
+		case core.Answer:
+			if m.Verdict == core.Cancelled {
+				b.hit(SomeReportCancelled)
+			}
+		case core.Dispatch:
+			if !m.Writes {
+				if st, ok := s.o.StepByID(m.Step); ok && st.EverStarted {
+					b.hit(SomeNoWriteStepRedispatched)
+				}
+			}
+		case core.Refused:
+			b.hit(SomeWorkerRefused)
+		case core.Welcome:
+			if len(m.Cancel) > 0 {
+				b.hit(SomeLeaseCancelledOnWelcome)
+			}
+		}
+	}
+}
+
+// ---- the worker side of the driver ----
+
+func (b *builder) worker(i int, in core.WorkerInput) {
+	w := b.mutW(i)
+	if !w.alive || w.m == nil {
+		return
+	}
+	rd := w.m.Step(b.s.now, in)
+	b.applyW(i, rd)
+	if w := &b.s.ws[i]; w.m != nil {
+		w.fp = w.m.Fingerprint()
+	}
+}
+
+// applyW does what a WorkerReady says, in the order core/doc.go gives: send,
+// close, dial, exec; exit last.
+func (b *builder) applyW(i int, rd core.WorkerReady) {
+	s := b.s
+	b.mutWs()
+	w := &s.ws[i]
+	for _, m := range rd.Send {
+		b.sendO(w.conn, m)
+	}
+	if rd.Close {
+		if w.conn != 0 {
+			b.closeByWorker(i)
+		} else {
+			w.dialing = false // abandon the pending dial
+		}
+	}
+	if rd.Dial {
+		w.dialing = true
+	}
+	var follow []core.WorkerInput
+	for _, x := range rd.Exec {
+		switch x.Op {
+		case core.ExecStart:
+			b.startProc(i, x)
+		case core.ExecTerm:
+			if k := b.proc(i, x.Lease); k >= 0 {
+				b.mutProcs()
+				s.procs[k].termed = true
+			}
+		case core.ExecKill:
+			if k := b.proc(i, x.Lease); k >= 0 {
+				b.mutProcs()
+				s.procs = slices.Delete(s.procs, k, k+1)
+				b.mutChk()
+				s.chk.ProcessStopped(s.now, w.id, x.Lease)
+				if rd.Exit == nil {
+					follow = append(follow, core.WExecExited{Lease: x.Lease, ExitCode: 137, Signaled: true})
+				}
+			}
+		}
+	}
+	if rd.Exit != nil {
+		b.killWorker(i)
+		return
+	}
+	w.deadline = rd.Deadline
+	for _, f := range follow {
+		b.worker(i, f)
+	}
+}
+
+func (b *builder) sendO(id core.ConnID, m core.Msg) {
+	if id == 0 {
+		return
+	}
+	b.mutNet()
+	c := b.conn(id)
+	if c == nil || c.broken || !c.orchOpen {
+		return // lost with its connection
+	}
+	c.toO = append(c.toO, xmsg{m, msgHash(m)})
+}
+
+func (b *builder) closeByWorker(i int) {
+	s := b.s
+	b.mutNet()
+	if c := b.conn(s.ws[i].conn); c != nil {
+		c.workerOpen, c.wClosed = false, true
+		c.toW = nil
+	}
+	s.ws[i].conn = 0
+}
+
+func (b *builder) proc(i int, l core.LeaseID) int {
+	for k, p := range b.s.procs {
+		if p.w == i && p.lease == l {
+			return k
+		}
+	}
+	return -1
+}
+
+func (b *builder) startProc(i int, x core.ExecCommand) {
+	s := b.s
+	w := &s.ws[i]
+	if b.proc(i, x.Lease) >= 0 {
+		b.fail("ExecutorDoubleStart", "worker %s started lease %d twice", w.id, x.Lease)
+		return
+	}
+	p := xproc{w: i, lease: x.Lease, step: x.Step, writes: b.x.writesOf(x.Step)}
+	b.mutProcs()
+	k, _ := slices.BinarySearchFunc(s.procs, p, func(a, t xproc) int {
+		if a.w != t.w {
+			return a.w - t.w
+		}
+		return int(a.lease) - int(t.lease)
+	})
+	s.procs = slices.Insert(s.procs, k, p)
+	b.mutChk()
+	s.chk.ProcessStarted(s.now, w.id, x.Lease, x.Step, p.writes)
+	if p.writes {
+		s.chk.ExternalWrite(s.now, w.id, x.Lease, x.Step)
+	}
+}
+
+// killWorker ends a worker process: its step processes die with it, its
+// connection is closed by the kernel.
+func (b *builder) killWorker(i int) {
+	s := b.s
+	b.mutWs()
+	w := &s.ws[i]
+	if w.conn != 0 {
+		b.mutNet()
+		if c := b.conn(w.conn); c != nil {
+			c.abrupt = true
+		}
+		b.closeByWorker(i)
+	}
+	w.alive, w.m, w.dialing, w.deadline = false, nil, false, time.Time{}
+	b.ownW |= 1 << i
+	for k := len(s.procs) - 1; k >= 0; k-- {
+		if s.procs[k].w == i {
+			b.mutChk()
+			s.chk.ProcessStopped(s.now, w.id, s.procs[k].lease)
+			b.mutProcs()
+			s.procs = slices.Delete(s.procs, k, k+1)
+		}
+	}
+}
+
+// bootWorker starts instance inst in slot i with token tok.
+func (b *builder) bootWorker(i, inst, tok int) {
+	b.mutWs()
+	w := &b.s.ws[i]
+	id := core.WorkerID(fmt.Sprintf("w%d", i+1))
+	if inst > 0 {
+		id = core.WorkerID(fmt.Sprintf("w%d-%d", i+1, inst))
+	}
+	cfg := b.x.sc.Worker
+	cfg.ID, cfg.Name, cfg.Token, cfg.Slots = id, string(id), b.x.tokens[tok], b.x.sc.Slots
+	cfg.Seed = uint64(i+1)<<8 | uint64(inst)
+	*w = xworker{m: core.NewWorker(cfg), alive: true, inst: inst, tok: tok, id: id}
+	b.ownW |= 1 << i
+	b.worker(i, core.WBoot{})
+}
+
+// ---- the initial state ----
+
+// initial builds the start: tokens created, the run submitted, every worker
+// booted (and, with Enrolled, connected and welcomed).
+func (x *explorer) initial() (s *xstate, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("setup panicked: %v", r)
+		}
+	}()
+	s = &xstate{now: exploreT0, chk: NewChecker(), o: core.NewOrchestrator(x.cfg), ws: make([]xworker, x.sc.Workers)}
+	s.chk.Verify = x.sc.Verify
+	b := &builder{x: x, s: s, want: true, ownChk: true, ownWs: true, ownNet: true, ownProcs: true, ownRecov: true, ownW: ^uint64(0)}
+	x.tokens = make([]string, len(x.tokNames))
+	for k, name := range x.tokNames {
+		rd := b.orch(core.CreateToken{Call: core.CallID(k + 1), Name: name, TTL: time.Hour, Secret: secretFor(name)})
+		if len(rd.Answers) != 1 || rd.Answers[0].Err != "" {
+			return nil, fmt.Errorf("creating token %s: %+v", name, rd.Answers)
+		}
+		x.tokens[k] = rd.Answers[0].Token
+	}
+	rd := b.orch(core.Submit{Call: 100, Spec: core.RunSpec{Name: "explore", Steps: x.sc.Steps}})
+	if len(rd.Answers) != 1 || rd.Answers[0].Err != "" {
+		return nil, fmt.Errorf("submitting the run: %+v", rd.Answers)
+	}
+	x.run = rd.Answers[0].Run
+	for i := range s.ws {
+		b.bootWorker(i, 0, i)
+	}
+	if x.sc.Enrolled {
+		for i := range s.ws {
+			b.do(action{aConnect, i, 0})
+			ci := slices.IndexFunc(s.conns, func(c *xconn) bool { return c.id == s.ws[i].conn })
+			if ci < 0 || len(s.conns[ci].toO) == 0 {
+				return nil, errors.New("enrolling: no hello")
+			}
+			b.do(action{aDeliverO, ci, 0})
+			if len(s.conns[ci].toW) == 0 {
+				return nil, errors.New("enrolling: no welcome")
+			}
+			b.do(action{aDeliverW, ci, 0})
+		}
+	}
+	b.gc()
+	s.chkHash = s.chk.stateHash()
+	x.hits |= b.hits
+	if b.viol != nil {
+		return nil, fmt.Errorf("setup: %s", b.viol.Error())
+	}
+	if v := s.chk.Check(); v != nil {
+		return nil, fmt.Errorf("setup: %s", v.Error())
+	}
+	return s, nil
+}
