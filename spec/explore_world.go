@@ -983,41 +983,23 @@ func (b *builder) restartOrch() {
 }
 
 // heldReported lists, for a reconnect Hello, the reported leases current
-// right before the orchestrator handles it (sim/props.go "inflight-honoured").
+// right before the orchestrator handles it (PropInFlightHonoured).
 func (b *builder) heldReported(in core.Input) map[core.StepID]core.LeaseID {
-	r, ok := in.(core.Received)
-	if !ok {
-		return nil
-	}
-	h, ok := r.Msg.(core.Hello)
-	if !ok || h.Credential == "" {
-		return nil
-	}
-	held := map[core.StepID]core.LeaseID{}
-	for _, ref := range h.InFlight {
-		if b.s.o.Fence(h.Worker, ref.Lease) == nil {
-			held[ref.Step] = ref.Lease
-		}
-	}
-	return held
+	return HeldReported(b.s.o, in)
 }
-
-// graceMsg is the triage message of a grace expiry (SPEC §4).
-const exploreGraceMsg = "did not reconnect within the recovery window"
 
 // observe runs the simulator's two extra properties over a batch and notes
 // the sometimes properties it shows.
 func (b *builder) observe(rd core.Ready, held map[core.StepID]core.LeaseID) {
 	s := b.s
-	var leftRecovering []core.StepID
-	for _, t := range rd.Transitions {
-		switch {
-		case t.Event == core.EvRecover:
-			b.mutRecov()
-			s.recoverAt[t.Step] = s.now
-		case t.From == core.StateRecovering:
-			leftRecovering = append(leftRecovering, t.Step)
+	entered, left := RecoveryChanges(rd)
+	if len(entered) > 0 {
+		b.mutRecov()
+		for _, id := range entered {
+			s.recoverAt[id] = s.now
 		}
+	}
+	for _, t := range rd.Transitions {
 		if t.From == core.StateRecovering && t.To == core.StateRunning {
 			b.hit(SomeStepReclaimed)
 		}
@@ -1037,24 +1019,14 @@ func (b *builder) observe(rd core.Ready, held map[core.StepID]core.LeaseID) {
 		if ev.Kind == "run-finished" && ev.Message == "run success" {
 			b.hit(SomeRunSucceeded)
 		}
-		if ev.Step == "" {
-			continue
-		}
-		if strings.Contains(ev.Message, exploreGraceMsg) && (ev.Kind == "step-failed" || ev.Kind == "step-requeued") {
-			if since, ok := s.recoverAt[ev.Step]; ok {
-				if d := s.now.Sub(since); d < b.x.grace {
-					b.fail("GraceWindow", "step %s was triaged for a grace expiry after only %s recovering; the window is 2 × %s = %s",
-						ev.Step, d, b.x.grace/2, b.x.grace)
-				}
-			}
-		}
-		if l, ok := held[ev.Step]; ok && strings.Contains(ev.Message, "its execution was lost") {
-			b.fail("InFlightHonoured", "the worker reported %s@%d, current, in its hello, yet the step was triaged as lost", ev.Step, l)
-		}
 	}
-	if len(leftRecovering) > 0 {
+	since := func(id core.StepID) (time.Time, bool) { t, ok := s.recoverAt[id]; return t, ok }
+	if v := CheckProps(rd, s.now, b.x.grace, since, held); v != nil {
+		b.fail(v.Invariant, "%s", v.Detail)
+	}
+	if len(left) > 0 {
 		b.mutRecov()
-		for _, id := range leftRecovering {
+		for _, id := range left {
 			delete(s.recoverAt, id)
 		}
 	}

@@ -1,0 +1,93 @@
+package spec
+
+import (
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/tether-run/tether/core"
+)
+
+// Properties beyond the Checker's invariants. They need facts only a world
+// knows — the workers' configured reconnect delays, what a worker said in its
+// Hello — so the Checker cannot hold them; the simulator and the explorer
+// both check them, with this code, after every orchestrator batch.
+const (
+	// PropGraceWindow: a step triaged for a grace expiry spent at least the
+	// recovery window (2 × the worker's maximum reconnect delay, §3.3)
+	// recovering. A shorter window fails steps whose worker was still within
+	// its backoff schedule.
+	PropGraceWindow = "GraceWindow"
+	// PropInFlightHonoured: a lease a reconnecting worker reported in its
+	// Hello, current at that moment, is never triaged as lost.
+	PropInFlightHonoured = "InFlightHonoured"
+)
+
+// The event messages the properties read (SPEC §4).
+const (
+	graceExpiryMsg = "did not reconnect within the recovery window"
+	lostMsg        = "its execution was lost"
+)
+
+// HeldReported lists, for an input that is a reconnect Hello, the leases it
+// reports that are current in o right before o handles it: none of those
+// may be triaged as lost by the batch. Any other input gives nil.
+func HeldReported(o *core.Orchestrator, in core.Input) map[core.StepID]core.LeaseID {
+	r, ok := in.(core.Received)
+	if !ok {
+		return nil
+	}
+	h, ok := r.Msg.(core.Hello)
+	if !ok || h.Credential == "" {
+		return nil
+	}
+	held := map[core.StepID]core.LeaseID{}
+	for _, ref := range h.InFlight {
+		if o.Fence(h.Worker, ref.Lease) == nil {
+			held[ref.Step] = ref.Lease
+		}
+	}
+	return held
+}
+
+// RecoveryChanges lists the steps a batch sent into recovering and those it
+// took out of it, in batch order. A world keeps, per recovering step, when
+// it went recovering: it adds the entered steps before CheckProps and
+// forgets the left ones after.
+func RecoveryChanges(rd core.Ready) (entered, left []core.StepID) {
+	for _, t := range rd.Transitions {
+		switch {
+		case t.Event == core.EvRecover:
+			entered = append(entered, t.Step)
+		case t.From == core.StateRecovering:
+			left = append(left, t.Step)
+		}
+	}
+	return entered, left
+}
+
+// CheckProps checks one orchestrator batch, made at now, against both
+// properties. grace is the recovery window; since says when a step went
+// recovering (the steps this batch sent there included); held is
+// HeldReported of the batch's input.
+func CheckProps(rd core.Ready, now time.Time, grace time.Duration, since func(core.StepID) (time.Time, bool), held map[core.StepID]core.LeaseID) *Violation {
+	for _, ev := range rd.Events {
+		if ev.Step == "" {
+			continue
+		}
+		if strings.Contains(ev.Message, graceExpiryMsg) && (ev.Kind == "step-failed" || ev.Kind == "step-requeued") {
+			if at, ok := since(ev.Step); ok {
+				if d := now.Sub(at); d < grace {
+					return &Violation{Invariant: PropGraceWindow, Detail: fmt.Sprintf(
+						"step %s was triaged for a grace expiry after only %s recovering; the window is 2 × %s = %s",
+						ev.Step, d, grace/2, grace)}
+				}
+			}
+		}
+		if l, ok := held[ev.Step]; ok && strings.Contains(ev.Message, lostMsg) {
+			return &Violation{Invariant: PropInFlightHonoured, Detail: fmt.Sprintf(
+				"the worker reported %s@%d, current, in its hello, yet the step was triaged as lost", ev.Step, l)}
+		}
+	}
+	return nil
+}
