@@ -4,7 +4,7 @@ GOFLAGS ?=
 SHELL := /bin/bash
 PKGS := ./...
 
-.PHONY: test test-short check fmt vet bench demo clean fuzz mutants
+.PHONY: test test-short check fmt vet bench demo clean fuzz mutants explore
 
 ## test: formatting, vet, then every test (purity check, scenarios, determinism, …);
 ## the simulator's one-line summary is shown (go test hides a passing package's output)
@@ -37,6 +37,13 @@ bench:
 ## demo: run Tether for real on loopback with a bbolt file in a temp dir
 demo:
 	$(GO) run ./cmd/demo
+
+## explore: the explorer over the large scope (depth-first; 2 disconnects, worker and
+## orchestrator crashes, cancel, revoke; stops at its state or time budget and says so).
+## `go test ./spec` (inside make test) explores the default scope.
+EXPLOREFLAGS ?=
+explore:
+	$(GO) test ./spec -run '^TestExplore$$' -count=1 -v -timeout 0 -explore.scope=large -explore.progress $(EXPLOREFLAGS)
 
 ## mutants: apply each planted bug in sim/mutants/*.patch to a copy of the tree; the simulator must catch every one
 mutants:

@@ -17,6 +17,8 @@ var (
 	flagExploreDepth    = flag.Int("explore.depth", 0, "override the scope's depth bound (0: the scope's own)")
 	flagExploreReplay   = flag.String("explore.replay", "", "TestExploreReplay: a file holding a counterexample's path, one action per line, replayed in -explore.scope")
 	flagExploreProgress = flag.Bool("explore.progress", false, "print a line per finished BFS level")
+	flagExploreTime     = flag.Duration("explore.time", 0, "override the scope's wall-time budget (0: the scope's own)")
+	flagExploreStates   = flag.Int("explore.states", 0, "override the scope's state budget (0: the scope's own)")
 )
 
 func exploreScope(t *testing.T) Scope {
@@ -27,6 +29,12 @@ func exploreScope(t *testing.T) Scope {
 	}
 	if *flagExploreDepth > 0 {
 		sc.MaxDepth = *flagExploreDepth
+	}
+	if *flagExploreTime > 0 {
+		sc.MaxTime = *flagExploreTime
+	}
+	if *flagExploreStates > 0 {
+		sc.MaxStates = *flagExploreStates
 	}
 	if *flagExploreProgress {
 		sc.Progress = func(depth, states, frontier int, el time.Duration) {
@@ -71,7 +79,10 @@ func TestExplore(t *testing.T) {
 			miss = append(miss, k)
 		}
 	}
-	if len(miss) > 0 {
+	switch {
+	case len(miss) > 0 && res.Truncated:
+		t.Logf("scope %s was cut short by its budget before it showed %s", sc.Name, strings.Join(miss, ", "))
+	case len(miss) > 0:
 		t.Errorf("scope %s never showed %s: the bounded model is vacuous there (%s)", sc.Name, strings.Join(miss, ", "), sc.describe())
 	}
 	if sc.Name == "default" && !testing.Short() && *flagExploreDepth == 0 && res.States < 100_000 {
