@@ -494,6 +494,9 @@ func (x *explorer) apply(parent *xstate, a action, want bool) (out *xsucc) {
 			b.viol = v
 		}
 	}
+	if b.viol == nil {
+		b.viol = x.stuck(&ns)
+	}
 	out = &xsucc{s: &ns, label: b.label, sim: b.sim, fault: b.fault, viol: b.viol, hits: b.hits}
 	if b.ownChk {
 		ns.chkHash = ns.chk.stateHash()
@@ -501,6 +504,58 @@ func (x *explorer) apply(parent *xstate, a action, want bool) (out *xsucc) {
 	out.hash = x.hash(&ns)
 	out.pruned = x.pruned(&ns)
 	return out
+}
+
+// PropRunStuck names the explorer's bounded liveness check.
+const PropRunStuck = "RunStuck"
+
+// stuck is liveness in the small (SPEC §13, invariant 8, as far as a bounded
+// search can see it): a state where the orchestrator is up, every worker is
+// alive and connected, no message is in flight, no process runs, no step is
+// active (running, recovering, cancelling, held at a gate, waiting on a
+// timer) and no machine can act without a fault — yet the run has not
+// finished. Nothing still to come can finish it: the run is stuck.
+func (x *explorer) stuck(s *xstate) *Violation {
+	if s.o == nil || len(s.procs) > 0 {
+		return nil
+	}
+	for _, c := range s.conns {
+		if len(c.toO) > 0 || len(c.toW) > 0 {
+			return nil
+		}
+	}
+	for _, w := range s.ws {
+		if !w.alive || w.conn == 0 || w.dialing {
+			return nil
+		}
+	}
+	r, _, ok := s.o.Run(x.run)
+	if !ok || r.Finished {
+		return nil
+	}
+	var waiting []string
+	for _, id := range r.Steps {
+		st, ok := s.o.StepByID(id)
+		if !ok {
+			return nil
+		}
+		switch st.State {
+		case core.StatePending, core.StateQueued:
+			waiting = append(waiting, fmt.Sprintf("%s %s", id, st.State))
+		case core.StateRunning, core.StateRecovering, core.StateCancelling, core.StateHeld, core.StateWaiting:
+			return nil
+		}
+	}
+	for _, a := range x.actions(s) {
+		switch a.k {
+		case aDupO, aDupW, aDropO, aDropW, aReset, aCrashO, aCrashW, aCancel, aRevoke:
+		default:
+			return nil // some machine can still act
+		}
+	}
+	return &Violation{Invariant: PropRunStuck, Detail: fmt.Sprintf(
+		"run %s is not finished, yet nothing can move it: every worker is connected and idle, nothing is in flight, and %s",
+		x.run, strings.Join(waiting, ", "))}
 }
 
 func (x *explorer) pruned(s *xstate) bool {

@@ -1,12 +1,16 @@
-// Command run is the mutation harness of the simulator: it applies each
-// planted bug in sim/mutants/*.patch to a fresh copy of the repository, runs
-// the seeded simulator against it, and prints whether the bug was caught, how
-// many seeds it took, and which invariant saw it.
+// Command run is the mutation harness: it applies each planted bug in
+// sim/mutants/*.patch to a fresh copy of the repository and runs every
+// checker against it — the seeded simulator, the explorer (the default
+// scope, then the faults and multiset scopes for what the default one does
+// not reach), the rapid suites and the fuzz corpora — and prints, per
+// mutant, which of them caught it and with which invariant.
 //
-//	go run ./sim/mutants/run [-seeds 500] [-first 1] [-only name,...] [-v]
+//	go run ./sim/mutants/run [-seeds 500] [-first 1] [-only name,...] [-checkers sim,explorer,rapid,fuzz] [-v]
 //
 // A patch that does not apply, a mutant that does not build, or a mutant the
-// simulator does not catch within the seed budget fails the run.
+// simulator does not catch within the seed budget fails the run. The other
+// columns are reported: the explorer, rapid and fuzz reach only part of the
+// mutant set by design (see each mutant's note in the README).
 package main
 
 import (
@@ -35,7 +39,37 @@ var (
 	flagFirst = flag.Uint64("first", 1, "first seed (passed as -sim.first)")
 	flagOnly  = flag.String("only", "", "comma-separated mutant names (file names without .patch, or their prefixes) to run; default all")
 	flagV     = flag.Bool("v", false, "print each mutant's full go test output")
+	flagCheck = flag.String("checkers", "sim,explorer,rapid,fuzz", "comma-separated checkers to run against each mutant")
 )
+
+// verdict is what one checker made of one mutant.
+type verdict struct {
+	ran    bool
+	caught bool
+	by     string // the invariant, test or scope that caught it
+	err    error  // the checker could not judge (it did not build, or failed oddly)
+}
+
+func (v verdict) cell() string {
+	switch {
+	case !v.ran:
+		return "-"
+	case v.err != nil:
+		return "ERROR"
+	case v.caught:
+		return v.by
+	}
+	return "no"
+}
+
+func checkerOn(name string) bool {
+	for _, c := range strings.Split(*flagCheck, ",") {
+		if strings.TrimSpace(c) == name {
+			return true
+		}
+	}
+	return false
+}
 
 // result is one mutant's row.
 type result struct {
@@ -45,6 +79,8 @@ type result struct {
 	invariant string
 	elapsed   time.Duration
 	err       error // the harness could not judge the mutant (patch or build failed)
+
+	explorer, rapid, fuzz verdict
 }
 
 // failRe matches the simulator's failure line:
@@ -97,12 +133,15 @@ func run(ctx context.Context) (int, error) {
 		switch {
 		case r.err != nil:
 			status = "ERROR: " + r.err.Error()
+		case !checkerOn("sim"):
+			status = "sim not run"
 		case !r.caught:
 			status = "NOT CAUGHT"
 		default:
 			status = fmt.Sprintf("caught at seed %d by %s", r.seed, r.invariant)
 		}
-		fmt.Printf("  %-32s %s (%s)\n", r.name, status, r.elapsed.Round(100*time.Millisecond))
+		fmt.Printf("  %-32s %s; explorer %s, rapid %s, fuzz %s (%s)\n", r.name, status,
+			r.explorer.cell(), r.rapid.cell(), r.fuzz.cell(), r.elapsed.Round(100*time.Millisecond))
 	}
 	if ctx.Err() != nil {
 		return 130, ctx.Err()
@@ -116,6 +155,7 @@ func run(ctx context.Context) (int, error) {
 		case r.err != nil:
 			fmt.Printf("FAIL: mutant %s could not be judged: %v\n", r.name, r.err)
 			code = 1
+		case !checkerOn("sim"):
 		case !r.caught:
 			fmt.Printf("FAIL: mutant %s survived %d seeds\n", r.name, *flagSeeds)
 			code = 1
@@ -168,27 +208,26 @@ func runMutant(ctx context.Context, root string, files []string, patch string) (
 		r.err = fmt.Errorf("patch does not apply: %v: %s", err, strings.TrimSpace(string(out)))
 		return r
 	}
+	if checkerOn("explorer") {
+		r.explorer = runExplorer(ctx, dir)
+	}
+	if checkerOn("rapid") {
+		r.rapid = runTests(ctx, dir, "./spec", "^TestRapid")
+	}
+	if checkerOn("fuzz") {
+		r.fuzz = runTests(ctx, dir, "./fuzz", ".")
+	}
+	if !checkerOn("sim") {
+		return r
+	}
 	args := []string{"test", "./sim", "-run", "TestSim$", "-count=1", "-timeout=60m", "-v",
 		"-sim.seeds=" + strconv.Itoa(*flagSeeds), "-sim.first=" + strconv.FormatUint(*flagFirst, 10), "-sim.stopfirst"}
-	cmd := exec.CommandContext(ctx, "go", args...)
-	cmd.Dir = dir
-	// go test runs the test binary as a child: on an interrupt, end the
-	// whole process group, not only the go command.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
-	var out bytes.Buffer
-	if *flagV {
-		cmd.Stdout = io.MultiWriter(&out, os.Stdout)
-	} else {
-		cmd.Stdout = &out
-	}
-	cmd.Stderr = cmd.Stdout
-	runErr := cmd.Run()
+	out, runErr := goTest(ctx, dir, args...)
 	if ctx.Err() != nil {
 		r.err = ctx.Err()
 		return r
 	}
-	if m := failRe.FindStringSubmatch(out.String()); m != nil {
+	if m := failRe.FindStringSubmatch(out); m != nil {
 		seed, err := strconv.ParseUint(m[1], 0, 64)
 		if err != nil {
 			r.err = fmt.Errorf("unparsable seed %q", m[1])
@@ -202,28 +241,111 @@ func runMutant(ctx context.Context, root string, files []string, patch string) (
 	case runErr == nil:
 		// Every seed passed: the bug survived.
 	case errors.As(runErr, &exit):
-		r.err = fmt.Errorf("go test failed without a seed failure (does the mutant build?):\n%s", tail(out.String(), 30))
+		r.err = fmt.Errorf("go test failed without a seed failure (does the mutant build?):\n%s", tail(out, 30))
 	default:
 		r.err = runErr
 	}
 	return r
 }
 
+// goTest runs the go command in dir (a whole process group, so that an
+// interrupt also ends the test binary it runs) and returns its output.
+func goTest(ctx context.Context, dir string, args ...string) (string, error) {
+	cmd := exec.CommandContext(ctx, "go", args...)
+	cmd.Dir = dir
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
+	var out bytes.Buffer
+	if *flagV {
+		cmd.Stdout = io.MultiWriter(&out, os.Stdout)
+	} else {
+		cmd.Stdout = &out
+	}
+	cmd.Stderr = cmd.Stdout
+	err := cmd.Run()
+	return out.String(), err
+}
+
+// exploreRe matches the explorer's violation line; exploreSummaryRe its
+// summary line, printed whether or not it found one.
+var (
+	exploreRe        = regexp.MustCompile(`invariant (\S+) violated:`)
+	exploreSummaryRe = regexp.MustCompile(`explore \S+: \d+ states`)
+)
+
+// runExplorer explores the default scope of the mutant; what the default
+// scope does not reach is tried in the faults scope (enrollment, worker
+// crashes, log lines, revocation) and the multiset network.
+func runExplorer(ctx context.Context, dir string) verdict {
+	for _, scope := range []string{"default", "faults", "multiset"} {
+		test := "^TestExplore$"
+		switch scope {
+		case "faults":
+			test = "^TestExploreFaults$"
+		case "multiset":
+			test = "^TestExploreMultiset$"
+		}
+		out, err := goTest(ctx, dir, "test", "./spec", "-run", test, "-count=1", "-timeout=30m", "-v")
+		if ctx.Err() != nil {
+			return verdict{ran: true, err: ctx.Err()}
+		}
+		if m := exploreRe.FindStringSubmatch(out); m != nil {
+			return verdict{ran: true, caught: true, by: m[1] + " (" + scope + ")"}
+		}
+		if !exploreSummaryRe.MatchString(out) {
+			return verdict{ran: true, err: fmt.Errorf("the explorer did not run (does the mutant build?): %v\n%s", err, tail(out, 20))}
+		}
+	}
+	return verdict{ran: true}
+}
+
+// failedTestRe matches go test's line for a failed test.
+var failedTestRe = regexp.MustCompile(`(?m)^\s*--- FAIL: (\S+)`)
+
+// runTests runs pkg's tests matching run; a failed test is a catch.
+func runTests(ctx context.Context, dir, pkg, run string) verdict {
+	out, err := goTest(ctx, dir, "test", pkg, "-run", run, "-count=1", "-timeout=30m", "-v")
+	if ctx.Err() != nil {
+		return verdict{ran: true, err: ctx.Err()}
+	}
+	if m := failedTestRe.FindStringSubmatch(out); m != nil {
+		name, _, _ := strings.Cut(m[1], "/")
+		return verdict{ran: true, caught: true, by: name}
+	}
+	if err != nil {
+		return verdict{ran: true, err: fmt.Errorf("%s failed without a failed test (does the mutant build?): %v\n%s", pkg, err, tail(out, 20))}
+	}
+	return verdict{ran: true}
+}
+
 func printTable(w io.Writer, results []result) {
 	tw := tabwriter.NewWriter(w, 0, 0, 1, ' ', 0)
-	fmt.Fprintln(tw, "mutant\t| caught\t| seeds to first failure\t| invariant")
-	fmt.Fprintln(tw, "------\t| ------\t| ----------------------\t| ---------")
+	fmt.Fprintln(tw, "mutant\t| sim\t| seeds to first failure\t| sim invariant\t| explorer (scope)\t| rapid\t| fuzz corpora")
+	fmt.Fprintln(tw, "------\t| ---\t| ----------------------\t| -------------\t| ----------------\t| -----\t| ------------")
 	for _, r := range results {
+		rest := fmt.Sprintf("%s\t| %s\t| %s", r.explorer.cell(), r.rapid.cell(), r.fuzz.cell())
 		switch {
 		case r.err != nil:
-			fmt.Fprintf(tw, "%s\t| ERROR\t| -\t| %s\n", r.name, firstLine(r.err.Error()))
+			fmt.Fprintf(tw, "%s\t| ERROR\t| -\t| %s\t| %s\n", r.name, firstLine(r.err.Error()), rest)
+		case !checkerOn("sim"):
+			fmt.Fprintf(tw, "%s\t| -\t| -\t| -\t| %s\n", r.name, rest)
 		case !r.caught:
-			fmt.Fprintf(tw, "%s\t| NO\t| > %d\t| -\n", r.name, *flagSeeds)
+			fmt.Fprintf(tw, "%s\t| NO\t| > %d\t| -\t| %s\n", r.name, *flagSeeds, rest)
 		default:
-			fmt.Fprintf(tw, "%s\t| yes\t| %d\t| %s\n", r.name, r.seed-*flagFirst+1, r.invariant)
+			fmt.Fprintf(tw, "%s\t| yes\t| %d\t| %s\t| %s\n", r.name, r.seed-*flagFirst+1, r.invariant, rest)
 		}
 	}
 	tw.Flush()
+	for _, r := range results {
+		for _, v := range []struct {
+			name string
+			v    verdict
+		}{{"explorer", r.explorer}, {"rapid", r.rapid}, {"fuzz", r.fuzz}} {
+			if v.v.err != nil {
+				fmt.Fprintf(w, "%s: %s could not judge it: %s\n", r.name, v.name, firstLine(v.v.err.Error()))
+			}
+		}
+	}
 }
 
 // trackedFiles lists the repository's tracked files that exist in the work
