@@ -6,6 +6,7 @@ import (
 	"regexp"
 	"sort"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/anishathalye/porcupine"
@@ -35,12 +36,13 @@ type history struct {
 	inflight  map[leaseKey]map[uint64]int // lines on the wire right now
 	lostDrops map[leaseKey]int            // drops reported by gap markers that were lost or are still on the wire
 	workerIdx map[core.WorkerID]int
+	writing   map[string]bool        // "run/step name" → declared write-bearing
 	notes     []porcupine.Annotation // faults, shown on the visualization
 }
 
 func newHistory() *history {
 	return &history{reports: map[[2]uint64]int{}, dispatch: map[core.LeaseID]core.Dispatch{},
-		printedN: map[leaseKey]int{}, lostSeqs: map[leaseKey]map[uint64]bool{}, inflight: map[leaseKey]map[uint64]int{}, lostDrops: map[leaseKey]int{}, workerIdx: map[core.WorkerID]int{}}
+		printedN: map[leaseKey]int{}, lostSeqs: map[leaseKey]map[uint64]bool{}, inflight: map[leaseKey]map[uint64]int{}, lostDrops: map[leaseKey]int{}, workerIdx: map[core.WorkerID]int{}, writing: map[string]bool{}}
 }
 
 func nanos(t time.Time) int64 { return t.Sub(t0).Nanoseconds() }
@@ -84,14 +86,27 @@ func (h *history) delivered(now time.Time, m core.Msg) {
 	}
 }
 
-// stepSpec says what the worker was told about a lease's step.
-func (h *history) stepSpec(step core.StepID) (core.Dispatch, bool) {
+// submitted records a run's steps as the operator declared them.
+func (h *history) submitted(run core.RunID, rs core.RunSpec) {
+	for _, s := range rs.Steps {
+		h.writing[string(run)+"/"+s.Name] = s.Writes
+	}
+}
+
+// writes says whether a step ("run-1/a", "run-1/a[0]") was declared
+// write-bearing when its run was submitted (or, if the submit's answer was
+// lost, what the worker was told).
+func (h *history) writes(step core.StepID) bool {
+	id, _, _ := strings.Cut(string(step), "[")
+	if w, ok := h.writing[id]; ok {
+		return w
+	}
 	for _, d := range h.dispatch {
 		if d.Step == step {
-			return d, true
+			return d.Writes
 		}
 	}
-	return core.Dispatch{}, false
+	return false
 }
 
 func (h *history) printed(w core.WorkerID, l core.LeaseID) { h.printedN[leaseKey{w, l}]++ }

@@ -33,6 +33,9 @@ type link struct {
 // its own distribution (the seed's range scaled by the link's factor), with
 // a heavy tail.
 func (w *world) delay(lk *link) time.Duration {
+	if w.script != nil {
+		return scriptHold // a scripted network holds each message until the script delivers it
+	}
 	d := w.uniform(w.opt.DelayMin, w.opt.DelayMax)
 	d = time.Duration(float64(d) * lk.scale)
 	if !w.healed && w.chance(w.opt.TailProb) {
@@ -45,19 +48,39 @@ func (w *world) delay(lk *link) time.Duration {
 func (w *world) dial(wn *workerNode) {
 	gen := wn.gen
 	lk := &wn.link
+	live := func() bool { return wn.gen == gen }
+	if w.script != nil {
+		// A scripted network holds a dial, like a message, until the script
+		// completes it: it connects if an orchestrator is up by then.
+		w.after(scriptHold, evDial, wn.idx, nil, "dial", func() {
+			if !live() {
+				return
+			}
+			if !w.orch.up {
+				w.stepWorker(wn, core.WDialFailed{Reason: "connection refused"})
+				return
+			}
+			w.connSeq++
+			c := &conn{id: w.connSeq, worker: wn.idx, epoch: w.orch.epoch, orchOpen: true}
+			w.conns[c.id] = c
+			wn.conn = c.id
+			w.stepWorker(wn, core.WConnected{Conn: c.id})
+		}).on(0, live)
+		return
+	}
 	if !w.orch.up || lk.cutUp || lk.cutDown {
 		w.after(w.uniform(time.Second, 10*time.Second), evDial, wn.idx, nil, "dial failed", func() {
-			if wn.gen == gen {
+			if live() {
 				w.stepWorker(wn, core.WDialFailed{Reason: "connection refused"})
 			}
-		})
+		}).on(0, live)
 		return
 	}
 	w.connSeq++
 	c := &conn{id: w.connSeq, worker: wn.idx, epoch: w.orch.epoch, orchOpen: true}
 	w.conns[c.id] = c
 	w.after(w.delay(lk), evDial, wn.idx, nil, "connected", func() {
-		if wn.gen != gen {
+		if !live() {
 			return
 		}
 		if c.broken {
@@ -66,7 +89,7 @@ func (w *world) dial(wn *workerNode) {
 		}
 		wn.conn = c.id
 		w.stepWorker(wn, core.WConnected{Conn: c.id})
-	})
+	}).on(c.id, live)
 }
 
 // sendToOrch carries one message from a worker over its current connection.
@@ -98,11 +121,14 @@ func (w *world) sendToOrch(wn *workerNode, m core.Msg) {
 	if isLogs {
 		w.hist.onWire(wn.id, logs, +1)
 	}
+	live := func() bool {
+		return !(c.broken && !c.brokenAt.After(at)) && c.epoch == w.orch.epoch && c.orchOpen && w.orch.up
+	}
 	deliver := func() {
 		if isLogs {
 			w.hist.onWire(wn.id, logs, -1)
 		}
-		if c.broken && !c.brokenAt.After(at) || c.epoch != w.orch.epoch || !c.orchOpen || !w.orch.up {
+		if !live() {
 			w.lost(wn, m)
 			return
 		}
@@ -112,17 +138,18 @@ func (w *world) sendToOrch(wn *workerNode, m core.Msg) {
 		}
 		w.orchInput(core.Received{Conn: c.id, Msg: m, Entropy: ent})
 	}
-	w.at(at, evToOrch, wn.idx, m, "", deliver)
+	w.at(at, evToOrch, wn.idx, m, "", deliver).on(c.id, live)
 	if _, hello := m.(core.Hello); !hello && !w.healed && w.chance(w.opt.DupProb) {
 		w.fault("duplicate")
 		// A retransmitting proxy's copy trails the original, possibly behind
 		// later messages of the same connection: a reordered stale copy.
+		dupLive := func() bool { return !c.broken && c.epoch == w.orch.epoch && c.orchOpen && w.orch.up }
 		w.at(at.Add(w.uniform(0, time.Second)), evToOrch, wn.idx, m, "duplicate", func() {
-			if c.broken || c.epoch != w.orch.epoch || !c.orchOpen || !w.orch.up {
+			if !dupLive() {
 				return
 			}
 			w.orchInput(core.Received{Conn: c.id, Msg: m})
-		})
+		}).on(c.id, dupLive)
 	}
 }
 
@@ -154,24 +181,28 @@ func (w *world) sendToWorker(id core.ConnID, m core.Msg) {
 	}
 	c.lastToW = at
 	gen := wn.gen
+	live := func() bool {
+		return wn.gen == gen && wn.conn == c.id && !(c.broken && !c.brokenAt.After(at) && at.After(c.flushed))
+	}
 	w.at(at, evToWorker, wn.idx, m, "", func() {
-		if wn.gen != gen || wn.conn != c.id || (c.broken && !c.brokenAt.After(at) && at.After(c.flushed)) {
+		if !live() {
 			return
 		}
 		w.chk.Delivered(w.now, wn.id, m)
 		w.hist.delivered(w.now, m)
 		w.stepWorker(wn, core.WReceived{Msg: m})
-	})
+	}).on(c.id, live)
 	if closing {
 		// The orchestrator closes the socket after the message; the worker
 		// reads the message, then sees the close.
+		noticeLive := func() bool { return wn.gen == gen && wn.conn == c.id }
 		w.at(at.Add(time.Millisecond), evWorkerNotice, wn.idx, nil, "closed by orchestrator", func() {
 			c.broken, c.brokenAt = true, w.now
-			if wn.gen == gen && wn.conn == c.id {
+			if noticeLive() {
 				wn.conn = 0
 				w.stepWorker(wn, core.WDisconnected{Reason: "closed by orchestrator"})
 			}
-		})
+		}).on(c.id, noticeLive)
 	}
 }
 
@@ -189,21 +220,23 @@ func (w *world) breakConn(c *conn, fault bool) {
 	notice := func() time.Duration { return w.uniform(0, max(w.opt.NoticeMax, time.Millisecond)) }
 	if c.orchOpen {
 		epoch := w.orch.epoch
+		live := func() bool { return w.orch.epoch == epoch && c.orchOpen && w.orch.up }
 		w.after(notice(), evOrchNotice, c.worker, nil, "", func() {
-			if w.orch.epoch == epoch && c.orchOpen && w.orch.up {
+			if live() {
 				c.orchOpen = false
 				w.orchInput(core.Disconnected{Conn: c.id})
 			}
-		})
+		}).on(c.id, live)
 	}
 	wn := w.workers[c.worker]
 	gen := wn.gen
+	live := func() bool { return wn.gen == gen && wn.conn == c.id }
 	w.at(maxTime(w.now, c.flushed).Add(notice()), evWorkerNotice, c.worker, nil, "", func() {
-		if wn.gen == gen && wn.conn == c.id {
+		if live() {
 			wn.conn = 0
 			w.stepWorker(wn, core.WDisconnected{Reason: "connection reset"})
 		}
-	})
+	}).on(c.id, live)
 }
 
 // lost records what a lost message took with it (log lines, for the log

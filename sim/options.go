@@ -6,6 +6,8 @@ import (
 	"sort"
 	"strings"
 	"time"
+
+	"github.com/tether-run/tether/core"
 )
 
 // Options is one run's world: its faults and its workload. Swarm testing: each
@@ -66,6 +68,11 @@ type Options struct {
 	LogBuffer    int // worker log ring (small values stress overflow)
 	EventBuffer  int
 	MaxDelayWork time.Duration // the workers' max reconnect delay (grace = 2×)
+
+	// Mutate, if set, plants a bug in the orchestrator's driver: it doctors
+	// every batch the orchestrator produces, as spec.Scope.Mutate does in
+	// the explorer (see doctor). Tests only (spec.PlantedBugs).
+	Mutate func(rd *core.Ready)
 }
 
 // Swarm draws a seed's Options.

@@ -2,6 +2,7 @@ package sim
 
 import (
 	"errors"
+	"slices"
 	"sort"
 	"time"
 
@@ -49,6 +50,7 @@ func (w *world) orchInput(in core.Input) {
 	w.chk.Input(w.now, in)
 	held := w.heldReported(in)
 	rd := n.o.Step(w.now, in)
+	w.doctor(&rd)
 	w.chk.Batch(w.now, n.o, rd)
 	w.checkBatch(held, rd)
 	pb := &pendingBatch{rd: rd}
@@ -95,15 +97,16 @@ func (w *world) maybePersist() {
 		d += w.uniform(500*time.Millisecond, 5*time.Second)
 	}
 	epoch := n.epoch
+	live := func() bool { return n.epoch == epoch && n.up }
 	w.after(d, evPersist, -1, nil, "", func() {
-		if n.epoch != epoch || !n.up {
+		if !live() {
 			return
 		}
 		group := n.persisting
 		n.persisting = nil
 		w.commit(group)
 		w.maybePersist()
-	})
+	}).on(0, live).folded()
 }
 
 // persist makes a group's records durable (one atomic transaction).
@@ -165,13 +168,14 @@ func (w *world) scheduleOrchTick(at time.Time) {
 	}
 	n.tickAt = at
 	epoch := n.epoch
+	live := func() bool { return n.epoch == epoch && n.up && n.tickAt.Equal(at) }
 	w.at(at, evOrchTick, -1, nil, "", func() {
-		if n.epoch != epoch || !n.up || !n.tickAt.Equal(at) {
+		if !live() {
 			return
 		}
 		n.tickAt = time.Time{}
 		w.orchInput(core.Tick{})
-	})
+	}).on(0, live)
 }
 
 var errCrashInFsync = errors.New("orchestrator died during fsync")
@@ -244,12 +248,26 @@ func (w *world) restartOrch() {
 	}
 	n.o = o
 	n.up = true
+	w.doctor(&rd)
 	w.chk.Restored(w.now, o, rd)
 	w.checkBatch(nil, rd)
 	w.queueBatch(&pendingBatch{rd: rd})
 }
 
-func (w *world) coreConfig() core.Config { return core.Config{} }
+func (w *world) coreConfig() core.Config { return w.orchCfg }
+
+// doctor plants Options.Mutate's bug in a batch the driver was handed: the
+// Checker and the network see the doctored messages, answers, events and
+// deadline; the records stay the ones the core emitted, so the durable
+// store (and a restore from it) keeps what the core emitted.
+func (w *world) doctor(rd *core.Ready) {
+	if w.opt.Mutate == nil {
+		return
+	}
+	recs := slices.Clone(rd.Records)
+	w.opt.Mutate(rd)
+	rd.Records = recs
+}
 
 func (w *world) sortedConns() []*conn {
 	ids := make([]core.ConnID, 0, len(w.conns))

@@ -45,6 +45,7 @@ type proc struct {
 	writes  bool
 	done    bool
 	ignTerm bool
+	termed  bool // SIGTERM was sent
 }
 
 // local is the worker's clock reading at simulated time t. It is strictly
@@ -108,11 +109,16 @@ func (w *world) spawnWorker(token string, scaler, allTags bool) *workerNode {
 		Seed:        w.r.Uint64(), BackoffMax: w.opt.MaxDelayWork,
 		LogBuffer: w.opt.LogBuffer, EventBuffer: w.opt.EventBuffer,
 	}
+	w.bootWorker(wn, cfg)
+	return wn
+}
+
+// bootWorker starts a worker process with its configuration.
+func (w *world) bootWorker(wn *workerNode, cfg core.WorkerConfig) {
 	wn.m = core.NewWorker(cfg)
 	w.workers = append(w.workers, wn)
 	w.stepWorker(wn, core.WBoot{})
 	w.scheduleWorkerFaults(wn)
-	return wn
 }
 
 // stepWorker feeds one input to a worker (deferred while it is paused).
@@ -201,12 +207,13 @@ func (w *world) applyWorker(wn *workerNode, rd core.WorkerReady) {
 			c.broken, c.brokenAt = true, w.now
 			if c.orchOpen {
 				epoch := w.orch.epoch
+				live := func() bool { return w.orch.epoch == epoch && c.orchOpen && w.orch.up }
 				w.after(w.uniform(0, time.Second), evOrchNotice, wn.idx, nil, "worker closed", func() {
-					if w.orch.epoch == epoch && c.orchOpen && w.orch.up {
+					if live() {
 						c.orchOpen = false
 						w.orchInput(core.Disconnected{Conn: c.id})
 					}
-				})
+				}).on(c.id, live)
 			}
 		}
 		wn.conn = 0
@@ -226,12 +233,13 @@ func (w *world) applyWorker(wn *workerNode, rd core.WorkerReady) {
 		if wn.tickAt.IsZero() || wn.tickAt.Before(w.now) || at.Before(wn.tickAt) {
 			wn.tickAt = at
 			gen := wn.gen
+			live := func() bool { return wn.gen == gen && wn.tickAt.Equal(at) }
 			w.at(at, evWorkerTick, wn.idx, nil, "", func() {
-				if wn.gen == gen && wn.tickAt.Equal(at) {
+				if live() {
 					wn.tickAt = time.Time{}
 					w.stepWorker(wn, core.WTick{})
 				}
-			})
+			}).on(0, live)
 		}
 	}
 }
@@ -244,10 +252,12 @@ func (w *world) exec(wn *workerNode, x core.ExecCommand) {
 			w.fail("executor", fmt.Sprintf("worker %s started lease %d twice", wn.id, x.Lease))
 			return
 		}
-		sp, _ := w.hist.stepSpec(x.Step)
-		p := &proc{lease: x.Lease, step: x.Step, writes: sp.Writes, ignTerm: w.chance(w.opt.IgnoreTermP)}
+		// Whether the process writes is its command's nature (the step as
+		// submitted), whatever the dispatch said.
+		writes := w.hist.writes(x.Step)
+		p := &proc{lease: x.Lease, step: x.Step, writes: writes, ignTerm: w.chance(w.opt.IgnoreTermP)}
 		wn.procs[x.Lease] = p
-		w.chk.ProcessStarted(w.now, wn.id, x.Lease, x.Step, sp.Writes)
+		w.chk.ProcessStarted(w.now, wn.id, x.Lease, x.Step, writes)
 		dur := w.uniform(w.opt.ExecMin, w.opt.ExecMax)
 		gen := wn.gen
 		alive := func() bool { return wn.gen == gen && !p.done }
@@ -263,10 +273,9 @@ func (w *world) exec(wn *workerNode, x core.ExecCommand) {
 		for i, off := range offs {
 			w.after(off, evProc, wn.idx, nil, "output", func() {
 				if alive() {
-					w.hist.printed(wn.id, x.Lease)
-					w.stepWorker(wn, core.WExecOutput{Lease: x.Lease, Text: fmt.Sprintf("line %d", i+1)})
+					w.procOutput(wn, p, fmt.Sprintf("line %d", i+1))
 				}
-			})
+			}).on(0, alive)
 		}
 		if p.writes {
 			for i := 0; i < 1+w.r.IntN(3); i++ {
@@ -274,7 +283,7 @@ func (w *world) exec(wn *workerNode, x core.ExecCommand) {
 					if alive() {
 						w.chk.ExternalWrite(w.now, wn.id, x.Lease, x.Step)
 					}
-				})
+				}).on(0, alive).folded()
 			}
 		}
 		code := 0
@@ -285,23 +294,34 @@ func (w *world) exec(wn *workerNode, x core.ExecCommand) {
 			if alive() {
 				w.procExit(wn, p, code, false)
 			}
-		})
+		}).on(0, alive)
 	case core.ExecTerm:
 		p := wn.procs[x.Lease]
-		if p == nil || p.done || p.ignTerm {
+		if p == nil || p.done {
+			return
+		}
+		p.termed = true
+		if p.ignTerm {
 			return
 		}
 		gen := wn.gen
+		live := func() bool { return wn.gen == gen && !p.done }
 		w.after(w.uniform(0, 2*time.Second), evProc, wn.idx, nil, "exits on SIGTERM", func() {
-			if wn.gen == gen && !p.done {
+			if live() {
 				w.procExit(wn, p, 143, true)
 			}
-		})
+		}).on(0, live)
 	case core.ExecKill:
 		if p := wn.procs[x.Lease]; p != nil && !p.done {
 			w.procExit(wn, p, 137, true)
 		}
 	}
+}
+
+// procOutput: the process prints a line.
+func (w *world) procOutput(wn *workerNode, p *proc, text string) {
+	w.hist.printed(wn.id, p.lease)
+	w.stepWorker(wn, core.WExecOutput{Lease: p.lease, Text: text})
 }
 
 func (w *world) procExit(wn *workerNode, p *proc, code int, signaled bool) {

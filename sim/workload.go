@@ -81,6 +81,7 @@ func (w *world) startOperator() {
 				return
 			}
 			w.hist.runs = append(w.hist.runs, a.Run)
+			w.hist.submitted(a.Run, spec)
 			// One submit operation per step, for the linearizability check.
 			if r, _, ok := w.orch.o.Run(a.Run); ok {
 				for _, s := range r.Steps {
@@ -121,12 +122,7 @@ func (w *world) startOperator() {
 				}
 			}
 			if len(live) > 0 {
-				wn := live[w.r.IntN(len(live))]
-				name := tokenName(wn.m.Config().Token)
-				if w.call(func(id core.CallID) core.Input { return core.RevokeToken{Call: id, Name: name} }, nil) {
-					wn.revoked = true
-					w.fault("token-revoke")
-				}
+				w.revoke(live[w.r.IntN(len(live))])
 			}
 			w.after(w.exp(w.opt.RevokeEvery), evOperator, -1, nil, "revoke", revoke)
 		}
@@ -161,6 +157,15 @@ func (w *world) startOperator() {
 		}
 	}
 	w.after(w.opt.QueryEvery, evOperator, -1, nil, "query", query)
+}
+
+// revoke revokes a worker's enrollment token (the operator's API call).
+func (w *world) revoke(wn *workerNode) {
+	name := tokenName(wn.m.Config().Token)
+	if w.call(func(id core.CallID) core.Input { return core.RevokeToken{Call: id, Name: name} }, nil) {
+		wn.revoked = true
+		w.fault("token-revoke")
+	}
 }
 
 func tokenName(tok string) string {

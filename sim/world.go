@@ -8,6 +8,7 @@ package sim
 import (
 	"container/heap"
 	"fmt"
+	"hash"
 	"hash/fnv"
 	"io"
 	"math/rand/v2"
@@ -57,6 +58,15 @@ type event struct {
 	msg  core.Msg
 	note string
 	fn   func()
+	// For a scripted run (script.go), which picks events rather than popping
+	// them: the connection a network event belongs to, whether running it
+	// now would do anything (nil: it would), and whether it completes the
+	// step that scheduled it (an fsync, a process's external write: the
+	// explorer folds it into that action, so a scripted run runs it at
+	// once). Not part of the trace.
+	conn core.ConnID
+	live func() bool
+	fold bool
 }
 
 type evHeap []*event
@@ -102,15 +112,23 @@ type Failure struct {
 	Last      []string
 	Options   string
 	VizPath   string
+	Script    string // a scripted run (RunScript): the script's scope, instead of a seed
 }
 
 // ReplayCommand is the one line that reproduces a failure.
 func (f *Failure) ReplayCommand() string {
+	if f.Script != "" {
+		return spec.ScriptReplayCommand("FILE") + "   # FILE: the script, saved with spec.Script.WriteFile"
+	}
 	return fmt.Sprintf("go test ./sim -run 'TestSim$' -sim.seed=%#x -v", f.Seed)
 }
 
 func (f *Failure) String() string {
-	s := fmt.Sprintf("seed %#x violated %s at +%s: %s\n", f.Seed, f.Invariant, f.At, f.Detail)
+	who := fmt.Sprintf("seed %#x", f.Seed)
+	if f.Script != "" {
+		who = "script " + f.Script
+	}
+	s := fmt.Sprintf("%s violated %s at +%s: %s\n", who, f.Invariant, f.At, f.Detail)
 	s += "swarm options:\n" + f.Options + "\n"
 	s += fmt.Sprintf("last %d events:\n", len(f.Last))
 	for _, l := range f.Last {
@@ -142,6 +160,7 @@ type world struct {
 
 	events uint64
 	trace  uint64
+	hash   hash.Hash64 // of every event run so far; trace is its sum
 	last   [lastEvents]*event
 	lastN  int
 
@@ -162,6 +181,9 @@ type world struct {
 	runsSent  int
 	faultEnd  time.Time
 	deadline  time.Time
+
+	orchCfg core.Config // the orchestrator's knobs (zero: core's defaults)
+	script  *scriptRun  // a scripted run (script.go): events are picked, not popped
 }
 
 func newWorld(seed uint64, opt Options, cfg Config) *world {
@@ -175,6 +197,7 @@ func newWorld(seed uint64, opt Options, cfg Config) *world {
 		calls:     map[core.CallID]*apiCall{},
 		faults:    map[string]int{},
 		buggified: map[string]int{},
+		hash:      fnv.New64a(),
 	}
 	w.hist = newHistory()
 	w.props = newProps()
@@ -183,16 +206,31 @@ func newWorld(seed uint64, opt Options, cfg Config) *world {
 }
 
 // at schedules fn at time t (never in the past).
-func (w *world) at(t time.Time, kind evKind, node int, msg core.Msg, note string, fn func()) {
+func (w *world) at(t time.Time, kind evKind, node int, msg core.Msg, note string, fn func()) *event {
 	if t.Before(w.now) {
 		t = w.now
 	}
 	w.seq++
-	heap.Push(&w.q, &event{at: t, seq: w.seq, kind: kind, node: node, msg: msg, note: note, fn: fn})
+	e := &event{at: t, seq: w.seq, kind: kind, node: node, msg: msg, note: note, fn: fn}
+	heap.Push(&w.q, e)
+	return e
 }
 
-func (w *world) after(d time.Duration, kind evKind, node int, msg core.Msg, note string, fn func()) {
-	w.at(w.now.Add(d), kind, node, msg, note, fn)
+func (w *world) after(d time.Duration, kind evKind, node int, msg core.Msg, note string, fn func()) *event {
+	return w.at(w.now.Add(d), kind, node, msg, note, fn)
+}
+
+// on annotates an event for a scripted run: its connection and whether
+// running it would do anything (the same condition its fn tests).
+func (e *event) on(conn core.ConnID, live func() bool) *event {
+	e.conn, e.live = conn, live
+	return e
+}
+
+// folded marks an event as completing the step that scheduled it.
+func (e *event) folded() *event {
+	e.fold = true
+	return e
 }
 
 // uniform draws a duration in [lo, hi].
@@ -227,45 +265,49 @@ func (w *world) fault(kind string) {
 // run is the event loop: pop, hash, execute, check — until the queue is
 // empty, the deadline passes, or a property fails.
 func (w *world) run() {
-	h := fnv.New64a()
-	var b [8]byte
 	for len(w.q) > 0 && w.failure == nil {
 		e := heap.Pop(&w.q).(*event)
 		if !w.deadline.IsZero() && e.at.After(w.deadline) {
 			break
 		}
 		w.now = e.at
-		w.events++
-		if w.events > maxEvents {
-			w.fail("event-budget", fmt.Sprintf("more than %d events: the simulation ran away", maxEvents))
-			break
-		}
-		put := func(x uint64) {
-			for i := range b {
-				b[i] = byte(x >> (8 * i))
-			}
-			h.Write(b[:])
-		}
-		put(uint64(e.at.UnixNano()))
-		put(e.seq)
-		put(uint64(e.kind)<<32 | uint64(uint32(int32(e.node))))
-		w.last[w.lastN%lastEvents] = e
-		w.lastN++
-		if w.cfg.Trace != nil {
-			fmt.Fprintln(w.cfg.Trace, w.describe(e))
-		}
-		w.execEvent(e)
-		if w.failure != nil {
-			break
-		}
-		if v := w.chk.Check(); v != nil {
-			w.fail(v.Invariant, v.Detail)
-		}
-		if w.cfg.Canary && w.seed%100 == 42 && w.events == 1000 {
-			w.fail("canary", "the canary check fails on every seed ≡ 42 mod 100 (enabled with -sim.canary)")
-		}
+		w.step(e)
 	}
-	w.trace = h.Sum64()
+	w.trace = w.hash.Sum64()
+}
+
+// step runs one event at w.now: count, hash, execute, check.
+func (w *world) step(e *event) {
+	w.events++
+	if w.events > maxEvents {
+		w.fail("event-budget", fmt.Sprintf("more than %d events: the simulation ran away", maxEvents))
+		return
+	}
+	var b [8]byte
+	put := func(x uint64) {
+		for i := range b {
+			b[i] = byte(x >> (8 * i))
+		}
+		w.hash.Write(b[:])
+	}
+	put(uint64(e.at.UnixNano()))
+	put(e.seq)
+	put(uint64(e.kind)<<32 | uint64(uint32(int32(e.node))))
+	w.last[w.lastN%lastEvents] = e
+	w.lastN++
+	if w.cfg.Trace != nil {
+		fmt.Fprintln(w.cfg.Trace, w.describe(e))
+	}
+	w.execEvent(e)
+	if w.failure != nil {
+		return
+	}
+	if v := w.chk.Check(); v != nil {
+		w.fail(v.Invariant, v.Detail)
+	}
+	if w.cfg.Canary && w.seed%100 == 42 && w.events == 1000 {
+		w.fail("canary", "the canary check fails on every seed ≡ 42 mod 100 (enabled with -sim.canary)")
+	}
 }
 
 // exec runs one event; a panic (a core assertion, or a bug in the world) is

@@ -94,6 +94,10 @@ type Scope struct {
 	// its messages; the durable store keeps the records the core emitted.
 	// For tests that plant a bug the explorer must catch.
 	Mutate func(rd *core.Ready)
+	// Planted names the PlantedBugs entry Mutate is, if any (PlantedBug.Plant
+	// sets both): a counterexample's Script carries the name, so that the
+	// simulator plants the same bug when it replays it.
+	Planted string
 }
 
 // Result is what one exploration found.
@@ -167,6 +171,10 @@ type Counterexample struct {
 	SimNote string
 	// Replay is a Go snippet that re-executes the path with Replay.
 	Replay string
+	// Script is the initial world and the path as plain values, for the
+	// simulator to re-execute in its own world (sim.RunScript; saved with
+	// Script.WriteFile, replayed by the command ScriptReplayCommand gives).
+	Script *Script
 
 	shortest string
 }
@@ -187,6 +195,9 @@ func (c *Counterexample) String() string {
 	}
 	if c.Replay != "" {
 		b.WriteString("replay: " + c.Replay + "\n")
+	}
+	if c.Script != nil {
+		fmt.Fprintf(&b, "replay in the simulator: ce.Script.WriteFile(FILE), then %s\n", ScriptReplayCommand("FILE"))
 	}
 	return b.String()
 }
@@ -628,10 +639,12 @@ func (x *explorer) counterexample(acts []action, inv, detail string) *Counterexa
 	}
 	faults := map[string]bool{}
 	var sim []string
+	var steps []ScriptStep
 	if s, err := x.initial(); err == nil {
 		for _, a := range acts {
 			sc := x.apply(s, a, true)
 			ce.Path = append(ce.Path, sc.label)
+			steps = append(steps, sc.step)
 			sim = append(sim, sc.sim)
 			if sc.fault != "" {
 				faults[sc.fault] = true
@@ -657,6 +670,7 @@ func (x *explorer) counterexample(acts []action, inv, detail string) *Counterexa
 		b.WriteString("  " + e + "\n")
 	}
 	ce.SimNote = b.String()
+	ce.Script = x.script(steps, inv, detail)
 	ce.Replay = fmt.Sprintf("sc, _ := spec.ScopeByName(%q); v, err := spec.Replay(sc, ce.Path)", x.sc.Name)
 	return ce
 }

@@ -3,13 +3,12 @@ package spec
 import (
 	"flag"
 	"fmt"
+	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/tether-run/tether/core"
 )
 
 var (
@@ -59,6 +58,12 @@ func report(t *testing.T, sc Scope, res Result) {
 	msg := ""
 	if err := os.WriteFile(file, []byte(strings.Join(res.Violation.Path, "\n")+"\n"), 0o644); err == nil {
 		msg = fmt.Sprintf("replay: go test ./spec -run 'TestExploreReplay$' -explore.scope=%s -explore.replay=%s -v\n", sc.Name, file)
+	}
+	if res.Violation.Script != nil {
+		script := filepath.Join(os.TempDir(), fmt.Sprintf("tether-explore-%s.script.json", sc.Name))
+		if err := res.Violation.Script.WriteFile(script); err == nil {
+			msg += "replay in the simulator: " + ScriptReplayCommand(script) + "\n"
+		}
 	}
 	t.Fatalf("\n%s%s", res.Violation, msg)
 }
@@ -136,53 +141,14 @@ func TestExploreReplay(t *testing.T) {
 	t.Logf("replayed %d actions: %s", len(path), v)
 }
 
-// mutants are planted bugs: each doctors the batches the driver gets, and
-// the explorer must find the shortest path to the invariant it breaks.
-var mutants = []struct {
-	name   string
-	inv    []string // the invariants that may report it
-	mutate func(rd *core.Ready)
-}{
-	{
-		// A report on a lease that lost its authority is answered COMMITTED
-		// (seed 000's stale dispatch, accepted).
-		name: "stale-report-committed",
-		inv:  []string{"AtMostOneCommit", "NoStaleCommit", "CancelledNeverCommitted"},
-		mutate: func(rd *core.Ready) {
-			for i, e := range rd.Messages {
-				if a, ok := e.Msg.(core.Answer); ok && a.Verdict == core.Cancelled {
-					a.Verdict = core.Committed
-					rd.Messages[i].Msg = a
-				}
-			}
-		},
-	},
-	{
-		// The dispatch of a write-bearing step says it writes nothing: the
-		// worker starts it without the start handshake (sim/mutants/13).
-		name: "no-start-handshake",
-		inv:  []string{"WriteStepRunsOnce"},
-		mutate: func(rd *core.Ready) {
-			for i, e := range rd.Messages {
-				if d, ok := e.Msg.(core.Dispatch); ok && d.Writes {
-					d.Writes = false
-					rd.Messages[i].Msg = d
-				}
-			}
-		},
-	},
-}
-
 // TestExploreCatchesPlantedBugs shows the explorer catching planted bugs:
 // each counterexample breaks one of the expected invariants, is printed one
 // action per line, replays to the same violation, and is shortest (the same
 // search one action shallower finds nothing).
 func TestExploreCatchesPlantedBugs(t *testing.T) {
-	for _, m := range mutants {
-		t.Run(m.name, func(t *testing.T) {
-			sc := DefaultScope()
-			sc.Name = "default+" + m.name
-			sc.Mutate = m.mutate
+	for _, m := range PlantedBugs {
+		t.Run(m.Name, func(t *testing.T) {
+			sc := m.Plant(DefaultScope())
 			sc.MaxDepth = 8
 			res := Explore(sc)
 			ce := res.Violation
@@ -192,11 +158,11 @@ func TestExploreCatchesPlantedBugs(t *testing.T) {
 			text := ce.String()
 			t.Logf("caught:\n%s", text)
 			found := false
-			for _, inv := range m.inv {
+			for _, inv := range m.Invariants {
 				found = found || ce.Invariant == inv
 			}
 			if !found {
-				t.Errorf("violation of %s, want one of %v", ce.Invariant, m.inv)
+				t.Errorf("violation of %s, want one of %v", ce.Invariant, m.Invariants)
 			}
 			if len(ce.Path) == 0 || len(ce.Path) > sc.MaxDepth {
 				t.Fatalf("path of %d actions", len(ce.Path))
@@ -209,6 +175,7 @@ func TestExploreCatchesPlantedBugs(t *testing.T) {
 			if !strings.Contains(ce.SimNote, "simulator") || ce.Replay == "" {
 				t.Errorf("no simulator note or replay snippet: %q, %q", ce.SimNote, ce.Replay)
 			}
+			checkScript(t, sc, ce)
 			v, err := Replay(sc, ce.Path)
 			if err != nil || v == nil || v.Invariant != ce.Invariant {
 				t.Errorf("replaying the path gave %v, %v; want a violation of %s", v, err, ce.Invariant)
@@ -221,6 +188,81 @@ func TestExploreCatchesPlantedBugs(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// checkScript: a counterexample's script is its path as plain values — one
+// step per action, labelled alike, after the initial state's enrollment —
+// with the scope's world, and it survives a save and a load.
+func checkScript(t *testing.T, sc Scope, ce *Counterexample) {
+	t.Helper()
+	s := ce.Script
+	if s == nil {
+		t.Fatal("no script")
+	}
+	if s.Planted != sc.Planted || s.Invariant != ce.Invariant || s.Scope != sc.Name || len(s.Workers) != sc.Workers || len(s.Run.Steps) != len(sc.Steps) {
+		t.Errorf("the script's world (scope %q, planted %q, invariant %q, %d workers, %d steps) is not the scope's", s.Scope, s.Planted, s.Invariant, len(s.Workers), len(s.Run.Steps))
+	}
+	if want := 3 * sc.Workers; sc.Enrolled && s.Setup != want {
+		t.Errorf("the script's setup has %d steps, want %d (connect, hello, welcome per worker)", s.Setup, want)
+	}
+	if len(s.Steps) != s.Setup+len(ce.Path) {
+		t.Fatalf("%d script steps after the setup, %d actions", len(s.Steps)-s.Setup, len(ce.Path))
+	}
+	for i, p := range ce.Path {
+		if st := s.Steps[s.Setup+i]; st.Label != p || st.Kind == "" {
+			t.Errorf("script step %d is %s %q, the action %q", s.Setup+i+1, st.Kind, st.Label, p)
+		}
+	}
+	file := filepath.Join(t.TempDir(), "script.json")
+	if err := s.WriteFile(file); err != nil {
+		t.Fatal(err)
+	}
+	back, err := ReadScript(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fmt.Sprintf("%+v", *back) != fmt.Sprintf("%+v", *s) {
+		t.Errorf("the script changed in a save and a load:\n%+v\n%+v", *s, *back)
+	}
+	if !strings.Contains(ce.String(), ScriptReplayCommand("FILE")) {
+		t.Errorf("the counterexample does not print the simulator's replay command")
+	}
+}
+
+// TestExploreWalk: a walk's steps are the explorer's own actions (their
+// labels replay), and a walk stops at a violation.
+func TestExploreWalk(t *testing.T) {
+	violations := 0
+	for seed := uint64(1); seed <= 20; seed++ {
+		sc := DefaultScope()
+		if seed%2 == 0 {
+			sc = PlantedBugs[1].Plant(sc)
+		}
+		r := rand.New(rand.NewPCG(seed, 1))
+		s, v, err := Walk(sc, 30, func(next []ScriptStep) int { return r.IntN(len(next)) })
+		if err != nil {
+			t.Fatal(err)
+		}
+		var path []string
+		for _, st := range s.Steps[s.Setup:] {
+			path = append(path, st.Label)
+		}
+		rv, err := Replay(sc, path)
+		switch {
+		case err != nil:
+			t.Fatalf("walk %d does not replay: %v", seed, err)
+		case (v == nil) != (rv == nil) || (v != nil && (v.Invariant != rv.Invariant || s.Invariant != v.Invariant)):
+			t.Fatalf("walk %d reached %v (script: %q), its replay %v", seed, v, s.Invariant, rv)
+		case v != nil && len(path) == 0:
+			t.Fatalf("walk %d: a violation without an action", seed)
+		}
+		if v != nil {
+			violations++
+		}
+	}
+	if violations == 0 {
+		t.Error("no walk with the planted bug reached its violation")
 	}
 }
 
@@ -250,7 +292,7 @@ func TestExploreDeterministic(t *testing.T) {
 	if a.States != b.States || a.Transitions != b.Transitions || a.MaxDepth != b.MaxDepth || a.Pruned != b.Pruned {
 		t.Errorf("two explorations differ:\n%s\n%s", a.Summary(), b.Summary())
 	}
-	sc.Mutate = mutants[0].mutate
+	sc.Mutate = PlantedBugs[0].Mutate
 	sc.Parallel = 1
 	c := Explore(sc)
 	sc.Parallel = 4

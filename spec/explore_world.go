@@ -97,8 +97,11 @@ type explorer struct {
 	hits     uint32
 	start    time.Time
 	memo     *orchMemo
-	workers  *internTable[*core.Worker]
-	packs    *internTable[*checkerPack]
+	// setupSteps are the initial state's own actions (enrollment) as script
+	// steps, set by initial.
+	setupSteps []ScriptStep
+	workers    *internTable[*core.Worker]
+	packs      *internTable[*checkerPack]
 }
 
 func newExplorer(sc Scope) *explorer {
@@ -149,7 +152,8 @@ type xmsg struct {
 
 type xconn struct {
 	id         core.ConnID
-	w          int // worker slot
+	w          int           // worker slot
+	owner      core.WorkerID // the instance that opened it (labels only: not part of the state)
 	toO, toW   []xmsg
 	orchOpen   bool // the orchestrator's driver reads it and owes it a Disconnected
 	workerOpen bool // it is the worker's current connection
@@ -369,8 +373,9 @@ type xsucc struct {
 	s      *xstate
 	hash   uint64
 	label  string
-	sim    string // the action as a simulator event (counterexamples only)
-	fault  string // the simulator option the action needs (counterexamples only)
+	step   ScriptStep // the action as a script step (counterexamples only)
+	sim    string     // the action as a simulator event (counterexamples only)
+	fault  string     // the simulator option the action needs (counterexamples only)
 	viol   *Violation
 	pruned bool
 	hits   uint32
@@ -385,6 +390,7 @@ type builder struct {
 	ownO, ownChk, ownWs, ownNet, ownProcs, ownRecov bool
 	ownW                                            uint64
 	label, sim, fault                               string
+	steps                                           []ScriptStep // every action's script step (counterexamples only)
 	viol                                            *Violation
 	hits                                            uint32
 }
@@ -478,7 +484,7 @@ func (x *explorer) apply(parent *xstate, a action, want bool) (out *xsucc) {
 	b := &builder{x: x, s: &ns, want: want}
 	defer func() {
 		if r := recover(); r != nil {
-			out = &xsucc{s: &ns, label: b.label, sim: b.sim, fault: b.fault, viol: &Violation{Invariant: "Panic", Detail: fmt.Sprint(r)}, hits: b.hits}
+			out = &xsucc{s: &ns, label: b.label, step: b.lastStep(), sim: b.sim, fault: b.fault, viol: &Violation{Invariant: "Panic", Detail: fmt.Sprint(r)}, hits: b.hits}
 		}
 	}()
 	b.do(a)
@@ -497,7 +503,7 @@ func (x *explorer) apply(parent *xstate, a action, want bool) (out *xsucc) {
 	if b.viol == nil {
 		b.viol = x.stuck(&ns)
 	}
-	out = &xsucc{s: &ns, label: b.label, sim: b.sim, fault: b.fault, viol: b.viol, hits: b.hits}
+	out = &xsucc{s: &ns, label: b.label, step: b.lastStep(), sim: b.sim, fault: b.fault, viol: b.viol, hits: b.hits}
 	if b.ownChk {
 		ns.chkHash = ns.chk.stateHash()
 	}
@@ -584,13 +590,24 @@ func (b *builder) at() string { return "+" + b.s.now.Sub(exploreT0).String() }
 
 func (b *builder) wname(i int) string { return string(b.s.ws[i].id) }
 
-// note records, for a counterexample, the action's label, the same event in
-// the simulator's vocabulary (sim/world.go), and the simulator fault or
-// option it needs, if any.
-func (b *builder) note(sim, fault, format string, args ...any) {
+// note records, for a counterexample, the action's label, the action as a
+// script step (explore_script.go), the same event in the simulator's
+// vocabulary (sim/world.go), and the simulator fault or option it needs, if
+// any.
+func (b *builder) note(st ScriptStep, sim, fault, format string, args ...any) {
 	b.label = b.at() + " " + fmt.Sprintf(format, args...)
+	st.At, st.Label = b.s.now.Sub(exploreT0), b.label
+	b.steps = append(b.steps, st)
 	b.sim = b.at() + " " + sim
 	b.fault = fault
+}
+
+// lastStep is the script step of the action just applied.
+func (b *builder) lastStep() ScriptStep {
+	if len(b.steps) == 0 {
+		return ScriptStep{}
+	}
+	return b.steps[len(b.steps)-1]
 }
 
 func (b *builder) do(a action) {
@@ -602,13 +619,17 @@ func (b *builder) do(a action) {
 		m := c.toO[a.j]
 		if b.want {
 			d := core.DescribeMsg(m.m)
+			st := ScriptStep{Worker: c.owner, Conn: c.id, Msg: d}
 			switch a.k {
 			case aDeliverO:
-				b.note("→orch "+b.wname(c.w)+" "+d, "", "deliver %s→orch c%d: %s", b.wname(c.w), c.id, d)
+				st.Kind = ScriptDeliverToOrch
+				b.note(st, "→orch "+string(c.owner)+" "+d, "", "deliver %s→orch c%d: %s", string(c.owner), c.id, d)
 			case aDupO:
-				b.note("→orch "+b.wname(c.w)+" "+d+" duplicate", "DupProb>0 (a duplicated delivery)", "dup %s→orch c%d: %s", b.wname(c.w), c.id, d)
+				st.Kind = ScriptDupToOrch
+				b.note(st, "→orch "+string(c.owner)+" "+d+" duplicate", "DupProb>0 (a duplicated delivery)", "dup %s→orch c%d: %s", string(c.owner), c.id, d)
 			default:
-				b.note("(lost) "+d, "a lone message loss (no simulator equivalent: its loss resets the connection)", "drop %s→orch c%d: %s", b.wname(c.w), c.id, d)
+				st.Kind = ScriptDropToOrch
+				b.note(st, "(lost) "+d, "a lone message loss (no simulator equivalent: its loss resets the connection)", "drop %s→orch c%d: %s", string(c.owner), c.id, d)
 			}
 		}
 		switch a.k {
@@ -631,13 +652,17 @@ func (b *builder) do(a action) {
 		m := c.toW[a.j]
 		if b.want {
 			d := core.DescribeMsg(m.m)
+			st := ScriptStep{Worker: c.owner, Conn: c.id, Msg: d}
 			switch a.k {
 			case aDeliverW:
-				b.note("→worker "+b.wname(c.w)+" "+d, "", "deliver orch→%s c%d: %s", b.wname(c.w), c.id, d)
+				st.Kind = ScriptDeliverToWorker
+				b.note(st, "→worker "+string(c.owner)+" "+d, "", "deliver orch→%s c%d: %s", string(c.owner), c.id, d)
 			case aDupW:
-				b.note("→worker "+b.wname(c.w)+" "+d+" (twice)", "a duplicated delivery to a worker (the simulator duplicates only →orch)", "dup orch→%s c%d: %s", b.wname(c.w), c.id, d)
+				st.Kind = ScriptDupToWorker
+				b.note(st, "→worker "+string(c.owner)+" "+d+" (twice)", "a duplicated delivery to a worker (the simulator duplicates only →orch)", "dup orch→%s c%d: %s", string(c.owner), c.id, d)
 			default:
-				b.note("(lost) "+d, "a lone message loss (no simulator equivalent: its loss resets the connection)", "drop orch→%s c%d: %s", b.wname(c.w), c.id, d)
+				st.Kind = ScriptDropToWorker
+				b.note(st, "(lost) "+d, "a lone message loss (no simulator equivalent: its loss resets the connection)", "drop orch→%s c%d: %s", string(c.owner), c.id, d)
 			}
 		}
 		switch a.k {
@@ -660,8 +685,8 @@ func (b *builder) do(a action) {
 		b.mutNet()
 		c := s.conns[a.i]
 		if b.want {
-			b.note("fault socket-drop "+b.wname(c.w), "LossProb>0 or a partition (a connection reset)",
-				"reset c%d (%s): %d→orch and %d→worker messages lost", c.id, b.wname(c.w), len(c.toO), len(c.toW))
+			b.note(ScriptStep{Kind: ScriptReset, Worker: c.owner, Conn: c.id}, "fault socket-drop "+string(c.owner), "LossProb>0 or a partition (a connection reset)",
+				"reset c%d (%s): %d→orch and %d→worker messages lost", c.id, string(c.owner), len(c.toO), len(c.toW))
 		}
 		s.used.resets++
 		c.broken = true
@@ -670,7 +695,7 @@ func (b *builder) do(a action) {
 		b.mutNet()
 		c := s.conns[a.i]
 		if b.want {
-			b.note("orch-notices-drop "+b.wname(c.w), "", "notice orch: c%d (%s) closed", c.id, b.wname(c.w))
+			b.note(ScriptStep{Kind: ScriptOrchNotices, Worker: c.owner, Conn: c.id}, "orch-notices-drop "+string(c.owner), "", "notice orch: c%d (%s) closed", c.id, string(c.owner))
 		}
 		c.orchOpen = false
 		c.toO = nil
@@ -679,7 +704,7 @@ func (b *builder) do(a action) {
 		b.mutNet()
 		c := s.conns[a.i]
 		if b.want {
-			b.note("worker-notices-drop "+b.wname(c.w), "", "notice %s: c%d closed", b.wname(c.w), c.id)
+			b.note(ScriptStep{Kind: ScriptWorkerNotices, Worker: c.owner, Conn: c.id}, "worker-notices-drop "+string(c.owner), "", "notice %s: c%d closed", string(c.owner), c.id)
 		}
 		c.workerOpen = false
 		c.toW = nil
@@ -697,19 +722,19 @@ func (b *builder) do(a action) {
 		for slices.ContainsFunc(s.conns, func(c *xconn) bool { return c.id == id }) {
 			id++
 		}
-		c := &xconn{id: id, w: a.i, orchOpen: true, workerOpen: true}
+		c := &xconn{id: id, w: a.i, owner: s.ws[a.i].id, orchOpen: true, workerOpen: true}
 		k, _ := slices.BinarySearchFunc(s.conns, id, func(c *xconn, id core.ConnID) int { return int(c.id) - int(id) })
 		s.conns = slices.Insert(s.conns, k, c)
 		s.ws[a.i].conn, s.ws[a.i].dialing = id, false
 		if b.want {
-			b.note("dial "+b.wname(a.i)+" connected", "", "connect %s c%d", b.wname(a.i), id)
+			b.note(ScriptStep{Kind: ScriptConnect, Worker: s.ws[a.i].id, Conn: id}, "dial "+b.wname(a.i)+" connected", "", "connect %s c%d", b.wname(a.i), id)
 		}
 		b.worker(a.i, core.WConnected{Conn: id})
 	case aDialFail:
 		b.mutWs()
 		s.ws[a.i].dialing = false
 		if b.want {
-			b.note("dial "+b.wname(a.i)+" dial failed", "", "dial-fail %s (orchestrator down)", b.wname(a.i))
+			b.note(ScriptStep{Kind: ScriptDialFail, Worker: s.ws[a.i].id}, "dial "+b.wname(a.i)+" dial failed", "", "dial-fail %s (orchestrator down)", b.wname(a.i))
 		}
 		b.worker(a.i, core.WDialFailed{Reason: "connection refused"})
 	case aTickO:
@@ -719,7 +744,7 @@ func (b *builder) do(a action) {
 			s.now = s.oDL
 		}
 		if b.want {
-			b.note("orch-tick", slowFault(slow), "tick orchestrator%s", slowNote(slow))
+			b.note(ScriptStep{Kind: ScriptTickOrch}, "orch-tick", slowFault(slow), "tick orchestrator%s", slowNote(slow))
 		}
 		b.orch(core.Tick{})
 	case aTickW:
@@ -729,7 +754,7 @@ func (b *builder) do(a action) {
 			s.now = d
 		}
 		if b.want {
-			b.note("worker-tick "+b.wname(a.i), slowFault(slow), "tick %s%s", b.wname(a.i), slowNote(slow))
+			b.note(ScriptStep{Kind: ScriptTickWorker, Worker: s.ws[a.i].id}, "worker-tick "+b.wname(a.i), slowFault(slow), "tick %s%s", b.wname(a.i), slowNote(slow))
 		}
 		b.worker(a.i, core.WTick{})
 	case aExit0, aExit1, aTermExit:
@@ -754,7 +779,8 @@ func (b *builder) do(a action) {
 			if x.ExitCode == 1 {
 				fault = "FailProb>0"
 			}
-			b.note("process "+b.wname(p.w)+" exits", fault, "exit %s %s lease=%d %s", b.wname(p.w), p.step, p.lease, how)
+			b.note(ScriptStep{Kind: ScriptExit, Worker: s.ws[p.w].id, Step: p.step, Lease: p.lease, Code: x.ExitCode},
+				"process "+b.wname(p.w)+" exits", fault, "exit %s %s lease=%d %s", b.wname(p.w), p.step, p.lease, how)
 		}
 		b.worker(p.w, x)
 	case aLine:
@@ -763,22 +789,23 @@ func (b *builder) do(a action) {
 		p.lines++
 		text := fmt.Sprintf("line %d", p.lines)
 		if b.want {
-			b.note("process "+b.wname(p.w)+" output", "LinesMax>0", "output %s %s lease=%d %q", b.wname(p.w), p.step, p.lease, text)
+			b.note(ScriptStep{Kind: ScriptOutput, Worker: s.ws[p.w].id, Step: p.step, Lease: p.lease, Text: text},
+				"process "+b.wname(p.w)+" output", "LinesMax>0", "output %s %s lease=%d %q", b.wname(p.w), p.step, p.lease, text)
 		}
 		b.worker(p.w, core.WExecOutput{Lease: p.lease, Text: text})
 	case aCrashO:
 		if b.want {
-			b.note("fault orchestrator-crash", "OrchCrashEvery>0", "crash-orchestrator")
+			b.note(ScriptStep{Kind: ScriptCrashOrch}, "fault orchestrator-crash", "OrchCrashEvery>0", "crash-orchestrator")
 		}
 		b.crashOrch()
 	case aRestartO:
 		if b.want {
-			b.note("fault orchestrator restarts", "", "restart-orchestrator")
+			b.note(ScriptStep{Kind: ScriptRestartOrch}, "fault orchestrator restarts", "", "restart-orchestrator")
 		}
 		b.restartOrch()
 	case aCrashW:
 		if b.want {
-			b.note("fault worker-crash "+b.wname(a.i), "WorkerCrashEvery>0", "crash-worker %s", b.wname(a.i))
+			b.note(ScriptStep{Kind: ScriptCrashWorker, Worker: s.ws[a.i].id}, "fault worker-crash "+b.wname(a.i), "WorkerCrashEvery>0", "crash-worker %s", b.wname(a.i))
 		}
 		s.used.workerCrashes++
 		b.killWorker(a.i)
@@ -786,12 +813,14 @@ func (b *builder) do(a action) {
 		s.used.restarts++
 		b.bootWorker(a.i, s.ws[a.i].inst+1, b.x.sc.Workers+int(s.used.restarts)-1)
 		if b.want {
-			b.note("fault replacement "+b.wname(a.i), "", "restart-worker slot %d as %s", a.i+1, b.wname(a.i))
+			w := s.ws[a.i]
+			b.note(ScriptStep{Kind: ScriptRestartWorker, Worker: w.id, Token: b.x.tokNames[w.tok], Seed: workerSeedFor(a.i, w.inst)},
+				"fault replacement "+b.wname(a.i), "", "restart-worker slot %d as %s", a.i+1, b.wname(a.i))
 		}
 	case aCancel:
 		s.used.cancels++
 		if b.want {
-			b.note("operator cancel "+string(b.x.run), "CancelEvery>0", "cancel-run %s", b.x.run)
+			b.note(ScriptStep{Kind: ScriptCancel}, "operator cancel "+string(b.x.run), "CancelEvery>0", "cancel-run %s", b.x.run)
 		}
 		b.orch(core.CancelRun{Call: 1000, Run: b.x.run})
 	case aRevoke:
@@ -800,7 +829,7 @@ func (b *builder) do(a action) {
 		s.revoked |= 1 << w.tok
 		name := b.x.tokNames[w.tok]
 		if b.want {
-			b.note("operator revoke "+name, "RevokeEvery>0", "revoke %s (%s)", name, w.id)
+			b.note(ScriptStep{Kind: ScriptRevoke, Worker: w.id, Token: name}, "operator revoke "+name, "RevokeEvery>0", "revoke %s (%s)", name, w.id)
 		}
 		b.orch(core.RevokeToken{Call: 1001, Name: name})
 	default:
@@ -1255,17 +1284,31 @@ func (b *builder) killWorker(i int) {
 func (b *builder) bootWorker(i, inst, tok int) {
 	b.mutWs()
 	w := &b.s.ws[i]
-	id := core.WorkerID(fmt.Sprintf("w%d", i+1))
-	if inst > 0 {
-		id = core.WorkerID(fmt.Sprintf("w%d-%d", i+1, inst))
-	}
+	id := workerIDFor(i, inst)
 	cfg := b.x.sc.Worker
 	cfg.ID, cfg.Name, cfg.Token, cfg.Slots = id, string(id), b.x.tokens[tok], b.x.sc.Slots
-	cfg.Seed = uint64(i+1)<<8 | uint64(inst)
+	cfg.Seed = workerSeedFor(i, inst)
 	*w = xworker{m: core.NewWorker(cfg), alive: true, inst: inst, tok: tok, id: id}
 	b.ownW |= 1 << i
 	b.worker(i, core.WBoot{})
 }
+
+// workerIDFor names instance inst of worker slot i: w1, then w1-1, w1-2, …
+func workerIDFor(i, inst int) core.WorkerID {
+	if inst > 0 {
+		return core.WorkerID(fmt.Sprintf("w%d-%d", i+1, inst))
+	}
+	return core.WorkerID(fmt.Sprintf("w%d", i+1))
+}
+
+// workerSeedFor is the WorkerConfig.Seed of instance inst in slot i.
+func workerSeedFor(i, inst int) uint64 { return uint64(i+1)<<8 | uint64(inst) }
+
+// exploreTokenTTL is the validity of the tokens created at the start.
+const exploreTokenTTL = time.Hour
+
+// runSpec is the one run submitted at the start.
+func (x *explorer) runSpec() core.RunSpec { return core.RunSpec{Name: "explore", Steps: x.sc.Steps} }
 
 // ---- the initial state ----
 
@@ -1282,13 +1325,13 @@ func (x *explorer) initial() (s *xstate, err error) {
 	b := &builder{x: x, s: s, want: true, ownChk: true, ownWs: true, ownNet: true, ownProcs: true, ownRecov: true, ownW: ^uint64(0)}
 	x.tokens = make([]string, len(x.tokNames))
 	for k, name := range x.tokNames {
-		rd := b.orch(core.CreateToken{Call: core.CallID(k + 1), Name: name, TTL: time.Hour, Secret: secretFor(name)})
+		rd := b.orch(core.CreateToken{Call: core.CallID(k + 1), Name: name, TTL: exploreTokenTTL, Secret: secretFor(name)})
 		if len(rd.Answers) != 1 || rd.Answers[0].Err != "" {
 			return nil, fmt.Errorf("creating token %s: %+v", name, rd.Answers)
 		}
 		x.tokens[k] = rd.Answers[0].Token
 	}
-	rd := b.orch(core.Submit{Call: 100, Spec: core.RunSpec{Name: "explore", Steps: x.sc.Steps}})
+	rd := b.orch(core.Submit{Call: 100, Spec: x.runSpec()})
 	if len(rd.Answers) != 1 || rd.Answers[0].Err != "" {
 		return nil, fmt.Errorf("submitting the run: %+v", rd.Answers)
 	}
@@ -1311,6 +1354,7 @@ func (x *explorer) initial() (s *xstate, err error) {
 		}
 	}
 	b.gc()
+	x.setupSteps = b.steps
 	s.chkHash = s.chk.stateHash()
 	x.hits |= b.hits
 	if b.viol != nil {
