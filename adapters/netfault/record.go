@@ -44,6 +44,7 @@ type Recorder struct {
 	client      map[core.WorkerID]int    // porcupine client ids, for the visualization
 	frames      []Frame
 	undecodable int
+	intercept   func(Frame)
 }
 
 // operatorClient is the porcupine client id of the test's operator calls.
@@ -70,13 +71,34 @@ func (r *Recorder) message(m Message) {
 	}
 	msg, err := wire.Decode(m.Data)
 	r.mu.Lock()
-	defer r.mu.Unlock()
 	if err != nil {
 		r.undecodable++
+		r.mu.Unlock()
 		return
 	}
-	r.frames = append(r.frames, Frame{Link: m.Link, Dir: m.Dir, Msg: msg, At: m.At})
-	switch msg := msg.(type) {
+	f := Frame{Link: m.Link, Dir: m.Dir, Msg: msg, At: m.At}
+	r.frames = append(r.frames, f)
+	r.record(f)
+	intercept := r.intercept
+	r.mu.Unlock()
+	if intercept != nil {
+		intercept(f)
+	}
+}
+
+// Intercept has f called with every decoded frame, after it is recorded and
+// before the chunk that completes it is forwarded: a test can cut the proxy
+// there, so that the frame never arrives. f runs on the proxy's goroutine
+// for that link and direction; it must not block for long.
+func (r *Recorder) Intercept(f func(Frame)) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.intercept = f
+}
+
+// record translates one frame into the history (r.mu held).
+func (r *Recorder) record(m Frame) {
+	switch msg := m.Msg.(type) {
 	case core.Hello:
 		if m.Dir == Up {
 			r.workerOf[m.Link] = msg.Worker
@@ -172,6 +194,21 @@ func (r *Recorder) Ops() []porcupine.Operation {
 		}
 	}
 	return out
+}
+
+// Pending is how many recorded operations still await their return (a
+// report whose answer has not passed yet). An answer can trail the state it
+// reports on, so a test that expects every report answered waits for 0.
+func (r *Recorder) Pending() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	n := 0
+	for _, o := range r.open {
+		if o {
+			n++
+		}
+	}
+	return n
 }
 
 // Frames returns every decoded frame so far, in the order they were seen.

@@ -38,8 +38,8 @@ func TestRecorder(t *testing.T) {
 	rep := core.Report{Step: step, Lease: 3, Request: 1, Outcome: ok}
 	feed(t, r, 1, Up, rep)
 	feed(t, r, 2, Down, core.Answer{Lease: 3, Request: 1, Verdict: core.Committed}) // w2's link: not w1's answer
-	feed(t, r, 3, Up, core.Hello{Version: 1, Worker: "w1", Slots: 1})                // w1 reconnects
-	feed(t, r, 3, Up, rep)                                                            // and re-sends
+	feed(t, r, 3, Up, core.Hello{Version: 1, Worker: "w1", Slots: 1})               // w1 reconnects
+	feed(t, r, 3, Up, rep)                                                          // and re-sends
 	feed(t, r, 3, Down, core.Answer{Lease: 3, Request: 1, Verdict: core.Committed})
 	feed(t, r, 2, Up, core.Report{Step: "run-1/b", Lease: 4, Request: 1, Outcome: ok}) // never answered
 	r.message(Message{Link: 2, Dir: Up, Op: OpText, Data: []byte("not json"), At: time.Now()})
@@ -50,6 +50,9 @@ func TestRecorder(t *testing.T) {
 	}
 	if r.Undecodable() != 1 {
 		t.Errorf("undecodable = %d, want 1", r.Undecodable())
+	}
+	if r.Pending() != 1 {
+		t.Errorf("pending = %d, want 1 (b's report)", r.Pending())
 	}
 	r.Query(time.Now(), time.Now(), step, core.StateSuccess, &ok)
 
@@ -86,5 +89,24 @@ func TestRecorder(t *testing.T) {
 	}
 	if _, found := DoubleCommit(ops[:1]); found {
 		t.Error("DoubleCommit doctored a history without a commit")
+	}
+}
+
+// TestRecorderIntercept: the intercept sees each decoded frame once it is
+// recorded (the history already holds a report when its frame is seen).
+func TestRecorderIntercept(t *testing.T) {
+	r := NewRecorder()
+	var seen []string
+	r.Intercept(func(f Frame) {
+		seen = append(seen, f.Msg.Kind())
+		if _, ok := f.Msg.(core.Report); ok && len(r.Ops()) != 1 {
+			t.Errorf("the report was not recorded before the intercept saw it")
+		}
+	})
+	feed(t, r, 1, Up, core.Hello{Version: 1, Worker: "w1", Slots: 1})
+	feed(t, r, 1, Up, core.Report{Step: "run-1/a", Lease: 1, Request: 1, Outcome: core.Outcome{Status: core.OutcomeSuccess}})
+	r.message(Message{Link: 1, Dir: Up, Op: OpText, Data: []byte("{"), At: time.Now()})
+	if want := []string{(core.Hello{}).Kind(), (core.Report{}).Kind()}; len(seen) != 2 || seen[0] != want[0] || seen[1] != want[1] {
+		t.Errorf("intercept saw %v, want %v", seen, want)
 	}
 }
