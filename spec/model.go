@@ -39,11 +39,16 @@ func (k OpKind) String() string {
 	return fmt.Sprintf("op(%d)", uint8(k))
 }
 
-// StepInput is an operation's input. Lease, Request and Outcome are set for
-// OpReport only.
+// StepInput is an operation's input. Worker, Lease, Request and Outcome are
+// set for OpReport only. Worker is the reporting worker instance: a report
+// names its lease, but only the lease's own worker can commit or repeat it,
+// so two workers' reports with the same lease, request id and outcome are
+// different operations (the other worker's is REJECTED). A history that
+// leaves Worker empty treats every report as coming from one worker.
 type StepInput struct {
 	Kind    OpKind
 	Step    core.StepID
+	Worker  core.WorkerID
 	Lease   core.LeaseID
 	Request uint64
 	Outcome core.Outcome
@@ -73,6 +78,7 @@ type regState struct {
 }
 
 type reportKey struct {
+	worker  core.WorkerID
 	lease   core.LeaseID
 	request uint64
 	outcome core.Outcome
@@ -84,7 +90,7 @@ type answered struct {
 }
 
 func compareKeys(a, b reportKey) int {
-	return cmp.Or(cmp.Compare(a.lease, b.lease), cmp.Compare(a.request, b.request),
+	return cmp.Or(strings.Compare(string(a.worker), string(b.worker)), cmp.Compare(a.lease, b.lease), cmp.Compare(a.request, b.request),
 		cmp.Compare(a.outcome.Status, b.outcome.Status), cmp.Compare(a.outcome.ExitCode, b.outcome.ExitCode),
 		strings.Compare(a.outcome.Message, b.outcome.Message))
 }
@@ -184,7 +190,7 @@ func stepModel(state, input, output any) []any {
 		return []any{s}
 
 	case OpReport:
-		k := reportKey{in.Lease, in.Request, in.Outcome}
+		k := reportKey{in.Worker, in.Lease, in.Request, in.Outcome}
 		if v, ok := s.answerOf(k); ok {
 			// An exact repeat gets the recorded answer again.
 			return one(out.Unknown || out.Verdict == v, s)
@@ -237,7 +243,11 @@ func hashState(a any) uint64 {
 
 func describeInput(in StepInput) string {
 	if in.Kind == OpReport {
-		return fmt.Sprintf("report(%s lease=%d req=%d %s)", in.Step, in.Lease, in.Request, describeOutcome(in.Outcome))
+		w := ""
+		if in.Worker != "" {
+			w = " worker=" + string(in.Worker)
+		}
+		return fmt.Sprintf("report(%s%s lease=%d req=%d %s)", in.Step, w, in.Lease, in.Request, describeOutcome(in.Outcome))
 	}
 	return fmt.Sprintf("%s(%s)", in.Kind, in.Step)
 }
@@ -299,13 +309,13 @@ func partitionByStep(history []porcupine.Operation) [][]porcupine.Operation {
 
 // StepModel is the porcupine model of the step register (DESIGN §4,
 // histories), partitioned by step. Per step its state is the committed
-// report (lease, request id, outcome) if any, whether a cancel took effect,
-// the greatest lease shown to exist, and every answered report. A report is
+// report (worker, lease, request id, outcome) if any, whether a cancel took
+// effect, the greatest lease shown to exist, and every answered report. A report is
 // answered COMMITTED only if nothing is committed yet, no cancel took effect
 // (except a cleanup-failed report after a cancel), and no greater lease of
 // the step was shown to exist (a superseded lease never commits); an exact
-// repeat of an answered report gets the same answer (so a repeat of the
-// committed report gets COMMITTED); CANCELLED and REJECTED are otherwise
+// repeat of an answered report (the same worker too) gets the same answer (so
+// a repeat of the committed report gets COMMITTED); CANCELLED and REJECTED are otherwise
 // always legal, since the model cannot see lease currency. A query returns
 // the committed outcome with the state it implies (success for ok, failed
 // otherwise), never an outcome that was not committed, never "no outcome"

@@ -187,6 +187,32 @@ func TestModelRejectsLostCommit(t *testing.T) {
 	check(t, h, porcupine.Illegal)
 }
 
+func TestModelTellsWorkersApart(t *testing.T) {
+	rep := func(w core.WorkerID, l core.LeaseID, req uint64, o core.Outcome) StepInput {
+		return StepInput{Kind: OpReport, Step: step1, Worker: w, Lease: l, Request: req, Outcome: o}
+	}
+	// Another worker sends the very report the lease's worker will send
+	// (request ids are per worker, so they collide): it is REJECTED, and the
+	// real one still commits; after the commit the other worker's copy is
+	// REJECTED again, not a repeat of the commit.
+	h := (&hist{}).submit(0, 1)
+	h.add(2, 2, 3, rep("rogue", 1, 1, okOut), StepOutput{Verdict: core.Rejected})
+	h.add(1, 4, 5, rep("w1", 1, 1, okOut), StepOutput{Verdict: core.Committed})
+	h.add(2, 6, 7, rep("rogue", 1, 1, okOut), StepOutput{Verdict: core.Rejected})
+	h.add(1, 8, 9, rep("w1", 1, 1, okOut), StepOutput{Verdict: core.Committed})
+	check(t, h, porcupine.Ok)
+	// Within one worker the repeat rule still binds.
+	h = (&hist{}).submit(0, 1)
+	h.add(1, 2, 3, rep("w1", 1, 1, okOut), StepOutput{Verdict: core.Rejected})
+	h.add(1, 4, 5, rep("w1", 1, 1, okOut), StepOutput{Verdict: core.Committed})
+	check(t, h, porcupine.Illegal)
+	// And a second worker's commit after the first's is one too many.
+	h = (&hist{}).submit(0, 1)
+	h.add(1, 2, 3, rep("w1", 1, 1, okOut), StepOutput{Verdict: core.Committed})
+	h.add(2, 4, 5, rep("rogue", 1, 1, okOut), StepOutput{Verdict: core.Committed})
+	check(t, h, porcupine.Illegal)
+}
+
 func TestModelPartitionsBySteps(t *testing.T) {
 	// Two steps each commit once: fine, they are different registers.
 	h := &hist{}

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -109,20 +110,35 @@ func poll(t *testing.T, ctx context.Context, what string, f func() bool) {
 	}
 }
 
-// buildBinaries builds both commands into a temp dir.
+// The binaries are built once per test run of this package, into binDir
+// (removed by TestMain).
+var (
+	buildOnce sync.Once
+	binDir    string
+	buildErr  error
+)
+
+// buildBinaries builds both commands (once) and returns their paths.
 func buildBinaries(t *testing.T, ctx context.Context) (orch, work string) {
 	t.Helper()
-	goBin, err := exec.LookPath("go")
-	if err != nil {
-		goBin = filepath.Join(runtime.GOROOT(), "bin", "go")
+	buildOnce.Do(func() {
+		goBin, err := exec.LookPath("go")
+		if err != nil {
+			goBin = filepath.Join(runtime.GOROOT(), "bin", "go")
+		}
+		if binDir, buildErr = os.MkdirTemp("", "tether-bin-"); buildErr != nil {
+			return
+		}
+		cmd := exec.CommandContext(ctx, goBin, "build", "-o", binDir+string(filepath.Separator), "./cmd/orchestrator", "./cmd/worker")
+		cmd.Dir = filepath.Join("..", "..") // the module root
+		if out, err := cmd.CombinedOutput(); err != nil {
+			buildErr = fmt.Errorf("go build: %v\n%s", err, out)
+		}
+	})
+	if buildErr != nil {
+		t.Fatal(buildErr)
 	}
-	dir := t.TempDir()
-	cmd := exec.CommandContext(ctx, goBin, "build", "-o", dir+string(filepath.Separator), "./cmd/orchestrator", "./cmd/worker")
-	cmd.Dir = filepath.Join("..", "..") // the module root
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
-	}
-	return filepath.Join(dir, "orchestrator"), filepath.Join(dir, "worker")
+	return filepath.Join(binDir, "orchestrator"), filepath.Join(binDir, "worker")
 }
 
 // TestEndToEndBinaries runs the real binaries: serve, a token from the CLI,

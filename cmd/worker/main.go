@@ -4,6 +4,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"errors"
@@ -20,6 +21,7 @@ import (
 	"strings"
 	"syscall"
 	"text/tabwriter"
+	"time"
 
 	"go.yaml.in/yaml/v3"
 
@@ -42,6 +44,11 @@ const (
 	defaultURL        = "ws://127.0.0.1:7420/control"
 	defaultConfigFile = "worker-config.yaml"
 	maxConfigSize     = 1 << 20
+
+	// The range of --max-reconnect-delay.
+	defaultMaxReconnectDelay = 60 * time.Second
+	minMaxReconnectDelay     = 100 * time.Millisecond
+	maxMaxReconnectDelay     = time.Hour
 )
 
 const exitCodesHelp = `Exit codes:
@@ -61,7 +68,8 @@ A worker dials the orchestrator's control plane, enrolls once with a one-time
 enrollment token, and runs the steps the orchestrator leases to it as
 'sh -c' processes, streaming their output back. If the connection drops it
 keeps its steps running, buffers their output, and reconnects with backoff
-(1 s, x1.5, up to 60 s); --no-reconnect exits instead. Each process start is a
+(1 s, x1.5, up to --max-reconnect-delay, 60 s by default; the orchestrator
+holds its steps for twice that); --no-reconnect exits instead. Each process start is a
 new worker instance with its own random UUID.
 
 Usage:
@@ -103,6 +111,7 @@ command line override it, and an unknown key is an error naming its line:
   platform: linux/amd64
   slots: 4
   no_reconnect: false
+  max_reconnect_delay: 60s
 
 Example:
   worker connect --url ws://127.0.0.1:7420/control --token builder-1.SECRET --tags script --slots 2
@@ -128,6 +137,9 @@ type settings struct {
 	Platform    string
 	Slots       int
 	NoReconnect bool
+	// MaxReconnectDelay caps the reconnect backoff; the orchestrator's
+	// grace window for this worker is twice it. Zero: the default (60 s).
+	MaxReconnectDelay time.Duration
 }
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
@@ -179,6 +191,8 @@ func parseConnect(args []string, stdout io.Writer) (final settings, logFormat, l
 	flags.StringVar(&s.Platform, "platform", "", "`platform` for steps that declare one, e.g. linux/amd64")
 	flags.IntVar(&s.Slots, "slots", 1, "steps run at once (`N`, 1..1024)")
 	flags.BoolVar(&s.NoReconnect, "no-reconnect", false, "exit (code 2) when the connection is lost instead of reconnecting; no grace window")
+	flags.DurationVar(&s.MaxReconnectDelay, "max-reconnect-delay", defaultMaxReconnectDelay,
+		"longest `duration` to wait between reconnect attempts (100ms..1h); the orchestrator holds this worker's steps for twice this after a disconnect")
 	flags.StringVar(&config, "config", defaultConfigFile, "worker config `file` (YAML); optional unless given explicitly")
 	flags.StringVar(&logFormat, "log-format", "text", "log `format` on stderr: text or json")
 	flags.StringVar(&logLevel, "log-level", "info", "log `level`: debug, info, warn or error")
@@ -236,6 +250,12 @@ func parseConnect(args []string, stdout io.Writer) (final settings, logFormat, l
 	if set["no-reconnect"] {
 		final.NoReconnect = s.NoReconnect
 	}
+	if set["max-reconnect-delay"] {
+		if err := checkMaxReconnectDelay(s.MaxReconnectDelay); err != nil {
+			return settings{}, "", "", fmt.Errorf("--max-reconnect-delay %s: %v", s.MaxReconnectDelay, err)
+		}
+		final.MaxReconnectDelay = s.MaxReconnectDelay
+	}
 	if final.Token == "" {
 		return settings{}, "", "", errors.New("--token is required (NAME.SECRET from 'orchestrator token create NAME')")
 	}
@@ -272,6 +292,7 @@ func connect(ctx context.Context, s settings, log *slog.Logger) int {
 		Config: core.WorkerConfig{
 			ID: core.WorkerID(id), Name: s.Name, Token: s.Token, Tags: s.Tags, Labels: s.Labels,
 			Platform: s.Platform, Slots: s.Slots, NoReconnect: s.NoReconnect,
+			BackoffMax: s.MaxReconnectDelay,
 		},
 	})
 	if err != nil {
@@ -279,7 +300,7 @@ func connect(ctx context.Context, s settings, log *slog.Logger) int {
 		return exitError
 	}
 	log.Info("worker starting", "worker", s.Name, "worker_id", id, "url", s.URL, "tags", strings.Join(s.Tags, ","),
-		"slots", s.Slots, "no_reconnect", s.NoReconnect)
+		"slots", s.Slots, "no_reconnect", s.NoReconnect, "max_reconnect_delay", cmp.Or(s.MaxReconnectDelay, defaultMaxReconnectDelay))
 	code, err := d.Run(ctx)
 	if err != nil { // ctx ended: SIGINT/SIGTERM
 		log.Info("worker stopped", "worker_id", id, "reason", "signal")
@@ -379,7 +400,7 @@ func loadConfig(path string, src []byte) (settings, error) {
 		return n.Value
 	}
 	root := doc.Content[0]
-	known := []string{"url", "token", "name", "tags", "labels", "platform", "slots", "no_reconnect"}
+	known := []string{"url", "token", "name", "tags", "labels", "platform", "slots", "no_reconnect", "max_reconnect_delay"}
 	if root.Kind != yaml.MappingNode {
 		errf(root, "worker config must be a mapping of keys to values")
 		return s, errors.New(strings.Join(errs, "\n  "))
@@ -435,6 +456,15 @@ func loadConfig(path string, src []byte) (settings, error) {
 				errf(v, "no_reconnect must be true or false, not %q", v.Value)
 			}
 			s.NoReconnect = b
+		case "max_reconnect_delay":
+			d, err := time.ParseDuration(v.Value)
+			if err == nil {
+				err = checkMaxReconnectDelay(d)
+			}
+			if v.Kind != yaml.ScalarNode || err != nil {
+				errf(v, "max_reconnect_delay must be a duration from 100ms to 1h such as 30s, not %q", v.Value)
+			}
+			s.MaxReconnectDelay = d
 		default:
 			errf(k, "unknown key %q (known: %s)", k.Value, strings.Join(known, ", "))
 		}
@@ -443,6 +473,15 @@ func loadConfig(path string, src []byte) (settings, error) {
 		return s, errors.New(strings.Join(errs, "\n  "))
 	}
 	return s, nil
+}
+
+// checkMaxReconnectDelay keeps the backoff cap in a range where twice it
+// (the grace window) is meaningful.
+func checkMaxReconnectDelay(d time.Duration) error {
+	if d < minMaxReconnectDelay || d > maxMaxReconnectDelay {
+		return fmt.Errorf("want %s..%s", minMaxReconnectDelay, maxMaxReconnectDelay)
+	}
+	return nil
 }
 
 // printFlags lists a flag set GNU-style ("--name VALUE  usage (default …)").

@@ -70,23 +70,25 @@ labels: {zone: eu}
 platform: linux/amd64
 slots: 3
 no_reconnect: true
+max_reconnect_delay: 2s
 `)
 	s, _, _, err := parseConnect([]string{"--config", cfg}, io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}
 	want := settings{URL: "ws://orch:7420/control", Token: "b1.abc", Name: "b1", Tags: []string{"script", "docker"},
-		Labels: map[string]string{"zone": "eu"}, Platform: "linux/amd64", Slots: 3, NoReconnect: true}
+		Labels: map[string]string{"zone": "eu"}, Platform: "linux/amd64", Slots: 3, NoReconnect: true, MaxReconnectDelay: 2 * time.Second}
 	if !reflect.DeepEqual(s, want) {
 		t.Errorf("from the file:\n got %+v\nwant %+v", s, want)
 	}
 	// Flags given override the file; flags not given do not.
 	s, format, _, err := parseConnect([]string{"--config", cfg, "--tags", "gpu", "--slots", "8", "--name", "n",
-		"--labels", "a=1, b = 2", "--no-reconnect=false", "--log-format", "json"}, io.Discard)
+		"--labels", "a=1, b = 2", "--no-reconnect=false", "--max-reconnect-delay", "750ms", "--log-format", "json"}, io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}
 	want.Tags, want.Slots, want.Name, want.Labels, want.NoReconnect = []string{"gpu"}, 8, "n", map[string]string{"a": "1", "b": "2"}, false
+	want.MaxReconnectDelay = 750 * time.Millisecond
 	if !reflect.DeepEqual(s, want) || format != "json" {
 		t.Errorf("flags over the file:\n got %+v %s\nwant %+v json", s, format, want)
 	}
@@ -97,6 +99,8 @@ func TestConfigFileErrors(t *testing.T) {
 		"unknown key": {"token: a.b\nslot: 2\n", "worker-config.yaml:2: unknown key \"slot\""},
 		"bad slots":   {"token: a.b\nslots: many\n", "worker-config.yaml:2: slots must be"},
 		"bad bool":    {"no_reconnect: maybe\n", "worker-config.yaml:1: no_reconnect"},
+		"bad delay":   {"max_reconnect_delay: soon\n", "worker-config.yaml:1: max_reconnect_delay must be a duration"},
+		"tiny delay":  {"max_reconnect_delay: 1ms\n", "worker-config.yaml:1: max_reconnect_delay must be a duration"},
 		"bad tags":    {"tags: {a: b}\n", "worker-config.yaml:1: tags must be a list"},
 		"not a map":   {"- a\n", "worker-config.yaml:1: worker config must be a mapping"},
 		"twice":       {"name: a\nname: b\n", "worker-config.yaml:2: key \"name\" appears twice"},
@@ -119,6 +123,9 @@ func TestUsageExitCodes(t *testing.T) {
 		{"connect"}, // no token
 		{"connect", "--token", "no-dot"},
 		{"connect", "--token", "a.b", "--slots", "0"},
+		{"connect", "--token", "a.b", "--max-reconnect-delay", "0s"},
+		{"connect", "--token", "a.b", "--max-reconnect-delay", "2h"},
+		{"connect", "--token", "a.b", "--max-reconnect-delay", "soon"},
 		{"connect", "--token", "a.b", "--labels", "novalue"},
 		{"connect", "--token", "a.b", "--log-format", "xml"},
 		{"connect", "--token", "a.b", "--url", "ftp://x"},
