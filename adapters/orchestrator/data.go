@@ -50,6 +50,9 @@ const (
 	DefaultMaxDataInFlight = 256 << 20 // write bodies held in memory at once
 	// LeaseHeader names the lease a write is made under.
 	LeaseHeader = "Tether-Lease"
+	// earlyCheckOver is the body size above which a write is authenticated
+	// and fenced before its body is read, as well as at the write.
+	earlyCheckOver = 64 << 10
 	// dataTimeout bounds one data-plane request (reading its body, waiting
 	// for the loop and the disk).
 	dataTimeout = 5 * time.Minute
@@ -324,10 +327,13 @@ func (p *dataPlane) write(w http.ResponseWriter, r *http.Request, rt dataRoute, 
 	if err != nil {
 		return &httpError{code: http.StatusBadRequest, msg: err.Error()}
 	}
-	// Refuse early, before reading (and holding) a body nobody may write;
-	// the decisive check is made again on the loop, at the write.
-	if err := p.d.authenticate(r.Context(), cred, lease); err != nil {
-		return err
+	// Refuse early, before reading (and holding) a large body nobody may
+	// write; the decisive check is made on the loop, at the write. A small
+	// body is cheaper to read than a trip through the loop.
+	if r.ContentLength < 0 || r.ContentLength > earlyCheckOver {
+		if err := p.d.authenticate(r.Context(), cred, lease); err != nil {
+			return err
+		}
 	}
 	op := store.DataOp{Kind: store.OpPut, ID: rt.id, Lease: uint64(lease), MaxStream: p.d.opts.MaxStream}
 	limit := p.d.opts.MaxPutBody

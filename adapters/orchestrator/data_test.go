@@ -41,7 +41,7 @@ import (
 // HTTP client that speaks only HTTP/2 to it (h2c, or TLS when the rig has a
 // certificate).
 type dataRig struct {
-	t     *testing.T
+	t     testing.TB
 	ctx   context.Context
 	d     *orchestrator.Driver
 	opts  orchestrator.Options
@@ -49,7 +49,7 @@ type dataRig struct {
 	hc    *http.Client
 }
 
-func startData(t *testing.T, opts orchestrator.Options) *dataRig {
+func startData(t testing.TB, opts orchestrator.Options) *dataRig {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(t.Context(), testTimeout)
 	t.Cleanup(cancel)
@@ -101,7 +101,7 @@ type answer struct {
 	proto  int
 }
 
-func (a answer) errorText(t *testing.T) string {
+func (a answer) errorText(t testing.TB) string {
 	t.Helper()
 	var e orchestrator.APIError
 	if err := json.Unmarshal(a.body, &e); err != nil || e.Error == "" {
@@ -229,7 +229,7 @@ func (r *dataRig) client(cred string) *worker.DataClient {
 	return c
 }
 
-func readAll(t *testing.T, rc io.ReadCloser) []byte {
+func readAll(t testing.TB, rc io.ReadCloser) []byte {
 	t.Helper()
 	defer rc.Close()
 	b, err := io.ReadAll(rc)
@@ -432,11 +432,22 @@ func TestDataPlaneCredentials(t *testing.T) {
 			}
 		}
 	}
+	// A body over the early-check size is refused before it is read: the
+	// same answers.
+	large := bytes.Repeat([]byte("z"), 100<<10)
+	a := r.expect("PUT", "/data/x", large, id+"."+strings.Repeat("0", len(secret)), dm.Lease, http.StatusUnauthorized)
+	if !strings.Contains(a.errorText(t), "session credential") {
+		t.Fatalf("large body, bad credential: %q", a.body)
+	}
+	a = r.expect("PUT", "/data/x", large, w.cred, dm.Lease+100, http.StatusConflict)
+	if !strings.Contains(a.errorText(t), "unknown lease") {
+		t.Fatalf("large body, unknown lease: %q", a.body)
+	}
 	// A revoked worker's credential is refused, and its lease is gone too.
 	if err := r.d.RevokeToken(r.ctx, "w1"); err != nil {
 		t.Fatal(err)
 	}
-	a := r.expect("GET", "/data/x/1", nil, w.cred, 0, http.StatusUnauthorized)
+	a = r.expect("GET", "/data/x/1", nil, w.cred, 0, http.StatusUnauthorized)
 	if !strings.Contains(a.errorText(t), "revoked") {
 		t.Fatalf("revoked: %q", a.body)
 	}
@@ -449,7 +460,7 @@ func TestDataPlaneCredentials(t *testing.T) {
 }
 
 // storedVersions lists a data item's versions through the operator API.
-func storedVersions(t *testing.T, r *dataRig, id string) []store.DataMeta {
+func storedVersions(t testing.TB, r *dataRig, id string) []store.DataMeta {
 	t.Helper()
 	req, _ := http.NewRequestWithContext(r.ctx, "GET", r.d.APIURL()+"/data/"+id, nil)
 	req.Header.Set("Authorization", "Bearer "+adminToken)

@@ -98,7 +98,7 @@ func leaseKey(l core.LeaseID) string { return fmt.Sprintf("%s/%020d", core.KindL
 
 // rawWorker speaks the protocol by hand.
 type rawWorker struct {
-	t  *testing.T
+	t  testing.TB
 	ws *websocket.Conn
 }
 
