@@ -8,9 +8,10 @@
 // The Driver follows core/doc.go's duties to the letter. One goroutine owns
 // the Orchestrator. It blocks for one input, drains whatever else is queued
 // (group commit, at most maxBatch inputs), steps each with a fresh time.Now,
-// saves every record of the merged batch in ONE store transaction, and only
-// then sends the batch's messages (each connection has its own buffered
-// writer), closes the connections the core closed, answers the API calls and
+// saves every record of the merged batch in ONE store transaction (with the
+// data-plane writes fenced among its inputs), and only then sends the batch's
+// messages (each connection has its own buffered writer), closes the
+// connections the core closed, answers the API calls and the data writes, and
 // runs the queued read-only queries. Then it arms a timer for the Deadline.
 package orchestrator
 
