@@ -8,10 +8,12 @@ require (
 	github.com/gorilla/websocket v1.5.3
 	go.etcd.io/bbolt v1.5.0
 	go.yaml.in/yaml/v3 v3.0.6
+	golang.org/x/net v0.55.0
 	pgregory.net/rapid v1.3.0
 )
 
 require (
 	github.com/pmezard/go-difflib v1.0.0 // indirect
 	golang.org/x/sys v0.45.0 // indirect
+	golang.org/x/text v0.37.0 // indirect
 )

@@ -503,6 +503,19 @@ func (h *harness) command(d *datadriven.TestData) []string {
 		}
 		return []string{"may write"}
 
+	case "authenticate":
+		// authenticate w1 [credential=C]: may this session credential use the
+		// data plane now? The default is w1's credential from its Welcome.
+		cred := h.creds[h.pos(d, 0)]
+		if v, ok := h.arg(d, "credential"); ok {
+			cred = v
+		}
+		w, err := h.o.Authenticate(h.now, cred)
+		if err != nil {
+			return []string{"refused: " + err.Error()}
+		}
+		return []string{"worker " + string(w)}
+
 	case "transition":
 		s, ok1 := ParseState(h.pos(d, 0))
 		e, ok2 := ParseEvent(h.pos(d, 1))

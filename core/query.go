@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"sort"
+	"strings"
+	"time"
 )
 
 // Read-only queries. They return copies; nothing a caller does to them changes
@@ -30,6 +32,45 @@ func (o *Orchestrator) Fence(w WorkerID, l LeaseID) error {
 		return fmt.Errorf("%w: worker %s is revoked", ErrNotCurrent, w)
 	}
 	return nil
+}
+
+// ErrBadCredential is returned by Authenticate when a session credential is
+// malformed or matches no enrolled worker instance.
+var ErrBadCredential = errors.New("invalid session credential")
+
+// ErrCredentialExpired is returned by Authenticate when the credential's
+// validity lapsed (it slides only while its worker is connected).
+var ErrCredentialExpired = errors.New("session credential expired")
+
+// ErrNotInPool is returned by Authenticate when the credential's worker was
+// revoked or deregistered (inactive): it holds no lease and may not use the
+// data plane until it reconnects (an inactive worker) or ever (revoked).
+var ErrNotInPool = errors.New("worker is not in the pool")
+
+// Authenticate answers "whose session credential is this, and may it use
+// the data plane at now?" (§3.8: the data plane accepts only a valid session
+// credential). The credential reads "<worker id>.<secret>"; the secret is
+// checked against its stored hash in constant time. It is valid while its
+// worker is active, not revoked, and now is before the credential's expiry.
+func (o *Orchestrator) Authenticate(now time.Time, credential string) (WorkerID, error) {
+	wid, secret, ok := strings.Cut(credential, ".")
+	w := o.workers[WorkerID(wid)]
+	var hash [32]byte // a missing worker is compared too, so timing says little
+	if w != nil {
+		hash = w.CredHash
+	}
+	match := checkSecret(hash, secret)
+	switch {
+	case !ok || wid == "" || secret == "" || w == nil || !match:
+		return "", ErrBadCredential
+	case w.Revoked:
+		return "", fmt.Errorf("%w: worker %s was revoked", ErrNotInPool, w.ID)
+	case !now.Before(w.CredExpiry):
+		return "", fmt.Errorf("%w for worker %s", ErrCredentialExpired, w.ID)
+	case !w.Active:
+		return "", fmt.Errorf("%w: worker %s was deregistered; it rejoins when it reconnects", ErrNotInPool, w.ID)
+	}
+	return w.ID, nil
 }
 
 // RunIDs lists every run, in submission order.

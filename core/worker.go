@@ -354,6 +354,10 @@ func (w *Worker) Config() WorkerConfig {
 	return c
 }
 
+// Credential returns the session credential from the enrollment Welcome,
+// empty before it. The data plane takes it as a bearer credential.
+func (w *Worker) Credential() string { return w.credential }
+
 // Connected reports whether the worker is welcomed on a connection.
 func (w *Worker) Connected() bool { return w.phase == phaseReady && !w.exited }
 

@@ -15,11 +15,15 @@ package orchestrator
 //	GET    /api/tokens                  → {"tokens": [...]} (never a secret or a hash)
 //	DELETE /api/tokens/{name}           → {"revoked": name}
 //	GET    /api/workers                 → {"workers": [...]}
+//	PUT    /api/bundles                 body: the bundle (a tar is indexed) → 201 {"fingerprint", "size", "tar", "files"} (200 if it existed)
+//	GET    /api/bundles/{fingerprint}   → {"fingerprint", "size", "tar", "files", "created"}
+//	GET    /api/data/{id}[/{version}|/latest|/append]  the data plane's reads (data.go), for operators
 //
 // Errors are {"error": "..."} with 400 (bad request or definition), 401
 // (admin token), 404 (unknown path, run, step or token), 405 (method), 409
 // (the orchestrator refused: wrong state, duplicate name), 413 (body over
-// 1 MiB), 503 (the orchestrator is stopping or did not answer in time).
+// 1 MiB; a bundle over Options.MaxBundleBody), 503 (the orchestrator is
+// stopping or did not answer in time).
 //
 // Reads go through Driver.Snapshot, so they see only durable state; writes
 // go through the Driver's calls, answered only once their batch is durable.
@@ -38,6 +42,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/tether-run/tether/adapters/store"
 	"github.com/tether-run/tether/adapters/workflow"
 	"github.com/tether-run/tether/core"
 )
@@ -247,7 +252,26 @@ func (a *api) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := context.WithTimeout(r.Context(), apiTimeout)
 	defer cancel()
 	r = r.WithContext(ctx)
-	r.Body = http.MaxBytesReader(w, r.Body, MaxAPIBody)
+	if strings.HasPrefix(r.URL.Path, "/api/data/") {
+		// The data plane's reads, for operators: the same routes and
+		// answers, with the admin token instead of a session credential.
+		if r.Method != http.MethodGet && r.Method != http.MethodHead {
+			w.Header().Set("Allow", "GET, HEAD")
+			writeJSON(w, http.StatusMethodNotAllowed, APIError{Error: fmt.Sprintf("method %s is not allowed on %s: operators read data, steps write it (allowed: GET, HEAD)", r.Method, r.URL.Path)})
+			return
+		}
+		(&dataPlane{d: a.d}).serveOperator(w, r, strings.TrimPrefix(r.URL.Path, "/api"))
+		return
+	}
+	limit := int64(MaxAPIBody)
+	if r.URL.Path == "/api/bundles" && a.d.opts.MaxBundleBody > 0 {
+		limit = a.d.opts.MaxBundleBody
+	}
+	if r.ContentLength > limit {
+		writeJSON(w, http.StatusRequestEntityTooLarge, APIError{Error: fmt.Sprintf("request body of %d bytes is larger than the limit of %d bytes", r.ContentLength, limit)})
+		return
+	}
+	r.Body = http.MaxBytesReader(w, r.Body, limit)
 	status, body, err := a.route(r)
 	if err != nil {
 		var he *httpError
@@ -359,6 +383,16 @@ func (a *api) route(r *http.Request) (int, any, error) {
 			return 0, nil, err
 		}
 		return a.listWorkers(ctx)
+	case path == "bundles":
+		if err := method(http.MethodPut); err != nil {
+			return 0, nil, err
+		}
+		return a.putBundle(r)
+	case segs[0] == "bundles" && len(segs) == 2:
+		if err := method(http.MethodGet); err != nil {
+			return 0, nil, err
+		}
+		return a.showBundle(segs[1])
 	}
 	return 0, nil, errorf(http.StatusNotFound, "no such endpoint: %s %s", r.Method, r.URL.Path)
 }
@@ -734,4 +768,36 @@ func (a *api) listWorkers(ctx context.Context) (int, any, error) {
 		return 0, nil, err
 	}
 	return http.StatusOK, out, nil
+}
+
+func (a *api) putBundle(r *http.Request) (int, any, error) {
+	body, err := readBody(r)
+	if err != nil {
+		return 0, nil, err
+	}
+	m, err := a.d.PutBundle(r.Context(), body)
+	if errors.Is(err, ErrNoDataStore) {
+		return 0, nil, &httpError{code: http.StatusServiceUnavailable, msg: err.Error()}
+	}
+	if err != nil {
+		return 0, nil, err
+	}
+	if m.Existed {
+		return http.StatusOK, m, nil
+	}
+	return http.StatusCreated, m, nil
+}
+
+func (a *api) showBundle(fp string) (int, any, error) {
+	if a.d.ds == nil {
+		return 0, nil, &httpError{code: http.StatusServiceUnavailable, msg: ErrNoDataStore.Error()}
+	}
+	m, err := a.d.ds.Bundle(fp)
+	switch {
+	case errors.Is(err, store.ErrNotFound):
+		return 0, nil, errorf(http.StatusNotFound, "unknown bundle %s", fp)
+	case err != nil:
+		return 0, nil, errorf(http.StatusBadRequest, "%s", strings.TrimPrefix(err.Error(), "store: "))
+	}
+	return http.StatusOK, m, nil
 }

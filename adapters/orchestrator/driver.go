@@ -1,19 +1,24 @@
 // Package orchestrator drives one core.Orchestrator in the real world: a bbolt
-// store, the WebSocket control plane at /control, the real clock, and a Go
-// API for operators.
+// store, the WebSocket control plane at /control, the HTTP/2 data plane at
+// /data/ and /bundle/ (data.go), the real clock, and a Go API for operators.
+// One listener serves them all: HTTP/1.1 (the WebSocket upgrade) and
+// cleartext HTTP/2 (h2c, prior knowledge) by default, or TLS with ALPN
+// choosing h2 or http/1.1 when Options.TLS is set.
 //
 // The Driver follows core/doc.go's duties to the letter. One goroutine owns
 // the Orchestrator. It blocks for one input, drains whatever else is queued
 // (group commit, at most maxBatch inputs), steps each with a fresh time.Now,
-// saves every record of the merged batch in ONE store transaction, and only
-// then sends the batch's messages (each connection has its own buffered
-// writer), closes the connections the core closed, answers the API calls and
+// saves every record of the merged batch in ONE store transaction (with the
+// data-plane writes fenced among its inputs), and only then sends the batch's
+// messages (each connection has its own buffered writer), closes the
+// connections the core closed, answers the API calls and the data writes, and
 // runs the queued read-only queries. Then it arms a timer for the Deadline.
 package orchestrator
 
 import (
 	"context"
 	"crypto/rand"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -69,6 +74,15 @@ type Options struct {
 	// AdminToken, if set, mounts the operator HTTP API (APIHandler) under
 	// /api/ on the control plane's server, authenticated with this token.
 	AdminToken string
+	// TLS, if set, serves everything over TLS (it needs a certificate);
+	// HTTP/2 is negotiated by ALPN and workers dial wss://. Nil serves
+	// cleartext: HTTP/1.1 and h2c.
+	TLS *tls.Config
+	// Data-plane limits in bytes; zero means the Default* constant: one PUT
+	// body, one append body, a stream's total length, one bundle upload, and
+	// the write bodies held in memory at once (at least the largest of the
+	// body limits).
+	MaxPutBody, MaxAppendBody, MaxStream, MaxBundleBody, MaxDataInFlight int64
 }
 
 // Store is what the driver needs of durable storage; *store.Store is one.
@@ -95,6 +109,7 @@ type Driver struct {
 	opts Options
 	log  *slog.Logger
 	st   Store
+	ds   DataStore // nil: the store has no data plane
 	ln   net.Listener
 	srv  *http.Server
 
@@ -119,6 +134,7 @@ type Driver struct {
 	coreClosed map[core.ConnID]bool // the core closed these; their reads end silently
 	calls      map[core.CallID]chan core.APIAnswer
 	timer      *time.Timer
+	deadline   time.Time // the core's next deadline, as armed
 }
 
 // Inputs of the loop.
@@ -154,6 +170,16 @@ func Start(opts Options) (*Driver, error) {
 	if opts.MaxConns <= 0 {
 		opts.MaxConns = defaultMaxConns
 	}
+	for _, l := range []struct {
+		v   *int64
+		def int64
+	}{{&opts.MaxPutBody, DefaultMaxPutBody}, {&opts.MaxAppendBody, DefaultMaxAppendBody}, {&opts.MaxStream, DefaultMaxStream},
+		{&opts.MaxBundleBody, DefaultMaxBundleBody}, {&opts.MaxDataInFlight, DefaultMaxDataInFlight}} {
+		if *l.v <= 0 {
+			*l.v = l.def
+		}
+	}
+	opts.MaxDataInFlight = max(opts.MaxDataInFlight, opts.MaxPutBody, opts.MaxAppendBody, opts.MaxBundleBody)
 	d := &Driver{
 		opts:       opts,
 		log:        opts.Logger,
@@ -174,6 +200,7 @@ func Start(opts Options) (*Driver, error) {
 		st = bst
 	}
 	d.st = st
+	d.ds, _ = st.(DataStore)
 	recs, err := st.Load()
 	if err != nil {
 		st.Close()
@@ -205,28 +232,60 @@ func Start(opts Options) (*Driver, error) {
 	if opts.AdminToken != "" {
 		mux.Handle("/api/", d.APIHandler(opts.AdminToken))
 	}
-	d.srv = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(d.log.Handler(), slog.LevelWarn)}
+	dp := &dataPlane{d: d, mem: newBudget(opts.MaxDataInFlight)}
+	mux.Handle("/data/", dp)
+	mux.Handle("/bundle/", dp)
+	protocols := new(http.Protocols)
+	protocols.SetHTTP1(true) // the WebSocket upgrade of /control
+	if opts.TLS != nil {
+		protocols.SetHTTP2(true)
+	} else {
+		protocols.SetUnencryptedHTTP2(true) // h2c with prior knowledge
+	}
+	d.srv = &http.Server{
+		Handler: mux, ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(d.log.Handler(), slog.LevelWarn),
+		Protocols: protocols, HTTP2: &http.HTTP2Config{MaxConcurrentStreams: 256},
+	}
+	if opts.TLS != nil {
+		d.srv.TLSConfig = opts.TLS.Clone()
+	}
 	d.timer = time.NewTimer(time.Hour)
 	d.arm(rd.Deadline)
 
 	go d.run()
 	go func() {
-		if err := d.srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		var err error
+		if opts.TLS != nil {
+			err = d.srv.ServeTLS(ln, "", "")
+		} else {
+			err = d.srv.Serve(ln)
+		}
+		if err != nil && !errors.Is(err, http.ErrServerClosed) {
 			d.log.Error("control plane stopped", "err", err)
 		}
 	}()
-	d.log.Info("control plane listening", "url", d.URL())
+	d.log.Info("control plane listening", "url", d.URL(), "data_plane", d.DataURL(), "tls", opts.TLS != nil, "data_store", d.ds != nil)
 	return d, nil
 }
 
 // Addr returns the address the control plane listens on.
 func (d *Driver) Addr() string { return d.ln.Addr().String() }
 
-// URL returns the control plane's WebSocket URL, for workers.
-func (d *Driver) URL() string { return "ws://" + d.Addr() + "/control" }
+// URL returns the control plane's WebSocket URL, for workers: wss:// when
+// serving TLS.
+func (d *Driver) URL() string {
+	if d.opts.TLS != nil {
+		return "wss://" + d.Addr() + "/control"
+	}
+	return "ws://" + d.Addr() + "/control"
+}
 
 // APIURL returns the base URL of the operator API (see Options.AdminToken).
-func (d *Driver) APIURL() string { return "http://" + d.Addr() + "/api" }
+func (d *Driver) APIURL() string { return d.DataURL() + "/api" }
+
+// DataURL returns the base URL of the data plane (http:// for h2c, or
+// https://), without a trailing slash.
+func (d *Driver) DataURL() string { return dataURL(d.opts.TLS != nil, d.Addr()) }
 
 // Done is closed once the driver has stopped (Close, or a store failure).
 func (d *Driver) Done() <-chan struct{} { return d.done }
@@ -316,13 +375,24 @@ func (d *Driver) process(batch []input) error {
 		group   commit.Group // the same write-ahead code the simulator runs
 		queries []query
 		stepped bool
-		dl      time.Time
+		dl      = d.deadline
+		ops     []store.DataOp     // fenced data writes, persisted with the group
+		writes  []pendingWrite     // their answers, and the refused ones', in order
+		results []store.DataResult // ops' outcomes, once durable
 	)
 	step := func(in core.Input) {
 		rd := d.o.Step(time.Now(), in)
 		group.Add(rd)
 		stepped, dl = true, rd.Deadline // the last Ready's Deadline is the core's earliest timer now
 	}
+	answered := false
+	defer func() {
+		if !answered { // the group was not made durable: nobody may hear "written"
+			for _, pw := range writes {
+				close(pw.reply)
+			}
+		}
+	}()
 	for _, in := range batch {
 		switch in := in.(type) {
 		case tick:
@@ -357,12 +427,34 @@ func (d *Driver) process(batch []input) error {
 			step(in.in)
 		case query:
 			queries = append(queries, in)
+		case dataWrite:
+			// The fence is decided here, between the group's inputs, and the
+			// write is made durable with the group: no lease change can come
+			// between. Timers due by now fire first, so a lease whose
+			// deadline has passed does not write.
+			now := time.Now()
+			if !dl.IsZero() && !now.Before(dl) {
+				step(core.Tick{})
+			}
+			if err := d.fenceWrite(now, &in); err != nil {
+				writes = append(writes, pendingWrite{reply: in.reply, err: err})
+				continue
+			}
+			writes = append(writes, pendingWrite{reply: in.reply, op: len(ops)})
+			ops = append(ops, in.op)
 		}
 	}
 	// Duties 3 and 4: the whole group durable in one transaction before
 	// anything leaves; then messages in order (closing what the core
 	// closed), then answers.
 	err := group.Commit(func(recs []core.Record) error {
+		if len(ops) > 0 {
+			var err error
+			if results, err = d.ds.ApplyWithData(recs, ops); err != nil {
+				return fmt.Errorf("persist batch of %d records and %d data writes: %w", len(recs), len(ops), err)
+			}
+			return nil
+		}
 		if err := d.st.Apply(recs); err != nil {
 			return fmt.Errorf("persist batch of %d records: %w", len(recs), err)
 		}
@@ -376,6 +468,14 @@ func (d *Driver) process(batch []input) error {
 	if err != nil {
 		return err
 	}
+	answered = true
+	for _, pw := range writes {
+		if pw.err != nil {
+			pw.reply <- dataAnswer{err: pw.err} // buffered: never blocks
+		} else {
+			pw.reply <- dataAnswer{res: results[pw.op]}
+		}
+	}
 	for _, q := range queries {
 		q.f(d.o)
 		close(q.done)
@@ -388,6 +488,14 @@ func (d *Driver) process(batch []input) error {
 		d.arm(dl)
 	}
 	return nil
+}
+
+// pendingWrite is a data write's answer, sent once its group is durable:
+// its refusal, or the result of ops[op].
+type pendingWrite struct {
+	reply chan dataAnswer
+	err   error
+	op    int
 }
 
 func callID(in core.Input) core.CallID {
@@ -410,6 +518,7 @@ func callID(in core.Input) core.CallID {
 
 // arm sets the timer for the core's next deadline (zero: none).
 func (d *Driver) arm(at time.Time) {
+	d.deadline = at
 	d.timer.Stop()
 	if !at.IsZero() {
 		d.timer.Reset(max(time.Until(at), 0))

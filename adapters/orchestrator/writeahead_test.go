@@ -26,8 +26,9 @@ var errInjected = errors.New("injected store failure")
 // durable, and can be told to fail.
 type slowStore struct {
 	*store.Store
-	delay time.Duration
-	fail  atomic.Bool
+	delay   time.Duration
+	fail    atomic.Bool
+	dataOps atomic.Int64 // data writes made durable
 
 	mu      sync.Mutex
 	durable map[string][]byte
@@ -53,6 +54,30 @@ func (s *slowStore) Apply(recs []core.Record) error {
 	return nil
 }
 
+// ApplyWithData is Apply with data writes: the same delay and failure, and
+// it counts the data writes made durable.
+func (s *slowStore) ApplyWithData(recs []core.Record, ops []store.DataOp) ([]store.DataResult, error) {
+	if s.fail.Load() {
+		return nil, errInjected
+	}
+	time.Sleep(s.delay)
+	res, err := s.Store.ApplyWithData(recs, ops)
+	if err != nil {
+		return nil, err
+	}
+	s.dataOps.Add(int64(len(ops)))
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, r := range recs {
+		if r.Delete {
+			delete(s.durable, r.Key)
+		} else {
+			s.durable[r.Key] = r.Value
+		}
+	}
+	return res, nil
+}
+
 // get decodes the durable record under key, nil if there is none.
 func (s *slowStore) get(t *testing.T, key string) any {
 	t.Helper()
@@ -73,7 +98,7 @@ func leaseKey(l core.LeaseID) string { return fmt.Sprintf("%s/%020d", core.KindL
 
 // rawWorker speaks the protocol by hand.
 type rawWorker struct {
-	t  *testing.T
+	t  testing.TB
 	ws *websocket.Conn
 }
 

@@ -1,4 +1,5 @@
-// Package store is the orchestrator's durable record store on bbolt.
+// Package store is the orchestrator's durable record store on bbolt, and
+// the data plane's (data.go).
 //
 // A Store holds core.Records, keyed snapshots of entities, in one bucket. Apply
 // writes a batch of upserts and deletes in a single bbolt transaction, which
@@ -50,8 +51,12 @@ func Open(path string) (*Store, error) {
 		return nil, fmt.Errorf("store: open %s: %w", path, err)
 	}
 	err = db.Update(func(tx *bolt.Tx) error {
-		_, err := tx.CreateBucketIfNotExists(bucket)
-		return err
+		for _, b := range append([][]byte{bucket}, dataBuckets...) {
+			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
+				return fmt.Errorf("bucket %s: %w", b, err)
+			}
+		}
+		return nil
 	})
 	if err != nil {
 		db.Close()
@@ -68,6 +73,18 @@ func (s *Store) Apply(recs []core.Record) error {
 	if len(recs) == 0 {
 		return nil
 	}
+	if err := checkRecords(recs); err != nil {
+		return err
+	}
+	err := s.db.Update(func(tx *bolt.Tx) error { return putRecords(tx, recs) })
+	if err != nil {
+		return fmt.Errorf("store: apply %d records: %w", len(recs), s.mapErr(err))
+	}
+	return nil
+}
+
+// checkRecords refuses a batch with a record bbolt cannot hold.
+func checkRecords(recs []core.Record) error {
 	for i, r := range recs {
 		switch {
 		case r.Key == "":
@@ -78,23 +95,22 @@ func (s *Store) Apply(recs []core.Record) error {
 			return fmt.Errorf("store: apply record %q: %w", r.Key, ErrNoValue)
 		}
 	}
-	err := s.db.Update(func(tx *bolt.Tx) error {
-		b := tx.Bucket(bucket)
-		for _, r := range recs {
-			var err error
-			if r.Delete {
-				err = b.Delete([]byte(r.Key))
-			} else {
-				err = b.Put([]byte(r.Key), r.Value)
-			}
-			if err != nil {
-				return fmt.Errorf("record %q: %w", r.Key, err)
-			}
+	return nil
+}
+
+// putRecords writes a batch of records inside tx.
+func putRecords(tx *bolt.Tx, recs []core.Record) error {
+	b := tx.Bucket(bucket)
+	for _, r := range recs {
+		var err error
+		if r.Delete {
+			err = b.Delete([]byte(r.Key))
+		} else {
+			err = b.Put([]byte(r.Key), r.Value)
 		}
-		return nil
-	})
-	if err != nil {
-		return fmt.Errorf("store: apply %d records: %w", len(recs), s.mapErr(err))
+		if err != nil {
+			return fmt.Errorf("record %q: %w", r.Key, err)
+		}
 	}
 	return nil
 }

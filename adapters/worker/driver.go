@@ -12,11 +12,15 @@ package worker
 import (
 	"context"
 	"crypto/rand"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/url"
 	"os"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/gorilla/websocket"
@@ -44,6 +48,15 @@ type Options struct {
 	// Env is the base environment of step processes (the shipped env is
 	// overlaid on it); nil means this process's environment.
 	Env []string
+	// TLS configures wss:// and https:// connections (e.g. RootCAs for a
+	// private CA); nil means the system's roots.
+	TLS *tls.Config
+	// DataURL is the data plane's base URL; empty derives it from URL
+	// (ws → http, wss → https, same host).
+	DataURL string
+	// NoStepEndpoint turns off the loopback endpoint that gives step
+	// processes the data plane (TETHER_DATA_URL and friends).
+	NoStepEndpoint bool
 }
 
 // Driver runs one worker. Run may be called once.
@@ -55,6 +68,10 @@ type Driver struct {
 	inputs chan input
 	done   chan struct{} // closed when Run is returning: producers stop
 	wg     sync.WaitGroup
+
+	data     *DataClient
+	cred     atomic.Pointer[string] // the session credential, for the data plane
+	endpoint *stepEndpoint          // nil when off
 
 	// Owned by the loop goroutine.
 	ctx        context.Context
@@ -117,8 +134,49 @@ func New(opts Options) (*Driver, error) {
 		procs:  map[core.LeaseID]*proc{},
 	}
 	d.log = opts.Logger.With("worker", opts.Config.Name, "worker_id", string(opts.Config.ID))
+	if opts.DataURL == "" {
+		u, err := DataURLFor(opts.URL)
+		if err != nil {
+			return nil, err
+		}
+		opts.DataURL = u
+		d.opts.DataURL = u
+	}
+	data, err := NewDataClient(opts.DataURL, opts.TLS, func() string {
+		if c := d.cred.Load(); c != nil {
+			return *c
+		}
+		return ""
+	})
+	if err != nil {
+		return nil, fmt.Errorf("worker: %w", err)
+	}
+	d.data = data
 	return d, nil
 }
+
+// DataURLFor derives the data plane's base URL from the control plane's:
+// ws://HOST/control → http://HOST, wss:// → https://.
+func DataURLFor(control string) (string, error) {
+	u, err := url.Parse(control)
+	if err != nil || u.Host == "" {
+		return "", fmt.Errorf("worker: control URL %q: want ws://HOST:PORT/control", control)
+	}
+	switch strings.ToLower(u.Scheme) {
+	case "ws", "http":
+		u.Scheme = "http"
+	case "wss", "https":
+		u.Scheme = "https"
+	default:
+		return "", fmt.Errorf("worker: control URL %q: scheme must be ws or wss", control)
+	}
+	u.Path, u.RawPath, u.RawQuery, u.Fragment = "", "", "", ""
+	return u.String(), nil
+}
+
+// Data returns the worker's data-plane client, which uses the worker's
+// session credential once it is enrolled.
+func (d *Driver) Data() *DataClient { return d.data }
 
 // ID returns the worker instance's id.
 func (d *Driver) ID() core.WorkerID { return d.opts.Config.ID }
@@ -131,6 +189,14 @@ func (d *Driver) Run(ctx context.Context) (int, error) {
 	d.ctx = ctx
 	d.timer = time.NewTimer(time.Hour)
 	d.timer.Stop()
+	if !d.opts.NoStepEndpoint {
+		e, err := startStepEndpoint(d.log, d.data)
+		if err != nil {
+			return 0, fmt.Errorf("worker: %w", err)
+		}
+		d.endpoint = e
+		d.log.Info("step endpoint listening", "url", e.URL(), "data_plane", d.data.URL())
+	}
 	defer d.shutdown()
 	if x := d.apply(d.w.Step(time.Now(), core.WBoot{})); x != nil {
 		return x.Code, nil
@@ -190,6 +256,9 @@ func (d *Driver) translate(raw input) core.WorkerInput {
 		return core.WExecOutput{Lease: in.lease, Text: in.text}
 	case exited:
 		delete(d.procs, in.Lease)
+		if d.endpoint != nil {
+			d.endpoint.revoke(in.Lease)
+		}
 		return core.WExecExited(in)
 	}
 	panic(fmt.Sprintf("worker: unknown input %T", raw))
@@ -197,6 +266,11 @@ func (d *Driver) translate(raw input) core.WorkerInput {
 
 // apply carries out one WorkerReady; it returns the Exit, if any.
 func (d *Driver) apply(rd core.WorkerReady) *core.WorkerExit {
+	if c := d.w.Credential(); c != "" {
+		if old := d.cred.Load(); old == nil || *old != c {
+			d.cred.Store(&c)
+		}
+	}
 	for _, m := range rd.Send {
 		d.send(m)
 	}
@@ -284,6 +358,10 @@ func (d *Driver) dial() {
 	go func() {
 		defer d.wg.Done()
 		dialer := websocket.Dialer{HandshakeTimeout: timeout, ReadBufferSize: 4096, WriteBufferSize: 4096}
+		if d.opts.TLS != nil {
+			dialer.TLSClientConfig = d.opts.TLS.Clone()
+			dialer.TLSClientConfig.NextProtos = nil // the upgrade is HTTP/1.1
+		}
 		ws, resp, err := dialer.DialContext(ctx, d.opts.URL, nil)
 		if resp != nil && resp.Body != nil {
 			resp.Body.Close()
@@ -324,6 +402,9 @@ func (d *Driver) shutdown() {
 		d.dialCancel()
 	}
 	d.timer.Stop()
+	if d.endpoint != nil {
+		d.endpoint.close()
+	}
 	close(d.done)
 	d.wg.Wait()
 }

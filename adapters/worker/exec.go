@@ -65,7 +65,19 @@ func (d *Driver) exec(c core.ExecCommand) {
 func (d *Driver) start(c core.ExecCommand) {
 	lease := c.Lease
 	cmd := exec.Command("sh", "-c", c.Command)
-	cmd.Env = overlay(d.opts.Env, c.Env)
+	env := c.Env
+	if d.endpoint != nil {
+		// The step endpoint's variables, set here and not shipped: the
+		// orchestrator drops TETHER_* from what it ships.
+		env = make(map[string]string, len(c.Env)+3)
+		for k, v := range c.Env {
+			env[k] = v
+		}
+		for k, v := range d.endpoint.grant(lease) {
+			env[k] = v
+		}
+	}
+	cmd.Env = overlay(d.opts.Env, env)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	pr, pw, err := os.Pipe()
 	if err == nil {

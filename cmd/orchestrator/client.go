@@ -3,6 +3,8 @@ package main
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -19,6 +21,7 @@ import (
 	"time"
 
 	"github.com/tether-run/tether/adapters/orchestrator"
+	"github.com/tether-run/tether/adapters/store"
 )
 
 const (
@@ -37,7 +40,8 @@ for people; --json prints the API's JSON answer instead.`
 // clientFlags registers the flags every client command takes.
 func clientFlags(extra func(fs *flag.FlagSet, o *options)) func(fs *flag.FlagSet, o *options) {
 	return func(fs *flag.FlagSet, o *options) {
-		fs.StringVar(&o.url, "url", defaultURL, "orchestrator `URL` (its operator API is under /api/)")
+		fs.StringVar(&o.url, "url", defaultURL, "orchestrator `URL` (its operator API is under /api/); https:// when it serves TLS")
+		fs.StringVar(&o.ca, "ca", "", "trust the orchestrator's TLS certificate if this CA `file` (PEM) signed it")
 		fs.StringVar(&o.adminToken, "admin-token", "", "admin `token` (default: $"+adminTokenEnv+", then <data-dir>/admin-token)")
 		fs.StringVar(&o.dataDir, "data-dir", defaultDataDir, "orchestrator data `directory` holding admin-token")
 		fs.BoolVar(&o.json, "json", false, "print JSON instead of a table")
@@ -160,6 +164,39 @@ skipped. STEP is RUN/NAME or RUN/NAME[i].` + clientHelp,
 			run:     func(ctx context.Context, e *env, args []string) error { return stepGate(ctx, e, args[0], false) },
 		},
 		{
+			path: "bundle put", args: "FILE", nargs: 1,
+			short: "upload a bundle; prints its fingerprint",
+			long: `Upload FILE as a bundle: content-addressed by the SHA-256 of its bytes, which
+is printed (the same bytes again are stored once). Workers fetch it with
+GET /bundle/FINGERPRINT on the data plane; an uncompressed tar archive is
+indexed, so a step can fetch one file of it with
+GET /bundle/FINGERPRINT/file/PATH.` + clientHelp,
+			example: "  tar -cf model.tar model/ && orchestrator bundle put model.tar",
+			flags:   clientFlags(nil),
+			run:     bundlePut,
+		},
+		{
+			path: "data get", args: "ID [VERSION]", nargs: -1,
+			short: "print a data item a step wrote (a version, or its append stream)",
+			long: `Print the bytes of a data item that steps wrote through the data plane.
+VERSION is a number, "latest" (the default), or "append" for the item's
+append stream (live logs). --out FILE writes them to FILE instead.` + clientHelp,
+			example: "  orchestrator data get build.out\n  orchestrator data get build.out 2 --out build-2.tar\n  orchestrator data get deploy.log append",
+			flags: clientFlags(func(fs *flag.FlagSet, o *options) {
+				fs.StringVar(&o.out, "out", "", "write to this `file` instead of stdout")
+			}),
+			run: dataGet,
+		},
+		{
+			path: "data versions", args: "ID", nargs: 1,
+			short: "list the versions of a data item",
+			long: `List the versions of a data item (version, size, sha256, when, which worker
+and lease wrote it) and its append stream's length.` + clientHelp,
+			example: "  orchestrator data versions build.out",
+			flags:   clientFlags(nil),
+			run:     dataVersions,
+		},
+		{
 			path: "worker list", nargs: 0,
 			short: "list enrolled workers and their state",
 			long: `List every enrolled worker instance: id, name, state (connected,
@@ -210,18 +247,42 @@ func newClient(e *env) (*client, error) {
 		}
 		tok = t
 	}
-	return &client{base: base, token: tok, http: &http.Client{Timeout: o.timeout}}, nil
+	hc := &http.Client{Timeout: o.timeout}
+	if o.ca != "" {
+		pool, err := loadCA(o.ca)
+		if err != nil {
+			return nil, usageErrorf("--ca: %v", err)
+		}
+		tr := http.DefaultTransport.(*http.Transport).Clone()
+		tr.TLSClientConfig = &tls.Config{RootCAs: pool}
+		hc.Transport = tr
+	}
+	return &client{base: base, token: tok, http: hc}, nil
 }
 
-// call sends one request and decodes a 2xx answer into out.
-func (c *client) call(ctx context.Context, method, path string, body []byte, contentType string, out any) error {
+// loadCA reads a PEM file of CA certificates into a pool.
+func loadCA(path string) (*x509.CertPool, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(b) {
+		return nil, fmt.Errorf("%s holds no PEM certificate", path)
+	}
+	return pool, nil
+}
+
+// send sends one request and returns a 2xx answer, whose body the caller
+// closes; any other answer is an error.
+func (c *client) send(ctx context.Context, method, path string, body []byte, contentType string) (*http.Response, error) {
 	var rd io.Reader
 	if body != nil {
 		rd = bytes.NewReader(body)
 	}
 	req, err := http.NewRequestWithContext(ctx, method, c.base+path, rd)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	req.Header.Set("Authorization", "Bearer "+c.token)
 	req.Header.Set("Accept", "application/json")
@@ -230,24 +291,38 @@ func (c *client) call(ctx context.Context, method, path string, body []byte, con
 	}
 	resp, err := c.http.Do(req)
 	if err != nil {
-		return fmt.Errorf("cannot reach the orchestrator (is 'orchestrator serve' running there?): %w", err)
+		return nil, fmt.Errorf("cannot reach the orchestrator (is 'orchestrator serve' running there?): %w", err)
+	}
+	if resp.StatusCode/100 == 2 {
+		return resp, nil
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(io.LimitReader(resp.Body, maxAnswerSize))
+	if err != nil {
+		return nil, fmt.Errorf("reading the answer: %w", err)
+	}
+	var ae orchestrator.APIError
+	msg := strings.TrimSpace(string(b))
+	if json.Unmarshal(b, &ae) == nil && ae.Error != "" {
+		msg = ae.Error
+	}
+	aerr := &apiError{status: resp.StatusCode, msg: fmt.Sprintf("%s (HTTP %d)", msg, resp.StatusCode)}
+	if resp.StatusCode/100 == 4 {
+		return nil, &exitErr{code: exitRefused, err: aerr}
+	}
+	return nil, aerr
+}
+
+// call sends one request and decodes a 2xx answer into out.
+func (c *client) call(ctx context.Context, method, path string, body []byte, contentType string, out any) error {
+	resp, err := c.send(ctx, method, path, body, contentType)
+	if err != nil {
+		return err
 	}
 	defer resp.Body.Close()
 	b, err := io.ReadAll(io.LimitReader(resp.Body, maxAnswerSize))
 	if err != nil {
 		return fmt.Errorf("reading the answer: %w", err)
-	}
-	if resp.StatusCode/100 != 2 {
-		var ae orchestrator.APIError
-		msg := strings.TrimSpace(string(b))
-		if json.Unmarshal(b, &ae) == nil && ae.Error != "" {
-			msg = ae.Error
-		}
-		err := &apiError{status: resp.StatusCode, msg: fmt.Sprintf("%s (HTTP %d)", msg, resp.StatusCode)}
-		if resp.StatusCode/100 == 4 {
-			return &exitErr{code: exitRefused, err: err}
-		}
-		return err
 	}
 	if out == nil {
 		return nil
@@ -557,4 +632,92 @@ func oneLine(s string) string {
 		s = strings.ToValidUTF8(s[:200], "") + "…"
 	}
 	return s
+}
+
+func bundlePut(ctx context.Context, e *env, args []string) error {
+	body, err := os.ReadFile(args[0])
+	if err != nil {
+		return fmt.Errorf("read bundle: %w", err)
+	}
+	return withClient(ctx, e, func(ctx context.Context, c *client) error {
+		var out store.BundleMeta
+		if err := c.call(ctx, http.MethodPut, "/bundles", body, "application/octet-stream", &out); err != nil {
+			return err
+		}
+		if e.opts.json {
+			return printJSON(e.stdout, out)
+		}
+		fmt.Fprintln(e.stdout, out.Fingerprint)
+		kind := "opaque (not an uncompressed tar: no per-file access)"
+		if out.Tar {
+			kind = fmt.Sprintf("tar with %d files", out.Files)
+		}
+		state := "stored"
+		if out.Existed {
+			state = "already stored"
+		}
+		fmt.Fprintf(e.stderr, "Bundle %s: %d bytes, %s, %s.\n", args[0], out.Size, kind, state)
+		return nil
+	})
+}
+
+func dataGet(ctx context.Context, e *env, args []string) error {
+	if len(args) < 1 || len(args) > 2 {
+		return usageErrorf("want ID [VERSION], got %q", args)
+	}
+	version := "latest"
+	if len(args) == 2 {
+		version = args[1]
+	}
+	return withClient(ctx, e, func(ctx context.Context, c *client) error {
+		resp, err := c.send(ctx, http.MethodGet, "/data/"+url.PathEscape(args[0])+"/"+url.PathEscape(version), nil, "")
+		if err != nil {
+			return err
+		}
+		defer resp.Body.Close()
+		w := e.stdout
+		if e.opts.out != "" {
+			f, err := os.Create(e.opts.out)
+			if err != nil {
+				return err
+			}
+			defer f.Close()
+			w = f
+		}
+		n, err := io.Copy(w, resp.Body)
+		if err == nil && resp.ContentLength >= 0 && n != resp.ContentLength {
+			err = fmt.Errorf("the answer was cut short: %d of %d bytes", n, resp.ContentLength)
+		}
+		if err != nil {
+			return fmt.Errorf("reading %s: %w", args[0], err)
+		}
+		if e.opts.out != "" {
+			fmt.Fprintf(e.stderr, "%s version %s: %d bytes written to %s\n", args[0], resp.Header.Get("Tether-Version"), n, e.opts.out)
+		}
+		return nil
+	})
+}
+
+func dataVersions(ctx context.Context, e *env, args []string) error {
+	return withClient(ctx, e, func(ctx context.Context, c *client) error {
+		var out orchestrator.APIDataVersions
+		if err := c.call(ctx, http.MethodGet, "/data/"+url.PathEscape(args[0]), nil, "", &out); err != nil {
+			return err
+		}
+		if e.opts.json {
+			return printJSON(e.stdout, out)
+		}
+		tw := tabwriter.NewWriter(e.stdout, 0, 0, 2, ' ', 0)
+		fmt.Fprintln(tw, "VERSION\tSIZE\tSHA256\tCREATED\tWORKER\tLEASE")
+		for _, v := range out.Versions {
+			fmt.Fprintf(tw, "%d\t%d\t%s\t%s\t%s\t%d\n", v.Version, v.Size, v.SHA256, fmtTime(v.Created), orDash(v.Worker), v.Lease)
+		}
+		if err := tw.Flush(); err != nil {
+			return err
+		}
+		if out.Stream != nil {
+			fmt.Fprintf(e.stdout, "append stream: %d bytes in %d appends, last %s\n", out.Stream.Length, out.Stream.Appends, fmtTime(out.Stream.Updated))
+		}
+		return nil
+	})
 }

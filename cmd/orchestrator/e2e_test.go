@@ -3,9 +3,19 @@ package main
 import (
 	"bytes"
 	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/sha256"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/hex"
 	"encoding/json"
+	"encoding/pem"
 	"errors"
 	"fmt"
+	"math/big"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -342,4 +352,152 @@ func TestEndToEndBinaries(t *testing.T) {
 	if code := serve2.wait(t, ctx); code != 0 {
 		t.Errorf("restarted orchestrator exited %d on SIGINT, want 0:\n%s", code, serve2.stderr)
 	}
+
+	tlsPhase(t, ctx, orchBin, workerBin, dataDir)
+}
+
+// tlsPhase serves the same data dir over TLS: a worker with --ca dials
+// wss://, the CLI with --ca talks https://, a step uses the data plane
+// through its worker (when curl is installed), and bundles go up and data
+// comes down with the CLI.
+func tlsPhase(t *testing.T, ctx context.Context, orchBin, workerBin, dataDir string) {
+	certPath, keyPath := writeTestCert(t, t.TempDir())
+	serve := start(t, ctx, "orchestrator serve (TLS)", orchBin, "serve", "--addr", "127.0.0.1:0", "--data-dir", dataDir,
+		"--tls-cert", certPath, "--tls-key", keyPath)
+	re := regexp.MustCompile(`workers connect to: (wss://127\.0\.0\.1:\d+/control)`)
+	var wssURL string
+	poll(t, ctx, "the TLS serve to print its address", func() bool {
+		select {
+		case <-serve.done:
+			t.Fatalf("TLS serve exited %d:\n%s", serve.code, serve.stderr)
+		default:
+		}
+		if m := re.FindStringSubmatch(serve.stdout.String()); m != nil {
+			wssURL = m[1]
+			return true
+		}
+		return false
+	})
+	httpsURL := "https://" + strings.TrimSuffix(strings.TrimPrefix(wssURL, "wss://"), "/control")
+	if !strings.Contains(serve.stdout.String(), "data plane:         "+httpsURL) {
+		t.Errorf("serve does not name its data plane:\n%s", serve.stdout)
+	}
+	cli := func(args ...string) (string, string, int) {
+		t.Helper()
+		cmd := exec.CommandContext(ctx, orchBin, append(args, "--url", httpsURL, "--data-dir", dataDir, "--ca", certPath)...)
+		cmd.Env = append(os.Environ(), "TETHER_ADMIN_TOKEN=")
+		var o, e bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &o, &e
+		err := cmd.Run()
+		var xe *exec.ExitError
+		if err != nil && !errors.As(err, &xe) {
+			t.Fatalf("orchestrator %q: %v", args, err)
+		}
+		return o.String(), e.String(), cmd.ProcessState.ExitCode()
+	}
+	mustCLI := func(args ...string) string {
+		t.Helper()
+		out, errOut, code := cli(args...)
+		if code != 0 {
+			t.Fatalf("orchestrator %q: exit %d\n%s", args, code, errOut)
+		}
+		return out
+	}
+	// Without the CA the CLI cannot talk to it.
+	cmd := exec.CommandContext(ctx, orchBin, "run", "list", "--url", httpsURL, "--data-dir", dataDir)
+	if out, err := cmd.CombinedOutput(); err == nil || !strings.Contains(string(out), "certificate") {
+		t.Errorf("a client without --ca: %v\n%s", err, out)
+	}
+
+	token := strings.TrimSpace(mustCLI("token", "create", "w3"))
+	w3 := start(t, ctx, "worker w3 (TLS)", workerBin, "connect", "--url", wssURL, "--token", token, "--ca", certPath)
+	poll(t, ctx, "worker w3 to connect over wss", func() bool {
+		var ws orchestrator.APIWorkerList
+		json.Unmarshal([]byte(mustCLI("worker", "list", "--json")), &ws)
+		for _, w := range ws.Workers {
+			if w.Name == "w3" && w.State == "connected" {
+				return true
+			}
+		}
+		return false
+	})
+	_, curlErr := exec.LookPath("curl")
+	if curlErr == nil {
+		run := strings.TrimSpace(mustCLI("run", "submit", "examples/data.yaml"))
+		var det orchestrator.APIRunDetail
+		poll(t, ctx, run+" to finish", func() bool {
+			json.Unmarshal([]byte(mustCLI("run", "show", run, "--json")), &det)
+			return !det.Run.FinishedAt.IsZero()
+		})
+		if det.Status != "success" {
+			t.Fatalf("%s finished %s:\n%s\n%s", run, det.Status, mustCLI("run", "show", run), mustCLI("run", "logs", run))
+		}
+		report := mustCLI("data", "get", "report.txt")
+		if !strings.HasPrefix(report, "built at ") {
+			t.Errorf("data get report.txt: %q", report)
+		}
+		if logs := mustCLI("run", "logs", run, "--step", "consume"); !strings.Contains(logs, strings.TrimSpace(report)) {
+			t.Errorf("the consuming step did not read the report:\n%s", logs)
+		}
+		if got := mustCLI("data", "get", "pipeline.log", "append"); got != "produce: done\n" {
+			t.Errorf("data get pipeline.log append: %q", got)
+		}
+		if sum := sha256.Sum256([]byte(report)); !strings.Contains(mustCLI("data", "versions", "report.txt"), hex.EncodeToString(sum[:])) {
+			t.Errorf("data versions report.txt does not list the version's sha256:\n%s", mustCLI("data", "versions", "report.txt"))
+		}
+	} else {
+		t.Log("curl not found: the step-side data plane is covered by adapters/orchestrator's TestStepEndpoint only")
+	}
+
+	bundle := filepath.Join(t.TempDir(), "b.bin")
+	os.WriteFile(bundle, []byte("bundle bytes"), 0o600)
+	fp := strings.TrimSpace(mustCLI("bundle", "put", bundle))
+	if sum := sha256.Sum256([]byte("bundle bytes")); fp != hex.EncodeToString(sum[:]) {
+		t.Errorf("bundle put printed %q, want the sha256", fp)
+	}
+	if _, errOut, code := cli("data", "get", "no-such-item"); code != exitRefused || !strings.Contains(errOut, "not found") {
+		t.Errorf("data get of an unknown item: exit %d %q, want 3", code, errOut)
+	}
+
+	w3.signal(t, syscall.SIGTERM)
+	if code := w3.wait(t, ctx); code != 0 {
+		t.Errorf("worker w3 exited %d on SIGTERM, want 0:\n%s", code, w3.stderr)
+	}
+	serve.signal(t, syscall.SIGTERM)
+	if code := serve.wait(t, ctx); code != 0 {
+		t.Errorf("TLS orchestrator exited %d on SIGTERM, want 0:\n%s", code, serve.stderr)
+	}
+}
+
+// writeTestCert writes a self-signed certificate for 127.0.0.1 (it is its
+// own CA) and its key as PEM files.
+func writeTestCert(t *testing.T, dir string) (certPath, keyPath string) {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "tether test"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1)},
+		KeyUsage:    x509.KeyUsageDigitalSignature | x509.KeyUsageCertSign, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+		IsCA: true, BasicConstraintsValid: true,
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kb, err := x509.MarshalECPrivateKey(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	certPath, keyPath = filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")
+	if err := os.WriteFile(certPath, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(keyPath, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kb}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return certPath, keyPath
 }

@@ -30,17 +30,18 @@ type options struct {
 	logFormat, logLevel string
 
 	// client commands
-	url, adminToken, dataDir string
-	json                     bool
-	timeout                  time.Duration
+	url, adminToken, dataDir, ca string
+	json                         bool
+	timeout                      time.Duration
 
 	// serve
-	addr, config string
+	addr, config, tlsCert, tlsKey string
 
 	// command-specific
 	ttl    time.Duration
 	step   string
 	reason string
+	out    string
 }
 
 // env is what a command runs with.
@@ -73,9 +74,11 @@ func init() {
 const topHelp = `orchestrator — Tether's orchestrator, and the operator's client for it.
 
 The orchestrator owns all durable state of Tether (runs, steps, leases, the
-worker pool, enrollment tokens) in one bbolt file, hands steps to workers that
-dial its WebSocket control plane at /control, and serves an operator HTTP JSON
-API under /api/ on the same address, authenticated with an admin token.
+worker pool, enrollment tokens, the data steps write) in one bbolt file,
+hands steps to workers that dial its WebSocket control plane at /control,
+serves their HTTP/2 data plane at /data/ and /bundle/, and serves an operator
+HTTP JSON API under /api/ on the same address, authenticated with an admin
+token. TLS is on with serve --tls-cert and --tls-key.
 
 Usage:
   orchestrator COMMAND [ARGS] [flags]

@@ -92,7 +92,13 @@ func TestServerConfigFile(t *testing.T) {
 	if cfg.SweepInterval != 10*time.Second || cfg.HeartbeatTimeout != 120*time.Second || cfg.UnmatchedTimeout != 30*time.Second {
 		t.Errorf("a partial recovery section must keep the other defaults: %+v", cfg)
 	}
+	cfg, err = loadServerConfig("/etc/tether/c.yaml", []byte("tls:\n  cert_file: tls/s.crt\n  key_file: /keys/s.key\n"))
+	if err != nil || cfg.TLSCert != "/etc/tether/tls/s.crt" || cfg.TLSKey != "/keys/s.key" {
+		t.Errorf("tls section: %+v, %v; want paths relative to the file's directory", cfg, err)
+	}
 	for name, c := range map[string]struct{ src, want string }{
+		"tls without a key":    {"tls:\n  cert_file: a.crt\n", "c.yaml:2: tls needs both cert_file and key_file"},
+		"unknown tls key":      {"tls:\n  cert: a.crt\n", `c.yaml:2: tls: unknown key "cert"`},
 		"unknown top key":      {"addr: x:1\nlisten: y\n", `c.yaml:2: server config: unknown key "listen"`},
 		"unknown recovery key": {"recovery:\n  heartbeat_timeout_secs: 1\n  grace_secs: 5\n", `c.yaml:3: recovery: unknown key "grace_secs"`},
 		"not a number":         {"recovery:\n  sweep_interval_secs: often\n", "c.yaml:2: sweep_interval_secs must be a positive whole number"},
@@ -130,6 +136,12 @@ func TestServeFlagsOverrideConfig(t *testing.T) {
 	cfg, err = resolve("--config", cfgPath, "--data-dir", "/x")
 	if err != nil || cfg.Addr != "10.0.0.1:1" || cfg.DataDir != "/x" {
 		t.Errorf("got %+v, %v", cfg, err)
+	}
+	if _, err := resolve("--config", cfgPath, "--tls-cert", "/c.pem"); exitCode(err) != exitUsage || !strings.Contains(err.Error(), "--tls-key") {
+		t.Errorf("--tls-cert without --tls-key: %v, want a usage error", err)
+	}
+	if cfg, err := resolve("--config", cfgPath, "--tls-cert", "/c.pem", "--tls-key", "/k.pem"); err != nil || cfg.TLSCert != "/c.pem" || cfg.TLSKey != "/k.pem" {
+		t.Errorf("TLS flags: %+v, %v", cfg, err)
 	}
 	if _, err := resolve("--config", filepath.Join(dir, "missing.yaml")); exitCode(err) != exitUsage {
 		t.Errorf("an explicit missing config file: %v (exit %d), want a usage error", err, exitCode(err))

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
+	"crypto/tls"
 	"encoding/hex"
 	"errors"
 	"flag"
@@ -40,15 +41,25 @@ var serveCmd = &command{
 
 It keeps all durable state in <data-dir>/tether.db (bbolt; an existing file is
 restored: in-flight steps wait for their workers to reconnect) and listens on
---addr for workers (WebSocket at /control) and operators (HTTP JSON API under
-/api/). On the first start it creates an admin token in <data-dir>/admin-token
-(mode 0600) and prints it once; client commands read that file.
+--addr for workers (WebSocket at /control, the HTTP/2 data plane at /data/ and
+/bundle/) and operators (HTTP JSON API under /api/). On the first start it
+creates an admin token in <data-dir>/admin-token (mode 0600) and prints it
+once; client commands read that file.
+
+Without a certificate everything is cleartext: HTTP/1.1 and HTTP/2 with prior
+knowledge (h2c). With --tls-cert and --tls-key (PEM files) everything is TLS,
+HTTP/2 negotiated by ALPN: workers then connect to wss://HOST:PORT/control
+(with 'worker connect --ca FILE' for a private CA) and clients use
+https://HOST:PORT (with --ca FILE).
 
 The optional config file (YAML) may set addr, data_dir (relative to the
 file's directory) and the recovery sweeper's knobs (seed 002):
 
   addr: 127.0.0.1:7420
   data_dir: ./tether-data
+  tls:                                # optional; paths relative to the file's directory
+    cert_file: tls/server.crt
+    key_file: tls/server.key
   recovery:
     heartbeat_timeout_secs: 120       # a silent worker is stale after this
     sweep_interval_secs: 60           # how often the sweeper runs
@@ -68,6 +79,8 @@ window.`,
 		fs.StringVar(&o.addr, "addr", defaultAddr, "listen `address` for workers (/control) and the operator API (/api/)")
 		fs.StringVar(&o.dataDir, "data-dir", defaultDataDir, "`directory` of the store (tether.db) and the admin token")
 		fs.StringVar(&o.config, "config", defaultConfigFile, "server config `file` (YAML); optional unless given explicitly")
+		fs.StringVar(&o.tlsCert, "tls-cert", "", "serve TLS with this certificate `file` (PEM, the chain); needs --tls-key")
+		fs.StringVar(&o.tlsKey, "tls-key", "", "the TLS private key `file` (PEM)")
 	},
 	run: serve,
 }
@@ -76,6 +89,7 @@ window.`,
 type serverConfig struct {
 	Addr             string
 	DataDir          string
+	TLSCert, TLSKey  string // both or neither
 	HeartbeatTimeout time.Duration
 	SweepInterval    time.Duration
 	UnmatchedTimeout time.Duration
@@ -122,16 +136,31 @@ func loadServerConfig(path string, src []byte) (serverConfig, error) {
 		}
 		return time.Duration(v) * time.Second
 	}
-	mapping(doc.Content[0], "server config", []string{"addr", "data_dir", "recovery"}, errf, func(key string, v *yaml.Node) {
+	relative := func(p string) string {
+		if p != "" && !filepath.IsAbs(p) {
+			p = filepath.Join(filepath.Dir(path), p)
+		}
+		return p
+	}
+	mapping(doc.Content[0], "server config", []string{"addr", "data_dir", "tls", "recovery"}, errf, func(key string, v *yaml.Node) {
 		switch key {
 		case "addr":
 			cfg.Addr = str(v, key)
 		case "data_dir":
 			if dir := str(v, key); dir != "" {
-				if !filepath.IsAbs(dir) {
-					dir = filepath.Join(filepath.Dir(path), dir)
+				cfg.DataDir = relative(dir)
+			}
+		case "tls":
+			mapping(v, "tls", []string{"cert_file", "key_file"}, errf, func(key string, v *yaml.Node) {
+				switch key {
+				case "cert_file":
+					cfg.TLSCert = relative(str(v, key))
+				case "key_file":
+					cfg.TLSKey = relative(str(v, key))
 				}
-				cfg.DataDir = dir
+			})
+			if (cfg.TLSCert == "") != (cfg.TLSKey == "") {
+				errf(v, "tls needs both cert_file and key_file")
 			}
 		case "recovery":
 			known := []string{"heartbeat_timeout_secs", "sweep_interval_secs", "unmatched_step_timeout_secs"}
@@ -206,6 +235,15 @@ func resolveServeConfig(e *env) (serverConfig, error) {
 	if set["data-dir"] {
 		cfg.DataDir = e.opts.dataDir
 	}
+	if set["tls-cert"] {
+		cfg.TLSCert = e.opts.tlsCert
+	}
+	if set["tls-key"] {
+		cfg.TLSKey = e.opts.tlsKey
+	}
+	if (cfg.TLSCert == "") != (cfg.TLSKey == "") {
+		return cfg, usageErrorf("TLS needs both a certificate and a key (--tls-cert and --tls-key)")
+	}
 	return cfg, nil
 }
 
@@ -231,6 +269,14 @@ func serve(ctx context.Context, e *env, _ []string) error {
 	} else if fi, err := os.Stat(tokenPath); err == nil && fi.Mode().Perm()&0o077 != 0 {
 		log.Warn("admin token file is readable by other users; chmod 600 it", "path", tokenPath, "mode", fi.Mode().Perm().String())
 	}
+	var tlsConf *tls.Config
+	if cfg.TLSCert != "" {
+		cert, err := tls.LoadX509KeyPair(cfg.TLSCert, cfg.TLSKey)
+		if err != nil {
+			return usageErrorf("TLS certificate: %v", err)
+		}
+		tlsConf = &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
+	}
 	storePath := filepath.Join(cfg.DataDir, storeFile)
 	d, err := orchestrator.Start(orchestrator.Options{
 		Addr:      cfg.Addr,
@@ -243,14 +289,15 @@ func serve(ctx context.Context, e *env, _ []string) error {
 		},
 		Logger:     log,
 		AdminToken: token,
+		TLS:        tlsConf,
 	})
 	if err != nil {
 		return err
 	}
 	log.Info("recovery sweeper", "heartbeat_timeout", cfg.HeartbeatTimeout.String(), "sweep_interval", cfg.SweepInterval.String(),
 		"unmatched_step_timeout", cfg.UnmatchedTimeout.String())
-	fmt.Fprintf(e.stdout, "Tether orchestrator listening on %s (store %s)\n  workers connect to: %s\n  operator API:       %s\n",
-		d.Addr(), storePath, d.URL(), d.APIURL())
+	fmt.Fprintf(e.stdout, "Tether orchestrator listening on %s (store %s)\n  workers connect to: %s\n  operator API:       %s\n  data plane:         %s\n",
+		d.Addr(), storePath, d.URL(), d.APIURL(), d.DataURL())
 	select {
 	case <-ctx.Done():
 		log.Info("shutting down", "reason", "signal")

@@ -7,6 +7,8 @@ import (
 	"cmp"
 	"context"
 	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"flag"
 	"fmt"
@@ -16,6 +18,7 @@ import (
 	"net/url"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"sort"
 	"strconv"
 	"strings"
@@ -66,7 +69,10 @@ const topHelp = `worker — a Tether worker.
 
 A worker dials the orchestrator's control plane, enrolls once with a one-time
 enrollment token, and runs the steps the orchestrator leases to it as
-'sh -c' processes, streaming their output back. If the connection drops it
+'sh -c' processes, streaming their output back. Each step process can use the
+orchestrator's data plane through the worker: $TETHER_DATA_URL (a loopback
+URL), with "Authorization: Bearer $TETHER_DATA_TOKEN"; the worker attaches the
+step's lease ($TETHER_LEASE) to its writes. If the connection drops it
 keeps its steps running, buffers their output, and reconnects with backoff
 (1 s, x1.5, up to --max-reconnect-delay, 60 s by default; the orchestrator
 holds its steps for twice that); --no-reconnect exits instead. Each process start is a
@@ -100,10 +106,19 @@ Steps are matched to workers by target (--name), labels, platform and tags:
 a step runs here only if every tag it requires is in --tags (type script needs
 "script", runner docker needs "docker", and so on, plus the step's own tags:).
 
+Against an orchestrator that serves TLS, use a wss:// URL; --ca names the PEM
+file of the CA that signed its certificate when it is not a public one.
+
+Step processes get TETHER_DATA_URL, TETHER_DATA_TOKEN and TETHER_LEASE: e.g.
+  curl -X PUT --data-binary @out.tar -H "Authorization: Bearer $TETHER_DATA_TOKEN" \
+       "$TETHER_DATA_URL/data/build.out"
+stores a new version of build.out under the step's lease.
+
 The optional config file (YAML) takes the same settings; flags given on the
 command line override it, and an unknown key is an error naming its line:
 
   url: ws://127.0.0.1:7420/control
+  ca: /etc/tether/ca.pem
   token: builder-1.0123abcd...
   name: builder-1
   tags: [script, docker]
@@ -140,6 +155,7 @@ type settings struct {
 	// MaxReconnectDelay caps the reconnect backoff; the orchestrator's
 	// grace window for this worker is twice it. Zero: the default (60 s).
 	MaxReconnectDelay time.Duration
+	CA                string // PEM file of CAs to trust for wss:// and https://
 }
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
@@ -190,6 +206,7 @@ func parseConnect(args []string, stdout io.Writer) (final settings, logFormat, l
 	flags.StringVar(&labels, "labels", "", "comma-separated `key=value` labels, e.g. zone=eu,disk=ssd")
 	flags.StringVar(&s.Platform, "platform", "", "`platform` for steps that declare one, e.g. linux/amd64")
 	flags.IntVar(&s.Slots, "slots", 1, "steps run at once (`N`, 1..1024)")
+	flags.StringVar(&s.CA, "ca", "", "trust the orchestrator's TLS certificate if this CA `file` (PEM) signed it")
 	flags.BoolVar(&s.NoReconnect, "no-reconnect", false, "exit (code 2) when the connection is lost instead of reconnecting; no grace window")
 	flags.DurationVar(&s.MaxReconnectDelay, "max-reconnect-delay", defaultMaxReconnectDelay,
 		"longest `duration` to wait between reconnect attempts (100ms..1h); the orchestrator holds this worker's steps for twice this after a disconnect")
@@ -256,6 +273,9 @@ func parseConnect(args []string, stdout io.Writer) (final settings, logFormat, l
 		}
 		final.MaxReconnectDelay = s.MaxReconnectDelay
 	}
+	if set["ca"] {
+		final.CA = s.CA
+	}
 	if final.Token == "" {
 		return settings{}, "", "", errors.New("--token is required (NAME.SECRET from 'orchestrator token create NAME')")
 	}
@@ -286,8 +306,18 @@ func connect(ctx context.Context, s settings, log *slog.Logger) int {
 		log.Error("cannot draw the instance id", "err", err)
 		return exitError
 	}
+	var tlsConf *tls.Config
+	if s.CA != "" {
+		pool, err := loadCA(s.CA)
+		if err != nil {
+			log.Error("cannot read the CA file", "ca", s.CA, "err", err)
+			return exitUsage
+		}
+		tlsConf = &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}
+	}
 	d, err := worker.New(worker.Options{
 		URL:    s.URL,
+		TLS:    tlsConf,
 		Logger: log,
 		Config: core.WorkerConfig{
 			ID: core.WorkerID(id), Name: s.Name, Token: s.Token, Tags: s.Tags, Labels: s.Labels,
@@ -315,6 +345,19 @@ func connect(ctx context.Context, s settings, log *slog.Logger) int {
 		log.Warn("worker exiting", "worker_id", id, "code", code)
 	}
 	return code
+}
+
+// loadCA reads a PEM file of CA certificates into a pool.
+func loadCA(path string) (*x509.CertPool, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(b) {
+		return nil, fmt.Errorf("%s holds no PEM certificate", path)
+	}
+	return pool, nil
 }
 
 // newUUID returns a random (version 4, RFC 9562) UUID from crypto/rand.
@@ -400,7 +443,7 @@ func loadConfig(path string, src []byte) (settings, error) {
 		return n.Value
 	}
 	root := doc.Content[0]
-	known := []string{"url", "token", "name", "tags", "labels", "platform", "slots", "no_reconnect", "max_reconnect_delay"}
+	known := []string{"url", "ca", "token", "name", "tags", "labels", "platform", "slots", "no_reconnect", "max_reconnect_delay"}
 	if root.Kind != yaml.MappingNode {
 		errf(root, "worker config must be a mapping of keys to values")
 		return s, errors.New(strings.Join(errs, "\n  "))
@@ -416,6 +459,11 @@ func loadConfig(path string, src []byte) (settings, error) {
 		switch k.Value {
 		case "url":
 			s.URL = scalar(v, k.Value)
+		case "ca":
+			s.CA = scalar(v, k.Value)
+			if s.CA != "" && !filepath.IsAbs(s.CA) {
+				s.CA = filepath.Join(filepath.Dir(path), s.CA)
+			}
 		case "token":
 			s.Token = scalar(v, k.Value)
 		case "name":

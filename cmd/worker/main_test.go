@@ -64,6 +64,7 @@ func writeFile(t *testing.T, name, src string) string {
 func TestConfigFileAndFlags(t *testing.T) {
 	cfg := writeFile(t, "worker-config.yaml", `
 url: ws://orch:7420/control
+ca: tls/ca.pem
 token: b1.abc
 tags: [script, docker]
 labels: {zone: eu}
@@ -77,17 +78,18 @@ max_reconnect_delay: 2s
 		t.Fatal(err)
 	}
 	want := settings{URL: "ws://orch:7420/control", Token: "b1.abc", Name: "b1", Tags: []string{"script", "docker"},
-		Labels: map[string]string{"zone": "eu"}, Platform: "linux/amd64", Slots: 3, NoReconnect: true, MaxReconnectDelay: 2 * time.Second}
+		Labels: map[string]string{"zone": "eu"}, Platform: "linux/amd64", Slots: 3, NoReconnect: true, MaxReconnectDelay: 2 * time.Second,
+		CA: filepath.Join(filepath.Dir(cfg), "tls", "ca.pem")} // relative to the file
 	if !reflect.DeepEqual(s, want) {
 		t.Errorf("from the file:\n got %+v\nwant %+v", s, want)
 	}
 	// Flags given override the file; flags not given do not.
 	s, format, _, err := parseConnect([]string{"--config", cfg, "--tags", "gpu", "--slots", "8", "--name", "n",
-		"--labels", "a=1, b = 2", "--no-reconnect=false", "--max-reconnect-delay", "750ms", "--log-format", "json"}, io.Discard)
+		"--labels", "a=1, b = 2", "--no-reconnect=false", "--max-reconnect-delay", "750ms", "--log-format", "json", "--ca", "/etc/ca.pem"}, io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}
-	want.Tags, want.Slots, want.Name, want.Labels, want.NoReconnect = []string{"gpu"}, 8, "n", map[string]string{"a": "1", "b": "2"}, false
+	want.Tags, want.Slots, want.Name, want.Labels, want.NoReconnect, want.CA = []string{"gpu"}, 8, "n", map[string]string{"a": "1", "b": "2"}, false, "/etc/ca.pem"
 	want.MaxReconnectDelay = 750 * time.Millisecond
 	if !reflect.DeepEqual(s, want) || format != "json" {
 		t.Errorf("flags over the file:\n got %+v %s\nwant %+v json", s, format, want)

@@ -1,0 +1,664 @@
+package orchestrator
+
+// The data plane (DESIGN §3.10, SPEC §14), served on the control plane's
+// listener over HTTP/2 (h2c, or TLS with ALPN h2) next to /control and /api/:
+//
+//	GET  /data/{id}                      → {"id", "versions": [...], "stream": {...}}
+//	PUT  /data/{id}                      body: bytes → 201 {"id", "version", "size", "sha256", ...}
+//	GET  /data/{id}/{version}            → the bytes of that version; "latest" is the newest
+//	POST /data/{id}/append               body: bytes → {"id", "offset", "size", "length"}
+//	GET  /data/{id}/append[?offset=N]    → the stream's bytes from N (default 0)
+//	GET  /bundle/{fingerprint}           → the bundle's bytes
+//	GET  /bundle/{fingerprint}/file/{p}  → one file of a tar bundle
+//
+// Every request carries "Authorization: Bearer <session credential>"; only a
+// valid, unexpired credential of a worker in the pool is accepted (401).
+// Every write (PUT, append) carries its lease ("Tether-Lease: N", or
+// ?lease=N) and is fenced: it is checked on the driver's loop, between the
+// core's inputs, and made durable in the same transaction as that group's
+// records, so no lease change can come between the check and the write. A
+// write under a lease that is not current is refused (409) and writes
+// nothing; an accepted one is answered only once it is on stable storage.
+//
+// Errors are {"error": "..."} with 400 (malformed id, version, offset or
+// lease), 401, 404 (unknown path, id, version, bundle or file), 405, 409
+// (fenced), 413 (body over the limit), 416 (offset past the stream's end),
+// 503 (the orchestrator is stopping).
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/tether-run/tether/adapters/store"
+	"github.com/tether-run/tether/core"
+)
+
+// Data-plane defaults (Options overrides them).
+const (
+	DefaultMaxPutBody      = 64 << 20  // one PUT
+	DefaultMaxAppendBody   = 1 << 20   // one append
+	DefaultMaxStream       = 1 << 30   // a stream's total length
+	DefaultMaxBundleBody   = 256 << 20 // one bundle upload (operator API)
+	DefaultMaxDataInFlight = 256 << 20 // write bodies held in memory at once
+	// LeaseHeader names the lease a write is made under.
+	LeaseHeader = "Tether-Lease"
+	// earlyCheckOver is the body size above which a write is authenticated
+	// and fenced before its body is read, as well as at the write.
+	earlyCheckOver = 64 << 10
+	// dataTimeout bounds one data-plane request (reading its body, waiting
+	// for the loop and the disk).
+	dataTimeout = 5 * time.Minute
+)
+
+// DataStore is what the data plane needs of the store besides Store;
+// *store.Store is one. ApplyWithData must make the records and the data
+// writes durable in one atomic transaction.
+type DataStore interface {
+	ApplyWithData(recs []core.Record, ops []store.DataOp) ([]store.DataResult, error)
+	Data(id string, version uint64) (store.DataMeta, error)
+	Versions(id string) ([]store.DataMeta, error)
+	Stream(id string) (store.StreamMeta, error)
+	Bundle(fp string) (store.BundleMeta, error)
+	BundleFile(fp, relPath string) (store.FileSpan, error)
+	DataReader(m store.DataMeta) io.Reader
+	StreamReader(id string, offset, end int64) io.Reader
+	BundleReader(m store.BundleMeta, offset, size int64) io.Reader
+}
+
+var (
+	// ErrNoDataStore is returned when the store the driver was given does
+	// not implement DataStore, so it has no data plane.
+	ErrNoDataStore = errors.New("orchestrator: the store has no data plane")
+	// ErrFenced is returned, wrapping the core's reason, when a write's
+	// lease is not current for its worker.
+	ErrFenced = errors.New("write refused")
+	// ErrUnauthenticated is returned, wrapping the core's reason, when a
+	// data-plane request's session credential is not accepted.
+	ErrUnauthenticated = errors.New("session credential refused")
+)
+
+// Inputs of the loop for the data plane.
+type (
+	// dataWrite is a write to fence and persist with the next group.
+	// cred is empty for an operator's bundle upload (not fenced).
+	dataWrite struct {
+		cred  string
+		lease core.LeaseID
+		op    store.DataOp
+		reply chan dataAnswer
+	}
+	dataAnswer struct {
+		res store.DataResult
+		err error
+	}
+)
+
+// APIDataVersions answers GET /data/{id}.
+type APIDataVersions struct {
+	ID       string            `json:"id"`
+	Versions []store.DataMeta  `json:"versions"`
+	Stream   *store.StreamMeta `json:"stream,omitempty"`
+}
+
+// ---- routing ----
+
+// dataRouteKind is what a data-plane path names.
+type dataRouteKind uint8
+
+const (
+	routeVersions   dataRouteKind = iota + 1 // /data/{id}: GET lists, PUT writes
+	routeVersion                             // /data/{id}/{version}
+	routeStream                              // /data/{id}/append: GET reads, POST appends
+	routeBundle                              // /bundle/{fp}
+	routeBundleFile                          // /bundle/{fp}/file/{relPath}
+)
+
+// dataRoute is a parsed data-plane request.
+type dataRoute struct {
+	kind    dataRouteKind
+	id      string
+	version uint64 // routeVersion: 0 means latest
+	fp      string
+	rel     string
+	write   bool // PUT or POST: fenced
+}
+
+// parseDataPath parses a data-plane path and checks the method. It never
+// touches storage: a malformed path is 400, an unknown shape 404, a wrong
+// method 405 (with Allow).
+func parseDataPath(method, p string) (dataRoute, *httpError) {
+	get := method == http.MethodGet || method == http.MethodHead
+	allow := func(r dataRoute, ok bool, allowed string) (dataRoute, *httpError) {
+		if !ok {
+			return dataRoute{}, &httpError{code: http.StatusMethodNotAllowed, msg: fmt.Sprintf("method %s is not allowed on %s (allowed: %s)", method, p, allowed), allow: allowed}
+		}
+		return r, nil
+	}
+	bad := func(err error) (dataRoute, *httpError) {
+		return dataRoute{}, &httpError{code: http.StatusBadRequest, msg: err.Error()}
+	}
+	switch {
+	case strings.HasPrefix(p, "/data/"):
+		segs := strings.Split(strings.TrimPrefix(p, "/data/"), "/")
+		if len(segs) > 2 {
+			break
+		}
+		id := segs[0]
+		if err := store.ValidateID(id); err != nil {
+			return bad(err)
+		}
+		if len(segs) == 1 {
+			return allow(dataRoute{kind: routeVersions, id: id, write: method == http.MethodPut}, get || method == http.MethodPut, "GET, HEAD, PUT")
+		}
+		switch v := segs[1]; v {
+		case "append":
+			return allow(dataRoute{kind: routeStream, id: id, write: method == http.MethodPost}, get || method == http.MethodPost, "GET, HEAD, POST")
+		case "latest":
+			return allow(dataRoute{kind: routeVersion, id: id}, get, "GET, HEAD")
+		default:
+			n, err := parseVersion(v)
+			if err != nil {
+				return bad(err)
+			}
+			return allow(dataRoute{kind: routeVersion, id: id, version: n}, get, "GET, HEAD")
+		}
+	case strings.HasPrefix(p, "/bundle/"):
+		fp, rest, hasRest := strings.Cut(strings.TrimPrefix(p, "/bundle/"), "/")
+		if err := store.ValidateFingerprint(fp); err != nil {
+			return bad(err)
+		}
+		if !hasRest {
+			return allow(dataRoute{kind: routeBundle, fp: fp}, get, "GET, HEAD")
+		}
+		rel, ok := strings.CutPrefix(rest, "file/")
+		if !ok {
+			break
+		}
+		if err := store.ValidateRelPath(rel); err != nil {
+			return bad(err)
+		}
+		return allow(dataRoute{kind: routeBundleFile, fp: fp, rel: rel}, get, "GET, HEAD")
+	}
+	return dataRoute{}, &httpError{code: http.StatusNotFound, msg: fmt.Sprintf("no such data-plane path: %s (want /data/{id}, /data/{id}/{version|latest|append}, /bundle/{sha256}, /bundle/{sha256}/file/{path})", p)}
+}
+
+// parseVersion parses a version: a decimal number from 1, no sign, no
+// leading zero.
+func parseVersion(s string) (uint64, error) {
+	n, err := strconv.ParseUint(s, 10, 63)
+	if err != nil || n == 0 || s[0] == '0' {
+		return 0, fmt.Errorf("bad version %q: want a number from 1, or latest", s)
+	}
+	return n, nil
+}
+
+// parseLease reads a write's lease from the Tether-Lease header or ?lease=.
+func parseLease(r *http.Request) (core.LeaseID, error) {
+	v := r.Header.Get(LeaseHeader)
+	if q := r.URL.Query().Get("lease"); v == "" {
+		v = q
+	}
+	if v == "" {
+		return 0, fmt.Errorf("a write needs its lease: send %s: <lease id> (or ?lease=)", LeaseHeader)
+	}
+	n, err := strconv.ParseUint(v, 10, 64)
+	if err != nil || n == 0 {
+		return 0, fmt.Errorf("bad lease %q: want a lease id (a number from 1)", v)
+	}
+	return core.LeaseID(n), nil
+}
+
+// bearer returns the bearer credential of a request, "" if there is none.
+func bearer(r *http.Request) string {
+	scheme, tok, ok := strings.Cut(r.Header.Get("Authorization"), " ")
+	if !ok || !strings.EqualFold(scheme, "Bearer") {
+		return ""
+	}
+	return strings.TrimSpace(tok)
+}
+
+// ---- the handler ----
+
+type dataPlane struct {
+	d   *Driver
+	mem *budget
+}
+
+func (p *dataPlane) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	ctx, cancel := context.WithTimeout(r.Context(), dataTimeout)
+	defer cancel()
+	r = r.WithContext(ctx)
+	// The context does not bound reading the body; a read deadline does
+	// (a slow upload must not hold its share of the memory budget forever).
+	_ = http.NewResponseController(w).SetReadDeadline(time.Now().Add(dataTimeout))
+	if err := p.serve(w, r); err != nil {
+		p.fail(w, r, err)
+	}
+}
+
+// fail answers an error as JSON with its status.
+func (p *dataPlane) fail(w http.ResponseWriter, r *http.Request, err error) {
+	var he *httpError
+	if !errors.As(err, &he) {
+		he = p.classify(err)
+	}
+	if he.allow != "" {
+		w.Header().Set("Allow", he.allow)
+	}
+	if he.code == http.StatusUnauthorized {
+		w.Header().Set("WWW-Authenticate", `Bearer realm="tether-data"`)
+	}
+	if he.code >= 500 {
+		p.d.log.Warn("data-plane request failed", "method", r.Method, "path", r.URL.Path, "status", he.code, "err", he.msg)
+	}
+	writeJSON(w, he.code, APIError{Error: he.msg})
+}
+
+func (p *dataPlane) classify(err error) *httpError {
+	var mbe *http.MaxBytesError
+	switch {
+	case errors.Is(err, ErrUnauthenticated):
+		return &httpError{code: http.StatusUnauthorized, msg: err.Error()}
+	case errors.Is(err, ErrFenced):
+		return &httpError{code: http.StatusConflict, msg: err.Error()}
+	case errors.Is(err, store.ErrNotFound):
+		return &httpError{code: http.StatusNotFound, msg: strings.TrimPrefix(err.Error(), "store: ")}
+	case errors.Is(err, store.ErrStreamFull), errors.As(err, &mbe):
+		return &httpError{code: http.StatusRequestEntityTooLarge, msg: strings.TrimPrefix(err.Error(), "store: ")}
+	case errors.Is(err, store.ErrBadID), errors.Is(err, store.ErrBadFingerprint), errors.Is(err, store.ErrBadPath):
+		return &httpError{code: http.StatusBadRequest, msg: strings.TrimPrefix(err.Error(), "store: ")}
+	case errors.Is(err, ErrNoDataStore):
+		return &httpError{code: http.StatusServiceUnavailable, msg: err.Error()}
+	}
+	return (&api{d: p.d}).classify(err)
+}
+
+// serveOperator answers an operator's read of the data plane (the operator
+// API authenticated it); path is the data-plane path.
+func (p *dataPlane) serveOperator(w http.ResponseWriter, r *http.Request, path string) {
+	err := func() error {
+		rt, herr := parseDataPath(r.Method, path)
+		if herr != nil {
+			return herr
+		}
+		if p.d.ds == nil {
+			return ErrNoDataStore
+		}
+		return serveRead(w, r, p.d.ds, rt)
+	}()
+	if err != nil {
+		p.fail(w, r, err)
+	}
+}
+
+func (p *dataPlane) serve(w http.ResponseWriter, r *http.Request) error {
+	rt, herr := parseDataPath(r.Method, r.URL.Path)
+	if herr != nil {
+		return herr
+	}
+	cred := bearer(r)
+	if cred == "" {
+		return fmt.Errorf("%w: missing (send Authorization: Bearer <session credential>)", ErrUnauthenticated)
+	}
+	ds := p.d.ds
+	if ds == nil {
+		return ErrNoDataStore
+	}
+	if rt.write {
+		return p.write(w, r, rt, cred)
+	}
+	if err := p.d.authenticate(r.Context(), cred, 0); err != nil {
+		return err
+	}
+	return serveRead(w, r, ds, rt)
+}
+
+// write reads, fences and persists one PUT or append.
+func (p *dataPlane) write(w http.ResponseWriter, r *http.Request, rt dataRoute, cred string) error {
+	lease, err := parseLease(r)
+	if err != nil {
+		return &httpError{code: http.StatusBadRequest, msg: err.Error()}
+	}
+	// Refuse early, before reading (and holding) a large body nobody may
+	// write; the decisive check is made on the loop, at the write. A small
+	// body is cheaper to read than a trip through the loop.
+	if r.ContentLength < 0 || r.ContentLength > earlyCheckOver {
+		if err := p.d.authenticate(r.Context(), cred, lease); err != nil {
+			return err
+		}
+	}
+	op := store.DataOp{Kind: store.OpPut, ID: rt.id, Lease: uint64(lease), MaxStream: p.d.opts.MaxStream}
+	limit := p.d.opts.MaxPutBody
+	if rt.kind == routeStream {
+		op.Kind, limit = store.OpAppend, p.d.opts.MaxAppendBody
+	}
+	body, held, err := p.readBody(w, r, limit)
+	if err != nil {
+		return err
+	}
+	defer p.mem.release(held)
+	if op.Kind == store.OpAppend && len(body) == 0 {
+		return &httpError{code: http.StatusBadRequest, msg: "an append needs a non-empty body"}
+	}
+	op.Body = body
+	res, err := p.d.writeData(r.Context(), cred, lease, op)
+	if err != nil {
+		return err
+	}
+	if op.Kind == store.OpAppend {
+		writeJSON(w, http.StatusOK, res.Append)
+		return nil
+	}
+	w.Header().Set("Location", fmt.Sprintf("/data/%s/%d", res.Data.ID, res.Data.Version))
+	writeJSON(w, http.StatusCreated, res.Data)
+	return nil
+}
+
+// readBody reads a body of at most limit bytes into memory, within the
+// budget of bodies held at once; the caller releases held bytes of it.
+func (p *dataPlane) readBody(w http.ResponseWriter, r *http.Request, limit int64) (body []byte, held int64, err error) {
+	if r.ContentLength > limit {
+		return nil, 0, &httpError{code: http.StatusRequestEntityTooLarge, msg: fmt.Sprintf("request body of %d bytes is larger than the limit of %d bytes", r.ContentLength, limit)}
+	}
+	held = limit // a body of unknown length may use the whole limit
+	if r.ContentLength >= 0 {
+		held = r.ContentLength
+		body = make([]byte, 0, held)
+	}
+	if err := p.mem.acquire(r.Context(), held); err != nil {
+		return nil, 0, err
+	}
+	_, err = io.Copy(&sliceWriter{b: &body, max: held}, http.MaxBytesReader(w, r.Body, limit))
+	if err != nil {
+		p.mem.release(held)
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) || errors.Is(err, errOverCapacity) {
+			return nil, 0, &httpError{code: http.StatusRequestEntityTooLarge, msg: fmt.Sprintf("request body larger than the limit of %d bytes", limit)}
+		}
+		return nil, 0, &httpError{code: http.StatusBadRequest, msg: fmt.Sprintf("reading the request body: %v", err)}
+	}
+	return body, held, nil
+}
+
+// errOverCapacity is returned by sliceWriter when a body is longer than its
+// declared Content-Length.
+var errOverCapacity = errors.New("body longer than its Content-Length")
+
+// sliceWriter appends to a slice without growing it past max, so the memory
+// budget that was acquired is the memory used.
+type sliceWriter struct {
+	b   *[]byte
+	max int64
+}
+
+func (s *sliceWriter) Write(p []byte) (int, error) {
+	if int64(len(*s.b)+len(p)) > s.max {
+		return 0, errOverCapacity
+	}
+	*s.b = append(*s.b, p...)
+	return len(p), nil
+}
+
+// serveRead answers the read routes from the store.
+func serveRead(w http.ResponseWriter, r *http.Request, ds DataStore, rt dataRoute) error {
+	switch rt.kind {
+	case routeVersions:
+		vs, err := ds.Versions(rt.id)
+		if err != nil {
+			return err
+		}
+		out := APIDataVersions{ID: rt.id, Versions: vs}
+		if m, err := ds.Stream(rt.id); err == nil {
+			out.Stream = &m
+		} else if !errors.Is(err, store.ErrNotFound) {
+			return err
+		}
+		if len(vs) == 0 && out.Stream == nil {
+			return fmt.Errorf("%w: data %q has no versions and no stream", store.ErrNotFound, rt.id)
+		}
+		if out.Versions == nil {
+			out.Versions = []store.DataMeta{}
+		}
+		writeJSON(w, http.StatusOK, out)
+		return nil
+	case routeVersion:
+		m, err := ds.Data(rt.id, rt.version)
+		if err != nil {
+			return err
+		}
+		h := w.Header()
+		h.Set("ETag", `"`+m.SHA256+`"`)
+		h.Set("Tether-Version", strconv.FormatUint(m.Version, 10))
+		h.Set("Tether-SHA256", m.SHA256)
+		if rt.version == 0 {
+			h.Set("Cache-Control", "no-cache") // latest moves; a numbered version never changes
+			h.Set("Content-Location", fmt.Sprintf("/data/%s/%d", m.ID, m.Version))
+		} else {
+			h.Set("Cache-Control", "private, max-age=31536000, immutable")
+		}
+		if inm := r.Header.Get("If-None-Match"); inm != "" && strings.Contains(inm, `"`+m.SHA256+`"`) {
+			w.WriteHeader(http.StatusNotModified)
+			return nil
+		}
+		return sendBytes(w, r, m.Size, ds.DataReader(m))
+	case routeStream:
+		m, err := ds.Stream(rt.id)
+		if err != nil {
+			return err
+		}
+		var off int64
+		if v := r.URL.Query().Get("offset"); v != "" {
+			off, err = strconv.ParseInt(v, 10, 64)
+			if err != nil || off < 0 {
+				return &httpError{code: http.StatusBadRequest, msg: fmt.Sprintf("bad offset %q: want a number from 0", v)}
+			}
+		}
+		if off > m.Length {
+			return &httpError{code: http.StatusRequestedRangeNotSatisfiable, msg: fmt.Sprintf("offset %d is past the end of stream %q (%d bytes)", off, rt.id, m.Length)}
+		}
+		w.Header().Set("Tether-Stream-Length", strconv.FormatInt(m.Length, 10))
+		w.Header().Set("Cache-Control", "no-cache")
+		return sendBytes(w, r, m.Length-off, ds.StreamReader(rt.id, off, m.Length))
+	case routeBundle, routeBundleFile:
+		m, err := ds.Bundle(rt.fp)
+		if err != nil {
+			return err
+		}
+		off, size := int64(0), m.Size
+		if rt.kind == routeBundleFile {
+			if !m.Tar {
+				return fmt.Errorf("%w: bundle %s is not a tar archive, so it has no files", store.ErrNotFound, rt.fp)
+			}
+			span, err := ds.BundleFile(rt.fp, rt.rel)
+			if err != nil {
+				return err
+			}
+			off, size = span.Offset, span.Size
+		} else {
+			w.Header().Set("ETag", `"`+m.Fingerprint+`"`)
+		}
+		w.Header().Set("Cache-Control", "private, max-age=31536000, immutable")
+		return sendBytes(w, r, size, ds.BundleReader(m, off, size))
+	}
+	return fmt.Errorf("orchestrator: unhandled data route %d", rt.kind)
+}
+
+// sendBytes answers 200 with size bytes from rd. Once the header is sent an
+// error can only cut the body short, which the client sees as a short read
+// against Content-Length.
+func sendBytes(w http.ResponseWriter, r *http.Request, size int64, rd io.Reader) error {
+	h := w.Header()
+	h.Set("Content-Type", "application/octet-stream")
+	h.Set("Content-Length", strconv.FormatInt(size, 10))
+	h.Set("X-Content-Type-Options", "nosniff")
+	w.WriteHeader(http.StatusOK)
+	if r.Method == http.MethodHead {
+		return nil
+	}
+	if _, err := io.Copy(w, rd); err != nil {
+		panic(http.ErrAbortHandler) // the status is sent: abort the stream so the client cannot mistake it for whole
+	}
+	return nil
+}
+
+// ---- the driver's side ----
+
+// authenticate checks a session credential on the loop and, for a lease
+// other than zero, that the lease is current for its worker (an early
+// check; the decisive one is made at the write).
+func (d *Driver) authenticate(ctx context.Context, cred string, lease core.LeaseID) error {
+	var err error
+	if qerr := d.Snapshot(ctx, func(o *core.Orchestrator) {
+		var w core.WorkerID
+		if w, err = o.Authenticate(time.Now(), cred); err != nil {
+			err = fmt.Errorf("%w: %v", ErrUnauthenticated, err)
+			return
+		}
+		if lease != 0 {
+			if ferr := o.Fence(w, lease); ferr != nil {
+				err = fmt.Errorf("%w: %v", ErrFenced, ferr)
+			}
+		}
+	}); qerr != nil {
+		return qerr
+	}
+	return err
+}
+
+// writeData hands a write to the loop and waits until it is durable (or
+// refused). A write whose context ends first may still be applied.
+func (d *Driver) writeData(ctx context.Context, cred string, lease core.LeaseID, op store.DataOp) (store.DataResult, error) {
+	if d.ds == nil {
+		return store.DataResult{}, ErrNoDataStore
+	}
+	reply := make(chan dataAnswer, 1)
+	if err := d.push(ctx, dataWrite{cred: cred, lease: lease, op: op, reply: reply}); err != nil {
+		return store.DataResult{}, err
+	}
+	select {
+	case a, ok := <-reply:
+		switch {
+		case !ok:
+			return store.DataResult{}, ErrClosed
+		case a.err != nil:
+			return store.DataResult{}, a.err
+		case a.res.Err != nil:
+			return store.DataResult{}, a.res.Err
+		}
+		return a.res, nil
+	case <-ctx.Done():
+		return store.DataResult{}, ctx.Err()
+	}
+}
+
+// PutData stores body as the next version of id, fenced by lease, for the
+// worker whose session credential cred is; it returns once the version is
+// durable. It is what PUT /data/{id} does after reading the body, without
+// the early check: the fence is decided on the loop alone.
+func (d *Driver) PutData(ctx context.Context, cred string, lease core.LeaseID, id string, body []byte) (store.DataMeta, error) {
+	if err := store.ValidateID(id); err != nil {
+		return store.DataMeta{}, err
+	}
+	res, err := d.writeData(ctx, cred, lease, store.DataOp{Kind: store.OpPut, ID: id, Body: body, Lease: uint64(lease)})
+	return res.Data, err
+}
+
+// AppendData appends body to id's stream, fenced by lease, like PutData.
+func (d *Driver) AppendData(ctx context.Context, cred string, lease core.LeaseID, id string, body []byte) (store.AppendResult, error) {
+	if err := store.ValidateID(id); err != nil {
+		return store.AppendResult{}, err
+	}
+	if len(body) == 0 {
+		return store.AppendResult{}, fmt.Errorf("%w: an empty append", store.ErrBadOp)
+	}
+	res, err := d.writeData(ctx, cred, lease, store.DataOp{Kind: store.OpAppend, ID: id, Body: body, Lease: uint64(lease), MaxStream: d.opts.MaxStream})
+	return res.Append, err
+}
+
+// PutBundle stores a bundle (content-addressed by its SHA-256) and returns
+// its metadata; an uncompressed tar is indexed so that its files can be
+// fetched one by one. It returns once the bundle is durable.
+func (d *Driver) PutBundle(ctx context.Context, body []byte) (store.BundleMeta, error) {
+	files, ok := store.TarIndex(body)
+	if !ok {
+		files = nil
+	}
+	res, err := d.writeData(ctx, "", 0, store.DataOp{Kind: store.OpBundle, Body: body, Files: files})
+	if err != nil {
+		return store.BundleMeta{}, fmt.Errorf("put bundle: %w", err)
+	}
+	return res.Bundle, nil
+}
+
+// fenceWrite is the loop's check of one data write, at its place among the
+// group's inputs: the credential (for a worker's write) and the lease.
+func (d *Driver) fenceWrite(now time.Time, in *dataWrite) error {
+	in.op.At = now
+	if in.cred == "" && in.op.Kind == store.OpBundle {
+		return nil // the operator API authenticated it
+	}
+	w, err := d.o.Authenticate(now, in.cred)
+	if err != nil {
+		return fmt.Errorf("%w: %v", ErrUnauthenticated, err)
+	}
+	if err := d.o.Fence(w, in.lease); err != nil {
+		return fmt.Errorf("%w: %v", ErrFenced, err)
+	}
+	in.op.Worker = string(w)
+	return nil
+}
+
+// ---- the memory budget ----
+
+// budget bounds the bytes of write bodies held in memory at once; a request
+// waits for room (or its context).
+type budget struct {
+	mu   sync.Mutex
+	free int64
+	room chan struct{} // closed when bytes are released
+}
+
+func newBudget(n int64) *budget { return &budget{free: n, room: make(chan struct{})} }
+
+func (b *budget) acquire(ctx context.Context, n int64) error {
+	for {
+		b.mu.Lock()
+		if b.free >= n {
+			b.free -= n
+			b.mu.Unlock()
+			return nil
+		}
+		room := b.room
+		b.mu.Unlock()
+		select {
+		case <-room:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
+func (b *budget) release(n int64) {
+	b.mu.Lock()
+	b.free += n
+	close(b.room)
+	b.room = make(chan struct{})
+	b.mu.Unlock()
+}
+
+// dataURL is the data plane's base URL for a listener address.
+func dataURL(tls bool, addr string) string {
+	u := url.URL{Scheme: "http", Host: addr}
+	if tls {
+		u.Scheme = "https"
+	}
+	return u.String()
+}

@@ -1,0 +1,639 @@
+package store
+
+// The data plane's bytes live in the same bbolt file as the records, in
+// buckets of their own, so that a batch of records and the data writes
+// fenced against it commit in ONE transaction (ApplyWithData):
+//
+//	data         id 0x00 be64(version)           → DataMeta (JSON)
+//	data.chunk   id 0x00 be64(version) be32(n)   → the n-th ChunkSize bytes of the version
+//	stream       id                              → StreamMeta (JSON)
+//	stream.chunk id 0x00 be64(offset)            → the bytes of one append, starting at offset
+//	bundle       fingerprint                     → BundleMeta (JSON)
+//	bundle.chunk fingerprint be32(n)             → the n-th ChunkSize bytes of the bundle
+//	bundle.file  fingerprint 0x00 relPath        → be64(offset) be64(size) of a file in a tar bundle
+//
+// Data is versioned-immutable: a put creates the next version and nothing
+// ever rewrites one, so a reader may fetch a version's chunks in separate
+// short read transactions (a long one would hold off bbolt's remapping, and
+// with it every commit) and still see one consistent value.
+
+import (
+	"archive/tar"
+	"bytes"
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"path"
+	"strings"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+
+	"github.com/tether-run/tether/core"
+)
+
+// ChunkSize is the size of the pieces a version or a bundle is stored in.
+const ChunkSize = 1 << 20
+
+// Data-plane limits of the store.
+const (
+	// MaxIDLength bounds a data id.
+	MaxIDLength = 128
+	// MaxTarFiles bounds the files indexed in a tar bundle; a tar with more
+	// is stored as an opaque bundle.
+	MaxTarFiles = 100_000
+	// maxRelPath bounds a path inside a bundle.
+	maxRelPath = 1024
+)
+
+var (
+	bktData        = []byte("data")
+	bktDataChunk   = []byte("data.chunk")
+	bktStream      = []byte("stream")
+	bktStreamChunk = []byte("stream.chunk")
+	bktBundle      = []byte("bundle")
+	bktBundleChunk = []byte("bundle.chunk")
+	bktBundleFile  = []byte("bundle.file")
+	dataBuckets    = [][]byte{bktData, bktDataChunk, bktStream, bktStreamChunk, bktBundle, bktBundleChunk, bktBundleFile}
+)
+
+var (
+	// ErrNotFound is returned when a data version, stream, bundle or bundle
+	// file does not exist.
+	ErrNotFound = errors.New("store: not found")
+	// ErrBadID is returned when a data id is not 1-128 characters of
+	// [A-Za-z0-9._-] starting with a letter or digit.
+	ErrBadID = errors.New("store: bad data id")
+	// ErrBadFingerprint is returned when a bundle fingerprint is not 64
+	// lowercase hex digits (a SHA-256).
+	ErrBadFingerprint = errors.New("store: bad bundle fingerprint")
+	// ErrBadPath is returned when a path inside a bundle is empty, absolute,
+	// not clean, or climbs out with "..".
+	ErrBadPath = errors.New("store: bad path inside a bundle")
+	// ErrBadOp is returned when a data operation is malformed (unknown kind,
+	// an empty append).
+	ErrBadOp = errors.New("store: malformed data operation")
+	// ErrStreamFull is returned, in a DataResult, when an append would make
+	// its stream longer than the op's MaxStream; nothing of it is written.
+	ErrStreamFull = errors.New("store: stream length limit reached")
+)
+
+// DataOpKind says what a DataOp does.
+type DataOpKind uint8
+
+// Data operations.
+const (
+	// OpPut stores Body as the next version of ID.
+	OpPut DataOpKind = iota + 1
+	// OpAppend appends Body to ID's stream.
+	OpAppend
+	// OpBundle stores Body as a content-addressed bundle (its SHA-256).
+	OpBundle
+)
+
+// DataOp is one data-plane write, applied in the transaction of a batch of
+// records (ApplyWithData).
+type DataOp struct {
+	Kind DataOpKind
+	ID   string // data id (OpPut, OpAppend)
+	Body []byte
+	// Files is the tar index of a bundle (see TarIndex); nil for an opaque one.
+	Files map[string]FileSpan
+	// MaxStream bounds the stream's length after an append; zero: no bound.
+	MaxStream int64
+	// Provenance, kept with the version or stream.
+	Worker string
+	Lease  uint64
+	At     time.Time
+}
+
+// DataResult is the outcome of one DataOp.
+type DataResult struct {
+	// Err is set when the op was refused (ErrStreamFull); nothing of it was
+	// written, and the rest of the transaction was applied.
+	Err    error
+	Data   DataMeta     // OpPut: the new version
+	Append AppendResult // OpAppend
+	Bundle BundleMeta   // OpBundle
+}
+
+// DataMeta describes one immutable version of a data item.
+type DataMeta struct {
+	ID      string    `json:"id"`
+	Version uint64    `json:"version"`
+	Size    int64     `json:"size"`
+	SHA256  string    `json:"sha256"`
+	Created time.Time `json:"created"`
+	Worker  string    `json:"worker,omitempty"`
+	Lease   uint64    `json:"lease,omitempty"`
+}
+
+// StreamMeta describes a data item's append stream.
+type StreamMeta struct {
+	ID      string    `json:"id"`
+	Length  int64     `json:"length"`
+	Appends uint64    `json:"appends"`
+	Updated time.Time `json:"updated"`
+}
+
+// AppendResult is where one append landed.
+type AppendResult struct {
+	ID     string `json:"id"`
+	Offset int64  `json:"offset"` // where the appended bytes start
+	Size   int64  `json:"size"`   // how many were appended
+	Length int64  `json:"length"` // the stream's length after the append
+}
+
+// BundleMeta describes a stored bundle.
+type BundleMeta struct {
+	Fingerprint string    `json:"fingerprint"`
+	Size        int64     `json:"size"`
+	Created     time.Time `json:"created"`
+	Tar         bool      `json:"tar"`             // files can be fetched one by one
+	Files       int       `json:"files,omitempty"` // how many (Tar)
+	Existed     bool      `json:"existed,omitempty"`
+}
+
+// FileSpan is where a file's bytes lie inside a tar bundle.
+type FileSpan struct {
+	Offset int64
+	Size   int64
+}
+
+// ValidateID checks a data id: 1-128 characters of [A-Za-z0-9._-], the
+// first a letter or a digit (so "." and ".." are never ids).
+func ValidateID(id string) error {
+	if id == "" || len(id) > MaxIDLength {
+		return fmt.Errorf("%w %q: want 1-%d characters", ErrBadID, id, MaxIDLength)
+	}
+	for i := 0; i < len(id); i++ {
+		c := id[i]
+		alnum := c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9'
+		if !alnum && (i == 0 || c != '.' && c != '_' && c != '-') {
+			return fmt.Errorf("%w %q: want letters, digits, '.', '_' or '-', starting with a letter or digit", ErrBadID, id)
+		}
+	}
+	return nil
+}
+
+// ValidateFingerprint checks a bundle fingerprint: 64 lowercase hex digits.
+func ValidateFingerprint(fp string) error {
+	if len(fp) != 2*sha256.Size {
+		return fmt.Errorf("%w %q: want the 64 hex digits of a SHA-256", ErrBadFingerprint, fp)
+	}
+	for i := 0; i < len(fp); i++ {
+		if c := fp[i]; !(c >= '0' && c <= '9' || c >= 'a' && c <= 'f') {
+			return fmt.Errorf("%w %q: want the 64 lowercase hex digits of a SHA-256", ErrBadFingerprint, fp)
+		}
+	}
+	return nil
+}
+
+// ValidateRelPath checks a path inside a bundle: relative, clean, without
+// "..", at most 1024 bytes.
+func ValidateRelPath(p string) error {
+	switch {
+	case p == "" || len(p) > maxRelPath:
+		return fmt.Errorf("%w %q: want 1-%d bytes", ErrBadPath, p, maxRelPath)
+	case strings.HasPrefix(p, "/") || path.Clean(p) != p || p == ".." || strings.HasPrefix(p, "../") || strings.ContainsRune(p, 0):
+		return fmt.Errorf("%w %q: want a clean relative path", ErrBadPath, p)
+	}
+	return nil
+}
+
+// TarIndex indexes an uncompressed tar archive: each regular file's path
+// (cleaned, relative) and where its bytes lie. ok is false when b is not a
+// tar archive this can index (not a tar, compressed, sparse files, more than
+// MaxTarFiles files, a path that is not clean and relative); such a bundle
+// is stored as opaque bytes.
+func TarIndex(b []byte) (files map[string]FileSpan, ok bool) {
+	r := &countingReader{r: bytes.NewReader(b)}
+	tr := tar.NewReader(r)
+	files = map[string]FileSpan{}
+	for {
+		h, err := tr.Next()
+		if errors.Is(err, io.EOF) {
+			return files, len(files) > 0
+		}
+		if err != nil {
+			return nil, false
+		}
+		switch h.Typeflag {
+		case tar.TypeReg:
+		case tar.TypeDir, tar.TypeSymlink, tar.TypeLink:
+			continue
+		default:
+			return nil, false // sparse and other kinds: not byte ranges of the archive
+		}
+		name := strings.TrimPrefix(path.Clean(h.Name), "./")
+		if ValidateRelPath(name) != nil || len(files) >= MaxTarFiles || r.n+h.Size > int64(len(b)) {
+			return nil, false
+		}
+		// tar.Reader reads headers in whole blocks and never ahead, so the
+		// file's bytes start where the reader stands now.
+		files[name] = FileSpan{Offset: r.n, Size: h.Size}
+	}
+}
+
+type countingReader struct {
+	r *bytes.Reader
+	n int64
+}
+
+func (c *countingReader) Read(p []byte) (int, error) {
+	n, err := c.r.Read(p)
+	c.n += int64(n)
+	return n, err
+}
+
+func versionKey(id string, v uint64) []byte {
+	k := make([]byte, 0, len(id)+9)
+	k = append(append(k, id...), 0)
+	return binary.BigEndian.AppendUint64(k, v)
+}
+
+func chunkKey(prefix []byte, n int) []byte {
+	return binary.BigEndian.AppendUint32(append([]byte(nil), prefix...), uint32(n))
+}
+
+func offsetKey(id string, off int64) []byte { return versionKey(id, uint64(off)) }
+
+// ApplyWithData is Apply plus data-plane writes, all in one transaction:
+// when it returns nil the records and every accepted op are on stable
+// storage, and after a crash either all of them or none are there. A
+// refused op (its DataResult.Err) writes nothing and does not abort the
+// rest. Ops apply in order: two puts of one id get consecutive versions.
+func (s *Store) ApplyWithData(recs []core.Record, ops []DataOp) ([]DataResult, error) {
+	if err := checkRecords(recs); err != nil {
+		return nil, err
+	}
+	for i, op := range ops {
+		if err := checkOp(op); err != nil {
+			return nil, fmt.Errorf("store: data op %d of %d: %w", i+1, len(ops), err)
+		}
+	}
+	var res []DataResult
+	err := s.db.Update(func(tx *bolt.Tx) error {
+		if err := putRecords(tx, recs); err != nil {
+			return err
+		}
+		res = make([]DataResult, len(ops))
+		for i, op := range ops {
+			var err error
+			switch op.Kind {
+			case OpPut:
+				res[i].Data, err = putVersion(tx, op)
+			case OpAppend:
+				res[i].Append, err = appendStream(tx, op)
+				if errors.Is(err, ErrStreamFull) {
+					res[i].Err, err = err, nil
+				}
+			case OpBundle:
+				res[i].Bundle, err = putBundle(tx, op)
+			}
+			if err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("store: apply %d records and %d data ops: %w", len(recs), len(ops), s.mapErr(err))
+	}
+	return res, nil
+}
+
+func checkOp(op DataOp) error {
+	switch op.Kind {
+	case OpPut:
+		return ValidateID(op.ID)
+	case OpAppend:
+		if len(op.Body) == 0 {
+			return fmt.Errorf("%w: an empty append", ErrBadOp)
+		}
+		return ValidateID(op.ID)
+	case OpBundle:
+		for p := range op.Files {
+			if err := ValidateRelPath(p); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	return fmt.Errorf("%w: kind %d", ErrBadOp, op.Kind)
+}
+
+func putVersion(tx *bolt.Tx, op DataOp) (DataMeta, error) {
+	latest, err := latestVersion(tx, op.ID)
+	if err != nil && !errors.Is(err, ErrNotFound) {
+		return DataMeta{}, err
+	}
+	sum := sha256.Sum256(op.Body)
+	m := DataMeta{
+		ID: op.ID, Version: latest.Version + 1, Size: int64(len(op.Body)), SHA256: hex.EncodeToString(sum[:]),
+		Created: op.At.UTC(), Worker: op.Worker, Lease: op.Lease,
+	}
+	key := versionKey(op.ID, m.Version)
+	if err := putChunks(tx.Bucket(bktDataChunk), key, op.Body); err != nil {
+		return DataMeta{}, err
+	}
+	return m, putJSON(tx.Bucket(bktData), key, m)
+}
+
+func putChunks(b *bolt.Bucket, prefix, body []byte) error {
+	for n := 0; n*ChunkSize < len(body); n++ {
+		end := min((n+1)*ChunkSize, len(body))
+		if err := b.Put(chunkKey(prefix, n), body[n*ChunkSize:end]); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func putJSON(b *bolt.Bucket, key []byte, v any) error {
+	enc, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	return b.Put(key, enc)
+}
+
+func appendStream(tx *bolt.Tx, op DataOp) (AppendResult, error) {
+	b := tx.Bucket(bktStream)
+	var m StreamMeta
+	if v := b.Get([]byte(op.ID)); v != nil {
+		if err := json.Unmarshal(v, &m); err != nil {
+			return AppendResult{}, fmt.Errorf("stream %q: %w", op.ID, err)
+		}
+	}
+	size := int64(len(op.Body))
+	if op.MaxStream > 0 && m.Length+size > op.MaxStream {
+		return AppendResult{}, fmt.Errorf("%w: stream %q holds %d bytes, %d more would pass %d", ErrStreamFull, op.ID, m.Length, size, op.MaxStream)
+	}
+	r := AppendResult{ID: op.ID, Offset: m.Length, Size: size, Length: m.Length + size}
+	if err := tx.Bucket(bktStreamChunk).Put(offsetKey(op.ID, m.Length), op.Body); err != nil {
+		return AppendResult{}, err
+	}
+	m = StreamMeta{ID: op.ID, Length: r.Length, Appends: m.Appends + 1, Updated: op.At.UTC()}
+	return r, putJSON(b, []byte(op.ID), m)
+}
+
+func putBundle(tx *bolt.Tx, op DataOp) (BundleMeta, error) {
+	sum := sha256.Sum256(op.Body)
+	fp := hex.EncodeToString(sum[:])
+	b := tx.Bucket(bktBundle)
+	if v := b.Get([]byte(fp)); v != nil {
+		var m BundleMeta
+		if err := json.Unmarshal(v, &m); err != nil {
+			return BundleMeta{}, fmt.Errorf("bundle %s: %w", fp, err)
+		}
+		m.Existed = true
+		return m, nil
+	}
+	m := BundleMeta{Fingerprint: fp, Size: int64(len(op.Body)), Created: op.At.UTC(), Tar: op.Files != nil, Files: len(op.Files)}
+	if err := putChunks(tx.Bucket(bktBundleChunk), []byte(fp), op.Body); err != nil {
+		return BundleMeta{}, err
+	}
+	fb := tx.Bucket(bktBundleFile)
+	for p, span := range op.Files {
+		v := binary.BigEndian.AppendUint64(nil, uint64(span.Offset))
+		v = binary.BigEndian.AppendUint64(v, uint64(span.Size))
+		if err := fb.Put([]byte(fp+"\x00"+p), v); err != nil {
+			return BundleMeta{}, err
+		}
+	}
+	return m, putJSON(b, []byte(fp), m)
+}
+
+// latestVersion finds the greatest version of id inside tx.
+func latestVersion(tx *bolt.Tx, id string) (DataMeta, error) {
+	c := tx.Bucket(bktData).Cursor()
+	prefix := append([]byte(id), 0)
+	k, v := seekAtOrBefore(c, versionKey(id, ^uint64(0)))
+	if k == nil || !bytes.HasPrefix(k, prefix) || len(k) != len(prefix)+8 {
+		return DataMeta{}, fmt.Errorf("%w: data %q", ErrNotFound, id)
+	}
+	var m DataMeta
+	if err := json.Unmarshal(v, &m); err != nil {
+		return DataMeta{}, fmt.Errorf("data %q: %w", id, err)
+	}
+	return m, nil
+}
+
+// seekAtOrBefore moves c to the greatest key <= key.
+func seekAtOrBefore(c *bolt.Cursor, key []byte) ([]byte, []byte) {
+	k, v := c.Seek(key)
+	switch {
+	case k == nil:
+		return c.Last()
+	case !bytes.Equal(k, key):
+		return c.Prev()
+	}
+	return k, v
+}
+
+// Data returns the metadata of a version of id; version 0 means the latest.
+func (s *Store) Data(id string, version uint64) (DataMeta, error) {
+	if err := ValidateID(id); err != nil {
+		return DataMeta{}, err
+	}
+	var m DataMeta
+	err := s.db.View(func(tx *bolt.Tx) error {
+		if version == 0 {
+			var err error
+			m, err = latestVersion(tx, id)
+			return err
+		}
+		v := tx.Bucket(bktData).Get(versionKey(id, version))
+		if v == nil {
+			return fmt.Errorf("%w: data %q version %d", ErrNotFound, id, version)
+		}
+		return json.Unmarshal(v, &m)
+	})
+	if err != nil {
+		return DataMeta{}, s.mapErr(err)
+	}
+	return m, nil
+}
+
+// Versions lists every version of id, oldest first (none: an empty list).
+func (s *Store) Versions(id string) ([]DataMeta, error) {
+	if err := ValidateID(id); err != nil {
+		return nil, err
+	}
+	var out []DataMeta
+	err := s.db.View(func(tx *bolt.Tx) error {
+		c := tx.Bucket(bktData).Cursor()
+		prefix := append([]byte(id), 0)
+		for k, v := c.Seek(prefix); k != nil && bytes.HasPrefix(k, prefix); k, v = c.Next() {
+			var m DataMeta
+			if err := json.Unmarshal(v, &m); err != nil {
+				return fmt.Errorf("data %q: %w", id, err)
+			}
+			out = append(out, m)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, s.mapErr(err)
+	}
+	return out, nil
+}
+
+// Stream returns the metadata of id's append stream.
+func (s *Store) Stream(id string) (StreamMeta, error) {
+	if err := ValidateID(id); err != nil {
+		return StreamMeta{}, err
+	}
+	var m StreamMeta
+	err := s.db.View(func(tx *bolt.Tx) error {
+		v := tx.Bucket(bktStream).Get([]byte(id))
+		if v == nil {
+			return fmt.Errorf("%w: stream %q", ErrNotFound, id)
+		}
+		return json.Unmarshal(v, &m)
+	})
+	if err != nil {
+		return StreamMeta{}, s.mapErr(err)
+	}
+	return m, nil
+}
+
+// Bundle returns the metadata of a bundle.
+func (s *Store) Bundle(fp string) (BundleMeta, error) {
+	if err := ValidateFingerprint(fp); err != nil {
+		return BundleMeta{}, err
+	}
+	var m BundleMeta
+	err := s.db.View(func(tx *bolt.Tx) error {
+		v := tx.Bucket(bktBundle).Get([]byte(fp))
+		if v == nil {
+			return fmt.Errorf("%w: bundle %s", ErrNotFound, fp)
+		}
+		return json.Unmarshal(v, &m)
+	})
+	if err != nil {
+		return BundleMeta{}, s.mapErr(err)
+	}
+	return m, nil
+}
+
+// BundleFile returns where a file of a tar bundle lies.
+func (s *Store) BundleFile(fp, relPath string) (FileSpan, error) {
+	if err := ValidateFingerprint(fp); err != nil {
+		return FileSpan{}, err
+	}
+	if err := ValidateRelPath(relPath); err != nil {
+		return FileSpan{}, err
+	}
+	var span FileSpan
+	err := s.db.View(func(tx *bolt.Tx) error {
+		v := tx.Bucket(bktBundleFile).Get([]byte(fp + "\x00" + relPath))
+		if len(v) != 16 {
+			return fmt.Errorf("%w: file %q in bundle %s", ErrNotFound, relPath, fp)
+		}
+		span = FileSpan{Offset: int64(binary.BigEndian.Uint64(v)), Size: int64(binary.BigEndian.Uint64(v[8:]))}
+		return nil
+	})
+	if err != nil {
+		return FileSpan{}, s.mapErr(err)
+	}
+	return span, nil
+}
+
+// DataReader reads the bytes of a version (its metadata from Data).
+func (s *Store) DataReader(m DataMeta) io.Reader {
+	return &chunkReader{s: s, bucket: bktDataChunk, prefix: versionKey(m.ID, m.Version), end: m.Size}
+}
+
+// BundleReader reads size bytes of a bundle from offset (the whole bundle,
+// or a file's span).
+func (s *Store) BundleReader(m BundleMeta, offset, size int64) io.Reader {
+	end := min(offset+size, m.Size)
+	return &chunkReader{s: s, bucket: bktBundleChunk, prefix: []byte(m.Fingerprint), pos: min(offset, end), end: end}
+}
+
+// chunkReader reads [pos, end) of a value stored in ChunkSize pieces, one
+// short read transaction per piece.
+type chunkReader struct {
+	s        *Store
+	bucket   []byte
+	prefix   []byte
+	pos, end int64
+	buf      []byte // the current piece, from bufAt
+	bufAt    int64
+}
+
+func (r *chunkReader) Read(p []byte) (int, error) {
+	if r.pos >= r.end {
+		return 0, io.EOF
+	}
+	if r.buf == nil || r.pos < r.bufAt || r.pos >= r.bufAt+int64(len(r.buf)) {
+		n := int(r.pos / ChunkSize)
+		err := r.s.db.View(func(tx *bolt.Tx) error {
+			v := tx.Bucket(r.bucket).Get(chunkKey(r.prefix, n))
+			if v == nil {
+				return fmt.Errorf("store: chunk %d of %q is missing", n, r.prefix)
+			}
+			r.buf = append(r.buf[:0], v...) // bbolt's slice is valid only inside the transaction
+			return nil
+		})
+		if err != nil {
+			return 0, r.s.mapErr(err)
+		}
+		r.bufAt = int64(n) * ChunkSize
+	}
+	from := r.pos - r.bufAt
+	n := copy(p, r.buf[from:min(int64(len(r.buf)), r.end-r.bufAt)])
+	r.pos += int64(n)
+	return n, nil
+}
+
+// StreamReader reads id's stream from offset up to end (a length from
+// Stream: what was appended later is not read), one short read transaction
+// per append read.
+func (s *Store) StreamReader(id string, offset, end int64) io.Reader {
+	return &streamReader{s: s, id: id, pos: offset, end: end}
+}
+
+type streamReader struct {
+	s        *Store
+	id       string
+	pos, end int64
+	buf      []byte
+	bufAt    int64
+}
+
+func (r *streamReader) Read(p []byte) (int, error) {
+	if r.pos >= r.end {
+		return 0, io.EOF
+	}
+	if r.buf == nil || r.pos < r.bufAt || r.pos >= r.bufAt+int64(len(r.buf)) {
+		err := r.s.db.View(func(tx *bolt.Tx) error {
+			c := tx.Bucket(bktStreamChunk).Cursor()
+			want := offsetKey(r.id, r.pos)
+			k, v := seekAtOrBefore(c, want) // the append that holds pos started at or before it
+			prefix := append([]byte(r.id), 0)
+			if k == nil || !bytes.HasPrefix(k, prefix) || len(k) != len(prefix)+8 {
+				return fmt.Errorf("store: stream %q has no bytes at %d", r.id, r.pos)
+			}
+			r.bufAt = int64(binary.BigEndian.Uint64(k[len(prefix):]))
+			r.buf = append(r.buf[:0], v...)
+			return nil
+		})
+		if err != nil {
+			return 0, r.s.mapErr(err)
+		}
+		if r.pos < r.bufAt || r.pos >= r.bufAt+int64(len(r.buf)) {
+			return 0, fmt.Errorf("store: stream %q has no bytes at %d", r.id, r.pos)
+		}
+	}
+	from := r.pos - r.bufAt
+	n := copy(p, r.buf[from:min(int64(len(r.buf)), r.end-r.bufAt)])
+	r.pos += int64(n)
+	return n, nil
+}

@@ -1,0 +1,438 @@
+package worker
+
+// The worker's side of the data plane (DESIGN §3.10, SPEC §14): DataClient
+// speaks HTTP/2 to the orchestrator (h2c for an http:// base, TLS with ALPN
+// h2 for https://) with the worker's session credential, and attaches a
+// lease to every write. The step endpoint is a loopback HTTP server the
+// worker runs for its step processes: each process gets
+//
+//	TETHER_DATA_URL    http://127.0.0.1:PORT (the data plane's paths: /data/…, /bundle/…)
+//	TETHER_DATA_TOKEN  a random per-dispatch bearer token for that URL
+//	TETHER_LEASE       its lease id
+//
+// and the endpoint forwards its requests to the orchestrator with the
+// session credential and that lease attached, so a process never holds the
+// credential and cannot write under another lease. A token stops working
+// when its process has exited.
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"crypto/subtle"
+	"crypto/tls"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"hash"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/tether-run/tether/core"
+)
+
+// Environment variables a step process gets for the step endpoint.
+const (
+	EnvDataURL   = "TETHER_DATA_URL"
+	EnvDataToken = "TETHER_DATA_TOKEN"
+	EnvLease     = "TETHER_LEASE"
+)
+
+const (
+	leaseHeader   = "Tether-Lease" // orchestrator.LeaseHeader
+	maxErrorBody  = 64 << 10       // of an error answer, read for its message
+	maxAnswerBody = 1 << 20        // of a JSON answer
+)
+
+var (
+	// ErrDataUnauthorized is returned when the orchestrator refuses the
+	// session credential (401): expired, revoked, or not yet enrolled.
+	ErrDataUnauthorized = errors.New("data plane: session credential refused")
+	// ErrDataFenced is returned when a write's lease is not current (409):
+	// the step lost its lease, and nothing was written.
+	ErrDataFenced = errors.New("data plane: write fenced")
+	// ErrDataNotFound is returned when a data version, stream, bundle or
+	// file does not exist (404).
+	ErrDataNotFound = errors.New("data plane: not found")
+	// ErrDataTooLarge is returned when a body is over the orchestrator's
+	// limit (413); nothing was written.
+	ErrDataTooLarge = errors.New("data plane: body too large")
+	// ErrDataRefused is returned for any other 4xx answer.
+	ErrDataRefused = errors.New("data plane: request refused")
+	// ErrDataCorrupt is returned at the end of a read whose bytes do not
+	// match the SHA-256 the orchestrator announced.
+	ErrDataCorrupt = errors.New("data plane: content does not match its sha256")
+	// ErrNoCredential is returned when a request is made before the worker
+	// was enrolled (it has no session credential yet).
+	ErrNoCredential = errors.New("data plane: no session credential yet")
+	// ErrBadDataURL is returned by NewDataClient for a base URL that is not
+	// http:// or https://.
+	ErrBadDataURL = errors.New("data plane: bad base URL")
+)
+
+// DataError is a non-2xx answer of the data plane. It matches (errors.Is)
+// the Err* sentinel of its status.
+type DataError struct {
+	Status int
+	Msg    string
+}
+
+func (e *DataError) Error() string { return fmt.Sprintf("%s (HTTP %d)", e.Msg, e.Status) }
+
+// Is maps the status to a sentinel.
+func (e *DataError) Is(target error) bool {
+	switch e.Status {
+	case http.StatusUnauthorized:
+		return target == ErrDataUnauthorized
+	case http.StatusConflict:
+		return target == ErrDataFenced
+	case http.StatusNotFound:
+		return target == ErrDataNotFound
+	case http.StatusRequestEntityTooLarge:
+		return target == ErrDataTooLarge
+	}
+	return target == ErrDataRefused && e.Status/100 == 4
+}
+
+// DataVersion describes one immutable version (the answer to a PUT).
+type DataVersion struct {
+	ID      string    `json:"id"`
+	Version uint64    `json:"version"`
+	Size    int64     `json:"size"`
+	SHA256  string    `json:"sha256"`
+	Created time.Time `json:"created"`
+	Worker  string    `json:"worker,omitempty"`
+	Lease   uint64    `json:"lease,omitempty"`
+}
+
+// DataAppended is where an append landed.
+type DataAppended struct {
+	ID     string `json:"id"`
+	Offset int64  `json:"offset"`
+	Size   int64  `json:"size"`
+	Length int64  `json:"length"`
+}
+
+// DataClient is the worker's client of the data plane. It is safe for
+// concurrent use. Writes are not retried: a PUT whose answer is lost may
+// have created a version.
+type DataClient struct {
+	base *url.URL
+	cred func() string
+	hc   *http.Client
+}
+
+// NewDataClient returns a client of the data plane at base (http://HOST:PORT
+// for h2c, https://HOST:PORT for TLS, verified with tlsConf's roots when
+// given). cred returns the current session credential ("" before
+// enrollment). Only HTTP/2 is spoken.
+func NewDataClient(base string, tlsConf *tls.Config, cred func() string) (*DataClient, error) {
+	u, err := url.Parse(strings.TrimRight(base, "/"))
+	if err != nil || u.Host == "" || (u.Scheme != "http" && u.Scheme != "https") {
+		return nil, fmt.Errorf("%w %q: want http://HOST:PORT or https://HOST:PORT", ErrBadDataURL, base)
+	}
+	tr := &http.Transport{
+		Proxy:               nil, // a worker talks to its orchestrator directly
+		DialContext:         (&net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+		TLSHandshakeTimeout: 10 * time.Second,
+		IdleConnTimeout:     90 * time.Second,
+		Protocols:           new(http.Protocols),
+	}
+	if u.Scheme == "https" {
+		tr.Protocols.SetHTTP2(true)
+		if tlsConf != nil {
+			tr.TLSClientConfig = tlsConf.Clone()
+			tr.TLSClientConfig.NextProtos = nil // the transport offers h2
+		}
+	} else {
+		tr.Protocols.SetUnencryptedHTTP2(true) // h2c with prior knowledge
+	}
+	return &DataClient{base: u, cred: cred, hc: &http.Client{Transport: tr}}, nil
+}
+
+// Close closes idle connections.
+func (c *DataClient) Close() { c.hc.CloseIdleConnections() }
+
+// URL returns the data plane's base URL.
+func (c *DataClient) URL() string { return c.base.String() }
+
+// do sends one request with the credential (and the lease, if not zero);
+// path is unescaped.
+func (c *DataClient) do(ctx context.Context, method, path, rawQuery string, lease core.LeaseID, body io.Reader, size int64) (*http.Response, error) {
+	cred := c.cred()
+	if cred == "" {
+		return nil, ErrNoCredential
+	}
+	u := *c.base
+	u.Path, u.RawQuery = path, rawQuery
+	req, err := http.NewRequestWithContext(ctx, method, u.String(), body)
+	if err != nil {
+		return nil, err
+	}
+	if body != nil {
+		req.ContentLength = size
+	}
+	req.Header.Set("Authorization", "Bearer "+cred)
+	if lease != 0 {
+		req.Header.Set(leaseHeader, strconv.FormatUint(uint64(lease), 10))
+	}
+	resp, err := c.hc.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("data plane: %s %s: %w", method, path, err)
+	}
+	if resp.StatusCode/100 != 2 {
+		defer resp.Body.Close()
+		return nil, answerError(resp)
+	}
+	return resp, nil
+}
+
+func answerError(resp *http.Response) error {
+	b, _ := io.ReadAll(io.LimitReader(resp.Body, maxErrorBody))
+	var e struct {
+		Error string `json:"error"`
+	}
+	msg := strings.TrimSpace(string(b))
+	if json.Unmarshal(b, &e) == nil && e.Error != "" {
+		msg = e.Error
+	}
+	if msg == "" {
+		msg = resp.Status
+	}
+	return &DataError{Status: resp.StatusCode, Msg: msg}
+}
+
+func decodeAnswer(resp *http.Response, v any) error {
+	defer resp.Body.Close()
+	b, err := io.ReadAll(io.LimitReader(resp.Body, maxAnswerBody))
+	if err != nil {
+		return fmt.Errorf("data plane: reading the answer: %w", err)
+	}
+	if err := json.Unmarshal(b, v); err != nil {
+		return fmt.Errorf("data plane: undecodable answer: %w", err)
+	}
+	return nil
+}
+
+// dataPath builds an unescaped path; the URL escapes it once.
+func dataPath(id string, rest ...string) string {
+	return "/data/" + strings.Join(append([]string{id}, rest...), "/")
+}
+
+// Put stores body (size bytes, or -1 if unknown) as the next version of id
+// under lease, and returns the version once the orchestrator made it
+// durable. A fenced lease gets ErrDataFenced and nothing is written.
+func (c *DataClient) Put(ctx context.Context, lease core.LeaseID, id string, body io.Reader, size int64) (DataVersion, error) {
+	resp, err := c.do(ctx, http.MethodPut, dataPath(id), "", lease, body, size)
+	if err != nil {
+		return DataVersion{}, err
+	}
+	var v DataVersion
+	return v, decodeAnswer(resp, &v)
+}
+
+// Append appends b to id's stream under lease; it returns once durable.
+func (c *DataClient) Append(ctx context.Context, lease core.LeaseID, id string, b []byte) (DataAppended, error) {
+	resp, err := c.do(ctx, http.MethodPost, dataPath(id, "append"), "", lease, bytes.NewReader(b), int64(len(b)))
+	if err != nil {
+		return DataAppended{}, err
+	}
+	var a DataAppended
+	return a, decodeAnswer(resp, &a)
+}
+
+// Get opens a version of id (0: the latest). The reader checks the bytes
+// against the version's SHA-256 and fails with ErrDataCorrupt at the end if
+// they differ. The caller closes it.
+func (c *DataClient) Get(ctx context.Context, id string, version uint64) (io.ReadCloser, DataVersion, error) {
+	v := "latest"
+	if version != 0 {
+		v = strconv.FormatUint(version, 10)
+	}
+	resp, err := c.do(ctx, http.MethodGet, dataPath(id, v), "", 0, nil, 0)
+	if err != nil {
+		return nil, DataVersion{}, err
+	}
+	n, _ := strconv.ParseUint(resp.Header.Get("Tether-Version"), 10, 64)
+	meta := DataVersion{ID: id, Version: n, Size: resp.ContentLength, SHA256: resp.Header.Get("Tether-SHA256")}
+	return &verifyingReader{rc: resp.Body, h: sha256.New(), want: meta.SHA256}, meta, nil
+}
+
+// ReadStream opens id's stream from offset; length is the stream's length
+// when the request was answered (the reader ends there).
+func (c *DataClient) ReadStream(ctx context.Context, id string, offset int64) (rc io.ReadCloser, length int64, err error) {
+	resp, err := c.do(ctx, http.MethodGet, dataPath(id, "append"), "offset="+strconv.FormatInt(offset, 10), 0, nil, 0)
+	if err != nil {
+		return nil, 0, err
+	}
+	length, _ = strconv.ParseInt(resp.Header.Get("Tether-Stream-Length"), 10, 64)
+	return resp.Body, length, nil
+}
+
+// Bundle opens a bundle by fingerprint; the reader checks its SHA-256.
+func (c *DataClient) Bundle(ctx context.Context, fingerprint string) (io.ReadCloser, error) {
+	resp, err := c.do(ctx, http.MethodGet, "/bundle/"+fingerprint, "", 0, nil, 0)
+	if err != nil {
+		return nil, err
+	}
+	return &verifyingReader{rc: resp.Body, h: sha256.New(), want: fingerprint}, nil
+}
+
+// BundleFile opens one file of a tar bundle.
+func (c *DataClient) BundleFile(ctx context.Context, fingerprint, relPath string) (io.ReadCloser, error) {
+	resp, err := c.do(ctx, http.MethodGet, "/bundle/"+fingerprint+"/file/"+relPath, "", 0, nil, 0)
+	if err != nil {
+		return nil, err
+	}
+	return resp.Body, nil
+}
+
+// verifyingReader hashes what it reads and checks the sum at EOF.
+type verifyingReader struct {
+	rc   io.ReadCloser
+	h    hash.Hash
+	want string
+}
+
+func (v *verifyingReader) Read(p []byte) (int, error) {
+	n, err := v.rc.Read(p)
+	v.h.Write(p[:n])
+	if errors.Is(err, io.EOF) && v.want != "" && hex.EncodeToString(v.h.Sum(nil)) != v.want {
+		return n, fmt.Errorf("%w (want %s)", ErrDataCorrupt, v.want)
+	}
+	return n, err
+}
+
+func (v *verifyingReader) Close() error { return v.rc.Close() }
+
+// ---- the step endpoint ----
+
+// stepEndpoint is the loopback server that gives step processes the data
+// plane with their lease attached.
+type stepEndpoint struct {
+	log    *slog.Logger
+	client *DataClient
+	ln     net.Listener
+	srv    *http.Server
+
+	mu     sync.Mutex
+	leases map[string]core.LeaseID // per-dispatch token → lease
+}
+
+// startStepEndpoint listens on 127.0.0.1:0 and serves until close.
+func startStepEndpoint(log *slog.Logger, client *DataClient) (*stepEndpoint, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, fmt.Errorf("step endpoint: %w", err)
+	}
+	e := &stepEndpoint{log: log, client: client, ln: ln, leases: map[string]core.LeaseID{}}
+	e.srv = &http.Server{Handler: e, ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
+	go e.srv.Serve(ln)
+	return e, nil
+}
+
+// URL is the endpoint's base URL.
+func (e *stepEndpoint) URL() string { return "http://" + e.ln.Addr().String() }
+
+// grant returns the environment of a new step process of lease.
+func (e *stepEndpoint) grant(lease core.LeaseID) map[string]string {
+	var b [16]byte
+	rand.Read(b[:])
+	tok := hex.EncodeToString(b[:])
+	e.mu.Lock()
+	e.leases[tok] = lease
+	e.mu.Unlock()
+	return map[string]string{EnvDataURL: e.URL(), EnvDataToken: tok, EnvLease: strconv.FormatUint(uint64(lease), 10)}
+}
+
+// revoke ends the tokens of lease (its process has exited).
+func (e *stepEndpoint) revoke(lease core.LeaseID) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for tok, l := range e.leases {
+		if l == lease {
+			delete(e.leases, tok)
+		}
+	}
+}
+
+func (e *stepEndpoint) lookup(tok string) (core.LeaseID, bool) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for t, l := range e.leases {
+		if subtle.ConstantTimeCompare([]byte(t), []byte(tok)) == 1 {
+			return l, true
+		}
+	}
+	return 0, false
+}
+
+func (e *stepEndpoint) close() {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	if e.srv.Shutdown(ctx) != nil {
+		e.srv.Close()
+	}
+	e.client.Close()
+}
+
+// forwarded are the answer headers passed back to the step.
+var forwarded = []string{"Content-Type", "Content-Length", "ETag", "Location", "Content-Location", "Cache-Control", "Allow",
+	"Tether-Version", "Tether-SHA256", "Tether-Stream-Length"}
+
+func (e *stepEndpoint) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	fail := func(code int, msg string) {
+		w.Header().Set("Content-Type", "application/json; charset=utf-8")
+		w.WriteHeader(code)
+		json.NewEncoder(w).Encode(map[string]string{"error": msg})
+	}
+	scheme, tok, _ := strings.Cut(r.Header.Get("Authorization"), " ")
+	lease, ok := e.lookup(strings.TrimSpace(tok))
+	if !strings.EqualFold(scheme, "Bearer") || !ok {
+		fail(http.StatusUnauthorized, "missing or unknown step token (send Authorization: Bearer $"+EnvDataToken+")")
+		return
+	}
+	if !strings.HasPrefix(r.URL.Path, "/data/") && !strings.HasPrefix(r.URL.Path, "/bundle/") {
+		fail(http.StatusNotFound, "no such path: "+r.URL.Path+" (the step endpoint serves /data/… and /bundle/…)")
+		return
+	}
+	q := r.URL.Query()
+	q.Del("lease") // the endpoint attaches the step's own lease
+	var body io.Reader
+	if r.ContentLength != 0 {
+		body = r.Body
+	}
+	resp, err := e.client.do(r.Context(), r.Method, r.URL.Path, q.Encode(), lease, body, r.ContentLength)
+	var de *DataError
+	switch {
+	case errors.As(err, &de):
+		fail(de.Status, de.Msg)
+		return
+	case errors.Is(err, ErrNoCredential):
+		fail(http.StatusServiceUnavailable, "the worker is not enrolled yet")
+		return
+	case err != nil:
+		e.log.Warn("step endpoint: forwarding failed", "lease", uint64(lease), "method", r.Method, "path", r.URL.Path, "err", err)
+		fail(http.StatusBadGateway, err.Error())
+		return
+	}
+	defer resp.Body.Close()
+	for _, h := range forwarded {
+		if v := resp.Header.Get(h); v != "" {
+			w.Header().Set(h, v)
+		}
+	}
+	w.WriteHeader(resp.StatusCode)
+	if _, err := io.Copy(w, resp.Body); err != nil {
+		panic(http.ErrAbortHandler) // cut short: the step must not take it for whole
+	}
+}
