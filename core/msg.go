@@ -46,7 +46,7 @@ type (
 		Platform   string
 		Slots      int
 		Scaler     bool          // scaler-managed: single use, no grace
-		MaxDelay   time.Duration // the worker's max reconnect delay; grace = 2×
+		MaxDelay   time.Duration // the worker's max reconnect delay; grace = 2×; at most MaxReconnectDelay
 		InFlight   []LeaseRef
 	}
 	// Heartbeat lists the leases the worker holds.
@@ -219,3 +219,7 @@ type LogLine struct {
 	At   time.Time
 	Text string
 }
+
+// MaxReconnectDelay is the longest reconnect delay a Hello may declare; a
+// worker's grace window is twice its declared delay, so at most 2 h.
+const MaxReconnectDelay = time.Hour

@@ -63,6 +63,12 @@ func (o *Orchestrator) hello(c ConnID, h Hello, entropy [16]byte) {
 		o.refuse(c, "hello without a valid worker instance id", true)
 		return
 	}
+	if h.MaxDelay < 0 || h.MaxDelay > MaxReconnectDelay {
+		// grace = 2 × MaxDelay: bounded, so it can neither overflow nor
+		// hold a dead worker's steps for days.
+		o.refuse(c, fmt.Sprintf("max reconnect delay %s out of range 0..%s", h.MaxDelay, MaxReconnectDelay), true)
+		return
+	}
 	if h.Token != "" {
 		o.enroll(c, h, entropy)
 		return
