@@ -37,6 +37,9 @@ func (w *world) checkBatch(held map[core.StepID]core.LeaseID, rd core.Ready) {
 	if v := spec.CheckProps(rd, w.now, 2*w.opt.MaxDelayWork, since, held); v != nil {
 		w.fail(v.Invariant, v.Detail)
 	}
+	if v := spec.CheckNoWriteFailures(w.orch.o, rd); v != nil {
+		w.fail(v.Invariant, v.Detail)
+	}
 	for _, id := range left {
 		delete(p.recoverAt, id)
 	}

@@ -1108,6 +1108,9 @@ func (b *builder) observe(rd core.Ready, held map[core.StepID]core.LeaseID) {
 	if v := CheckProps(rd, s.now, b.x.grace, since, held); v != nil {
 		b.fail(v.Invariant, "%s", v.Detail)
 	}
+	if v := CheckNoWriteFailures(s.o, rd); v != nil {
+		b.fail(v.Invariant, "%s", v.Detail)
+	}
 	if len(left) > 0 {
 		b.mutRecov()
 		for _, id := range left {

@@ -91,3 +91,30 @@ func CheckProps(rd core.Ready, now time.Time, grace time.Duration, since func(co
 	}
 	return nil
 }
+
+// CheckNoWriteFailures is invariant 9's safety half, checked as it happens:
+// a no-write step is never failed for a lost worker (disconnect,
+// stale-worker, revoked) — it is re-dispatched instead. A terminal state
+// never changes, so this is what NoWriteStepsSurviveWorkerLoss finds at the
+// end of a run, found at the batch that did it. o is the orchestrator after
+// the batch rd.
+func CheckNoWriteFailures(o *core.Orchestrator, rd core.Ready) *Violation {
+	for _, t := range rd.Transitions {
+		if t.To != core.StateFailed {
+			continue
+		}
+		if sp, ok := o.StepSpecOf(t.Step); !ok || sp.Writes {
+			continue
+		}
+		st, ok := o.StepByID(t.Step)
+		if !ok {
+			continue
+		}
+		switch st.Class {
+		case core.ClassDisconnect, core.ClassStaleWorker, core.ClassRevoked:
+			return &Violation{Invariant: "NoWriteStepsSurviveWorkerLoss", Detail: fmt.Sprintf(
+				"no-write step %s failed with class %s after %d attempts: %s", t.Step, st.Class, st.Attempts, st.Message)}
+		}
+	}
+	return nil
+}
