@@ -67,7 +67,7 @@ type Scope struct {
 	MaxDisconnects    int          // connection resets (drop = reset in NetFIFO)
 	MaxOrchCrashes    int          // orchestrator crashes (each followed by a possible restart)
 	MaxWorkerCrashes  int          // worker process crashes
-	MaxWorkerRestarts int          // fresh worker instances booted in a dead worker's place
+	MaxWorkerRestarts int          // fresh worker instances booted in a dead worker's place, with a new token or replaying the dead one's
 	MaxCancels        int          // operator CancelRun calls
 	MaxRevokes        int          // operator RevokeToken calls
 	MaxDups           int          // duplicated deliveries
@@ -309,9 +309,10 @@ func DefaultScope() Scope {
 
 // FaultsScope is every action the explorer has, shallow: enrollment
 // explored, 2 disconnects, orchestrator and worker crashes, a worker
-// restarted as a fresh instance, cancel, revoke, a duplicated delivery, a
-// slow network (one delay), a log line, the real retransmit, heartbeat and
-// dial timers. `go test ./spec` runs it too.
+// restarted as a fresh instance (with a new token, or replaying the used
+// one), cancel, revoke, a duplicated delivery, a slow network (one delay), a
+// log line, the real retransmit, heartbeat and dial timers. `go test ./spec`
+// runs it too.
 func FaultsScope() Scope {
 	sc := DefaultScope()
 	sc.Name = "faults"

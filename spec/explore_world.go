@@ -236,6 +236,7 @@ const (
 	aRestartO
 	aCrashW
 	aRestartW
+	aReplayW
 	aCancel
 	aRevoke
 )
@@ -361,7 +362,7 @@ func (x *explorer) actions(s *xstate) []action {
 		case w.alive && int(s.used.workerCrashes) < x.sc.MaxWorkerCrashes:
 			as = append(as, action{aCrashW, i, 0})
 		case !w.alive && int(s.used.restarts) < x.sc.MaxWorkerRestarts:
-			as = append(as, action{aRestartW, i, 0})
+			as = append(as, action{aRestartW, i, 0}, action{aReplayW, i, 0})
 		}
 	}
 	return as
@@ -816,6 +817,16 @@ func (b *builder) do(a action) {
 			w := s.ws[a.i]
 			b.note(ScriptStep{Kind: ScriptRestartWorker, Worker: w.id, Token: b.x.tokNames[w.tok], Seed: workerSeedFor(a.i, w.inst)},
 				"fault replacement "+b.wname(a.i), "", "restart-worker slot %d as %s", a.i+1, b.wname(a.i))
+		}
+	case aReplayW:
+		// A fresh instance boots with the dead one's token, already used if
+		// that one enrolled: it must be refused.
+		s.used.restarts++
+		b.bootWorker(a.i, s.ws[a.i].inst+1, s.ws[a.i].tok)
+		if b.want {
+			w := s.ws[a.i]
+			b.note(ScriptStep{Kind: ScriptRestartWorker, Worker: w.id, Token: b.x.tokNames[w.tok], Seed: workerSeedFor(a.i, w.inst)},
+				"fault token-replay "+b.wname(a.i), "ReplayEvery>0", "replay-token slot %d as %s with %s", a.i+1, b.wname(a.i), b.x.tokNames[w.tok])
 		}
 	case aCancel:
 		s.used.cancels++
