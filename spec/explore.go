@@ -331,6 +331,17 @@ func FaultsScope() Scope {
 	return sc
 }
 
+// SlowScope is the default world over a slow real transport: one message
+// may stay in flight while a timer fires (the dispatch-ack race, a report
+// overtaken by a grace expiry), every path of up to 11 actions.
+func SlowScope() Scope {
+	sc := DefaultScope()
+	sc.Name = "slow"
+	sc.MaxDelays = 1
+	sc.MaxDepth = 11
+	return sc
+}
+
 // MultisetScope is the default world over the adversarial network (reorder,
 // lone drops, duplicates), shallower.
 func MultisetScope() Scope {
@@ -361,13 +372,15 @@ func LargeScope() Scope {
 	return sc
 }
 
-// ScopeByName returns a named scope: default, faults, multiset or large.
+// ScopeByName returns a named scope: default, faults, slow, multiset or large.
 func ScopeByName(name string) (Scope, bool) {
 	switch name {
 	case "", "default":
 		return DefaultScope(), true
 	case "faults":
 		return FaultsScope(), true
+	case "slow":
+		return SlowScope(), true
 	case "multiset":
 		return MultisetScope(), true
 	case "large":

@@ -1,8 +1,8 @@
 // Command run is the mutation harness: it applies each planted bug in
 // sim/mutants/*.patch to a fresh copy of the repository and runs every
 // checker against it — the seeded simulator, the explorer (the default
-// scope, then the faults and multiset scopes for what the default one does
-// not reach), the rapid suites and the fuzz corpora — and prints, per
+// scope, then the faults, slow and multiset scopes for what the default one
+// does not reach), the rapid suites and the fuzz corpora — and prints, per
 // mutant, which of them caught it and with which invariant.
 //
 //	go run ./sim/mutants/run [-seeds 500] [-first 1] [-only name,...] [-checkers sim,explorer,rapid,fuzz] [-v]
@@ -275,13 +275,16 @@ var (
 
 // runExplorer explores the default scope of the mutant; what the default
 // scope does not reach is tried in the faults scope (enrollment, worker
-// crashes, log lines, revocation) and the multiset network.
+// crashes, log lines, revocation, token replay), the slow scope (a message
+// in flight while a timer fires) and the multiset network.
 func runExplorer(ctx context.Context, dir string) verdict {
-	for _, scope := range []string{"default", "faults", "multiset"} {
+	for _, scope := range []string{"default", "faults", "slow", "multiset"} {
 		test := "^TestExplore$"
 		switch scope {
 		case "faults":
 			test = "^TestExploreFaults$"
+		case "slow":
+			test = "^TestExploreSlow$"
 		case "multiset":
 			test = "^TestExploreMultiset$"
 		}
