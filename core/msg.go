@@ -48,6 +48,9 @@ type (
 		Scaler     bool          // scaler-managed: single use, no grace
 		MaxDelay   time.Duration // the worker's max reconnect delay; grace = 2×; at most MaxReconnectDelay
 		InFlight   []LeaseRef
+		// Buffered counts the log lines and events the worker buffered
+		// while offline and replays after the Welcome (observability only).
+		Buffered int
 	}
 	// Heartbeat lists the leases the worker holds.
 	Heartbeat struct{ InFlight []LeaseRef }

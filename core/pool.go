@@ -105,7 +105,7 @@ func (o *Orchestrator) hello(c ConnID, h Hello, entropy [16]byte) {
 	if wasInactive {
 		o.logf("info", "worker reactivated", "worker_id", string(w.ID))
 	}
-	cancel, lost := o.reconcile(w, h.InFlight, offline)
+	cancel, lost := o.reconcile(w, h.InFlight, offline, h.Buffered)
 	o.send(c, Welcome{Worker: w.ID, CredentialTTL: o.cfg.CredentialTTL, Heartbeat: o.cfg.HeartbeatInterval, Cancel: cancel})
 	// A step the orchestrator holds for this worker that the worker did not
 	// report was lost with its execution: triage it now.
@@ -197,7 +197,7 @@ func (o *Orchestrator) dropConn(c ConnID) {
 // recovering steps are reclaimed (START). It returns the reported leases that
 // are not current, which the worker must cancel, and the held leases the
 // worker did not report.
-func (o *Orchestrator) reconcile(w *WorkerRecord, inflight []LeaseRef, offline time.Duration) (cancel, lost []LeaseID) {
+func (o *Orchestrator) reconcile(w *WorkerRecord, inflight []LeaseRef, offline time.Duration, buffered int) (cancel, lost []LeaseID) {
 	reported := map[LeaseID]bool{}
 	for _, r := range inflight {
 		l := o.leases[r.Lease]
@@ -214,7 +214,8 @@ func (o *Orchestrator) reconcile(w *WorkerRecord, inflight []LeaseRef, offline t
 			msg := fmt.Sprintf("worker %s reconnected after %s; step reclaimed", w.ID, DescribeDuration(offline.Truncate(time.Second)))
 			o.event(s.Run, s.ID, "step-reclaimed", msg)
 			o.logf("info", "Job recovered from agent reconnection", "recovery_duration", fmt.Sprint(offline.Milliseconds()),
-				"worker_id", string(w.ID), "step_id", string(s.ID), "run_id", string(s.Run))
+				"worker_id", string(w.ID), "step_id", string(s.ID), "run_id", string(s.Run),
+				"buffered_messages_count", fmt.Sprint(buffered))
 		}
 	}
 	for _, id := range o.sortedLeases(w.ID) {

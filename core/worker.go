@@ -482,6 +482,7 @@ func (w *Worker) hello() Hello {
 	} else {
 		h.Token = w.cfg.Token
 	}
+	h.Buffered = w.logRing.len() + w.eventRing.len()
 	return h
 }
 

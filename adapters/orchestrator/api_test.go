@@ -551,6 +551,9 @@ func TestAPILogsGapMarker(t *testing.T) {
 	if _, ok := rec["recovery_duration"].(float64); !ok {
 		t.Errorf("recovery_duration = %#v, want a number (seed 003)", rec["recovery_duration"])
 	}
+	if n, ok := rec["buffered_messages_count"].(float64); !ok || n < 1 {
+		t.Errorf("buffered_messages_count = %#v, want a number of at least 1: the worker buffered lines while offline (seed 003)", rec["buffered_messages_count"])
+	}
 	if rec["step_id"] != sub.Run+"/s" || rec["run_id"] != sub.Run || rec["worker_id"] == nil {
 		t.Errorf("recovery log line %v lacks worker_id, step_id or run_id", rec)
 	}
