@@ -201,6 +201,11 @@ func (o *Orchestrator) reconcile(w *WorkerRecord, inflight []LeaseRef, offline t
 	reported := map[LeaseID]bool{}
 	for _, r := range inflight {
 		l := o.leases[r.Lease]
+		if committedTo(l, w.ID, r.Step) {
+			// Its report was COMMITTED and the answer lost: the worker
+			// re-sends the report and gets the same answer again (§3).
+			continue
+		}
 		if l == nil || l.Worker != w.ID || l.Step != r.Step || !l.Current {
 			cancel = append(cancel, r.Lease)
 			continue
@@ -360,7 +365,9 @@ func (o *Orchestrator) heartbeat(w *WorkerRecord, h Heartbeat) {
 	}
 	o.markWorker(w)
 	for _, r := range h.InFlight {
-		if l := o.leases[r.Lease]; l == nil || l.Worker != w.ID || !l.Current {
+		if l := o.leases[r.Lease]; committedTo(l, w.ID, r.Step) {
+			continue // the answer to its report is on its way, or will be again
+		} else if l == nil || l.Worker != w.ID || !l.Current {
 			o.sendTo(w.ID, Cancel{Lease: r.Lease, Reason: "lease is no longer current"})
 		}
 	}
@@ -872,4 +879,11 @@ func copyMap(m map[string]string) map[string]string {
 		c[k] = v
 	}
 	return c
+}
+
+// committedTo says whether l is worker w's lease of step s whose report was
+// COMMITTED: a worker still listing it lost the answer, and its re-sent
+// report is answered COMMITTED again, so it is neither cancelled nor lost.
+func committedTo(l *LeaseRecord, w WorkerID, s StepID) bool {
+	return l != nil && l.Committed && l.Worker == w && l.Step == s
 }

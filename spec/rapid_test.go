@@ -983,6 +983,9 @@ func (h *harness) reconnect(t *rapid.T) {
 	reported := map[core.LeaseID]bool{}
 	for _, r := range inflight {
 		ml := m.leases[r.Lease]
+		if ml != nil && ml.committed && ml.worker == w.id && ml.step == r.Step {
+			continue // its answer was lost: the re-sent report gets COMMITTED again
+		}
 		if ml == nil || ml.worker != w.id || ml.step != r.Step || !ml.current || gone[r.Lease] {
 			wantCancel = append(wantCancel, r.Lease)
 			continue
@@ -1040,7 +1043,7 @@ func (h *harness) reconnect(t *rapid.T) {
 		return
 	}
 	if !slices.Equal(welcome.Cancel, wantCancel) {
-		h.fatalf("Welcome.Cancel = %v, the model says the reported leases that are not current are %v", welcome.Cancel, wantCancel)
+		h.fatalf("Welcome.Cancel = %v, the model says the reported leases that are not current (and not committed to it) are %v", welcome.Cancel, wantCancel)
 	}
 	if len(welcome.Cancel) > 0 {
 		h.stats.add("welcome with cancels")
@@ -1318,7 +1321,9 @@ func (h *harness) beat(w *hWorker, stray []core.LeaseID) {
 	}
 	var want []core.LeaseID
 	for _, r := range refs {
-		if ml := h.m.leases[r.Lease]; ml == nil || ml.worker != w.id || !ml.current {
+		if ml := h.m.leases[r.Lease]; ml != nil && ml.committed && ml.worker == w.id && ml.step == r.Step {
+			continue // its answer is on its way, or will be again
+		} else if ml == nil || ml.worker != w.id || !ml.current {
 			want = append(want, r.Lease)
 		}
 	}
