@@ -555,21 +555,25 @@ func TestFaultMalformedFramesKeepServing(t *testing.T) {
 // TestFaultAnswerLostInCut cuts the link at the moment a write-bearing
 // step's COMMITTED answer passes the proxy, so the answer never reaches the
 // worker. The commit stands: the step succeeded once, on its one lease, with
-// one recorded answer, and is never dispatched again. The worker reconnects
-// and keeps working: a second run succeeds on it. (Today the reconnecting
-// worker is told to cancel the lease, which is no longer current, and drops
-// its unanswered report rather than re-sending it, so it never learns of the
-// commit; the history then holds that report without a return, which the
-// model treats as unknown. Were it re-sent, the recorded COMMITTED would be
-// the answer; the test holds either way.)
+// one recorded answer, and is never dispatched again. The reconnecting
+// worker still lists the lease; it is not told to cancel it, so it re-sends
+// its report — an exact repeat — and this time the COMMITTED answer reaches
+// it. The worker keeps working: a second run succeeds on it.
 func TestFaultAnswerLostInCut(t *testing.T) {
 	r := startFaultRig(t)
 	var cut atomic.Bool
 	var lostLease atomic.Uint64
+	var again atomic.Int64 // COMMITTED answers for the lost lease after the cut
 	r.rec.Intercept(func(f netfault.Frame) {
-		if a, ok := f.Msg.(core.Answer); ok && f.Dir == netfault.Down && a.Verdict == core.Committed && !cut.Swap(true) {
+		a, ok := f.Msg.(core.Answer)
+		if !ok || f.Dir != netfault.Down || a.Verdict != core.Committed {
+			return
+		}
+		if !cut.Swap(true) {
 			lostLease.Store(uint64(a.Lease))
 			r.p.Cut() // before the chunk holding the answer is forwarded
+		} else if uint64(a.Lease) == lostLease.Load() {
+			again.Add(1)
 		}
 	})
 	r.worker(core.WorkerConfig{Name: "w1", BackoffBase: 20 * time.Millisecond, BackoffMax: 5 * time.Second})
@@ -582,6 +586,8 @@ func TestFaultAnswerLostInCut(t *testing.T) {
 		ws := o.Workers()
 		return len(ws) == 1 && ws[0].Connected
 	})
+
+	r.poll("the re-sent report's COMMITTED answer", func() bool { return again.Load() > 0 })
 
 	step := steps1[0]
 	got := r.query(step)[step]
