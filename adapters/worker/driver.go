@@ -44,6 +44,10 @@ type Options struct {
 	// Env is the base environment of step processes (the shipped env is
 	// overlaid on it); nil means this process's environment.
 	Env []string
+	// Noop, a benchmarking aid, runs no process at all: every step
+	// completes at once with exit code 0 and no output, so a benchmark
+	// measures the orchestrator and the protocol rather than fork and exec.
+	Noop bool
 }
 
 // Driver runs one worker. Run may be called once.

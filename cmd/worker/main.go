@@ -128,6 +128,7 @@ type settings struct {
 	Platform    string
 	Slots       int
 	NoReconnect bool
+	Noop        bool // --executor noop: a benchmarking aid
 }
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
@@ -170,6 +171,7 @@ func parseConnect(args []string, stdout io.Writer) (final settings, logFormat, l
 		s            settings
 		tags, labels string
 		config       string
+		executor     string
 	)
 	flags.StringVar(&s.URL, "url", defaultURL, "orchestrator control plane `URL` (ws:// or wss://; http(s):// and a bare host:port work too)")
 	flags.StringVar(&s.Token, "token", "", "enrollment `token` NAME.SECRET (required, here or in the config file)")
@@ -179,6 +181,7 @@ func parseConnect(args []string, stdout io.Writer) (final settings, logFormat, l
 	flags.StringVar(&s.Platform, "platform", "", "`platform` for steps that declare one, e.g. linux/amd64")
 	flags.IntVar(&s.Slots, "slots", 1, "steps run at once (`N`, 1..1024)")
 	flags.BoolVar(&s.NoReconnect, "no-reconnect", false, "exit (code 2) when the connection is lost instead of reconnecting; no grace window")
+	flags.StringVar(&executor, "executor", "sh", "how steps run: `sh` (sh -c COMMAND) or noop (no process; every step exits 0 at once: a benchmarking aid)")
 	flags.StringVar(&config, "config", defaultConfigFile, "worker config `file` (YAML); optional unless given explicitly")
 	flags.StringVar(&logFormat, "log-format", "text", "log `format` on stderr: text or json")
 	flags.StringVar(&logLevel, "log-level", "info", "log `level`: debug, info, warn or error")
@@ -236,6 +239,13 @@ func parseConnect(args []string, stdout io.Writer) (final settings, logFormat, l
 	if set["no-reconnect"] {
 		final.NoReconnect = s.NoReconnect
 	}
+	switch executor {
+	case "sh":
+	case "noop":
+		final.Noop = true
+	default:
+		return settings{}, "", "", fmt.Errorf("--executor %q: want sh or noop", executor)
+	}
 	if final.Token == "" {
 		return settings{}, "", "", errors.New("--token is required (NAME.SECRET from 'orchestrator token create NAME')")
 	}
@@ -269,6 +279,7 @@ func connect(ctx context.Context, s settings, log *slog.Logger) int {
 	d, err := worker.New(worker.Options{
 		URL:    s.URL,
 		Logger: log,
+		Noop:   s.Noop,
 		Config: core.WorkerConfig{
 			ID: core.WorkerID(id), Name: s.Name, Token: s.Token, Tags: s.Tags, Labels: s.Labels,
 			Platform: s.Platform, Slots: s.Slots, NoReconnect: s.NoReconnect,
@@ -279,7 +290,7 @@ func connect(ctx context.Context, s settings, log *slog.Logger) int {
 		return exitError
 	}
 	log.Info("worker starting", "worker", s.Name, "worker_id", id, "url", s.URL, "tags", strings.Join(s.Tags, ","),
-		"slots", s.Slots, "no_reconnect", s.NoReconnect)
+		"slots", s.Slots, "no_reconnect", s.NoReconnect, "noop_executor", s.Noop)
 	code, err := d.Run(ctx)
 	if err != nil { // ctx ended: SIGINT/SIGTERM
 		log.Info("worker stopped", "worker_id", id, "reason", "signal")
