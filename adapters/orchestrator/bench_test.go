@@ -1,0 +1,379 @@
+package orchestrator_test
+
+// The end-to-end benchmark that `make bench` quotes: the real driver (in this
+// process, so that a CPU profile sees it) with a real bbolt file, every
+// commit fsync'd, and four real worker processes (cmd/worker) on loopback
+// WebSockets. The workers run with --executor noop, a benchmarking aid that
+// completes every step at once without starting a process, so the figures
+// measure the orchestrator and the protocol, not fork and exec.
+//
+//	go test ./adapters/orchestrator -run '^$' -bench EndToEnd -benchtime 1x
+//
+// Throughput: 20,000 no-op steps, submitted as 100 runs of 200 independent
+// steps, from the first Submit to the durable commit of the last run's
+// finish, once with 16 slots per worker and once with 1.
+//
+// Latency: on an idle system, one single-step run at a time; "start" is the
+// moment the orchestrator's START of the step (queued → running) is durable,
+// i.e. the store's Apply of that batch returned, so the fact is on disk.
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/tether-run/tether/adapters/orchestrator"
+	"github.com/tether-run/tether/adapters/store"
+	"github.com/tether-run/tether/core"
+)
+
+const (
+	benchSteps     = 20000
+	benchRunSize   = 200 // independent steps per run
+	benchWorkers   = 4
+	latencySamples = 2000
+	benchTimeout   = 5 * time.Minute
+)
+
+// watchStore is the bbolt store with a hook that sees every batch once it is
+// durable. The hook runs on the driver's loop goroutine, so it must be cheap:
+// it only looks for byte patterns in the records' values.
+type watchStore struct {
+	*store.Store
+	mu    sync.Mutex
+	watch func(recs []core.Record, at time.Time)
+}
+
+func (s *watchStore) Apply(recs []core.Record) error {
+	if err := s.Store.Apply(recs); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	w := s.watch
+	s.mu.Unlock()
+	if w != nil {
+		w(recs, time.Now())
+	}
+	return nil
+}
+
+func (s *watchStore) setWatch(w func(recs []core.Record, at time.Time)) {
+	s.mu.Lock()
+	s.watch = w
+	s.mu.Unlock()
+}
+
+// Byte patterns of the canonical record encoding the watchers look for.
+var (
+	runFinished = []byte(`"Finished":true`)
+	stepStarted = []byte(`"StartedAt":`)
+)
+
+// benchRig is an orchestrator with a fleet of worker processes.
+type benchRig struct {
+	d  *orchestrator.Driver
+	st *watchStore
+}
+
+var (
+	workerBinOnce sync.Once
+	workerBin     string
+	workerBinErr  error
+)
+
+// buildWorker builds cmd/worker once per test binary.
+func buildWorker(tb testing.TB) string {
+	tb.Helper()
+	workerBinOnce.Do(func() {
+		goBin, err := exec.LookPath("go")
+		if err != nil {
+			goBin = filepath.Join(runtime.GOROOT(), "bin", "go")
+		}
+		dir, err := os.MkdirTemp("", "tether-bench-")
+		if err != nil {
+			workerBinErr = err
+			return
+		}
+		workerBin = filepath.Join(dir, "worker")
+		cmd := exec.Command(goBin, "build", "-o", workerBin, "./cmd/worker")
+		cmd.Dir = filepath.Join("..", "..") // the module root
+		if out, err := cmd.CombinedOutput(); err != nil {
+			workerBinErr = fmt.Errorf("go build ./cmd/worker: %v\n%s", err, out)
+		}
+	})
+	if workerBinErr != nil {
+		tb.Fatal(workerBinErr)
+	}
+	return workerBin
+}
+
+// startRig starts the orchestrator on a fresh bbolt file and `workers` worker
+// processes with `slots` slots each, and waits until all are connected.
+func startRig(tb testing.TB, workers, slots int) *benchRig {
+	tb.Helper()
+	bin := buildWorker(tb)
+	bst, err := store.Open(filepath.Join(tb.TempDir(), "tether.db"))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	st := &watchStore{Store: bst}
+	d, err := orchestrator.Start(orchestrator.Options{
+		Addr: "127.0.0.1:0", Store: st,
+		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
+	})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	var procs []*exec.Cmd
+	var logs []*lockedBuffer
+	for i := range workers {
+		tok, err := d.CreateToken(ctx, fmt.Sprintf("bench-%d", i+1), time.Hour)
+		if err != nil {
+			tb.Fatal(err)
+		}
+		cmd := exec.Command(bin, "connect", "--url", d.URL(), "--token", tok, "--slots", strconv.Itoa(slots),
+			"--executor", "noop", "--no-reconnect")
+		buf := &lockedBuffer{}
+		cmd.Stdout, cmd.Stderr = buf, buf
+		if err := cmd.Start(); err != nil {
+			tb.Fatal(err)
+		}
+		procs = append(procs, cmd)
+		logs = append(logs, buf)
+	}
+	tb.Cleanup(func() {
+		for _, p := range procs {
+			p.Process.Signal(os.Interrupt) // only our own children, by pid
+		}
+		for i, p := range procs {
+			if err := p.Wait(); err != nil || tb.Failed() {
+				tb.Logf("worker %d: %v\n%s", i+1, err, logs[i])
+			}
+		}
+		if err := d.Close(); err != nil {
+			tb.Errorf("orchestrator: %v", err)
+		}
+	})
+	for {
+		n := 0
+		if err := d.Snapshot(ctx, func(o *core.Orchestrator) {
+			for _, w := range o.Workers() {
+				if w.Connected && w.Active {
+					n++
+				}
+			}
+		}); err != nil {
+			tb.Fatal(err)
+		}
+		if n == workers {
+			return &benchRig{d: d, st: st}
+		}
+		select {
+		case <-ctx.Done():
+			tb.Fatalf("%d of %d workers connected", n, workers)
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+}
+
+// noopRun is a run of n independent steps.
+func noopRun(n int) core.RunSpec {
+	spec := core.RunSpec{Name: "bench"}
+	for i := range n {
+		spec.Steps = append(spec.Steps, core.StepSpec{Name: "s" + strconv.Itoa(i), Command: "true"})
+	}
+	return spec
+}
+
+// throughput submits steps no-op steps (runs of runSize) and returns the time
+// from the first Submit to the durable commit of the last run's finish, and
+// the number of commits in between.
+func (r *benchRig) throughput(tb testing.TB, steps, runSize int) (time.Duration, int) {
+	tb.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), benchTimeout)
+	defer cancel()
+	runs := steps / runSize
+	spec := noopRun(runSize)
+	var (
+		finished = map[string]bool{}
+		commits  int
+		done     = make(chan time.Time, 1)
+	)
+	r.st.setWatch(func(recs []core.Record, at time.Time) { // loop goroutine only
+		commits++
+		for _, rec := range recs {
+			if strings.HasPrefix(rec.Key, core.KindRun+"/") && bytes.Contains(rec.Value, runFinished) && !finished[rec.Key] {
+				finished[rec.Key] = true
+				if len(finished) == runs {
+					done <- at
+				}
+			}
+		}
+	})
+	defer r.st.setWatch(nil)
+	ids := make(chan core.RunID, runs)
+	errs := make(chan error, 1)
+	t0 := time.Now()
+	go func() {
+		for range runs {
+			id, err := r.d.Submit(ctx, spec)
+			if err != nil {
+				errs <- err
+				return
+			}
+			ids <- id
+		}
+	}()
+	var t1 time.Time
+	select {
+	case t1 = <-done:
+	case err := <-errs:
+		tb.Fatal(err)
+	case <-ctx.Done():
+		tb.Fatalf("%d of %d runs finished within %s", len(ids), runs, benchTimeout)
+	}
+	// Not timed: every step must have succeeded.
+	close(ids)
+	var bad []string
+	if err := r.d.Snapshot(ctx, func(o *core.Orchestrator) {
+		for id := range ids {
+			if rec, st, _ := o.Run(id); st != "success" || len(rec.Steps) != runSize {
+				bad = append(bad, fmt.Sprintf("%s %s (%d steps)", id, st, len(rec.Steps)))
+			}
+		}
+	}); err != nil {
+		tb.Fatal(err)
+	}
+	if len(bad) > 0 {
+		tb.Fatalf("runs did not succeed: %v", bad)
+	}
+	return t1.Sub(t0), commits
+}
+
+// latencies runs n single-step runs one at a time and returns, for each,
+// the time from calling Submit to START durable and to the run's finish
+// durable.
+func (r *benchRig) latencies(tb testing.TB, n int) (start, finish []time.Duration) {
+	tb.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), benchTimeout)
+	defer cancel()
+	spec := noopRun(1)
+	type sample struct{ started, finished time.Time }
+	var (
+		mu      sync.Mutex
+		armed   bool // a step is in flight and its START not seen yet
+		current sample
+		done    = make(chan sample, 1)
+	)
+	r.st.setWatch(func(recs []core.Record, at time.Time) {
+		mu.Lock()
+		defer mu.Unlock()
+		for _, rec := range recs {
+			switch {
+			case armed && strings.HasPrefix(rec.Key, core.KindStep+"/") && bytes.Contains(rec.Value, stepStarted):
+				armed, current.started = false, at
+			case !armed && !current.started.IsZero() && strings.HasPrefix(rec.Key, core.KindRun+"/") && bytes.Contains(rec.Value, runFinished):
+				current.finished = at
+				done <- current
+				current = sample{}
+			}
+		}
+	})
+	defer r.st.setWatch(nil)
+	for range n {
+		mu.Lock()
+		armed = true
+		mu.Unlock()
+		t0 := time.Now()
+		if _, err := r.d.Submit(ctx, spec); err != nil {
+			tb.Fatal(err)
+		}
+		select {
+		case s := <-done:
+			start = append(start, s.started.Sub(t0))
+			finish = append(finish, s.finished.Sub(t0))
+		case <-ctx.Done():
+			tb.Fatalf("a single-step run did not finish within %s", benchTimeout)
+		}
+	}
+	return start, finish
+}
+
+func percentile(ds []time.Duration, p float64) time.Duration {
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	i := int(p/100*float64(len(s)) + 0.5)
+	return s[min(max(i-1, 0), len(s)-1)]
+}
+
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+// BenchmarkEndToEnd is `make bench`'s end-to-end figure; see the top of
+// this file. Each iteration does the whole workload (20,000 steps, or 2,000
+// latency samples), so run it with -benchtime 1x (repeat with -count).
+func BenchmarkEndToEnd(b *testing.B) {
+	for _, slots := range []int{16, 1} {
+		b.Run(fmt.Sprintf("steps=%d/workers=%d/slots=%d", benchSteps, benchWorkers, slots), func(b *testing.B) {
+			r := startRig(b, benchWorkers, slots)
+			var total time.Duration
+			commits := 0
+			b.ResetTimer()
+			for range b.N {
+				d, c := r.throughput(b, benchSteps, benchRunSize)
+				total += d
+				commits += c
+			}
+			b.StopTimer()
+			b.ReportMetric(float64(benchSteps*b.N)/total.Seconds(), "steps/s")
+			b.ReportMetric(float64(benchSteps*b.N)/float64(commits), "steps/commit")
+			b.ReportMetric(0, "ns/op") // the run's wall time is in steps/s
+		})
+	}
+	b.Run("latency/idle", func(b *testing.B) {
+		r := startRig(b, benchWorkers, 16)
+		var start, finish []time.Duration
+		b.ResetTimer()
+		for range b.N {
+			s, f := r.latencies(b, latencySamples)
+			start, finish = append(start, s...), append(finish, f...)
+		}
+		b.StopTimer()
+		b.ReportMetric(ms(percentile(start, 50)), "start-p50-ms")
+		b.ReportMetric(ms(percentile(start, 99)), "start-p99-ms")
+		b.ReportMetric(ms(percentile(finish, 50)), "done-p50-ms")
+		b.ReportMetric(ms(percentile(finish, 99)), "done-p99-ms")
+		b.ReportMetric(0, "ns/op")
+	})
+}
+
+// TestEndToEndBenchRig keeps the benchmark's rig honest under `make test`
+// (which runs no benchmarks): a small throughput run and a few latency
+// samples through the same code.
+func TestEndToEndBenchRig(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs the worker binary")
+	}
+	r := startRig(t, 2, 4)
+	if d, commits := r.throughput(t, 400, benchRunSize); d <= 0 || commits == 0 {
+		t.Errorf("throughput: %s, %d commits", d, commits)
+	}
+	start, finish := r.latencies(t, 5)
+	for i := range start {
+		if start[i] <= 0 || finish[i] < start[i] {
+			t.Errorf("sample %d: start %s, finish %s", i, start[i], finish[i])
+		}
+	}
+}
