@@ -171,7 +171,13 @@ func (o *Orchestrator) finish() Ready {
 		rd.Deadline = t.at
 	}
 	o.rd = Ready{}
-	clear(o.dirty)
+	if len(o.dirty) > 64 {
+		// clear keeps a map's capacity, and ranging over it costs that
+		// capacity: after a large batch (a submit), start afresh.
+		o.dirty = map[string]bool{}
+	} else {
+		clear(o.dirty)
+	}
 	o.appends = nil
 	return rd
 }
@@ -265,29 +271,70 @@ func (o *Orchestrator) indexReady(s *StepRecord) {
 	o.readyQ = append(o.readyQ, e)
 }
 
-// readyQueue returns the live entries of the ready queue in order, sorting
-// and compacting it first when needed.
+// readyQueue returns the ready queue in order, with stale entries among
+// the live ones (dispatch skips them), sorting and compacting it first when
+// needed.
 func (o *Orchestrator) readyQueue() []readyEntry {
-	if o.readyUnsort || len(o.readyQ) > 2*len(o.ready)+64 {
+	if o.readyUnsort {
+		o.sortReady()
+	}
+	if len(o.readyQ) > 2*len(o.ready)+64 {
 		live := o.readyQ[:0]
-		for _, e := range o.readyQ {
-			if at, ok := o.ready[e.id]; ok && at.Equal(e.at) {
+		for i, e := range o.readyQ {
+			// Sorted, so duplicates an at-time-order round trip may have
+			// left are adjacent.
+			if o.readyLive(e) && (i == 0 || e != o.readyQ[i-1]) {
 				live = append(live, e)
 			}
 		}
-		if o.readyUnsort {
-			sort.Slice(live, func(i, j int) bool { return live[i].less(live[j]) })
-		}
-		// Drop duplicates an at-time-order round trip may have left.
-		out := live[:0]
-		for i, e := range live {
-			if i == 0 || e != live[i-1] {
-				out = append(out, e)
-			}
-		}
-		o.readyQ, o.readyUnsort = out, false
+		o.readyQ = live
 	}
+	// Dispatch takes entries from the front, so stale ones gather there:
+	// drop them, or every step would rescan them (quadratic in the queue).
+	i := 0
+	for i < len(o.readyQ) && !o.readyLive(o.readyQ[i]) {
+		i++
+	}
+	o.readyQ = o.readyQ[i:]
 	return o.readyQ
+}
+
+// sortReady sorts the ready queue. Entries are appended in time order
+// (queued at the current time), so only the tail after the sorted prefix
+// needs sorting (the steps of one submit share their time and are ordered
+// by id), and then merging when it does not simply follow the prefix.
+func (o *Orchestrator) sortReady() {
+	q := o.readyQ
+	p := 1
+	for p < len(q) && !q[p].less(q[p-1]) {
+		p++
+	}
+	if p < len(q) {
+		tail := q[p:]
+		sort.Slice(tail, func(i, j int) bool { return tail[i].less(tail[j]) })
+		if tail[0].less(q[p-1]) {
+			merged := make([]readyEntry, 0, len(q))
+			i, j := 0, p
+			for i < p && j < len(q) {
+				if q[j].less(q[i]) {
+					merged = append(merged, q[j])
+					j++
+				} else {
+					merged = append(merged, q[i])
+					i++
+				}
+			}
+			merged = append(merged, q[i:p]...)
+			o.readyQ = append(merged, q[j:]...)
+		}
+	}
+	o.readyUnsort = false
+}
+
+// readyLive reports whether a ready-queue entry is current.
+func (o *Orchestrator) readyLive(e readyEntry) bool {
+	at, ok := o.ready[e.id]
+	return ok && at.Equal(e.at)
 }
 
 func (o *Orchestrator) send(c ConnID, m Msg) {

@@ -753,7 +753,7 @@ func (o *Orchestrator) dispatch() {
 	inflight := map[string]int{} // forEach group → steps holding a lease
 	for i := 0; i < len(queue) && slots > 0; i++ {
 		e := queue[i]
-		if at, ok := o.ready[e.id]; !ok || !at.Equal(e.at) {
+		if !o.readyLive(e) {
 			continue // stale entry
 		}
 		s := o.steps[e.id]
