@@ -30,6 +30,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -82,8 +83,54 @@ var (
 
 // benchRig is an orchestrator with a fleet of worker processes.
 type benchRig struct {
-	d  *orchestrator.Driver
-	st *watchStore
+	d       *orchestrator.Driver
+	st      *watchStore
+	workers []int // worker process ids
+}
+
+// usage is what the orchestrator's process (with the benchmark's own small
+// part) and the worker processes have used so far.
+type usage struct {
+	orchCPU, workerCPU time.Duration
+	ctxsw              int64 // voluntary context switches, all processes
+}
+
+// usage reads the CPU time (user and system) and the voluntary context
+// switches of this process and the workers. The machine is shared, so
+// wall-clock figures vary with the load; CPU time and wakeups per step say
+// what the work itself costs.
+func (r *benchRig) usage(tb testing.TB) usage {
+	tb.Helper()
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		tb.Fatal(err)
+	}
+	u := usage{orchCPU: time.Duration(ru.Utime.Nano() + ru.Stime.Nano()), ctxsw: ru.Nvcsw}
+	for _, pid := range r.workers {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		if err != nil {
+			tb.Fatal(err)
+		}
+		// Fields after the command's closing parenthesis; utime and stime
+		// are the 14th and 15th fields, in clock ticks (USER_HZ, 100/s).
+		f := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+1:]))
+		for _, s := range f[11:13] {
+			ticks, _ := strconv.ParseInt(s, 10, 64)
+			u.workerCPU += time.Duration(ticks) * 10 * time.Millisecond
+		}
+		// A status counts one thread's switches: add up the threads.
+		tasks, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/status", pid))
+		for _, task := range tasks {
+			st, _ := os.ReadFile(task) // a thread may just have gone
+			for _, line := range strings.Split(string(st), "\n") {
+				if v, ok := strings.CutPrefix(line, "voluntary_ctxt_switches:"); ok {
+					n, _ := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+					u.ctxsw += n
+				}
+			}
+		}
+	}
+	return u
 }
 
 var (
@@ -179,7 +226,11 @@ func startRig(tb testing.TB, workers, slots int) *benchRig {
 			tb.Fatal(err)
 		}
 		if n == workers {
-			return &benchRig{d: d, st: st}
+			r := &benchRig{d: d, st: st}
+			for _, p := range procs {
+				r.workers = append(r.workers, p.Process.Pid)
+			}
+			return r
 		}
 		select {
 		case <-ctx.Done():
@@ -330,6 +381,7 @@ func BenchmarkEndToEnd(b *testing.B) {
 			r := startRig(b, benchWorkers, slots)
 			var total time.Duration
 			commits := 0
+			u0 := r.usage(b)
 			b.ResetTimer()
 			for range b.N {
 				d, c := r.throughput(b, benchSteps, benchRunSize)
@@ -337,8 +389,13 @@ func BenchmarkEndToEnd(b *testing.B) {
 				commits += c
 			}
 			b.StopTimer()
-			b.ReportMetric(float64(benchSteps*b.N)/total.Seconds(), "steps/s")
-			b.ReportMetric(float64(benchSteps*b.N)/float64(commits), "steps/commit")
+			u1 := r.usage(b)
+			steps := float64(benchSteps * b.N)
+			b.ReportMetric(steps/total.Seconds(), "steps/s")
+			b.ReportMetric(steps/float64(commits), "steps/commit")
+			b.ReportMetric(float64((u1.orchCPU-u0.orchCPU).Microseconds())/steps, "orch-cpu-µs/step")
+			b.ReportMetric(float64((u1.workerCPU-u0.workerCPU).Microseconds())/steps, "worker-cpu-µs/step")
+			b.ReportMetric(float64(u1.ctxsw-u0.ctxsw)/steps, "ctxsw/step")
 			b.ReportMetric(0, "ns/op") // the run's wall time is in steps/s
 		})
 	}
