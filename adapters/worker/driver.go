@@ -15,6 +15,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"os"
 	"sync"
 	"time"
@@ -75,6 +76,7 @@ type (
 	dialed struct {
 		gen uint64
 		ws  *websocket.Conn
+		cc  *wire.CorkConn // the TCP connection under ws (and under TLS, for wss)
 		err error
 	}
 	received struct {
@@ -176,7 +178,7 @@ func (d *Driver) translate(raw input) core.WorkerInput {
 		if in.err != nil {
 			return core.WDialFailed{Reason: in.err.Error()}
 		}
-		d.cur = d.startConn(in.gen, in.ws)
+		d.cur = d.startConn(in.gen, in.ws, in.cc)
 		return core.WConnected{Conn: core.ConnID(in.gen)}
 	case received:
 		if d.cur == nil || in.gen != d.cur.gen {
@@ -287,7 +289,17 @@ func (d *Driver) dial() {
 	d.wg.Add(1)
 	go func() {
 		defer d.wg.Done()
-		dialer := websocket.Dialer{HandshakeTimeout: timeout, ReadBufferSize: 4096, WriteBufferSize: 4096}
+		var cc *wire.CorkConn
+		dialer := websocket.Dialer{HandshakeTimeout: timeout, ReadBufferSize: 4096, WriteBufferSize: 4096,
+			NetDialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+				var nd net.Dialer
+				nc, err := nd.DialContext(ctx, network, addr)
+				if err != nil {
+					return nil, err
+				}
+				cc = wire.NewCorkConn(nc)
+				return cc, nil
+			}}
 		ws, resp, err := dialer.DialContext(ctx, d.opts.URL, nil)
 		if resp != nil && resp.Body != nil {
 			resp.Body.Close()
@@ -298,7 +310,7 @@ func (d *Driver) dial() {
 				err = fmt.Errorf("%w (HTTP %s)", err, resp.Status)
 			}
 		}
-		if !d.push(dialed{gen: gen, ws: ws, err: err}) && ws != nil {
+		if !d.push(dialed{gen: gen, ws: ws, cc: cc, err: err}) && ws != nil {
 			ws.Close()
 		}
 	}()
