@@ -68,6 +68,7 @@ type Driver struct {
 	dialCancel func() // cancels the pending dial, nil when none
 	procs      map[core.LeaseID]*proc
 	timer      *time.Timer
+	local      []input // inputs the loop made itself (no-op exits), taken before the queue
 }
 
 // Inputs of the loop.
@@ -143,14 +144,20 @@ func (d *Driver) Run(ctx context.Context) (int, error) {
 	}
 	for {
 		var in core.WorkerInput
-		select {
-		case <-ctx.Done():
-			d.log.Info("worker stopping", "reason", context.Cause(ctx))
-			return 0, ctx.Err()
-		case <-d.timer.C:
-			in = core.WTick{}
-		case raw := <-d.inputs:
+		if len(d.local) > 0 && ctx.Err() == nil {
+			raw := d.local[0]
+			d.local = d.local[1:]
 			in = d.translate(raw)
+		} else {
+			select {
+			case <-ctx.Done():
+				d.log.Info("worker stopping", "reason", context.Cause(ctx))
+				return 0, ctx.Err()
+			case <-d.timer.C:
+				in = core.WTick{}
+			case raw := <-d.inputs:
+				in = d.translate(raw)
+			}
 		}
 		if in == nil {
 			continue
