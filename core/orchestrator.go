@@ -46,9 +46,14 @@ type Orchestrator struct {
 	timers timerHeap
 
 	// enc caches every record's encoding (the last value emitted) and fp is
-	// the order-independent sum of their hashes: Fingerprint in O(1).
-	enc map[string][]byte
-	fp  uint64
+	// the order-independent sum of their hashes: Fingerprint costs only the
+	// records changed since the last one. A record is hashed lazily, when
+	// Fingerprint next runs (a real driver never asks): unhashed lists the
+	// keys whose entry in enc has no hash yet (and perhaps some that were
+	// hashed or deleted since; those are skipped).
+	enc      map[string]encEntry
+	fp       uint64
+	unhashed []string
 
 	// The batch being built by the current Step.
 	rd      Ready
@@ -82,20 +87,46 @@ func (o *Orchestrator) init() {
 	o.conns = map[ConnID]WorkerID{}
 	o.connOf = map[WorkerID]ConnID{}
 	o.dirty = map[string]bool{}
-	o.enc = map[string][]byte{}
+	o.enc = map[string]encEntry{}
 	o.fp = 0
+	o.unhashed = nil
+}
+
+// encEntry is a record's last encoding and, once hashed, its hash (in fp).
+type encEntry struct {
+	value  []byte
+	hash   uint64
+	hashed bool
 }
 
 // cache keeps enc and fp in step with one record.
 func (o *Orchestrator) cache(r Record) {
-	if old, ok := o.enc[r.Key]; ok {
-		o.fp -= recordHash(r.Key, old)
+	old, ok := o.enc[r.Key]
+	if ok && old.hashed {
+		o.fp -= old.hash
+	}
+	if r.Delete {
 		delete(o.enc, r.Key)
+		return
 	}
-	if !r.Delete {
-		o.enc[r.Key] = r.Value
-		o.fp += recordHash(r.Key, r.Value)
+	o.enc[r.Key] = encEntry{value: r.Value}
+	if !ok || old.hashed {
+		o.unhashed = append(o.unhashed, r.Key)
 	}
+}
+
+// hashPending adds the hashes of the records changed since the last call
+// to fp.
+func (o *Orchestrator) hashPending() {
+	for _, k := range o.unhashed {
+		if e, ok := o.enc[k]; ok && !e.hashed {
+			e.hash, e.hashed = recordHash(k, e.value), true
+			o.enc[k] = e
+			o.fp += e.hash
+		}
+	}
+	clear(o.unhashed)
+	o.unhashed = o.unhashed[:0]
 }
 
 // Config returns the effective configuration (defaults filled in).
