@@ -33,8 +33,9 @@ type Orchestrator struct {
 	specOf       map[StepID]*StepSpec
 	dependents   map[StepID][]StepID
 	ready        map[StepID]time.Time // queued, no lease, not a task step → its QueuedAt
-	readyQ       []readyEntry         // ready steps in dispatch order, with stale entries (see dispatch)
-	readyUnsort  bool                 // readyQ needs sorting
+	readyQ       []readyEntry         // readyQ[readyHead:]: ready steps in dispatch order, with stale entries (see readyQueue)
+	readyHead    int                  // entries before it were dispatched or went stale
+	readySorted  int                  // readyQ[readyHead:readySorted] is in order; the rest was appended since
 	open         map[RunID]int        // non-terminal steps per run
 	workerLeases map[WorkerID]map[LeaseID]bool
 	logSeen      map[LeaseID]map[lineID]bool
@@ -79,8 +80,7 @@ func (o *Orchestrator) init() {
 	o.specOf = map[StepID]*StepSpec{}
 	o.dependents = map[StepID][]StepID{}
 	o.ready = map[StepID]time.Time{}
-	o.readyQ = nil
-	o.readyUnsort = false
+	o.readyQ, o.readyHead, o.readySorted = nil, 0, 0
 	o.open = map[RunID]int{}
 	o.workerLeases = map[WorkerID]map[LeaseID]bool{}
 	o.logSeen = map[LeaseID]map[lineID]bool{}
@@ -296,70 +296,69 @@ func (o *Orchestrator) indexReady(s *StepRecord) {
 	}
 	o.ready[s.ID] = s.QueuedAt
 	e := readyEntry{at: s.QueuedAt, id: s.ID}
-	if n := len(o.readyQ); n > 0 && e.less(o.readyQ[n-1]) {
-		o.readyUnsort = true
+	if n := len(o.readyQ); o.readySorted == n && (n == o.readyHead || !e.less(o.readyQ[n-1])) {
+		o.readySorted++ // still in order
 	}
 	o.readyQ = append(o.readyQ, e)
 }
 
 // readyQueue returns the ready queue in order, with stale entries among
 // the live ones (dispatch skips them), sorting and compacting it first when
-// needed.
+// needed. Every step that is not dispatched runs it, so it must cost little
+// more than the entries it hands out.
 func (o *Orchestrator) readyQueue() []readyEntry {
-	if o.readyUnsort {
+	if o.readySorted < len(o.readyQ) {
 		o.sortReady()
 	}
-	if len(o.readyQ) > 2*len(o.ready)+64 {
+	if len(o.readyQ)-o.readyHead > 2*len(o.ready)+64 {
 		live := o.readyQ[:0]
-		for i, e := range o.readyQ {
+		for i, e := range o.readyQ[o.readyHead:] {
 			// Sorted, so duplicates an at-time-order round trip may have
 			// left are adjacent.
-			if o.readyLive(e) && (i == 0 || e != o.readyQ[i-1]) {
+			if o.readyLive(e) && (i == 0 || e != o.readyQ[o.readyHead+i-1]) {
 				live = append(live, e)
 			}
 		}
-		o.readyQ = live
+		o.readyQ, o.readyHead, o.readySorted = live, 0, len(live)
 	}
 	// Dispatch takes entries from the front, so stale ones gather there:
-	// drop them, or every step would rescan them (quadratic in the queue).
-	i := 0
-	for i < len(o.readyQ) && !o.readyLive(o.readyQ[i]) {
-		i++
+	// step past them, or every step would rescan them (quadratic in the
+	// queue), and move the queue down once the dead front is half of it.
+	for o.readyHead < len(o.readyQ) && !o.readyLive(o.readyQ[o.readyHead]) {
+		o.readyHead++
 	}
-	o.readyQ = o.readyQ[i:]
-	return o.readyQ
+	if o.readyHead > 64 && o.readyHead > len(o.readyQ)/2 {
+		n := copy(o.readyQ, o.readyQ[o.readyHead:])
+		clear(o.readyQ[n:])
+		o.readyQ, o.readySorted, o.readyHead = o.readyQ[:n], o.readySorted-o.readyHead, 0
+	}
+	return o.readyQ[o.readyHead:]
 }
 
-// sortReady sorts the ready queue. Entries are appended in time order
-// (queued at the current time), so only the tail after the sorted prefix
-// needs sorting (the steps of one submit share their time and are ordered
-// by id), and then merging when it does not simply follow the prefix.
+// sortReady puts the queue in order. Entries are appended in time order
+// (queued at the current time), so only those appended since the last sort
+// need sorting (the steps of one submit share their time and are ordered by
+// id), then merging into the rest when they do not simply follow it.
 func (o *Orchestrator) sortReady() {
-	q := o.readyQ
-	p := 1
-	for p < len(q) && !q[p].less(q[p-1]) {
-		p++
-	}
-	if p < len(q) {
-		tail := q[p:]
-		sort.Slice(tail, func(i, j int) bool { return tail[i].less(tail[j]) })
-		if tail[0].less(q[p-1]) {
-			merged := make([]readyEntry, 0, len(q))
-			i, j := 0, p
-			for i < p && j < len(q) {
-				if q[j].less(q[i]) {
-					merged = append(merged, q[j])
-					j++
-				} else {
-					merged = append(merged, q[i])
-					i++
-				}
+	q, p := o.readyQ, o.readySorted
+	tail := q[p:]
+	sort.Slice(tail, func(i, j int) bool { return tail[i].less(tail[j]) })
+	if p > o.readyHead && tail[0].less(q[p-1]) {
+		// Merge from the back, the tail moved aside.
+		t := append([]readyEntry(nil), tail...)
+		i, j, k := p-1, len(t)-1, len(q)-1
+		for j >= 0 {
+			if i >= o.readyHead && t[j].less(q[i]) {
+				q[k] = q[i]
+				i--
+			} else {
+				q[k] = t[j]
+				j--
 			}
-			merged = append(merged, q[i:p]...)
-			o.readyQ = append(merged, q[j:]...)
+			k--
 		}
 	}
-	o.readyUnsort = false
+	o.readySorted = len(q)
 }
 
 // readyLive reports whether a ready-queue entry is current.
