@@ -15,7 +15,15 @@ import (
 // the bytes are the same. Anything unusual (a time outside RFC 3339's
 // years) takes encoding/json's path, and so its panic.
 func encode(v any) []byte {
-	var e recEncoder
+	var scratch []byte
+	return encodeScratch(&scratch, v)
+}
+
+// encodeScratch is encode rendering into *scratch, which it keeps for the
+// next call, and returning an exact-size copy (the value is kept in the
+// orchestrator's cache and the store's batch).
+func encodeScratch(scratch *[]byte, v any) []byte {
+	e := recEncoder{b: (*scratch)[:0]}
 	switch v := v.(type) {
 	case MetaRecord:
 		e.meta(&v)
@@ -37,7 +45,8 @@ func encode(v any) []byte {
 		e.bad = true
 	}
 	if !e.bad {
-		return e.b
+		*scratch = e.b
+		return append(make([]byte, 0, len(e.b)), e.b...)
 	}
 	b, err := json.Marshal(v)
 	if err != nil {
@@ -136,7 +145,6 @@ func (e *recEncoder) meta(m *MetaRecord) {
 }
 
 func (e *recEncoder) step(s *StepRecord) {
-	e.b = make([]byte, 0, 256)
 	e.key(true, "ID")
 	e.str(string(s.ID))
 	e.key(false, "Run")
@@ -221,7 +229,6 @@ func (e *recEncoder) outcome(o *Outcome) {
 }
 
 func (e *recEncoder) lease(l *LeaseRecord) {
-	e.b = make([]byte, 0, 192)
 	e.key(true, "ID")
 	e.uint(uint64(l.ID))
 	e.key(false, "Step")

@@ -60,6 +60,7 @@ type Orchestrator struct {
 	rd      Ready
 	dirty   map[string]bool
 	appends []Record
+	scratch []byte // encoding buffer, reused
 }
 
 // NewOrchestrator returns an empty orchestrator.
@@ -245,7 +246,7 @@ func (o *Orchestrator) recordFor(key string) Record {
 	if v == nil {
 		return Record{Key: key, Delete: true}
 	}
-	return Record{Key: key, Value: encode(v)}
+	return Record{Key: key, Value: encodeScratch(&o.scratch, v)}
 }
 
 // leaseKeyID is a lease id padded so that text order is numeric order.
@@ -398,7 +399,7 @@ func (o *Orchestrator) event(run RunID, step StepID, kind, msg string) {
 	ev := ServerEvent{Run: run, Seq: len(o.events[run]) + 1, At: o.now, Step: step, Kind: kind, Message: msg}
 	o.events[run] = append(o.events[run], ev)
 	o.rd.Events = append(o.rd.Events, ev)
-	o.appends = append(o.appends, Record{Key: eventKey(run, ev.Seq), Value: encode(ev)})
+	o.appends = append(o.appends, Record{Key: eventKey(run, ev.Seq), Value: encodeScratch(&o.scratch, ev)})
 }
 
 func (o *Orchestrator) connected(w WorkerID) bool {

@@ -563,7 +563,7 @@ func (o *Orchestrator) storeLogs(w *WorkerRecord, id LeaseID, lines []LogLine, e
 		seen[k] = true
 		sl := StepLogLine{Step: l.Step, Lease: id, Index: len(o.logs[id]), Event: event, Line: ln}
 		o.logs[id] = append(o.logs[id], sl)
-		o.appends = append(o.appends, Record{Key: logKey(id, sl.Index), Value: encode(sl)})
+		o.appends = append(o.appends, Record{Key: logKey(id, sl.Index), Value: encodeScratch(&o.scratch, sl)})
 	}
 }
 
