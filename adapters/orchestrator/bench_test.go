@@ -332,11 +332,15 @@ func (r *benchRig) latencies(tb testing.TB, n int) (start, finish []time.Duratio
 	r.st.setWatch(func(recs []core.Record, at time.Time) {
 		mu.Lock()
 		defer mu.Unlock()
+		// One batch may hold the START and the finish (records are in key
+		// order, "run/" before "step/"): look for the START first.
 		for _, rec := range recs {
-			switch {
-			case armed && strings.HasPrefix(rec.Key, core.KindStep+"/") && bytes.Contains(rec.Value, stepStarted):
+			if armed && strings.HasPrefix(rec.Key, core.KindStep+"/") && bytes.Contains(rec.Value, stepStarted) {
 				armed, current.started = false, at
-			case !armed && !current.started.IsZero() && strings.HasPrefix(rec.Key, core.KindRun+"/") && bytes.Contains(rec.Value, runFinished):
+			}
+		}
+		for _, rec := range recs {
+			if !armed && !current.started.IsZero() && strings.HasPrefix(rec.Key, core.KindRun+"/") && bytes.Contains(rec.Value, runFinished) {
 				current.finished = at
 				done <- current
 				current = sample{}
