@@ -2,6 +2,7 @@ package orchestrator
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"net"
 	"net/http"
@@ -107,11 +108,20 @@ func (d *Driver) readLoop(c *conn) string {
 	c.ws.SetReadLimit(wire.MaxFrame)
 	c.ws.SetReadDeadline(time.Now().Add(readWait))
 	c.ws.SetPongHandler(func(string) error { return c.ws.SetReadDeadline(time.Now().Add(readWait)) })
+	var buf bytes.Buffer // reused: decoding copies what it keeps
 	for {
-		typ, b, err := c.ws.ReadMessage()
+		typ, r, err := c.ws.NextReader()
 		if err != nil {
 			return err.Error()
 		}
+		if buf.Cap() > 64<<10 {
+			buf = bytes.Buffer{} // do not keep a rare large frame's buffer
+		}
+		buf.Reset()
+		if _, err := buf.ReadFrom(r); err != nil {
+			return err.Error()
+		}
+		b := buf.Bytes()
 		c.ws.SetReadDeadline(time.Now().Add(readWait))
 		if typ != websocket.TextMessage {
 			c.hangUp(closeData, "binary frames are not part of the protocol")

@@ -1,6 +1,7 @@
 package worker
 
 import (
+	"bytes"
 	"sync"
 	"time"
 
@@ -55,11 +56,20 @@ func (d *Driver) readLoop(c *conn) string {
 		c.ws.WriteControl(websocket.PongMessage, []byte(data), time.Now().Add(writeWait)) // best effort
 		return nil
 	})
+	var buf bytes.Buffer // reused: decoding copies what it keeps
 	for {
-		typ, b, err := c.ws.ReadMessage()
+		typ, r, err := c.ws.NextReader()
 		if err != nil {
 			return err.Error()
 		}
+		if buf.Cap() > 64<<10 {
+			buf = bytes.Buffer{} // do not keep a rare large frame's buffer
+		}
+		buf.Reset()
+		if _, err := buf.ReadFrom(r); err != nil {
+			return err.Error()
+		}
+		b := buf.Bytes()
 		c.ws.SetReadDeadline(time.Now().Add(readWait))
 		if typ != websocket.TextMessage {
 			c.hangUp(websocket.CloseUnsupportedData, "binary frame")
