@@ -734,7 +734,7 @@ func (o *Orchestrator) matches(w *WorkerRecord, s *StepRecord) bool {
 // dispatch grants leases to ready steps, oldest first (a cross-level ready
 // queue), each to the least-loaded matching worker with a free slot.
 func (o *Orchestrator) dispatch() {
-	if len(o.ready) == 0 {
+	if len(o.ready) == 0 || !o.anyFreeSlot() {
 		return
 	}
 	var free []*WorkerRecord
@@ -799,6 +799,17 @@ func (o *Orchestrator) dispatch() {
 			inflight[group]++
 		}
 	}
+}
+
+// anyFreeSlot reports whether some worker could take a lease now: most
+// inputs of a busy orchestrator free no slot, and need not sort the pool.
+func (o *Orchestrator) anyFreeSlot() bool {
+	for id, w := range o.workers { // only whether one exists: order does not matter
+		if w.Active && !w.Revoked && len(o.workerLeases[id]) < w.Slots && o.connected(id) {
+			return true
+		}
+	}
+	return false
 }
 
 func (o *Orchestrator) grant(s *StepRecord, w *WorkerRecord) {
