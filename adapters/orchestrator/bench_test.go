@@ -54,19 +54,28 @@ type watchStore struct {
 	*store.Store
 	mu    sync.Mutex
 	watch func(recs []core.Record, at time.Time)
+	busy  time.Duration // time spent in Apply (writing and syncing)
 }
 
 func (s *watchStore) Apply(recs []core.Record) error {
+	t0 := time.Now()
 	if err := s.Store.Apply(recs); err != nil {
 		return err
 	}
 	s.mu.Lock()
 	w := s.watch
+	s.busy += time.Since(t0)
 	s.mu.Unlock()
 	if w != nil {
 		w(recs, time.Now())
 	}
 	return nil
+}
+
+func (s *watchStore) busyTime() time.Duration {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.busy
 }
 
 func (s *watchStore) setWatch(w func(recs []core.Record, at time.Time)) {
@@ -77,8 +86,9 @@ func (s *watchStore) setWatch(w func(recs []core.Record, at time.Time)) {
 
 // Byte patterns of the canonical record encoding the watchers look for.
 var (
-	runFinished = []byte(`"Finished":true`)
-	stepStarted = []byte(`"StartedAt":`)
+	runFinished  = []byte(`"Finished":true`)
+	stepStarted  = []byte(`"StartedAt":`)
+	leaseCurrent = []byte(`"Current":true`)
 )
 
 // benchRig is an orchestrator with a fleet of worker processes.
@@ -263,7 +273,7 @@ func (r *benchRig) throughput(tb testing.TB, steps, runSize int) (time.Duration,
 		commits  int
 		done     = make(chan time.Time, 1)
 	)
-	r.st.setWatch(func(recs []core.Record, at time.Time) { // loop goroutine only
+	r.st.setWatch(func(recs []core.Record, at time.Time) { // one commit at a time
 		commits++
 		for _, rec := range recs {
 			if strings.HasPrefix(rec.Key, core.KindRun+"/") && bytes.Contains(rec.Value, runFinished) && !finished[rec.Key] {
@@ -314,40 +324,54 @@ func (r *benchRig) throughput(tb testing.TB, steps, runSize int) (time.Duration,
 	return t1.Sub(t0), commits
 }
 
-// latencies runs n single-step runs one at a time and returns, for each,
-// the time from calling Submit to START durable and to the run's finish
-// durable.
-func (r *benchRig) latencies(tb testing.TB, n int) (start, finish []time.Duration) {
+// latency is one single-step run's times from calling Submit: to the grant
+// of its lease being durable (the Dispatch leaves right after; submit and
+// grant are one commit when a slot is free), to its START being durable,
+// and to the run's finish being durable.
+type latency struct{ dispatched, started, finished time.Duration }
+
+// latencies runs n single-step runs one at a time.
+func (r *benchRig) latencies(tb testing.TB, n int) []latency {
 	tb.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), benchTimeout)
 	defer cancel()
 	spec := noopRun(1)
-	type sample struct{ started, finished time.Time }
+	type sample struct{ dispatched, started, finished time.Time }
 	var (
 		mu      sync.Mutex
-		armed   bool // a step is in flight and its START not seen yet
+		armed   bool // a run was submitted and its finish not seen yet
 		current sample
 		done    = make(chan sample, 1)
 	)
 	r.st.setWatch(func(recs []core.Record, at time.Time) {
 		mu.Lock()
 		defer mu.Unlock()
-		// One batch may hold the START and the finish (records are in key
-		// order, "run/" before "step/"): look for the START first.
+		if !armed {
+			return
+		}
+		// One batch may hold several of the three (records are in key
+		// order, "lease/" < "run/" < "step/"): look for them in turn.
 		for _, rec := range recs {
-			if armed && strings.HasPrefix(rec.Key, core.KindStep+"/") && bytes.Contains(rec.Value, stepStarted) {
-				armed, current.started = false, at
+			if current.dispatched.IsZero() && strings.HasPrefix(rec.Key, core.KindLease+"/") && bytes.Contains(rec.Value, leaseCurrent) {
+				current.dispatched = at
 			}
 		}
 		for _, rec := range recs {
-			if !armed && !current.started.IsZero() && strings.HasPrefix(rec.Key, core.KindRun+"/") && bytes.Contains(rec.Value, runFinished) {
+			if !current.dispatched.IsZero() && current.started.IsZero() && strings.HasPrefix(rec.Key, core.KindStep+"/") && bytes.Contains(rec.Value, stepStarted) {
+				current.started = at
+			}
+		}
+		for _, rec := range recs {
+			if !current.started.IsZero() && strings.HasPrefix(rec.Key, core.KindRun+"/") && bytes.Contains(rec.Value, runFinished) {
 				current.finished = at
+				armed = false
 				done <- current
 				current = sample{}
 			}
 		}
 	})
 	defer r.st.setWatch(nil)
+	var out []latency
 	for range n {
 		mu.Lock()
 		armed = true
@@ -358,13 +382,12 @@ func (r *benchRig) latencies(tb testing.TB, n int) (start, finish []time.Duratio
 		}
 		select {
 		case s := <-done:
-			start = append(start, s.started.Sub(t0))
-			finish = append(finish, s.finished.Sub(t0))
+			out = append(out, latency{s.dispatched.Sub(t0), s.started.Sub(t0), s.finished.Sub(t0)})
 		case <-ctx.Done():
 			tb.Fatalf("a single-step run did not finish within %s", benchTimeout)
 		}
 	}
-	return start, finish
+	return out
 }
 
 func percentile(ds []time.Duration, p float64) time.Duration {
@@ -385,7 +408,7 @@ func BenchmarkEndToEnd(b *testing.B) {
 			r := startRig(b, benchWorkers, slots)
 			var total time.Duration
 			commits := 0
-			u0 := r.usage(b)
+			u0, busy0 := r.usage(b), r.st.busyTime()
 			b.ResetTimer()
 			for range b.N {
 				d, c := r.throughput(b, benchSteps, benchRunSize)
@@ -393,10 +416,12 @@ func BenchmarkEndToEnd(b *testing.B) {
 				commits += c
 			}
 			b.StopTimer()
-			u1 := r.usage(b)
+			u1, busy := r.usage(b), r.st.busyTime()-busy0
 			steps := float64(benchSteps * b.N)
 			b.ReportMetric(steps/total.Seconds(), "steps/s")
 			b.ReportMetric(steps/float64(commits), "steps/commit")
+			b.ReportMetric(float64(busy.Microseconds())/1000/float64(commits), "ms/commit")
+			b.ReportMetric(100*busy.Seconds()/total.Seconds(), "%store-busy")
 			b.ReportMetric(float64((u1.orchCPU-u0.orchCPU).Microseconds())/steps, "orch-cpu-µs/step")
 			b.ReportMetric(float64((u1.workerCPU-u0.workerCPU).Microseconds())/steps, "worker-cpu-µs/step")
 			b.ReportMetric(float64(u1.ctxsw-u0.ctxsw)/steps, "ctxsw/step")
@@ -405,17 +430,27 @@ func BenchmarkEndToEnd(b *testing.B) {
 	}
 	b.Run("latency/idle", func(b *testing.B) {
 		r := startRig(b, benchWorkers, 16)
-		var start, finish []time.Duration
+		var lat []latency
 		b.ResetTimer()
 		for range b.N {
-			s, f := r.latencies(b, latencySamples)
-			start, finish = append(start, s...), append(finish, f...)
+			lat = append(lat, r.latencies(b, latencySamples)...)
 		}
 		b.StopTimer()
-		b.ReportMetric(ms(percentile(start, 50)), "start-p50-ms")
-		b.ReportMetric(ms(percentile(start, 99)), "start-p99-ms")
-		b.ReportMetric(ms(percentile(finish, 50)), "done-p50-ms")
-		b.ReportMetric(ms(percentile(finish, 99)), "done-p99-ms")
+		for _, m := range []struct {
+			name string
+			of   func(latency) time.Duration
+		}{
+			{"dispatch", func(l latency) time.Duration { return l.dispatched }},
+			{"start", func(l latency) time.Duration { return l.started }},
+			{"done", func(l latency) time.Duration { return l.finished }},
+		} {
+			ds := make([]time.Duration, len(lat))
+			for i, l := range lat {
+				ds[i] = m.of(l)
+			}
+			b.ReportMetric(ms(percentile(ds, 50)), m.name+"-p50-ms")
+			b.ReportMetric(ms(percentile(ds, 99)), m.name+"-p99-ms")
+		}
 		b.ReportMetric(0, "ns/op")
 	})
 }
@@ -431,10 +466,9 @@ func TestEndToEndBenchRig(t *testing.T) {
 	if d, commits := r.throughput(t, 400, benchRunSize); d <= 0 || commits == 0 {
 		t.Errorf("throughput: %s, %d commits", d, commits)
 	}
-	start, finish := r.latencies(t, 5)
-	for i := range start {
-		if start[i] <= 0 || finish[i] < start[i] {
-			t.Errorf("sample %d: start %s, finish %s", i, start[i], finish[i])
+	for i, l := range r.latencies(t, 5) {
+		if l.dispatched <= 0 || l.started < l.dispatched || l.finished < l.started {
+			t.Errorf("sample %d: %+v", i, l)
 		}
 	}
 }
