@@ -55,6 +55,7 @@ type watchStore struct {
 	mu    sync.Mutex
 	watch func(recs []core.Record, at time.Time)
 	busy  time.Duration // time spent in Apply (writing and syncing)
+	recs  int           // records applied
 }
 
 func (s *watchStore) Apply(recs []core.Record) error {
@@ -65,6 +66,7 @@ func (s *watchStore) Apply(recs []core.Record) error {
 	s.mu.Lock()
 	w := s.watch
 	s.busy += time.Since(t0)
+	s.recs += len(recs)
 	s.mu.Unlock()
 	if w != nil {
 		w(recs, time.Now())
@@ -72,10 +74,10 @@ func (s *watchStore) Apply(recs []core.Record) error {
 	return nil
 }
 
-func (s *watchStore) busyTime() time.Duration {
+func (s *watchStore) busyTime() (time.Duration, int) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.busy
+	return s.busy, s.recs
 }
 
 func (s *watchStore) setWatch(w func(recs []core.Record, at time.Time)) {
@@ -408,7 +410,8 @@ func BenchmarkEndToEnd(b *testing.B) {
 			r := startRig(b, benchWorkers, slots)
 			var total time.Duration
 			commits := 0
-			u0, busy0 := r.usage(b), r.st.busyTime()
+			u0 := r.usage(b)
+			busy0, recs0 := r.st.busyTime()
 			b.ResetTimer()
 			for range b.N {
 				d, c := r.throughput(b, benchSteps, benchRunSize)
@@ -416,11 +419,14 @@ func BenchmarkEndToEnd(b *testing.B) {
 				commits += c
 			}
 			b.StopTimer()
-			u1, busy := r.usage(b), r.st.busyTime()-busy0
+			u1 := r.usage(b)
+			busy, recs := r.st.busyTime()
+			busy, recs = busy-busy0, recs-recs0
 			steps := float64(benchSteps * b.N)
 			b.ReportMetric(steps/total.Seconds(), "steps/s")
 			b.ReportMetric(steps/float64(commits), "steps/commit")
 			b.ReportMetric(float64(busy.Microseconds())/1000/float64(commits), "ms/commit")
+			b.ReportMetric(float64(recs)/steps, "records/step")
 			b.ReportMetric(100*busy.Seconds()/total.Seconds(), "%store-busy")
 			b.ReportMetric(float64((u1.orchCPU-u0.orchCPU).Microseconds())/steps, "orch-cpu-µs/step")
 			b.ReportMetric(float64((u1.workerCPU-u0.workerCPU).Microseconds())/steps, "worker-cpu-µs/step")
