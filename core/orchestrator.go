@@ -305,8 +305,8 @@ func (o *Orchestrator) indexReady(s *StepRecord) {
 
 // readyQueue returns the ready queue in order, with stale entries among
 // the live ones (dispatch skips them), sorting and compacting it first when
-// needed. Every step that is not dispatched runs it, so it must cost little
-// more than the entries it hands out.
+// needed. Dispatch calls it on every Step that could grant, so it must
+// cost little more than the entries it hands out.
 func (o *Orchestrator) readyQueue() []readyEntry {
 	if o.readySorted < len(o.readyQ) {
 		o.sortReady()
