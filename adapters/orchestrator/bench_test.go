@@ -145,36 +145,20 @@ func (r *benchRig) usage(tb testing.TB) usage {
 	return u
 }
 
-var (
-	workerBinOnce sync.Once
-	workerBin     string
-	workerBinErr  error
-)
-
-// buildWorker builds cmd/worker once per test binary.
+// buildWorker builds cmd/worker into a temporary directory of tb's.
 func buildWorker(tb testing.TB) string {
 	tb.Helper()
-	workerBinOnce.Do(func() {
-		goBin, err := exec.LookPath("go")
-		if err != nil {
-			goBin = filepath.Join(runtime.GOROOT(), "bin", "go")
-		}
-		dir, err := os.MkdirTemp("", "tether-bench-")
-		if err != nil {
-			workerBinErr = err
-			return
-		}
-		workerBin = filepath.Join(dir, "worker")
-		cmd := exec.Command(goBin, "build", "-o", workerBin, "./cmd/worker")
-		cmd.Dir = filepath.Join("..", "..") // the module root
-		if out, err := cmd.CombinedOutput(); err != nil {
-			workerBinErr = fmt.Errorf("go build ./cmd/worker: %v\n%s", err, out)
-		}
-	})
-	if workerBinErr != nil {
-		tb.Fatal(workerBinErr)
+	goBin, err := exec.LookPath("go")
+	if err != nil {
+		goBin = filepath.Join(runtime.GOROOT(), "bin", "go")
 	}
-	return workerBin
+	bin := filepath.Join(tb.TempDir(), "worker")
+	cmd := exec.Command(goBin, "build", "-o", bin, "./cmd/worker")
+	cmd.Dir = filepath.Join("..", "..") // the module root
+	if out, err := cmd.CombinedOutput(); err != nil {
+		tb.Fatalf("go build ./cmd/worker: %v\n%s", err, out)
+	}
+	return bin
 }
 
 // startRig starts the orchestrator on a fresh bbolt file and `workers` worker
