@@ -31,9 +31,12 @@ fmt:
 vet:
 	$(GO) vet $(PKGS)
 
-## bench: benchmarks only (figures are quoted with this command)
+## bench: benchmarks only (figures are quoted with this command): the micro-benchmarks,
+## then the end-to-end one (real bbolt fsyncs, 4 worker processes; BENCHCOUNT repeats it)
+BENCHCOUNT ?= 1
 bench:
-	$(GO) test -run '^$$' -bench . -benchmem $(PKGS)
+	$(GO) test -run '^$$' -bench . -skip EndToEnd -benchmem $(PKGS)
+	$(GO) test -run '^$$' -bench EndToEnd -benchtime 1x -count $(BENCHCOUNT) ./adapters/orchestrator
 
 ## demo: run Tether for real on loopback with a bbolt file in a temp dir
 demo:

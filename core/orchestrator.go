@@ -33,8 +33,9 @@ type Orchestrator struct {
 	specOf       map[StepID]*StepSpec
 	dependents   map[StepID][]StepID
 	ready        map[StepID]time.Time // queued, no lease, not a task step → its QueuedAt
-	readyQ       []readyEntry         // ready steps in dispatch order, with stale entries (see dispatch)
-	readyUnsort  bool                 // readyQ needs sorting
+	readyQ       []readyEntry         // readyQ[readyHead:]: ready steps in dispatch order, with stale entries (see readyQueue)
+	readyHead    int                  // entries before it were dispatched or went stale
+	readySorted  int                  // readyQ[readyHead:readySorted] is in order; the rest was appended since
 	open         map[RunID]int        // non-terminal steps per run
 	workerLeases map[WorkerID]map[LeaseID]bool
 	logSeen      map[LeaseID]map[lineID]bool
@@ -46,14 +47,20 @@ type Orchestrator struct {
 	timers timerHeap
 
 	// enc caches every record's encoding (the last value emitted) and fp is
-	// the order-independent sum of their hashes: Fingerprint in O(1).
-	enc map[string][]byte
-	fp  uint64
+	// the order-independent sum of their hashes: Fingerprint costs only the
+	// records changed since the last one. A record is hashed lazily, when
+	// Fingerprint next runs (a real driver never asks): unhashed lists the
+	// keys whose entry in enc has no hash yet (and perhaps some that were
+	// hashed or deleted since; those are skipped).
+	enc      map[string]encEntry
+	fp       uint64
+	unhashed []string
 
 	// The batch being built by the current Step.
 	rd      Ready
 	dirty   map[string]bool
 	appends []Record
+	scratch []byte // encoding buffer, reused
 }
 
 // NewOrchestrator returns an empty orchestrator.
@@ -74,28 +81,56 @@ func (o *Orchestrator) init() {
 	o.specOf = map[StepID]*StepSpec{}
 	o.dependents = map[StepID][]StepID{}
 	o.ready = map[StepID]time.Time{}
-	o.readyQ = nil
-	o.readyUnsort = false
+	o.readyQ, o.readyHead, o.readySorted = nil, 0, 0
 	o.open = map[RunID]int{}
 	o.workerLeases = map[WorkerID]map[LeaseID]bool{}
 	o.logSeen = map[LeaseID]map[lineID]bool{}
 	o.conns = map[ConnID]WorkerID{}
 	o.connOf = map[WorkerID]ConnID{}
 	o.dirty = map[string]bool{}
-	o.enc = map[string][]byte{}
+	o.enc = map[string]encEntry{}
 	o.fp = 0
+	o.unhashed = nil
+}
+
+// encEntry is a record's last encoding and, once hashed, its hash (in fp).
+type encEntry struct {
+	value  []byte
+	hash   uint64
+	hashed bool
 }
 
 // cache keeps enc and fp in step with one record.
 func (o *Orchestrator) cache(r Record) {
-	if old, ok := o.enc[r.Key]; ok {
-		o.fp -= recordHash(r.Key, old)
+	old, ok := o.enc[r.Key]
+	if ok && old.hashed {
+		o.fp -= old.hash
+	}
+	if r.Delete {
 		delete(o.enc, r.Key)
+		return
 	}
-	if !r.Delete {
-		o.enc[r.Key] = r.Value
-		o.fp += recordHash(r.Key, r.Value)
+	o.enc[r.Key] = encEntry{value: r.Value}
+	if !ok || old.hashed {
+		o.unhashed = append(o.unhashed, r.Key)
 	}
+}
+
+// hashPending adds the hashes of the records changed since the last call
+// to fp.
+func (o *Orchestrator) hashPending() {
+	if len(o.unhashed) == 0 {
+		return // nothing to do, and nothing written: a settled machine's Fingerprint only reads
+	}
+	for _, k := range o.unhashed {
+		if e, ok := o.enc[k]; ok && !e.hashed {
+			e.hash, e.hashed = recordHash(k, e.value), true
+			o.enc[k] = e
+			o.fp += e.hash
+		}
+	}
+	clear(o.unhashed)
+	o.unhashed = o.unhashed[:0]
 }
 
 // Config returns the effective configuration (defaults filled in).
@@ -171,7 +206,13 @@ func (o *Orchestrator) finish() Ready {
 		rd.Deadline = t.at
 	}
 	o.rd = Ready{}
-	clear(o.dirty)
+	if len(o.dirty) > 64 {
+		// clear keeps a map's capacity, and ranging over it costs that
+		// capacity: after a large batch (a submit), start afresh.
+		o.dirty = map[string]bool{}
+	} else {
+		clear(o.dirty)
+	}
 	o.appends = nil
 	return rd
 }
@@ -208,7 +249,7 @@ func (o *Orchestrator) recordFor(key string) Record {
 	if v == nil {
 		return Record{Key: key, Delete: true}
 	}
-	return Record{Key: key, Value: encode(v)}
+	return Record{Key: key, Value: encodeScratch(&o.scratch, v)}
 }
 
 // leaseKeyID is a lease id padded so that text order is numeric order.
@@ -259,35 +300,75 @@ func (o *Orchestrator) indexReady(s *StepRecord) {
 	}
 	o.ready[s.ID] = s.QueuedAt
 	e := readyEntry{at: s.QueuedAt, id: s.ID}
-	if n := len(o.readyQ); n > 0 && e.less(o.readyQ[n-1]) {
-		o.readyUnsort = true
+	if n := len(o.readyQ); o.readySorted == n && (n == o.readyHead || !e.less(o.readyQ[n-1])) {
+		o.readySorted++ // still in order
 	}
 	o.readyQ = append(o.readyQ, e)
 }
 
-// readyQueue returns the live entries of the ready queue in order, sorting
-// and compacting it first when needed.
+// readyQueue returns the ready queue in order, with stale entries among
+// the live ones (dispatch skips them), sorting and compacting it first when
+// needed. Dispatch calls it on every Step that could grant, so it must
+// cost little more than the entries it hands out.
 func (o *Orchestrator) readyQueue() []readyEntry {
-	if o.readyUnsort || len(o.readyQ) > 2*len(o.ready)+64 {
+	if o.readySorted < len(o.readyQ) {
+		o.sortReady()
+	}
+	if len(o.readyQ)-o.readyHead > 2*len(o.ready)+64 {
 		live := o.readyQ[:0]
-		for _, e := range o.readyQ {
-			if at, ok := o.ready[e.id]; ok && at.Equal(e.at) {
+		for i, e := range o.readyQ[o.readyHead:] {
+			// Sorted, so duplicates an at-time-order round trip may have
+			// left are adjacent.
+			if o.readyLive(e) && (i == 0 || e != o.readyQ[o.readyHead+i-1]) {
 				live = append(live, e)
 			}
 		}
-		if o.readyUnsort {
-			sort.Slice(live, func(i, j int) bool { return live[i].less(live[j]) })
-		}
-		// Drop duplicates an at-time-order round trip may have left.
-		out := live[:0]
-		for i, e := range live {
-			if i == 0 || e != live[i-1] {
-				out = append(out, e)
-			}
-		}
-		o.readyQ, o.readyUnsort = out, false
+		o.readyQ, o.readyHead, o.readySorted = live, 0, len(live)
 	}
-	return o.readyQ
+	// Dispatch takes entries from the front, so stale ones gather there:
+	// step past them, or every step would rescan them (quadratic in the
+	// queue), and move the queue down once the dead front is half of it.
+	for o.readyHead < len(o.readyQ) && !o.readyLive(o.readyQ[o.readyHead]) {
+		o.readyHead++
+	}
+	if o.readyHead > 64 && o.readyHead > len(o.readyQ)/2 {
+		n := copy(o.readyQ, o.readyQ[o.readyHead:])
+		clear(o.readyQ[n:])
+		o.readyQ, o.readySorted, o.readyHead = o.readyQ[:n], o.readySorted-o.readyHead, 0
+	}
+	return o.readyQ[o.readyHead:]
+}
+
+// sortReady puts the queue in order. Entries are appended in time order
+// (queued at the current time), so only those appended since the last sort
+// need sorting (the steps of one submit share their time and are ordered by
+// id), then merging into the rest when they do not simply follow it.
+func (o *Orchestrator) sortReady() {
+	q, p := o.readyQ, o.readySorted
+	tail := q[p:]
+	sort.Slice(tail, func(i, j int) bool { return tail[i].less(tail[j]) })
+	if p > o.readyHead && tail[0].less(q[p-1]) {
+		// Merge from the back, the tail moved aside.
+		t := append([]readyEntry(nil), tail...)
+		i, j, k := p-1, len(t)-1, len(q)-1
+		for j >= 0 {
+			if i >= o.readyHead && t[j].less(q[i]) {
+				q[k] = q[i]
+				i--
+			} else {
+				q[k] = t[j]
+				j--
+			}
+			k--
+		}
+	}
+	o.readySorted = len(q)
+}
+
+// readyLive reports whether a ready-queue entry is current.
+func (o *Orchestrator) readyLive(e readyEntry) bool {
+	at, ok := o.ready[e.id]
+	return ok && at.Equal(e.at)
 }
 
 func (o *Orchestrator) send(c ConnID, m Msg) {
@@ -321,7 +402,7 @@ func (o *Orchestrator) event(run RunID, step StepID, kind, msg string) {
 	ev := ServerEvent{Run: run, Seq: len(o.events[run]) + 1, At: o.now, Step: step, Kind: kind, Message: msg}
 	o.events[run] = append(o.events[run], ev)
 	o.rd.Events = append(o.rd.Events, ev)
-	o.appends = append(o.appends, Record{Key: eventKey(run, ev.Seq), Value: encode(ev)})
+	o.appends = append(o.appends, Record{Key: eventKey(run, ev.Seq), Value: encodeScratch(&o.scratch, ev)})
 }
 
 func (o *Orchestrator) connected(w WorkerID) bool {

@@ -577,7 +577,7 @@ func (o *Orchestrator) storeLogs(w *WorkerRecord, id LeaseID, lines []LogLine, e
 		seen[k] = true
 		sl := StepLogLine{Step: l.Step, Lease: id, Index: len(o.logs[id]), Event: event, Line: ln}
 		o.logs[id] = append(o.logs[id], sl)
-		o.appends = append(o.appends, Record{Key: logKey(id, sl.Index), Value: encode(sl)})
+		o.appends = append(o.appends, Record{Key: logKey(id, sl.Index), Value: encodeScratch(&o.scratch, sl)})
 	}
 }
 
@@ -748,7 +748,7 @@ func (o *Orchestrator) matches(w *WorkerRecord, s *StepRecord) bool {
 // dispatch grants leases to ready steps, oldest first (a cross-level ready
 // queue), each to the least-loaded matching worker with a free slot.
 func (o *Orchestrator) dispatch() {
-	if len(o.ready) == 0 {
+	if len(o.ready) == 0 || !o.anyFreeSlot() {
 		return
 	}
 	var free []*WorkerRecord
@@ -767,7 +767,7 @@ func (o *Orchestrator) dispatch() {
 	inflight := map[string]int{} // forEach group → steps holding a lease
 	for i := 0; i < len(queue) && slots > 0; i++ {
 		e := queue[i]
-		if at, ok := o.ready[e.id]; !ok || !at.Equal(e.at) {
+		if !o.readyLive(e) {
 			continue // stale entry
 		}
 		s := o.steps[e.id]
@@ -813,6 +813,17 @@ func (o *Orchestrator) dispatch() {
 			inflight[group]++
 		}
 	}
+}
+
+// anyFreeSlot reports whether some worker could take a lease now: most
+// inputs of a busy orchestrator free no slot, and need not sort the pool.
+func (o *Orchestrator) anyFreeSlot() bool {
+	for id, w := range o.workers { // only whether one exists: order does not matter
+		if w.Active && !w.Revoked && len(o.workerLeases[id]) < w.Slots && o.connected(id) {
+			return true
+		}
+	}
+	return false
 }
 
 func (o *Orchestrator) grant(s *StepRecord, w *WorkerRecord) {

@@ -154,14 +154,6 @@ func eventKey(r RunID, seq int) string {
 }
 func logKey(l LeaseID, idx int) string { return fmt.Sprintf("%s/%020d/%010d", KindLog, l, idx) }
 
-func encode(v any) []byte {
-	b, err := json.Marshal(v)
-	if err != nil {
-		panic(fmt.Sprintf("core: encoding a record cannot fail: %v", err))
-	}
-	return b
-}
-
 // DecodeRecord decodes a record's value by its key's kind. It is what
 // Restore uses, exported for tools and fuzzing.
 func DecodeRecord(r Record) (any, error) {

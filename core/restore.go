@@ -214,8 +214,8 @@ func (o *Orchestrator) Clone() *Orchestrator {
 // cachedRecords returns the records as last emitted, sorted by key.
 func (o *Orchestrator) cachedRecords() []Record {
 	recs := make([]Record, 0, len(o.enc))
-	for k, v := range o.enc {
-		recs = append(recs, Record{Key: k, Value: v})
+	for k, e := range o.enc {
+		recs = append(recs, Record{Key: k, Value: e.value})
 	}
 	sort.Slice(recs, func(i, j int) bool { return recs[i].Key < recs[j].Key })
 	return recs
@@ -240,6 +240,9 @@ func recordHash(key string, value []byte) uint64 {
 // Fingerprint is a canonical 64-bit hash of the state: the sum of the hashes
 // of every record (so map and emission order cannot matter), mixed with the
 // connections (sorted) and the time. Equal states give equal fingerprints.
+// It hashes the records changed since it last ran, so the first call after
+// a Step writes (like Step, it must not run concurrently with other
+// methods); once it has run, further calls until the next Step only read.
 func (o *Orchestrator) Fingerprint() uint64 {
 	h := fnv.New64a()
 	var b [8]byte
@@ -247,6 +250,7 @@ func (o *Orchestrator) Fingerprint() uint64 {
 		binary.LittleEndian.PutUint64(b[:], x)
 		h.Write(b[:])
 	}
+	o.hashPending()
 	put(uint64(o.now.UnixNano()))
 	put(o.fp)
 	conns := make([]ConnID, 0, len(o.conns))

@@ -377,6 +377,17 @@ func (w *Worker) InFlight() []LeaseRef {
 	return refs
 }
 
+// heldCount is len(w.InFlight()), without building it.
+func (w *Worker) heldCount() int {
+	n := 0
+	for _, e := range w.leases {
+		if !e.released {
+			n++
+		}
+	}
+	return n
+}
+
 // Buffered returns how many events and log lines wait in the rings.
 func (w *Worker) Buffered() (events, lines int) { return w.eventRing.len(), w.logRing.len() }
 
@@ -657,7 +668,7 @@ func (w *Worker) dispatch(m Dispatch) {
 		return // duplicate or stale
 	}
 	w.maxLease = m.Lease
-	if held := len(w.InFlight()); held >= w.cfg.Slots {
+	if held := w.heldCount(); held >= w.cfg.Slots {
 		w.logf("rejecting lease %d: busy (%d of %d slots)", m.Lease, held, w.cfg.Slots)
 		w.send(RejectDispatch{Lease: m.Lease, Reason: "busy"})
 		return

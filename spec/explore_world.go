@@ -991,6 +991,9 @@ func (b *builder) orch(in core.Input) core.Ready {
 		} else {
 			s.o = s.o.Clone()
 			rd = s.o.Step(s.now, in)
+			// Settle its lazily hashed records before other goroutines can
+			// see it: Fingerprint on a settled machine only reads.
+			s.o.Fingerprint()
 			b.x.memo.put(key, memoVal{o: s.o, rd: readyCopy(rd)})
 		}
 	}
@@ -1061,6 +1064,7 @@ func (b *builder) restartOrch() {
 			b.fail("Restore", "core.Restore failed on the durable records: %v", err)
 			return
 		}
+		o.Fingerprint() // settled before it is shared (see orch)
 		b.x.memo.put(key, memoVal{o: o, rd: readyCopy(rd)})
 	}
 	if b.x.sc.Mutate != nil {

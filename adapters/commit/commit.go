@@ -18,6 +18,31 @@ func (g *Group) Add(rd core.Ready) {
 	g.nrecs += len(rd.Records)
 }
 
+// records returns the group's records, the last of each key.
+func (g *Group) records() []core.Record {
+	recs := make([]core.Record, 0, g.nrecs)
+	for _, rd := range g.readys {
+		recs = append(recs, rd.Records...)
+	}
+	if len(g.readys) < 2 {
+		return recs // one batch has each key once
+	}
+	last := make(map[string]int, len(recs))
+	for i, r := range recs {
+		last[r.Key] = i
+	}
+	if len(last) == len(recs) {
+		return recs
+	}
+	out := recs[:0]
+	for i, r := range recs {
+		if last[r.Key] == i {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
 // Len is the number of batches in the group.
 func (g *Group) Len() int { return len(g.readys) }
 
@@ -35,12 +60,14 @@ func (g *Group) Reset() {
 // in one call, which must make them durable atomically; only if it succeeds
 // are the messages sent, in order, and then the answers returned. If persist
 // fails, nothing leaves and the error is returned.
+//
+// A record is a whole snapshot of its entity, so when several batches of
+// the group write the same key only the last one's record is persisted
+// (where the key last appeared): the store ends in the same state, with
+// less to write. A step that is granted, started and reported within one
+// group writes its step and lease records three times.
 func (g *Group) Commit(persist func([]core.Record) error, send func(core.Envelope), answer func(core.APIAnswer)) error {
-	recs := make([]core.Record, 0, g.nrecs)
-	for _, rd := range g.readys {
-		recs = append(recs, rd.Records...)
-	}
-	if err := persist(recs); err != nil {
+	if err := persist(g.records()); err != nil {
 		return err
 	}
 	for _, rd := range g.readys {

@@ -2,6 +2,7 @@ package commit
 
 import (
 	"errors"
+	"fmt"
 	"testing"
 
 	"github.com/tether-run/tether/core"
@@ -40,5 +41,26 @@ func TestCommitPersistsFirst(t *testing.T) {
 	sent := 0
 	if err := g.Commit(func([]core.Record) error { return boom }, func(core.Envelope) { sent++ }, func(core.APIAnswer) { sent++ }); !errors.Is(err, boom) || sent != 0 {
 		t.Fatalf("failed persist: err=%v, %d things left", err, sent)
+	}
+}
+
+// TestCommitPersistsTheLastRecordOfAKey: batches of a group that write the
+// same key persist only the last record of it, where it last appeared.
+func TestCommitPersistsTheLastRecordOfAKey(t *testing.T) {
+	var g Group
+	v := func(s string) []byte { return []byte(s) }
+	g.Add(core.Ready{Records: []core.Record{{Key: "lease/1", Value: v("granted")}, {Key: "meta", Value: v("1")}, {Key: "step/a", Value: v("queued")}}})
+	g.Add(core.Ready{Records: []core.Record{{Key: "lease/1", Value: v("started")}, {Key: "step/a", Value: v("running")}}})
+	g.Add(core.Ready{Records: []core.Record{{Key: "lease/2", Value: v("granted")}, {Key: "step/a", Delete: true}}})
+	var got []string
+	err := g.Commit(func(recs []core.Record) error {
+		for _, r := range recs {
+			got = append(got, fmt.Sprintf("%s=%s/%v", r.Key, r.Value, r.Delete))
+		}
+		return nil
+	}, func(core.Envelope) {}, func(core.APIAnswer) {})
+	want := []string{"meta=1/false", "lease/1=started/false", "lease/2=granted/false", "step/a=/true"}
+	if err != nil || fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("persisted %v (err %v), want %v", got, err, want)
 	}
 }

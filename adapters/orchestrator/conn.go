@@ -1,7 +1,10 @@
 package orchestrator
 
 import (
+	"bufio"
+	"bytes"
 	"context"
+	"net"
 	"net/http"
 	"strings"
 	"sync"
@@ -40,6 +43,7 @@ var upgrader = websocket.Upgrader{
 type conn struct {
 	id core.ConnID
 	ws *websocket.Conn
+	cc *wire.CorkConn // under ws: the writer gathers queued frames into one write
 
 	// out is written and closed only by the loop goroutine; a close means
 	// "write a close frame with code and reason, then hang up".
@@ -60,12 +64,13 @@ func (d *Driver) serveControl(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer d.nconns.Add(-1)
-	ws, err := upgrader.Upgrade(w, r, nil)
+	hj := &corkingHijacker{ResponseWriter: w}
+	ws, err := upgrader.Upgrade(hj, r, nil)
 	if err != nil {
 		d.log.Warn("control upgrade failed", "remote", r.RemoteAddr, "err", err)
 		return // the upgrader has answered
 	}
-	c := &conn{id: core.ConnID(d.nextConn.Add(1)), ws: ws, out: make(chan []byte, sendQueue), stop: make(chan struct{})}
+	c := &conn{id: core.ConnID(d.nextConn.Add(1)), ws: ws, cc: hj.cc, out: make(chan []byte, sendQueue), stop: make(chan struct{})}
 	d.mu.Lock()
 	if d.closed {
 		d.mu.Unlock()
@@ -103,11 +108,20 @@ func (d *Driver) readLoop(c *conn) string {
 	c.ws.SetReadLimit(wire.MaxFrame)
 	c.ws.SetReadDeadline(time.Now().Add(readWait))
 	c.ws.SetPongHandler(func(string) error { return c.ws.SetReadDeadline(time.Now().Add(readWait)) })
+	var buf bytes.Buffer // reused: decoding copies what it keeps
 	for {
-		typ, b, err := c.ws.ReadMessage()
+		typ, r, err := c.ws.NextReader()
 		if err != nil {
 			return err.Error()
 		}
+		if buf.Cap() > 64<<10 {
+			buf = bytes.Buffer{} // do not keep a rare large frame's buffer
+		}
+		buf.Reset()
+		if _, err := buf.ReadFrom(r); err != nil {
+			return err.Error()
+		}
+		b := buf.Bytes()
 		c.ws.SetReadDeadline(time.Now().Add(readWait))
 		if typ != websocket.TextMessage {
 			c.hangUp(closeData, "binary frames are not part of the protocol")
@@ -125,8 +139,26 @@ func (d *Driver) readLoop(c *conn) string {
 	}
 }
 
+// corkingHijacker hands the upgrader the hijacked connection wrapped in a
+// CorkConn.
+type corkingHijacker struct {
+	http.ResponseWriter
+	cc *wire.CorkConn
+}
+
+func (h *corkingHijacker) Hijack() (net.Conn, *bufio.ReadWriter, error) {
+	nc, brw, err := http.NewResponseController(h.ResponseWriter).Hijack()
+	if err != nil {
+		return nil, nil, err
+	}
+	h.cc = wire.NewCorkConn(nc)
+	return h.cc, brw, nil
+}
+
 // writeLoop writes queued frames and pings until out is closed (then it
 // says goodbye with a close frame) or the connection is aborted or fails.
+// The frames queued at one moment (a batch's messages for this worker) go
+// out in one write.
 func (c *conn) writeLoop() {
 	defer c.ws.Close()
 	ping := time.NewTicker(pingPeriod)
@@ -134,12 +166,24 @@ func (c *conn) writeLoop() {
 	for {
 		select {
 		case b, ok := <-c.out:
-			if !ok {
-				c.hangUp(c.code, c.reason)
+			c.cc.Cork()
+			for ok {
+				c.ws.SetWriteDeadline(time.Now().Add(writeWait))
+				if err := c.ws.WriteMessage(websocket.TextMessage, b); err != nil {
+					return
+				}
+				select {
+				case b, ok = <-c.out:
+					continue
+				default:
+				}
+				break
+			}
+			if err := c.cc.Uncork(); err != nil {
 				return
 			}
-			c.ws.SetWriteDeadline(time.Now().Add(writeWait))
-			if err := c.ws.WriteMessage(websocket.TextMessage, b); err != nil {
+			if !ok {
+				c.hangUp(c.code, c.reason)
 				return
 			}
 		case <-ping.C:

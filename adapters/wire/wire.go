@@ -92,6 +92,14 @@ func Kinds() []string {
 
 // Encode renders m as one frame.
 func Encode(m core.Msg) ([]byte, error) {
+	if b, ok := fastEncode(m); ok && len(b) <= MaxFrame {
+		return b, nil
+	}
+	return encodeReflect(m)
+}
+
+// encodeReflect is Encode through encoding/json, for every kind.
+func encodeReflect(m core.Msg) ([]byte, error) {
 	if m == nil {
 		return nil, fmt.Errorf("%w: nil message", ErrUnknownType)
 	}
@@ -123,6 +131,14 @@ func Decode(b []byte) (core.Msg, error) {
 	if len(b) > MaxFrame {
 		return nil, fmt.Errorf("%w: %d bytes (limit %d)", ErrFrameTooLarge, len(b), MaxFrame)
 	}
+	if m, ok := fastDecode(b); ok {
+		return m, nil
+	}
+	return decodeReflect(b)
+}
+
+// decodeReflect is Decode through encoding/json, for every frame.
+func decodeReflect(b []byte) (core.Msg, error) {
 	var f frame
 	if err := json.Unmarshal(b, &f); err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrMalformed, err)

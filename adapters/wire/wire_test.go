@@ -160,6 +160,12 @@ func FuzzDecode(f *testing.F) {
 	f.Add([]byte(`{"v":1,"type":"logs","body":{"lease":1,"lines":null}}`))
 	f.Add([]byte(`{"v":1}`))
 	f.Fuzz(func(t *testing.T, b []byte) {
+		// What the fast decoder takes, the reflective one reads the same.
+		if fm, ok := fastDecode(b); ok {
+			if rm, err := decodeReflect(b); err != nil || !reflect.DeepEqual(fm, rm) {
+				t.Fatalf("fast decode of %q gives %#v; reflective (%#v, %v)", b, fm, rm, err)
+			}
+		}
 		m, err := Decode(b)
 		if err != nil {
 			return

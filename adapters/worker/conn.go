@@ -1,6 +1,7 @@
 package worker
 
 import (
+	"bytes"
 	"sync"
 	"time"
 
@@ -20,6 +21,7 @@ const (
 type conn struct {
 	gen uint64
 	ws  *websocket.Conn
+	cc  *wire.CorkConn // under ws: the writer gathers queued frames into one write
 
 	out      chan []byte   // written and closed by the loop goroutine only
 	closing  bool          // loop goroutine only: out is closed
@@ -28,8 +30,8 @@ type conn struct {
 }
 
 // startConn runs the read loop and the writer of a new connection.
-func (d *Driver) startConn(gen uint64, ws *websocket.Conn) *conn {
-	c := &conn{gen: gen, ws: ws, out: make(chan []byte, sendQueue), stop: make(chan struct{})}
+func (d *Driver) startConn(gen uint64, ws *websocket.Conn, cc *wire.CorkConn) *conn {
+	c := &conn{gen: gen, ws: ws, cc: cc, out: make(chan []byte, sendQueue), stop: make(chan struct{})}
 	d.wg.Add(2)
 	go func() {
 		defer d.wg.Done()
@@ -54,11 +56,20 @@ func (d *Driver) readLoop(c *conn) string {
 		c.ws.WriteControl(websocket.PongMessage, []byte(data), time.Now().Add(writeWait)) // best effort
 		return nil
 	})
+	var buf bytes.Buffer // reused: decoding copies what it keeps
 	for {
-		typ, b, err := c.ws.ReadMessage()
+		typ, r, err := c.ws.NextReader()
 		if err != nil {
 			return err.Error()
 		}
+		if buf.Cap() > 64<<10 {
+			buf = bytes.Buffer{} // do not keep a rare large frame's buffer
+		}
+		buf.Reset()
+		if _, err := buf.ReadFrom(r); err != nil {
+			return err.Error()
+		}
+		b := buf.Bytes()
 		c.ws.SetReadDeadline(time.Now().Add(readWait))
 		if typ != websocket.TextMessage {
 			c.hangUp(websocket.CloseUnsupportedData, "binary frame")
@@ -77,19 +88,33 @@ func (d *Driver) readLoop(c *conn) string {
 }
 
 // writeLoop writes queued frames until out is closed (then it sends a close
-// frame) or the connection is aborted or fails.
+// frame) or the connection is aborted or fails. The frames queued at one
+// moment go out in one write.
 func (c *conn) writeLoop() {
 	defer c.ws.Close()
 	for {
 		select {
 		case b, ok := <-c.out:
-			if !ok {
-				c.hangUp(websocket.CloseNormalClosure, "")
+			c.cc.Cork()
+			for ok {
+				c.ws.SetWriteDeadline(time.Now().Add(writeWait))
+				if err := c.ws.WriteMessage(websocket.TextMessage, b); err != nil {
+					c.abort()
+					return
+				}
+				select {
+				case b, ok = <-c.out:
+					continue
+				default:
+				}
+				break
+			}
+			if err := c.cc.Uncork(); err != nil {
+				c.abort()
 				return
 			}
-			c.ws.SetWriteDeadline(time.Now().Add(writeWait))
-			if err := c.ws.WriteMessage(websocket.TextMessage, b); err != nil {
-				c.abort()
+			if !ok {
+				c.hangUp(websocket.CloseNormalClosure, "")
 				return
 			}
 		case <-c.stop:

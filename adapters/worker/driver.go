@@ -16,6 +16,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/url"
 	"os"
 	"strings"
@@ -57,6 +58,10 @@ type Options struct {
 	// NoStepEndpoint turns off the loopback endpoint that gives step
 	// processes the data plane (TETHER_DATA_URL and friends).
 	NoStepEndpoint bool
+	// Noop, a benchmarking aid, runs no process at all: every step
+	// completes at once with exit code 0 and no output, so a benchmark
+	// measures the orchestrator and the protocol rather than fork and exec.
+	Noop bool
 }
 
 // Driver runs one worker. Run may be called once.
@@ -80,6 +85,7 @@ type Driver struct {
 	dialCancel func() // cancels the pending dial, nil when none
 	procs      map[core.LeaseID]*proc
 	timer      *time.Timer
+	local      []input // inputs the loop made itself (no-op exits), taken before the queue
 }
 
 // Inputs of the loop.
@@ -88,6 +94,7 @@ type (
 	dialed struct {
 		gen uint64
 		ws  *websocket.Conn
+		cc  *wire.CorkConn // the TCP connection under ws (and under TLS, for wss)
 		err error
 	}
 	received struct {
@@ -203,14 +210,20 @@ func (d *Driver) Run(ctx context.Context) (int, error) {
 	}
 	for {
 		var in core.WorkerInput
-		select {
-		case <-ctx.Done():
-			d.log.Info("worker stopping", "reason", context.Cause(ctx))
-			return 0, ctx.Err()
-		case <-d.timer.C:
-			in = core.WTick{}
-		case raw := <-d.inputs:
+		if len(d.local) > 0 && ctx.Err() == nil {
+			raw := d.local[0]
+			d.local = d.local[1:]
 			in = d.translate(raw)
+		} else {
+			select {
+			case <-ctx.Done():
+				d.log.Info("worker stopping", "reason", context.Cause(ctx))
+				return 0, ctx.Err()
+			case <-d.timer.C:
+				in = core.WTick{}
+			case raw := <-d.inputs:
+				in = d.translate(raw)
+			}
 		}
 		if in == nil {
 			continue
@@ -238,7 +251,7 @@ func (d *Driver) translate(raw input) core.WorkerInput {
 		if in.err != nil {
 			return core.WDialFailed{Reason: in.err.Error()}
 		}
-		d.cur = d.startConn(in.gen, in.ws)
+		d.cur = d.startConn(in.gen, in.ws, in.cc)
 		return core.WConnected{Conn: core.ConnID(in.gen)}
 	case received:
 		if d.cur == nil || in.gen != d.cur.gen {
@@ -357,7 +370,17 @@ func (d *Driver) dial() {
 	d.wg.Add(1)
 	go func() {
 		defer d.wg.Done()
-		dialer := websocket.Dialer{HandshakeTimeout: timeout, ReadBufferSize: 4096, WriteBufferSize: 4096}
+		var cc *wire.CorkConn
+		dialer := websocket.Dialer{HandshakeTimeout: timeout, ReadBufferSize: 4096, WriteBufferSize: 4096,
+			NetDialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+				var nd net.Dialer
+				nc, err := nd.DialContext(ctx, network, addr)
+				if err != nil {
+					return nil, err
+				}
+				cc = wire.NewCorkConn(nc)
+				return cc, nil
+			}}
 		if d.opts.TLS != nil {
 			dialer.TLSClientConfig = d.opts.TLS.Clone()
 			dialer.TLSClientConfig.NextProtos = nil // the upgrade is HTTP/1.1
@@ -372,7 +395,7 @@ func (d *Driver) dial() {
 				err = fmt.Errorf("%w (HTTP %s)", err, resp.Status)
 			}
 		}
-		if !d.push(dialed{gen: gen, ws: ws, err: err}) && ws != nil {
+		if !d.push(dialed{gen: gen, ws: ws, cc: cc, err: err}) && ws != nil {
 			ws.Close()
 		}
 	}()

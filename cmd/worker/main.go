@@ -156,6 +156,7 @@ type settings struct {
 	// grace window for this worker is twice it. Zero: the default (60 s).
 	MaxReconnectDelay time.Duration
 	CA                string // PEM file of CAs to trust for wss:// and https://
+	Noop              bool   // --executor noop: a benchmarking aid
 }
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
@@ -198,6 +199,7 @@ func parseConnect(args []string, stdout io.Writer) (final settings, logFormat, l
 		s            settings
 		tags, labels string
 		config       string
+		executor     string
 	)
 	flags.StringVar(&s.URL, "url", defaultURL, "orchestrator control plane `URL` (ws:// or wss://; http(s):// and a bare host:port work too)")
 	flags.StringVar(&s.Token, "token", "", "enrollment `token` NAME.SECRET (required, here or in the config file)")
@@ -210,6 +212,7 @@ func parseConnect(args []string, stdout io.Writer) (final settings, logFormat, l
 	flags.BoolVar(&s.NoReconnect, "no-reconnect", false, "exit (code 2) when the connection is lost instead of reconnecting; no grace window")
 	flags.DurationVar(&s.MaxReconnectDelay, "max-reconnect-delay", defaultMaxReconnectDelay,
 		"longest `duration` to wait between reconnect attempts (100ms..1h); the orchestrator holds this worker's steps for twice this after a disconnect")
+	flags.StringVar(&executor, "executor", "sh", "how steps run: `sh` (sh -c COMMAND) or noop (no process; every step exits 0 at once: a benchmarking aid)")
 	flags.StringVar(&config, "config", defaultConfigFile, "worker config `file` (YAML); optional unless given explicitly")
 	flags.StringVar(&logFormat, "log-format", "text", "log `format` on stderr: text or json")
 	flags.StringVar(&logLevel, "log-level", "info", "log `level`: debug, info, warn or error")
@@ -276,6 +279,13 @@ func parseConnect(args []string, stdout io.Writer) (final settings, logFormat, l
 	if set["ca"] {
 		final.CA = s.CA
 	}
+	switch executor {
+	case "sh":
+	case "noop":
+		final.Noop = true
+	default:
+		return settings{}, "", "", fmt.Errorf("--executor %q: want sh or noop", executor)
+	}
 	if final.Token == "" {
 		return settings{}, "", "", errors.New("--token is required (NAME.SECRET from 'orchestrator token create NAME')")
 	}
@@ -319,6 +329,7 @@ func connect(ctx context.Context, s settings, log *slog.Logger) int {
 		URL:    s.URL,
 		TLS:    tlsConf,
 		Logger: log,
+		Noop:   s.Noop,
 		Config: core.WorkerConfig{
 			ID: core.WorkerID(id), Name: s.Name, Token: s.Token, Tags: s.Tags, Labels: s.Labels,
 			Platform: s.Platform, Slots: s.Slots, NoReconnect: s.NoReconnect,
@@ -330,7 +341,8 @@ func connect(ctx context.Context, s settings, log *slog.Logger) int {
 		return exitError
 	}
 	log.Info("worker starting", "worker", s.Name, "worker_id", id, "url", s.URL, "tags", strings.Join(s.Tags, ","),
-		"slots", s.Slots, "no_reconnect", s.NoReconnect, "max_reconnect_delay", cmp.Or(s.MaxReconnectDelay, defaultMaxReconnectDelay))
+		"slots", s.Slots, "no_reconnect", s.NoReconnect, "max_reconnect_delay", cmp.Or(s.MaxReconnectDelay, defaultMaxReconnectDelay),
+		"noop_executor", s.Noop)
 	code, err := d.Run(ctx)
 	if err != nil { // ctx ended: SIGINT/SIGTERM
 		log.Info("worker stopped", "worker_id", id, "reason", "signal")

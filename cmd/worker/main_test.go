@@ -94,6 +94,11 @@ max_reconnect_delay: 2s
 	if !reflect.DeepEqual(s, want) || format != "json" {
 		t.Errorf("flags over the file:\n got %+v %s\nwant %+v json", s, format, want)
 	}
+	// The benchmarking aid: --executor noop runs no process.
+	s, _, _, err = parseConnect([]string{"--config", cfg, "--executor", "noop"}, io.Discard)
+	if err != nil || !s.Noop {
+		t.Errorf("--executor noop: Noop = %v, err %v; want true", s.Noop, err)
+	}
 }
 
 func TestConfigFileErrors(t *testing.T) {
@@ -131,6 +136,7 @@ func TestUsageExitCodes(t *testing.T) {
 		{"connect", "--token", "a.b", "--labels", "novalue"},
 		{"connect", "--token", "a.b", "--log-format", "xml"},
 		{"connect", "--token", "a.b", "--url", "ftp://x"},
+		{"connect", "--token", "a.b", "--executor", "bash"},
 		{"connect", "--token", "a.b", "extra-arg"},
 		{"connect", "--nope"},
 		{"connect", "--token", "a.b", "--config", missing},

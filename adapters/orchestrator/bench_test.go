@@ -1,0 +1,464 @@
+package orchestrator_test
+
+// The end-to-end benchmark that `make bench` quotes: the real driver (in this
+// process, so that a CPU profile sees it) with a real bbolt file, every
+// commit fsync'd, and four real worker processes (cmd/worker) on loopback
+// WebSockets. The workers run with --executor noop, a benchmarking aid that
+// completes every step at once without starting a process, so the figures
+// measure the orchestrator and the protocol, not fork and exec.
+//
+//	go test ./adapters/orchestrator -run '^$' -bench EndToEnd -benchtime 1x
+//
+// Throughput: 20,000 no-op steps, submitted as 100 runs of 200 independent
+// steps, from the first Submit to the durable commit of the last run's
+// finish, once with 16 slots per worker and once with 1.
+//
+// Latency: on an idle system, one single-step run at a time; "start" is the
+// moment the orchestrator's START of the step (queued → running) is durable,
+// i.e. the store's Apply of that batch returned, so the fact is on disk.
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/tether-run/tether/adapters/orchestrator"
+	"github.com/tether-run/tether/adapters/store"
+	"github.com/tether-run/tether/core"
+)
+
+const (
+	benchSteps     = 20000
+	benchRunSize   = 200 // independent steps per run
+	benchWorkers   = 4
+	latencySamples = 2000
+	benchTimeout   = 5 * time.Minute
+)
+
+// watchStore is the bbolt store with a hook that sees every batch once it is
+// durable. The hook runs on the driver's loop goroutine, so it must be cheap:
+// it only looks for byte patterns in the records' values.
+type watchStore struct {
+	*store.Store
+	mu    sync.Mutex
+	watch func(recs []core.Record, at time.Time)
+	busy  time.Duration // time spent in Apply (writing and syncing)
+	recs  int           // records applied
+}
+
+func (s *watchStore) Apply(recs []core.Record) error {
+	t0 := time.Now()
+	if err := s.Store.Apply(recs); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	w := s.watch
+	s.busy += time.Since(t0)
+	s.recs += len(recs)
+	s.mu.Unlock()
+	if w != nil {
+		w(recs, time.Now())
+	}
+	return nil
+}
+
+func (s *watchStore) busyTime() (time.Duration, int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.busy, s.recs
+}
+
+func (s *watchStore) setWatch(w func(recs []core.Record, at time.Time)) {
+	s.mu.Lock()
+	s.watch = w
+	s.mu.Unlock()
+}
+
+// Byte patterns of the canonical record encoding the watchers look for.
+var (
+	runFinished  = []byte(`"Finished":true`)
+	stepStarted  = []byte(`"StartedAt":`)
+	leaseCurrent = []byte(`"Current":true`)
+)
+
+// benchRig is an orchestrator with a fleet of worker processes.
+type benchRig struct {
+	d       *orchestrator.Driver
+	st      *watchStore
+	workers []int // worker process ids
+}
+
+// usage is what the orchestrator's process (with the benchmark's own small
+// part) and the worker processes have used so far.
+type usage struct {
+	orchCPU, workerCPU time.Duration
+	ctxsw              int64 // voluntary context switches, all processes
+}
+
+// usage reads the CPU time (user and system) and the voluntary context
+// switches of this process and the workers. The machine is shared, so
+// wall-clock figures vary with the load; CPU time and wakeups per step say
+// what the work itself costs.
+func (r *benchRig) usage(tb testing.TB) usage {
+	tb.Helper()
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		tb.Fatal(err)
+	}
+	u := usage{orchCPU: time.Duration(ru.Utime.Nano() + ru.Stime.Nano()), ctxsw: ru.Nvcsw}
+	for _, pid := range r.workers {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		if err != nil {
+			tb.Fatal(err)
+		}
+		// Fields after the command's closing parenthesis; utime and stime
+		// are the 14th and 15th fields, in clock ticks (USER_HZ, 100/s).
+		f := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+1:]))
+		for _, s := range f[11:13] {
+			ticks, _ := strconv.ParseInt(s, 10, 64)
+			u.workerCPU += time.Duration(ticks) * 10 * time.Millisecond
+		}
+		// A status counts one thread's switches: add up the threads.
+		tasks, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/status", pid))
+		for _, task := range tasks {
+			st, _ := os.ReadFile(task) // a thread may just have gone
+			for _, line := range strings.Split(string(st), "\n") {
+				if v, ok := strings.CutPrefix(line, "voluntary_ctxt_switches:"); ok {
+					n, _ := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+					u.ctxsw += n
+				}
+			}
+		}
+	}
+	return u
+}
+
+// buildWorker builds cmd/worker into a temporary directory of tb's.
+func buildWorker(tb testing.TB) string {
+	tb.Helper()
+	goBin, err := exec.LookPath("go")
+	if err != nil {
+		goBin = filepath.Join(runtime.GOROOT(), "bin", "go")
+	}
+	bin := filepath.Join(tb.TempDir(), "worker")
+	cmd := exec.Command(goBin, "build", "-o", bin, "./cmd/worker")
+	cmd.Dir = filepath.Join("..", "..") // the module root
+	if out, err := cmd.CombinedOutput(); err != nil {
+		tb.Fatalf("go build ./cmd/worker: %v\n%s", err, out)
+	}
+	return bin
+}
+
+// startRig starts the orchestrator on a fresh bbolt file and `workers` worker
+// processes with `slots` slots each, and waits until all are connected.
+func startRig(tb testing.TB, workers, slots int) *benchRig {
+	tb.Helper()
+	bin := buildWorker(tb)
+	bst, err := store.Open(filepath.Join(tb.TempDir(), "tether.db"))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	st := &watchStore{Store: bst}
+	d, err := orchestrator.Start(orchestrator.Options{
+		Addr: "127.0.0.1:0", Store: st,
+		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
+	})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	var procs []*exec.Cmd
+	var logs []*lockedBuffer
+	for i := range workers {
+		tok, err := d.CreateToken(ctx, fmt.Sprintf("bench-%d", i+1), time.Hour)
+		if err != nil {
+			tb.Fatal(err)
+		}
+		cmd := exec.Command(bin, "connect", "--url", d.URL(), "--token", tok, "--slots", strconv.Itoa(slots),
+			"--executor", "noop", "--no-reconnect")
+		buf := &lockedBuffer{}
+		cmd.Stdout, cmd.Stderr = buf, buf
+		if err := cmd.Start(); err != nil {
+			tb.Fatal(err)
+		}
+		procs = append(procs, cmd)
+		logs = append(logs, buf)
+	}
+	tb.Cleanup(func() {
+		for _, p := range procs {
+			p.Process.Signal(os.Interrupt) // only our own children, by pid
+		}
+		for i, p := range procs {
+			if err := p.Wait(); err != nil || tb.Failed() {
+				tb.Logf("worker %d: %v\n%s", i+1, err, logs[i])
+			}
+		}
+		if err := d.Close(); err != nil {
+			tb.Errorf("orchestrator: %v", err)
+		}
+	})
+	for {
+		n := 0
+		if err := d.Snapshot(ctx, func(o *core.Orchestrator) {
+			for _, w := range o.Workers() {
+				if w.Connected && w.Active {
+					n++
+				}
+			}
+		}); err != nil {
+			tb.Fatal(err)
+		}
+		if n == workers {
+			r := &benchRig{d: d, st: st}
+			for _, p := range procs {
+				r.workers = append(r.workers, p.Process.Pid)
+			}
+			return r
+		}
+		select {
+		case <-ctx.Done():
+			tb.Fatalf("%d of %d workers connected", n, workers)
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+}
+
+// noopRun is a run of n independent steps.
+func noopRun(n int) core.RunSpec {
+	spec := core.RunSpec{Name: "bench"}
+	for i := range n {
+		spec.Steps = append(spec.Steps, core.StepSpec{Name: "s" + strconv.Itoa(i), Command: "true"})
+	}
+	return spec
+}
+
+// throughput submits steps no-op steps (runs of runSize) and returns the time
+// from the first Submit to the durable commit of the last run's finish, and
+// the number of commits in between.
+func (r *benchRig) throughput(tb testing.TB, steps, runSize int) (time.Duration, int) {
+	tb.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), benchTimeout)
+	defer cancel()
+	runs := steps / runSize
+	spec := noopRun(runSize)
+	var (
+		finished = map[string]bool{}
+		commits  int
+		done     = make(chan time.Time, 1)
+	)
+	r.st.setWatch(func(recs []core.Record, at time.Time) { // one commit at a time
+		commits++
+		for _, rec := range recs {
+			if strings.HasPrefix(rec.Key, core.KindRun+"/") && bytes.Contains(rec.Value, runFinished) && !finished[rec.Key] {
+				finished[rec.Key] = true
+				if len(finished) == runs {
+					done <- at
+				}
+			}
+		}
+	})
+	defer r.st.setWatch(nil)
+	ids := make(chan core.RunID, runs)
+	errs := make(chan error, 1)
+	t0 := time.Now()
+	go func() {
+		for range runs {
+			id, err := r.d.Submit(ctx, spec)
+			if err != nil {
+				errs <- err
+				return
+			}
+			ids <- id
+		}
+	}()
+	var t1 time.Time
+	select {
+	case t1 = <-done:
+	case err := <-errs:
+		tb.Fatal(err)
+	case <-ctx.Done():
+		tb.Fatalf("%d of %d runs finished within %s", len(ids), runs, benchTimeout)
+	}
+	// Not timed: every step must have succeeded.
+	close(ids)
+	var bad []string
+	if err := r.d.Snapshot(ctx, func(o *core.Orchestrator) {
+		for id := range ids {
+			if rec, st, _ := o.Run(id); st != "success" || len(rec.Steps) != runSize {
+				bad = append(bad, fmt.Sprintf("%s %s (%d steps)", id, st, len(rec.Steps)))
+			}
+		}
+	}); err != nil {
+		tb.Fatal(err)
+	}
+	if len(bad) > 0 {
+		tb.Fatalf("runs did not succeed: %v", bad)
+	}
+	return t1.Sub(t0), commits
+}
+
+// latency is one single-step run's times from calling Submit: to the grant
+// of its lease being durable (the Dispatch leaves right after; submit and
+// grant are one commit when a slot is free), to its START being durable,
+// and to the run's finish being durable.
+type latency struct{ dispatched, started, finished time.Duration }
+
+// latencies runs n single-step runs one at a time.
+func (r *benchRig) latencies(tb testing.TB, n int) []latency {
+	tb.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), benchTimeout)
+	defer cancel()
+	spec := noopRun(1)
+	type sample struct{ dispatched, started, finished time.Time }
+	var (
+		mu      sync.Mutex
+		armed   bool // a run was submitted and its finish not seen yet
+		current sample
+		done    = make(chan sample, 1)
+	)
+	r.st.setWatch(func(recs []core.Record, at time.Time) {
+		mu.Lock()
+		defer mu.Unlock()
+		if !armed {
+			return
+		}
+		// One batch may hold several of the three (records are in key
+		// order, "lease/" < "run/" < "step/"): look for them in turn.
+		for _, rec := range recs {
+			if current.dispatched.IsZero() && strings.HasPrefix(rec.Key, core.KindLease+"/") && bytes.Contains(rec.Value, leaseCurrent) {
+				current.dispatched = at
+			}
+		}
+		for _, rec := range recs {
+			if !current.dispatched.IsZero() && current.started.IsZero() && strings.HasPrefix(rec.Key, core.KindStep+"/") && bytes.Contains(rec.Value, stepStarted) {
+				current.started = at
+			}
+		}
+		for _, rec := range recs {
+			if !current.started.IsZero() && strings.HasPrefix(rec.Key, core.KindRun+"/") && bytes.Contains(rec.Value, runFinished) {
+				current.finished = at
+				armed = false
+				done <- current
+				current = sample{}
+			}
+		}
+	})
+	defer r.st.setWatch(nil)
+	var out []latency
+	for range n {
+		mu.Lock()
+		armed = true
+		mu.Unlock()
+		t0 := time.Now()
+		if _, err := r.d.Submit(ctx, spec); err != nil {
+			tb.Fatal(err)
+		}
+		select {
+		case s := <-done:
+			out = append(out, latency{s.dispatched.Sub(t0), s.started.Sub(t0), s.finished.Sub(t0)})
+		case <-ctx.Done():
+			tb.Fatalf("a single-step run did not finish within %s", benchTimeout)
+		}
+	}
+	return out
+}
+
+func percentile(ds []time.Duration, p float64) time.Duration {
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	i := int(p/100*float64(len(s)) + 0.5)
+	return s[min(max(i-1, 0), len(s)-1)]
+}
+
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+// BenchmarkEndToEnd is `make bench`'s end-to-end figure; see the top of
+// this file. Each iteration does the whole workload (20,000 steps, or 2,000
+// latency samples), so run it with -benchtime 1x (repeat with -count).
+func BenchmarkEndToEnd(b *testing.B) {
+	for _, slots := range []int{16, 1} {
+		b.Run(fmt.Sprintf("steps=%d/workers=%d/slots=%d", benchSteps, benchWorkers, slots), func(b *testing.B) {
+			r := startRig(b, benchWorkers, slots)
+			var total time.Duration
+			commits := 0
+			u0 := r.usage(b)
+			busy0, recs0 := r.st.busyTime()
+			b.ResetTimer()
+			for range b.N {
+				d, c := r.throughput(b, benchSteps, benchRunSize)
+				total += d
+				commits += c
+			}
+			b.StopTimer()
+			u1 := r.usage(b)
+			busy, recs := r.st.busyTime()
+			busy, recs = busy-busy0, recs-recs0
+			steps := float64(benchSteps * b.N)
+			b.ReportMetric(steps/total.Seconds(), "steps/s")
+			b.ReportMetric(steps/float64(commits), "steps/commit")
+			b.ReportMetric(float64(busy.Microseconds())/1000/float64(commits), "ms/commit")
+			b.ReportMetric(float64(recs)/steps, "records/step")
+			b.ReportMetric(100*busy.Seconds()/total.Seconds(), "%store-busy")
+			b.ReportMetric(float64((u1.orchCPU-u0.orchCPU).Microseconds())/steps, "orch-cpu-µs/step")
+			b.ReportMetric(float64((u1.workerCPU-u0.workerCPU).Microseconds())/steps, "worker-cpu-µs/step")
+			b.ReportMetric(float64(u1.ctxsw-u0.ctxsw)/steps, "ctxsw/step")
+			b.ReportMetric(0, "ns/op") // the run's wall time is in steps/s
+		})
+	}
+	b.Run("latency/idle", func(b *testing.B) {
+		r := startRig(b, benchWorkers, 16)
+		var lat []latency
+		b.ResetTimer()
+		for range b.N {
+			lat = append(lat, r.latencies(b, latencySamples)...)
+		}
+		b.StopTimer()
+		for _, m := range []struct {
+			name string
+			of   func(latency) time.Duration
+		}{
+			{"dispatch", func(l latency) time.Duration { return l.dispatched }},
+			{"start", func(l latency) time.Duration { return l.started }},
+			{"done", func(l latency) time.Duration { return l.finished }},
+		} {
+			ds := make([]time.Duration, len(lat))
+			for i, l := range lat {
+				ds[i] = m.of(l)
+			}
+			b.ReportMetric(ms(percentile(ds, 50)), m.name+"-p50-ms")
+			b.ReportMetric(ms(percentile(ds, 99)), m.name+"-p99-ms")
+		}
+		b.ReportMetric(0, "ns/op")
+	})
+}
+
+// TestEndToEndBenchRig keeps the benchmark's rig honest under `make test`
+// (which runs no benchmarks): a small throughput run and a few latency
+// samples through the same code.
+func TestEndToEndBenchRig(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs the worker binary")
+	}
+	r := startRig(t, 2, 4)
+	if d, commits := r.throughput(t, 400, benchRunSize); d <= 0 || commits == 0 {
+		t.Errorf("throughput: %s, %d commits", d, commits)
+	}
+	for i, l := range r.latencies(t, 5) {
+		if l.dispatched <= 0 || l.started < l.dispatched || l.finished < l.started {
+			t.Errorf("sample %d: %+v", i, l)
+		}
+	}
+}

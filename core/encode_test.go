@@ -1,0 +1,141 @@
+package core
+
+import (
+	"bytes"
+	"encoding/json"
+	"testing"
+	"time"
+
+	"pgregory.net/rapid"
+)
+
+// The hand-written encoders must produce exactly encoding/json's bytes: the
+// records are the durable format, and Clone and Fingerprint hash them.
+
+// genString draws strings that exercise every escaping rule: HTML
+// characters, quotes, control characters, invalid UTF-8, U+2028.
+func genString() *rapid.Generator[string] {
+	return rapid.OneOf(
+		rapid.Just(""),
+		rapid.StringMatching(`[a-z0-9/\[\]-]{1,12}`),
+		rapid.SampledFrom([]string{"<b>&</b>", `say "hi"\n`, "tab\there", "\x00\x1f\x7f", "\xff\xfe bad", "line\u2028sep\u2029", "ünï", "a\\b"}),
+		rapid.String(),
+	)
+}
+
+func genTime() *rapid.Generator[time.Time] {
+	return rapid.Custom(func(t *rapid.T) time.Time {
+		switch rapid.IntRange(0, 4).Draw(t, "kind") {
+		case 0:
+			return time.Time{}
+		case 1: // a zone with an offset, and nanoseconds
+			loc := time.FixedZone("z", rapid.IntRange(-14*3600, 14*3600).Draw(t, "offset"))
+			return time.Unix(rapid.Int64Range(-62135596800, 253402300799).Draw(t, "sec"), rapid.Int64Range(0, 999999999).Draw(t, "nsec")).In(loc)
+		case 2: // the monotonic reading must not matter
+			return time.Now()
+		}
+		return time.Unix(rapid.Int64Range(0, 4102444800).Draw(t, "sec"), rapid.Int64Range(0, 999999999).Draw(t, "nsec")).UTC()
+	})
+}
+
+func genOutcome() *rapid.Generator[Outcome] {
+	return rapid.Custom(func(t *rapid.T) Outcome {
+		return Outcome{Status: OutcomeStatus(rapid.Uint8().Draw(t, "status")), ExitCode: rapid.Int().Draw(t, "code"), Message: genString().Draw(t, "msg")}
+	})
+}
+
+func genStrings(label string) *rapid.Generator[[]string] {
+	return rapid.Custom(func(t *rapid.T) []string {
+		switch rapid.IntRange(0, 2).Draw(t, label+"-kind") {
+		case 0:
+			return nil
+		case 1:
+			return []string{}
+		}
+		return rapid.SliceOfN(genString(), 1, 4).Draw(t, label)
+	})
+}
+
+func checkEncode(t *rapid.T, v any) {
+	want, err := json.Marshal(v)
+	if err != nil {
+		t.Skip("encoding/json refuses it")
+	}
+	if got := encode(v); !bytes.Equal(got, want) {
+		t.Fatalf("encode(%T):\n got %s\nwant %s", v, got, want)
+	}
+}
+
+func TestEncodeMatchesEncodingJSON(t *testing.T) {
+	t.Run("meta", rapid.MakeCheck(func(t *rapid.T) {
+		checkEncode(t, MetaRecord{RunSeq: rapid.Uint64().Draw(t, "runs"), LeaseSeq: rapid.Uint64().Draw(t, "leases"), NextSweep: genTime().Draw(t, "sweep")})
+	}))
+	t.Run("step", rapid.MakeCheck(func(t *rapid.T) {
+		s := &StepRecord{
+			ID: StepID(genString().Draw(t, "id")), Run: RunID(genString().Draw(t, "run")), Name: genString().Draw(t, "name"),
+			Index: rapid.Int().Draw(t, "index"), Item: genString().Draw(t, "item"),
+			State: State(rapid.Uint8().Draw(t, "state")), Class: FailureClass(genString().Draw(t, "class")),
+			Message: genString().Draw(t, "message"), SkippedBy: StepID(genString().Draw(t, "skipped")),
+			Attempts: rapid.Int().Draw(t, "attempts"), Lease: LeaseID(rapid.Uint64().Draw(t, "lease")),
+			QueuedAt: genTime().Draw(t, "queued"), StartedAt: genTime().Draw(t, "started"), WaitUntil: genTime().Draw(t, "wait"),
+			HoldUntil: genTime().Draw(t, "hold"), ForceAt: genTime().Draw(t, "force"), FinishedAt: genTime().Draw(t, "finished"),
+			EverStarted: rapid.Bool().Draw(t, "ever"), RejectedBy: WorkerID(genString().Draw(t, "rejected")),
+			RequiredTags: genStrings("tags").Draw(t, "tags"),
+		}
+		if deps := genStrings("deps").Draw(t, "deps"); deps != nil {
+			s.Deps = make([]StepID, len(deps))
+			for i, d := range deps {
+				s.Deps[i] = StepID(d)
+			}
+		}
+		if rapid.Bool().Draw(t, "has-outcome") {
+			o := genOutcome().Draw(t, "outcome")
+			s.Outcome = &o
+		}
+		checkEncode(t, s)
+	}))
+	t.Run("lease", rapid.MakeCheck(func(t *rapid.T) {
+		l := &LeaseRecord{
+			ID: LeaseID(rapid.Uint64().Draw(t, "id")), Step: StepID(genString().Draw(t, "step")), Worker: WorkerID(genString().Draw(t, "worker")),
+			GrantedAt: genTime().Draw(t, "granted"), Current: rapid.Bool().Draw(t, "current"), Started: rapid.Bool().Draw(t, "started"),
+			Deadline: genTime().Draw(t, "deadline"), EndReason: genString().Draw(t, "reason"), Committed: rapid.Bool().Draw(t, "committed"),
+		}
+		switch rapid.IntRange(0, 2).Draw(t, "answers-kind") {
+		case 1:
+			l.Answers = []AnsweredReport{}
+		case 2:
+			l.Answers = rapid.SliceOfN(rapid.Custom(func(t *rapid.T) AnsweredReport {
+				return AnsweredReport{Request: rapid.Uint64().Draw(t, "req"), Outcome: genOutcome().Draw(t, "outcome"),
+					Verdict: Verdict(rapid.Uint8().Draw(t, "verdict")), Reason: genString().Draw(t, "reason")}
+			}), 1, 3).Draw(t, "answers")
+		}
+		checkEncode(t, l)
+	}))
+	t.Run("event", rapid.MakeCheck(func(t *rapid.T) {
+		checkEncode(t, ServerEvent{Run: RunID(genString().Draw(t, "run")), Seq: rapid.Int().Draw(t, "seq"), At: genTime().Draw(t, "at"),
+			Step: StepID(genString().Draw(t, "step")), Kind: genString().Draw(t, "kind"), Message: genString().Draw(t, "msg")})
+	}))
+	t.Run("log", rapid.MakeCheck(func(t *rapid.T) {
+		checkEncode(t, StepLogLine{Step: StepID(genString().Draw(t, "step")), Lease: LeaseID(rapid.Uint64().Draw(t, "lease")),
+			Index: rapid.Int().Draw(t, "index"), Event: rapid.Bool().Draw(t, "event"),
+			Line: LogLine{Seq: rapid.Uint64().Draw(t, "seq"), At: genTime().Draw(t, "at"), Text: genString().Draw(t, "text")}})
+	}))
+}
+
+// A time encoding/json refuses makes encode panic, as it always did.
+func TestEncodeRefusesWhatEncodingJSONRefuses(t *testing.T) {
+	for _, tm := range []time.Time{
+		time.Date(10000, 1, 1, 0, 0, 0, 0, time.UTC),
+		time.Date(-1, 1, 1, 0, 0, 0, 0, time.UTC),
+		time.Date(2020, 1, 1, 0, 0, 0, 0, time.FixedZone("far", 24*3600)),
+	} {
+		func() {
+			defer func() {
+				if recover() == nil {
+					t.Errorf("encode of a step queued at %v did not panic", tm)
+				}
+			}()
+			encode(&StepRecord{QueuedAt: tm})
+		}()
+	}
+}
