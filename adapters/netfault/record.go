@@ -1,6 +1,7 @@
 package netfault
 
 import (
+	"errors"
 	"fmt"
 	"math"
 	"strings"
@@ -268,4 +269,28 @@ func DoubleCommit(ops []porcupine.Operation) (doctored []porcupine.Operation, ok
 		return append(append([]porcupine.Operation(nil), ops...), dup), true
 	}
 	return nil, false
+}
+
+// Verify is what every fault test asks of a recorded history: the tap
+// parsed all the traffic, the history passes the porcupine model, it holds a
+// COMMITTED report, and the same history with that step committed twice
+// fails the model (so the check is known to bite). It returns every problem
+// found, joined; nil when all hold.
+func Verify(rec *Recorder, timeout time.Duration) error {
+	var errs []error
+	if err := rec.Err(); err != nil {
+		errs = append(errs, fmt.Errorf("the tap could not parse the traffic: %w", err))
+	}
+	ops := rec.Ops()
+	if err := Check(ops, timeout); err != nil {
+		errs = append(errs, err)
+	}
+	bad, ok := DoubleCommit(ops)
+	switch {
+	case !ok:
+		errs = append(errs, fmt.Errorf("the history holds no COMMITTED report:%s", Describe(ops)))
+	case Check(bad, timeout) == nil:
+		errs = append(errs, fmt.Errorf("a history with a step committed twice passed the check:%s", Describe(bad)))
+	}
+	return errors.Join(errs...)
 }

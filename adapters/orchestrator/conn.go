@@ -155,6 +155,12 @@ func (h *corkingHijacker) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 	return h.cc, brw, nil
 }
 
+// writeText writes one text frame within the write deadline.
+func (c *conn) writeText(b []byte) error {
+	c.ws.SetWriteDeadline(time.Now().Add(writeWait))
+	return c.ws.WriteMessage(websocket.TextMessage, b)
+}
+
 // writeLoop writes queued frames and pings until out is closed (then it
 // says goodbye with a close frame) or the connection is aborted or fails.
 // The frames queued at one moment (a batch's messages for this worker) go
@@ -166,21 +172,11 @@ func (c *conn) writeLoop() {
 	for {
 		select {
 		case b, ok := <-c.out:
-			c.cc.Cork()
-			for ok {
-				c.ws.SetWriteDeadline(time.Now().Add(writeWait))
-				if err := c.ws.WriteMessage(websocket.TextMessage, b); err != nil {
+			if ok {
+				var err error
+				if ok, err = c.cc.WriteQueued(b, c.out, c.writeText); err != nil {
 					return
 				}
-				select {
-				case b, ok = <-c.out:
-					continue
-				default:
-				}
-				break
-			}
-			if err := c.cc.Uncork(); err != nil {
-				return
 			}
 			if !ok {
 				c.hangUp(c.code, c.reason)

@@ -84,3 +84,28 @@ func (c *CorkConn) flush() error {
 	}
 	return err
 }
+
+// WriteQueued writes first and then every frame already waiting on out, with
+// write, as one corked write: the frames queued at one moment (a batch's
+// messages for one peer) leave together. It does not wait for more frames.
+// open is false when it found out closed; the frames before that were
+// written.
+func (c *CorkConn) WriteQueued(first []byte, out <-chan []byte, write func([]byte) error) (open bool, err error) {
+	c.Cork()
+	b, ok := first, true
+	for {
+		if err := write(b); err != nil {
+			c.Uncork()
+			return true, err
+		}
+		select {
+		case b, ok = <-out:
+			if ok {
+				continue
+			}
+		default:
+		}
+		break
+	}
+	return ok, c.Uncork()
+}

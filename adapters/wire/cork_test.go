@@ -75,3 +75,30 @@ func TestCorkConnLimitAndErrors(t *testing.T) {
 		t.Error(err)
 	}
 }
+
+// TestWriteQueued: the first frame and every frame already queued leave in
+// one write; a closed queue is reported after what came before it; a frame
+// write error stops at once.
+func TestWriteQueued(t *testing.T) {
+	rc := &recConn{}
+	c := NewCorkConn(rc)
+	frame := func(b []byte) error { _, err := c.Write(b); return err }
+	out := make(chan []byte, 4)
+	out <- []byte("2")
+	out <- []byte("3")
+	open, err := c.WriteQueued([]byte("1"), out, frame)
+	if err != nil || !open || len(rc.writes) != 1 || string(rc.writes[0]) != "123" {
+		t.Fatalf("open=%v err=%v writes %q; want one write of 123", open, err, rc.writes)
+	}
+	out <- []byte("5")
+	close(out)
+	open, err = c.WriteQueued([]byte("4"), out, frame)
+	if err != nil || open || len(rc.writes) != 2 || string(rc.writes[1]) != "45" {
+		t.Fatalf("open=%v err=%v writes %q; want closed after one write of 45", open, err, rc.writes)
+	}
+	boom := errors.New("boom")
+	open, err = c.WriteQueued([]byte("6"), make(chan []byte), func([]byte) error { return boom })
+	if !errors.Is(err, boom) || !open {
+		t.Fatalf("open=%v err=%v; want the frame's error", open, err)
+	}
+}

@@ -87,6 +87,12 @@ func (d *Driver) readLoop(c *conn) string {
 	}
 }
 
+// writeText writes one text frame within the write deadline.
+func (c *conn) writeText(b []byte) error {
+	c.ws.SetWriteDeadline(time.Now().Add(writeWait))
+	return c.ws.WriteMessage(websocket.TextMessage, b)
+}
+
 // writeLoop writes queued frames until out is closed (then it sends a close
 // frame) or the connection is aborted or fails. The frames queued at one
 // moment go out in one write.
@@ -95,23 +101,12 @@ func (c *conn) writeLoop() {
 	for {
 		select {
 		case b, ok := <-c.out:
-			c.cc.Cork()
-			for ok {
-				c.ws.SetWriteDeadline(time.Now().Add(writeWait))
-				if err := c.ws.WriteMessage(websocket.TextMessage, b); err != nil {
+			if ok {
+				var err error
+				if ok, err = c.cc.WriteQueued(b, c.out, c.writeText); err != nil {
 					c.abort()
 					return
 				}
-				select {
-				case b, ok = <-c.out:
-					continue
-				default:
-				}
-				break
-			}
-			if err := c.cc.Uncork(); err != nil {
-				c.abort()
-				return
 			}
 			if !ok {
 				c.hangUp(websocket.CloseNormalClosure, "")
