@@ -110,3 +110,33 @@ func TestRecorderIntercept(t *testing.T) {
 		t.Errorf("intercept saw %v, want %v", seen, want)
 	}
 }
+
+// TestVerify: a history with a COMMITTED report verifies; an empty one does
+// not (it could not show the check bites); a history in which a second
+// worker's report on the same step is also COMMITTED fails the model.
+func TestVerify(t *testing.T) {
+	if err := Verify(NewRecorder(), time.Second); err == nil {
+		t.Error("an empty history verified; want: no COMMITTED report")
+	}
+	step := core.StepID("run-1/a")
+	ok := core.Outcome{Status: core.OutcomeSuccess}
+	build := func(twice bool) *Recorder {
+		r := NewRecorder()
+		r.Submit(time.Now(), time.Now(), []core.StepID{step}, "")
+		feed(t, r, 1, Up, core.Hello{Version: 1, Worker: "w1", Slots: 1})
+		feed(t, r, 1, Up, core.Report{Step: step, Lease: 1, Request: 1, Outcome: ok})
+		feed(t, r, 1, Down, core.Answer{Lease: 1, Request: 1, Verdict: core.Committed})
+		if twice {
+			feed(t, r, 2, Up, core.Hello{Version: 1, Worker: "w2", Slots: 1})
+			feed(t, r, 2, Up, core.Report{Step: step, Lease: 2, Request: 1, Outcome: ok})
+			feed(t, r, 2, Down, core.Answer{Lease: 2, Request: 1, Verdict: core.Committed})
+		}
+		return r
+	}
+	if err := Verify(build(false), time.Second); err != nil {
+		t.Errorf("a good history: %v", err)
+	}
+	if err := Verify(build(true), time.Second); err == nil {
+		t.Error("a history with two COMMITTED reports for one step verified")
+	}
+}
