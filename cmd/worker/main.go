@@ -212,7 +212,7 @@ func parseConnect(args []string, stdout io.Writer) (final settings, logFormat, l
 	flags.BoolVar(&s.NoReconnect, "no-reconnect", false, "exit (code 2) when the connection is lost instead of reconnecting; no grace window")
 	flags.DurationVar(&s.MaxReconnectDelay, "max-reconnect-delay", defaultMaxReconnectDelay,
 		"longest `duration` to wait between reconnect attempts (100ms..1h); the orchestrator holds this worker's steps for twice this after a disconnect")
-	flags.StringVar(&executor, "executor", "sh", "how steps run: `sh` (sh -c COMMAND) or noop (no process; every step exits 0 at once: a benchmarking aid)")
+	flags.StringVar(&executor, "executor", "sh", "how steps run, by `name`: sh (sh -c COMMAND) or noop (no process; every step exits 0 at once: a benchmarking aid)")
 	flags.StringVar(&config, "config", defaultConfigFile, "worker config `file` (YAML); optional unless given explicitly")
 	flags.StringVar(&logFormat, "log-format", "text", "log `format` on stderr: text or json")
 	flags.StringVar(&logLevel, "log-level", "info", "log `level`: debug, info, warn or error")
