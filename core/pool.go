@@ -365,9 +365,11 @@ func (o *Orchestrator) heartbeat(w *WorkerRecord, h Heartbeat) {
 	}
 	o.markWorker(w)
 	for _, r := range h.InFlight {
-		if l := o.leases[r.Lease]; committedTo(l, w.ID, r.Step) {
+		l := o.leases[r.Lease]
+		if committedTo(l, w.ID, r.Step) {
 			continue // the answer to its report is on its way, or will be again
-		} else if l == nil || l.Worker != w.ID || !l.Current {
+		}
+		if l == nil || l.Worker != w.ID || !l.Current {
 			o.sendTo(w.ID, Cancel{Lease: r.Lease, Reason: "lease is no longer current"})
 		}
 	}
