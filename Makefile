@@ -68,4 +68,6 @@ fuzz:
 	  $(GO) test ./fuzz -run '^$$' -fuzz "^$$t\$$" -fuzztime $(FUZZTIME) -fuzzminimizetime $$min; \
 	done; \
 	echo "== ./adapters/wire FuzzDecode"; \
-	$(GO) test ./adapters/wire -run '^$$' -fuzz '^FuzzDecode$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 10s
+	$(GO) test ./adapters/wire -run '^$$' -fuzz '^FuzzDecode$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 10s; \
+	echo "== ./adapters/orchestrator FuzzParseDataPath"; \
+	$(GO) test ./adapters/orchestrator -run '^$$' -fuzz '^FuzzParseDataPath$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 10s

@@ -119,7 +119,8 @@ func appendJSONString(b []byte, s string) []byte {
 	return append(b, '"')
 }
 
-func (e *recEncoder) strings(ss []string) {
+// encStrings renders a string slice as encoding/json does (nil is null).
+func encStrings[S ~string](e *recEncoder, ss []S) {
 	if ss == nil {
 		e.b = append(e.b, "null"...)
 		return
@@ -129,7 +130,7 @@ func (e *recEncoder) strings(ss []string) {
 		if i > 0 {
 			e.b = append(e.b, ',')
 		}
-		e.str(s)
+		e.str(string(s))
 	}
 	e.b = append(e.b, ']')
 }
@@ -158,18 +159,7 @@ func (e *recEncoder) step(s *StepRecord) {
 		e.str(s.Item)
 	}
 	e.key(false, "Deps")
-	if s.Deps == nil {
-		e.b = append(e.b, "null"...)
-	} else {
-		e.b = append(e.b, '[')
-		for i, d := range s.Deps {
-			if i > 0 {
-				e.b = append(e.b, ',')
-			}
-			e.str(string(d))
-		}
-		e.b = append(e.b, ']')
-	}
+	encStrings(e, s.Deps)
 	e.key(false, "State")
 	e.uint(uint64(s.State))
 	if s.Class != "" {
@@ -213,7 +203,7 @@ func (e *recEncoder) step(s *StepRecord) {
 	}
 	if len(s.RequiredTags) > 0 {
 		e.key(false, "RequiredTags")
-		e.strings(s.RequiredTags)
+		encStrings(e, s.RequiredTags)
 	}
 	e.end()
 }

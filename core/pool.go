@@ -750,13 +750,15 @@ func (o *Orchestrator) matches(w *WorkerRecord, s *StepRecord) bool {
 // dispatch grants leases to ready steps, oldest first (a cross-level ready
 // queue), each to the least-loaded matching worker with a free slot.
 func (o *Orchestrator) dispatch() {
-	if len(o.ready) == 0 || !o.anyFreeSlot() {
+	if len(o.ready) == 0 {
 		return
 	}
+	// Most inputs of a busy orchestrator free no slot: one pass over the
+	// pool finds the free workers, and only they are sorted (by id: ties go
+	// to the smaller id, so map order decides nothing).
 	var free []*WorkerRecord
 	slots := 0 // free slots left among the free workers
-	for _, id := range sortedKeys(o.workers) {
-		w := o.workers[id]
+	for id, w := range o.workers {
 		if w.Active && !w.Revoked && o.connected(id) && len(o.workerLeases[id]) < w.Slots {
 			free = append(free, w)
 			slots += w.Slots - len(o.workerLeases[id])
@@ -765,6 +767,7 @@ func (o *Orchestrator) dispatch() {
 	if len(free) == 0 {
 		return
 	}
+	sort.Slice(free, func(i, j int) bool { return free[i].ID < free[j].ID })
 	queue := o.readyQueue()
 	inflight := map[string]int{} // forEach group → steps holding a lease
 	for i := 0; i < len(queue) && slots > 0; i++ {
@@ -815,17 +818,6 @@ func (o *Orchestrator) dispatch() {
 			inflight[group]++
 		}
 	}
-}
-
-// anyFreeSlot reports whether some worker could take a lease now: most
-// inputs of a busy orchestrator free no slot, and need not sort the pool.
-func (o *Orchestrator) anyFreeSlot() bool {
-	for id, w := range o.workers { // only whether one exists: order does not matter
-		if w.Active && !w.Revoked && len(o.workerLeases[id]) < w.Slots && o.connected(id) {
-			return true
-		}
-	}
-	return false
 }
 
 func (o *Orchestrator) grant(s *StepRecord, w *WorkerRecord) {

@@ -33,8 +33,7 @@ func (w *world) checkBatch(held map[core.StepID]core.LeaseID, rd core.Ready) {
 	for _, id := range entered {
 		p.recoverAt[id] = w.now
 	}
-	since := func(id core.StepID) (time.Time, bool) { t, ok := p.recoverAt[id]; return t, ok }
-	if v := spec.CheckProps(rd, w.now, 2*w.opt.MaxDelayWork, since, held); v != nil {
+	if v := spec.CheckProps(rd, w.now, 2*w.opt.MaxDelayWork, p.recoverAt, held); v != nil {
 		w.fail(v.Invariant, v.Detail)
 	}
 	if v := spec.CheckNoWriteFailures(w.orch.o, rd); v != nil {

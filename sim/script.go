@@ -286,16 +286,7 @@ func (w *world) find(ok func(e *event) bool) []*event {
 func (w *world) pending() []string {
 	var out []string
 	for _, e := range w.find(func(*event) bool { return true }) {
-		s := evNames[e.kind]
-		if e.node >= 0 && e.node < len(w.workers) {
-			s += " " + string(w.workers[e.node].id)
-		}
-		if e.msg != nil {
-			s += " " + core.DescribeMsg(e.msg)
-		}
-		if e.note != "" {
-			s += " " + e.note
-		}
+		s := w.eventText(e)
 		if e.conn != 0 {
 			s += fmt.Sprintf(" (simulator connection %d)", e.conn)
 		}

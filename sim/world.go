@@ -334,7 +334,13 @@ func (w *world) fail(inv, detail string) {
 }
 
 func (w *world) describe(e *event) string {
-	s := fmt.Sprintf("+%s #%d %s", e.at.Sub(t0), e.seq, evNames[e.kind])
+	return fmt.Sprintf("+%s #%d %s", e.at.Sub(t0), e.seq, w.eventText(e))
+}
+
+// eventText is an event without its time and sequence number: its kind,
+// node, message and note.
+func (w *world) eventText(e *event) string {
+	s := evNames[e.kind]
 	if e.node >= 0 && e.node < len(w.workers) {
 		s += " " + string(w.workers[e.node].id)
 	}

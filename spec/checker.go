@@ -725,11 +725,8 @@ func NoWriteStepsSurviveWorkerLoss(o *core.Orchestrator) *Violation {
 		switch {
 		case !Terminal(s.State):
 			return v("no-write step %s is still %s (lease %d, %d attempts)", s.ID, s.State, s.Lease, s.Attempts)
-		case s.State == core.StateFailed:
-			switch s.Class {
-			case core.ClassDisconnect, core.ClassStaleWorker, core.ClassRevoked:
-				return v("no-write step %s failed with class %s after %d attempts: %s", s.ID, s.Class, s.Attempts, s.Message)
-			}
+		case s.State == core.StateFailed && workerLost(s.Class):
+			return v("no-write step %s failed with class %s after %d attempts: %s", s.ID, s.Class, s.Attempts, s.Message)
 		}
 	}
 	return nil

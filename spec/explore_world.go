@@ -385,22 +385,15 @@ type xsucc struct {
 // builder makes one successor: a shallow copy of the parent whose parts are
 // copied on first write (machines are cloned only when stepped).
 type builder struct {
-	want                                            bool // compute the action's label (counterexamples only)
-	x                                               *explorer
-	s                                               *xstate
-	ownO, ownChk, ownWs, ownNet, ownProcs, ownRecov bool
-	ownW                                            uint64
-	label, sim, fault                               string
-	steps                                           []ScriptStep // every action's script step (counterexamples only)
-	viol                                            *Violation
-	hits                                            uint32
-}
-
-func (b *builder) mutO() {
-	if !b.ownO {
-		b.s.o = b.s.o.Clone()
-		b.ownO = true
-	}
+	want                                      bool // compute the action's label (counterexamples only)
+	x                                         *explorer
+	s                                         *xstate
+	ownChk, ownWs, ownNet, ownProcs, ownRecov bool
+	ownW                                      uint64
+	label, sim, fault                         string
+	steps                                     []ScriptStep // every action's script step (counterexamples only)
+	viol                                      *Violation
+	hits                                      uint32
 }
 
 func (b *builder) mutChk() {
@@ -978,26 +971,22 @@ func (b *builder) orch(in core.Input) core.Ready {
 	b.mutChk()
 	held := b.heldReported(in)
 	s.chk.Input(s.now, in)
+	// The orchestrator is a deterministic function of (state, now, input):
+	// a transition already computed from an equal orchestrator is reused,
+	// the result shared (and never written to again: every orchestrator a
+	// state holds is shared, and is cloned before it is stepped).
 	var rd core.Ready
-	if b.ownO {
-		rd = s.o.Step(s.now, in)
+	key := memoKey{fp: s.o.Fingerprint(), now: s.now.UnixNano(), in: inputHash(in)}
+	if v, ok := b.x.memo.get(key); ok {
+		s.o, rd = v.o, readyCopy(v.rd)
 	} else {
-		// The orchestrator is a deterministic function of (state, now,
-		// input): a transition already computed from an equal orchestrator
-		// is reused, the result shared (and never written to again).
-		key := memoKey{fp: s.o.Fingerprint(), now: s.now.UnixNano(), in: inputHash(in)}
-		if v, ok := b.x.memo.get(key); ok {
-			s.o, rd = v.o, readyCopy(v.rd)
-		} else {
-			s.o = s.o.Clone()
-			rd = s.o.Step(s.now, in)
-			// Settle its lazily hashed records before other goroutines can
-			// see it: Fingerprint on a settled machine only reads.
-			s.o.Fingerprint()
-			b.x.memo.put(key, memoVal{o: s.o, rd: readyCopy(rd)})
-		}
+		s.o = s.o.Clone()
+		rd = s.o.Step(s.now, in)
+		// Settle its lazily hashed records before other goroutines can
+		// see it: Fingerprint on a settled machine only reads.
+		s.o.Fingerprint()
+		b.x.memo.put(key, memoVal{o: s.o, rd: readyCopy(rd)})
 	}
-	b.ownO = false // possibly shared from here on: cloned again before any write
 	if b.x.sc.Mutate != nil {
 		b.x.sc.Mutate(&rd)
 	}
@@ -1036,7 +1025,6 @@ func (b *builder) crashOrch() {
 	// machine (immutable from here on) stands for it until the restart.
 	s.dead, s.diskHash = s.o, s.o.Fingerprint()
 	s.o, s.oDL = nil, time.Time{}
-	b.ownO = false
 	b.mutChk()
 	s.chk.Crash(s.now)
 	b.mutNet()
@@ -1070,7 +1058,7 @@ func (b *builder) restartOrch() {
 	if b.x.sc.Mutate != nil {
 		b.x.sc.Mutate(&rd)
 	}
-	s.o, b.ownO = o, false
+	s.o = o
 	s.dead, s.diskHash = nil, 0
 	b.mutChk()
 	s.chk.Restored(s.now, o, rd)
@@ -1107,8 +1095,7 @@ func (b *builder) observe(rd core.Ready, held map[core.StepID]core.LeaseID) {
 		}
 		if t.To == core.StateFailed && b.x.writesOf(t.Step) {
 			if st, ok := s.o.StepByID(t.Step); ok && st.EverStarted {
-				switch st.Class {
-				case core.ClassDisconnect, core.ClassStaleWorker, core.ClassRevoked:
+				if workerLost(st.Class) {
 					b.hit(SomeWriteStepFailedByTriage)
 				}
 			}
@@ -1119,8 +1106,7 @@ func (b *builder) observe(rd core.Ready, held map[core.StepID]core.LeaseID) {
 			b.hit(SomeRunSucceeded)
 		}
 	}
-	since := func(id core.StepID) (time.Time, bool) { t, ok := s.recoverAt[id]; return t, ok }
-	if v := CheckProps(rd, s.now, b.x.grace, since, held); v != nil {
+	if v := CheckProps(rd, s.now, b.x.grace, s.recoverAt, held); v != nil {
 		b.fail(v.Invariant, "%s", v.Detail)
 	}
 	if v := CheckNoWriteFailures(s.o, rd); v != nil {

@@ -67,16 +67,16 @@ func RecoveryChanges(rd core.Ready) (entered, left []core.StepID) {
 }
 
 // CheckProps checks one orchestrator batch, made at now, against both
-// properties. grace is the recovery window; since says when a step went
-// recovering (the steps this batch sent there included); held is
-// HeldReported of the batch's input.
-func CheckProps(rd core.Ready, now time.Time, grace time.Duration, since func(core.StepID) (time.Time, bool), held map[core.StepID]core.LeaseID) *Violation {
+// properties. grace is the recovery window; recoverAt says when each
+// recovering step went recovering (the steps this batch sent there
+// included); held is HeldReported of the batch's input.
+func CheckProps(rd core.Ready, now time.Time, grace time.Duration, recoverAt map[core.StepID]time.Time, held map[core.StepID]core.LeaseID) *Violation {
 	for _, ev := range rd.Events {
 		if ev.Step == "" {
 			continue
 		}
 		if strings.Contains(ev.Message, graceExpiryMsg) && (ev.Kind == "step-failed" || ev.Kind == "step-requeued") {
-			if at, ok := since(ev.Step); ok {
+			if at, ok := recoverAt[ev.Step]; ok {
 				if d := now.Sub(at); d < grace {
 					return &Violation{Invariant: PropGraceWindow, Detail: fmt.Sprintf(
 						"step %s was triaged for a grace expiry after only %s recovering; the window is 2 × %s = %s",
@@ -110,11 +110,16 @@ func CheckNoWriteFailures(o *core.Orchestrator, rd core.Ready) *Violation {
 		if !ok {
 			continue
 		}
-		switch st.Class {
-		case core.ClassDisconnect, core.ClassStaleWorker, core.ClassRevoked:
+		if workerLost(st.Class) {
 			return &Violation{Invariant: "NoWriteStepsSurviveWorkerLoss", Detail: fmt.Sprintf(
 				"no-write step %s failed with class %s after %d attempts: %s", t.Step, st.Class, st.Attempts, st.Message)}
 		}
 	}
 	return nil
+}
+
+// workerLost says whether a failure class blames a lost worker (disconnect,
+// stale-worker, revoked) rather than the step itself.
+func workerLost(c core.FailureClass) bool {
+	return c == core.ClassDisconnect || c == core.ClassStaleWorker || c == core.ClassRevoked
 }

@@ -279,16 +279,7 @@ var (
 // in flight while a timer fires) and the multiset network.
 func runExplorer(ctx context.Context, dir string) verdict {
 	for _, scope := range []string{"default", "faults", "slow", "multiset"} {
-		test := "^TestExplore$"
-		switch scope {
-		case "faults":
-			test = "^TestExploreFaults$"
-		case "slow":
-			test = "^TestExploreSlow$"
-		case "multiset":
-			test = "^TestExploreMultiset$"
-		}
-		out, err := goTest(ctx, dir, "test", "./spec", "-run", test, "-count=1", "-timeout=30m", "-v")
+		out, err := goTest(ctx, dir, "test", "./spec", "-run", "^TestExplore$", "-explore.scope="+scope, "-count=1", "-timeout=30m", "-v")
 		if ctx.Err() != nil {
 			return verdict{ran: true, err: ctx.Err()}
 		}
