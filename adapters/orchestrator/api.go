@@ -233,13 +233,9 @@ func errorf(code int, format string, args ...any) error {
 }
 
 func (a *api) authorized(r *http.Request) bool {
-	h := r.Header.Get("Authorization")
-	scheme, tok, ok := strings.Cut(h, " ")
-	if !ok || !strings.EqualFold(scheme, "Bearer") {
-		tok = ""
-	}
+	tok := bearer(r)
 	// Hashing first makes the comparison constant-time in the length too.
-	got := sha256.Sum256([]byte(strings.TrimSpace(tok)))
+	got := sha256.Sum256([]byte(tok))
 	return subtle.ConstantTimeCompare(got[:], a.hash[:]) == 1 && a.open && tok != ""
 }
 
@@ -771,10 +767,13 @@ func (a *api) listWorkers(ctx context.Context) (int, any, error) {
 }
 
 func (a *api) putBundle(r *http.Request) (int, any, error) {
-	body, err := readBody(r)
+	// A bundle body is held within the data plane's memory budget, like a
+	// data write (ServeHTTP already bounds it by MaxBundleBody).
+	body, held, err := a.d.dp.readBody(nil, r, a.d.opts.MaxBundleBody)
 	if err != nil {
 		return 0, nil, err
 	}
+	defer a.d.dp.mem.release(held)
 	m, err := a.d.PutBundle(r.Context(), body)
 	if errors.Is(err, ErrNoDataStore) {
 		return 0, nil, &httpError{code: http.StatusServiceUnavailable, msg: err.Error()}

@@ -587,10 +587,7 @@ func (d *Driver) AppendData(ctx context.Context, cred string, lease core.LeaseID
 // its metadata; an uncompressed tar is indexed so that its files can be
 // fetched one by one. It returns once the bundle is durable.
 func (d *Driver) PutBundle(ctx context.Context, body []byte) (store.BundleMeta, error) {
-	files, ok := store.TarIndex(body)
-	if !ok {
-		files = nil
-	}
+	files, _ := store.TarIndex(body) // nil when it is not an indexable tar
 	res, err := d.writeData(ctx, "", 0, store.DataOp{Kind: store.OpBundle, Body: body, Files: files})
 	if err != nil {
 		return store.BundleMeta{}, fmt.Errorf("put bundle: %w", err)

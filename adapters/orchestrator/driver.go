@@ -109,7 +109,8 @@ type Driver struct {
 	opts Options
 	log  *slog.Logger
 	st   Store
-	ds   DataStore // nil: the store has no data plane
+	ds   DataStore  // nil: the store has no data plane
+	dp   *dataPlane // its HTTP side, whose memory budget bundle uploads share
 	ln   net.Listener
 	srv  *http.Server
 
@@ -229,12 +230,12 @@ func Start(opts Options) (*Driver, error) {
 	d.ln = ln
 	mux := http.NewServeMux()
 	mux.HandleFunc("/control", d.serveControl)
+	d.dp = &dataPlane{d: d, mem: newBudget(opts.MaxDataInFlight)}
 	if opts.AdminToken != "" {
 		mux.Handle("/api/", d.APIHandler(opts.AdminToken))
 	}
-	dp := &dataPlane{d: d, mem: newBudget(opts.MaxDataInFlight)}
-	mux.Handle("/data/", dp)
-	mux.Handle("/bundle/", dp)
+	mux.Handle("/data/", d.dp)
+	mux.Handle("/bundle/", d.dp)
 	protocols := new(http.Protocols)
 	protocols.SetHTTP1(true) // the WebSocket upgrade of /control
 	if opts.TLS != nil {

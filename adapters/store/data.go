@@ -208,8 +208,8 @@ func ValidateRelPath(p string) error {
 // TarIndex indexes an uncompressed tar archive: each regular file's path
 // (cleaned, relative) and where its bytes lie. ok is false when b is not a
 // tar archive this can index (not a tar, compressed, sparse files, more than
-// MaxTarFiles files, a path that is not clean and relative); such a bundle
-// is stored as opaque bytes.
+// MaxTarFiles files, a path that is not clean and relative, no regular
+// file at all), and files nil; such a bundle is stored as opaque bytes.
 func TarIndex(b []byte) (files map[string]FileSpan, ok bool) {
 	r := &countingReader{r: bytes.NewReader(b)}
 	tr := tar.NewReader(r)
@@ -217,7 +217,10 @@ func TarIndex(b []byte) (files map[string]FileSpan, ok bool) {
 	for {
 		h, err := tr.Next()
 		if errors.Is(err, io.EOF) {
-			return files, len(files) > 0
+			if len(files) == 0 {
+				return nil, false
+			}
+			return files, true
 		}
 		if err != nil {
 			return nil, false

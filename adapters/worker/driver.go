@@ -133,6 +133,13 @@ func New(opts Options) (*Driver, error) {
 			opts.Config.Seed = opts.Config.Seed<<8 | uint64(x)
 		}
 	}
+	if opts.DataURL == "" {
+		u, err := DataURLFor(opts.URL)
+		if err != nil {
+			return nil, err
+		}
+		opts.DataURL = u
+	}
 	d := &Driver{
 		opts:   opts,
 		w:      core.NewWorker(opts.Config),
@@ -141,14 +148,6 @@ func New(opts Options) (*Driver, error) {
 		procs:  map[core.LeaseID]*proc{},
 	}
 	d.log = opts.Logger.With("worker", opts.Config.Name, "worker_id", string(opts.Config.ID))
-	if opts.DataURL == "" {
-		u, err := DataURLFor(opts.URL)
-		if err != nil {
-			return nil, err
-		}
-		opts.DataURL = u
-		d.opts.DataURL = u
-	}
 	data, err := NewDataClient(opts.DataURL, opts.TLS, func() string {
 		if c := d.cred.Load(); c != nil {
 			return *c

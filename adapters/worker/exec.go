@@ -70,19 +70,13 @@ func (d *Driver) start(c core.ExecCommand) {
 		return
 	}
 	cmd := exec.Command("sh", "-c", c.Command)
-	env := c.Env
+	var endpoint map[string]string
 	if d.endpoint != nil {
 		// The step endpoint's variables, set here and not shipped: the
 		// orchestrator drops TETHER_* from what it ships.
-		env = make(map[string]string, len(c.Env)+3)
-		for k, v := range c.Env {
-			env[k] = v
-		}
-		for k, v := range d.endpoint.grant(lease) {
-			env[k] = v
-		}
+		endpoint = d.endpoint.grant(lease)
 	}
-	cmd.Env = overlay(d.opts.Env, env)
+	cmd.Env = overlay(d.opts.Env, c.Env, endpoint)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	pr, pw, err := os.Pipe()
 	if err == nil {
@@ -174,17 +168,19 @@ func scanLines(r io.Reader, emit func(string) bool) {
 	}
 }
 
-// overlay returns base with env's variables set (replacing any of the same
-// name), sorted by name.
-func overlay(base []string, env map[string]string) []string {
-	m := make(map[string]string, len(base)+len(env))
+// overlay returns base with each env's variables set in turn (a later one
+// replacing any of the same name), sorted by name.
+func overlay(base []string, envs ...map[string]string) []string {
+	m := make(map[string]string, len(base))
 	for _, kv := range base {
 		if k, v, ok := strings.Cut(kv, "="); ok {
 			m[k] = v
 		}
 	}
-	for k, v := range env {
-		m[k] = v
+	for _, env := range envs {
+		for k, v := range env {
+			m[k] = v
+		}
 	}
 	out := make([]string, 0, len(m))
 	for k, v := range m {

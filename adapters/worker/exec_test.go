@@ -42,8 +42,8 @@ func abbrev(ss []string) []string {
 }
 
 func TestOverlay(t *testing.T) {
-	got := overlay([]string{"PATH=/bin", "A=1", "B=2"}, map[string]string{"A": "x", "C": "3"})
-	want := []string{"A=x", "B=2", "C=3", "PATH=/bin"}
+	got := overlay([]string{"PATH=/bin", "A=1", "B=2"}, map[string]string{"A": "x", "C": "3"}, nil, map[string]string{"C": "4", "D": "5"})
+	want := []string{"A=x", "B=2", "C=4", "D=5", "PATH=/bin"}
 	if !reflect.DeepEqual(got, want) {
 		t.Fatalf("overlay = %q, want %q", got, want)
 	}
