@@ -8,8 +8,8 @@ import (
 
 // DescribeWorkerReady renders rd one fact per line, in the order the driver
 // applies it: send, close, dial, exec, log, exit, deadline. Times are printed
-// relative to now ("+1.5s", "-45s"), never absolutely. An empty Ready renders
-// as "".
+// relative to now ("+1.5s", "-45s"), never absolutely. A log line shows its
+// level only when it is not info ("log warn: …"). An empty Ready renders as "".
 func DescribeWorkerReady(now time.Time, rd WorkerReady) string {
 	var lines []string
 	add := func(format string, args ...any) { lines = append(lines, fmt.Sprintf(format, args...)) }
@@ -36,7 +36,11 @@ func DescribeWorkerReady(now time.Time, rd WorkerReady) string {
 		lines = append(lines, s)
 	}
 	for _, l := range rd.Logs {
-		add("log: %s", l)
+		if l.Level == LevelInfo {
+			add("log: %s", l.Msg) // most lines: the level only when it is not info
+		} else {
+			add("log %s: %s", l.Level, l.Msg)
+		}
 	}
 	if rd.Exit != nil {
 		add("exit: code=%d reason=%q", rd.Exit.Code, rd.Exit.Reason)

@@ -186,13 +186,24 @@ type ServerEvent struct {
 	Message string
 }
 
-// LogEntry is one structured log line of the orchestrator. Fields are in a
-// fixed order (seed 003's observability names where they apply).
+// LogEntry is one structured log line of either machine (Ready.Logs,
+// WorkerReady.Logs). Level is one of the Level* constants; drivers log the
+// line at that level. Fields are in a fixed order; the worker's lines have
+// none (its facts are in the message).
 type LogEntry struct {
 	Level  string
 	Msg    string
 	Fields []Field
 }
+
+// Log levels of a LogEntry. Error is for what an operator must look at (a
+// REJECTED answer, SPEC §10), warn for a degraded but self-healing condition
+// (a lost connection, an unanswered refresh), info for routine facts.
+const (
+	LevelInfo  = "info"
+	LevelWarn  = "warn"
+	LevelError = "error"
+)
 
 // Field is one key=value of a LogEntry.
 type Field struct{ Key, Value string }

@@ -172,7 +172,7 @@ type WorkerReady struct {
 	// or WDialFailed.
 	Dial     bool
 	Exec     []ExecCommand // executor commands, in order
-	Logs     []string      // the worker's own log lines, one fact each
+	Logs     []LogEntry    // the worker's own log lines, one fact each, with a level
 	Exit     *WorkerExit   // the process must exit with this code; Step is inert afterwards
 	Deadline time.Time     // earliest local time the worker wants a WTick; zero = none
 }
@@ -421,12 +421,12 @@ func (w *Worker) Step(now time.Time, in WorkerInput) WorkerReady {
 		}
 	case WDialFailed:
 		if w.phase == phaseDialing {
-			w.logf("dial failed: %s", in.Reason)
+			w.warnf("dial failed: %s", in.Reason)
 			w.connLost(false)
 		}
 	case WDisconnected:
 		if w.phase == phaseHello || w.phase == phaseReady {
-			w.logf("connection lost: %s", in.Reason)
+			w.warnf("connection lost: %s", in.Reason)
 			w.connLost(false)
 		}
 	case WReceived:
@@ -466,8 +466,15 @@ func (w *Worker) exec(op ExecOp, e *execution) {
 	w.out.Exec = append(w.out.Exec, c)
 }
 
-func (w *Worker) logf(format string, args ...any) {
-	w.out.Logs = append(w.out.Logs, fmt.Sprintf(format, args...))
+// logf logs a routine fact at info; warnf a degraded but self-healing
+// condition (a lost connection, an unanswered request, SPEC §10); errorf what
+// an operator must look at (a REJECTED answer, SPEC §10).
+func (w *Worker) logf(format string, args ...any)   { w.logAt(LevelInfo, format, args...) }
+func (w *Worker) warnf(format string, args ...any)  { w.logAt(LevelWarn, format, args...) }
+func (w *Worker) errorf(format string, args ...any) { w.logAt(LevelError, format, args...) }
+
+func (w *Worker) logAt(level, format string, args ...any) {
+	w.out.Logs = append(w.out.Logs, LogEntry{Level: level, Msg: fmt.Sprintf(format, args...)})
 }
 
 func (w *Worker) hello() Hello {
@@ -632,7 +639,7 @@ func (w *Worker) welcome(m Welcome) {
 	sort.Slice(cancel, func(i, j int) bool { return cancel[i] < cancel[j] })
 	for _, l := range cancel {
 		if e := w.held(l); e != nil {
-			w.logf("lease %d is no longer current; stopping it", l)
+			w.warnf("lease %d is no longer current; stopping it", l)
 			w.release(e)
 		}
 	}
@@ -650,16 +657,16 @@ func (w *Worker) refreshInterval() time.Duration { return max(w.credTTL/3, minTi
 
 func (w *Worker) refused(m Refused) {
 	if m.Fatal {
-		w.logf("refused by orchestrator for good: %s", m.Reason)
+		w.errorf("refused by orchestrator for good: %s", m.Reason)
 		w.exit(WorkerExitRefused, "refused by orchestrator: "+m.Reason)
 		return
 	}
-	w.logf("refused by orchestrator: %s", m.Reason)
+	w.warnf("refused by orchestrator: %s", m.Reason)
 	w.connLost(true)
 }
 
 func (w *Worker) closed(m Close) {
-	w.logf("orchestrator closed the session: %s", m.Reason)
+	w.warnf("orchestrator closed the session: %s", m.Reason)
 	w.connLost(true)
 }
 
@@ -692,7 +699,7 @@ func (w *Worker) startAck(m StartAck) {
 		return // unknown, finished, cancelled meanwhile, or a duplicate
 	}
 	if !m.OK {
-		w.logf("start of lease %d refused: %s", m.Lease, m.Reason)
+		w.warnf("start of lease %d refused: %s", m.Lease, m.Reason)
 		w.release(e)
 		return
 	}
@@ -726,9 +733,9 @@ func (w *Worker) answer(m Answer) {
 	switch m.Verdict {
 	case Committed, Cancelled:
 	case Rejected:
-		w.logf("report for lease %d rejected: %s", m.Lease, m.Reason)
+		w.errorf("report for lease %d rejected: %s", m.Lease, m.Reason)
 	default:
-		w.logf("ignoring answer for lease %d with invalid verdict %d", m.Lease, m.Verdict)
+		w.errorf("ignoring answer for lease %d with invalid verdict %d", m.Lease, m.Verdict)
 		return
 	}
 	w.release(e)
@@ -903,7 +910,7 @@ func (w *Worker) tick() {
 			if w.phase == phaseHello {
 				what = "hello"
 			}
-			w.logf("%s timed out after %v", what, w.cfg.DialTimeout)
+			w.warnf("%s timed out after %v", what, w.cfg.DialTimeout)
 			w.connLost(true)
 		}
 	case phaseReady:
@@ -913,7 +920,7 @@ func (w *Worker) tick() {
 
 func (w *Worker) readyTimers() {
 	if w.credTTL > 0 && !w.now.Before(w.credExpiry) {
-		w.logf("session credential expired; disconnecting")
+		w.warnf("session credential expired; disconnecting")
 		w.connLost(true)
 		return
 	}
@@ -925,12 +932,12 @@ func (w *Worker) readyTimers() {
 	}
 	for _, r := range due {
 		if r.kind == reqRefresh {
-			w.logf("credential refresh failed: no answer")
+			w.warnf("credential refresh failed: no answer")
 		}
 	}
 	for _, r := range due {
 		if r.retries >= w.cfg.RequestRetries {
-			w.logf("request %d unanswered after %d retries; closing connection", r.id, r.retries)
+			w.warnf("request %d unanswered after %d retries; closing connection", r.id, r.retries)
 			w.connLost(true)
 			return
 		}
@@ -1014,7 +1021,11 @@ func (w *Worker) replay(offline time.Duration) {
 	w.logRing.reset()
 	w.eventRing.reset()
 	if nLeases > 0 {
-		w.logf("offline for %ds: replayed %d events and %d log lines of %d lease(s); %d log lines and %d events were dropped",
+		logf := w.logf
+		if nDropped+nDroppedEvents > 0 {
+			logf = w.warnf // step output was lost to the rings (SPEC §10)
+		}
+		logf("offline for %ds: replayed %d events and %d log lines of %d lease(s); %d log lines and %d events were dropped",
 			secs, nEvents, nLines, nLeases, nDropped, nDroppedEvents)
 	}
 }

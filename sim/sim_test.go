@@ -35,6 +35,7 @@ type summary struct {
 	porcOps         int
 	faults          map[string]int
 	buggified       map[string]int
+	workerLogs      map[string]int
 }
 
 func (s *summary) add(r Result) {
@@ -48,6 +49,9 @@ func (s *summary) add(r Result) {
 	}
 	for k, v := range r.Buggified {
 		s.buggified[k] += v
+	}
+	for k, v := range r.WorkerLogs {
+		s.workerLogs[k] += v
 	}
 	if r.Failure != nil {
 		s.failures++
@@ -68,8 +72,8 @@ func kv(m map[string]int) string {
 }
 
 func (s *summary) String() string {
-	return fmt.Sprintf("sim: %d seeds, %.1f simulated hours, %d events, %d invariant checks, %d porcupine operations, %d failures; faults: %s; buggify fired: %s",
-		s.seeds, s.simTime.Hours(), s.events, s.checks, s.porcOps, s.failures, kv(s.faults), kv(s.buggified))
+	return fmt.Sprintf("sim: %d seeds, %.1f simulated hours, %d events, %d invariant checks, %d porcupine operations, %d failures; faults: %s; buggify fired: %s; worker log lines: %s",
+		s.seeds, s.simTime.Hours(), s.events, s.checks, s.porcOps, s.failures, kv(s.faults), kv(s.buggified), kv(s.workerLogs))
 }
 
 // TestSim runs the default seed budget, each seed twice: both runs must pass
@@ -95,7 +99,7 @@ func TestSim(t *testing.T) {
 	if testing.Short() && n == 500 {
 		n = 100
 	}
-	sum := &summary{faults: map[string]int{}, buggified: map[string]int{}}
+	sum := &summary{faults: map[string]int{}, buggified: map[string]int{}, workerLogs: map[string]int{}}
 	var mu sync.Mutex
 	var failures []*Failure
 	seeds := make(chan uint64)

@@ -224,6 +224,17 @@ func (w *world) applyWorker(wn *workerNode, rd core.WorkerReady) {
 	for _, x := range rd.Exec {
 		w.exec(wn, x)
 	}
+	for _, l := range rd.Logs {
+		switch l.Level {
+		case core.LevelInfo, core.LevelWarn, core.LevelError:
+		default:
+			w.fail("log-level", fmt.Sprintf("worker %s logged %q at unknown level %q", wn.id, l.Msg, l.Level))
+		}
+		w.wlogs[l.Level]++
+		if w.cfg.Trace != nil {
+			fmt.Fprintf(w.cfg.Trace, "    worker %s log %s: %s\n", wn.id, l.Level, l.Msg)
+		}
+	}
 	if rd.Exit != nil {
 		w.exitWorker(wn, fmt.Sprintf("exit %d: %s", rd.Exit.Code, rd.Exit.Reason))
 		return

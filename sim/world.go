@@ -101,6 +101,7 @@ type Result struct {
 	Options    Options
 	RunsDone   int
 	StepsTotal int
+	WorkerLogs map[string]int // the workers' own log lines by level
 }
 
 // Failure is a violated property with everything needed to replay it.
@@ -174,6 +175,7 @@ type world struct {
 
 	faults    map[string]int
 	buggified map[string]int
+	wlogs     map[string]int // the workers' own log lines by level
 	healed    bool
 	hist      *history
 	props     *props
@@ -197,6 +199,7 @@ func newWorld(seed uint64, opt Options, cfg Config) *world {
 		calls:     map[core.CallID]*apiCall{},
 		faults:    map[string]int{},
 		buggified: map[string]int{},
+		wlogs:     map[string]int{},
 		hash:      fnv.New64a(),
 	}
 	w.hist = newHistory()

@@ -304,7 +304,14 @@ func (d *Driver) apply(rd core.WorkerReady) *core.WorkerExit {
 		d.exec(c)
 	}
 	for _, l := range rd.Logs {
-		d.log.Info(l)
+		lv := slog.LevelInfo // the core's level (SPEC §10: REJECTED is an error)
+		switch l.Level {
+		case core.LevelWarn:
+			lv = slog.LevelWarn
+		case core.LevelError:
+			lv = slog.LevelError
+		}
+		d.log.Log(d.ctx, lv, l.Msg)
 	}
 	if rd.Exit != nil {
 		return rd.Exit
