@@ -7,10 +7,12 @@ PKGS := ./...
 .PHONY: test test-short check fmt vet bench demo clean fuzz mutants explore
 
 ## test: formatting, vet, then every test (purity check, scenarios, determinism, …);
+## the adapters and the binaries (the code with goroutines) under the race detector;
 ## the simulator's and the explorer's summary lines are shown (go test hides a passing
 ## package's output)
 test: check
-	$(GO) test $(GOFLAGS) -count=1 $$($(GO) list ./... | grep -v -E '/(sim|spec)$$')
+	$(GO) test $(GOFLAGS) -count=1 $$($(GO) list ./... | grep -v -E "/(sim|spec)$$|^$$($(GO) list -m)/(adapters|cmd)/")
+	$(GO) test $(GOFLAGS) -race -count=1 ./adapters/... ./cmd/...
 	@set -o pipefail; $(GO) test $(GOFLAGS) -count=1 -v -run . ./spec ./sim > .sim-test.log 2>&1 \
 	  && { grep -E '^(sim:|explore [a-z]+:|--- PASS: Test(Sim|Explore|Replay)|ok )' .sim-test.log; rm -f .sim-test.log; } \
 	  || { cat .sim-test.log; rm -f .sim-test.log; exit 1; }
