@@ -80,6 +80,9 @@ func start(t *testing.T, ctx context.Context, name, bin string, args ...string) 
 			p.cmd.Process.Kill() // only our own child, by its pid
 			<-p.done
 		}
+		if strings.Contains(p.stderr.String(), "WARNING: DATA RACE") {
+			t.Errorf("%s: the race detector found a data race", name)
+		}
 		if t.Failed() {
 			t.Logf("--- %s stdout:\n%s\n--- %s stderr:\n%s", name, p.stdout, name, p.stderr)
 		}
@@ -139,7 +142,11 @@ func buildBinaries(t *testing.T, ctx context.Context) (orch, work string) {
 		if binDir, buildErr = os.MkdirTemp("", "tether-bin-"); buildErr != nil {
 			return
 		}
-		cmd := exec.CommandContext(ctx, goBin, "build", "-o", binDir+string(filepath.Separator), "./cmd/orchestrator", "./cmd/worker")
+		args := []string{"build", "-o", binDir + string(filepath.Separator), "./cmd/orchestrator", "./cmd/worker"}
+		if raceBuild {
+			args = append(args[:1], append([]string{"-race"}, args[1:]...)...)
+		}
+		cmd := exec.CommandContext(ctx, goBin, args...)
 		cmd.Dir = filepath.Join("..", "..") // the module root
 		if out, err := cmd.CombinedOutput(); err != nil {
 			buildErr = fmt.Errorf("go build: %v\n%s", err, out)
