@@ -42,8 +42,9 @@
 //     current connection; Close that connection if asked (and report no
 //     WDisconnected for it); Dial if asked and report WConnected or
 //     WDialFailed; carry out Exec commands (start a step process in its own
-//     process group, SIGTERM or SIGKILL the group); write Logs; if Exit is
-//     set, exit with its code (step processes die with the worker).
+//     process group, SIGTERM or SIGKILL the group); write Logs, each at its
+//     Level; if Exit is set, exit with its code (step processes die with the
+//     worker).
 //  3. Feed back every transport event (WDisconnected), every message
 //     (WReceived), every line of step output (WExecOutput), every process exit
 //     (WExecExited), and a WTick when Deadline passes.
