@@ -2,8 +2,10 @@ package sim
 
 import (
 	"errors"
+	"fmt"
 	"slices"
 	"sort"
+	"strings"
 	"time"
 
 	"github.com/tether-run/tether/adapters/commit"
@@ -55,19 +57,39 @@ func (w *world) orchInput(in core.Input) {
 	w.checkBatch(held, rd)
 	pb := &pendingBatch{rd: rd}
 	if r, ok := in.(core.Received); ok {
-		if l, ok := r.Msg.(core.Logs); ok {
-			if c := w.conns[r.Conn]; c != nil {
-				for _, ln := range l.Lines {
-					lr := lineRef{w: w.workers[c.worker].id, l: l.Lease, seq: ln.Seq}
-					if ln.Seq == 0 {
-						lr.marker = ln.Text
-					}
-					pb.lines = append(pb.lines, lr)
-				}
-			}
+		if c := w.conns[r.Conn]; c != nil {
+			pb.lines = storedLines(w.workers[c.worker].id, rd)
 		}
 	}
 	w.queueBatch(pb)
+}
+
+// storedLines lists the log lines a batch stored, read from its log records:
+// only what the core kept. A copy it deduplicated (a duplicated message, a
+// re-sent gap marker) wrote no record and is not the batch's to lose; counting
+// the message's lines instead counted a duplicated gap marker's drops twice
+// when a crash took both batches (seed 0xf4c5c).
+func storedLines(wid core.WorkerID, rd core.Ready) []lineRef {
+	var lines []lineRef
+	for _, r := range rd.Records {
+		if r.Delete || !strings.HasPrefix(r.Key, core.KindLog+"/") {
+			continue
+		}
+		v, err := core.DecodeRecord(r)
+		if err != nil {
+			panic(fmt.Sprintf("sim: undecodable log record %s: %v", r.Key, err))
+		}
+		sl := v.(*core.StepLogLine)
+		if sl.Event {
+			continue
+		}
+		lr := lineRef{w: wid, l: sl.Lease, seq: sl.Line.Seq}
+		if sl.Line.Seq == 0 {
+			lr.marker = sl.Line.Text
+		}
+		lines = append(lines, lr)
+	}
+	return lines
 }
 
 // queueBatch queues a batch for the write-ahead pipeline.
