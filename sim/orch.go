@@ -2,10 +2,8 @@ package sim
 
 import (
 	"errors"
-	"fmt"
 	"slices"
 	"sort"
-	"strings"
 	"time"
 
 	"github.com/tether-run/tether/adapters/commit"
@@ -31,16 +29,8 @@ type orchNode struct {
 // pendingBatch is one stepped batch, or a read answered only once everything
 // stepped before it is durable.
 type pendingBatch struct {
-	rd    core.Ready
-	read  func()
-	lines []lineRef // log lines this batch stored: lost if it never syncs
-}
-
-type lineRef struct {
-	w      core.WorkerID
-	l      core.LeaseID
-	seq    uint64
-	marker string // seq 0: a gap marker's text
+	rd   core.Ready
+	read func()
 }
 
 // orchInput steps one input through the orchestrator.
@@ -55,41 +45,7 @@ func (w *world) orchInput(in core.Input) {
 	w.doctor(&rd)
 	w.chk.Batch(w.now, n.o, rd)
 	w.checkBatch(held, rd)
-	pb := &pendingBatch{rd: rd}
-	if r, ok := in.(core.Received); ok {
-		if c := w.conns[r.Conn]; c != nil {
-			pb.lines = storedLines(w.workers[c.worker].id, rd)
-		}
-	}
-	w.queueBatch(pb)
-}
-
-// storedLines lists the log lines a batch stored, read from its log records:
-// only what the core kept. A copy it deduplicated (a duplicated message, a
-// re-sent gap marker) wrote no record and is not the batch's to lose; counting
-// the message's lines instead counted a duplicated gap marker's drops twice
-// when a crash took both batches (seed 0xf4c5c).
-func storedLines(wid core.WorkerID, rd core.Ready) []lineRef {
-	var lines []lineRef
-	for _, r := range rd.Records {
-		if r.Delete || !strings.HasPrefix(r.Key, core.KindLog+"/") {
-			continue
-		}
-		v, err := core.DecodeRecord(r)
-		if err != nil {
-			panic(fmt.Sprintf("sim: undecodable log record %s: %v", r.Key, err))
-		}
-		sl := v.(*core.StepLogLine)
-		if sl.Event {
-			continue
-		}
-		lr := lineRef{w: wid, l: sl.Lease, seq: sl.Line.Seq}
-		if sl.Line.Seq == 0 {
-			lr.marker = sl.Line.Text
-		}
-		lines = append(lines, lr)
-	}
-	return lines
+	w.queueBatch(&pendingBatch{rd: rd})
 }
 
 // queueBatch queues a batch for the write-ahead pipeline.
@@ -215,17 +171,6 @@ func (w *world) crashOrchAt(kind string) {
 	if len(n.persisting) > 0 && w.chance(0.5) {
 		w.persist(n.persisting) // synced, but nothing of it was sent
 		n.persisting = nil
-	}
-	for _, group := range [][]*pendingBatch{n.persisting, n.pending} {
-		for _, pb := range group {
-			for _, lr := range pb.lines {
-				if lr.seq == 0 {
-					w.hist.lostMarker(lr.w, lr.l, lr.marker)
-				} else {
-					w.hist.lostLine(lr.w, lr.l, lr.seq)
-				}
-			}
-		}
 	}
 	n.up = false
 	n.epoch++

@@ -263,3 +263,26 @@ func TestRegressionSeeds(t *testing.T) {
 		}
 	}
 }
+
+// TestSimOutputPath runs seeds with a small window, a small cap and floods:
+// every run must keep log continuity (stored lines + drop markers = printed,
+// exactly, in lines and bytes), and together they must have paused readers
+// on a full window, hit the cap, and lost acks with connections.
+func TestSimOutputPath(t *testing.T) {
+	var sum OutputStats
+	for seed := uint64(1); seed <= 30; seed++ {
+		o := Swarm(seed)
+		o.LogWindow, o.OutputCap, o.BurstMax, o.LinesMax = 4, 120, 30, 40
+		r := Simulate(seed, o, Config{})
+		if r.Failure != nil {
+			t.Fatalf("seed %d with a small window and cap:\n%s", seed, r.Failure)
+		}
+		sum.Paused += r.Output.Paused
+		sum.DropMarkers += r.Output.DropMarkers
+		sum.AcksLost += r.Output.AcksLost
+	}
+	t.Logf("output path: %+v", sum)
+	if sum.Paused == 0 || sum.DropMarkers == 0 || sum.AcksLost == 0 {
+		t.Fatalf("the output path was not exercised: %+v", sum)
+	}
+}
