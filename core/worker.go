@@ -30,17 +30,17 @@ const (
 
 // Worker limits: every queue, counter and timer the worker keeps is bounded.
 const (
-	maxWorkerSlots     = 1024    // WorkerConfig.Slots is clamped to this
-	maxLogWindowLines  = 1 << 20 // LogWindowLines is clamped to this
-	maxLogWindowBytes  = 1 << 30 // LogWindowBytes is clamped to this
+	maxWorkerSlots    = 1024    // WorkerConfig.Slots is clamped to this
+	maxLogWindowLines = 1 << 20 // LogWindowLines is clamped to this
+	maxLogWindowBytes = 1 << 30 // LogWindowBytes is clamped to this
 	// logHardBoundFactor × the window bounds a lease's unacknowledged lines
 	// (and bytes) however the driver honours OutputPaused: output beyond it
 	// is dropped and counted in the lease's gap marker, never silently.
 	logHardBoundFactor = 4
 	maxUnackedEvents   = 5000 // unacknowledged events per lease; beyond, dropped and counted
-	maxRequestRetries  = 100     // RequestRetries is clamped to this
-	maxBackoffAttempts = 100     // the attempt counter stops here (the delay is long capped by then)
-	maxReplayBatch     = 1000    // lines or events per Logs or Events message
+	maxRequestRetries  = 100  // RequestRetries is clamped to this
+	maxBackoffAttempts = 100  // the attempt counter stops here (the delay is long capped by then)
+	maxReplayBatch     = 1000 // lines or events per Logs or Events message
 	minTimerInterval   = time.Second
 )
 

@@ -65,9 +65,9 @@ type Options struct {
 	IgnoreTermP  float64       // a process ignores SIGTERM
 	FaultPhase   time.Duration // faults happen only during this phase
 	Buggify      map[string]bool
-	LogWindow    int   // worker LogWindowLines (small values stress backpressure)
-	OutputCap    int64 // worker OutputCapBytes; 0 = the default (small values stress the cap)
-	BurstMax     int   // a process prints up to this many lines at once (floods)
+	LogWindow    int           // worker LogWindowLines (small values stress backpressure)
+	OutputCap    int64         // worker OutputCapBytes; 0 = the default (small values stress the cap)
+	BurstMax     int           // a process prints up to this many lines at once (floods)
 	MaxDelayWork time.Duration // the workers' max reconnect delay (grace = 2×)
 
 	// Mutate, if set, plants a bug in the orchestrator's driver: it doctors
