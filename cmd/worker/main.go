@@ -166,7 +166,7 @@ type settings struct {
 	// OutputCapBytes caps what one step's output may store (SPEC §10).
 	// Zero: the default (64 MiB).
 	OutputCapBytes int64
-	Noop              bool   // --executor noop: a benchmarking aid
+	Noop           bool // --executor noop: a benchmarking aid
 }
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
