@@ -165,7 +165,8 @@ func atoi64(s string) int64 {
 // exactly once, in order: what was unacknowledged is sent again.
 func TestOutputCutMidFlood(t *testing.T) {
 	r := startBinRig(t)
-	r.startWorkerWith("cut")
+	// Grace 10 s: the worker's redials (1 s, 1.5 s, …) come well within it.
+	r.startWorkerWith("cut", "--max-reconnect-delay", "5s")
 	const n = 200000
 	run := r.submit(core.RunSpec{Name: "cut", Steps: []core.StepSpec{{Name: "seq", Command: fmt.Sprintf("seq 1 %d", n)}}})
 	step := stepID(run, "seq")
