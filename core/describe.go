@@ -61,6 +61,10 @@ func DescribeMsg(m Msg) string {
 		kv("events", len(m.Events))
 	case Refresh:
 		kv("req", m.Request)
+	case LogAck:
+		kv("lease", m.Lease)
+		kv("lines", m.Lines)
+		kv("events", m.Events)
 	case Welcome:
 		kv("worker", m.Worker)
 		if m.Credential != "" {

@@ -46,8 +46,10 @@
 //     Level; if Exit is set, exit with its code (step processes die with the
 //     worker).
 //  3. Feed back every transport event (WDisconnected), every message
-//     (WReceived), every line of step output (WExecOutput), every process exit
-//     (WExecExited), and a WTick when Deadline passes.
+//     (WReceived), step output (WExecOutput: the lines read at once), every
+//     process exit (WExecExited, after all of the process's output), and a
+//     WTick when Deadline passes. After each Step, read no more output of a
+//     lease for which OutputPaused holds (SPEC §10: backpressure).
 //
 // # Determinism
 //

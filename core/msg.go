@@ -2,8 +2,14 @@ package core
 
 import "time"
 
-// ProtocolVersion is checked at connect: a Hello with another version is refused.
-const ProtocolVersion = 1
+// ProtocolVersion is the version a worker declares in its Hello (SPEC §9).
+// Version 2 adds LogAck; the orchestrator still accepts MinProtocolVersion
+// for one release and never sends a connection a message its version lacks.
+// A Hello outside MinProtocolVersion..ProtocolVersion is refused.
+const (
+	ProtocolVersion    = 2
+	MinProtocolVersion = 1
+)
 
 // ConnID names one control connection. The driver assigns it; a reconnect is a
 // new ConnID. Zero means "no connection".
@@ -135,6 +141,16 @@ type (
 		Verdict Verdict
 		Reason  string
 	}
+	// LogAck acknowledges a lease's log lines and events once stored
+	// (protocol version 2, SPEC §3): Lines and Events are the highest
+	// sequence numbers up to which every line (event) of the lease is stored,
+	// or discarded because the lease lost authority. It is a message of the
+	// batch that stored them, so it leaves only once they are durable.
+	LogAck struct {
+		Lease  LeaseID
+		Lines  uint64
+		Events uint64
+	}
 	// Refreshed answers Refresh with the credential's new validity.
 	Refreshed struct {
 		Request uint64
@@ -159,6 +175,7 @@ func (Dispatch) Kind() string       { return "dispatch" }
 func (StartAck) Kind() string       { return "start-ack" }
 func (Cancel) Kind() string         { return "cancel" }
 func (Answer) Kind() string         { return "answer" }
+func (LogAck) Kind() string         { return "log-ack" }
 func (Refreshed) Kind() string      { return "refreshed" }
 func (Close) Kind() string          { return "close" }
 

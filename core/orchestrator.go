@@ -39,10 +39,12 @@ type Orchestrator struct {
 	open         map[RunID]int        // non-terminal steps per run
 	workerLeases map[WorkerID]map[LeaseID]bool
 	logSeen      map[LeaseID]map[lineID]bool
+	logMark      map[LeaseID][2]uint64 // lazily: contiguous stored lines, events (logWatermark)
 
 	// Connections are not durable: after a restart every worker is disconnected.
 	conns  map[ConnID]WorkerID
 	connOf map[WorkerID]ConnID
+	connV1 map[ConnID]bool // connections whose Hello declared protocol version 1 (§9)
 
 	timers timerHeap
 
@@ -85,8 +87,10 @@ func (o *Orchestrator) init() {
 	o.open = map[RunID]int{}
 	o.workerLeases = map[WorkerID]map[LeaseID]bool{}
 	o.logSeen = map[LeaseID]map[lineID]bool{}
+	o.logMark = map[LeaseID][2]uint64{}
 	o.conns = map[ConnID]WorkerID{}
 	o.connOf = map[WorkerID]ConnID{}
+	o.connV1 = map[ConnID]bool{}
 	o.dirty = map[string]bool{}
 	o.enc = map[string]encEntry{}
 	o.fp = 0

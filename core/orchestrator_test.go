@@ -365,13 +365,13 @@ func (h *harness) command(d *datadriven.TestData) []string {
 		return append(pre, h.absorb(rd)...)
 
 	case "connect":
-		// connect w1 [inflight=step@lease,...] [credential=bad]
+		// connect w1 [inflight=step@lease,...] [credential=bad] [version=N]
 		w := h.pos(d, 0)
 		cred := h.creds[w]
 		if v, ok := h.arg(d, "credential"); ok {
 			cred = v
 		}
-		hello := Hello{Version: ProtocolVersion, Credential: cred, Worker: WorkerID(w), Name: w, Slots: 1}
+		hello := Hello{Version: int(h.num(d, "version", ProtocolVersion)), Credential: cred, Worker: WorkerID(w), Name: w, Slots: 1}
 		hello.InFlight = h.parseRefs(d, h.argOr(d, "inflight", ""))
 		c := h.newConn(w)
 		return h.step(Received{Conn: c, Msg: hello})
@@ -412,7 +412,7 @@ func (h *harness) command(d *datadriven.TestData) []string {
 		return h.step(Received{Conn: h.conn(d, w), Msg: m})
 
 	case "logs":
-		// logs w1 lease=3 seq=1,2,3 [marker="text"]
+		// logs w1 lease=3 seq=1,2,3 [marker="text"] [events]
 		w := h.pos(d, 0)
 		var lines []LogLine
 		if v, ok := h.arg(d, "marker"); ok {
@@ -424,6 +424,9 @@ func (h *harness) command(d *datadriven.TestData) []string {
 			}
 			n, _ := strconv.ParseUint(s, 10, 64)
 			lines = append(lines, LogLine{Seq: n, At: h.now, Text: "line " + s})
+		}
+		if h.has(d, "events") {
+			return h.step(Received{Conn: h.conn(d, w), Msg: Events{Lease: LeaseID(h.num(d, "lease", 0)), Events: lines}})
 		}
 		return h.step(Received{Conn: h.conn(d, w), Msg: Logs{Lease: LeaseID(h.num(d, "lease", 0)), Lines: lines}})
 

@@ -32,9 +32,9 @@ func (o *Orchestrator) receive(in Received) {
 	case Report:
 		o.report(w, in.Conn, m)
 	case Logs:
-		o.storeLogs(w, m.Lease, m.Lines, false)
+		o.storeLogs(w, in.Conn, m.Lease, m.Lines, false)
 	case Events:
-		o.storeLogs(w, m.Lease, m.Events, true)
+		o.storeLogs(w, in.Conn, m.Lease, m.Events, true)
 	case Refresh:
 		o.refresh(w, in.Conn, m)
 	default:
@@ -55,8 +55,8 @@ func (o *Orchestrator) hello(c ConnID, h Hello, entropy [16]byte) {
 		o.disconnect(old, "protocol error")
 		return
 	}
-	if h.Version != ProtocolVersion {
-		o.refuse(c, fmt.Sprintf("protocol version %d not supported (want %d)", h.Version, ProtocolVersion), true)
+	if h.Version < MinProtocolVersion || h.Version > ProtocolVersion {
+		o.refuse(c, fmt.Sprintf("protocol version %d not supported (want %d..%d)", h.Version, MinProtocolVersion, ProtocolVersion), true)
 		return
 	}
 	if h.Worker == "" || len(h.Worker) > MaxNameLength {
@@ -94,7 +94,7 @@ func (o *Orchestrator) hello(c ConnID, h Hello, entropy [16]byte) {
 		o.send(oc, Close{Reason: "superseded by a new connection"})
 		o.disconnect(w.ID, "superseded by a new connection")
 	}
-	o.attach(c, w)
+	o.attach(c, w, h.Version)
 	wasInactive := !w.Active
 	w.Active = true
 	w.LastHeartbeat = o.now
@@ -167,7 +167,7 @@ func (o *Orchestrator) enroll(c ConnID, h Hello, entropy [16]byte) {
 	o.markToken(t)
 	o.workers[w.ID] = w
 	o.markWorker(w)
-	o.attach(c, w)
+	o.attach(c, w, h.Version)
 	o.logf("info", "worker enrolled", "worker_id", string(w.ID), "name", w.Name, "token", name)
 	cancel := make([]LeaseID, 0, len(h.InFlight))
 	for _, r := range h.InFlight {
@@ -177,13 +177,19 @@ func (o *Orchestrator) enroll(c ConnID, h Hello, entropy [16]byte) {
 	o.send(c, Welcome{Worker: w.ID, Credential: string(w.ID) + "." + cred, CredentialTTL: o.cfg.CredentialTTL, Heartbeat: o.cfg.HeartbeatInterval, Cancel: cancel})
 }
 
-func (o *Orchestrator) attach(c ConnID, w *WorkerRecord) {
+func (o *Orchestrator) attach(c ConnID, w *WorkerRecord, version int) {
 	o.conns[c] = w.ID
+	if version < 2 {
+		o.connV1[c] = true // §9: no LogAck on this connection
+	} else {
+		delete(o.connV1, c)
+	}
 	o.connOf[w.ID] = c
 	o.arm(w.CredExpiry, tCred, string(w.ID))
 }
 
 func (o *Orchestrator) dropConn(c ConnID) {
+	delete(o.connV1, c)
 	if w, ok := o.conns[c]; ok {
 		delete(o.conns, c)
 		if o.connOf[w] == c {
@@ -558,12 +564,28 @@ func idOf(ln LogLine, event bool) lineID {
 // storeLogs keeps a current lease's log lines and events, deduplicated (see
 // lineID), in arrival order. Lines of a lease that lost
 // authority are refused: logs are writes, and writes are fenced. A lease
-// that committed keeps its authority over its own log: a worker replaying
-// its buffer after a reconnect re-sends the report first.
-func (o *Orchestrator) storeLogs(w *WorkerRecord, id LeaseID, lines []LogLine, event bool) {
+// that committed keeps its authority over its own log.
+//
+// Every message is answered with a LogAck on its connection (protocol
+// version 2, §3): the highest sequence numbers up to which the lease's lines
+// and events are all stored. Refused lines are acknowledged as discarded (up
+// to the greatest sequence number of the message): a lease that lost
+// authority never regains it, so they could never be stored, and the worker
+// must not hold them, nor stall on them, forever. The ack is a message of
+// this batch: it leaves only once the stored lines are durable (§11).
+func (o *Orchestrator) storeLogs(w *WorkerRecord, c ConnID, id LeaseID, lines []LogLine, event bool) {
 	l, _ := o.leaseFor(w, id)
 	if l == nil || !(l.Current || l.Committed) || len(lines) > MaxLogLinesPerMessage {
 		o.logf("warn", "log lines refused", "worker_id", string(w.ID), "lease", fmt.Sprint(id), "lines", fmt.Sprint(len(lines)))
+		var top uint64
+		for _, ln := range lines {
+			top = max(top, ln.Seq)
+		}
+		if event {
+			o.ackLogs(c, id, 0, top)
+		} else {
+			o.ackLogs(c, id, top, 0)
+		}
 		return
 	}
 	seen := o.logSeen[id]
@@ -581,6 +603,31 @@ func (o *Orchestrator) storeLogs(w *WorkerRecord, id LeaseID, lines []LogLine, e
 		o.logs[id] = append(o.logs[id], sl)
 		o.appends = append(o.appends, Record{Key: logKey(id, sl.Index), Value: encodeScratch(&o.scratch, sl)})
 	}
+	o.ackLogs(c, id, o.logWatermark(id, false), o.logWatermark(id, true))
+}
+
+// ackLogs sends a LogAck unless the connection speaks protocol version 1.
+func (o *Orchestrator) ackLogs(c ConnID, id LeaseID, lines, events uint64) {
+	if !o.connV1[c] {
+		o.send(c, LogAck{Lease: id, Lines: lines, Events: events})
+	}
+}
+
+// logWatermark is the highest n such that lines (events) 1..n of the lease
+// are all stored. It is cached in logMark, a derived index that is rebuilt
+// lazily from logSeen (so Restore and Clone need not carry it).
+func (o *Orchestrator) logWatermark(id LeaseID, event bool) uint64 {
+	m := o.logMark[id]
+	i := 0
+	if event {
+		i = 1
+	}
+	seen := o.logSeen[id]
+	for seen[lineID{event: event, seq: m[i] + 1}] {
+		m[i]++
+	}
+	o.logMark[id] = m
+	return m[i]
 }
 
 func (o *Orchestrator) refresh(w *WorkerRecord, c ConnID, m Refresh) {

@@ -207,6 +207,9 @@ func (o *Orchestrator) Clone() *Orchestrator {
 	for k, v := range o.connOf {
 		c.connOf[k] = v
 	}
+	for k, v := range o.connV1 {
+		c.connV1[k] = v
+	}
 	c.rebuildTimers()
 	return c
 }
@@ -262,6 +265,9 @@ func (o *Orchestrator) Fingerprint() uint64 {
 		put(uint64(c))
 		h.Write([]byte(o.conns[c]))
 		h.Write([]byte{0})
+		if o.connV1[c] {
+			h.Write([]byte{1})
+		}
 	}
 	return h.Sum64()
 }

@@ -18,8 +18,9 @@ const (
 	defaultBackoffFactor  = 1.5
 	defaultBackoffMax     = 60 * time.Second
 	defaultBackoffJitter  = 0.2
-	defaultEventBuffer    = 5000
-	defaultLogBuffer      = 10000
+	defaultLogWindowLines = 1000
+	defaultLogWindowBytes = 1 << 20
+	defaultOutputCapBytes = 64 << 20
 	defaultRequestTimeout = 10 * time.Second
 	defaultRequestRetries = 5
 	defaultKillGrace      = 10 * time.Second
@@ -29,11 +30,17 @@ const (
 
 // Worker limits: every queue, counter and timer the worker keeps is bounded.
 const (
-	maxWorkerSlots     = 1024    // WorkerConfig.Slots is clamped to this
-	maxRingLen         = 1 << 20 // EventBuffer and LogBuffer are clamped to this
-	maxRequestRetries  = 100     // RequestRetries is clamped to this
-	maxBackoffAttempts = 100     // the attempt counter stops here (the delay is long capped by then)
-	maxReplayBatch     = 1000    // buffered items per Logs or Events message on replay
+	maxWorkerSlots    = 1024    // WorkerConfig.Slots is clamped to this
+	maxLogWindowLines = 1 << 20 // LogWindowLines is clamped to this
+	maxLogWindowBytes = 1 << 30 // LogWindowBytes is clamped to this
+	// logHardBoundFactor × the window bounds a lease's unacknowledged lines
+	// (and bytes) however the driver honours OutputPaused: output beyond it
+	// is dropped and counted in the lease's gap marker, never silently.
+	logHardBoundFactor = 4
+	maxUnackedEvents   = 5000 // unacknowledged events per lease; beyond, dropped and counted
+	maxRequestRetries  = 100  // RequestRetries is clamped to this
+	maxBackoffAttempts = 100  // the attempt counter stops here (the delay is long capped by then)
+	maxReplayBatch     = 1000 // lines or events per Logs or Events message
 	minTimerInterval   = time.Second
 )
 
@@ -63,8 +70,17 @@ type WorkerConfig struct {
 	// BackoffMax). Default 0.2; a negative value disables jitter; at most 1.
 	BackoffJitter float64
 
-	EventBuffer int // default 5000
-	LogBuffer   int // default 10000
+	// LogWindowLines and LogWindowBytes bound a lease's unacknowledged log
+	// lines (SPEC §10): at either, OutputPaused reports the lease paused and
+	// the driver stops reading its process's output until LogAcks free the
+	// window. Defaults 1,000 lines and 1 MiB; a line counts len(text)+1 bytes.
+	LogWindowLines int
+	LogWindowBytes int
+	// OutputCapBytes caps what a step's output may store (SPEC §10, §12):
+	// the first line that would take the lease's output past it, and every
+	// line after it, is dropped and counted; one gap marker before the
+	// report gives the exact line and byte counts. Default 64 MiB.
+	OutputCapBytes int64
 
 	RequestTimeout time.Duration // default 10s: retransmit an unanswered Start/Report/Refresh after this
 	RequestRetries int           // default 5 per request and connection; then the connection is closed
@@ -76,8 +92,11 @@ func (c WorkerConfig) withDefaults() WorkerConfig {
 	c.Tags = append([]string(nil), c.Tags...)
 	c.Labels = copyMap(c.Labels)
 	c.Slots = clampInt(c.Slots, defaultWorkerSlots, maxWorkerSlots)
-	c.EventBuffer = clampInt(c.EventBuffer, defaultEventBuffer, maxRingLen)
-	c.LogBuffer = clampInt(c.LogBuffer, defaultLogBuffer, maxRingLen)
+	c.LogWindowLines = clampInt(c.LogWindowLines, defaultLogWindowLines, maxLogWindowLines)
+	c.LogWindowBytes = clampInt(c.LogWindowBytes, defaultLogWindowBytes, maxLogWindowBytes)
+	if c.OutputCapBytes <= 0 {
+		c.OutputCapBytes = defaultOutputCapBytes
+	}
 	c.RequestRetries = clampInt(c.RequestRetries, defaultRequestRetries, maxRequestRetries)
 	orDefault := func(d *time.Duration, def time.Duration) {
 		if *d <= 0 {
@@ -128,10 +147,12 @@ type (
 	WDisconnected struct{ Reason string }
 	// WReceived delivers a message from the orchestrator on the current connection.
 	WReceived struct{ Msg Msg }
-	// WExecOutput is one line of stdout/stderr of a step's process.
+	// WExecOutput is output of a step's process: the lines of stdout/stderr
+	// the driver read at once, in order, without their newlines. A flood is
+	// one input and one Logs message, not one per line.
 	WExecOutput struct {
 		Lease LeaseID
-		Text  string
+		Lines []string
 	}
 	// WExecEvent is one protocol event of a step (e.g. a capability call).
 	WExecEvent struct {
@@ -250,10 +271,22 @@ type execution struct {
 	killAt    time.Time // non-zero while an ExecKill is due at this time
 	logSeq    uint64    // Seq of the last log line; lines are numbered from 1
 	eventSeq  uint64    // Seq of the last event; events are numbered from 1
-	// Ring bookkeeping while offline: items of this lease in the rings and
-	// items dropped by overflow since the last gap marker.
-	bufLines, bufEvents         int
-	droppedLines, droppedEvents int
+	// Unacknowledged output (SPEC §10), oldest first: sent on the current
+	// connection, or not yet sent while offline. A LogAck drops the prefix it
+	// covers; after a Welcome all of it is sent again (the orchestrator
+	// deduplicates by sequence number). lineBytes is lines' size in bytes.
+	lines, events []LogLine
+	lineBytes     int
+	// outDue: while connected with output unacknowledged, when it is all
+	// sent again unless an ack made progress (like a request's retransmission).
+	outDue time.Time
+	// outBytes counts the bytes of output kept (toward OutputCapBytes);
+	// capped: the cap was reached and every later line is dropped.
+	outBytes int64
+	capped   bool
+	// Output dropped (over the cap, or beyond the hard bound), reported by
+	// one gap marker before the lease's report.
+	dropLines, dropBytes, dropEvents int64
 }
 
 // reqKind is the kind of a request that expects an answer.
@@ -327,8 +360,6 @@ type Worker struct {
 	// process is still being stopped (each until its exit or its SIGKILL).
 	leases map[LeaseID]*execution
 
-	logRing, eventRing ring // items produced while not ready, oldest first
-
 	now time.Time   // of the current Step
 	out WorkerReady // accumulated by the current Step
 }
@@ -341,8 +372,6 @@ func NewWorker(cfg WorkerConfig) *Worker {
 		pcg:         *rand.NewPCG(cfg.Seed, cfg.Seed^0x9e3779b97f4a7c15),
 		nextRequest: 1,
 		leases:      map[LeaseID]*execution{},
-		logRing:     ring{limit: cfg.LogBuffer},
-		eventRing:   ring{limit: cfg.EventBuffer},
 	}
 }
 
@@ -388,8 +417,30 @@ func (w *Worker) heldCount() int {
 	return n
 }
 
-// Buffered returns how many events and log lines wait in the rings.
-func (w *Worker) Buffered() (events, lines int) { return w.eventRing.len(), w.logRing.len() }
+// Buffered returns how many events and log lines of held leases wait for
+// their LogAck.
+func (w *Worker) Buffered() (events, lines int) {
+	for _, e := range w.leases {
+		if !e.released {
+			events += len(e.events)
+			lines += len(e.lines)
+		}
+	}
+	return events, lines
+}
+
+// OutputPaused reports whether the driver must stop reading the output of
+// lease l's process (SPEC §10): its unacknowledged lines fill the window.
+// The process then blocks on write, as under a slow terminal, until LogAcks
+// free the window. A lease that is released, capped or unknown is never
+// paused: its output is read and discarded or dropped and counted.
+func (w *Worker) OutputPaused(l LeaseID) bool {
+	e := w.held(l)
+	if e == nil || e.capped {
+		return false
+	}
+	return len(e.lines) >= w.cfg.LogWindowLines || e.lineBytes >= w.cfg.LogWindowBytes
+}
 
 // Pending returns the ids of the unanswered requests, ascending.
 func (w *Worker) Pending() []uint64 {
@@ -432,9 +483,9 @@ func (w *Worker) Step(now time.Time, in WorkerInput) WorkerReady {
 	case WReceived:
 		w.receive(in.Msg)
 	case WExecOutput:
-		w.output(in.Lease, in.Text, false)
+		w.output(in.Lease, in.Lines)
 	case WExecEvent:
-		w.output(in.Lease, in.Text, true)
+		w.event(in.Lease, in.Text)
 	case WExecExited:
 		w.procExited(in)
 	case WTick:
@@ -500,7 +551,8 @@ func (w *Worker) hello() Hello {
 	} else {
 		h.Token = w.cfg.Token
 	}
-	h.Buffered = w.logRing.len() + w.eventRing.len()
+	ev, ln := w.Buffered()
+	h.Buffered = ev + ln
 	return h
 }
 
@@ -527,6 +579,9 @@ func (w *Worker) connLost(closeIt bool) {
 		w.dropRequests(func(r *request) bool { return r.kind == reqRefresh })
 		for i := range w.requests {
 			w.requests[i].due, w.requests[i].retries = time.Time{}, 0
+		}
+		for _, e := range w.leases {
+			e.outDue = time.Time{}
 		}
 	}
 	w.conn, w.connDeadline = 0, time.Time{}
@@ -610,6 +665,8 @@ func (w *Worker) receive(m Msg) {
 		w.answer(m)
 	case Refreshed:
 		w.refreshed(m)
+	case LogAck:
+		w.logAck(m)
 	case Refused:
 		w.refused(m)
 	case Close:
@@ -643,13 +700,13 @@ func (w *Worker) welcome(m Welcome) {
 			w.release(e)
 		}
 	}
+	// Output first, requests after: a Report never overtakes its lease's
+	// lines (an Answer then proves they were all processed, §10).
+	w.replay(wasOffline, offline)
 	for i := range w.requests {
-		w.transmit(&w.requests[i])
-	}
-	if wasOffline {
-		w.replay(offline)
-	} else if w.logRing.len()+w.eventRing.len() > 0 {
-		panic("core.Worker: buffered output before the first Welcome")
+		if r := &w.requests[i]; !w.waitsForAcks(r) {
+			w.transmit(r)
+		}
 	}
 }
 
@@ -783,9 +840,8 @@ func (w *Worker) release(e *execution) {
 	l := e.ref.Lease
 	e.released = true
 	w.dropRequests(func(r *request) bool { return r.ref.Lease == l && r.kind != reqRefresh })
-	w.logRing.remove(l)
-	w.eventRing.remove(l)
-	e.bufLines, e.bufEvents, e.droppedLines, e.droppedEvents = 0, 0, 0, 0
+	e.lines, e.events, e.lineBytes, e.outDue = nil, nil, 0, time.Time{}
+	e.dropLines, e.dropBytes, e.dropEvents = 0, 0, 0
 	if e.proc == procRunning {
 		w.stop(e)
 	} else {
@@ -793,38 +849,154 @@ func (w *Worker) release(e *execution) {
 	}
 }
 
-func (w *Worker) output(l LeaseID, text string, event bool) {
+// output takes lines of a lease's process output (SPEC §10): each kept line
+// gets the next sequence number, joins the lease's unacknowledged lines and,
+// when connected, goes out at once (one Logs message per maxReplayBatch
+// lines). A line that would take the lease's output past OutputCapBytes, and
+// every line after it, is dropped and counted, as is a line beyond the hard
+// bound of unacknowledged output (a driver that ignored OutputPaused).
+func (w *Worker) output(l LeaseID, texts []string) {
 	e := w.held(l)
-	if e == nil || e.proc == procNone {
-		return // finished leases emit nothing more
+	if e == nil || e.proc != procRunning {
+		return // finished leases and exited processes emit nothing more
 	}
-	var line LogLine
-	if event {
-		e.eventSeq++
-		line = LogLine{Seq: e.eventSeq, At: w.now, Text: text}
-	} else {
+	hardLines := logHardBoundFactor * w.cfg.LogWindowLines
+	hardBytes := logHardBoundFactor * w.cfg.LogWindowBytes
+	first := len(e.lines)
+	for _, t := range texts {
+		n := LineBytes(t)
+		if !e.capped && e.outBytes+int64(n) > w.cfg.OutputCapBytes {
+			e.capped = true
+		}
+		if e.capped || len(e.lines) >= hardLines || e.lineBytes+n > hardBytes {
+			e.dropLines++
+			e.dropBytes += int64(n)
+			continue
+		}
 		e.logSeq++
-		line = LogLine{Seq: e.logSeq, At: w.now, Text: text}
+		e.outBytes += int64(n)
+		e.lineBytes += n
+		e.lines = append(e.lines, LogLine{Seq: e.logSeq, At: w.now, Text: t})
 	}
-	switch {
-	case w.phase == phaseReady && event:
-		w.send(Events{Lease: l, Events: []LogLine{line}})
-	case w.phase == phaseReady:
-		w.send(Logs{Lease: l, Lines: []LogLine{line}})
-	case event:
-		e.bufEvents++
-		if old, ok := w.eventRing.push(ringItem{lease: l, line: line}); ok {
-			o := w.leases[old.lease]
-			o.bufEvents--
-			o.droppedEvents++
+	if w.phase == phaseReady && len(e.lines) > first {
+		for b := range batches(e.lines[first:]) {
+			w.send(Logs{Lease: l, Lines: b})
 		}
-	default:
-		e.bufLines++
-		if old, ok := w.logRing.push(ringItem{lease: l, line: line}); ok {
-			o := w.leases[old.lease]
-			o.bufLines--
-			o.droppedLines++
+		w.armOutput(e)
+	}
+}
+
+// armOutput starts the retransmission clock of a lease's output, if it has
+// unacknowledged output and the clock is not running.
+func (w *Worker) armOutput(e *execution) {
+	if e.outDue.IsZero() && len(e.lines)+len(e.events) > 0 {
+		e.outDue = w.now.Add(w.cfg.RequestTimeout)
+	}
+}
+
+// unacked says whether a lease has output not yet acknowledged. Its Report
+// waits until it has none (SPEC §10): an Answer then never finds a line of
+// the lease unstored, whatever the link lost.
+func (e *execution) unacked() bool { return len(e.lines)+len(e.events) > 0 }
+
+// resendOutput sends a lease's unacknowledged events, then lines, again.
+func (w *Worker) resendOutput(e *execution) {
+	for b := range batches(e.events) {
+		w.send(Events{Lease: e.ref.Lease, Events: b})
+	}
+	for b := range batches(e.lines) {
+		w.send(Logs{Lease: e.ref.Lease, Lines: b})
+	}
+	e.outDue = time.Time{}
+	w.armOutput(e)
+}
+
+// LineBytes is what a line of output counts toward the window and the cap:
+// its text and its newline.
+func LineBytes(text string) int { return len(text) + 1 }
+
+// event takes one protocol event of a lease, like output.
+func (w *Worker) event(l LeaseID, text string) {
+	e := w.held(l)
+	if e == nil || e.proc != procRunning {
+		return
+	}
+	if len(e.events) >= maxUnackedEvents {
+		e.dropEvents++
+		return
+	}
+	e.eventSeq++
+	ev := LogLine{Seq: e.eventSeq, At: w.now, Text: text}
+	e.events = append(e.events, ev)
+	if w.phase == phaseReady {
+		w.send(Events{Lease: l, Events: []LogLine{ev}})
+		w.armOutput(e)
+	}
+}
+
+// logAck drops the acknowledged prefix of a lease's output. A gap marker
+// (sequence 0) goes with the first acknowledged line after it: the
+// orchestrator handles a connection's messages in order, so it was processed.
+// Progress restarts the retransmission clock; once nothing is left, a Report
+// that waited for the acks goes out.
+func (w *Worker) logAck(m LogAck) {
+	e := w.held(m.Lease)
+	if e == nil {
+		return // late: the lease is finished and its output gone
+	}
+	before := len(e.lines) + len(e.events)
+	k := 0
+	for i, ln := range e.lines {
+		if ln.Seq != 0 {
+			if ln.Seq > m.Lines {
+				break
+			}
+			k = i + 1
 		}
+	}
+	for _, ln := range e.lines[:k] {
+		e.lineBytes -= LineBytes(ln.Text)
+	}
+	e.lines = append([]LogLine(nil), e.lines[k:]...)
+	k = 0
+	for k < len(e.events) && e.events[k].Seq <= m.Events {
+		k++
+	}
+	e.events = append([]LogLine(nil), e.events[k:]...)
+	if len(e.lines)+len(e.events) == before {
+		return
+	}
+	e.outDue = time.Time{}
+	w.armOutput(e)
+	if !e.unacked() {
+		for i := range w.requests {
+			if r := &w.requests[i]; r.kind == reqReport && r.ref.Lease == m.Lease && r.due.IsZero() {
+				w.transmit(r)
+			}
+		}
+	}
+}
+
+// dropMarker adds, before a lease's report, the one gap marker that counts
+// the output it dropped, if any (SPEC §10).
+func (w *Worker) dropMarker(e *execution) {
+	if e.dropLines == 0 && e.dropEvents == 0 {
+		return
+	}
+	capBytes := w.cfg.OutputCapBytes
+	if !e.capped {
+		capBytes = 0
+	}
+	// It takes the next sequence number, so it is acknowledged, re-sent
+	// and deduplicated like any line.
+	e.logSeq++
+	ln := LogLine{Seq: e.logSeq, At: w.now, Text: DropMarker(e.dropLines, e.dropBytes, e.dropEvents, capBytes)}
+	e.dropLines, e.dropBytes, e.dropEvents = 0, 0, 0
+	e.lines = append(e.lines, ln)
+	e.lineBytes += LineBytes(ln.Text)
+	if w.phase == phaseReady {
+		w.send(Logs{Lease: e.ref.Lease, Lines: []LogLine{ln}})
+		w.armOutput(e)
 	}
 }
 
@@ -853,6 +1025,7 @@ func (w *Worker) procExited(x WExecExited) {
 	default:
 		o = Outcome{Status: OutcomeFailure, ExitCode: x.ExitCode, Message: fmt.Sprintf("exit status %d", x.ExitCode)}
 	}
+	w.dropMarker(e)
 	w.newRequest(reqReport, e.ref, o)
 }
 
@@ -862,9 +1035,19 @@ func (w *Worker) procExited(x WExecExited) {
 func (w *Worker) newRequest(k reqKind, ref LeaseRef, o Outcome) {
 	w.requests = append(w.requests, request{id: w.nextRequest, kind: k, ref: ref, outcome: o})
 	w.nextRequest++
-	if w.phase == phaseReady {
-		w.transmit(&w.requests[len(w.requests)-1])
+	if r := &w.requests[len(w.requests)-1]; w.phase == phaseReady && !w.waitsForAcks(r) {
+		w.transmit(r)
 	}
+}
+
+// waitsForAcks says whether r is a Report whose lease still has output
+// unacknowledged: it is sent once the acks are in (SPEC §10).
+func (w *Worker) waitsForAcks(r *request) bool {
+	if r.kind != reqReport {
+		return false
+	}
+	e := w.held(r.ref.Lease)
+	return e != nil && e.unacked()
 }
 
 // transmit (re)sends r on the current connection.
@@ -926,7 +1109,7 @@ func (w *Worker) readyTimers() {
 	}
 	var due []*request
 	for i := range w.requests {
-		if r := &w.requests[i]; !w.now.Before(r.due) {
+		if r := &w.requests[i]; !r.due.IsZero() && !w.now.Before(r.due) {
 			due = append(due, r)
 		}
 	}
@@ -945,6 +1128,12 @@ func (w *Worker) readyTimers() {
 	for _, r := range due {
 		r.retries++
 		w.transmit(r)
+	}
+	for _, e := range w.sortedExecutions() {
+		if !e.released && !e.outDue.IsZero() && !w.now.Before(e.outDue) {
+			w.warnf("lease %d: no ack for %v; re-sending %d events and %d log lines", e.ref.Lease, w.cfg.RequestTimeout, len(e.events), len(e.lines))
+			w.resendOutput(e)
+		}
 	}
 	if !w.now.Before(w.heartbeatAt) {
 		w.heartbeatAt = w.now.Add(w.heartbeat)
@@ -966,6 +1155,9 @@ func (w *Worker) deadline() time.Time {
 	}
 	for _, e := range w.leases {
 		at(e.killAt)
+		if w.phase == phaseReady {
+			at(e.outDue)
+		}
 	}
 	switch w.phase {
 	case phaseBackoff:
@@ -987,57 +1179,58 @@ func (w *Worker) deadline() time.Time {
 
 // --- replay after reconnect ---
 
-// replay sends, per lease in lease order, a gap marker, then the lease's
-// buffered events, then its buffered lines, with their original stamps.
-func (w *Worker) replay(offline time.Duration) {
+// replay sends, per lease in lease order, every unacknowledged event, then
+// every unacknowledged line, with their original stamps and sequence numbers
+// (SPEC §10). After an offline period each such lease's output is preceded by
+// a gap marker saying how long and how much; it reports no loss (nothing is
+// lost while offline: the window pauses the step instead) and is not kept
+// for acknowledgement.
+func (w *Worker) replay(wasOffline bool, offline time.Duration) {
 	secs := max(int64(offline/time.Second), 0)
-	lines, events := map[LeaseID][]LogLine{}, map[LeaseID][]LogLine{}
-	w.logRing.each(func(it ringItem) { lines[it.lease] = append(lines[it.lease], it.line) })
-	w.eventRing.each(func(it ringItem) { events[it.lease] = append(events[it.lease], it.line) })
-	var nLeases, nEvents, nLines, nDropped, nDroppedEvents int
+	var nLeases, nEvents, nLines int
 	for _, e := range w.sortedExecutions() {
-		if e.released || e.bufLines+e.bufEvents+e.droppedLines+e.droppedEvents == 0 {
+		if e.released || len(e.lines)+len(e.events) == 0 {
 			continue
 		}
 		l := e.ref.Lease
-		if len(lines[l]) != e.bufLines || len(events[l]) != e.bufEvents {
-			panic(fmt.Sprintf("core.Worker: lease %d ring counts disagree with the rings", l))
+		if wasOffline {
+			marker := LogLine{Seq: 0, At: w.now, Text: GapMarker(secs, len(e.events), len(e.lines))}
+			w.send(Logs{Lease: l, Lines: []LogLine{marker}})
 		}
-		marker := LogLine{Seq: 0, At: w.now, Text: GapMarker(secs, e.bufEvents, e.bufLines, e.droppedLines, e.droppedEvents)}
-		w.send(Logs{Lease: l, Lines: []LogLine{marker}})
-		for b := range batches(events[l]) {
+		for b := range batches(e.events) {
 			w.send(Events{Lease: l, Events: b})
 		}
-		for b := range batches(lines[l]) {
+		for b := range batches(e.lines) {
 			w.send(Logs{Lease: l, Lines: b})
 		}
+		w.armOutput(e)
 		nLeases++
-		nEvents += e.bufEvents
-		nLines += e.bufLines
-		nDropped += e.droppedLines
-		nDroppedEvents += e.droppedEvents
-		e.bufLines, e.bufEvents, e.droppedLines, e.droppedEvents = 0, 0, 0, 0
+		nEvents += len(e.events)
+		nLines += len(e.lines)
 	}
-	w.logRing.reset()
-	w.eventRing.reset()
 	if nLeases > 0 {
-		logf := w.logf
-		if nDropped+nDroppedEvents > 0 {
-			logf = w.warnf // step output was lost to the rings (SPEC §10)
-		}
-		logf("offline for %ds: replayed %d events and %d log lines of %d lease(s); %d log lines and %d events were dropped",
-			secs, nEvents, nLines, nLeases, nDropped, nDroppedEvents)
+		w.logf("offline for %ds: re-sent %d unacknowledged events and %d log lines of %d lease(s)", secs, nEvents, nLines, nLeases)
 	}
 }
 
-// GapMarker is the log line that precedes a lease's replayed output (seed 003).
-func GapMarker(offlineSecs int64, events, lines, droppedLines, droppedEvents int) string {
-	s := fmt.Sprintf("--- Orchestrator offline for %ds. Replaying %d buffered events and %d buffered log lines.", offlineSecs, events, lines)
-	if droppedLines > 0 {
-		s += fmt.Sprintf(" %d log lines dropped due to buffer overflow.", droppedLines)
+// GapMarker is the log line that precedes a lease's re-sent output after an
+// offline period (SPEC §10).
+func GapMarker(offlineSecs int64, events, lines int) string {
+	return fmt.Sprintf("--- Orchestrator offline for %ds. Replaying %d buffered events and %d buffered log lines. ---", offlineSecs, events, lines)
+}
+
+// DropMarker is the one gap marker that reports, before a lease's report,
+// the output it dropped (SPEC §10): lines and bytes (len(text)+1 each) over
+// the output cap (capBytes > 0: the cap was reached) or beyond the hard
+// bound of unacknowledged output, and events beyond theirs.
+func DropMarker(lines, bytes, events, capBytes int64) string {
+	why := "beyond the bound of unacknowledged output"
+	if capBytes > 0 {
+		why = fmt.Sprintf("over the output cap of %d bytes", capBytes)
 	}
-	if droppedEvents > 0 {
-		s += fmt.Sprintf(" %d events dropped due to buffer overflow.", droppedEvents)
+	s := fmt.Sprintf("--- Output dropped: %d log lines (%d bytes) %s.", lines, bytes, why)
+	if events > 0 {
+		s += fmt.Sprintf(" %d events dropped.", events)
 	}
 	return s + " ---"
 }
@@ -1054,60 +1247,6 @@ func batches(s []LogLine) iter.Seq[[]LogLine] {
 			s = s[n:]
 		}
 	}
-}
-
-// --- ring ---
-
-type ringItem struct {
-	lease LeaseID
-	line  LogLine
-}
-
-// ring is a FIFO of at most limit items that drops the oldest when full.
-// items grows to limit; from then on head is the oldest item.
-type ring struct {
-	items []ringItem
-	head  int
-	limit int
-}
-
-func (r *ring) len() int { return len(r.items) }
-
-// push appends it and returns the item it dropped, if any.
-func (r *ring) push(it ringItem) (ringItem, bool) {
-	if len(r.items) < r.limit {
-		r.items = append(r.items, it)
-		return ringItem{}, false
-	}
-	old := r.items[r.head]
-	r.items[r.head] = it
-	r.head = (r.head + 1) % r.limit
-	return old, true
-}
-
-// each calls f on every item, oldest first.
-func (r *ring) each(f func(ringItem)) {
-	for i := range r.items {
-		f(r.items[(r.head+i)%len(r.items)])
-	}
-}
-
-// remove drops every item of lease l, keeping the order of the others.
-func (r *ring) remove(l LeaseID) {
-	kept := make([]ringItem, 0, len(r.items))
-	r.each(func(it ringItem) {
-		if it.lease != l {
-			kept = append(kept, it)
-		}
-	})
-	r.items, r.head = kept, 0
-}
-
-func (r *ring) reset() { r.items, r.head = nil, 0 }
-
-func (r ring) clone() ring {
-	r.items = append([]ringItem(nil), r.items...)
-	return r
 }
 
 // --- cloning, fingerprint, invariants ---
@@ -1128,9 +1267,10 @@ func (w *Worker) Clone() *Worker {
 	for l, e := range w.leases {
 		ce := *e
 		ce.env = copyMap(e.env)
+		ce.lines = append([]LogLine(nil), e.lines...)
+		ce.events = append([]LogLine(nil), e.events...)
 		c.leases[l] = &ce
 	}
-	c.logRing, c.eventRing = w.logRing.clone(), w.eventRing.clone()
 	c.out = WorkerReady{}
 	return &c
 }
@@ -1146,7 +1286,8 @@ func (w *Worker) Fingerprint() uint64 {
 	e.str(c.Tags...)
 	e.strMap(c.Labels)
 	e.bool(c.Scaler, c.NoReconnect)
-	e.int(c.Slots, c.EventBuffer, c.LogBuffer, c.RequestRetries)
+	e.int(c.Slots, c.LogWindowLines, c.LogWindowBytes, c.RequestRetries)
+	e.u64(uint64(c.OutputCapBytes))
 	e.u64(c.Seed, math.Float64bits(c.BackoffFactor), math.Float64bits(c.BackoffJitter))
 	e.dur(c.BackoffBase, c.BackoffMax, c.RequestTimeout, c.KillGrace, c.DialTimeout)
 	pcg, _ := w.pcg.MarshalBinary()
@@ -1173,15 +1314,18 @@ func (w *Worker) Fingerprint() uint64 {
 		e.strMap(x.env)
 		e.bool(x.writes, x.released, x.cancelled, x.termed)
 		e.time(x.killAt)
-		e.int(x.bufLines, x.bufEvents, x.droppedLines, x.droppedEvents)
-	}
-	for _, r := range []*ring{&w.logRing, &w.eventRing} {
-		e.int(r.limit, r.len())
-		r.each(func(it ringItem) {
-			e.u64(uint64(it.lease), it.line.Seq)
-			e.time(it.line.At)
-			e.str(it.line.Text)
-		})
+		e.int(x.lineBytes)
+		e.time(x.outDue)
+		e.u64(uint64(x.outBytes), uint64(x.dropLines), uint64(x.dropBytes), uint64(x.dropEvents))
+		e.bool(x.capped)
+		for _, q := range [][]LogLine{x.lines, x.events} {
+			e.u64(uint64(len(q)))
+			for _, ln := range q {
+				e.u64(ln.Seq)
+				e.time(ln.At)
+				e.str(ln.Text)
+			}
+		}
 	}
 	h := fnv.New64a()
 	h.Write(e.b)
@@ -1256,7 +1400,7 @@ func (w *Worker) sortedExecutions() []*execution {
 
 // check asserts cheap invariants after every Step.
 func (w *Worker) check() {
-	held, lines, events := 0, 0, 0
+	held := 0
 	for l, e := range w.leases {
 		if e.ref.Lease != l || l > w.maxLease {
 			panic(fmt.Sprintf("core.Worker: lease %d misfiled", l))
@@ -1267,15 +1411,17 @@ func (w *Worker) check() {
 		if !e.released {
 			held++
 		}
-		lines += e.bufLines
-		events += e.bufEvents
+		n := 0
+		for _, ln := range e.lines {
+			n += LineBytes(ln.Text)
+		}
+		if n != e.lineBytes || (e.released && len(e.lines)+len(e.events) > 0) ||
+			len(e.lines) > logHardBoundFactor*w.cfg.LogWindowLines+1 || len(e.events) > maxUnackedEvents {
+			panic(fmt.Sprintf("core.Worker: lease %d output bookkeeping is off (%d bytes, counted %d; released %v; %d lines, %d events)", l, e.lineBytes, n, e.released, len(e.lines), len(e.events)))
+		}
 	}
 	if held > w.cfg.Slots {
 		panic(fmt.Sprintf("core.Worker: holds %d leases with %d slots", held, w.cfg.Slots))
-	}
-	if lines != w.logRing.len() || events != w.eventRing.len() ||
-		w.logRing.len() > w.logRing.limit || w.eventRing.len() > w.eventRing.limit {
-		panic("core.Worker: ring bookkeeping is off")
 	}
 	if len(w.requests) > 2*held+1 {
 		panic(fmt.Sprintf("core.Worker: %d requests for %d leases", len(w.requests), held))
@@ -1288,7 +1434,7 @@ func (w *Worker) check() {
 		if r.kind != reqRefresh && w.held(r.ref.Lease) == nil {
 			panic(fmt.Sprintf("core.Worker: request %d for lease %d that is not held", r.id, r.ref.Lease))
 		}
-		if (w.phase == phaseReady) == r.due.IsZero() {
+		if (w.phase == phaseReady && !w.waitsForAcks(r)) == r.due.IsZero() {
 			panic(fmt.Sprintf("core.Worker: request %d transmission state disagrees with the connection", r.id))
 		}
 	}

@@ -95,10 +95,12 @@ func newWorkerHarness(t *testing.T, td *datadriven.TestData) *workerHarness {
 			cfg.BackoffJitter = f
 		case "seed":
 			cfg.Seed = uint64(argInt(t, a))
-		case "log-buffer":
-			cfg.LogBuffer = argInt(t, a)
-		case "event-buffer":
-			cfg.EventBuffer = argInt(t, a)
+		case "window":
+			cfg.LogWindowLines = argInt(t, a)
+		case "window-bytes":
+			cfg.LogWindowBytes = argInt(t, a)
+		case "cap":
+			cfg.OutputCapBytes = int64(argInt(t, a))
 		case "retries":
 			cfg.RequestRetries = argInt(t, a)
 		case "request-timeout":
@@ -198,6 +200,19 @@ func (h *workerHarness) run(t *testing.T, td *datadriven.TestData) string {
 			OK: !td.HasArg("fail"), Reason: argStr(td, "reason", "")}})
 	case "output", "event":
 		l, text := lease(), argStr(td, "text", "")
+		if td.Cmd == "output" && td.HasArg("batch") {
+			// n lines read at once: one input.
+			var lines []string
+			for i := 1; i <= int(argUint(t, td, "n", 1)); i++ {
+				s := text
+				if s == "" {
+					s = fmt.Sprintf("output %d", i)
+				}
+				lines = append(lines, s)
+			}
+			one(WExecOutput{Lease: l, Lines: lines})
+			break
+		}
 		many(int(argUint(t, td, "n", 1)), func(i int) WorkerInput {
 			s := text
 			if s == "" {
@@ -206,8 +221,10 @@ func (h *workerHarness) run(t *testing.T, td *datadriven.TestData) string {
 			if td.Cmd == "event" {
 				return WExecEvent{Lease: l, Text: s}
 			}
-			return WExecOutput{Lease: l, Text: s}
+			return WExecOutput{Lease: l, Lines: []string{s}}
 		})
+	case "log-ack":
+		one(WReceived{Msg: LogAck{Lease: lease(), Lines: argUint(t, td, "lines", 0), Events: argUint(t, td, "events", 0)}})
 	case "exit":
 		one(WExecExited{Lease: lease(), ExitCode: int(argUint(t, td, "code", 0)),
 			Signaled: td.HasArg("signaled"), Err: argStr(td, "err", "")})
@@ -255,7 +272,14 @@ func (h *workerHarness) run(t *testing.T, td *datadriven.TestData) string {
 		emit(fmt.Sprintf("connected=%v exited=%v", h.w.Connected(), h.w.Exited()))
 		emit("in-flight=" + describeRefs(h.w.InFlight()))
 		emit(fmt.Sprintf("pending=%v", h.w.Pending()))
-		emit(fmt.Sprintf("buffered events=%d lines=%d", ev, ln))
+		emit(fmt.Sprintf("unacked events=%d lines=%d", ev, ln))
+		var paused []LeaseID
+		for _, r := range h.w.InFlight() {
+			if h.w.OutputPaused(r.Lease) {
+				paused = append(paused, r.Lease)
+			}
+		}
+		emit(fmt.Sprintf("paused=%v", paused))
 	default:
 		t.Fatalf("%s: unknown command %q", td.Pos, td.Cmd)
 	}
@@ -412,7 +436,7 @@ func (g *workerGen) next() (time.Time, WorkerInput) {
 	case 3:
 		return g.now, WReceived{Msg: StartAck{Lease: l, Request: g.starts[l], OK: g.r.IntN(8) > 0}}
 	case 4, 5, 12, 13, 14:
-		return g.now, WExecOutput{Lease: l, Text: "line"}
+		return g.now, WExecOutput{Lease: l, Lines: []string{"line", "more"}[:1+g.r.IntN(2)]}
 	case 6, 15:
 		return g.now, WExecEvent{Lease: l, Text: "event"}
 	case 7:
@@ -422,6 +446,9 @@ func (g *workerGen) next() (time.Time, WorkerInput) {
 	case 9:
 		return g.now, WReceived{Msg: Cancel{Lease: l, Reason: "cancelled"}}
 	case 10:
+		if g.r.IntN(2) == 0 {
+			return g.now, WReceived{Msg: LogAck{Lease: l, Lines: g.r.Uint64N(8), Events: g.r.Uint64N(4)}}
+		}
 		return g.now, WReceived{Msg: Refreshed{Request: g.refresh, TTL: time.Minute}}
 	case 11:
 		// Out-of-protocol input the worker must shrug off.
@@ -437,7 +464,7 @@ func (g *workerGen) next() (time.Time, WorkerInput) {
 func TestWorkerDeterministicAndCloneable(t *testing.T) {
 	for seed := uint64(1); seed <= 30; seed++ {
 		cfg := WorkerConfig{ID: "w-1", Name: "w", Token: "w.s", Slots: 2, Seed: seed,
-			LogBuffer: 6, EventBuffer: 3, RequestRetries: 2, Labels: map[string]string{"zone": "a", "arch": "x"}}
+			LogWindowLines: 3, LogWindowBytes: 20, OutputCapBytes: 60, RequestRetries: 2, Labels: map[string]string{"zone": "a", "arch": "x"}}
 		if seed%5 == 0 {
 			cfg.NoReconnect = true
 		}
@@ -484,10 +511,10 @@ func TestWorkerDeterministicAndCloneable(t *testing.T) {
 	}
 }
 
-// TestWorkerFingerprint checks that the fingerprint ignores map order and
-// ring layout but sees every change of state.
+// TestWorkerFingerprint checks that the fingerprint is stable and sees every
+// change of state.
 func TestWorkerFingerprint(t *testing.T) {
-	w := NewWorker(WorkerConfig{ID: "w", Slots: 8, LogBuffer: 3, Labels: map[string]string{"a": "1", "b": "2", "c": "3"}})
+	w := NewWorker(WorkerConfig{ID: "w", Slots: 8, LogWindowLines: 3, Labels: map[string]string{"a": "1", "b": "2", "c": "3"}})
 	now := workerEpoch
 	seen := map[uint64]int{}
 	step := func(in WorkerInput) {
@@ -512,15 +539,7 @@ func TestWorkerFingerprint(t *testing.T) {
 	}
 	step(WDisconnected{})
 	for range 5 {
-		step(WExecOutput{Lease: 2, Text: "x"}) // wraps the 3-line ring
-	}
-	// The same logical ring contents with another physical layout.
-	c := w.Clone()
-	c.logRing.items = nil
-	c.logRing.head = 0
-	w.logRing.each(func(it ringItem) { c.logRing.items = append(c.logRing.items, it) })
-	if c.logRing.head == w.logRing.head || c.Fingerprint() != w.Fingerprint() {
-		t.Fatalf("fingerprint depends on the ring layout (heads %d, %d)", c.logRing.head, w.logRing.head)
+		step(WExecOutput{Lease: 2, Lines: []string{"x"}})
 	}
 }
 
@@ -547,7 +566,7 @@ func TestWorkerExitIsFinal(t *testing.T) {
 	if rd.Exit == nil || rd.Exit.Code != WorkerExitDisconnected {
 		t.Fatalf("want exit 2, got %+v", rd.Exit)
 	}
-	for _, in := range []WorkerInput{WBoot{}, WTick{}, WConnected{Conn: 1}, WExecOutput{Lease: 1}} {
+	for _, in := range []WorkerInput{WBoot{}, WTick{}, WConnected{Conn: 1}, WExecOutput{Lease: 1, Lines: []string{"x"}}} {
 		if rd := w.Step(now.Add(time.Hour), in); !reflect.DeepEqual(rd, WorkerReady{}) {
 			t.Fatalf("after exit %T produced %+v", in, rd)
 		}
@@ -559,18 +578,18 @@ func TestWorkerExitIsFinal(t *testing.T) {
 // field fail this test until it is covered here (and in Fingerprint).
 func TestWorkerFingerprintCoversState(t *testing.T) {
 	for typ, want := range map[reflect.Type]int{
-		reflect.TypeFor[Worker](): 24, reflect.TypeFor[execution](): 15,
-		reflect.TypeFor[request](): 6, reflect.TypeFor[ring](): 3, reflect.TypeFor[WorkerConfig](): 20,
+		reflect.TypeFor[Worker](): 22, reflect.TypeFor[execution](): 20,
+		reflect.TypeFor[request](): 6, reflect.TypeFor[WorkerConfig](): 21,
 	} {
 		if typ.NumField() != want {
 			t.Errorf("%v has %d fields, this test knows %d: cover the new ones", typ, typ.NumField(), want)
 		}
 	}
-	w := NewWorker(WorkerConfig{ID: "w", Slots: 2, LogBuffer: 5, EventBuffer: 5})
+	w := NewWorker(WorkerConfig{ID: "w", Slots: 2, LogWindowLines: 5, OutputCapBytes: 4})
 	now := workerEpoch
 	for _, in := range []WorkerInput{WBoot{}, WConnected{Conn: 1}, WReceived{Msg: Welcome{CredentialTTL: time.Minute, Credential: "c"}},
 		WReceived{Msg: Dispatch{Lease: 1, Step: "r/a", Env: map[string]string{"k": "v"}}}, WExecExited{Lease: 1},
-		WReceived{Msg: Dispatch{Lease: 2, Step: "r/b"}}, WDisconnected{}, WExecOutput{Lease: 2, Text: "x"}, WExecEvent{Lease: 2, Text: "e"}} {
+		WReceived{Msg: Dispatch{Lease: 2, Step: "r/b"}}, WDisconnected{}, WExecOutput{Lease: 2, Lines: []string{"x", "dropped over the cap"}}, WExecEvent{Lease: 2, Text: "e"}} {
 		now = now.Add(time.Second)
 		w.Step(now, in)
 	}
@@ -584,7 +603,8 @@ func TestWorkerFingerprintCoversState(t *testing.T) {
 		"cfg.NoReconnect": func(c *Worker) { c.cfg.NoReconnect = true }, "cfg.Seed": func(c *Worker) { c.cfg.Seed++ },
 		"cfg.BackoffBase": func(c *Worker) { c.cfg.BackoffBase += d }, "cfg.BackoffFactor": func(c *Worker) { c.cfg.BackoffFactor++ },
 		"cfg.BackoffMax": func(c *Worker) { c.cfg.BackoffMax += d }, "cfg.BackoffJitter": func(c *Worker) { c.cfg.BackoffJitter = 0.5 },
-		"cfg.EventBuffer": func(c *Worker) { c.cfg.EventBuffer++ }, "cfg.LogBuffer": func(c *Worker) { c.cfg.LogBuffer++ },
+		"cfg.LogWindowLines": func(c *Worker) { c.cfg.LogWindowLines++ }, "cfg.LogWindowBytes": func(c *Worker) { c.cfg.LogWindowBytes++ },
+		"cfg.OutputCapBytes": func(c *Worker) { c.cfg.OutputCapBytes++ },
 		"cfg.RequestTimeout": func(c *Worker) { c.cfg.RequestTimeout += d }, "cfg.RequestRetries": func(c *Worker) { c.cfg.RequestRetries++ },
 		"cfg.KillGrace": func(c *Worker) { c.cfg.KillGrace += d }, "cfg.DialTimeout": func(c *Worker) { c.cfg.DialTimeout += d },
 		"pcg": func(c *Worker) { c.pcg.Uint64() }, "exited": func(c *Worker) { c.exited = true },
@@ -595,36 +615,36 @@ func TestWorkerFingerprintCoversState(t *testing.T) {
 		"credTTL": func(c *Worker) { c.credTTL += d }, "credExpiry": func(c *Worker) { c.credExpiry = now },
 		"refreshAt": func(c *Worker) { c.refreshAt = now }, "heartbeat": func(c *Worker) { c.heartbeat += d },
 		"heartbeatAt": func(c *Worker) { c.heartbeatAt = now }, "nextRequest": func(c *Worker) { c.nextRequest++ },
-		"maxLease":         func(c *Worker) { c.maxLease++ },
-		"requests":         func(c *Worker) { c.requests = c.requests[1:] },
-		"request.id":       func(c *Worker) { c.requests[0].id-- },
-		"request.kind":     func(c *Worker) { c.requests[0].kind = reqRefresh },
-		"request.ref":      func(c *Worker) { c.requests[0].ref.Step = "x" },
-		"request.outcome":  func(c *Worker) { c.requests[len(c.requests)-1].outcome.Message = "x" },
-		"request.due":      func(c *Worker) { c.requests[0].due = now },
-		"request.retries":  func(c *Worker) { c.requests[0].retries++ },
-		"leases":           func(c *Worker) { delete(c.leases, 1) },
-		"exec.ref":         func(c *Worker) { c.leases[1].ref.Step = "x" },
-		"exec.command":     func(c *Worker) { c.leases[1].command = "x" },
-		"exec.env":         func(c *Worker) { c.leases[1].env["k"] = "w" },
-		"exec.writes":      func(c *Worker) { c.leases[1].writes = true },
-		"exec.released":    func(c *Worker) { c.leases[1].released = true },
-		"exec.proc":        func(c *Worker) { c.leases[1].proc = procRunning },
-		"exec.cancelled":   func(c *Worker) { c.leases[1].cancelled = true },
-		"exec.termed":      func(c *Worker) { c.leases[1].termed = true },
-		"exec.killAt":      func(c *Worker) { c.leases[1].killAt = now },
-		"exec.logSeq":      func(c *Worker) { c.leases[1].logSeq++ },
-		"exec.eventSeq":    func(c *Worker) { c.leases[1].eventSeq++ },
-		"exec.bufLines":    func(c *Worker) { c.leases[1].bufLines++ },
-		"exec.bufEvents":   func(c *Worker) { c.leases[1].bufEvents++ },
-		"exec.dropLines":   func(c *Worker) { c.leases[1].droppedLines++ },
-		"exec.dropEvents":  func(c *Worker) { c.leases[1].droppedEvents++ },
-		"logRing.items":    func(c *Worker) { c.logRing.items[0].line.Text = "y" },
-		"logRing.limit":    func(c *Worker) { c.logRing.limit++ },
-		"eventRing.items":  func(c *Worker) { c.eventRing.items[0].line.At = now.Add(d) },
-		"eventRing.lease":  func(c *Worker) { c.eventRing.items[0].lease = 7 },
-		"eventRing.seq":    func(c *Worker) { c.eventRing.items[0].line.Seq = 7 },
-		"eventRing.length": func(c *Worker) { c.eventRing.items = nil },
+		"maxLease":        func(c *Worker) { c.maxLease++ },
+		"requests":        func(c *Worker) { c.requests = c.requests[1:] },
+		"request.id":      func(c *Worker) { c.requests[0].id-- },
+		"request.kind":    func(c *Worker) { c.requests[0].kind = reqRefresh },
+		"request.ref":     func(c *Worker) { c.requests[0].ref.Step = "x" },
+		"request.outcome": func(c *Worker) { c.requests[len(c.requests)-1].outcome.Message = "x" },
+		"request.due":     func(c *Worker) { c.requests[0].due = now },
+		"request.retries": func(c *Worker) { c.requests[0].retries++ },
+		"leases":          func(c *Worker) { delete(c.leases, 1) },
+		"exec.ref":        func(c *Worker) { c.leases[1].ref.Step = "x" },
+		"exec.command":    func(c *Worker) { c.leases[1].command = "x" },
+		"exec.env":        func(c *Worker) { c.leases[1].env["k"] = "w" },
+		"exec.writes":     func(c *Worker) { c.leases[1].writes = true },
+		"exec.released":   func(c *Worker) { c.leases[1].released = true },
+		"exec.proc":       func(c *Worker) { c.leases[1].proc = procRunning },
+		"exec.cancelled":  func(c *Worker) { c.leases[1].cancelled = true },
+		"exec.termed":     func(c *Worker) { c.leases[1].termed = true },
+		"exec.killAt":     func(c *Worker) { c.leases[1].killAt = now },
+		"exec.logSeq":     func(c *Worker) { c.leases[1].logSeq++ },
+		"exec.eventSeq":   func(c *Worker) { c.leases[1].eventSeq++ },
+		"exec.lines":      func(c *Worker) { c.leases[2].lines[0].Text = "y" },
+		"exec.lines.seq":  func(c *Worker) { c.leases[2].lines[0].Seq = 7 },
+		"exec.events":     func(c *Worker) { c.leases[2].events[0].At = now.Add(d) },
+		"exec.eventsLen":  func(c *Worker) { c.leases[2].events = nil },
+		"exec.lineBytes":  func(c *Worker) { c.leases[2].lineBytes++ },
+		"exec.outBytes":   func(c *Worker) { c.leases[2].outBytes++ },
+		"exec.capped":     func(c *Worker) { c.leases[2].capped = false },
+		"exec.dropLines":  func(c *Worker) { c.leases[2].dropLines++ },
+		"exec.dropBytes":  func(c *Worker) { c.leases[2].dropBytes++ },
+		"exec.dropEvents": func(c *Worker) { c.leases[2].dropEvents++ },
 	}
 	for name, f := range mut {
 		c := w.Clone()

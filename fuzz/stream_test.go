@@ -649,7 +649,7 @@ func (s *stream) event(b byte) {
 			if s.pick(3) == 0 {
 				s.worker(w, core.WExecEvent{Lease: p.lease, Text: fmt.Sprintf("capability call %d", p.lines)})
 			} else {
-				s.worker(w, core.WExecOutput{Lease: p.lease, Text: fmt.Sprintf("line %d", p.lines)})
+				s.worker(w, core.WExecOutput{Lease: p.lease, Lines: []string{fmt.Sprintf("line %d", p.lines)}})
 			}
 		}
 	case opAdvance: // time passes

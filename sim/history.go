@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"math"
 	"regexp"
-	"sort"
 	"strconv"
 	"strings"
 	"time"
@@ -23,7 +22,7 @@ type leaseKey struct {
 }
 
 // history is what the simulator records for the end-of-run checks: the
-// client-visible operations for porcupine, and every log line printed or lost
+// client-visible operations for porcupine, and what every execution printed
 // for the log continuity check.
 type history struct {
 	ops       []porcupine.Operation
@@ -32,9 +31,7 @@ type history struct {
 	runs      []core.RunID
 	dispatch  map[core.LeaseID]core.Dispatch
 	printedN  map[leaseKey]int
-	lostSeqs  map[leaseKey]map[uint64]bool
-	inflight  map[leaseKey]map[uint64]int // lines on the wire right now
-	lostDrops map[leaseKey]int            // drops reported by gap markers that were lost or are still on the wire
+	printedB  map[leaseKey]int64 // bytes printed, a line counting its text and newline (core.LineBytes)
 	workerIdx map[core.WorkerID]int
 	writing   map[string]bool        // "run/step name" → declared write-bearing
 	notes     []porcupine.Annotation // faults, shown on the visualization
@@ -42,7 +39,7 @@ type history struct {
 
 func newHistory() *history {
 	return &history{reports: map[[2]uint64]int{}, dispatch: map[core.LeaseID]core.Dispatch{},
-		printedN: map[leaseKey]int{}, lostSeqs: map[leaseKey]map[uint64]bool{}, inflight: map[leaseKey]map[uint64]int{}, lostDrops: map[leaseKey]int{}, workerIdx: map[core.WorkerID]int{}, writing: map[string]bool{}}
+		printedN: map[leaseKey]int{}, printedB: map[leaseKey]int64{}, workerIdx: map[core.WorkerID]int{}, writing: map[string]bool{}}
 }
 
 func nanos(t time.Time) int64 { return t.Sub(t0).Nanoseconds() }
@@ -109,42 +106,21 @@ func (h *history) writes(step core.StepID) bool {
 	return false
 }
 
-func (h *history) printed(w core.WorkerID, l core.LeaseID) { h.printedN[leaseKey{w, l}]++ }
-
-// onWire counts a Logs message's lines onto (+1) or off (-1) the wire.
-func (h *history) onWire(w core.WorkerID, m core.Logs, d int) {
-	k := leaseKey{w, m.Lease}
-	if h.inflight[k] == nil {
-		h.inflight[k] = map[uint64]int{}
-	}
-	for _, ln := range m.Lines {
-		if ln.Seq != 0 {
-			h.inflight[k][ln.Seq] += d
-		} else {
-			h.lostDrops[k] += d * markerDrops(ln.Text)
-		}
-	}
+func (h *history) printed(w core.WorkerID, l core.LeaseID, text string) {
+	k := leaseKey{w, l}
+	h.printedN[k]++
+	h.printedB[k] += int64(core.LineBytes(text))
 }
 
-// lostMarker accounts for a gap marker lost on the wire.
-func (h *history) lostMarker(w core.WorkerID, l core.LeaseID, text string) {
-	h.lostDrops[leaseKey{w, l}] += markerDrops(text)
-}
-
-func markerDrops(text string) int {
+// markerDrops reads the lines and bytes a drop marker (core.DropMarker)
+// reports; zero for any other line.
+func markerDrops(text string) (lines int, bytes int64) {
 	if m := dropRe.FindStringSubmatch(text); m != nil {
 		n, _ := strconv.Atoi(m[1])
-		return n
+		b, _ := strconv.ParseInt(m[2], 10, 64)
+		return n, b
 	}
-	return 0
-}
-
-func (h *history) lostLine(w core.WorkerID, l core.LeaseID, seq uint64) {
-	k := leaseKey{w, l}
-	if h.lostSeqs[k] == nil {
-		h.lostSeqs[k] = map[uint64]bool{}
-	}
-	h.lostSeqs[k][seq] = true
+	return 0, 0
 }
 
 // finish closes every operation that never returned: unknown, Return = max.
@@ -159,53 +135,51 @@ func (h *history) finish() []porcupine.Operation {
 	return h.ops
 }
 
-var dropRe = regexp.MustCompile(`(\d+) log lines dropped due to buffer overflow`)
+var dropRe = regexp.MustCompile(`^--- Output dropped: (\d+) log lines \((\d+) bytes\)`)
 
-// checkLogs is the log continuity check: for every committed lease, the lines
-// the orchestrator stored equal what the execution printed, except lines a
-// gap marker reports dropped (exactly) and lines the simulator saw lost on a
-// dead socket or in an orchestrator crash, or still on the wire at the end.
-func (h *history) checkLogs(o *core.Orchestrator) (string, bool) {
-	leases := o.Leases()
-	for _, l := range leases {
+// checkLogs is the log continuity check (SPEC §13): for every committed
+// lease, the stored numbered lines are exactly 1..n, each once, and beside
+// the drop markers among them they are what the execution printed, except
+// what those markers account for, exactly, in lines and in bytes. Logs are acknowledged, so nothing
+// may be missing for having been lost on the wire or in a crash.
+func (h *history) checkLogs(o *core.Orchestrator) (string, int, bool) {
+	markers := 0
+	for _, l := range o.Leases() {
 		if !l.Committed {
 			continue
 		}
 		k := leaseKey{l.Worker, l.ID}
-		printed := h.printedN[k]
+		printed, printedB := h.printedN[k], h.printedB[k]
 		seen := map[uint64]bool{}
-		dropped := 0
+		var numbered, stored, droppedN int
+		var storedB, droppedB int64
 		for _, ln := range o.StepLogs(l.Step) {
-			if ln.Lease != l.ID || ln.Event {
-				continue
-			}
-			if ln.Line.Seq == 0 {
-				dropped += markerDrops(ln.Line.Text)
-				continue
+			if ln.Lease != l.ID || ln.Event || ln.Line.Seq == 0 {
+				continue // events, and offline gap markers (they report no loss)
 			}
 			if seen[ln.Line.Seq] {
-				return fmt.Sprintf("lease %d: line %d stored twice", l.ID, ln.Line.Seq), false
+				return fmt.Sprintf("lease %d: line %d stored twice", l.ID, ln.Line.Seq), markers, false
 			}
 			seen[ln.Line.Seq] = true
-			if int(ln.Line.Seq) > printed {
-				return fmt.Sprintf("lease %d: stored line %d but the execution printed only %d", l.ID, ln.Line.Seq, printed), false
+			numbered++
+			if n, b := markerDrops(ln.Line.Text); n > 0 {
+				markers++
+				droppedN += n
+				droppedB += b
+				continue
+			}
+			stored++
+			storedB += int64(core.LineBytes(ln.Line.Text))
+		}
+		for s := uint64(1); s <= uint64(numbered); s++ {
+			if !seen[s] {
+				return fmt.Sprintf("lease %d on %s: line %d missing of %d stored (printed %d)", l.ID, l.Worker, s, numbered, printed), markers, false
 			}
 		}
-		missing := 0
-		var first []uint64
-		for s := uint64(1); s <= uint64(printed); s++ {
-			if !seen[s] && !h.lostSeqs[k][s] && h.inflight[k][s] == 0 {
-				missing++
-				if len(first) < 5 {
-					first = append(first, s)
-				}
-			}
-		}
-		if missing != dropped+h.lostDrops[k] {
-			sort.Slice(first, func(i, j int) bool { return first[i] < first[j] })
-			return fmt.Sprintf("lease %d on %s: %d of %d printed lines missing (first %v), gap markers account for %d (+%d in markers lost on the wire)",
-				l.ID, l.Worker, missing, printed, first, dropped, h.lostDrops[k]), false
+		if stored+droppedN != printed || storedB+droppedB != printedB {
+			return fmt.Sprintf("lease %d on %s: printed %d lines (%d bytes); stored %d (%d bytes), drop markers account for %d (%d bytes)",
+				l.ID, l.Worker, printed, printedB, stored, storedB, droppedN, droppedB), markers, false
 		}
 	}
-	return "", true
+	return "", markers, true
 }

@@ -96,16 +96,13 @@ func (w *world) dial(wn *workerNode) {
 func (w *world) sendToOrch(wn *workerNode, m core.Msg) {
 	c := w.conns[wn.conn]
 	if c == nil || c.broken {
-		w.lost(wn, m)
 		return
 	}
 	if wn.link.cutUp {
-		w.lost(wn, m) // one-way partition: silently gone
-		return
+		return // one-way partition: silently gone
 	}
 	if !w.healed && w.chance(w.opt.LossProb) {
 		w.fault("message-loss")
-		w.lost(wn, m)
 		w.breakConn(c, true)
 		return
 	}
@@ -117,19 +114,11 @@ func (w *world) sendToOrch(wn *workerNode, m core.Msg) {
 		at = c.lastToO
 	}
 	c.lastToO = at
-	logs, isLogs := m.(core.Logs)
-	if isLogs {
-		w.hist.onWire(wn.id, logs, +1)
-	}
 	live := func() bool {
 		return !(c.broken && !c.brokenAt.After(at)) && c.epoch == w.orch.epoch && c.orchOpen && w.orch.up
 	}
 	deliver := func() {
-		if isLogs {
-			w.hist.onWire(wn.id, logs, -1)
-		}
 		if !live() {
-			w.lost(wn, m)
 			return
 		}
 		var ent [16]byte
@@ -155,6 +144,9 @@ func (w *world) sendToOrch(wn *workerNode, m core.Msg) {
 
 // sendToWorker carries one message from the orchestrator.
 func (w *world) sendToWorker(id core.ConnID, m core.Msg) {
+	if _, ok := m.(core.LogAck); ok {
+		w.out.AcksLost++ // until delivered
+	}
 	c := w.conns[id]
 	if c == nil || c.broken || !c.orchOpen || c.epoch != w.orch.epoch {
 		return
@@ -187,6 +179,9 @@ func (w *world) sendToWorker(id core.ConnID, m core.Msg) {
 	w.at(at, evToWorker, wn.idx, m, "", func() {
 		if !live() {
 			return
+		}
+		if _, ok := m.(core.LogAck); ok {
+			w.out.AcksLost-- // delivered after all
 		}
 		w.chk.Delivered(w.now, wn.id, m)
 		w.hist.delivered(w.now, m)
@@ -237,20 +232,6 @@ func (w *world) breakConn(c *conn, fault bool) {
 			w.stepWorker(wn, core.WDisconnected{Reason: "connection reset"})
 		}
 	}).on(c.id, live)
-}
-
-// lost records what a lost message took with it (log lines, for the log
-// continuity check).
-func (w *world) lost(wn *workerNode, m core.Msg) {
-	if l, ok := m.(core.Logs); ok {
-		for _, ln := range l.Lines {
-			if ln.Seq != 0 {
-				w.hist.lostLine(wn.id, l.Lease, ln.Seq)
-			} else {
-				w.hist.lostMarker(wn.id, l.Lease, ln.Text)
-			}
-		}
-	}
 }
 
 // ---- network faults ----

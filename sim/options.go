@@ -65,8 +65,9 @@ type Options struct {
 	IgnoreTermP  float64       // a process ignores SIGTERM
 	FaultPhase   time.Duration // faults happen only during this phase
 	Buggify      map[string]bool
-	LogBuffer    int // worker log ring (small values stress overflow)
-	EventBuffer  int
+	LogWindow    int           // worker LogWindowLines (small values stress backpressure)
+	OutputCap    int64         // worker OutputCapBytes; 0 = the default (small values stress the cap)
+	BurstMax     int           // a process prints up to this many lines at once (floods)
 	MaxDelayWork time.Duration // the workers' max reconnect delay (grace = 2×)
 
 	// Mutate, if set, plants a bug in the orchestrator's driver: it doctors
@@ -129,8 +130,9 @@ func Swarm(seed uint64) Options {
 		ReplayEvery:      maybe(0.3, dur(5*time.Minute, 30*time.Minute)),
 		IgnoreTermP:      []float64{0, 0.2}[r.IntN(2)],
 		FaultPhase:       dur(20*time.Minute, 90*time.Minute),
-		LogBuffer:        []int{10000, 10000, 8}[r.IntN(3)],
-		EventBuffer:      []int{5000, 5000, 4}[r.IntN(3)],
+		LogWindow:        []int{1000, 1000, 4}[r.IntN(3)],
+		OutputCap:        []int64{0, 0, 120}[r.IntN(3)],
+		BurstMax:         []int{1, 1, 30}[r.IntN(3)],
 		MaxDelayWork:     []time.Duration{60 * time.Second, 60 * time.Second, 10 * time.Second}[r.IntN(3)],
 	}
 	o.DelayMax = o.DelayMin + dur(0, 50*time.Millisecond)
@@ -166,6 +168,7 @@ func (o Options) Describe() string {
 	fmt.Fprintf(&b, "clock offset<=%s drift<=%.3f jump every=%s wobble=%s\n", o.ClockOffsetMax, o.DriftMax, o.JumpEvery, o.WobbleAmp)
 	fmt.Fprintf(&b, "crash worker every=%s pause every=%s (<=%s) orchestrator every=%s (down<=%s)\n", o.WorkerCrashEvery, o.WorkerPauseEvery, o.PauseMax, o.OrchCrashEvery, o.OrchDownMax)
 	fmt.Fprintf(&b, "runs=%d steps<=%d writes=%.2f fail=%.2f exec=%s..%s fault phase=%s\n", o.Runs, o.StepsMax, o.WriteFrac, o.FailProb, o.ExecMin, o.ExecMax, o.FaultPhase)
+	fmt.Fprintf(&b, "output lines<=%d burst<=%d window=%d cap=%d\n", o.LinesMax, o.BurstMax, o.LogWindow, o.OutputCap)
 	sites := make([]string, 0, len(o.Buggify))
 	for s := range o.Buggify {
 		sites = append(sites, s)

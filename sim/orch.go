@@ -29,16 +29,8 @@ type orchNode struct {
 // pendingBatch is one stepped batch, or a read answered only once everything
 // stepped before it is durable.
 type pendingBatch struct {
-	rd    core.Ready
-	read  func()
-	lines []lineRef // log lines this batch stored: lost if it never syncs
-}
-
-type lineRef struct {
-	w      core.WorkerID
-	l      core.LeaseID
-	seq    uint64
-	marker string // seq 0: a gap marker's text
+	rd   core.Ready
+	read func()
 }
 
 // orchInput steps one input through the orchestrator.
@@ -53,21 +45,7 @@ func (w *world) orchInput(in core.Input) {
 	w.doctor(&rd)
 	w.chk.Batch(w.now, n.o, rd)
 	w.checkBatch(held, rd)
-	pb := &pendingBatch{rd: rd}
-	if r, ok := in.(core.Received); ok {
-		if l, ok := r.Msg.(core.Logs); ok {
-			if c := w.conns[r.Conn]; c != nil {
-				for _, ln := range l.Lines {
-					lr := lineRef{w: w.workers[c.worker].id, l: l.Lease, seq: ln.Seq}
-					if ln.Seq == 0 {
-						lr.marker = ln.Text
-					}
-					pb.lines = append(pb.lines, lr)
-				}
-			}
-		}
-	}
-	w.queueBatch(pb)
+	w.queueBatch(&pendingBatch{rd: rd})
 }
 
 // queueBatch queues a batch for the write-ahead pipeline.
@@ -193,17 +171,6 @@ func (w *world) crashOrchAt(kind string) {
 	if len(n.persisting) > 0 && w.chance(0.5) {
 		w.persist(n.persisting) // synced, but nothing of it was sent
 		n.persisting = nil
-	}
-	for _, group := range [][]*pendingBatch{n.persisting, n.pending} {
-		for _, pb := range group {
-			for _, lr := range pb.lines {
-				if lr.seq == 0 {
-					w.hist.lostMarker(lr.w, lr.l, lr.marker)
-				} else {
-					w.hist.lostLine(lr.w, lr.l, lr.seq)
-				}
-			}
-		}
 	}
 	n.up = false
 	n.epoch++

@@ -37,6 +37,7 @@ func Simulate(seed uint64, opt Options, cfg Config) Result {
 	}
 	res.PorcOps = len(w.hist.ops)
 	res.Failure = w.failure
+	res.Output = w.out
 	if w.orch.up {
 		for _, id := range w.orch.o.RunIDs() {
 			if r, _, _ := w.orch.o.Run(id); r.Finished {
@@ -67,7 +68,9 @@ func (w *world) finalChecks() {
 		w.fail(v.Invariant, v.Detail)
 		return
 	}
-	if msg, ok := w.hist.checkLogs(w.orch.o); !ok {
+	msg, markers, ok := w.hist.checkLogs(w.orch.o)
+	w.out.DropMarkers = markers
+	if !ok {
 		w.fail("log-continuity", msg)
 		return
 	}

@@ -32,6 +32,7 @@ type workerNode struct {
 
 	pausedUntil time.Time
 	deferred    []core.WorkerInput // inputs that arrived while paused, in order
+	pumping     bool               // pump is running: do not re-enter it
 	tickAt      time.Time
 	procs       map[core.LeaseID]*proc
 	revoked     bool
@@ -46,7 +47,16 @@ type proc struct {
 	done    bool
 	ignTerm bool
 	termed  bool // SIGTERM was sent
+	// The pipe between the process and the worker's reader (SPEC §10): what
+	// it printed and the reader has not read yet, and its exit, reported
+	// once the pipe is drained (after all of its output, as the driver does).
+	pipe []string
+	exit *core.WExecExited
+	held bool // the reader is held: lines in the pipe, output paused
 }
+
+// pipeBatch is the most lines the simulated reader takes at once.
+const pipeBatch = 50
 
 // local is the worker's clock reading at simulated time t. It is strictly
 // increasing (wobble's slope stays far below 1), so deadlines can be mapped
@@ -107,7 +117,7 @@ func (w *world) spawnWorker(token string, scaler, allTags bool) *workerNode {
 		Slots: 1 + w.r.IntN(w.opt.SlotsMax), Scaler: scaler,
 		NoReconnect: !scaler && !allTags && !w.healed && w.chance(w.opt.NoReconnectFrac),
 		Seed:        w.r.Uint64(), BackoffMax: w.opt.MaxDelayWork,
-		LogBuffer: w.opt.LogBuffer, EventBuffer: w.opt.EventBuffer,
+		LogWindowLines: w.opt.LogWindow, OutputCapBytes: w.opt.OutputCap,
 	}
 	w.bootWorker(wn, cfg)
 	return wn
@@ -141,6 +151,7 @@ func (w *world) stepWorker(wn *workerNode, in core.WorkerInput) {
 	}
 	rd := wn.m.Step(wn.local(w.now), in)
 	w.applyWorker(wn, rd)
+	w.pump(wn) // an ack or a released lease may let a reader read on
 }
 
 // resume feeds a paused worker what it missed, in order.
@@ -150,6 +161,7 @@ func (w *world) resume(wn *workerNode) {
 		wn.deferred = wn.deferred[1:]
 		w.applyWorker(wn, wn.m.Step(wn.local(w.now), in))
 	}
+	w.pump(wn)
 	if len(wn.deferred) > 0 && wn.alive {
 		gen := wn.gen
 		w.at(wn.pausedUntil, evWorkerTick, wn.idx, nil, "resumes", func() {
@@ -281,10 +293,20 @@ func (w *world) exec(wn *workerNode, x core.ExecCommand) {
 			offs[i] = w.uniform(0, dur)
 		}
 		sort.Slice(offs, func(i, j int) bool { return offs[i] < offs[j] })
-		for i, off := range offs {
+		printed := 0
+		for _, off := range offs {
+			n := 1
+			if w.opt.BurstMax > 1 {
+				n = 1 + w.r.IntN(w.opt.BurstMax)
+			}
+			texts := make([]string, n)
+			for j := range texts {
+				printed++
+				texts[j] = fmt.Sprintf("line %d", printed)
+			}
 			w.after(off, evProc, wn.idx, nil, "output", func() {
 				if alive() {
-					w.procOutput(wn, p, fmt.Sprintf("line %d", i+1))
+					w.procOutput(wn, p, texts...)
 				}
 			}).on(0, alive)
 		}
@@ -329,16 +351,70 @@ func (w *world) exec(wn *workerNode, x core.ExecCommand) {
 	}
 }
 
-// procOutput: the process prints a line.
-func (w *world) procOutput(wn *workerNode, p *proc, text string) {
-	w.hist.printed(wn.id, p.lease)
-	w.stepWorker(wn, core.WExecOutput{Lease: p.lease, Text: text})
+// procOutput: the process prints lines into its pipe; the worker's reader
+// takes them when the lease's output is not paused.
+func (w *world) procOutput(wn *workerNode, p *proc, texts ...string) {
+	for _, t := range texts {
+		w.hist.printed(wn.id, p.lease, t)
+	}
+	p.pipe = append(p.pipe, texts...)
+	w.pump(wn)
 }
 
 func (w *world) procExit(wn *workerNode, p *proc, code int, signaled bool) {
 	p.done = true
 	w.chk.ProcessStopped(w.now, wn.id, p.lease)
-	w.stepWorker(wn, core.WExecExited{Lease: p.lease, ExitCode: code, Signaled: signaled})
+	p.exit = &core.WExecExited{Lease: p.lease, ExitCode: code, Signaled: signaled}
+	w.pump(wn)
+}
+
+// pump is the worker's pipe readers (SPEC §10): for each process, in lease
+// order, it feeds what waits in the pipe, at most pipeBatch lines an input,
+// while the core does not report the lease's output paused; a drained pipe
+// gives way to the process's exit. A paused worker process reads nothing.
+func (w *world) pump(wn *workerNode) {
+	if wn.pumping {
+		return
+	}
+	wn.pumping = true
+	defer func() { wn.pumping = false }()
+	for progress := true; progress; {
+		progress = false
+		ids := make([]core.LeaseID, 0, len(wn.procs))
+		for id := range wn.procs {
+			ids = append(ids, id)
+		}
+		sort.Slice(ids, func(i, j int) bool { return ids[i] < ids[j] })
+		for _, id := range ids {
+			p := wn.procs[id]
+			if !wn.alive || w.now.Before(wn.pausedUntil) || len(wn.deferred) > 0 {
+				return
+			}
+			paused := wn.m.OutputPaused(id)
+			if paused && len(p.pipe) > 0 && !p.held {
+				w.out.Paused++
+			}
+			p.held = paused && len(p.pipe) > 0
+			switch {
+			case len(p.pipe) > 0 && !paused:
+				n := min(len(p.pipe), pipeBatch)
+				lines := append([]string(nil), p.pipe[:n]...)
+				p.pipe = p.pipe[n:]
+				wn.applyStep(w, core.WExecOutput{Lease: id, Lines: lines})
+				progress = true
+			case len(p.pipe) == 0 && p.exit != nil:
+				x := *p.exit
+				p.exit = nil
+				wn.applyStep(w, x)
+				progress = true
+			}
+		}
+	}
+}
+
+// applyStep steps the worker machine and applies its Ready (not paused).
+func (wn *workerNode) applyStep(w *world, in core.WorkerInput) {
+	w.applyWorker(wn, wn.m.Step(wn.local(w.now), in))
 }
 
 // killProcs ends every process of a dead worker (they die with it).

@@ -102,6 +102,14 @@ type Result struct {
 	RunsDone   int
 	StepsTotal int
 	WorkerLogs map[string]int // the workers' own log lines by level
+	Output     OutputStats
+}
+
+// OutputStats says how much of the output path a run exercised (SPEC §10).
+type OutputStats struct {
+	Paused      int // times a reader found its lease's output paused with lines in the pipe
+	DropMarkers int // drop markers stored for committed leases (the cap, exactly)
+	AcksLost    int // LogAcks lost with a connection or a crash
 }
 
 // Failure is a violated property with everything needed to replay it.
@@ -184,6 +192,7 @@ type world struct {
 	faultEnd  time.Time
 	deadline  time.Time
 
+	out     OutputStats
 	orchCfg core.Config // the orchestrator's knobs (zero: core's defaults)
 	script  *scriptRun  // a scripted run (script.go): events are picked, not popped
 }

@@ -786,7 +786,7 @@ func (b *builder) do(a action) {
 			b.note(ScriptStep{Kind: ScriptOutput, Worker: s.ws[p.w].id, Step: p.step, Lease: p.lease, Text: text},
 				"process "+b.wname(p.w)+" output", "LinesMax>0", "output %s %s lease=%d %q", b.wname(p.w), p.step, p.lease, text)
 		}
-		b.worker(p.w, core.WExecOutput{Lease: p.lease, Text: text})
+		b.worker(p.w, core.WExecOutput{Lease: p.lease, Lines: []string{text}})
 	case aCrashO:
 		if b.want {
 			b.note(ScriptStep{Kind: ScriptCrashOrch}, "fault orchestrator-crash", "OrchCrashEvery>0", "crash-orchestrator")

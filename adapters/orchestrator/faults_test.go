@@ -168,34 +168,33 @@ func hasEvent(o *core.Orchestrator, run core.RunID, step core.StepID, kind strin
 	return false
 }
 
-var gapRE = regexp.MustCompile(`^--- Orchestrator offline for (\d+)s\. Replaying (\d+) buffered events and (\d+) buffered log lines\.(?: (\d+) log lines dropped due to buffer overflow\.)? ---$`)
+var gapRE = regexp.MustCompile(`^--- Orchestrator offline for (\d+)s\. Replaying (\d+) buffered events and (\d+) buffered log lines\. ---$`)
 
 // TestFaultCutWithinGrace cuts a worker's connection in the middle of a
 // write-bearing step and restores it within the grace window. The step keeps
 // running on the same lease (reclaimed, never re-dispatched) and succeeds.
-// While cut its output overflows the worker's 5-line log ring: the stored log
-// holds exactly one gap marker whose counts account for the lines, and
-// exactly the oldest lines of the outage are missing, as many as the marker
-// says were dropped.
+// While cut its output fills the worker's 5-line window of unacknowledged
+// lines and the step blocks on write (SPEC §10): nothing is dropped. After
+// the reconnect every line is stored exactly once, in order, with at most
+// one gap marker, which reports no loss.
 func TestFaultCutWithinGrace(t *testing.T) {
 	r := startFaultRig(t)
-	r.worker(core.WorkerConfig{Name: "w1", LogBuffer: 5,
+	r.worker(core.WorkerConfig{Name: "w1", LogWindowLines: 5,
 		// Reconnect attempts every few tens of ms while cut; grace = 10 s.
 		BackoffBase: 20 * time.Millisecond, BackoffMax: 5 * time.Second})
 
 	// The step is driven by files (no sleeping on a guess). It prints
-	// "before"; once the link is cut (gate1) it prints 20 lines of 8 KiB and
-	// says so (ack): 160 KiB cannot all wait in a 64 KiB pipe, so the
-	// worker reads most of them while offline; after the reconnect (gate2)
-	// it prints "after" and ends.
+	// "before"; once the link is cut (gate1) it prints its first line of
+	// 8 KiB and says so (ack), then 19 more: 160 KiB cannot all wait in a
+	// 64 KiB pipe and a 5-line window, so it blocks until the reconnect;
+	// then (gate2) it prints "after" and ends.
 	const during = 20
 	dir := t.TempDir()
 	gate1, gate2, ack := filepath.Join(dir, "gate1"), filepath.Join(dir, "gate2"), filepath.Join(dir, "ack")
 	script := fmt.Sprintf(`echo before
 while [ ! -e %[1]s ]; do sleep 0.01; done
 pad=$(printf '%%8192s' '' | tr ' ' x)
-i=0; while [ $i -lt %[4]d ]; do echo "during $i $pad"; i=$((i+1)); done
-touch %[3]s
+i=0; while [ $i -lt %[4]d ]; do echo "during $i $pad"; [ $i -eq 0 ] && touch %[3]s; i=$((i+1)); done
 while [ ! -e %[2]s ]; do sleep 0.01; done
 echo after`, gate1, gate2, ack, during)
 	run, steps := r.submit(core.RunSpec{Name: "cut", Steps: []core.StepSpec{{Name: "s", Command: script, Writes: true}}})
@@ -250,8 +249,8 @@ echo after`, gate1, gate2, ack, during)
 		t.Fatalf("the step has %d leases (attempts %d), want its first lease %d alone, committed:\n%s", len(leases), s.Attempts, lease, status)
 	}
 
-	// The log: "before", one gap marker, the outage's lines minus the
-	// oldest ones the marker says were dropped, "after".
+	// The log: "before", the outage's lines, "after", each once and in
+	// order; at most one gap marker, and it reports no loss.
 	var markers []string
 	var texts []string
 	var seqs []uint64
@@ -267,27 +266,24 @@ echo after`, gate1, gate2, ack, during)
 		texts = append(texts, text)
 		seqs = append(seqs, l.Line.Seq)
 	}
-	if len(markers) != 1 {
-		t.Fatalf("%d gap markers, want 1: %q", len(markers), markers)
+	if len(markers) > 1 {
+		t.Fatalf("%d gap markers, want at most 1: %q", len(markers), markers)
 	}
-	m := gapRE.FindStringSubmatch(markers[0])
-	if m == nil {
-		t.Fatalf("gap marker %q does not read as the spec says", markers[0])
-	}
-	events, replayed, dropped := atoi(m[2]), atoi(m[3]), atoi(m[4])
-	if dropped == 0 || replayed != 5 || events != 0 {
-		t.Errorf("gap marker %q: want a full 5-line ring replayed, no events, and lines dropped", markers[0])
+	for _, m := range markers {
+		if gapRE.FindStringSubmatch(m) == nil {
+			t.Fatalf("gap marker %q does not read as the spec says", m)
+		}
 	}
 	want := []string{"before"}
-	for i := dropped; i < during; i++ {
+	for i := 0; i < during; i++ {
 		want = append(want, fmt.Sprintf("during %d", i))
 	}
 	want = append(want, "after")
 	if !slices.Equal(texts, want) {
-		t.Errorf("stored lines:\n %q\nwant (%d dropped):\n %q", texts, dropped, want)
+		t.Errorf("stored lines:\n %q\nwant:\n %q", texts, want)
 	}
 	if !slices.IsSorted(seqs) || len(seqs) != len(want) || seqs[len(seqs)-1] != during+2 {
-		t.Errorf("stored sequence numbers %v: want increasing, ending at %d", seqs, during+2)
+		t.Errorf("stored sequence numbers %v: want 1..%d", seqs, during+2)
 	}
 	r.query(step)
 	r.checkHistory()

@@ -126,6 +126,12 @@ type refreshed struct {
 	TTL     Duration `json:"ttl"`
 }
 
+type logAck struct {
+	Lease  core.LeaseID `json:"lease"`
+	Lines  uint64       `json:"lines"`
+	Events uint64       `json:"events"`
+}
+
 type closeMsg struct {
 	Reason string `json:"reason"`
 }
@@ -198,6 +204,8 @@ func init() {
 		func(w refreshed) (core.Refreshed, error) {
 			return core.Refreshed{Request: w.Request, TTL: time.Duration(w.TTL)}, nil
 		})
+	register(func(m core.LogAck) logAck { return logAck(m) },
+		func(w logAck) (core.LogAck, error) { return core.LogAck(w), nil })
 	register(func(m core.Close) closeMsg { return closeMsg(m) },
 		func(w closeMsg) (core.Close, error) { return core.Close(w), nil })
 }

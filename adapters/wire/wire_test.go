@@ -44,6 +44,7 @@ var samples = []core.Msg{
 	core.Answer{Lease: 7, Request: 4, Verdict: core.Cancelled, Reason: "lease lost authority"},
 	core.Answer{Lease: 7, Request: 4, Verdict: core.Rejected, Reason: "unknown lease"},
 	core.Refreshed{Request: 11, TTL: 15 * time.Minute},
+	core.LogAck{Lease: 7, Lines: 1000, Events: 3},
 	core.Close{Reason: "superseded by a new connection"},
 }
 
@@ -76,8 +77,8 @@ func TestRoundTripEveryKind(t *testing.T) {
 			t.Errorf("no round-trip sample of kind %q", k)
 		}
 	}
-	if n := len(Kinds()); n != 16 {
-		t.Errorf("codec knows %d kinds, want the 16 of core/msg.go: %v", n, Kinds())
+	if n := len(Kinds()); n != 17 {
+		t.Errorf("codec knows %d kinds, want the 17 of core/msg.go: %v", n, Kinds())
 	}
 }
 

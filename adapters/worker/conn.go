@@ -14,8 +14,13 @@ import (
 const (
 	readWait  = 60 * time.Second // no frame and no ping this long: the connection is dead
 	writeWait = 10 * time.Second // one frame must be written within this
-	sendQueue = 1024             // frames queued; a connection that cannot keep up is dropped
 )
+
+// The send queue has no overflow rule (SPEC §10): what the core sends is
+// bounded by design — per lease at most its window of unacknowledged lines
+// (LogWindowLines, LogWindowBytes) is in flight, plus a few requests and
+// heartbeats — so a step printing as fast as it can never costs the worker
+// its connection. A peer that stops reading fails the write deadline.
 
 // conn is the worker's side of one control connection.
 type conn struct {
@@ -23,15 +28,18 @@ type conn struct {
 	ws  *websocket.Conn
 	cc  *wire.CorkConn // under ws: the writer gathers queued frames into one write
 
-	out      chan []byte   // written and closed by the loop goroutine only
-	closing  bool          // loop goroutine only: out is closed
+	mu       sync.Mutex
+	queue    [][]byte      // frames waiting for the writer, oldest first
+	closed   bool          // no more frames: the writer hangs up after the queue
+	wake     chan struct{} // capacity 1: the queue changed
+	closing  bool          // loop goroutine only: closeAfterQueued was called
 	stop     chan struct{} // closed by abort
 	stopOnce sync.Once
 }
 
 // startConn runs the read loop and the writer of a new connection.
 func (d *Driver) startConn(gen uint64, ws *websocket.Conn, cc *wire.CorkConn) *conn {
-	c := &conn{gen: gen, ws: ws, cc: cc, out: make(chan []byte, sendQueue), stop: make(chan struct{})}
+	c := &conn{gen: gen, ws: ws, cc: cc, wake: make(chan struct{}, 1), stop: make(chan struct{})}
 	d.wg.Add(2)
 	go func() {
 		defer d.wg.Done()
@@ -93,41 +101,59 @@ func (c *conn) writeText(b []byte) error {
 	return c.ws.WriteMessage(websocket.TextMessage, b)
 }
 
-// writeLoop writes queued frames until out is closed (then it sends a close
-// frame) or the connection is aborted or fails. The frames queued at one
-// moment go out in one write.
+// writeLoop writes queued frames until the queue is closed (then it sends a
+// close frame) or the connection is aborted or fails. The frames queued at
+// one moment go out in one write.
 func (c *conn) writeLoop() {
 	defer c.ws.Close()
 	for {
-		select {
-		case b, ok := <-c.out:
-			if ok {
-				var err error
-				if ok, err = c.cc.WriteQueued(b, c.out, c.writeText); err != nil {
+		c.mu.Lock()
+		frames, closed := c.queue, c.closed
+		c.queue = nil
+		c.mu.Unlock()
+		if len(frames) > 0 {
+			c.cc.Cork()
+			for _, b := range frames {
+				if err := c.writeText(b); err != nil {
+					c.cc.Uncork()
 					c.abort()
 					return
 				}
 			}
-			if !ok {
-				c.hangUp(websocket.CloseNormalClosure, "")
+			if err := c.cc.Uncork(); err != nil {
+				c.abort()
 				return
 			}
+			continue
+		}
+		if closed {
+			c.hangUp(websocket.CloseNormalClosure, "")
+			return
+		}
+		select {
+		case <-c.wake:
 		case <-c.stop:
 			return
 		}
 	}
 }
 
-// send queues a frame (loop goroutine only); a full queue drops the connection.
+func (c *conn) signal() {
+	select {
+	case c.wake <- struct{}{}:
+	default:
+	}
+}
+
+// send queues a frame (loop goroutine only).
 func (c *conn) send(b []byte) {
 	if c.closing {
 		return
 	}
-	select {
-	case c.out <- b:
-	default:
-		c.abort()
-	}
+	c.mu.Lock()
+	c.queue = append(c.queue, b)
+	c.mu.Unlock()
+	c.signal()
 }
 
 // closeAfterQueued closes the connection once queued frames are written
@@ -135,7 +161,10 @@ func (c *conn) send(b []byte) {
 func (c *conn) closeAfterQueued() {
 	if !c.closing {
 		c.closing = true
-		close(c.out)
+		c.mu.Lock()
+		c.closed = true
+		c.mu.Unlock()
+		c.signal()
 	}
 }
 

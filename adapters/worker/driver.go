@@ -85,7 +85,8 @@ type Driver struct {
 	dialCancel func() // cancels the pending dial, nil when none
 	procs      map[core.LeaseID]*proc
 	timer      *time.Timer
-	local      []input // inputs the loop made itself (no-op exits), taken before the queue
+	local      []input        // inputs the loop made itself (no-op exits), taken before the queue
+	stepped    []core.LeaseID // leases whose output batch the current Step took
 }
 
 // Inputs of the loop.
@@ -107,7 +108,7 @@ type (
 	}
 	output struct {
 		lease core.LeaseID
-		text  string
+		lines []string
 	}
 	exited core.WExecExited
 )
@@ -265,7 +266,8 @@ func (d *Driver) translate(raw input) core.WorkerInput {
 		d.cur = nil
 		return core.WDisconnected{Reason: in.reason}
 	case output:
-		return core.WExecOutput{Lease: in.lease, Text: in.text}
+		d.stepped = append(d.stepped, in.lease) // apply lets its reader read on
+		return core.WExecOutput{Lease: in.lease, Lines: in.lines}
 	case exited:
 		delete(d.procs, in.Lease)
 		if d.endpoint != nil {
@@ -313,6 +315,19 @@ func (d *Driver) apply(rd core.WorkerReady) *core.WorkerExit {
 		}
 		d.log.Log(d.ctx, lv, l.Msg)
 	}
+	// Backpressure (SPEC §10): a lease whose unacknowledged lines fill its
+	// window is not read until acks free it.
+	for lease, p := range d.procs {
+		if p.gate != nil {
+			p.gate.setPaused(d.w.OutputPaused(lease))
+		}
+	}
+	for _, lease := range d.stepped {
+		if p := d.procs[lease]; p != nil && p.gate != nil {
+			p.gate.taken()
+		}
+	}
+	d.stepped = d.stepped[:0]
 	if rd.Exit != nil {
 		return rd.Exit
 	}

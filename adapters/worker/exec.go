@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"sort"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -19,16 +20,84 @@ import (
 
 // Executor limits.
 const (
-	maxLine     = 16 << 10        // longer output lines are truncated
-	drainWait   = time.Second     // after the shell exits, wait this long for its pipe to close
-	exitCodeErr = 127             // exit code reported when the process could not start
-	killSignal  = syscall.SIGKILL // ExecKill, and leftovers of an exited step
-	termSignal  = syscall.SIGTERM // ExecTerm
+	maxLine = 16 << 10 // longer output lines are truncated
+	// One output input carries at most this many lines (one Logs message)
+	// or about this many bytes: the lines already in the pipe when read.
+	maxBatchLines = 1000
+	maxBatchBytes = 256 << 10
+	drainPoll     = 100 * time.Millisecond // how often a waiting exit looks at the reader
+	drainWait     = time.Second            // after the shell exits, wait this long for its pipe to close
+	exitCodeErr   = 127                    // exit code reported when the process could not start
+	killSignal    = syscall.SIGKILL        // ExecKill, and leftovers of an exited step
+	termSignal    = syscall.SIGTERM        // ExecTerm
 )
 
 // proc is a running step process: the leader of its own process group.
 type proc struct {
 	pgid int
+	gate *outGate // its pipe reader's gate (SPEC §10 backpressure)
+}
+
+// outGate lets a step's pipe reader take one batch of output at a time, and
+// only while the core does not report the lease's output paused (its window
+// of unacknowledged lines is full): the step then blocks on write, as under
+// a slow terminal. The loop goroutine sets paused after every Step and
+// clears pending when it has stepped the reader's batch; it never blocks.
+type outGate struct {
+	mu      sync.Mutex
+	paused  bool          // the core's OutputPaused for the lease
+	pending bool          // a batch is on its way to the loop
+	wake    chan struct{} // capacity 1: the state changed
+}
+
+func newOutGate() *outGate { return &outGate{wake: make(chan struct{}, 1)} }
+
+func (g *outGate) update(f func()) {
+	g.mu.Lock()
+	f()
+	g.mu.Unlock()
+	select {
+	case g.wake <- struct{}{}:
+	default:
+	}
+}
+
+// setPaused and taken are for the loop goroutine.
+func (g *outGate) setPaused(p bool) {
+	g.mu.Lock()
+	same := g.paused == p
+	g.mu.Unlock()
+	if !same {
+		g.update(func() { g.paused = p })
+	}
+}
+
+func (g *outGate) taken() { g.update(func() { g.pending = false }) }
+
+// isPaused says whether the reader is held for acks, not stuck on the pipe.
+func (g *outGate) isPaused() bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.paused || g.pending
+}
+
+// acquire waits until the reader may read a batch and marks one pending;
+// false once done is closed (the worker is stopping).
+func (g *outGate) acquire(done <-chan struct{}) bool {
+	for {
+		g.mu.Lock()
+		if !g.paused && !g.pending {
+			g.pending = true
+			g.mu.Unlock()
+			return true
+		}
+		g.mu.Unlock()
+		select {
+		case <-g.wake:
+		case <-done:
+			return false
+		}
+	}
 }
 
 func (p *proc) signal(log *slog.Logger, lease core.LeaseID, sig syscall.Signal) {
@@ -96,7 +165,7 @@ func (d *Driver) start(c core.ExecCommand) {
 		}()
 		return
 	}
-	p := &proc{pgid: cmd.Process.Pid}
+	p := &proc{pgid: cmd.Process.Pid, gate: newOutGate()}
 	d.procs[lease] = p
 	d.log.Info("step process started", "lease", uint64(lease), "step", string(c.Step), "pid", p.pgid)
 	d.wg.Add(1)
@@ -105,21 +174,15 @@ func (d *Driver) start(c core.ExecCommand) {
 		drained := make(chan struct{})
 		go func() {
 			defer close(drained)
-			scanLines(pr, func(text string) bool { return d.push(output{lease: lease, text: text}) })
+			readOutput(pr, p.gate, d.done, func(lines []string) bool { return d.push(output{lease: lease, lines: lines}) })
 		}()
 		werr := cmd.Wait()
 		// Background children may still hold the pipe: give them a moment,
 		// then kill what is left of the group (the group still exists while
-		// they do, so its id cannot have been reused) and stop reading.
-		select {
-		case <-drained:
-		case <-time.After(drainWait):
-			p.signal(d.log, lease, killSignal)
-			select {
-			case <-drained:
-			case <-time.After(drainWait):
-			}
-		}
+		// they do, so its id cannot have been reused) and stop reading. The
+		// moment is counted only while the reader reads: a reader held for
+		// acks still has the step's last output to deliver before its exit.
+		waitDrained(drained, p.gate, func() { p.signal(d.log, lease, killSignal) })
 		pr.Close()
 		<-drained
 		x := exited{Lease: lease}
@@ -144,28 +207,91 @@ func waitStatus(cmd *exec.Cmd) (syscall.WaitStatus, bool) {
 	return st, ok
 }
 
-// scanLines calls emit for each line of r (without its line ending), cutting
-// lines longer than maxLine, until r ends or emit returns false.
-func scanLines(r io.Reader, emit func(string) bool) {
+// waitDrained waits for the reader to finish: after drainWait of reading
+// without an end it calls kill, after another it gives up.
+func waitDrained(drained <-chan struct{}, g *outGate, kill func()) {
+	tick := time.NewTicker(drainPoll)
+	defer tick.Stop()
+	reading, killed := time.Duration(0), false
+	for {
+		select {
+		case <-drained:
+			return
+		case <-tick.C:
+		}
+		if g.isPaused() {
+			continue
+		}
+		if reading += drainPoll; reading < drainWait {
+			continue
+		}
+		if killed {
+			return
+		}
+		kill()
+		reading, killed = 0, true
+	}
+}
+
+// readOutput reads r in batches, each acquired from the gate: the complete
+// lines already buffered when the first arrives (at most maxBatchLines,
+// about maxBatchBytes), passed to emit without their line endings, lines
+// longer than maxLine cut. It returns when r ends, done is closed or emit
+// returns false.
+func readOutput(r io.Reader, g *outGate, done <-chan struct{}, emit func([]string) bool) {
 	br := bufio.NewReaderSize(r, maxLine)
 	for {
-		line, err := br.ReadSlice('\n')
-		text := string(bytes.TrimRight(line, "\r\n"))
-		truncated := false
-		for errors.Is(err, bufio.ErrBufferFull) {
-			truncated = true
-			_, err = br.ReadSlice('\n')
-		}
-		if truncated {
-			text = strings.ToValidUTF8(text, "") + " [line truncated]"
-		}
-		if len(line) > 0 && !emit(text) {
+		if !g.acquire(done) {
 			return
+		}
+		var lines []string
+		size := 0
+		var err error
+		for {
+			var text string
+			var ok bool
+			text, ok, err = readLine(br)
+			if ok {
+				lines = append(lines, text)
+				size += len(text) + 1
+			}
+			if err != nil || len(lines) >= maxBatchLines || size >= maxBatchBytes || !lineBuffered(br) {
+				break
+			}
+		}
+		if len(lines) > 0 && !emit(lines) {
+			return
+		}
+		if len(lines) == 0 {
+			g.taken() // nothing went to the loop
 		}
 		if err != nil {
 			return
 		}
 	}
+}
+
+// lineBuffered says whether a complete line waits in br (so reading it does
+// not block).
+func lineBuffered(br *bufio.Reader) bool {
+	b, _ := br.Peek(br.Buffered())
+	return bytes.IndexByte(b, '\n') >= 0
+}
+
+// readLine reads one line without its ending, cutting one longer than
+// maxLine; ok is false when there was nothing to read.
+func readLine(br *bufio.Reader) (text string, ok bool, err error) {
+	line, err := br.ReadSlice('\n')
+	text = string(bytes.TrimRight(line, "\r\n"))
+	truncated := false
+	for errors.Is(err, bufio.ErrBufferFull) {
+		truncated = true
+		_, err = br.ReadSlice('\n')
+	}
+	if truncated {
+		text = strings.ToValidUTF8(text, "") + " [line truncated]"
+	}
+	return text, len(line) > 0, err
 }
 
 // overlay returns base with each env's variables set in turn (a later one

@@ -14,20 +14,66 @@ import (
 	"github.com/tether-run/tether/core"
 )
 
-func TestScanLines(t *testing.T) {
+func TestReadOutput(t *testing.T) {
 	long := strings.Repeat("x", maxLine+10)
 	in := "one\r\ntwo\n\n" + long + "\nafter\nno newline"
 	var got []string
-	scanLines(strings.NewReader(in), func(s string) bool { got = append(got, s); return true })
+	g := newOutGate()
+	readOutput(strings.NewReader(in), g, nil, func(s []string) bool { got = append(got, s...); g.taken(); return true })
 	want := []string{"one", "two", "", long[:maxLine] + " [line truncated]", "after", "no newline"}
 	if !reflect.DeepEqual(got, want) {
-		t.Fatalf("scanLines = %q…, want %q…", abbrev(got), abbrev(want))
+		t.Fatalf("readOutput = %q…, want %q…", abbrev(got), abbrev(want))
 	}
 	got = nil
-	scanLines(strings.NewReader("a\nb\nc\n"), func(s string) bool { got = append(got, s); return len(got) < 2 })
-	if !reflect.DeepEqual(got, []string{"a", "b"}) {
-		t.Fatalf("scanLines did not stop when emit returned false: %q", got)
+	g = newOutGate()
+	readOutput(strings.NewReader("a\nb\nc\n"), g, nil, func(s []string) bool { got = append(got, s...); return false })
+	if !reflect.DeepEqual(got, []string{"a", "b", "c"}) {
+		t.Fatalf("readOutput did not stop when emit returned false: %q", got)
 	}
+}
+
+// TestReadOutputBatchesAndWaits: lines already in the pipe come as one
+// batch; the next batch waits until the loop took the first and the gate is
+// not paused; a paused reader gives up when the worker stops.
+func TestReadOutputBatchesAndWaits(t *testing.T) {
+	pr, pw, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pr.Close()
+	g := newOutGate()
+	done := make(chan struct{})
+	batches := make(chan []string, 10)
+	finished := make(chan struct{})
+	go func() {
+		defer close(finished)
+		readOutput(pr, g, done, func(s []string) bool { batches <- s; return true })
+	}()
+	pw.WriteString("1\n2\n3\n")
+	if b := <-batches; !reflect.DeepEqual(b, []string{"1", "2", "3"}) {
+		t.Fatalf("first batch %q, want the three lines at once", b)
+	}
+	pw.WriteString("4\n")
+	g.setPaused(true)
+	g.taken()
+	select {
+	case b := <-batches:
+		t.Fatalf("a paused reader read %q", b)
+	case <-time.After(50 * time.Millisecond):
+	}
+	g.setPaused(false)
+	if b := <-batches; !reflect.DeepEqual(b, []string{"4"}) {
+		t.Fatalf("after resume %q, want [4]", b)
+	}
+	g.setPaused(true)
+	g.taken()
+	close(done)
+	select {
+	case <-finished:
+	case <-time.After(5 * time.Second):
+		t.Fatal("a paused reader did not stop with the worker")
+	}
+	pw.Close()
 }
 
 func abbrev(ss []string) []string {
@@ -75,6 +121,11 @@ func next(t *testing.T, ctx context.Context, d *Driver) input {
 		if x, ok := in.(exited); ok {
 			delete(d.procs, x.Lease)
 		}
+		if o, ok := in.(output); ok {
+			if p := d.procs[o.lease]; p != nil {
+				p.gate.taken() // as the loop does once it stepped the batch
+			}
+		}
 		return in
 	case <-ctx.Done():
 		t.Fatal("no output or exit from the step process")
@@ -95,7 +146,7 @@ func TestExecOutputEnvAndExitCode(t *testing.T) {
 			if in.lease != 7 {
 				t.Fatalf("output of lease %d", in.lease)
 			}
-			lines = append(lines, in.text)
+			lines = append(lines, in.lines...)
 			continue
 		case exited:
 			if in.ExitCode != 3 || in.Signaled || in.Err != "" {
@@ -121,7 +172,7 @@ func TestExecTermKillsTheGroup(t *testing.T) {
 	if !ok {
 		t.Fatalf("want the child's pid, got %T", in)
 	}
-	child, err := strconv.Atoi(out.text)
+	child, err := strconv.Atoi(out.lines[0])
 	if err != nil {
 		t.Fatal(err)
 	}

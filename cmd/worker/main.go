@@ -52,6 +52,12 @@ const (
 	defaultMaxReconnectDelay = 60 * time.Second
 	minMaxReconnectDelay     = 100 * time.Millisecond
 	maxMaxReconnectDelay     = time.Hour
+
+	// The range of --output-cap (SPEC §10): what one step's output may
+	// store; beyond it lines are dropped and counted in one gap marker.
+	defaultOutputCapBytes = 64 << 20
+	minOutputCapBytes     = 1 << 10
+	maxOutputCapBytes     = 1 << 40
 )
 
 const exitCodesHelp = `Exit codes:
@@ -127,6 +133,7 @@ command line override it, and an unknown key is an error naming its line:
   slots: 4
   no_reconnect: false
   max_reconnect_delay: 60s
+  output_cap: 64MiB
 
 Example:
   worker connect --url ws://127.0.0.1:7420/control --token builder-1.SECRET --tags script --slots 2
@@ -156,7 +163,10 @@ type settings struct {
 	// grace window for this worker is twice it. Zero: the default (60 s).
 	MaxReconnectDelay time.Duration
 	CA                string // PEM file of CAs to trust for wss:// and https://
-	Noop              bool   // --executor noop: a benchmarking aid
+	// OutputCapBytes caps what one step's output may store (SPEC §10).
+	// Zero: the default (64 MiB).
+	OutputCapBytes int64
+	Noop           bool // --executor noop: a benchmarking aid
 }
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
@@ -200,6 +210,7 @@ func parseConnect(args []string, stdout io.Writer) (final settings, logFormat, l
 		tags, labels string
 		config       string
 		executor     string
+		outputCap    string
 	)
 	flags.StringVar(&s.URL, "url", defaultURL, "orchestrator control plane `URL` (ws:// or wss://; http(s):// and a bare host:port work too)")
 	flags.StringVar(&s.Token, "token", "", "enrollment `token` NAME.SECRET (required, here or in the config file)")
@@ -212,6 +223,8 @@ func parseConnect(args []string, stdout io.Writer) (final settings, logFormat, l
 	flags.BoolVar(&s.NoReconnect, "no-reconnect", false, "exit (code 2) when the connection is lost instead of reconnecting; no grace window")
 	flags.DurationVar(&s.MaxReconnectDelay, "max-reconnect-delay", defaultMaxReconnectDelay,
 		"longest `duration` to wait between reconnect attempts (100ms..1h); the orchestrator holds this worker's steps for twice this after a disconnect")
+	flags.StringVar(&outputCap, "output-cap", "64MiB",
+		"most output one step may store, a `size` in bytes or with KiB, MiB or GiB (1KiB..1TiB); the rest is dropped and counted in one gap marker")
 	flags.StringVar(&executor, "executor", "sh", "how steps run, by `name`: sh (sh -c COMMAND) or noop (no process; every step exits 0 at once: a benchmarking aid)")
 	flags.StringVar(&config, "config", defaultConfigFile, "worker config `file` (YAML); optional unless given explicitly")
 	flags.StringVar(&logFormat, "log-format", "text", "log `format` on stderr: text or json")
@@ -279,6 +292,13 @@ func parseConnect(args []string, stdout io.Writer) (final settings, logFormat, l
 	if set["ca"] {
 		final.CA = s.CA
 	}
+	if set["output-cap"] {
+		n, err := parseOutputCap(outputCap)
+		if err != nil {
+			return settings{}, "", "", fmt.Errorf("--output-cap %s: %v", outputCap, err)
+		}
+		final.OutputCapBytes = n
+	}
 	switch executor {
 	case "sh":
 	case "noop":
@@ -333,7 +353,7 @@ func connect(ctx context.Context, s settings, log *slog.Logger) int {
 		Config: core.WorkerConfig{
 			ID: core.WorkerID(id), Name: s.Name, Token: s.Token, Tags: s.Tags, Labels: s.Labels,
 			Platform: s.Platform, Slots: s.Slots, NoReconnect: s.NoReconnect,
-			BackoffMax: s.MaxReconnectDelay,
+			BackoffMax: s.MaxReconnectDelay, OutputCapBytes: s.OutputCapBytes,
 		},
 	})
 	if err != nil {
@@ -342,7 +362,7 @@ func connect(ctx context.Context, s settings, log *slog.Logger) int {
 	}
 	log.Info("worker starting", "worker", s.Name, "worker_id", id, "url", s.URL, "tags", strings.Join(s.Tags, ","),
 		"slots", s.Slots, "no_reconnect", s.NoReconnect, "max_reconnect_delay", cmp.Or(s.MaxReconnectDelay, defaultMaxReconnectDelay),
-		"noop_executor", s.Noop)
+		"noop_executor", s.Noop, "output_cap_bytes", cmp.Or(s.OutputCapBytes, defaultOutputCapBytes))
 	code, err := d.Run(ctx)
 	if err != nil { // ctx ended: SIGINT/SIGTERM
 		log.Info("worker stopped", "worker_id", id, "reason", "signal")
@@ -455,7 +475,7 @@ func loadConfig(path string, src []byte) (settings, error) {
 		return n.Value
 	}
 	root := doc.Content[0]
-	known := []string{"url", "ca", "token", "name", "tags", "labels", "platform", "slots", "no_reconnect", "max_reconnect_delay"}
+	known := []string{"url", "ca", "token", "name", "tags", "labels", "platform", "slots", "no_reconnect", "max_reconnect_delay", "output_cap"}
 	if root.Kind != yaml.MappingNode {
 		errf(root, "worker config must be a mapping of keys to values")
 		return s, errors.New(strings.Join(errs, "\n  "))
@@ -525,6 +545,12 @@ func loadConfig(path string, src []byte) (settings, error) {
 				errf(v, "max_reconnect_delay must be a duration from 100ms to 1h such as 30s, not %q", v.Value)
 			}
 			s.MaxReconnectDelay = d
+		case "output_cap":
+			n, err := parseOutputCap(v.Value)
+			if v.Kind != yaml.ScalarNode || err != nil {
+				errf(v, "output_cap must be a size from 1KiB to 1TiB such as 64MiB, not %q", v.Value)
+			}
+			s.OutputCapBytes = n
 		default:
 			errf(k, "unknown key %q (known: %s)", k.Value, strings.Join(known, ", "))
 		}
@@ -533,6 +559,29 @@ func loadConfig(path string, src []byte) (settings, error) {
 		return s, errors.New(strings.Join(errs, "\n  "))
 	}
 	return s, nil
+}
+
+// ErrBadSize is returned for an --output-cap that is not a size in range.
+var ErrBadSize = errors.New("want a size in bytes, or with KiB, MiB or GiB, from 1KiB to 1TiB")
+
+// parseOutputCap reads a size: a whole number of bytes, or one followed by
+// KiB, MiB or GiB (powers of 1024).
+func parseOutputCap(v string) (int64, error) {
+	mult := int64(1)
+	for _, u := range []struct {
+		suffix string
+		mult   int64
+	}{{"KiB", 1 << 10}, {"MiB", 1 << 20}, {"GiB", 1 << 30}} {
+		if strings.HasSuffix(v, u.suffix) {
+			v, mult = strings.TrimSuffix(v, u.suffix), u.mult
+			break
+		}
+	}
+	n, err := strconv.ParseInt(v, 10, 64)
+	if err != nil || n <= 0 || n > maxOutputCapBytes/mult || n*mult < minOutputCapBytes {
+		return 0, ErrBadSize
+	}
+	return n * mult, nil
 }
 
 // checkMaxReconnectDelay keeps the backoff cap in a range where twice it
