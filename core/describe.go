@@ -285,5 +285,8 @@ func DescribeWorker(w WorkerView) string {
 	default:
 		out += " disconnected"
 	}
+	if w.Draining {
+		out += " draining"
+	}
 	return out
 }
