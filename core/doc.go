@@ -46,7 +46,8 @@
 //     set, exit with its code (step processes die with the worker).
 //  3. Feed back every transport event (WDisconnected), every message
 //     (WReceived), every line of step output (WExecOutput), every process exit
-//     (WExecExited), and a WTick when Deadline passes.
+//     (WExecExited), a WDrain for each SIGTERM or SIGINT (SPEC §10: the first
+//     drains, the next stops the steps), and a WTick when Deadline passes.
 //
 // # Determinism
 //
