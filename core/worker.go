@@ -736,8 +736,8 @@ func (w *Worker) startAck(m StartAck) {
 
 func (w *Worker) cancel(m Cancel) {
 	e := w.held(m.Lease)
-	if e == nil || e.cancelled {
-		return
+	if e == nil || e.cancelled || (e.stopped && e.proc == procNone) {
+		return // a stopped lease that never started is already reported
 	}
 	e.cancelled = true
 	w.logf("lease %d cancelled by orchestrator: %s", m.Lease, m.Reason)
