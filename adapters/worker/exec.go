@@ -82,11 +82,11 @@ func (d *Driver) start(c core.ExecCommand) {
 	}
 	cmd := exec.Command("sh", "-c", c.Command)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	wait := cmd.Wait
 	if d.opts.Shim != "" {
 		cmd = exec.Command(d.opts.Shim, ShimArg, strconv.Itoa(os.Getpid()), c.Command)
 		cmd.SysProcAttr = shimAttr()
 	}
+	var wait func() error
 	var endpoint map[string]string
 	if d.endpoint != nil {
 		// The step endpoint's variables, set here and not shipped: the
@@ -100,7 +100,7 @@ func (d *Driver) start(c core.ExecCommand) {
 		if d.opts.Shim != "" {
 			wait, err = startPinned(cmd)
 		} else {
-			err = cmd.Start()
+			wait, err = cmd.Wait, cmd.Start()
 		}
 		pw.Close() // the child holds its own copy
 		if err != nil {

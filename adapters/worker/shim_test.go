@@ -91,3 +91,40 @@ func TestShimBadArguments(t *testing.T) {
 		}
 	}
 }
+
+// BenchmarkExecTrue measures one step's start-to-exit (`true`) with and
+// without the shim: the shim's cost is one more fork and exec of this binary.
+func BenchmarkExecTrue(b *testing.B) {
+	for _, c := range []struct {
+		name string
+		shim bool
+	}{{"sh", false}, {"shim", true}} {
+		b.Run(c.name, func(b *testing.B) {
+			if c.shim && !ShimSupported {
+				b.Skip("the step shim is Linux only")
+			}
+			opts := Options{URL: "ws://unused", Env: []string{"PATH=" + os.Getenv("PATH")}}
+			if c.shim {
+				exe, err := os.Executable()
+				if err != nil {
+					b.Fatal(err)
+				}
+				opts.Shim = exe
+			}
+			d, err := New(opts)
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer func() { close(d.done); d.wg.Wait() }()
+			for i := 0; i < b.N; i++ {
+				d.exec(core.ExecCommand{Op: core.ExecStart, Lease: core.LeaseID(i + 1), Command: "true"})
+				for {
+					if x, ok := (<-d.inputs).(exited); ok {
+						delete(d.procs, x.Lease)
+						break
+					}
+				}
+			}
+		})
+	}
+}
