@@ -2,6 +2,8 @@ package worker
 
 import (
 	"context"
+	"io"
+	"log/slog"
 	"os"
 	"strconv"
 	"syscall"
@@ -103,7 +105,8 @@ func BenchmarkExecTrue(b *testing.B) {
 			if c.shim && !ShimSupported {
 				b.Skip("the step shim is Linux only")
 			}
-			opts := Options{URL: "ws://unused", Env: []string{"PATH=" + os.Getenv("PATH")}}
+			opts := Options{URL: "ws://unused", Env: []string{"PATH=" + os.Getenv("PATH")},
+				Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
 			if c.shim {
 				exe, err := os.Executable()
 				if err != nil {
