@@ -289,5 +289,8 @@ func DescribeWorker(w WorkerView) string {
 	default:
 		out += " disconnected"
 	}
+	if w.Draining {
+		out += " draining"
+	}
 	return out
 }

@@ -144,6 +144,9 @@ func (g *inputGen) next() (in Input, restart bool) {
 	case k < 2:
 		return Received{Conn: c, Msg: Heartbeat{InFlight: g.refs(w)}}, false
 	case k < 3:
+		if g.pick(8) == 0 {
+			return Received{Conn: c, Msg: Drain{}}, false
+		}
 		return Received{Conn: c, Msg: Refresh{Request: uint64(g.call)}}, false
 	case !ok:
 		return Tick{}, false
@@ -154,7 +157,7 @@ func (g *inputGen) next() (in Input, restart bool) {
 	case k < 7:
 		return Received{Conn: c, Msg: Logs{Lease: lease, Lines: []LogLine{{Seq: uint64(g.pick(5)), At: g.now, Text: "x"}}}}, false
 	default:
-		st := []OutcomeStatus{OutcomeSuccess, OutcomeSuccess, OutcomeFailure, OutcomeCancelled, OutcomeCleanupFailed}[g.pick(5)]
+		st := []OutcomeStatus{OutcomeSuccess, OutcomeSuccess, OutcomeFailure, OutcomeCancelled, OutcomeCleanupFailed, OutcomeWorkerStopped}[g.pick(6)]
 		if g.pick(10) == 0 {
 			step = "run-1/nope"
 		}

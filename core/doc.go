@@ -47,9 +47,11 @@
 //     worker).
 //  3. Feed back every transport event (WDisconnected), every message
 //     (WReceived), step output (WExecOutput: the lines read at once), every
-//     process exit (WExecExited, after all of the process's output), and a
-//     WTick when Deadline passes. After each Step, read no more output of a
-//     lease for which OutputPaused holds (SPEC §10: backpressure).
+//     process exit (WExecExited, after all of the process's output), a WDrain
+//     for each SIGTERM or SIGINT (SPEC §10: the first drains, the next stops
+//     the steps), and a WTick when Deadline passes. After each Step, read no
+//     more output of a lease for which OutputPaused holds (SPEC §10:
+//     backpressure).
 //
 // # Determinism
 //

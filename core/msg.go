@@ -93,6 +93,10 @@ type (
 	}
 	// Refresh asks for the session credential's validity to slide forward.
 	Refresh struct{ Request uint64 }
+	// Drain says the worker is draining (§4, §10): it takes no new work and
+	// exits once its leases are finished. The orchestrator dispatches nothing
+	// more to it. A draining worker sends it again after every Welcome.
+	Drain struct{}
 )
 
 // Messages from the orchestrator to a worker.
@@ -169,6 +173,7 @@ func (Report) Kind() string         { return "report" }
 func (Logs) Kind() string           { return "logs" }
 func (Events) Kind() string         { return "events" }
 func (Refresh) Kind() string        { return "refresh" }
+func (Drain) Kind() string          { return "drain" }
 func (Welcome) Kind() string        { return "welcome" }
 func (Refused) Kind() string        { return "refused" }
 func (Dispatch) Kind() string       { return "dispatch" }
@@ -209,6 +214,7 @@ const (
 	OutcomeFailure                                // non-zero exit or failed to start
 	OutcomeCancelled                              // stopped after a Cancel
 	OutcomeCleanupFailed                          // stopped after a Cancel, cleanup failed
+	OutcomeWorkerStopped                          // stopped because the worker itself was stopped (§4)
 )
 
 func (o OutcomeStatus) String() string {
@@ -221,6 +227,8 @@ func (o OutcomeStatus) String() string {
 		return "cancelled"
 	case OutcomeCleanupFailed:
 		return "cleanup-failed"
+	case OutcomeWorkerStopped:
+		return "worker-stopped"
 	}
 	return "invalid"
 }

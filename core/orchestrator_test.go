@@ -408,6 +408,8 @@ func (h *harness) command(d *datadriven.TestData) []string {
 			m.Outcome = Outcome{Status: OutcomeCancelled}
 		case h.has(d, "cleanup-failed"):
 			m.Outcome = Outcome{Status: OutcomeCleanupFailed, Message: h.argOr(d, "msg", "")}
+		case h.has(d, "worker-stopped"):
+			m.Outcome = Outcome{Status: OutcomeWorkerStopped, ExitCode: int(h.num(d, "exit", 0)), Message: h.argOr(d, "msg", "")}
 		}
 		return h.step(Received{Conn: h.conn(d, w), Msg: m})
 
@@ -429,6 +431,10 @@ func (h *harness) command(d *datadriven.TestData) []string {
 			return h.step(Received{Conn: h.conn(d, w), Msg: Events{Lease: LeaseID(h.num(d, "lease", 0)), Events: lines}})
 		}
 		return h.step(Received{Conn: h.conn(d, w), Msg: Logs{Lease: LeaseID(h.num(d, "lease", 0)), Lines: lines}})
+
+	case "drain":
+		w := h.pos(d, 0)
+		return h.step(Received{Conn: h.conn(d, w), Msg: Drain{}})
 
 	case "refresh":
 		w := h.pos(d, 0)

@@ -37,6 +37,8 @@ func (o *Orchestrator) receive(in Received) {
 		o.storeLogs(w, in.Conn, m.Lease, m.Events, true)
 	case Refresh:
 		o.refresh(w, in.Conn, m)
+	case Drain:
+		o.drain(w)
 	default:
 		o.send(in.Conn, Close{Reason: fmt.Sprintf("protocol error: unexpected %s from a worker", in.Msg.Kind())})
 		o.disconnect(wid, "protocol error")
@@ -444,7 +446,7 @@ func (o *Orchestrator) report(w *WorkerRecord, c ConnID, m Report) {
 	reply := func(v Verdict, reason string) {
 		o.send(c, Answer{Lease: m.Lease, Request: m.Request, Verdict: v, Reason: reason})
 	}
-	if m.Request == 0 || m.Outcome.Status < OutcomeSuccess || m.Outcome.Status > OutcomeCleanupFailed {
+	if m.Request == 0 || m.Outcome.Status < OutcomeSuccess || m.Outcome.Status > OutcomeWorkerStopped {
 		reply(Rejected, "malformed report")
 		return
 	}
@@ -502,6 +504,12 @@ func (o *Orchestrator) report(w *WorkerRecord, c ConnID, m Report) {
 		o.event(s.Run, s.ID, "step-cancelled", "worker stopped the step")
 		o.transition(s, EvComplete)
 		return
+	}
+	if m.Outcome.Status == OutcomeWorkerStopped {
+		o.workerStopped(w, s, l, m.Outcome, record)
+		return
+	}
+	switch s.State {
 	case StateQueued:
 		if sp.Writes {
 			record(Rejected, "write-bearing step reported without a recorded start")
@@ -536,6 +544,57 @@ func (o *Orchestrator) report(w *WorkerRecord, c ConnID, m Report) {
 		}
 		o.fail(s, ClassExecution, msg)
 	}
+}
+
+// workerStopped settles a current lease whose worker stopped its process
+// because the worker itself was stopped (a second SIGTERM, or the drain
+// timeout: §4). It is triage by the worker's own word: a step that never
+// started is requeued as never started, a started no-write step is requeued
+// from the beginning (both answered CANCELLED; the attempt cap applies), and
+// a started write-bearing step fails, class worker-stopped (its report is
+// COMMITTED): it may have written, so it is never re-dispatched.
+func (o *Orchestrator) workerStopped(w *WorkerRecord, s *StepRecord, l *LeaseRecord, out Outcome, record func(Verdict, string)) {
+	msg := fmt.Sprintf("worker %s was stopped before the step finished", w.ID)
+	if out.Message != "" {
+		msg += ": " + out.Message
+	}
+	switch {
+	case s.State == StateQueued:
+		record(Cancelled, "worker stopped before the step started")
+		o.endLease(l, "never started: "+msg)
+		o.requeue(s, msg)
+	case o.specOf[s.ID].Writes:
+		if s.State == StateRecovering {
+			o.transition(s, EvStart)
+		}
+		l.Committed = true
+		s.Outcome = &out
+		record(Committed, "")
+		o.fail(s, ClassWorkerStopped, msg+"; write-bearing step not re-dispatched")
+	default:
+		record(Cancelled, "worker stopped the step; it is re-dispatched")
+		if s.State == StateRunning {
+			o.transition(s, EvRecover)
+		}
+		o.endLease(l, msg)
+		if s.Attempts >= o.cfg.MaxAttempts {
+			o.fail(s, ClassAttemptsExhausted, fmt.Sprintf("step was dispatched %d times without completing; last: %s", s.Attempts, msg))
+			return
+		}
+		o.transition(s, EvRequeue)
+		o.event(s.Run, s.ID, "step-requeued", "no-write step re-dispatched from the beginning: "+msg)
+	}
+}
+
+// drain marks a worker draining (§4): dispatch skips it from now on. Its
+// leases are untouched: it finishes and reports them.
+func (o *Orchestrator) drain(w *WorkerRecord) {
+	if w.Draining {
+		return // a draining worker says it again after every Welcome
+	}
+	w.Draining = true
+	o.markWorker(w)
+	o.logf("info", "worker draining", "worker_id", string(w.ID), "leases", fmt.Sprint(len(o.workerLeases[w.ID])))
 }
 
 // MaxAnswersPerLease bounds the answers remembered for one lease.
@@ -806,7 +865,7 @@ func (o *Orchestrator) dispatch() {
 	var free []*WorkerRecord
 	slots := 0 // free slots left among the free workers
 	for id, w := range o.workers {
-		if w.Active && !w.Revoked && o.connected(id) && len(o.workerLeases[id]) < w.Slots {
+		if w.Active && !w.Revoked && !w.Draining && o.connected(id) && len(o.workerLeases[id]) < w.Slots {
 			free = append(free, w)
 			slots += w.Slots - len(o.workerLeases[id])
 		}

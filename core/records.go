@@ -120,6 +120,10 @@ type WorkerRecord struct {
 	DisconnectedAt time.Time `json:",omitzero"` // zero while connected
 	GraceUntil     time.Time `json:",omitzero"`
 	EnrolledAt     time.Time
+	// Draining: the instance said Drain (§4). Dispatch skips it for the rest
+	// of its life: a drained worker process exits, and a new process is a new
+	// instance.
+	Draining bool `json:",omitempty"`
 }
 
 // TokenRecord is an enrollment token; only the secret's hash is kept.

@@ -177,4 +177,5 @@ const (
 	ClassRevoked           FailureClass = "revoked"
 	ClassOperator          FailureClass = "operator"
 	ClassGate              FailureClass = "gate"
+	ClassWorkerStopped     FailureClass = "worker-stopped"
 )

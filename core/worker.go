@@ -26,6 +26,7 @@ const (
 	defaultKillGrace      = 10 * time.Second
 	defaultDialTimeout    = 10 * time.Second
 	defaultHeartbeat      = 30 * time.Second
+	defaultDrainTimeout   = 10 * time.Minute
 )
 
 // Worker limits: every queue, counter and timer the worker keeps is bounded.
@@ -46,6 +47,7 @@ const (
 
 // Exit codes of a worker process.
 const (
+	WorkerExitDrained      = 0 // drained: every lease finished and answered (§10)
 	WorkerExitDisconnected = 2 // lost the orchestrator with --no-reconnect, or scaler-managed
 	WorkerExitRefused      = 3 // the orchestrator refused this worker for good
 )
@@ -86,6 +88,7 @@ type WorkerConfig struct {
 	RequestRetries int           // default 5 per request and connection; then the connection is closed
 	KillGrace      time.Duration // default 10s: SIGTERM, then SIGKILL after this
 	DialTimeout    time.Duration // default 10s: a dial or Hello unanswered this long is a failed attempt
+	DrainTimeout   time.Duration // default 10m: a drain this long stops the leases still running (§10)
 }
 
 func (c WorkerConfig) withDefaults() WorkerConfig {
@@ -108,6 +111,7 @@ func (c WorkerConfig) withDefaults() WorkerConfig {
 	orDefault(&c.RequestTimeout, defaultRequestTimeout)
 	orDefault(&c.KillGrace, defaultKillGrace)
 	orDefault(&c.DialTimeout, defaultDialTimeout)
+	orDefault(&c.DrainTimeout, defaultDrainTimeout)
 	switch {
 	case c.BackoffFactor == 0:
 		c.BackoffFactor = defaultBackoffFactor
@@ -166,6 +170,12 @@ type (
 		Signaled bool
 		Err      string
 	}
+	// WDrain asks the worker to drain (the process got SIGTERM or SIGINT):
+	// it takes no new work, lets its steps finish, and exits with
+	// WorkerExitDrained once it holds no lease and every report is answered.
+	// A second WDrain, or DrainTimeout after the first, stops the steps
+	// still running (§10).
+	WDrain struct{}
 	// WTick says time passed: the Deadline of an earlier WorkerReady is reached.
 	// Timers fire only on WTick, never on other inputs.
 	WTick struct{}
@@ -179,6 +189,7 @@ func (WReceived) isWorkerInput()     {}
 func (WExecOutput) isWorkerInput()   {}
 func (WExecEvent) isWorkerInput()    {}
 func (WExecExited) isWorkerInput()   {}
+func (WDrain) isWorkerInput()        {}
 func (WTick) isWorkerInput()         {}
 
 // WorkerReady is what one Step asks of the driver. The driver applies it in
@@ -267,6 +278,7 @@ type execution struct {
 	released  bool
 	proc      procState
 	cancelled bool      // a Cancel arrived: the exit is reported as cancelled
+	stopped   bool      // the worker stopped it (drain stop): the exit is reported as worker-stopped
 	termed    bool      // ExecTerm was emitted
 	killAt    time.Time // non-zero while an ExecKill is due at this time
 	logSeq    uint64    // Seq of the last log line; lines are numbered from 1
@@ -332,6 +344,13 @@ type Worker struct {
 	pcg rand.PCG // jitter source, advanced only when jitter is on
 
 	exited bool // an Exit was emitted: Step does nothing from then on
+
+	// draining: a WDrain arrived (§10); no new work is taken and the worker
+	// exits once it holds no lease. drainStopAt is when the running steps are
+	// stopped (zero once they were); stopping says they were.
+	draining    bool
+	stopping    bool
+	drainStopAt time.Time
 
 	phase        connPhase // where the connection life cycle is
 	conn         ConnID    // the current connection in phaseHello and phaseReady, else zero
@@ -488,10 +507,16 @@ func (w *Worker) Step(now time.Time, in WorkerInput) WorkerReady {
 		w.event(in.Lease, in.Text)
 	case WExecExited:
 		w.procExited(in)
+	case WDrain:
+		w.drain()
 	case WTick:
 		w.tick()
 	default:
 		panic(fmt.Sprintf("core.Worker: unknown input %T", in))
+	}
+	if w.draining && !w.exited && len(w.leases) == 0 {
+		w.logf("drained: no lease is held; exiting")
+		w.exit(WorkerExitDrained, "drained")
 	}
 	rd := w.out
 	w.out = WorkerReady{}
@@ -703,6 +728,9 @@ func (w *Worker) welcome(m Welcome) {
 	// Output first, requests after: a Report never overtakes its lease's
 	// lines (an Answer then proves they were all processed, §10).
 	w.replay(wasOffline, offline)
+	if w.draining {
+		w.send(Drain{}) // the orchestrator may have missed it
+	}
 	for i := range w.requests {
 		if r := &w.requests[i]; !w.waitsForAcks(r) {
 			w.transmit(r)
@@ -732,6 +760,11 @@ func (w *Worker) dispatch(m Dispatch) {
 		return // duplicate or stale
 	}
 	w.maxLease = m.Lease
+	if w.draining {
+		w.logf("rejecting lease %d: draining", m.Lease)
+		w.send(RejectDispatch{Lease: m.Lease, Reason: "draining"})
+		return
+	}
 	if held := w.heldCount(); held >= w.cfg.Slots {
 		w.logf("rejecting lease %d: busy (%d of %d slots)", m.Lease, held, w.cfg.Slots)
 		w.send(RejectDispatch{Lease: m.Lease, Reason: "busy"})
@@ -767,8 +800,8 @@ func (w *Worker) startAck(m StartAck) {
 
 func (w *Worker) cancel(m Cancel) {
 	e := w.held(m.Lease)
-	if e == nil || e.cancelled {
-		return
+	if e == nil || e.cancelled || (e.stopped && e.proc == procNone) {
+		return // a stopped lease that never started is already reported
 	}
 	e.cancelled = true
 	w.logf("lease %d cancelled by orchestrator: %s", m.Lease, m.Reason)
@@ -1016,6 +1049,8 @@ func (w *Worker) procExited(x WExecExited) {
 		o = Outcome{Status: OutcomeCleanupFailed, ExitCode: x.ExitCode, Message: x.Err}
 	case e.cancelled:
 		o = Outcome{Status: OutcomeCancelled, ExitCode: x.ExitCode}
+	case e.stopped:
+		o = Outcome{Status: OutcomeWorkerStopped, ExitCode: x.ExitCode, Message: "the worker was stopped while draining"}
 	case x.Err != "":
 		o = Outcome{Status: OutcomeFailure, ExitCode: x.ExitCode, Message: x.Err}
 	case x.Signaled:
@@ -1028,6 +1063,52 @@ func (w *Worker) procExited(x WExecExited) {
 	w.dropMarker(e)
 	w.newRequest(reqReport, e.ref, o)
 }
+
+// --- drain (§10) ---
+
+// drain handles WDrain: the first starts draining, the next stops the steps.
+func (w *Worker) drain() {
+	if w.draining {
+		w.logf("second stop request while draining")
+		w.stopAll()
+		return
+	}
+	w.draining = true
+	w.drainStopAt = w.now.Add(w.cfg.DrainTimeout)
+	w.logf("draining: taking no new work; %d lease(s) to finish within %v", w.heldCount(), w.cfg.DrainTimeout)
+	if w.phase == phaseReady {
+		w.send(Drain{})
+	}
+}
+
+// stopAll stops every held lease cooperatively (SIGTERM to its group,
+// SIGKILL after the kill grace); each is reported worker-stopped. A
+// write-bearing step still waiting for its StartAck never started: it is
+// reported worker-stopped at once.
+func (w *Worker) stopAll() {
+	if w.stopping {
+		return
+	}
+	w.stopping, w.drainStopAt = true, time.Time{}
+	for _, e := range w.sortedExecutions() {
+		if e.released || e.cancelled || e.stopped {
+			continue
+		}
+		switch e.proc {
+		case procRunning:
+			e.stopped = true
+			w.logf("stopping lease %d: the worker is stopping", e.ref.Lease)
+			w.stop(e)
+		case procNone:
+			e.stopped = true
+			w.dropRequests(func(r *request) bool { return r.kind == reqStart && r.ref.Lease == e.ref.Lease })
+			w.newRequest(reqReport, e.ref, Outcome{Status: OutcomeWorkerStopped, Message: "the worker was stopped before the step started"})
+		}
+	}
+}
+
+// Draining reports whether the worker got a WDrain.
+func (w *Worker) Draining() bool { return w.draining }
 
 // --- requests ---
 
@@ -1073,6 +1154,10 @@ func (w *Worker) dropRequests(f func(*request) bool) bool {
 // --- timers ---
 
 func (w *Worker) tick() {
+	if !w.drainStopAt.IsZero() && !w.now.Before(w.drainStopAt) {
+		w.logf("drain timeout of %v reached", w.cfg.DrainTimeout)
+		w.stopAll()
+	}
 	for _, e := range w.sortedExecutions() {
 		if !e.killAt.IsZero() && !w.now.Before(e.killAt) {
 			e.killAt = time.Time{}
@@ -1159,6 +1244,7 @@ func (w *Worker) deadline() time.Time {
 			at(e.outDue)
 		}
 	}
+	at(w.drainStopAt)
 	switch w.phase {
 	case phaseBackoff:
 		at(w.dialAt)
@@ -1293,7 +1379,9 @@ func (w *Worker) Fingerprint() uint64 {
 	pcg, _ := w.pcg.MarshalBinary()
 	e.str(string(pcg))
 
-	e.bool(w.exited, w.welcomed)
+	e.bool(w.exited, w.welcomed, w.draining, w.stopping)
+	e.time(w.drainStopAt)
+	e.dur(c.DrainTimeout)
 	e.u64(uint64(w.phase), uint64(w.conn), uint64(w.attempt), w.nextRequest, uint64(w.maxLease))
 	e.time(w.connDeadline, w.dialAt, w.offlineSince, w.credExpiry, w.refreshAt, w.heartbeatAt)
 	e.str(w.credential)
@@ -1312,7 +1400,7 @@ func (w *Worker) Fingerprint() uint64 {
 		e.u64(uint64(x.ref.Lease), uint64(x.proc), x.logSeq, x.eventSeq)
 		e.str(string(x.ref.Step), x.command)
 		e.strMap(x.env)
-		e.bool(x.writes, x.released, x.cancelled, x.termed)
+		e.bool(x.writes, x.released, x.cancelled, x.termed, x.stopped)
 		e.time(x.killAt)
 		e.int(x.lineBytes)
 		e.time(x.outDue)

@@ -35,6 +35,7 @@ var workerEpoch = time.Date(2025, 3, 1, 12, 0, 0, 0, time.UTC)
 //	answer lease=L COMMITTED|CANCELLED|REJECTED [reason=R] [req=N]
 //	cancel lease=L [reason=R]
 //	refreshed [ttl=D] [req=N]
+//	drain                        WDrain: the process got SIGTERM or SIGINT
 //	advance D                    move the clock by D, sending WTick at every deadline on the way
 //	next-deadline                move the clock to the last deadline and send WTick
 //	state                        the worker's accessors
@@ -109,6 +110,8 @@ func newWorkerHarness(t *testing.T, td *datadriven.TestData) *workerHarness {
 			cfg.KillGrace = argDur(t, a)
 		case "dial-timeout":
 			cfg.DialTimeout = argDur(t, a)
+		case "drain-timeout":
+			cfg.DrainTimeout = argDur(t, a)
 		default:
 			t.Fatalf("worker: unknown argument %s", a.Key)
 		}
@@ -170,6 +173,8 @@ func (h *workerHarness) run(t *testing.T, td *datadriven.TestData) string {
 		one(WDisconnected{Reason: reason("connection reset")})
 	case "tick":
 		one(WTick{})
+	case "drain":
+		one(WDrain{})
 	case "welcome":
 		m := Welcome{Worker: h.w.cfg.ID, CredentialTTL: argDurOpt(t, td, "ttl", 0), Heartbeat: argDurOpt(t, td, "hb", 0)}
 		if h.lastHello.Token != "" {
@@ -453,6 +458,10 @@ func (g *workerGen) next() (time.Time, WorkerInput) {
 	case 11:
 		// Out-of-protocol input the worker must shrug off.
 		return g.now, []WorkerInput{WConnected{Conn: 99}, WDialFailed{}, WReceived{Msg: Welcome{}}, WReceived{Msg: Heartbeat{}}}[g.r.IntN(4)]
+	case 16:
+		if g.r.IntN(10) == 0 {
+			return g.now, WDrain{} // the first drains, the second stops the steps
+		}
 	}
 	return g.now, WTick{}
 }
@@ -578,8 +587,8 @@ func TestWorkerExitIsFinal(t *testing.T) {
 // field fail this test until it is covered here (and in Fingerprint).
 func TestWorkerFingerprintCoversState(t *testing.T) {
 	for typ, want := range map[reflect.Type]int{
-		reflect.TypeFor[Worker](): 22, reflect.TypeFor[execution](): 20,
-		reflect.TypeFor[request](): 6, reflect.TypeFor[WorkerConfig](): 21,
+		reflect.TypeFor[Worker](): 25, reflect.TypeFor[execution](): 21,
+		reflect.TypeFor[request](): 6, reflect.TypeFor[WorkerConfig](): 22,
 	} {
 		if typ.NumField() != want {
 			t.Errorf("%v has %d fields, this test knows %d: cover the new ones", typ, typ.NumField(), want)
@@ -607,7 +616,10 @@ func TestWorkerFingerprintCoversState(t *testing.T) {
 		"cfg.OutputCapBytes": func(c *Worker) { c.cfg.OutputCapBytes++ },
 		"cfg.RequestTimeout": func(c *Worker) { c.cfg.RequestTimeout += d }, "cfg.RequestRetries": func(c *Worker) { c.cfg.RequestRetries++ },
 		"cfg.KillGrace": func(c *Worker) { c.cfg.KillGrace += d }, "cfg.DialTimeout": func(c *Worker) { c.cfg.DialTimeout += d },
-		"pcg": func(c *Worker) { c.pcg.Uint64() }, "exited": func(c *Worker) { c.exited = true },
+		"cfg.DrainTimeout": func(c *Worker) { c.cfg.DrainTimeout += d },
+		"draining":         func(c *Worker) { c.draining = true }, "stopping": func(c *Worker) { c.stopping = true },
+		"drainStopAt": func(c *Worker) { c.drainStopAt = now },
+		"pcg":         func(c *Worker) { c.pcg.Uint64() }, "exited": func(c *Worker) { c.exited = true },
 		"phase": func(c *Worker) { c.phase = phaseHello }, "conn": func(c *Worker) { c.conn = 9 },
 		"connDeadline": func(c *Worker) { c.connDeadline = now }, "dialAt": func(c *Worker) { c.dialAt = c.dialAt.Add(d) },
 		"attempt": func(c *Worker) { c.attempt++ }, "welcomed": func(c *Worker) { c.welcomed = false },
@@ -632,6 +644,7 @@ func TestWorkerFingerprintCoversState(t *testing.T) {
 		"exec.proc":       func(c *Worker) { c.leases[1].proc = procRunning },
 		"exec.cancelled":  func(c *Worker) { c.leases[1].cancelled = true },
 		"exec.termed":     func(c *Worker) { c.leases[1].termed = true },
+		"exec.stopped":    func(c *Worker) { c.leases[1].stopped = true },
 		"exec.killAt":     func(c *Worker) { c.leases[1].killAt = now },
 		"exec.logSeq":     func(c *Worker) { c.leases[1].logSeq++ },
 		"exec.eventSeq":   func(c *Worker) { c.leases[1].eventSeq++ },

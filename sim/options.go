@@ -63,6 +63,9 @@ type Options struct {
 	QueryEvery   time.Duration // operator queries a random step
 	ReplayEvery  time.Duration // someone boots a worker with an already-used token; 0 = never
 	IgnoreTermP  float64       // a process ignores SIGTERM
+	DrainEvery   time.Duration // per worker: mean time until it is told to drain (SIGTERM, §10); 0 = never
+	DrainStopP   float64       // chance a drain is followed by a second signal that stops the steps
+	DrainTimeout time.Duration // the workers' drain timeout (0: the core's default)
 	FaultPhase   time.Duration // faults happen only during this phase
 	Buggify      map[string]bool
 	LogWindow    int           // worker LogWindowLines (small values stress backpressure)
@@ -145,6 +148,10 @@ func Swarm(seed uint64) Options {
 			o.Buggify[site] = true
 		}
 	}
+	// Drawn last, so the options above are what they were before drains.
+	o.DrainEvery = maybe(0.3, dur(10*time.Minute, 60*time.Minute))
+	o.DrainStopP = []float64{0, 0.5}[r.IntN(2)]
+	o.DrainTimeout = []time.Duration{0, 30 * time.Second}[r.IntN(2)]
 	return o
 }
 
@@ -167,6 +174,7 @@ func (o Options) Describe() string {
 	fmt.Fprintf(&b, "partition every=%s for %s..%s clog every=%s\n", o.PartitionEvery, o.PartitionMin, o.PartitionMax, o.ClogEvery)
 	fmt.Fprintf(&b, "clock offset<=%s drift<=%.3f jump every=%s wobble=%s\n", o.ClockOffsetMax, o.DriftMax, o.JumpEvery, o.WobbleAmp)
 	fmt.Fprintf(&b, "crash worker every=%s pause every=%s (<=%s) orchestrator every=%s (down<=%s)\n", o.WorkerCrashEvery, o.WorkerPauseEvery, o.PauseMax, o.OrchCrashEvery, o.OrchDownMax)
+	fmt.Fprintf(&b, "drain every=%s stop=%.2f timeout=%s\n", o.DrainEvery, o.DrainStopP, o.DrainTimeout)
 	fmt.Fprintf(&b, "runs=%d steps<=%d writes=%.2f fail=%.2f exec=%s..%s fault phase=%s\n", o.Runs, o.StepsMax, o.WriteFrac, o.FailProb, o.ExecMin, o.ExecMax, o.FaultPhase)
 	fmt.Fprintf(&b, "output lines<=%d burst<=%d window=%d cap=%d\n", o.LinesMax, o.BurstMax, o.LogWindow, o.OutputCap)
 	sites := make([]string, 0, len(o.Buggify))

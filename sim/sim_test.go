@@ -210,6 +210,32 @@ func TestSkewedClocksStaySafe(t *testing.T) {
 	}
 }
 
+// TestDrainsStaySafe: workers told to drain (and some stopped by a second
+// signal or their drain timeout) at random moments keep every invariant and
+// liveness: a drained worker leaving strands no run (§10).
+func TestDrainsStaySafe(t *testing.T) {
+	seeds := uint64(20)
+	if testing.Short() {
+		seeds = 8
+	}
+	total := map[string]int{}
+	for seed := uint64(1); seed <= seeds; seed++ {
+		o := Swarm(seed)
+		o.DrainEvery, o.DrainStopP, o.DrainTimeout = 5*time.Minute, 0.5, 30*time.Second
+		r := Simulate(seed, o, Config{})
+		if r.Failure != nil {
+			t.Fatalf("drains broke seed %d:\n%s", seed, r.Failure)
+		}
+		for k, n := range r.Faults {
+			total[k] += n
+		}
+	}
+	t.Logf("faults over %d seeds: %v", seeds, total)
+	if total["worker-drain"] == 0 || total["worker-drain-stop"] == 0 {
+		t.Fatalf("the seeds drained %d workers and stopped %d: the drain fault is not exercised", total["worker-drain"], total["worker-drain-stop"])
+	}
+}
+
 func BenchmarkSimEvents(b *testing.B) {
 	var events uint64
 	start := time.Now()

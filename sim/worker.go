@@ -117,7 +117,7 @@ func (w *world) spawnWorker(token string, scaler, allTags bool) *workerNode {
 		Slots: 1 + w.r.IntN(w.opt.SlotsMax), Scaler: scaler,
 		NoReconnect: !scaler && !allTags && !w.healed && w.chance(w.opt.NoReconnectFrac),
 		Seed:        w.r.Uint64(), BackoffMax: w.opt.MaxDelayWork,
-		LogWindowLines: w.opt.LogWindow, OutputCapBytes: w.opt.OutputCap,
+		LogWindowLines: w.opt.LogWindow, OutputCapBytes: w.opt.OutputCap, DrainTimeout: w.opt.DrainTimeout,
 	}
 	w.bootWorker(wn, cfg)
 	return wn
@@ -482,6 +482,26 @@ func (w *world) scheduleWorkerFaults(wn *workerNode) {
 			w.after(w.exp(w.opt.WorkerPauseEvery), evFault, wn.idx, nil, "pause", pause)
 		}
 		w.after(w.exp(w.opt.WorkerPauseEvery), evFault, wn.idx, nil, "pause", pause)
+	}
+	if w.opt.DrainEvery > 0 {
+		// An operator stops the worker with SIGTERM (§10): it drains and
+		// exits 0 once its steps are answered; sometimes a second signal
+		// stops its steps first. The fleet replaces it like any exit.
+		w.after(w.exp(w.opt.DrainEvery), evFault, wn.idx, nil, "drain", func() {
+			if wn.gen != gen || w.healed || !wn.alive {
+				return
+			}
+			w.fault("worker-drain")
+			w.stepWorker(wn, core.WDrain{})
+			if w.chance(w.opt.DrainStopP) {
+				w.after(w.uniform(0, 30*time.Second), evFault, wn.idx, nil, "drain stop", func() {
+					if wn.gen == gen && wn.alive {
+						w.fault("worker-drain-stop")
+						w.stepWorker(wn, core.WDrain{})
+					}
+				})
+			}
+		})
 	}
 	if w.opt.JumpEvery > 0 {
 		var jump func()

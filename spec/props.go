@@ -118,8 +118,9 @@ func CheckNoWriteFailures(o *core.Orchestrator, rd core.Ready) *Violation {
 	return nil
 }
 
-// workerLost says whether a failure class blames a lost worker (disconnect,
-// stale-worker, revoked) rather than the step itself.
+// workerLost says whether a failure class blames a lost or stopped worker
+// (disconnect, stale-worker, revoked, worker-stopped) rather than the step
+// itself.
 func workerLost(c core.FailureClass) bool {
-	return c == core.ClassDisconnect || c == core.ClassStaleWorker || c == core.ClassRevoked
+	return c == core.ClassDisconnect || c == core.ClassStaleWorker || c == core.ClassRevoked || c == core.ClassWorkerStopped
 }

@@ -27,10 +27,15 @@ const (
 
 // WebSocket close codes the driver uses.
 const (
-	closeNormal = websocket.CloseNormalClosure
-	closePolicy = websocket.ClosePolicyViolation
-	closeData   = websocket.CloseUnsupportedData
+	closeNormal    = websocket.CloseNormalClosure
+	closePolicy    = websocket.ClosePolicyViolation
+	closeData      = websocket.CloseUnsupportedData
+	closeGoingAway = websocket.CloseGoingAway // the orchestrator is stopping
 )
+
+// goingAwayWait bounds how long a stopping orchestrator waits for its
+// connections to flush their queued frames and say going-away.
+const goingAwayWait = 2 * time.Second
 
 var upgrader = websocket.Upgrader{
 	ReadBufferSize:   4096,

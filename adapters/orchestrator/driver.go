@@ -328,6 +328,7 @@ func (d *Driver) run() {
 		close(reply)
 	}
 	d.srv.Close()
+	d.sayGoingAway()
 	d.mu.Lock()
 	d.closed = true
 	for c := range d.live {
@@ -342,13 +343,50 @@ func (d *Driver) run() {
 	close(d.done)
 }
 
+// sayGoingAway closes every control connection the loop holds once its
+// queued frames are written, with a going-away close frame (1001), and waits
+// for that a bounded time (loop goroutine, after the loop ended).
+func (d *Driver) sayGoingAway() {
+	ids := make([]core.ConnID, 0, len(d.conns))
+	for id, c := range d.conns {
+		c.closeAfterQueued(closeGoingAway, "orchestrator shutting down")
+		ids = append(ids, id)
+	}
+	deadline := time.NewTimer(goingAwayWait)
+	defer deadline.Stop()
+	for _, id := range ids {
+		select {
+		case <-d.conns[id].stop:
+		case <-deadline.C:
+			return
+		}
+	}
+}
+
+// flushQueued processes the inputs already queued when the driver was told
+// to stop, so what a worker or an operator sent before is committed (and
+// answered) rather than dropped.
+func (d *Driver) flushQueued() error {
+	for n := len(d.inputs); n > 0; {
+		batch := make([]input, 0, min(n, maxBatch))
+		for len(batch) < cap(batch) {
+			batch = append(batch, <-d.inputs)
+		}
+		n -= len(batch)
+		if err := d.process(batch); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 func (d *Driver) loop() error {
 	batch := make([]input, 0, maxBatch)
 	for {
 		batch = batch[:0]
 		select {
 		case <-d.quit:
-			return nil
+			return d.flushQueued()
 		case <-d.timer.C:
 			batch = append(batch, tick{})
 		case in := <-d.inputs:

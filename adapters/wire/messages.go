@@ -78,6 +78,8 @@ type refresh struct {
 	Request uint64 `json:"request"`
 }
 
+type drain struct{}
+
 type welcome struct {
 	Worker        core.WorkerID  `json:"worker"`
 	Credential    string         `json:"credential,omitempty"`
@@ -171,6 +173,8 @@ func init() {
 		})
 	register(func(m core.Refresh) refresh { return refresh(m) },
 		func(w refresh) (core.Refresh, error) { return core.Refresh(w), nil })
+	register(func(core.Drain) drain { return drain{} },
+		func(drain) (core.Drain, error) { return core.Drain{}, nil })
 	register(func(m core.Welcome) welcome {
 		return welcome{Worker: m.Worker, Credential: m.Credential, CredentialTTL: Duration(m.CredentialTTL),
 			Heartbeat: Duration(m.Heartbeat), Cancel: clone(m.Cancel)}
@@ -211,7 +215,7 @@ func init() {
 }
 
 func parseStatus(s string) (core.OutcomeStatus, error) {
-	for _, st := range []core.OutcomeStatus{core.OutcomeSuccess, core.OutcomeFailure, core.OutcomeCancelled, core.OutcomeCleanupFailed} {
+	for _, st := range []core.OutcomeStatus{core.OutcomeSuccess, core.OutcomeFailure, core.OutcomeCancelled, core.OutcomeCleanupFailed, core.OutcomeWorkerStopped} {
 		if st.String() == s {
 			return st, nil
 		}

@@ -32,6 +32,8 @@ var samples = []core.Msg{
 	core.Logs{Lease: 7, Lines: []core.LogLine{{Seq: 0, At: t0, Text: "--- gap ---"}, {Seq: 1, At: t0.Add(time.Millisecond), Text: "héllo \"world\"\t\x01"}}},
 	core.Events{Lease: 7, Events: []core.LogLine{{Seq: 1, At: t0, Text: "capability get-data"}}},
 	core.Refresh{Request: 11},
+	core.Drain{},
+	core.Report{Step: "run-1/a", Lease: 7, Request: 8, Outcome: core.Outcome{Status: core.OutcomeWorkerStopped, ExitCode: 143, Message: "the worker was stopped while draining"}},
 	core.Welcome{Worker: "0b9e-uuid", Credential: "0b9e-uuid.abcd", CredentialTTL: 15 * time.Minute, Heartbeat: 30 * time.Second, Cancel: []core.LeaseID{3, 5}},
 	core.Welcome{Worker: "0b9e-uuid", CredentialTTL: 1500 * time.Microsecond, Heartbeat: time.Nanosecond},
 	core.Refused{Reason: "unknown enrollment token", Fatal: true},
@@ -77,8 +79,8 @@ func TestRoundTripEveryKind(t *testing.T) {
 			t.Errorf("no round-trip sample of kind %q", k)
 		}
 	}
-	if n := len(Kinds()); n != 17 {
-		t.Errorf("codec knows %d kinds, want the 17 of core/msg.go: %v", n, Kinds())
+	if n := len(Kinds()); n != 18 {
+		t.Errorf("codec knows %d kinds, want the 18 of core/msg.go: %v", n, Kinds())
 	}
 }
 

@@ -62,6 +62,12 @@ type Options struct {
 	// completes at once with exit code 0 and no output, so a benchmark
 	// measures the orchestrator and the protocol rather than fork and exec.
 	Noop bool
+	// Shim, if set, is an executable that runs ShimMain when its first
+	// argument is ShimArg (the worker binary itself): each step's shell runs
+	// under it, so the step's process tree dies with the worker and a
+	// finished step leaves no background process behind (§10). Ignored
+	// unless ShimSupported; empty: each step's shell leads its own group.
+	Shim string
 }
 
 // Driver runs one worker. Run may be called once.
@@ -110,7 +116,8 @@ type (
 		lease core.LeaseID
 		lines []string
 	}
-	exited core.WExecExited
+	exited   core.WExecExited
+	drainReq struct{}
 )
 
 // New returns a worker driver.
@@ -126,6 +133,9 @@ func New(opts Options) (*Driver, error) {
 	}
 	if opts.Config.ID == "" {
 		opts.Config.ID = core.WorkerID(newUUID())
+	}
+	if !ShimSupported || opts.Noop {
+		opts.Shim = ""
 	}
 	if opts.Config.Seed == 0 {
 		var b [8]byte
@@ -235,6 +245,12 @@ func (d *Driver) Run(ctx context.Context) (int, error) {
 	}
 }
 
+// Drain asks the worker to drain (§10): the first call stops it taking work
+// and makes Run return 0 once its steps are finished and reported; a second
+// call (or the drain timeout) stops the steps still running. Safe from any
+// goroutine; false once Run is returning.
+func (d *Driver) Drain() bool { return d.push(drainReq{}) }
+
 // translate turns a driver event into a core input, or nil when it belongs
 // to a connection or dial the core no longer has.
 func (d *Driver) translate(raw input) core.WorkerInput {
@@ -268,6 +284,8 @@ func (d *Driver) translate(raw input) core.WorkerInput {
 	case output:
 		d.stepped = append(d.stepped, in.lease) // apply lets its reader read on
 		return core.WExecOutput{Lease: in.lease, Lines: in.lines}
+	case drainReq:
+		return core.WDrain{}
 	case exited:
 		delete(d.procs, in.Lease)
 		if d.endpoint != nil {

@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -32,10 +33,12 @@ const (
 	termSignal    = syscall.SIGTERM        // ExecTerm
 )
 
-// proc is a running step process: the leader of its own process group.
+// proc is a running step process: the leader of its own process group (the
+// shim, when there is one, or the shell).
 type proc struct {
 	pgid int
 	gate *outGate // its pipe reader's gate (SPEC §10 backpressure)
+	shim bool
 }
 
 // outGate lets a step's pipe reader take one batch of output at a time, and
@@ -100,8 +103,15 @@ func (g *outGate) acquire(done <-chan struct{}) bool {
 	}
 }
 
+// signal sends sig to the step's process group. Under a shim, SIGTERM goes
+// to the shim alone, which passes it on to the whole group once and waits
+// for the shell (so every process gets exactly one, as without a shim).
 func (p *proc) signal(log *slog.Logger, lease core.LeaseID, sig syscall.Signal) {
-	if err := syscall.Kill(-p.pgid, sig); err != nil && !errors.Is(err, syscall.ESRCH) {
+	target := -p.pgid
+	if p.shim && sig == termSignal {
+		target = p.pgid
+	}
+	if err := syscall.Kill(target, sig); err != nil && !errors.Is(err, syscall.ESRCH) {
 		log.Warn("signal step process group", "lease", uint64(lease), "pgid", p.pgid, "signal", sig.String(), "err", err)
 	}
 }
@@ -130,8 +140,9 @@ func (d *Driver) exec(c core.ExecCommand) {
 // start runs `sh -c <command>` in its own process group (or, with
 // Options.Noop, nothing: the step exits 0 at once), with the shipped
 // env overlaid on the base environment and stdout and stderr on one pipe,
-// read line by line. Its exit, or its failure to start, comes back as an
-// exited input after all of its output.
+// read line by line. With Options.Shim the shell runs under the shim, which
+// leads the group and takes it down with the worker (§10). Its exit, or its
+// failure to start, comes back as an exited input after all of its output.
 func (d *Driver) start(c core.ExecCommand) {
 	lease := c.Lease
 	if d.opts.Noop {
@@ -139,6 +150,12 @@ func (d *Driver) start(c core.ExecCommand) {
 		return
 	}
 	cmd := exec.Command("sh", "-c", c.Command)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if d.opts.Shim != "" {
+		cmd = exec.Command(d.opts.Shim, ShimArg, strconv.Itoa(os.Getpid()), c.Command)
+		cmd.SysProcAttr = shimAttr()
+	}
+	var wait func() error
 	var endpoint map[string]string
 	if d.endpoint != nil {
 		// The step endpoint's variables, set here and not shipped: the
@@ -146,11 +163,14 @@ func (d *Driver) start(c core.ExecCommand) {
 		endpoint = d.endpoint.grant(lease)
 	}
 	cmd.Env = overlay(d.opts.Env, c.Env, endpoint)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	pr, pw, err := os.Pipe()
 	if err == nil {
 		cmd.Stdout, cmd.Stderr = pw, pw
-		err = cmd.Start()
+		if d.opts.Shim != "" {
+			wait, err = startPinned(cmd)
+		} else {
+			wait, err = cmd.Wait, cmd.Start()
+		}
 		pw.Close() // the child holds its own copy
 		if err != nil {
 			pr.Close()
@@ -165,7 +185,7 @@ func (d *Driver) start(c core.ExecCommand) {
 		}()
 		return
 	}
-	p := &proc{pgid: cmd.Process.Pid, gate: newOutGate()}
+	p := &proc{pgid: cmd.Process.Pid, gate: newOutGate(), shim: d.opts.Shim != ""}
 	d.procs[lease] = p
 	d.log.Info("step process started", "lease", uint64(lease), "step", string(c.Step), "pid", p.pgid)
 	d.wg.Add(1)
@@ -176,7 +196,7 @@ func (d *Driver) start(c core.ExecCommand) {
 			defer close(drained)
 			readOutput(pr, p.gate, d.done, func(lines []string) bool { return d.push(output{lease: lease, lines: lines}) })
 		}()
-		werr := cmd.Wait()
+		werr := wait()
 		// Background children may still hold the pipe: give them a moment,
 		// then kill what is left of the group (the group still exists while
 		// they do, so its id cannot have been reused) and stop reading. The

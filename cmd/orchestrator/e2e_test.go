@@ -332,6 +332,9 @@ func TestEndToEndBinaries(t *testing.T) {
 	if code := w2.wait(t, ctx); code != 2 {
 		t.Errorf("the --no-reconnect worker exited %d when the orchestrator stopped, want 2:\n%s", code, w2.stderr)
 	}
+	if !strings.Contains(w2.stderr.String(), "close 1001 (going away)") {
+		t.Errorf("the worker did not see a going-away close (1001) when the orchestrator stopped:\n%s", w2.stderr)
+	}
 
 	// A restart restores the store and does not print the admin token again.
 	serve2 := start(t, ctx, "orchestrator serve (restart)", orchBin, "serve", "--addr", "127.0.0.1:0", "--data-dir", dataDir)

@@ -83,28 +83,51 @@ func readPID(t *testing.T, path string) int {
 	return pid
 }
 
-// checkOrphaned asserts what becomes of a step process whose worker was
-// SIGKILLed: it led its own process group, so it was not in the worker's
-// group; nothing killed it (a SIGKILLed worker cannot); it was reparented
-// away from the dead worker and keeps running, an orphan. The test then
-// kills its group (the step's process group id is its pid).
-func checkOrphaned(t *testing.T, pid int, worker *proc) {
+// stepGroup returns the process group of a running step process: its
+// shim's, which leads the step's group (§10).
+func stepGroup(t *testing.T, pid int) int {
 	t.Helper()
-	t.Cleanup(func() { syscall.Kill(-pid, syscall.SIGKILL) })
 	st, err := readProc(pid)
 	if err != nil {
-		t.Fatalf("the step process %d is gone after its worker was killed: %v", pid, err)
+		t.Fatalf("the step process %d: %v", pid, err)
 	}
-	wpid := worker.cmd.Process.Pid
-	if st.state == 'Z' || st.state == 'X' {
-		t.Errorf("the step process %d is dead (%c) after its worker was killed; expected an orphan", pid, st.state)
+	t.Cleanup(func() { syscall.Kill(-st.pgrp, syscall.SIGKILL) }) // if the test fails
+	return st.pgrp
+}
+
+// groupMembers lists the live (not zombie) processes of process group pg.
+func groupMembers(pg int) []int {
+	stats, _ := filepath.Glob("/proc/[0-9]*/stat")
+	var pids []int
+	for _, f := range stats {
+		pid, err := strconv.Atoi(filepath.Base(filepath.Dir(f)))
+		if err != nil {
+			continue
+		}
+		if st, err := readProc(pid); err == nil && st.pgrp == pg && st.state != 'Z' && st.state != 'X' {
+			pids = append(pids, pid)
+		}
 	}
-	if st.pgrp != pid || st.pgrp == wpid {
-		t.Errorf("the step process %d is in process group %d, want its own (the worker was %d)", pid, st.pgrp, wpid)
-	}
-	if st.ppid == wpid {
-		t.Errorf("the step process %d still has the dead worker %d as its parent", pid, wpid)
-	}
+	return pids
+}
+
+// checkTreeGone asserts what becomes of a step's processes when their worker
+// was SIGKILLed (§10): the step's shim takes its whole process group down
+// with the worker, so within seconds no process of the group is left, and
+// none of the pids seen in it lives on (elsewhere).
+func checkTreeGone(t *testing.T, ctx context.Context, pg int, pids []int) {
+	t.Helper()
+	poll(t, ctx, fmt.Sprintf("every process of the dead worker's step (group %d, pids %v) to be gone", pg, pids), func() bool {
+		if len(groupMembers(pg)) > 0 {
+			return false
+		}
+		for _, pid := range pids {
+			if st, err := readProc(pid); err == nil && st.state != 'Z' && st.state != 'X' {
+				return false
+			}
+		}
+		return true
+	})
 }
 
 // binRig is an in-process orchestrator driver behind a recording proxy,
@@ -144,14 +167,14 @@ func startBinRig(t *testing.T) *binRig {
 
 // startWorker starts a worker process connected through the proxy and waits
 // until it is connected.
-func (r *binRig) startWorker(name string) *proc {
+func (r *binRig) startWorker(name string, extra ...string) *proc {
 	r.t.Helper()
 	tok, err := r.d.CreateToken(r.ctx, name, time.Minute)
 	if err != nil {
 		r.t.Fatal(err)
 	}
-	w := start(r.t, r.ctx, "worker "+name, r.workerBin, "connect", "--url", "ws://"+r.p.Addr()+"/control", "--token", tok,
-		"--max-reconnect-delay", maxReconnectDelay.String())
+	w := start(r.t, r.ctx, "worker "+name, r.workerBin, append([]string{"connect", "--url", "ws://" + r.p.Addr() + "/control", "--token", tok,
+		"--max-reconnect-delay", maxReconnectDelay.String()}, extra...)...)
 	r.workers[name] = w
 	r.waitFor("worker "+name+" to connect", func(o *core.Orchestrator) bool {
 		for _, wv := range o.Workers() {
@@ -327,13 +350,13 @@ func checkGraceHeld(t *testing.T, v view, step core.StepID, endKind string) {
 // TestFaultWorkerKilledMidWriteStep: a worker process is SIGKILLed while it
 // runs a write-bearing step. The orchestrator holds the step for the grace
 // window, then fails it (class disconnect) and never dispatches it again,
-// though another worker is idle; the run fails. The step's process is an
-// orphan: SIGKILL gave the worker no chance to stop it.
+// though another worker is idle; the run fails. The step's process dies
+// with its worker (its shim takes the process group down, §10).
 func TestFaultWorkerKilledMidWriteStep(t *testing.T) {
 	r := startBinRig(t)
 	dir := t.TempDir()
 	stop := filepath.Join(dir, "stop")
-	t.Cleanup(func() { os.WriteFile(stop, nil, 0o600) }) // ends the orphan if the test stops early
+	t.Cleanup(func() { os.WriteFile(stop, nil, 0o600) }) // ends the step if the test stops early
 	r.startWorker("w1")
 	r.startWorker("w2")
 	run := r.submit(core.RunSpec{Name: "kill-write", Steps: []core.StepSpec{
@@ -348,12 +371,13 @@ func TestFaultWorkerKilledMidWriteStep(t *testing.T) {
 		return stepIs(write, core.StateRunning)(o) && exists(filepath.Join(dir, "write.pid"))
 	})
 	pid := readPID(t, filepath.Join(dir, "write.pid"))
+	pg := stepGroup(t, pid)
 	victim := r.workers[name]
 	victim.signal(t, syscall.SIGKILL)
 	if code := victim.wait(t, r.ctx); code != -1 {
 		t.Fatalf("worker %s exited %d after SIGKILL", name, code)
 	}
-	checkOrphaned(t, pid, victim)
+	checkTreeGone(t, r.ctx, pg, []int{pid})
 
 	r.waitFor("the run to finish", runFinished(run))
 	v := r.view(run)
@@ -382,9 +406,8 @@ func TestFaultWorkerKilledMidWriteStep(t *testing.T) {
 // TestFaultWorkerKilledMidNoWriteStep: a worker process is SIGKILLed while
 // it runs a no-write step. After the grace window the step is re-dispatched
 // from the beginning to the other worker and succeeds there; the first
-// attempt's lease ended uncommitted. The first attempt's process is an
-// orphan, as above (a no-write step may run twice; that is what no-write
-// declares).
+// attempt's lease ended uncommitted. The first attempt's process dies with
+// its worker, as above.
 func TestFaultWorkerKilledMidNoWriteStep(t *testing.T) {
 	r := startBinRig(t)
 	dir := t.TempDir()
@@ -409,10 +432,11 @@ fi`, dir, stop)
 		return stepIs(step, core.StateRunning)(o) && exists(filepath.Join(dir, "first.pid"))
 	})
 	pid := readPID(t, filepath.Join(dir, "first.pid"))
+	pg := stepGroup(t, pid)
 	victim := r.workers[name]
 	victim.signal(t, syscall.SIGKILL)
 	victim.wait(t, r.ctx)
-	checkOrphaned(t, pid, victim)
+	checkTreeGone(t, r.ctx, pg, []int{pid})
 
 	r.waitFor("the run to finish", runFinished(run))
 	v := r.view(run)

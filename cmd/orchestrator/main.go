@@ -19,6 +19,9 @@ import (
 )
 
 func main() {
+	// SIGHUP is ignored: serve has no configuration to reload, and a closed
+	// terminal must not stop it. SIGINT and SIGTERM shut down cleanly.
+	signal.Ignore(syscall.SIGHUP)
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr, os.Getenv)
 	stop()

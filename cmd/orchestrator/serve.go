@@ -69,9 +69,10 @@ Flags given on the command line override the file; an unknown key is an
 error naming its line. The sweeper is always on.
 
 Shutdown (SIGINT/SIGTERM) stops accepting requests, lets operator requests in
-progress finish, then closes: nothing already answered is lost, and workers
-keep running their steps and reconnect to the next start within their grace
-window.`,
+progress finish, commits what is already queued, closes every worker's
+connection with a going-away close frame (1001), and exits 0: nothing already
+answered is lost, and workers keep running their steps and reconnect to the
+next start within their grace window. SIGHUP is ignored.`,
 	example: `  orchestrator serve --data-dir /var/lib/tether --addr 0.0.0.0:7420
   orchestrator serve --config /etc/tether/server-config.yaml --log-format json`,
 	nargs: 0,

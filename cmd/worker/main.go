@@ -58,10 +58,15 @@ const (
 	defaultOutputCapBytes = 64 << 20
 	minOutputCapBytes     = 1 << 10
 	maxOutputCapBytes     = 1 << 40
+	// The range of --drain-timeout.
+	defaultDrainTimeout = 10 * time.Minute
+	minDrainTimeout     = time.Millisecond
+	maxDrainTimeout     = 24 * time.Hour
 )
 
 const exitCodesHelp = `Exit codes:
-  0   stopped by SIGINT or SIGTERM (its step processes are killed)
+  0   drained after SIGINT or SIGTERM: every step finished (or, after a
+      second signal or --drain-timeout, was stopped) and was reported
   1   error (cannot start)
   2   disconnected from the orchestrator under --no-reconnect (or never
       connected); core.WorkerExitDisconnected
@@ -101,8 +106,17 @@ Example:
 const connectHelp = `Usage: worker connect [flags]
 
 Enroll with the orchestrator with a one-time token and run leased steps until
-SIGINT/SIGTERM (exit 0; running step processes are killed), until refused for
-good (exit 3), or, with --no-reconnect, until the connection is lost (exit 2).
+drained (exit 0), until refused for good (exit 3), or, with --no-reconnect,
+until the connection is lost (exit 2).
+
+The first SIGINT or SIGTERM drains the worker: it takes no new work (the
+orchestrator dispatches nothing more to it), lets its running steps finish
+and reports them, then exits 0. A second signal, or --drain-timeout after the
+first, stops the steps still running (SIGTERM to each step's process group,
+SIGKILL 10 s later) and reports them stopped: the orchestrator re-dispatches a
+stopped no-write step and fails a write-bearing one (class worker-stopped).
+SIGHUP is ignored. On Linux a step's whole process tree dies with the worker,
+even when the worker is killed with SIGKILL.
 
 The token (NAME.SECRET from 'orchestrator token create NAME') enrolls this
 process once; a restarted worker process is a new instance and needs a new
@@ -134,6 +148,7 @@ command line override it, and an unknown key is an error naming its line:
   no_reconnect: false
   max_reconnect_delay: 60s
   output_cap: 64MiB
+  drain_timeout: 10m
 
 Example:
   worker connect --url ws://127.0.0.1:7420/control --token builder-1.SECRET --tags script --slots 2
@@ -143,10 +158,16 @@ Flags:
 `
 
 func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
-	stop()
-	os.Exit(code)
+	if len(os.Args) > 1 && os.Args[1] == worker.ShimArg {
+		// A step's shim (§10), re-executed by this binary: not a command.
+		os.Exit(worker.ShimMain(os.Args[2:]))
+	}
+	// SIGINT and SIGTERM drain (§10); SIGHUP is ignored: a worker has no
+	// configuration to reload, and a closed terminal must not stop its steps.
+	signal.Ignore(syscall.SIGHUP)
+	stops := make(chan os.Signal, 2)
+	signal.Notify(stops, os.Interrupt, syscall.SIGTERM)
+	os.Exit(runWith(context.Background(), stops, os.Args[1:], os.Stdout, os.Stderr))
 }
 
 // settings are the worker's settings: defaults, then the config file, then flags.
@@ -167,9 +188,20 @@ type settings struct {
 	// Zero: the default (64 MiB).
 	OutputCapBytes int64
 	Noop           bool // --executor noop: a benchmarking aid
+	// DrainTimeout: how long a drain lets running steps finish before it
+	// stops them. Zero: the default (10 m).
+	DrainTimeout time.Duration
 }
 
+// run runs the worker until it exits; ctx ending stops it at once (its
+// step processes are killed).
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	return runWith(ctx, nil, args, stdout, stderr)
+}
+
+// runWith is run where each value on stops asks the worker to drain (the
+// first) or to stop its steps (the next).
+func runWith(ctx context.Context, stops <-chan os.Signal, args []string, stdout, stderr io.Writer) int {
 	if len(args) == 0 {
 		fmt.Fprint(stderr, topHelp)
 		return exitUsage
@@ -177,7 +209,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	switch args[0] {
 	case "-h", "--help", "-help", "help":
 		if len(args) > 1 && args[0] == "help" && args[1] == "connect" {
-			return run(ctx, []string{"connect", "--help"}, stdout, stderr)
+			return runWith(ctx, stops, []string{"connect", "--help"}, stdout, stderr)
 		}
 		fmt.Fprint(stdout, topHelp)
 		return exitOK
@@ -197,7 +229,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if err != nil {
 		return usage(stderr, err)
 	}
-	return connect(ctx, final, log)
+	return connect(ctx, stops, final, log)
 }
 
 // parseConnect resolves connect's settings: defaults, then the config file,
@@ -225,6 +257,8 @@ func parseConnect(args []string, stdout io.Writer) (final settings, logFormat, l
 		"longest `duration` to wait between reconnect attempts (100ms..1h); the orchestrator holds this worker's steps for twice this after a disconnect")
 	flags.StringVar(&outputCap, "output-cap", "64MiB",
 		"most output one step may store, a `size` in bytes or with KiB, MiB or GiB (1KiB..1TiB); the rest is dropped and counted in one gap marker")
+	flags.DurationVar(&s.DrainTimeout, "drain-timeout", defaultDrainTimeout,
+		"after SIGINT/SIGTERM, how long (`duration`, 1ms..24h) running steps may take to finish before they are stopped")
 	flags.StringVar(&executor, "executor", "sh", "how steps run, by `name`: sh (sh -c COMMAND) or noop (no process; every step exits 0 at once: a benchmarking aid)")
 	flags.StringVar(&config, "config", defaultConfigFile, "worker config `file` (YAML); optional unless given explicitly")
 	flags.StringVar(&logFormat, "log-format", "text", "log `format` on stderr: text or json")
@@ -299,6 +333,12 @@ func parseConnect(args []string, stdout io.Writer) (final settings, logFormat, l
 		}
 		final.OutputCapBytes = n
 	}
+	if set["drain-timeout"] {
+		if err := checkDrainTimeout(s.DrainTimeout); err != nil {
+			return settings{}, "", "", fmt.Errorf("--drain-timeout %s: %v", s.DrainTimeout, err)
+		}
+		final.DrainTimeout = s.DrainTimeout
+	}
 	switch executor {
 	case "sh":
 	case "noop":
@@ -329,8 +369,10 @@ func usage(stderr io.Writer, err error) int {
 	return exitUsage
 }
 
-// connect runs the worker until it exits or ctx ends.
-func connect(ctx context.Context, s settings, log *slog.Logger) int {
+// connect runs the worker until it exits or ctx ends. Each value on stops
+// is a SIGINT or SIGTERM: the first drains the worker, the next stops its
+// steps (§10).
+func connect(ctx context.Context, stops <-chan os.Signal, s settings, log *slog.Logger) int {
 	id, err := newUUID()
 	if err != nil {
 		log.Error("cannot draw the instance id", "err", err)
@@ -345,30 +387,61 @@ func connect(ctx context.Context, s settings, log *slog.Logger) int {
 		}
 		tlsConf = &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}
 	}
+	var shim string
+	if !s.Noop && worker.ShimSupported {
+		// Each step runs under a shim, this binary re-executed, so that the
+		// step's process tree dies with the worker (§10). The noop executor
+		// forks nothing.
+		if shim, err = os.Executable(); err != nil {
+			log.Error("cannot find this executable for the step shim", "err", err)
+			return exitError
+		}
+	}
 	d, err := worker.New(worker.Options{
 		URL:    s.URL,
 		TLS:    tlsConf,
 		Logger: log,
 		Noop:   s.Noop,
+		Shim:   shim,
 		Config: core.WorkerConfig{
 			ID: core.WorkerID(id), Name: s.Name, Token: s.Token, Tags: s.Tags, Labels: s.Labels,
 			Platform: s.Platform, Slots: s.Slots, NoReconnect: s.NoReconnect,
-			BackoffMax: s.MaxReconnectDelay, OutputCapBytes: s.OutputCapBytes,
+			BackoffMax: s.MaxReconnectDelay, OutputCapBytes: s.OutputCapBytes, DrainTimeout: s.DrainTimeout,
 		},
 	})
 	if err != nil {
 		log.Error("cannot start the worker", "err", err)
 		return exitError
 	}
+	go func() {
+		if stops == nil {
+			return
+		}
+		n := 0
+		for sig := range stops {
+			n++
+			if n == 1 {
+				log.Info("draining: no new steps; running steps may finish", "signal", sig.String(),
+					"drain_timeout", cmp.Or(s.DrainTimeout, defaultDrainTimeout))
+			} else {
+				log.Warn("stopping the running steps", "signal", sig.String())
+			}
+			if !d.Drain() {
+				return
+			}
+		}
+	}()
 	log.Info("worker starting", "worker", s.Name, "worker_id", id, "url", s.URL, "tags", strings.Join(s.Tags, ","),
 		"slots", s.Slots, "no_reconnect", s.NoReconnect, "max_reconnect_delay", cmp.Or(s.MaxReconnectDelay, defaultMaxReconnectDelay),
-		"noop_executor", s.Noop, "output_cap_bytes", cmp.Or(s.OutputCapBytes, defaultOutputCapBytes))
+		"noop_executor", s.Noop, "step_shim", shim != "", "output_cap_bytes", cmp.Or(s.OutputCapBytes, defaultOutputCapBytes))
 	code, err := d.Run(ctx)
-	if err != nil { // ctx ended: SIGINT/SIGTERM
-		log.Info("worker stopped", "worker_id", id, "reason", "signal")
+	if err != nil { // ctx ended
+		log.Info("worker stopped", "worker_id", id, "reason", context.Cause(ctx))
 		return exitOK
 	}
 	switch code {
+	case exitOK:
+		log.Info("worker drained", "worker_id", id)
 	case exitDisconnected:
 		log.Error("worker exiting: disconnected and not reconnecting", "worker_id", id, "code", code)
 	case exitRefused:
@@ -475,7 +548,7 @@ func loadConfig(path string, src []byte) (settings, error) {
 		return n.Value
 	}
 	root := doc.Content[0]
-	known := []string{"url", "ca", "token", "name", "tags", "labels", "platform", "slots", "no_reconnect", "max_reconnect_delay", "output_cap"}
+	known := []string{"url", "ca", "token", "name", "tags", "labels", "platform", "slots", "no_reconnect", "max_reconnect_delay", "output_cap", "drain_timeout"}
 	if root.Kind != yaml.MappingNode {
 		errf(root, "worker config must be a mapping of keys to values")
 		return s, errors.New(strings.Join(errs, "\n  "))
@@ -551,6 +624,15 @@ func loadConfig(path string, src []byte) (settings, error) {
 				errf(v, "output_cap must be a size from 1KiB to 1TiB such as 64MiB, not %q", v.Value)
 			}
 			s.OutputCapBytes = n
+		case "drain_timeout":
+			d, err := time.ParseDuration(v.Value)
+			if err == nil {
+				err = checkDrainTimeout(d)
+			}
+			if v.Kind != yaml.ScalarNode || err != nil {
+				errf(v, "drain_timeout must be a duration from 1ms to 24h such as 10m, not %q", v.Value)
+			}
+			s.DrainTimeout = d
 		default:
 			errf(k, "unknown key %q (known: %s)", k.Value, strings.Join(known, ", "))
 		}
@@ -589,6 +671,14 @@ func parseOutputCap(v string) (int64, error) {
 func checkMaxReconnectDelay(d time.Duration) error {
 	if d < minMaxReconnectDelay || d > maxMaxReconnectDelay {
 		return fmt.Errorf("want %s..%s", minMaxReconnectDelay, maxMaxReconnectDelay)
+	}
+	return nil
+}
+
+// checkDrainTimeout keeps --drain-timeout positive and bounded.
+func checkDrainTimeout(d time.Duration) error {
+	if d < minDrainTimeout || d > maxDrainTimeout {
+		return fmt.Errorf("want %s..%s", minDrainTimeout, maxDrainTimeout)
 	}
 	return nil
 }

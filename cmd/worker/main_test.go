@@ -73,6 +73,7 @@ slots: 3
 no_reconnect: true
 max_reconnect_delay: 2s
 output_cap: 2MiB
+drain_timeout: 90s
 `)
 	s, _, _, err := parseConnect([]string{"--config", cfg}, io.Discard)
 	if err != nil {
@@ -80,18 +81,19 @@ output_cap: 2MiB
 	}
 	want := settings{URL: "ws://orch:7420/control", Token: "b1.abc", Name: "b1", Tags: []string{"script", "docker"},
 		Labels: map[string]string{"zone": "eu"}, Platform: "linux/amd64", Slots: 3, NoReconnect: true, MaxReconnectDelay: 2 * time.Second, OutputCapBytes: 2 << 20,
-		CA: filepath.Join(filepath.Dir(cfg), "tls", "ca.pem")} // relative to the file
+		DrainTimeout: 90 * time.Second, CA: filepath.Join(filepath.Dir(cfg), "tls", "ca.pem")} // relative to the file
 	if !reflect.DeepEqual(s, want) {
 		t.Errorf("from the file:\n got %+v\nwant %+v", s, want)
 	}
 	// Flags given override the file; flags not given do not.
 	s, format, _, err := parseConnect([]string{"--config", cfg, "--tags", "gpu", "--slots", "8", "--name", "n",
-		"--labels", "a=1, b = 2", "--no-reconnect=false", "--max-reconnect-delay", "750ms", "--log-format", "json", "--ca", "/etc/ca.pem", "--output-cap", "1048576"}, io.Discard)
+		"--labels", "a=1, b = 2", "--no-reconnect=false", "--max-reconnect-delay", "750ms", "--log-format", "json", "--ca", "/etc/ca.pem", "--output-cap", "1048576",
+		"--drain-timeout", "3m"}, io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}
 	want.Tags, want.Slots, want.Name, want.Labels, want.NoReconnect, want.CA = []string{"gpu"}, 8, "n", map[string]string{"a": "1", "b": "2"}, false, "/etc/ca.pem"
-	want.MaxReconnectDelay = 750 * time.Millisecond
+	want.MaxReconnectDelay, want.DrainTimeout = 750*time.Millisecond, 3*time.Minute
 	want.OutputCapBytes = 1 << 20
 	if !reflect.DeepEqual(s, want) || format != "json" {
 		t.Errorf("flags over the file:\n got %+v %s\nwant %+v json", s, format, want)
@@ -110,6 +112,7 @@ func TestConfigFileErrors(t *testing.T) {
 		"bad bool":    {"no_reconnect: maybe\n", "worker-config.yaml:1: no_reconnect"},
 		"bad delay":   {"max_reconnect_delay: soon\n", "worker-config.yaml:1: max_reconnect_delay must be a duration"},
 		"tiny delay":  {"max_reconnect_delay: 1ms\n", "worker-config.yaml:1: max_reconnect_delay must be a duration"},
+		"bad drain":   {"drain_timeout: 0s\n", "worker-config.yaml:1: drain_timeout must be a duration"},
 		"bad tags":    {"tags: {a: b}\n", "worker-config.yaml:1: tags must be a list"},
 		"bad cap":     {"output_cap: lots\n", "worker-config.yaml:1: output_cap must be a size"},
 		"tiny cap":    {"output_cap: 100\n", "worker-config.yaml:1: output_cap must be a size"},
@@ -137,6 +140,8 @@ func TestUsageExitCodes(t *testing.T) {
 		{"connect", "--token", "a.b", "--max-reconnect-delay", "0s"},
 		{"connect", "--token", "a.b", "--max-reconnect-delay", "2h"},
 		{"connect", "--token", "a.b", "--max-reconnect-delay", "soon"},
+		{"connect", "--token", "a.b", "--drain-timeout", "0s"},
+		{"connect", "--token", "a.b", "--drain-timeout", "48h"},
 		{"connect", "--token", "a.b", "--labels", "novalue"},
 		{"connect", "--token", "a.b", "--log-format", "xml"},
 		{"connect", "--token", "a.b", "--url", "ftp://x"},
