@@ -121,13 +121,15 @@ func TestConfigFileErrors(t *testing.T) {
 }
 
 func TestUsageExitCodes(t *testing.T) {
+	t.Setenv("STATE_DIRECTORY", t.TempDir()) // never the user's own
 	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
 	defer cancel()
 	missing := filepath.Join(t.TempDir(), "nope.yaml")
 	for _, args := range [][]string{
 		{},
 		{"bogus"},
-		{"connect"}, // no token
+		{"connect"}, // no token, and no saved identity
+		{"connect", "--token", "a.b", "--state-dir="},
 		{"connect", "--token", "no-dot"},
 		{"connect", "--token", "a.b", "--slots", "0"},
 		{"connect", "--token", "a.b", "--max-reconnect-delay", "0s"},
@@ -163,6 +165,7 @@ func TestUsageExitCodes(t *testing.T) {
 // Under --no-reconnect a worker that cannot reach the orchestrator exits 2
 // (core.WorkerExitDisconnected) instead of retrying.
 func TestNoReconnectExitsDisconnected(t *testing.T) {
+	t.Setenv("STATE_DIRECTORY", t.TempDir()) // never the user's own
 	ctx, cancel := context.WithTimeout(t.Context(), 15*time.Second)
 	defer cancel()
 	// A listener that hangs up on every connection: the WebSocket handshake
