@@ -45,6 +45,11 @@ type Options struct {
 	FsyncCrashP      float64       // chance the orchestrator dies inside an fsync
 	OrchDownMax      time.Duration
 
+	// WorkerRestartEvery: per worker, its process dies (its step processes
+	// with it) and its supervisor starts it again with the saved identity
+	// (SPEC §9); 0 = never.
+	WorkerRestartEvery time.Duration
+
 	Runs         int
 	SubmitEvery  time.Duration
 	StepsMax     int
@@ -143,6 +148,9 @@ func Swarm(seed uint64) Options {
 			o.Buggify[site] = true
 		}
 	}
+	// Drawn last, so that every other option of a seed is what it was
+	// before this fault existed.
+	o.WorkerRestartEvery = maybe(0.4, dur(10*time.Minute, 60*time.Minute))
 	return o
 }
 
@@ -164,7 +172,7 @@ func (o Options) Describe() string {
 	fmt.Fprintf(&b, "net delay=%s..%s tail=%.3f dup=%.3f loss=%.4f notice<=%s\n", o.DelayMin, o.DelayMax, o.TailProb, o.DupProb, o.LossProb, o.NoticeMax)
 	fmt.Fprintf(&b, "partition every=%s for %s..%s clog every=%s\n", o.PartitionEvery, o.PartitionMin, o.PartitionMax, o.ClogEvery)
 	fmt.Fprintf(&b, "clock offset<=%s drift<=%.3f jump every=%s wobble=%s\n", o.ClockOffsetMax, o.DriftMax, o.JumpEvery, o.WobbleAmp)
-	fmt.Fprintf(&b, "crash worker every=%s pause every=%s (<=%s) orchestrator every=%s (down<=%s)\n", o.WorkerCrashEvery, o.WorkerPauseEvery, o.PauseMax, o.OrchCrashEvery, o.OrchDownMax)
+	fmt.Fprintf(&b, "crash worker every=%s restart every=%s pause every=%s (<=%s) orchestrator every=%s (down<=%s)\n", o.WorkerCrashEvery, o.WorkerRestartEvery, o.WorkerPauseEvery, o.PauseMax, o.OrchCrashEvery, o.OrchDownMax)
 	fmt.Fprintf(&b, "runs=%d steps<=%d writes=%.2f fail=%.2f exec=%s..%s fault phase=%s\n", o.Runs, o.StepsMax, o.WriteFrac, o.FailProb, o.ExecMin, o.ExecMax, o.FaultPhase)
 	sites := make([]string, 0, len(o.Buggify))
 	for s := range o.Buggify {
