@@ -381,21 +381,31 @@ func (w *world) killWorker(wn *workerNode) {
 // worker whose credential is refused (revoked, expired, scaler-managed)
 // exits, and is replaced like a crashed one.
 func (w *world) restartWorker(wn *workerNode) {
-	cfg := wn.m.Config()
-	cfg.Credential, cfg.Token = wn.m.Credential(), ""
+	cfg := w.savedIdentity(wn)
 	w.killWorker(wn)
 	gen := wn.gen
 	w.after(w.uniform(100*time.Millisecond, 10*time.Second), evFault, wn.idx, nil, "restarted by its supervisor", func() {
-		if wn.gen != gen || wn.alive {
-			return
+		if wn.gen == gen && !wn.alive {
+			w.rebootWorker(wn, cfg)
 		}
-		wn.alive = true
-		wn.pausedUntil, wn.tickAt = time.Time{}, time.Time{}
-		cfg.Seed = w.r.Uint64()
-		wn.m = core.NewWorker(cfg)
-		w.stepWorker(wn, core.WBoot{})
-		w.scheduleWorkerFaults(wn)
 	})
+}
+
+// savedIdentity is what a worker's supervisor restarts it with: its
+// configuration (id, token, seed) and the session credential it saved.
+func (w *world) savedIdentity(wn *workerNode) core.WorkerConfig {
+	cfg := wn.m.Config()
+	cfg.Credential = wn.m.Credential()
+	return cfg
+}
+
+// rebootWorker boots a dead worker's process again in its node.
+func (w *world) rebootWorker(wn *workerNode, cfg core.WorkerConfig) {
+	wn.alive = true
+	wn.pausedUntil, wn.tickAt = time.Time{}, time.Time{}
+	wn.m = core.NewWorker(cfg)
+	w.stepWorker(wn, core.WBoot{})
+	w.scheduleWorkerFaults(wn)
 }
 
 // replace boots a fresh instance in a dead worker's place.

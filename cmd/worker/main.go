@@ -111,19 +111,19 @@ credential in --state-dir (file worker.json, mode 0600, next to worker.lock),
 by default $STATE_DIRECTORY (systemd's StateDirectory=), else
 $XDG_STATE_HOME/tether, else ~/.local/state/tether. A process restarted with
 the same directory (after a crash, kill -9 or 'systemctl restart') reconnects
-as the same worker without a token, as long as the credential is valid (it
-lapses 15 minutes after the worker was last connected); the steps the old
-process was running are reported lost and handled as after a disconnect
-(never started: requeued; no-write: re-run; write-bearing: failed). The
+as the same worker without a token, as long as the credential is valid (15
+minutes from its last refresh; a connected worker refreshes every 5); the
+steps the old process was running are reported lost and handled as after a
+disconnect (never started: requeued; no-write: re-run; write-bearing:
+failed). The
 name, tags, labels, platform and slots are those it enrolled with. Only one
 process may use a directory at a time: a second one exits 4. If the saved
 credential is refused (expired, or its token revoked: 'orchestrator token
 revoke NAME' is how a copied state file is disabled), the worker says so
 and, when --token is given too, enrolls a new instance with it (and saves
 that); without --token it exits 3. The token itself stays single-use. To
-start afresh, remove worker.json.
-Under systemd: StateDirectory=tether-worker, Restart=always,
-RestartPreventExitStatus=3 4.
+start afresh, remove worker.json. Under systemd: StateDirectory=tether-worker,
+Restart=always, RestartPreventExitStatus=3 4.
 
 Steps are matched to workers by target (--name), labels, platform and tags:
 a step runs here only if every tag it requires is in --tags (type script needs
