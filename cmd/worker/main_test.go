@@ -94,6 +94,14 @@ max_reconnect_delay: 2s
 	if !reflect.DeepEqual(s, want) || format != "json" {
 		t.Errorf("flags over the file:\n got %+v %s\nwant %+v json", s, format, want)
 	}
+	// state_dir in the file is relative to it; --state-dir wins.
+	sd := writeFile(t, "worker-config.yaml", "token: b1.abc\nstate_dir: state\n")
+	if s, _, _, err := parseConnect([]string{"--config", sd}, io.Discard); err != nil || s.StateDir != filepath.Join(filepath.Dir(sd), "state") {
+		t.Errorf("state_dir from the file: %q, %v", s.StateDir, err)
+	}
+	if s, _, _, err := parseConnect([]string{"--config", sd, "--state-dir", "/var/lib/w"}, io.Discard); err != nil || s.StateDir != "/var/lib/w" {
+		t.Errorf("--state-dir over the file: %q, %v", s.StateDir, err)
+	}
 	// The benchmarking aid: --executor noop runs no process.
 	s, _, _, err = parseConnect([]string{"--config", cfg, "--executor", "noop"}, io.Discard)
 	if err != nil || !s.Noop {
