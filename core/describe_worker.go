@@ -44,6 +44,9 @@ func DescribeWorkerReady(now time.Time, rd WorkerReady) string {
 	}
 	if rd.Exit != nil {
 		add("exit: code=%d reason=%q", rd.Exit.Code, rd.Exit.Reason)
+		if rd.Exit.CredentialRefused {
+			add("exit: credential refused")
+		}
 	}
 	if !rd.Deadline.IsZero() {
 		add("deadline: %s", describeRelTime(now, rd.Deadline))

@@ -37,8 +37,12 @@
 //
 // # Driving a Worker
 //
-//  1. Call Step(now, WBoot{}) once, with the worker's local clock.
-//  2. Do what the WorkerReady says, in this order: send Send in order on the
+//  1. Call Step(now, WBoot{}) once, with the worker's local clock. A process
+//     restarted with the identity an earlier one saved boots with
+//     WorkerConfig.Credential (SPEC §9).
+//  2. If Credential() changed (the enrollment Welcome), save it durably
+//     first when the worker keeps its identity across restarts. Then do
+//     what the WorkerReady says, in this order: send Send in order on the
 //     current connection; Close that connection if asked (and report no
 //     WDisconnected for it); Dial if asked and report WConnected or
 //     WDialFailed; carry out Exec commands (start a step process in its own

@@ -57,6 +57,10 @@ type (
 		// Buffered counts the log lines and events the worker buffered
 		// while offline and replays after the Welcome (observability only).
 		Buffered int
+		// Draining says the worker process is draining (§10). A reconnect
+		// Hello sets the worker's draining mark to it: a process restarted
+		// with its saved identity (§9) is not draining.
+		Draining bool
 	}
 	// Heartbeat lists the leases the worker holds.
 	Heartbeat struct{ InFlight []LeaseRef }

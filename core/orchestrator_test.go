@@ -365,7 +365,7 @@ func (h *harness) command(d *datadriven.TestData) []string {
 		return append(pre, h.absorb(rd)...)
 
 	case "connect":
-		// connect w1 [inflight=step@lease,...] [credential=bad] [version=N]
+		// connect w1 [inflight=step@lease,...] [credential=bad] [version=N] [draining]
 		w := h.pos(d, 0)
 		cred := h.creds[w]
 		if v, ok := h.arg(d, "credential"); ok {
@@ -373,6 +373,7 @@ func (h *harness) command(d *datadriven.TestData) []string {
 		}
 		hello := Hello{Version: int(h.num(d, "version", ProtocolVersion)), Credential: cred, Worker: WorkerID(w), Name: w, Slots: 1}
 		hello.InFlight = h.parseRefs(d, h.argOr(d, "inflight", ""))
+		hello.Draining = d.HasArg("draining")
 		c := h.newConn(w)
 		return h.step(Received{Conn: c, Msg: hello})
 

@@ -101,6 +101,7 @@ func (o *Orchestrator) hello(c ConnID, h Hello, entropy [16]byte) {
 	w.Active = true
 	w.LastHeartbeat = o.now
 	w.GraceUntil = time.Time{}
+	w.Draining = h.Draining // a restarted process (§9) is not draining
 	offline := o.now.Sub(w.DisconnectedAt)
 	w.DisconnectedAt = time.Time{}
 	o.markWorker(w)

@@ -120,9 +120,9 @@ type WorkerRecord struct {
 	DisconnectedAt time.Time `json:",omitzero"` // zero while connected
 	GraceUntil     time.Time `json:",omitzero"`
 	EnrolledAt     time.Time
-	// Draining: the instance said Drain (§4). Dispatch skips it for the rest
-	// of its life: a drained worker process exits, and a new process is a new
-	// instance.
+	// Draining: the worker process said Drain (§4). Dispatch skips it until
+	// a reconnect Hello says otherwise: a drained process exits, and a
+	// process restarted with the saved identity (§9) is not draining.
 	Draining bool `json:",omitempty"`
 }
 

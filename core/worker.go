@@ -54,9 +54,16 @@ const (
 
 // WorkerConfig configures a Worker. Zero values take the defaults.
 type WorkerConfig struct {
-	ID          WorkerID // instance UUID
-	Name        string
-	Token       string // enrollment token "<name>.<secret>"
+	ID    WorkerID // instance UUID
+	Name  string
+	Token string // enrollment token "<name>.<secret>"
+	// Credential is the session credential "<worker id>.<secret>" an earlier
+	// process of this same instance saved (SPEC §9, §10): the worker boots
+	// with it instead of Token, and its first Hello is a reconnect Hello
+	// whose in-flight list is empty (the old process's step processes died
+	// with it, so the orchestrator triages every lease it held as lost).
+	// A refusal of it before any Welcome exits with CredentialRefused set.
+	Credential  string
 	Tags        []string
 	Labels      map[string]string
 	Platform    string
@@ -244,6 +251,12 @@ type ExecCommand struct {
 type WorkerExit struct {
 	Code   int
 	Reason string
+	// CredentialRefused: the orchestrator refused, for good and before any
+	// Welcome, the saved credential the worker booted with
+	// (WorkerConfig.Credential): that identity is gone, and only a new
+	// enrollment (a new token, a new instance id) brings the worker back
+	// (SPEC §9).
+	CredentialRefused bool
 }
 
 // connPhase is where the worker is in its connection life cycle.
@@ -389,6 +402,7 @@ func NewWorker(cfg WorkerConfig) *Worker {
 	return &Worker{
 		cfg:         cfg,
 		pcg:         *rand.NewPCG(cfg.Seed, cfg.Seed^0x9e3779b97f4a7c15),
+		credential:  cfg.Credential,
 		nextRequest: 1,
 		leases:      map[LeaseID]*execution{},
 	}
@@ -402,8 +416,11 @@ func (w *Worker) Config() WorkerConfig {
 	return c
 }
 
-// Credential returns the session credential from the enrollment Welcome,
-// empty before it. The data plane takes it as a bearer credential.
+// Credential returns the session credential: the saved one the worker booted
+// with (WorkerConfig.Credential), else the one from the enrollment Welcome,
+// empty before it. The data plane takes it as a bearer credential; a driver
+// that keeps the worker's identity across restarts saves it before acting on
+// anything else of the Ready that brought it (SPEC §9).
 func (w *Worker) Credential() string { return w.credential }
 
 // Connected reports whether the worker is welcomed on a connection.
@@ -578,6 +595,7 @@ func (w *Worker) hello() Hello {
 	}
 	ev, ln := w.Buffered()
 	h.Buffered = ev + ln
+	h.Draining = w.draining
 	return h
 }
 
@@ -741,6 +759,14 @@ func (w *Worker) welcome(m Welcome) {
 func (w *Worker) refreshInterval() time.Duration { return max(w.credTTL/3, minTimerInterval) }
 
 func (w *Worker) refused(m Refused) {
+	if m.Fatal && !w.welcomed && w.cfg.Credential != "" {
+		// The saved identity is refused (expired, revoked, unknown): say so,
+		// and what brings the worker back (SPEC §9).
+		w.logf("saved session credential refused for good: %s; enroll a new instance with a new enrollment token", m.Reason)
+		w.exit(WorkerExitRefused, "saved session credential refused: "+m.Reason)
+		w.out.Exit.CredentialRefused = true
+		return
+	}
 	if m.Fatal {
 		w.errorf("refused by orchestrator for good: %s", m.Reason)
 		w.exit(WorkerExitRefused, "refused by orchestrator: "+m.Reason)
@@ -1367,7 +1393,7 @@ func (w *Worker) Clone() *Worker {
 func (w *Worker) Fingerprint() uint64 {
 	var e enc
 	c := &w.cfg
-	e.str(string(c.ID), c.Name, c.Token, c.Platform)
+	e.str(string(c.ID), c.Name, c.Token, c.Credential, c.Platform)
 	e.u64(uint64(len(c.Tags)))
 	e.str(c.Tags...)
 	e.strMap(c.Labels)

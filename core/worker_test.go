@@ -23,7 +23,9 @@ var workerEpoch = time.Date(2025, 3, 1, 12, 0, 0, 0, time.UTC)
 //
 //	worker [slots=N] [no-reconnect] [scaler] [jitter=F] [seed=N] [log-buffer=N]
 //	       [event-buffer=N] [retries=N] [request-timeout=D] [kill-grace=D] [dial-timeout=D]
-//	                             new worker; jitter is off unless given
+//	       [credential=C] [no-token]
+//	                             new worker; jitter is off unless given; credential
+//	                             boots it with a saved session credential
 //	boot | connected | tick      WBoot, WConnected (fresh conn id), WTick
 //	dial-failed [reason=R] | disconnect [reason=R]
 //	welcome [ttl=D] [hb=D] [cancel=(L, L)]  (issues a credential if the Hello carried a token)
@@ -112,6 +114,10 @@ func newWorkerHarness(t *testing.T, td *datadriven.TestData) *workerHarness {
 			cfg.DialTimeout = argDur(t, a)
 		case "drain-timeout":
 			cfg.DrainTimeout = argDur(t, a)
+		case "credential":
+			cfg.Credential = a.Vals[0]
+		case "no-token":
+			cfg.Token = ""
 		default:
 			t.Fatalf("worker: unknown argument %s", a.Key)
 		}
@@ -588,7 +594,7 @@ func TestWorkerExitIsFinal(t *testing.T) {
 func TestWorkerFingerprintCoversState(t *testing.T) {
 	for typ, want := range map[reflect.Type]int{
 		reflect.TypeFor[Worker](): 25, reflect.TypeFor[execution](): 21,
-		reflect.TypeFor[request](): 6, reflect.TypeFor[WorkerConfig](): 22,
+		reflect.TypeFor[request](): 6, reflect.TypeFor[WorkerConfig](): 23,
 	} {
 		if typ.NumField() != want {
 			t.Errorf("%v has %d fields, this test knows %d: cover the new ones", typ, typ.NumField(), want)
@@ -606,7 +612,7 @@ func TestWorkerFingerprintCoversState(t *testing.T) {
 	d := time.Nanosecond
 	mut := map[string]func(c *Worker){
 		"cfg.ID": func(c *Worker) { c.cfg.ID = "x" }, "cfg.Name": func(c *Worker) { c.cfg.Name = "x" },
-		"cfg.Token": func(c *Worker) { c.cfg.Token = "x" }, "cfg.Tags": func(c *Worker) { c.cfg.Tags = []string{"x"} },
+		"cfg.Token": func(c *Worker) { c.cfg.Token = "x" }, "cfg.Credential": func(c *Worker) { c.cfg.Credential = "x" }, "cfg.Tags": func(c *Worker) { c.cfg.Tags = []string{"x"} },
 		"cfg.Labels": func(c *Worker) { c.cfg.Labels = map[string]string{"x": ""} }, "cfg.Platform": func(c *Worker) { c.cfg.Platform = "x" },
 		"cfg.Slots": func(c *Worker) { c.cfg.Slots++ }, "cfg.Scaler": func(c *Worker) { c.cfg.Scaler = true },
 		"cfg.NoReconnect": func(c *Worker) { c.cfg.NoReconnect = true }, "cfg.Seed": func(c *Worker) { c.cfg.Seed++ },

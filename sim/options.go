@@ -45,6 +45,11 @@ type Options struct {
 	FsyncCrashP      float64       // chance the orchestrator dies inside an fsync
 	OrchDownMax      time.Duration
 
+	// WorkerRestartEvery: per worker, its process dies (its step processes
+	// with it) and its supervisor starts it again with the saved identity
+	// (SPEC §9); 0 = never.
+	WorkerRestartEvery time.Duration
+
 	Runs         int
 	SubmitEvery  time.Duration
 	StepsMax     int
@@ -152,6 +157,7 @@ func Swarm(seed uint64) Options {
 	o.DrainEvery = maybe(0.3, dur(10*time.Minute, 60*time.Minute))
 	o.DrainStopP = []float64{0, 0.5}[r.IntN(2)]
 	o.DrainTimeout = []time.Duration{0, 30 * time.Second}[r.IntN(2)]
+	o.WorkerRestartEvery = maybe(0.4, dur(10*time.Minute, 60*time.Minute))
 	return o
 }
 
@@ -173,7 +179,7 @@ func (o Options) Describe() string {
 	fmt.Fprintf(&b, "net delay=%s..%s tail=%.3f dup=%.3f loss=%.4f notice<=%s\n", o.DelayMin, o.DelayMax, o.TailProb, o.DupProb, o.LossProb, o.NoticeMax)
 	fmt.Fprintf(&b, "partition every=%s for %s..%s clog every=%s\n", o.PartitionEvery, o.PartitionMin, o.PartitionMax, o.ClogEvery)
 	fmt.Fprintf(&b, "clock offset<=%s drift<=%.3f jump every=%s wobble=%s\n", o.ClockOffsetMax, o.DriftMax, o.JumpEvery, o.WobbleAmp)
-	fmt.Fprintf(&b, "crash worker every=%s pause every=%s (<=%s) orchestrator every=%s (down<=%s)\n", o.WorkerCrashEvery, o.WorkerPauseEvery, o.PauseMax, o.OrchCrashEvery, o.OrchDownMax)
+	fmt.Fprintf(&b, "crash worker every=%s restart every=%s pause every=%s (<=%s) orchestrator every=%s (down<=%s)\n", o.WorkerCrashEvery, o.WorkerRestartEvery, o.WorkerPauseEvery, o.PauseMax, o.OrchCrashEvery, o.OrchDownMax)
 	fmt.Fprintf(&b, "drain every=%s stop=%.2f timeout=%s\n", o.DrainEvery, o.DrainStopP, o.DrainTimeout)
 	fmt.Fprintf(&b, "runs=%d steps<=%d writes=%.2f fail=%.2f exec=%s..%s fault phase=%s\n", o.Runs, o.StepsMax, o.WriteFrac, o.FailProb, o.ExecMin, o.ExecMax, o.FaultPhase)
 	fmt.Fprintf(&b, "output lines<=%d burst<=%d window=%d cap=%d\n", o.LinesMax, o.BurstMax, o.LogWindow, o.OutputCap)

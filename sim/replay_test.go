@@ -112,7 +112,7 @@ func TestReplayCounterexamples(t *testing.T) {
 func TestReplayWalks(t *testing.T) {
 	all := []string{"deliver-to-orch", "deliver-to-worker", "dup-to-orch", "reset", "orch-notices", "worker-notices", "connect", "dial-fail",
 		"tick-orch", "tick-worker", "process-exit(0)", "process-exit(1)", "process-exit(143)", "process-output",
-		"crash-orch", "restart-orch", "crash-worker", "restart-worker", "cancel", "revoke"}
+		"crash-orch", "restart-orch", "crash-worker", "restart-worker", "restart-same-worker", "cancel", "revoke"}
 	for _, tc := range []struct {
 		name      string
 		scope     spec.Scope
@@ -126,7 +126,7 @@ func TestReplayWalks(t *testing.T) {
 		{name: "default-all-faults", scope: allFaults(spec.DefaultScope()), walks: 150, minFull: 75, kinds: all,
 			mayDiffer: []spec.ScriptKind{spec.ScriptDeliverToOrch, spec.ScriptDupToOrch}},
 		{name: "faults", scope: spec.FaultsScope(), walks: 150, minFull: 100,
-			kinds:     []string{"dial-fail", "crash-worker", "restart-worker", "revoke", "dup-to-orch"},
+			kinds:     []string{"dial-fail", "crash-worker", "restart-worker", "restart-same-worker", "revoke", "dup-to-orch"},
 			mayDiffer: []spec.ScriptKind{spec.ScriptDeliverToOrch, spec.ScriptDupToOrch}},
 	} {
 		name := tc.name
@@ -221,6 +221,7 @@ func simulable(r *rand.Rand) func(next []spec.ScriptStep) int {
 // revocations (each at most once or twice).
 func allFaults(sc spec.Scope) spec.Scope {
 	sc.MaxDisconnects, sc.MaxWorkerCrashes, sc.MaxWorkerRestarts, sc.MaxRevokes = 2, 1, 1, 1
+	sc.MaxIdentityRestarts = 1
 	sc.MaxDups, sc.MaxLogLines = 1, 2
 	return sc
 }

@@ -471,6 +471,23 @@ func (w *world) scriptStep(st spec.ScriptStep) string {
 			return fmt.Sprintf("worker %s already exists", st.Worker)
 		}
 		w.direct(evFault, -1, "replacement "+string(st.Worker), func() { w.scriptBoot(st.Worker, st.Token, st.Seed) })
+	case spec.ScriptRestartSameWorker:
+		wn, why := node()
+		if wn == nil {
+			return why
+		}
+		if !wn.alive || wn.m.Credential() == "" {
+			return fmt.Sprintf("worker %s is dead or has no credential to keep", st.Worker)
+		}
+		if seed := wn.m.Config().Seed; seed != st.Seed {
+			return fmt.Sprintf("worker %s has seed %d, not %d", st.Worker, seed, st.Seed)
+		}
+		w.direct(evFault, wn.idx, "restart keeping its identity", func() {
+			w.fault("worker-restart")
+			cfg := w.savedIdentity(wn)
+			w.killWorker(wn)
+			w.rebootWorker(wn, cfg)
+		})
 	case spec.ScriptCancel:
 		if !w.orch.up {
 			return "the orchestrator is down"

@@ -437,6 +437,19 @@ func (w *world) exitWorker(wn *workerNode, why string) {
 	if !wn.alive {
 		return
 	}
+	w.killWorker(wn)
+	if wn.replay {
+		return
+	}
+	// The fleet replaces lost capacity with a new instance and a new token.
+	w.after(w.uniform(5*time.Second, 2*time.Minute), evFault, wn.idx, nil, "replacement after "+why, func() {
+		w.replace(wn)
+	})
+}
+
+// killWorker ends a worker process: its step processes die with it, its
+// socket breaks, and nothing it scheduled happens any more.
+func (w *world) killWorker(wn *workerNode) {
 	wn.alive = false
 	wn.gen++
 	wn.deferred = nil
@@ -445,13 +458,41 @@ func (w *world) exitWorker(wn *workerNode, why string) {
 		w.breakConn(c, false)
 	}
 	wn.conn = 0
-	if wn.replay {
-		return
-	}
-	// The fleet replaces lost capacity with a new instance and a new token.
-	w.after(w.uniform(5*time.Second, 2*time.Minute), evFault, wn.idx, nil, "replacement after "+why, func() {
-		w.replace(wn)
+}
+
+// restartWorker kills a worker process and has its supervisor start it
+// again a little later with the identity it saved (SPEC §9): the same
+// instance id and session credential, booted with nothing in flight. The
+// orchestrator triages the leases the dead process held as lost when it
+// reconnects (or by the grace window, if that ends first). A restarted
+// worker whose credential is refused (revoked, expired, scaler-managed)
+// exits, and is replaced like a crashed one.
+func (w *world) restartWorker(wn *workerNode) {
+	cfg := w.savedIdentity(wn)
+	w.killWorker(wn)
+	gen := wn.gen
+	w.after(w.uniform(100*time.Millisecond, 10*time.Second), evFault, wn.idx, nil, "restarted by its supervisor", func() {
+		if wn.gen == gen && !wn.alive {
+			w.rebootWorker(wn, cfg)
+		}
 	})
+}
+
+// savedIdentity is what a worker's supervisor restarts it with: its
+// configuration (id, token, seed) and the session credential it saved.
+func (w *world) savedIdentity(wn *workerNode) core.WorkerConfig {
+	cfg := wn.m.Config()
+	cfg.Credential = wn.m.Credential()
+	return cfg
+}
+
+// rebootWorker boots a dead worker's process again in its node.
+func (w *world) rebootWorker(wn *workerNode, cfg core.WorkerConfig) {
+	wn.alive = true
+	wn.pausedUntil, wn.tickAt = time.Time{}, time.Time{}
+	wn.m = core.NewWorker(cfg)
+	w.stepWorker(wn, core.WBoot{})
+	w.scheduleWorkerFaults(wn)
 }
 
 // replace boots a fresh instance in a dead worker's place.
@@ -468,6 +509,15 @@ func (w *world) scheduleWorkerFaults(wn *workerNode) {
 			if wn.gen == gen && !w.healed && wn.alive {
 				w.fault("worker-crash")
 				w.exitWorker(wn, "crash")
+			}
+		})
+	}
+	if w.opt.WorkerRestartEvery > 0 {
+		w.after(w.exp(w.opt.WorkerRestartEvery), evFault, wn.idx, nil, "restart", func() {
+			// Only an enrolled worker has an identity to keep.
+			if wn.gen == gen && !w.healed && wn.alive && wn.m.Credential() != "" {
+				w.fault("worker-restart")
+				w.restartWorker(wn)
 			}
 		})
 	}

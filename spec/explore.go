@@ -81,6 +81,10 @@ type Scope struct {
 	// an idle network (a slow process, a worker backing off) is free. A
 	// negative value is no bound: every timing is explored.
 	MaxDelays int
+	// MaxIdentityRestarts bounds worker processes restarted keeping their
+	// identity (SPEC §9): the process dies with its step processes and boots
+	// again at once with its saved instance id and session credential.
+	MaxIdentityRestarts int
 
 	DFS      bool // depth-first (for deep bounds; the counterexample is then not necessarily shortest)
 	Parallel int  // goroutines expanding a BFS level (default GOMAXPROCS)
@@ -310,9 +314,9 @@ func DefaultScope() Scope {
 // FaultsScope is every action the explorer has, shallow: enrollment
 // explored, 2 disconnects, orchestrator and worker crashes, a worker
 // restarted as a fresh instance (with a new token, or replaying the used
-// one), cancel, revoke, a duplicated delivery, a slow network (one delay), a
-// log line, the real retransmit, heartbeat and dial timers. `go test ./spec`
-// runs it too.
+// one), a worker restarted keeping its identity, cancel, revoke, a
+// duplicated delivery, a slow network (one delay), a log line, the real
+// retransmit, heartbeat and dial timers. `go test ./spec` runs it too.
 func FaultsScope() Scope {
 	sc := DefaultScope()
 	sc.Name = "faults"
@@ -324,10 +328,29 @@ func FaultsScope() Scope {
 	sc.MaxDisconnects = 2
 	sc.MaxWorkerCrashes = 1
 	sc.MaxWorkerRestarts = 1
+	sc.MaxIdentityRestarts = 1
 	sc.MaxRevokes = 1
 	sc.MaxDups = 1
 	sc.MaxDelays = 1
 	sc.MaxLogLines = 1
+	return sc
+}
+
+// IdentityScope is the default world with one worker restarted keeping its
+// identity (SPEC §9) in place of the orchestrator crash: its process dies
+// with its step processes and boots again at once with its saved id and
+// credential, at any point of the run; with 1 disconnect, every path of up
+// to 14 actions (about 285,000 states). No cancel, so it cannot show
+// report-cancelled: TestExploreIdentity runs it without the sometimes check.
+// (The faults scope has the action too, but its depth is spent on
+// enrollment.)
+func IdentityScope() Scope {
+	sc := DefaultScope()
+	sc.Name = "identity"
+	sc.MaxOrchCrashes = 0
+	sc.MaxCancels = 0
+	sc.MaxIdentityRestarts = 1
+	sc.MaxDepth = 14
 	return sc
 }
 
@@ -372,13 +395,15 @@ func LargeScope() Scope {
 	return sc
 }
 
-// ScopeByName returns a named scope: default, faults, slow, multiset or large.
+// ScopeByName returns a named scope: default, faults, identity, slow, multiset or large.
 func ScopeByName(name string) (Scope, bool) {
 	switch name {
 	case "", "default":
 		return DefaultScope(), true
 	case "faults":
 		return FaultsScope(), true
+	case "identity":
+		return IdentityScope(), true
 	case "slow":
 		return SlowScope(), true
 	case "multiset":
@@ -723,9 +748,9 @@ func (sc Scope) describe() string {
 	if sc.DFS {
 		mode = "dfs"
 	}
-	return fmt.Sprintf("%s, %d workers, %d steps, %s network, depth<=%d, horizon %s, disconnects<=%d, orchestrator crashes<=%d, worker crashes<=%d, restarts<=%d, cancels<=%d, revokes<=%d, dups<=%d, drops<=%d, delays<=%d, log lines<=%d",
+	return fmt.Sprintf("%s, %d workers, %d steps, %s network, depth<=%d, horizon %s, disconnects<=%d, orchestrator crashes<=%d, worker crashes<=%d, restarts<=%d, identity restarts<=%d, cancels<=%d, revokes<=%d, dups<=%d, drops<=%d, delays<=%d, log lines<=%d",
 		mode, sc.Workers, len(sc.Steps), sc.Network, sc.MaxDepth, sc.Horizon, sc.MaxDisconnects, sc.MaxOrchCrashes,
-		sc.MaxWorkerCrashes, sc.MaxWorkerRestarts, sc.MaxCancels, sc.MaxRevokes, sc.MaxDups, sc.MaxDrops, sc.MaxDelays, sc.MaxLogLines)
+		sc.MaxWorkerCrashes, sc.MaxWorkerRestarts, sc.MaxIdentityRestarts, sc.MaxCancels, sc.MaxRevokes, sc.MaxDups, sc.MaxDrops, sc.MaxDelays, sc.MaxLogLines)
 }
 
 // exploreGOGC is the GC percent while Explore runs: the search makes many

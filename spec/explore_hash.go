@@ -143,7 +143,7 @@ func (x *explorer) hash(s *xstate) uint64 {
 	for id, at := range s.recoverAt {
 		rec += entry(func(h *hz) { h.s(string(id)); h.t(at) })
 	}
-	h.u(rec, s.used.pack(), uint64(s.revoked))
+	h.u(rec, s.used.pack(), uint64(s.revoked)|uint64(s.used.identityRestarts)<<32)
 	return h.v
 }
 

@@ -40,6 +40,11 @@ const (
 	ScriptRestartWorker   ScriptKind = "restart-worker"    // a fresh instance Worker boots with token Token and seed Seed
 	ScriptCancel          ScriptKind = "cancel"            // the operator cancels the run
 	ScriptRevoke          ScriptKind = "revoke"            // the operator revokes token Token (Worker's)
+
+	// ScriptRestartSameWorker: Worker's process dies with its step
+	// processes and boots again at once with its saved identity (SPEC §9):
+	// the same id, token and seed, and its session credential.
+	ScriptRestartSameWorker ScriptKind = "restart-same-worker"
 )
 
 // ScriptStep is one explorer action as a plain value. Connections are the

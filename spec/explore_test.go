@@ -12,7 +12,7 @@ import (
 )
 
 var (
-	flagExploreScope    = flag.String("explore.scope", "default", "explorer scope for TestExplore: default, faults, slow, multiset or large")
+	flagExploreScope    = flag.String("explore.scope", "default", "explorer scope for TestExplore: default, faults, identity, slow, multiset or large")
 	flagExploreDepth    = flag.Int("explore.depth", 0, "override the scope's depth bound (0: the scope's own)")
 	flagExploreReplay   = flag.String("explore.replay", "", "TestExploreReplay: a file holding a counterexample's path, one action per line, replayed in -explore.scope")
 	flagExploreProgress = flag.Bool("explore.progress", false, "print a line per finished BFS level")
@@ -24,7 +24,7 @@ func exploreScope(t *testing.T) Scope {
 	t.Helper()
 	sc, ok := ScopeByName(*flagExploreScope)
 	if !ok {
-		t.Fatalf("unknown -explore.scope %q (want default, faults, slow, multiset or large)", *flagExploreScope)
+		t.Fatalf("unknown -explore.scope %q (want default, faults, identity, slow, multiset or large)", *flagExploreScope)
 	}
 	if *flagExploreDepth > 0 {
 		sc.MaxDepth = *flagExploreDepth
@@ -103,6 +103,16 @@ func TestExploreFaults(t *testing.T) {
 		t.Skip("-short")
 	}
 	sc := FaultsScope()
+	report(t, sc, Explore(sc))
+}
+
+// TestExploreIdentity explores the default world with one worker restarted
+// keeping its identity at any point (SPEC §9).
+func TestExploreIdentity(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short")
+	}
+	sc := IdentityScope()
 	report(t, sc, Explore(sc))
 }
 

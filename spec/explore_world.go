@@ -186,6 +186,8 @@ type xproc struct {
 
 type budget struct {
 	resets, orchCrashes, workerCrashes, restarts, cancels, revokes, dups, drops, delays uint8
+	// identityRestarts is hashed with the revoked set: pack is full.
+	identityRestarts uint8
 }
 
 func (b budget) pack() uint64 {
@@ -237,6 +239,7 @@ const (
 	aCrashW
 	aRestartW
 	aReplayW
+	aRestartSameW
 	aCancel
 	aRevoke
 )
@@ -363,6 +366,10 @@ func (x *explorer) actions(s *xstate) []action {
 			as = append(as, action{aCrashW, i, 0})
 		case !w.alive && int(s.used.restarts) < x.sc.MaxWorkerRestarts:
 			as = append(as, action{aRestartW, i, 0}, action{aReplayW, i, 0})
+		}
+		// Only an enrolled worker has an identity to keep.
+		if w.alive && int(s.used.identityRestarts) < x.sc.MaxIdentityRestarts && w.m.Credential() != "" {
+			as = append(as, action{aRestartSameW, i, 0})
 		}
 	}
 	return as
@@ -548,7 +555,7 @@ func (x *explorer) stuck(s *xstate) *Violation {
 	}
 	for _, a := range x.actions(s) {
 		switch a.k {
-		case aDupO, aDupW, aDropO, aDropW, aReset, aCrashO, aCrashW, aCancel, aRevoke:
+		case aDupO, aDupW, aDropO, aDropW, aReset, aCrashO, aCrashW, aRestartSameW, aCancel, aRevoke:
 		default:
 			return nil // some machine can still act
 		}
@@ -820,6 +827,14 @@ func (b *builder) do(a action) {
 			w := s.ws[a.i]
 			b.note(ScriptStep{Kind: ScriptRestartWorker, Worker: w.id, Token: b.x.tokNames[w.tok], Seed: workerSeedFor(a.i, w.inst)},
 				"fault token-replay "+b.wname(a.i), "ReplayEvery>0", "replay-token slot %d as %s with %s", a.i+1, b.wname(a.i), b.x.tokNames[w.tok])
+		}
+	case aRestartSameW:
+		s.used.identityRestarts++
+		b.restartSameWorker(a.i)
+		if b.want {
+			w := s.ws[a.i]
+			b.note(ScriptStep{Kind: ScriptRestartSameWorker, Worker: w.id, Token: b.x.tokNames[w.tok], Seed: workerSeedFor(a.i, w.inst)},
+				"fault worker-restart "+b.wname(a.i), "WorkerRestartEvery>0", "restart-same-worker %s", b.wname(a.i))
 		}
 	case aCancel:
 		s.used.cancels++
@@ -1282,6 +1297,21 @@ func (b *builder) killWorker(i int) {
 			s.procs = slices.Delete(s.procs, k, k+1)
 		}
 	}
+}
+
+// restartSameWorker kills the worker process in slot i (its step processes
+// die with it) and boots it again at once with its saved identity (SPEC §9):
+// the same id, token and seed, and the session credential it was issued.
+// It reconnects with nothing in flight.
+func (b *builder) restartSameWorker(i int) {
+	old := b.s.ws[i]
+	cfg := old.m.Config()
+	cfg.Credential = old.m.Credential()
+	b.killWorker(i)
+	w := &b.s.ws[i]
+	*w = xworker{m: core.NewWorker(cfg), alive: true, inst: old.inst, tok: old.tok, id: old.id}
+	b.ownW |= 1 << i
+	b.worker(i, core.WBoot{})
 }
 
 // bootWorker starts instance inst in slot i with token tok.

@@ -21,6 +21,12 @@ const (
 	// PropInFlightHonoured: a lease a reconnecting worker reported in its
 	// Hello, current at that moment, is never triaged as lost.
 	PropInFlightHonoured = "InFlightHonoured"
+	// PropOnlyReportedReclaimed: a reconnect Hello reclaims (recovering →
+	// running) only leases the worker reported in it. A worker restarted
+	// with its saved identity reports nothing (its processes died with the
+	// old process, SPEC §9): reclaiming its steps would hold them, running,
+	// on processes that do not exist.
+	PropOnlyReportedReclaimed = "OnlyReportedReclaimed"
 )
 
 // The event messages the properties read (SPEC §4).
@@ -66,11 +72,19 @@ func RecoveryChanges(rd core.Ready) (entered, left []core.StepID) {
 	return entered, left
 }
 
-// CheckProps checks one orchestrator batch, made at now, against both
+// CheckProps checks one orchestrator batch, made at now, against the three
 // properties. grace is the recovery window; recoverAt says when each
 // recovering step went recovering (the steps this batch sent there
 // included); held is HeldReported of the batch's input.
 func CheckProps(rd core.Ready, now time.Time, grace time.Duration, recoverAt map[core.StepID]time.Time, held map[core.StepID]core.LeaseID) *Violation {
+	if held != nil { // a reconnect Hello
+		for _, t := range rd.Transitions {
+			if _, ok := held[t.Step]; t.From == core.StateRecovering && t.To == core.StateRunning && !ok {
+				return &Violation{Invariant: PropOnlyReportedReclaimed, Detail: fmt.Sprintf(
+					"step %s was reclaimed by a reconnect hello that did not report it", t.Step)}
+			}
+		}
+	}
 	for _, ev := range rd.Events {
 		if ev.Step == "" {
 			continue

@@ -188,7 +188,7 @@ func startRig(tb testing.TB, workers, slots int) *benchRig {
 			tb.Fatal(err)
 		}
 		cmd := exec.Command(bin, "connect", "--url", d.URL(), "--token", tok, "--slots", strconv.Itoa(slots),
-			"--executor", "noop", "--no-reconnect")
+			"--executor", "noop", "--no-reconnect", "--state-dir", tb.TempDir())
 		buf := &lockedBuffer{}
 		cmd.Stdout, cmd.Stderr = buf, buf
 		if err := cmd.Start(); err != nil {

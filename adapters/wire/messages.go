@@ -41,6 +41,7 @@ type hello struct {
 	MaxDelay   Duration          `json:"max_delay"`
 	InFlight   []leaseRef        `json:"in_flight,omitempty"`
 	Buffered   int               `json:"buffered,omitempty"`
+	Draining   bool              `json:"draining,omitempty"`
 }
 
 type heartbeat struct {
@@ -142,11 +143,11 @@ func init() {
 	register(func(m core.Hello) hello {
 		return hello{Version: m.Version, Token: m.Token, Credential: m.Credential, Worker: m.Worker, Name: m.Name,
 			Tags: clone(m.Tags), Labels: cloneMap(m.Labels), Platform: m.Platform, Slots: m.Slots, Scaler: m.Scaler,
-			MaxDelay: Duration(m.MaxDelay), InFlight: refsOut(m.InFlight), Buffered: m.Buffered}
+			MaxDelay: Duration(m.MaxDelay), InFlight: refsOut(m.InFlight), Buffered: m.Buffered, Draining: m.Draining}
 	}, func(w hello) (core.Hello, error) {
 		return core.Hello{Version: w.Version, Token: w.Token, Credential: w.Credential, Worker: w.Worker, Name: w.Name,
 			Tags: clone(w.Tags), Labels: cloneMap(w.Labels), Platform: w.Platform, Slots: w.Slots, Scaler: w.Scaler,
-			MaxDelay: time.Duration(w.MaxDelay), InFlight: refsIn(w.InFlight), Buffered: w.Buffered}, nil
+			MaxDelay: time.Duration(w.MaxDelay), InFlight: refsIn(w.InFlight), Buffered: w.Buffered, Draining: w.Draining}, nil
 	})
 	register(func(m core.Heartbeat) heartbeat { return heartbeat{InFlight: refsOut(m.InFlight)} },
 		func(w heartbeat) (core.Heartbeat, error) { return core.Heartbeat{InFlight: refsIn(w.InFlight)}, nil })

@@ -68,7 +68,16 @@ type Options struct {
 	// finished step leaves no background process behind (§10). Ignored
 	// unless ShimSupported; empty: each step's shell leads its own group.
 	Shim string
+	// SaveCredential, if set, is called with the session credential when
+	// the core learns one it did not boot with (the enrollment Welcome),
+	// before anything else of that step is acted on (SPEC §9): a worker
+	// that keeps its identity across restarts saves it durably here. An
+	// error stops the worker: Run returns it (wrapping ErrSaveCredential).
+	SaveCredential func(credential string) error
 }
+
+// ErrSaveCredential wraps a failure of Options.SaveCredential.
+var ErrSaveCredential = errors.New("worker: cannot save the session credential")
 
 // Driver runs one worker. Run may be called once.
 type Driver struct {
@@ -82,6 +91,8 @@ type Driver struct {
 
 	data     *DataClient
 	cred     atomic.Pointer[string] // the session credential, for the data plane
+	saved    string                 // the credential last saved (or booted with)
+	exit     *core.WorkerExit       // the core's exit, once Run returned it
 	endpoint *stepEndpoint          // nil when off
 
 	// Owned by the loop goroutine.
@@ -157,6 +168,7 @@ func New(opts Options) (*Driver, error) {
 		inputs: make(chan input, inputQueue),
 		done:   make(chan struct{}),
 		procs:  map[core.LeaseID]*proc{},
+		saved:  opts.Config.Credential,
 	}
 	d.log = opts.Logger.With("worker", opts.Config.Name, "worker_id", string(opts.Config.ID))
 	data, err := NewDataClient(opts.DataURL, opts.TLS, func() string {
@@ -198,6 +210,9 @@ func (d *Driver) Data() *DataClient { return d.data }
 // ID returns the worker instance's id.
 func (d *Driver) ID() core.WorkerID { return d.opts.Config.ID }
 
+// Exit returns the core's exit once Run returned its code, else nil.
+func (d *Driver) Exit() *core.WorkerExit { return d.exit }
+
 // Run runs the worker until the core asks it to exit, and returns that exit
 // code; or until ctx ends, and returns ctx's error. Either way every step
 // process is killed (step processes die with the worker) and every goroutine
@@ -215,8 +230,8 @@ func (d *Driver) Run(ctx context.Context) (int, error) {
 		d.log.Info("step endpoint listening", "url", e.URL(), "data_plane", d.data.URL())
 	}
 	defer d.shutdown()
-	if x := d.apply(d.w.Step(time.Now(), core.WBoot{})); x != nil {
-		return x.Code, nil
+	if x, err := d.apply(d.w.Step(time.Now(), core.WBoot{})); err != nil || x != nil {
+		return d.exited(x, err)
 	}
 	for {
 		var in core.WorkerInput
@@ -238,9 +253,8 @@ func (d *Driver) Run(ctx context.Context) (int, error) {
 		if in == nil {
 			continue
 		}
-		if x := d.apply(d.w.Step(time.Now(), in)); x != nil {
-			d.log.Info("worker exiting", "code", x.Code, "reason", x.Reason)
-			return x.Code, nil
+		if x, err := d.apply(d.w.Step(time.Now(), in)); err != nil || x != nil {
+			return d.exited(x, err)
 		}
 	}
 }
@@ -250,6 +264,18 @@ func (d *Driver) Run(ctx context.Context) (int, error) {
 // call (or the drain timeout) stops the steps still running. Safe from any
 // goroutine; false once Run is returning.
 func (d *Driver) Drain() bool { return d.push(drainReq{}) }
+
+// exited ends Run with the core's exit, or with a failure to save the
+// credential (then nothing of the Ready that brought it was acted on).
+func (d *Driver) exited(x *core.WorkerExit, err error) (int, error) {
+	if err != nil {
+		d.log.Error("worker stopping", "err", err)
+		return 0, err
+	}
+	d.exit = x
+	d.log.Info("worker exiting", "code", x.Code, "reason", x.Reason)
+	return x.Code, nil
+}
 
 // translate turns a driver event into a core input, or nil when it belongs
 // to a connection or dial the core no longer has.
@@ -296,9 +322,17 @@ func (d *Driver) translate(raw input) core.WorkerInput {
 	panic(fmt.Sprintf("worker: unknown input %T", raw))
 }
 
-// apply carries out one WorkerReady; it returns the Exit, if any.
-func (d *Driver) apply(rd core.WorkerReady) *core.WorkerExit {
+// apply carries out one WorkerReady; it returns the Exit, if any. A new
+// session credential is saved first (Options.SaveCredential): if that fails,
+// nothing of rd is acted on.
+func (d *Driver) apply(rd core.WorkerReady) (*core.WorkerExit, error) {
 	if c := d.w.Credential(); c != "" {
+		if c != d.saved && d.opts.SaveCredential != nil {
+			if err := d.opts.SaveCredential(c); err != nil {
+				return nil, fmt.Errorf("%w: %v", ErrSaveCredential, err)
+			}
+		}
+		d.saved = c
 		if old := d.cred.Load(); old == nil || *old != c {
 			d.cred.Store(&c)
 		}
@@ -347,13 +381,13 @@ func (d *Driver) apply(rd core.WorkerReady) *core.WorkerExit {
 	}
 	d.stepped = d.stepped[:0]
 	if rd.Exit != nil {
-		return rd.Exit
+		return rd.Exit, nil
 	}
 	d.timer.Stop()
 	if !rd.Deadline.IsZero() {
 		d.timer.Reset(max(time.Until(rd.Deadline), 0))
 	}
-	return nil
+	return nil, nil
 }
 
 // send encodes one message for the current connection. Logs and Events too

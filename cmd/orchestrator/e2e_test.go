@@ -64,7 +64,8 @@ func start(t *testing.T, ctx context.Context, name, bin string, args ...string) 
 	p := &proc{name: name, stdout: &syncBuffer{}, stderr: &syncBuffer{}, done: make(chan struct{})}
 	p.cmd = exec.CommandContext(ctx, bin, args...)
 	p.cmd.Stdout, p.cmd.Stderr = p.stdout, p.stderr
-	p.cmd.Env = append(os.Environ(), "TETHER_ADMIN_TOKEN=") // clients must find the token in the data dir
+	p.cmd.Env = append(os.Environ(), "TETHER_ADMIN_TOKEN=", // clients must find the token in the data dir
+		"STATE_DIRECTORY="+t.TempDir()) // each worker process its own identity, unless --state-dir says otherwise
 	if err := p.cmd.Start(); err != nil {
 		t.Fatalf("start %s: %v", name, err)
 	}

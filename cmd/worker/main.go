@@ -40,6 +40,7 @@ const (
 	exitError        = 1
 	exitDisconnected = core.WorkerExitDisconnected // 2
 	exitRefused      = core.WorkerExitRefused      // 3
+	exitStateLocked  = 4                           // another process holds the state directory
 	exitUsage        = 64
 )
 
@@ -72,7 +73,10 @@ const exitCodesHelp = `Exit codes:
       connected); core.WorkerExitDisconnected
   3   refused by the orchestrator for good: unknown, replayed (already used),
       expired or revoked token, expired credential, protocol version;
-      core.WorkerExitRefused
+      core.WorkerExitRefused. Also: the saved identity was refused and no
+      --token was given to enroll a new one
+  4   the state directory is locked by another worker process: two
+      processes never share one identity
   64  usage (bad flags, arguments or config file). Not 2: 2 is taken by the
       worker protocol above.`
 
@@ -86,8 +90,9 @@ URL), with "Authorization: Bearer $TETHER_DATA_TOKEN"; the worker attaches the
 step's lease ($TETHER_LEASE) to its writes. If the connection drops it
 keeps its steps running, buffers their output, and reconnects with backoff
 (1 s, x1.5, up to --max-reconnect-delay, 60 s by default; the orchestrator
-holds its steps for twice that); --no-reconnect exits instead. Each process start is a
-new worker instance with its own random UUID.
+holds its steps for twice that); --no-reconnect exits instead. A restarted
+worker process is the same worker: its identity (instance id and session
+credential) is kept in --state-dir.
 
 Usage:
   worker connect [flags]
@@ -119,8 +124,26 @@ SIGHUP is ignored. On Linux a step's whole process tree dies with the worker,
 even when the worker is killed with SIGKILL.
 
 The token (NAME.SECRET from 'orchestrator token create NAME') enrolls this
-process once; a restarted worker process is a new instance and needs a new
-token. The worker is named NAME unless --name says otherwise.
+worker once; the worker is named NAME unless --name says otherwise.
+
+Identity across restarts: the worker keeps its instance id and session
+credential in --state-dir (file worker.json, mode 0600, next to worker.lock),
+by default $STATE_DIRECTORY (systemd's StateDirectory=), else
+$XDG_STATE_HOME/tether, else ~/.local/state/tether. A process restarted with
+the same directory (after a crash, kill -9 or 'systemctl restart') reconnects
+as the same worker without a token, as long as the credential is valid (15
+minutes from its last refresh; a connected worker refreshes every 5); the
+steps the old process was running are reported lost and handled as after a
+disconnect (never started: requeued; no-write: re-run; write-bearing:
+failed). The
+name, tags, labels, platform and slots are those it enrolled with. Only one
+process may use a directory at a time: a second one exits 4. If the saved
+credential is refused (expired, or its token revoked: 'orchestrator token
+revoke NAME' is how a copied state file is disabled), the worker says so
+and, when --token is given too, enrolls a new instance with it (and saves
+that); without --token it exits 3. The token itself stays single-use. To
+start afresh, remove worker.json. Under systemd: StateDirectory=tether-worker,
+Restart=always, RestartPreventExitStatus=3 4.
 
 Steps are matched to workers by target (--name), labels, platform and tags:
 a step runs here only if every tag it requires is in --tags (type script needs
@@ -149,6 +172,7 @@ command line override it, and an unknown key is an error naming its line:
   max_reconnect_delay: 60s
   output_cap: 64MiB
   drain_timeout: 10m
+  state_dir: /var/lib/tether-worker
 
 Example:
   worker connect --url ws://127.0.0.1:7420/control --token builder-1.SECRET --tags script --slots 2
@@ -191,6 +215,9 @@ type settings struct {
 	// DrainTimeout: how long a drain lets running steps finish before it
 	// stops them. Zero: the default (10 m).
 	DrainTimeout time.Duration
+	// StateDir keeps the worker's identity across restarts (SPEC §9);
+	// empty: worker.DefaultStateDir.
+	StateDir string
 }
 
 // run runs the worker until it exits; ctx ending stops it at once (its
@@ -245,7 +272,7 @@ func parseConnect(args []string, stdout io.Writer) (final settings, logFormat, l
 		outputCap    string
 	)
 	flags.StringVar(&s.URL, "url", defaultURL, "orchestrator control plane `URL` (ws:// or wss://; http(s):// and a bare host:port work too)")
-	flags.StringVar(&s.Token, "token", "", "enrollment `token` NAME.SECRET (required, here or in the config file)")
+	flags.StringVar(&s.Token, "token", "", "enrollment `token` NAME.SECRET (required unless --state-dir holds a saved identity)")
 	flags.StringVar(&s.Name, "name", "", "worker `name` (default: the token's NAME)")
 	flags.StringVar(&tags, "tags", "", "comma-separated capability `tags`, e.g. script,docker")
 	flags.StringVar(&labels, "labels", "", "comma-separated `key=value` labels, e.g. zone=eu,disk=ssd")
@@ -263,6 +290,7 @@ func parseConnect(args []string, stdout io.Writer) (final settings, logFormat, l
 	flags.StringVar(&config, "config", defaultConfigFile, "worker config `file` (YAML); optional unless given explicitly")
 	flags.StringVar(&logFormat, "log-format", "text", "log `format` on stderr: text or json")
 	flags.StringVar(&logLevel, "log-level", "info", "log `level`: debug, info, warn or error")
+	flags.StringVar(&s.StateDir, "state-dir", "", "`directory` that keeps the worker's identity across restarts (default $STATE_DIRECTORY, else $XDG_STATE_HOME/tether, else ~/.local/state/tether)")
 	err = flags.Parse(args)
 	if errors.Is(err, flag.ErrHelp) {
 		fmt.Fprint(stdout, connectHelp)
@@ -339,6 +367,12 @@ func parseConnect(args []string, stdout io.Writer) (final settings, logFormat, l
 		}
 		final.DrainTimeout = s.DrainTimeout
 	}
+	if set["state-dir"] {
+		if s.StateDir == "" {
+			return settings{}, "", "", errors.New("--state-dir: want a directory")
+		}
+		final.StateDir = s.StateDir
+	}
 	switch executor {
 	case "sh":
 	case "noop":
@@ -346,10 +380,8 @@ func parseConnect(args []string, stdout io.Writer) (final settings, logFormat, l
 	default:
 		return settings{}, "", "", fmt.Errorf("--executor %q: want sh or noop", executor)
 	}
-	if final.Token == "" {
-		return settings{}, "", "", errors.New("--token is required (NAME.SECRET from 'orchestrator token create NAME')")
-	}
-	if name, secret, ok := strings.Cut(final.Token, "."); !ok || name == "" || secret == "" {
+	// --token is required only without a saved identity: connect decides.
+	if name, secret, ok := strings.Cut(final.Token, "."); final.Token != "" && (!ok || name == "" || secret == "") {
 		return settings{}, "", "", errors.New("--token must read NAME.SECRET")
 	}
 	if final.Slots < 1 || final.Slots > 1024 {
@@ -369,15 +401,12 @@ func usage(stderr io.Writer, err error) int {
 	return exitUsage
 }
 
-// connect runs the worker until it exits or ctx ends. Each value on stops
-// is a SIGINT or SIGTERM: the first drains the worker, the next stops its
-// steps (§10).
+// connect runs the worker until it exits or ctx ends. It holds the state
+// directory's lock throughout, and boots from the identity saved there if
+// any, else enrolls with the token (SPEC §9). Each value on stops is a
+// SIGINT or SIGTERM: the first drains the worker, the next stops its steps
+// (§10).
 func connect(ctx context.Context, stops <-chan os.Signal, s settings, log *slog.Logger) int {
-	id, err := newUUID()
-	if err != nil {
-		log.Error("cannot draw the instance id", "err", err)
-		return exitError
-	}
 	var tlsConf *tls.Config
 	if s.CA != "" {
 		pool, err := loadCA(s.CA)
@@ -392,10 +421,95 @@ func connect(ctx context.Context, stops <-chan os.Signal, s settings, log *slog.
 		// Each step runs under a shim, this binary re-executed, so that the
 		// step's process tree dies with the worker (§10). The noop executor
 		// forks nothing.
-		if shim, err = os.Executable(); err != nil {
+		exe, err := os.Executable()
+		if err != nil {
 			log.Error("cannot find this executable for the step shim", "err", err)
 			return exitError
 		}
+		shim = exe
+	}
+	if s.StateDir == "" {
+		dir, err := worker.DefaultStateDir()
+		if err != nil {
+			log.Error("cannot find a state directory", "err", err)
+			return exitUsage
+		}
+		s.StateDir = dir
+	}
+	sd, err := worker.OpenStateDir(s.StateDir)
+	if errors.Is(err, worker.ErrStateLocked) {
+		log.Error("another worker process runs with this state directory; two processes never share an identity: give this one its own --state-dir",
+			"state_dir", s.StateDir, "err", err, "code", exitStateLocked)
+		return exitStateLocked
+	}
+	if err != nil {
+		log.Error("cannot open the state directory", "state_dir", s.StateDir, "err", err)
+		return exitError
+	}
+	defer sd.Close()
+	saved, err := sd.Load()
+	if err != nil {
+		log.Error("cannot use the saved identity; remove the state file to enroll anew with --token", "err", err)
+		return exitError
+	}
+	if saved == nil && s.Token == "" {
+		fmt.Fprintf(os.Stderr, "worker connect: --token is required: no saved identity in %s (NAME.SECRET from 'orchestrator token create NAME')\nRun 'worker connect --help' for usage.\n", sd.Dir())
+		return exitUsage
+	}
+	for {
+		code, x, err := connectOnce(ctx, stops, s, sd, saved, tlsConf, shim, log)
+		switch {
+		case err != nil && ctx.Err() != nil: // SIGINT/SIGTERM
+			return exitOK
+		case err != nil:
+			log.Error("worker stopped", "err", err)
+			return exitError
+		case x != nil && x.CredentialRefused && s.Token != "":
+			// The saved identity is gone; the operator gave a token: enroll
+			// a new instance with it, as they would expect (SPEC §9).
+			log.Warn("the saved identity was refused for good; enrolling a new instance with --token",
+				"worker_id", string(saved.Worker), "reason", x.Reason, "state_file", sd.Path())
+			saved = nil
+			continue
+		case x != nil && x.CredentialRefused:
+			log.Error("the saved identity was refused for good; start the worker with --token NAME.SECRET (a new token from 'orchestrator token create NAME') to enroll a new instance",
+				"worker_id", string(saved.Worker), "reason", x.Reason, "state_file", sd.Path(), "code", code)
+			return code
+		}
+		switch code {
+		case exitOK:
+			log.Info("worker drained")
+		case exitDisconnected:
+			log.Error("worker exiting: disconnected and not reconnecting", "code", code)
+		case exitRefused:
+			log.Error("worker exiting: refused by the orchestrator", "code", code)
+		default:
+			log.Warn("worker exiting", "code", code)
+		}
+		return code
+	}
+}
+
+// connectOnce runs one worker instance: the saved one, or (saved nil) a new
+// one enrolled with the token, whose credential is saved before it acts on
+// anything else. It returns the core's exit code and exit, or Run's error.
+func connectOnce(ctx context.Context, stops <-chan os.Signal, s settings, sd *worker.StateDir, saved *worker.State, tlsConf *tls.Config, shim string, log *slog.Logger) (int, *core.WorkerExit, error) {
+	cfg := core.WorkerConfig{
+		Name: s.Name, Tags: s.Tags, Labels: s.Labels, Platform: s.Platform, Slots: s.Slots,
+		NoReconnect: s.NoReconnect, BackoffMax: s.MaxReconnectDelay,
+		OutputCapBytes: s.OutputCapBytes, DrainTimeout: s.DrainTimeout,
+	}
+	if saved != nil {
+		if s.Name != "" && s.Name != saved.Name {
+			log.Warn("the worker keeps the name it enrolled with", "name", saved.Name, "ignored", s.Name)
+		}
+		cfg.ID, cfg.Name, cfg.Credential = saved.Worker, saved.Name, saved.Credential
+	} else {
+		id, err := newUUID()
+		if err != nil {
+			return 0, nil, fmt.Errorf("cannot draw the instance id: %w", err)
+		}
+		cfg.ID, cfg.Token = core.WorkerID(id), s.Token
 	}
 	d, err := worker.New(worker.Options{
 		URL:    s.URL,
@@ -403,23 +517,27 @@ func connect(ctx context.Context, stops <-chan os.Signal, s settings, log *slog.
 		Logger: log,
 		Noop:   s.Noop,
 		Shim:   shim,
-		Config: core.WorkerConfig{
-			ID: core.WorkerID(id), Name: s.Name, Token: s.Token, Tags: s.Tags, Labels: s.Labels,
-			Platform: s.Platform, Slots: s.Slots, NoReconnect: s.NoReconnect,
-			BackoffMax: s.MaxReconnectDelay, OutputCapBytes: s.OutputCapBytes, DrainTimeout: s.DrainTimeout,
+		Config: cfg,
+		SaveCredential: func(cred string) error {
+			return sd.Save(worker.State{Worker: cfg.ID, Name: cfg.Name, Credential: cred, URL: s.URL, EnrolledAt: time.Now().UTC()})
 		},
 	})
 	if err != nil {
-		log.Error("cannot start the worker", "err", err)
-		return exitError
+		return 0, nil, fmt.Errorf("cannot start the worker: %w", err)
 	}
+	done := make(chan struct{})
+	defer close(done)
 	go func() {
 		if stops == nil {
 			return
 		}
-		n := 0
-		for sig := range stops {
-			n++
+		for n := 1; ; n++ {
+			var sig os.Signal
+			select {
+			case <-done:
+				return
+			case sig = <-stops:
+			}
 			if n == 1 {
 				log.Info("draining: no new steps; running steps may finish", "signal", sig.String(),
 					"drain_timeout", cmp.Or(s.DrainTimeout, defaultDrainTimeout))
@@ -431,25 +549,15 @@ func connect(ctx context.Context, stops <-chan os.Signal, s settings, log *slog.
 			}
 		}
 	}()
-	log.Info("worker starting", "worker", s.Name, "worker_id", id, "url", s.URL, "tags", strings.Join(s.Tags, ","),
+	log.Info("worker starting", "worker", cfg.Name, "worker_id", string(cfg.ID), "url", s.URL, "tags", strings.Join(s.Tags, ","),
 		"slots", s.Slots, "no_reconnect", s.NoReconnect, "max_reconnect_delay", cmp.Or(s.MaxReconnectDelay, defaultMaxReconnectDelay),
-		"noop_executor", s.Noop, "step_shim", shim != "", "output_cap_bytes", cmp.Or(s.OutputCapBytes, defaultOutputCapBytes))
+		"noop_executor", s.Noop, "step_shim", shim != "", "output_cap_bytes", cmp.Or(s.OutputCapBytes, defaultOutputCapBytes),
+		"state_file", sd.Path(), "saved_identity", saved != nil)
 	code, err := d.Run(ctx)
-	if err != nil { // ctx ended
-		log.Info("worker stopped", "worker_id", id, "reason", context.Cause(ctx))
-		return exitOK
+	if err != nil {
+		return 0, nil, err
 	}
-	switch code {
-	case exitOK:
-		log.Info("worker drained", "worker_id", id)
-	case exitDisconnected:
-		log.Error("worker exiting: disconnected and not reconnecting", "worker_id", id, "code", code)
-	case exitRefused:
-		log.Error("worker exiting: refused by the orchestrator", "worker_id", id, "code", code)
-	default:
-		log.Warn("worker exiting", "worker_id", id, "code", code)
-	}
-	return code
+	return code, d.Exit(), nil
 }
 
 // loadCA reads a PEM file of CA certificates into a pool.
@@ -548,7 +656,7 @@ func loadConfig(path string, src []byte) (settings, error) {
 		return n.Value
 	}
 	root := doc.Content[0]
-	known := []string{"url", "ca", "token", "name", "tags", "labels", "platform", "slots", "no_reconnect", "max_reconnect_delay", "output_cap", "drain_timeout"}
+	known := []string{"url", "ca", "token", "name", "tags", "labels", "platform", "slots", "no_reconnect", "max_reconnect_delay", "output_cap", "drain_timeout", "state_dir"}
 	if root.Kind != yaml.MappingNode {
 		errf(root, "worker config must be a mapping of keys to values")
 		return s, errors.New(strings.Join(errs, "\n  "))
@@ -571,6 +679,11 @@ func loadConfig(path string, src []byte) (settings, error) {
 			}
 		case "token":
 			s.Token = scalar(v, k.Value)
+		case "state_dir":
+			s.StateDir = scalar(v, k.Value)
+			if s.StateDir != "" && !filepath.IsAbs(s.StateDir) {
+				s.StateDir = filepath.Join(filepath.Dir(path), s.StateDir)
+			}
 		case "name":
 			s.Name = scalar(v, k.Value)
 		case "platform":

@@ -98,6 +98,14 @@ drain_timeout: 90s
 	if !reflect.DeepEqual(s, want) || format != "json" {
 		t.Errorf("flags over the file:\n got %+v %s\nwant %+v json", s, format, want)
 	}
+	// state_dir in the file is relative to it; --state-dir wins.
+	sd := writeFile(t, "worker-config.yaml", "token: b1.abc\nstate_dir: state\n")
+	if s, _, _, err := parseConnect([]string{"--config", sd}, io.Discard); err != nil || s.StateDir != filepath.Join(filepath.Dir(sd), "state") {
+		t.Errorf("state_dir from the file: %q, %v", s.StateDir, err)
+	}
+	if s, _, _, err := parseConnect([]string{"--config", sd, "--state-dir", "/var/lib/w"}, io.Discard); err != nil || s.StateDir != "/var/lib/w" {
+		t.Errorf("--state-dir over the file: %q, %v", s.StateDir, err)
+	}
 	// The benchmarking aid: --executor noop runs no process.
 	s, _, _, err = parseConnect([]string{"--config", cfg, "--executor", "noop"}, io.Discard)
 	if err != nil || !s.Noop {
@@ -128,13 +136,15 @@ func TestConfigFileErrors(t *testing.T) {
 }
 
 func TestUsageExitCodes(t *testing.T) {
+	t.Setenv("STATE_DIRECTORY", t.TempDir()) // never the user's own
 	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
 	defer cancel()
 	missing := filepath.Join(t.TempDir(), "nope.yaml")
 	for _, args := range [][]string{
 		{},
 		{"bogus"},
-		{"connect"}, // no token
+		{"connect"}, // no token, and no saved identity
+		{"connect", "--token", "a.b", "--state-dir="},
 		{"connect", "--token", "no-dot"},
 		{"connect", "--token", "a.b", "--slots", "0"},
 		{"connect", "--token", "a.b", "--max-reconnect-delay", "0s"},
@@ -175,6 +185,7 @@ func TestUsageExitCodes(t *testing.T) {
 // Under --no-reconnect a worker that cannot reach the orchestrator exits 2
 // (core.WorkerExitDisconnected) instead of retrying.
 func TestNoReconnectExitsDisconnected(t *testing.T) {
+	t.Setenv("STATE_DIRECTORY", t.TempDir()) // never the user's own
 	ctx, cancel := context.WithTimeout(t.Context(), 15*time.Second)
 	defer cancel()
 	// A listener that hangs up on every connection: the WebSocket handshake
