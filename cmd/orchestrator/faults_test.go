@@ -144,10 +144,17 @@ type binRig struct {
 
 func startBinRig(t *testing.T) *binRig {
 	t.Helper()
+	return startBinRigFor(t, faultTimeout)
+}
+
+// startBinRigFor is startBinRig for a test that needs longer than
+// faultTimeout in all.
+func startBinRigFor(t *testing.T, timeout time.Duration) *binRig {
+	t.Helper()
 	if testing.Short() {
 		t.Skip("builds and runs the binaries")
 	}
-	ctx, cancel := context.WithTimeout(t.Context(), faultTimeout)
+	ctx, cancel := context.WithTimeout(t.Context(), timeout)
 	t.Cleanup(cancel)
 	_, workerBin := buildBinaries(t, ctx)
 	log := slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelInfo})).With("side", "orchestrator")

@@ -99,18 +99,18 @@ func TestOutputFlood(t *testing.T) {
 
 var dropMarkerRE = regexp.MustCompile(`^--- Output dropped: (\d+) log lines \((\d+) bytes\) over the output cap of (\d+) bytes\. ---$`)
 
-// TestOutputCap: a step prints 20 MiB of 64-byte lines, 20 times its
-// worker's 1 MiB output cap, while another step on the same worker prints
-// along.
+// TestOutputCap: a step runs `yes | head -c 200M` (104,857,600 two-byte
+// lines, 200 times its worker's 1 MiB output cap) while another step on the
+// same worker prints along.
 // Exactly one drop marker is stored, and its counts add up: stored bytes +
 // dropped bytes = printed bytes, likewise lines. No step goes recovering.
 func TestOutputCap(t *testing.T) {
-	r := startBinRig(t)
+	r := startBinRigFor(t, 4*faultTimeout) // 200 MB through the worker, under -race too
 	w := r.startWorkerWith("capped", "--output-cap", "1MiB", "--slots", "2")
-	const printed = 20 << 20 // bytes: 63 zeros and a newline, 327,680 times
-	line := strings.Repeat("0", 63)
+	const printed = 200 << 20 // bytes: "y" and a newline, 104,857,600 times
+	line := "y"
 	run := r.submit(core.RunSpec{Name: "cap", Steps: []core.StepSpec{
-		{Name: "yes", Command: fmt.Sprintf("yes %s | head -c %d", line, printed)},
+		{Name: "yes", Command: "yes | head -c 200M"},
 		{Name: "other", Command: "i=0; while [ $i -lt 20 ]; do echo tick $i; sleep 0.1; i=$((i+1)); done"},
 	}})
 	r.waitFor("the run to finish", runFinished(run))
@@ -142,9 +142,9 @@ func TestOutputCap(t *testing.T) {
 	m := dropMarkerRE.FindStringSubmatch(markers[0])
 	dropped, droppedB, capB := atoi64(m[1]), atoi64(m[2]), atoi64(m[3])
 	t.Logf("stored %d lines (%d bytes); the marker reports %d lines (%d bytes) dropped over a cap of %d", stored, storedB, dropped, droppedB, capB)
-	if capB != 1<<20 || storedB > capB || storedB+droppedB != printed || stored+dropped != printed/64 {
+	if capB != 1<<20 || storedB > capB || storedB+droppedB != printed || stored+dropped != printed/2 {
 		t.Errorf("counts do not add up: stored %d lines (%d bytes) + dropped %d (%d bytes), printed %d lines (%d bytes), cap %d",
-			stored, storedB, dropped, droppedB, printed/64, printed, capB)
+			stored, storedB, dropped, droppedB, printed/2, printed, capB)
 	}
 	if got := len(r.lines(stepID(run, "other"))); got != 20 {
 		t.Errorf("the other step stored %d of its 20 lines", got)
