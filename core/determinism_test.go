@@ -359,7 +359,7 @@ func recordsBytes(recs []Record) []byte {
 }
 
 // TestRestoreKeepsDurableState checks that loading the records a machine
-// wrote gives back exactly its durable state (before §3.6's re-arming).
+// wrote gives back exactly its durable state (before SPEC §7's re-arming).
 func TestRestoreKeepsDurableState(t *testing.T) {
 	g := newInputGen(3)
 	o := NewOrchestrator(Config{})
@@ -381,7 +381,7 @@ func TestRestoreKeepsDurableState(t *testing.T) {
 }
 
 // safety tracks what a machine showed so far and checks, after every batch,
-// the cheap safety facts of DESIGN §4 that the core alone can see.
+// the cheap safety facts of SPEC §13 that the core alone can see.
 type safety struct {
 	terminal  map[StepID]State
 	outcome   map[StepID]Outcome

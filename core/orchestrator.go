@@ -489,7 +489,7 @@ func (o *Orchestrator) afterTerminal(s *StepRecord) {
 	}
 	if s.State != StateSuccess {
 		// A skipped step names the step whose failure (or cancellation)
-		// skipped it, however far upstream (§3.1).
+		// skipped it, however far upstream (SPEC §2).
 		root, why := s.ID, fmt.Sprintf("skipped: dependency %s %s", s.ID, s.State)
 		if s.State == StateSkipped && s.SkippedBy != "" {
 			root = s.SkippedBy
@@ -676,7 +676,7 @@ func (o *Orchestrator) cancelRun(r *RunRecord, class FailureClass, reason string
 	}
 }
 
-// cancelStep cancels one step (§3.5): a running step on a connected worker is
+// cancelStep cancels one step (SPEC §6): a running step on a connected worker is
 // cancelled gracefully; anything else non-terminal is cancelled at once.
 func (o *Orchestrator) cancelStep(s *StepRecord, class FailureClass, reason string) {
 	switch s.State {

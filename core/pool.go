@@ -202,7 +202,7 @@ func (o *Orchestrator) dropConn(c ConnID) {
 }
 
 // reconcile compares a reconnecting worker's in-flight list with the leases
-// the orchestrator holds for it (§3.3): reported current leases of
+// the orchestrator holds for it (SPEC §4): reported current leases of
 // recovering steps are reclaimed (START). It returns the reported leases that
 // are not current, which the worker must cancel, and the held leases the
 // worker did not report.
@@ -250,7 +250,7 @@ func (o *Orchestrator) sortedLeases(w WorkerID) []LeaseID {
 	return ids
 }
 
-// disconnect handles a dropped control connection (§3.3).
+// disconnect handles a dropped control connection (SPEC §4).
 func (o *Orchestrator) disconnect(wid WorkerID, reason string) {
 	c, ok := o.connOf[wid]
 	if !ok {
@@ -300,7 +300,7 @@ func (o *Orchestrator) triageAll(w *WorkerRecord, cause triageCause) {
 	}
 }
 
-// triage resolves one in-flight step of a lost worker (§3.3): never started →
+// triage resolves one in-flight step of a lost worker (SPEC §4): never started →
 // requeue; started no-write → requeue from the beginning; started
 // write-bearing → failed, never re-dispatched. The attempt cap applies to
 // requeues. A cancelling step cannot finish its cancel: it is forced.
@@ -442,7 +442,7 @@ func (o *Orchestrator) rejectDispatch(w *WorkerRecord, m RejectDispatch) {
 }
 
 // report answers complete|fail with exactly one of COMMITTED, CANCELLED,
-// REJECTED (§3.2). Repeats of an answered report get the same answer.
+// REJECTED (SPEC §3). Repeats of an answered report get the same answer.
 func (o *Orchestrator) report(w *WorkerRecord, c ConnID, m Report) {
 	reply := func(v Verdict, reason string) {
 		o.send(c, Answer{Lease: m.Lease, Request: m.Request, Verdict: v, Reason: reason})
@@ -753,7 +753,7 @@ func (o *Orchestrator) fire(t timer) {
 	}
 }
 
-// sweep is the recovery sweeper (§3.4), always on, in four phases.
+// sweep is the recovery sweeper (SPEC §5), always on, in four phases.
 func (o *Orchestrator) sweep() {
 	o.meta.NextSweep = o.now.Add(o.cfg.SweepInterval)
 	o.arm(o.meta.NextSweep, tSweep, "")
@@ -829,7 +829,7 @@ func (o *Orchestrator) anyActiveMatch(s *StepRecord) bool {
 	return false
 }
 
-// matches is §3.9: target → labels → platform → tags ⊆ worker tags.
+// matches is SPEC §8: target → labels → platform → tags ⊆ worker tags.
 func (o *Orchestrator) matches(w *WorkerRecord, s *StepRecord) bool {
 	sp := o.specOf[s.ID]
 	if sp.Target != "" && sp.Target != w.Name {

@@ -48,7 +48,7 @@ var ErrCredentialExpired = errors.New("session credential expired")
 var ErrNotInPool = errors.New("worker is not in the pool")
 
 // Authenticate answers "whose session credential is this, and may it use
-// the data plane at now?" (§3.8: the data plane accepts only a valid session
+// the data plane at now?" (SPEC §14: the data plane accepts only a valid session
 // credential). The credential reads "<worker id>.<secret>"; the secret is
 // checked against its stored hash in constant time. It is valid while its
 // worker is active, not revoked, and now is before the credential's expiry.

@@ -3,7 +3,7 @@ package core
 import "time"
 
 // Config holds the orchestrator's knobs. Zero fields take the defaults of
-// DESIGN §5 (see DefaultConfig).
+// SPEC §12 (see DefaultConfig).
 type Config struct {
 	HeartbeatInterval time.Duration // told to workers; default 30s
 	HeartbeatTimeout  time.Duration // silent longer → stale; default 120s
@@ -19,7 +19,7 @@ type Config struct {
 	Env map[string]string
 }
 
-// DefaultConfig returns the defaults of DESIGN §5.
+// DefaultConfig returns the defaults of SPEC §12.
 func DefaultConfig() Config {
 	return Config{
 		HeartbeatInterval: 30 * time.Second,

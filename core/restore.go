@@ -9,7 +9,7 @@ import (
 )
 
 // Restore rebuilds an orchestrator from its persisted records after a restart
-// (§3.6) at time now. Every worker starts disconnected with a fresh grace
+// (SPEC §7) at time now. Every worker starts disconnected with a fresh grace
 // window; every live lease gets a fresh deadline (now + its worker's grace);
 // running steps go to recovering; cancelling steps keep cancelling with a fresh
 // force deadline. The returned Ready holds the records of that re-arming and
@@ -113,7 +113,7 @@ func (o *Orchestrator) markStepIndex(s *StepRecord) {
 	}
 }
 
-// rearm is §3.6: nothing the previous process promised is dropped; every
+// rearm is SPEC §7: nothing the previous process promised is dropped; every
 // promise gets a fresh deadline from now.
 func (o *Orchestrator) rearm() {
 	for _, id := range sortedKeys(o.workers) {

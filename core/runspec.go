@@ -184,7 +184,7 @@ func findCycle(steps []StepSpec, byName map[string]int) []string {
 }
 
 // RequiredTags derives the worker tags a step needs from its type and runner
-// (seed 002) plus its explicit tags, sorted and deduplicated. Task steps run
+// (SPEC §8) plus its explicit tags, sorted and deduplicated. Task steps run
 // on the orchestrator and need none.
 func RequiredTags(s StepSpec) ([]string, error) {
 	var tags []string

@@ -3,8 +3,8 @@ package core
 import "fmt"
 
 // State is a step's execution state. The eleven states and the transition
-// table below are seed 003's, plus one row (recovering --REQUEUE--> queued)
-// that DESIGN §3.3 needs and seed 003 cannot express; spec/SPEC.md argues it.
+// table below are SPEC §1's; the one row that takes a started step back to
+// the queue (recovering --REQUEUE--> queued) is argued there.
 type State uint8
 
 const (

@@ -11,7 +11,7 @@ import (
 	"time"
 )
 
-// Worker defaults (DESIGN §5, seeds 000 and 003).
+// Worker defaults (SPEC §10, §12).
 const (
 	defaultWorkerSlots    = 1
 	defaultBackoffBase    = time.Second
@@ -349,8 +349,8 @@ func (r *request) msg() Msg {
 	panic(fmt.Sprintf("core.Worker: request %d has invalid kind %d", r.id, r.kind))
 }
 
-// Worker is the state machine inside every worker process (DESIGN §3.7, seed
-// 004's worker contract). It is pure: time arrives with each input, jitter
+// Worker is the state machine inside every worker process (SPEC §10; its
+// answers are SPEC §3's). It is pure: time arrives with each input, jitter
 // comes from WorkerConfig.Seed, and all effects are returned as a WorkerReady.
 type Worker struct {
 	cfg WorkerConfig

@@ -193,7 +193,7 @@ func (w *world) crashOrchAt(kind string) {
 	w.after(down, evFault, -1, nil, "orchestrator restarts", w.restartOrch)
 }
 
-// restartOrch rebuilds the orchestrator from what was durable (§3.6).
+// restartOrch rebuilds the orchestrator from what was durable (SPEC §7).
 func (w *world) restartOrch() {
 	n := w.orch
 	if n.up {

@@ -26,7 +26,7 @@ func (w *world) heldReported(in core.Input) map[core.StepID]core.LeaseID {
 }
 
 // checkBatch runs the properties over one batch. The recovery window is
-// 2 × the workers' maximum reconnect delay (§3.3).
+// 2 × the workers' maximum reconnect delay (SPEC §4).
 func (w *world) checkBatch(held map[core.StepID]core.LeaseID, rd core.Ready) {
 	p := w.props
 	entered, left := spec.RecoveryChanges(rd)

@@ -25,7 +25,7 @@ type Invariant struct {
 	Check func(*Checker) *Violation
 }
 
-// Invariants are the seven safety invariants of DESIGN §4, in order.
+// Invariants are the seven safety invariants of SPEC §13, in order.
 var Invariants = []Invariant{
 	{"AtMostOneCommit", AtMostOneCommit},
 	{"WriteStepRunsOnce", WriteStepRunsOnce},
@@ -57,7 +57,7 @@ var invNames = [numInv]string{
 // Checker records what happens around one orchestrator — its inputs, its
 // batches, what the driver made durable, crashes and restores, what reached
 // the workers, and the ground truth of processes and external writes — and
-// checks the safety invariants of DESIGN §4 against it incrementally: each
+// checks the safety invariants of SPEC §13 against it incrementally: each
 // recorded event costs time proportional to its own size, never to history.
 //
 // # What the driver must call, in event order

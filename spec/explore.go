@@ -245,7 +245,7 @@ func sometimesBit(name string) uint32 {
 }
 
 // exploreConfig is the orchestrator's knobs in every scope: the defaults of
-// DESIGN §5 except the heartbeat, which quiet scopes push past the horizon.
+// SPEC §12 except the heartbeat, which quiet scopes push past the horizon.
 func exploreConfig(heartbeat time.Duration) core.Config {
 	return core.Config{
 		DispatchAck:       10 * time.Second,
@@ -378,7 +378,7 @@ func MultisetScope() Scope {
 }
 
 // LargeScope is `-explore.scope=large` (make explore): the default world
-// with the brief's budgets and more — 2 disconnects, 1 orchestrator crash, 1
+// with larger fault budgets — 2 disconnects, 1 orchestrator crash, 1
 // worker crash, 1 cancel, 1 token revocation — every path of up to 14
 // actions, depth-first (its memory is the visited set, not a frontier);
 // stopped after 100 million states or 10 minutes (it then says so; make

@@ -307,8 +307,8 @@ func partitionByStep(history []porcupine.Operation) [][]porcupine.Operation {
 	return parts
 }
 
-// StepModel is the porcupine model of the step register (DESIGN §4,
-// histories), partitioned by step. Per step its state is the committed
+// StepModel is the porcupine model of the step register (SPEC §13,
+// linearizability), partitioned by step. Per step its state is the committed
 // report (worker, lease, request id, outcome) if any, whether a cancel took
 // effect, the greatest lease shown to exist, and every answered report. A report is
 // answered COMMITTED only if nothing is committed yet, no cancel took effect

@@ -25,7 +25,7 @@ func (p PlantedBug) Plant(sc Scope) Scope {
 var PlantedBugs = []PlantedBug{
 	{
 		// A report on a lease that lost its authority is answered COMMITTED
-		// (seed 000's stale dispatch, accepted).
+		// (SPEC §3 says CANCELLED).
 		Name:       "stale-report-committed",
 		Invariants: []string{"AtMostOneCommit", "NoStaleCommit", "CancelledNeverCommitted"},
 		Mutate: func(rd *core.Ready) {

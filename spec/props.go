@@ -14,7 +14,7 @@ import (
 // both check them, with this code, after every orchestrator batch.
 const (
 	// PropGraceWindow: a step triaged for a grace expiry spent at least the
-	// recovery window (2 × the worker's maximum reconnect delay, §3.3)
+	// recovery window (2 × the worker's maximum reconnect delay, SPEC §4)
 	// recovering. A shorter window fails steps whose worker was still within
 	// its backoff schedule.
 	PropGraceWindow = "GraceWindow"

@@ -77,7 +77,7 @@ func Terminal(s core.State) bool {
 }
 
 // SpecRequiredTags derives the worker tags a step needs from its type and
-// runner plus its explicit tags (SPEC §8, after seed 002), sorted and
+// runner plus its explicit tags (SPEC §8), sorted and
 // deduplicated; ok is false for a type or runner the table does not know.
 // Task steps need none: they never leave the orchestrator.
 func SpecRequiredTags(sp core.StepSpec) (tags []string, ok bool) {

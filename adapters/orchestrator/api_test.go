@@ -537,7 +537,7 @@ func TestAPILogsGapMarker(t *testing.T) {
 		t.Errorf("logs after the restart: %d gap markers, lines %q; want 1 marker, before, the buffered lines, after", gaps, texts)
 	}
 
-	// Seed 003's observability fields, with recovery_duration a number.
+	// The recovery log line's fields (SPEC §4), with recovery_duration a number.
 	var rec map[string]any
 	for _, line := range strings.Split(jsonLogs.String(), "\n") {
 		var m map[string]any
@@ -549,10 +549,10 @@ func TestAPILogsGapMarker(t *testing.T) {
 		t.Fatalf("no recovery log line in:\n%s", jsonLogs.String())
 	}
 	if _, ok := rec["recovery_duration"].(float64); !ok {
-		t.Errorf("recovery_duration = %#v, want a number (seed 003)", rec["recovery_duration"])
+		t.Errorf("recovery_duration = %#v, want a number (SPEC §4)", rec["recovery_duration"])
 	}
 	if n, ok := rec["buffered_messages_count"].(float64); !ok || n < 1 {
-		t.Errorf("buffered_messages_count = %#v, want a number of at least 1: the worker buffered lines while offline (seed 003)", rec["buffered_messages_count"])
+		t.Errorf("buffered_messages_count = %#v, want a number of at least 1: the worker buffered lines while offline (SPEC §4)", rec["buffered_messages_count"])
 	}
 	if rec["step_id"] != sub.Run+"/s" || rec["run_id"] != sub.Run || rec["worker_id"] == nil {
 		t.Errorf("recovery log line %v lacks worker_id, step_id or run_id", rec)

@@ -1,6 +1,6 @@
 package orchestrator
 
-// The data plane (DESIGN §3.10, SPEC §14), served on the control plane's
+// The data plane (SPEC §14), served on the control plane's
 // listener over HTTP/2 (h2c, or TLS with ALPN h2) next to /control and /api/:
 //
 //	GET  /data/{id}                      → {"id", "versions": [...], "stream": {...}}

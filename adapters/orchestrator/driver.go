@@ -58,7 +58,7 @@ var (
 type Options struct {
 	// Addr is the control plane's listen address; "127.0.0.1:0" picks a port.
 	Addr string
-	// StorePath is the bbolt file. An existing file is restored (§3.6).
+	// StorePath is the bbolt file. An existing file is restored (SPEC §7).
 	StorePath string
 	// Store, if set, is used instead of opening StorePath (tests wrap the
 	// bbolt store with it). The driver closes it.
@@ -613,8 +613,8 @@ func (d *Driver) emitLogs(rd core.Ready) {
 	}
 }
 
-// numericFields are core log fields that are numbers (seed 003's
-// observability fields); the core's fields are strings, so they are logged
+// numericFields are core log fields that are numbers (the recovery log
+// line's fields, SPEC §4); the core's fields are strings, so they are logged
 // as numbers here, for dashboards that aggregate them.
 var numericFields = map[string]bool{"recovery_duration": true, "buffered_messages_count": true}
 

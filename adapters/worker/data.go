@@ -1,6 +1,6 @@
 package worker
 
-// The worker's side of the data plane (DESIGN §3.10, SPEC §14): DataClient
+// The worker's side of the data plane (SPEC §14): DataClient
 // speaks HTTP/2 to the orchestrator (h2c for an http:// base, TLS with ALPN
 // h2 for https://) with the worker's session credential, and attaches a
 // lease to every write. The step endpoint is a loopback HTTP server the

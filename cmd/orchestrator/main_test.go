@@ -79,7 +79,7 @@ func TestServerConfigFile(t *testing.T) {
 	def := defaultServerConfig()
 	if def.HeartbeatTimeout != 120*time.Second || def.SweepInterval != 60*time.Second || def.UnmatchedTimeout != 30*time.Second ||
 		def.Addr != "127.0.0.1:7420" || def.DataDir != "./tether-data" {
-		t.Errorf("defaults %+v are not seed 002's (120/60/30) and the documented addr/data dir", def)
+		t.Errorf("defaults %+v are not SPEC §12's (120/60/30) and the documented addr/data dir", def)
 	}
 	src := "addr: 0.0.0.0:9000\ndata_dir: state\nrecovery:\n  heartbeat_timeout_secs: 90\n  sweep_interval_secs: 15\n  unmatched_step_timeout_secs: 5\n"
 	cfg, err = loadServerConfig("/etc/tether/server-config.yaml", []byte(src))

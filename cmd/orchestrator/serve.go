@@ -53,7 +53,7 @@ HTTP/2 negotiated by ALPN: workers then connect to wss://HOST:PORT/control
 https://HOST:PORT (with --ca FILE).
 
 The optional config file (YAML) may set addr, data_dir (relative to the
-file's directory) and the recovery sweeper's knobs (seed 002):
+file's directory) and the recovery sweeper's knobs (SPEC §5):
 
   addr: 127.0.0.1:7420
   data_dir: ./tether-data
