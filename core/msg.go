@@ -192,6 +192,7 @@ const (
 	OutcomeFailure                                // non-zero exit or failed to start
 	OutcomeCancelled                              // stopped after a Cancel
 	OutcomeCleanupFailed                          // stopped after a Cancel, cleanup failed
+	OutcomeTimedOut                               // stopped by the worker at the dispatched timeout (§10)
 )
 
 func (o OutcomeStatus) String() string {
@@ -204,6 +205,8 @@ func (o OutcomeStatus) String() string {
 		return "cancelled"
 	case OutcomeCleanupFailed:
 		return "cleanup-failed"
+	case OutcomeTimedOut:
+		return "timed-out"
 	}
 	return "invalid"
 }

@@ -9,13 +9,15 @@ import (
 type timerKind uint8
 
 const (
-	tSweep timerKind = iota
-	tLease           // lease ack deadline or recovery (grace) deadline
-	tGrace           // worker grace window ends: deregistered (inactive)
-	tCred            // connected worker's credential expires
-	tForce           // cancelling step's force deadline
-	tWait            // waiting step's timer
-	tHold            // held step's expiry
+	tSweep       timerKind = iota
+	tLease                 // lease ack deadline or recovery (grace) deadline
+	tGrace                 // worker grace window ends: deregistered (inactive)
+	tCred                  // connected worker's credential expires
+	tForce                 // cancelling step's force deadline
+	tWait                  // waiting step's timer
+	tHold                  // held step's expiry
+	tStepTimeout           // running step's timeout: START + its timeout (§5)
+	tRunTimeout            // run's timeout: submit + its timeout (§5)
 )
 
 type timer struct {
@@ -81,6 +83,14 @@ func (o *Orchestrator) timerValid(t timer) bool {
 	case tHold:
 		s := o.steps[StepID(t.key)]
 		return s != nil && s.State == StateHeld && s.HoldUntil.Equal(t.at)
+	case tStepTimeout:
+		s := o.steps[StepID(t.key)]
+		return s != nil && s.State == StateRunning && o.stepDeadline(s).Equal(t.at)
+	case tRunTimeout:
+		// A cancelled run (by the operator or its timeout) already
+		// cancelled every step: the timeout would add nothing.
+		r := o.runs[RunID(t.key)]
+		return r != nil && !r.Finished && r.CancelReason == "" && r.Deadline.Equal(t.at)
 	}
 	return false
 }
@@ -127,6 +137,24 @@ func (o *Orchestrator) rebuildTimers() {
 		o.arm(s.ForceAt, tForce, string(s.ID))
 		o.arm(s.WaitUntil, tWait, string(s.ID))
 		o.arm(s.HoldUntil, tHold, string(s.ID))
+		if s.State == StateRunning {
+			o.arm(o.stepDeadline(s), tStepTimeout, string(s.ID))
+		}
+	}
+	for _, r := range o.runs {
+		if !r.Finished && r.CancelReason == "" {
+			o.arm(r.Deadline, tRunTimeout, string(r.ID))
+		}
 	}
 	heap.Init(&o.timers)
+}
+
+// stepDeadline is when a started step with a timeout times out: START +
+// its timeout (§5); zero for a step without one.
+func (o *Orchestrator) stepDeadline(s *StepRecord) time.Time {
+	sp := o.specOf[s.ID]
+	if sp == nil || sp.Timeout <= 0 || s.StartedAt.IsZero() {
+		return time.Time{}
+	}
+	return s.StartedAt.Add(sp.Timeout)
 }

@@ -248,8 +248,14 @@ type execution struct {
 	cancelled bool      // a Cancel arrived: the exit is reported as cancelled
 	termed    bool      // ExecTerm was emitted
 	killAt    time.Time // non-zero while an ExecKill is due at this time
-	logSeq    uint64    // Seq of the last log line; lines are numbered from 1
-	eventSeq  uint64    // Seq of the last event; events are numbered from 1
+	// timeout is the dispatched step timeout (0: none). The worker enforces
+	// it (§10): at timeoutAt (process start + timeout) it stops the process
+	// and sets timedOut, and the exit is reported as timed out.
+	timeout   time.Duration
+	timeoutAt time.Time
+	timedOut  bool
+	logSeq    uint64 // Seq of the last log line; lines are numbered from 1
+	eventSeq  uint64 // Seq of the last event; events are numbered from 1
 	// Ring bookkeeping while offline: items of this lease in the rings and
 	// items dropped by overflow since the last gap marker.
 	bufLines, bufEvents         int
@@ -678,6 +684,7 @@ func (w *Worker) dispatch(m Dispatch) {
 		command: m.Command,
 		env:     copyMap(m.Env),
 		writes:  m.Writes,
+		timeout: max(m.Timeout, 0),
 	}
 	w.leases[m.Lease] = e
 	if !e.writes {
@@ -759,11 +766,15 @@ func (w *Worker) held(l LeaseID) *execution {
 
 func (w *Worker) startProc(e *execution) {
 	e.proc = procRunning
+	if e.timeout > 0 {
+		e.timeoutAt = w.now.Add(e.timeout)
+	}
 	w.exec(ExecStart, e)
 }
 
 // stop sends SIGTERM once and schedules SIGKILL after the kill grace.
 func (w *Worker) stop(e *execution) {
+	e.timeoutAt = time.Time{} // a process being stopped times out no more
 	if e.proc == procRunning && !e.termed {
 		e.termed, e.killAt = true, w.now.Add(w.cfg.KillGrace)
 		w.exec(ExecTerm, e)
@@ -826,7 +837,7 @@ func (w *Worker) procExited(x WExecExited) {
 	if e == nil || e.proc != procRunning {
 		return
 	}
-	e.proc, e.killAt = procExited, time.Time{}
+	e.proc, e.killAt, e.timeoutAt = procExited, time.Time{}, time.Time{}
 	if e.released {
 		delete(w.leases, x.Lease)
 		return
@@ -837,6 +848,8 @@ func (w *Worker) procExited(x WExecExited) {
 		o = Outcome{Status: OutcomeCleanupFailed, ExitCode: x.ExitCode, Message: x.Err}
 	case e.cancelled:
 		o = Outcome{Status: OutcomeCancelled, ExitCode: x.ExitCode}
+	case e.timedOut:
+		o = Outcome{Status: OutcomeTimedOut, ExitCode: x.ExitCode, Message: fmt.Sprintf("stopped at its timeout of %v", e.timeout)}
 	case x.Err != "":
 		o = Outcome{Status: OutcomeFailure, ExitCode: x.ExitCode, Message: x.Err}
 	case x.Signaled:
@@ -884,6 +897,14 @@ func (w *Worker) dropRequests(f func(*request) bool) bool {
 
 func (w *Worker) tick() {
 	for _, e := range w.sortedExecutions() {
+		if !e.timeoutAt.IsZero() && !w.now.Before(e.timeoutAt) {
+			e.timeoutAt = time.Time{}
+			if e.proc == procRunning && !e.released {
+				e.timedOut = true
+				w.logf("lease %d exceeded its timeout of %v; stopping it", e.ref.Lease, e.timeout)
+				w.stop(e)
+			}
+		}
 		if !e.killAt.IsZero() && !w.now.Before(e.killAt) {
 			e.killAt = time.Time{}
 			w.exec(ExecKill, e)
@@ -959,6 +980,7 @@ func (w *Worker) deadline() time.Time {
 	}
 	for _, e := range w.leases {
 		at(e.killAt)
+		at(e.timeoutAt)
 	}
 	switch w.phase {
 	case phaseBackoff:
@@ -1160,8 +1182,9 @@ func (w *Worker) Fingerprint() uint64 {
 		e.u64(uint64(x.ref.Lease), uint64(x.proc), x.logSeq, x.eventSeq)
 		e.str(string(x.ref.Step), x.command)
 		e.strMap(x.env)
-		e.bool(x.writes, x.released, x.cancelled, x.termed)
-		e.time(x.killAt)
+		e.bool(x.writes, x.released, x.cancelled, x.termed, x.timedOut)
+		e.time(x.killAt, x.timeoutAt)
+		e.dur(x.timeout)
 		e.int(x.bufLines, x.bufEvents, x.droppedLines, x.droppedEvents)
 	}
 	for _, r := range []*ring{&w.logRing, &w.eventRing} {

@@ -168,7 +168,7 @@ type reportPrediction struct {
 
 // predictReport is SPEC §3's answer to report r from worker w.
 func (m *refModel) predictReport(w core.WorkerID, r core.Report) reportPrediction {
-	if r.Request == 0 || r.Outcome.Status < core.OutcomeSuccess || r.Outcome.Status > core.OutcomeCleanupFailed {
+	if r.Request == 0 || r.Outcome.Status < core.OutcomeSuccess || r.Outcome.Status > core.OutcomeTimedOut {
 		return reportPrediction{verdict: core.Rejected, why: "malformed"}
 	}
 	l := m.leases[r.Lease]
@@ -1142,6 +1142,7 @@ var outcomes = []core.Outcome{
 	{Status: core.OutcomeFailure, ExitCode: 2, Message: "boom"},
 	{Status: core.OutcomeCancelled, ExitCode: 143},
 	{Status: core.OutcomeCleanupFailed, Message: "rm failed"},
+	{Status: core.OutcomeTimedOut, ExitCode: 143, Message: "stopped at its timeout"},
 }
 
 // reportOwn reports one of the worker's own leases with a fresh request id.
@@ -1182,7 +1183,7 @@ func (h *harness) reportAny(t *rapid.T) {
 	case 7:
 		r.Request = 0
 	case 8:
-		r.Outcome.Status = core.OutcomeStatus(rapid.SampledFrom([]int{0, 5, 200}).Draw(t, "bad status"))
+		r.Outcome.Status = core.OutcomeStatus(rapid.SampledFrom([]int{0, 6, 200}).Draw(t, "bad status"))
 	case 9:
 		if len(h.leases) > 0 {
 			r.Step = h.stepOf(h.leases[rapid.IntRange(0, len(h.leases)-1).Draw(t, "other step")])

@@ -203,7 +203,7 @@ func init() {
 }
 
 func parseStatus(s string) (core.OutcomeStatus, error) {
-	for _, st := range []core.OutcomeStatus{core.OutcomeSuccess, core.OutcomeFailure, core.OutcomeCancelled, core.OutcomeCleanupFailed} {
+	for _, st := range []core.OutcomeStatus{core.OutcomeSuccess, core.OutcomeFailure, core.OutcomeCancelled, core.OutcomeCleanupFailed, core.OutcomeTimedOut} {
 		if st.String() == s {
 			return st, nil
 		}
