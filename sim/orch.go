@@ -250,6 +250,7 @@ func (w *world) restartOrch() {
 	n.up = true
 	w.doctor(&rd)
 	w.chk.Restored(w.now, o, rd)
+	w.props.timeouts.Reset(o, w.now)
 	w.checkBatch(nil, rd)
 	w.queueBatch(&pendingBatch{rd: rd})
 }

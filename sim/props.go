@@ -15,9 +15,12 @@ import (
 // props tracks what the properties need across batches.
 type props struct {
 	recoverAt map[core.StepID]time.Time // when each recovering step went recovering
+	timeouts  *spec.Timeouts            // deadlines of running steps and runs (spec.PropTimeoutsFire)
 }
 
-func newProps() *props { return &props{recoverAt: map[core.StepID]time.Time{}} }
+func newProps() *props {
+	return &props{recoverAt: map[core.StepID]time.Time{}, timeouts: spec.NewTimeouts()}
+}
 
 // heldReported lists, for a reconnect Hello, the reported leases that are
 // current right before the orchestrator handles it.
@@ -37,6 +40,9 @@ func (w *world) checkBatch(held map[core.StepID]core.LeaseID, rd core.Ready) {
 		w.fail(v.Invariant, v.Detail)
 	}
 	if v := spec.CheckNoWriteFailures(w.orch.o, rd); v != nil {
+		w.fail(v.Invariant, v.Detail)
+	}
+	if v := p.timeouts.Check(w.orch.o, rd, w.now); v != nil {
 		w.fail(v.Invariant, v.Detail)
 	}
 	for _, id := range left {
