@@ -49,10 +49,11 @@ func (w *world) orchInput(in core.Input) {
 	}
 	w.chk.Input(w.now, in)
 	held := w.heldReported(in)
+	from := w.inputFrom(in)
 	rd := n.o.Step(w.now, in)
 	w.doctor(&rd)
 	w.chk.Batch(w.now, n.o, rd)
-	w.checkBatch(held, rd)
+	w.checkBatch(held, from, rd)
 	pb := &pendingBatch{rd: rd}
 	if r, ok := in.(core.Received); ok {
 		if l, ok := r.Msg.(core.Logs); ok {
@@ -251,7 +252,7 @@ func (w *world) restartOrch() {
 	w.doctor(&rd)
 	w.chk.Restored(w.now, o, rd)
 	w.props.timeouts.Reset(o, w.now)
-	w.checkBatch(nil, rd)
+	w.checkBatch(nil, "", rd)
 	w.queueBatch(&pendingBatch{rd: rd})
 }
 

@@ -228,3 +228,75 @@ func sortedIDs[K ~string](m map[K]time.Time) []K {
 	sort.Slice(ks, func(i, j int) bool { return ks[i] < ks[j] })
 	return ks
 }
+
+// PropMissedNotRedispatched: a step is never dispatched to a worker that
+// missed a dispatch-ack deadline for it and has not been heard from (sent
+// any message) since, nor to a worker that has sent nothing for
+// core.MaxSilentHeartbeats heartbeat intervals (SPEC §3, §8).
+const PropMissedNotRedispatched = "MissedNotRedispatched"
+
+// missPrefix and missSuffix frame the worker in a dispatch-ack miss's
+// step-requeued event (SPEC §3).
+const (
+	missPrefix = "requeued, never started: dispatch not started by worker "
+	missSuffix = " within the deadline"
+)
+
+type stepWorker struct {
+	step   core.StepID
+	worker core.WorkerID
+}
+
+// Dispatches tracks, for PropMissedNotRedispatched, the misses not yet lifted
+// and when each worker was last heard from.
+type Dispatches struct {
+	heartbeat time.Duration // the orchestrator's heartbeat interval
+	missed    map[stepWorker]bool
+	heard     map[core.WorkerID]time.Time
+}
+
+// NewDispatches returns an empty tracker for an orchestrator whose heartbeat
+// interval is heartbeat.
+func NewDispatches(heartbeat time.Duration) *Dispatches {
+	return &Dispatches{heartbeat: heartbeat, missed: map[stepWorker]bool{}, heard: map[core.WorkerID]time.Time{}}
+}
+
+// Check checks batch rd, made at now for an input from worker from (empty
+// for any other input); workerOf names the worker of a connection. A miss
+// of worker from in this very batch may have come before or after its
+// input, so it is not held against it.
+func (d *Dispatches) Check(rd core.Ready, now time.Time, from core.WorkerID, workerOf func(core.ConnID) core.WorkerID) *Violation {
+	if from != "" {
+		d.heard[from] = now
+		for k := range d.missed {
+			if k.worker == from {
+				delete(d.missed, k)
+			}
+		}
+	}
+	for _, ev := range rd.Events {
+		if ev.Kind != "step-requeued" || !strings.HasPrefix(ev.Message, missPrefix) || !strings.HasSuffix(ev.Message, missSuffix) {
+			continue
+		}
+		w := core.WorkerID(strings.TrimSuffix(strings.TrimPrefix(ev.Message, missPrefix), missSuffix))
+		if w != from {
+			d.missed[stepWorker{ev.Step, w}] = true
+		}
+	}
+	for _, e := range rd.Messages {
+		m, ok := e.Msg.(core.Dispatch)
+		if !ok {
+			continue
+		}
+		w := workerOf(e.Conn)
+		if d.missed[stepWorker{m.Step, w}] {
+			return &Violation{Invariant: PropMissedNotRedispatched, Detail: fmt.Sprintf(
+				"step %s was dispatched (lease %d) to worker %s, which missed a dispatch-ack deadline for it and was not heard from since", m.Step, m.Lease, w)}
+		}
+		if at, ok := d.heard[w]; ok && now.Sub(at) >= core.MaxSilentHeartbeats*d.heartbeat {
+			return &Violation{Invariant: PropMissedNotRedispatched, Detail: fmt.Sprintf(
+				"step %s was dispatched (lease %d) to worker %s, silent for %s (%d heartbeat intervals of %s)", m.Step, m.Lease, w, now.Sub(at), core.MaxSilentHeartbeats, d.heartbeat)}
+		}
+	}
+	return nil
+}
