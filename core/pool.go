@@ -895,9 +895,9 @@ func committedTo(l *LeaseRecord, w WorkerID, s StepID) bool {
 	return l != nil && l.Committed && l.Worker == w && l.Step == s
 }
 
-// MaxSilentHeartbeats is how many heartbeat intervals a connected worker may
-// send nothing before it is not dispatchable (§8); any message from it ends
-// the silence.
+// MaxSilentHeartbeats is how many heartbeat intervals old a connected
+// worker's heartbeat clock (LastHeartbeat) may grow before the worker is
+// silent: not dispatchable until any message from it ends the silence (§8).
 const MaxSilentHeartbeats = 2
 
 // heard notes a message from w (§8): it ends a silence (LastHeartbeat moves
