@@ -9,15 +9,19 @@ import (
 type timerKind uint8
 
 const (
-	tSweep       timerKind = iota
-	tLease                 // lease ack deadline or recovery (grace) deadline
-	tGrace                 // worker grace window ends: deregistered (inactive)
-	tCred                  // connected worker's credential expires
-	tForce                 // cancelling step's force deadline
-	tWait                  // waiting step's timer
-	tHold                  // held step's expiry
-	tStepTimeout           // running step's timeout: START + its timeout (§5)
-	tRunTimeout            // run's timeout: submit + its timeout (§5)
+	tSweep timerKind = iota
+	tLease           // lease ack deadline or recovery (grace) deadline
+	tGrace           // worker grace window ends: deregistered (inactive)
+	tCred            // connected worker's credential expires
+	tForce           // cancelling step's force deadline
+	tWait            // waiting step's timer
+	tHold            // held step's expiry
+)
+
+// Timeouts are timers too (§5), after the others at one instant.
+const (
+	tStepTimeout = tHold + 1 + iota // running step's timeout: START + its timeout
+	tRunTimeout                     // run's timeout: submit + its timeout
 )
 
 type timer struct {

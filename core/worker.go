@@ -248,18 +248,19 @@ type execution struct {
 	cancelled bool      // a Cancel arrived: the exit is reported as cancelled
 	termed    bool      // ExecTerm was emitted
 	killAt    time.Time // non-zero while an ExecKill is due at this time
+	logSeq    uint64    // Seq of the last log line; lines are numbered from 1
+	eventSeq  uint64    // Seq of the last event; events are numbered from 1
+	// Ring bookkeeping while offline: items of this lease in the rings and
+	// items dropped by overflow since the last gap marker.
+	bufLines, bufEvents         int
+	droppedLines, droppedEvents int
+
 	// timeout is the dispatched step timeout (0: none). The worker enforces
 	// it (§10): at timeoutAt (process start + timeout) it stops the process
 	// and sets timedOut, and the exit is reported as timed out.
 	timeout   time.Duration
 	timeoutAt time.Time
 	timedOut  bool
-	logSeq    uint64 // Seq of the last log line; lines are numbered from 1
-	eventSeq  uint64 // Seq of the last event; events are numbered from 1
-	// Ring bookkeeping while offline: items of this lease in the rings and
-	// items dropped by overflow since the last gap marker.
-	bufLines, bufEvents         int
-	droppedLines, droppedEvents int
 }
 
 // reqKind is the kind of a request that expects an answer.
