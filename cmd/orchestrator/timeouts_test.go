@@ -192,8 +192,10 @@ func TestStepAndRunTimeoutsBinaries(t *testing.T) {
 	r := startServeWithConfig(t, "  sweep_interval_secs: 60\n")
 	r.worker("w1", "--slots", "2")
 
+	dir := t.TempDir()
+	pidFile := filepath.Join(dir, "slow.pid")
 	submitted := time.Now()
-	stepRun := r.submit("name: step-timeout\nsteps:\n  - name: slow\n    timeout: 2s\n    run: sleep 10\n")
+	stepRun := r.submit(fmt.Sprintf("name: step-timeout\nsteps:\n  - name: slow\n    timeout: 2s\n    run: echo $$ > %s; exec sleep 10\n", pidFile))
 	runRun := r.submit("name: run-timeout\ntimeout: 2s\nsteps:\n  - name: slow\n    run: sleep 10\n")
 
 	det := r.waitFinished(stepRun)
@@ -205,6 +207,19 @@ func TestStepAndRunTimeoutsBinaries(t *testing.T) {
 	if det.Status != "failed" || s.State != "failed" || s.Class != "step-timeout" || took < 2*time.Second || took > 5*time.Second {
 		t.Errorf("step with timeout 2s: run %s, step %s class %q %q after %s; want failed, step-timeout, within 2-5 s of its start",
 			det.Status, s.State, s.Class, s.Message, took)
+	}
+	t.Logf("the step with timeout 2s ended %s after its start: %s, %s", took, s.Class, s.Message)
+	// Its process is stopped too, not left to sleep out its 10 s.
+	pid := readPID(t, pidFile)
+	t.Cleanup(func() { syscall.Kill(-pid, syscall.SIGKILL) })
+	poll(t, r.ctx, "the timed-out step's process to be gone", func() bool {
+		st, err := readProc(pid)
+		return err != nil || st.state == 'Z' || st.state == 'X'
+	})
+	if d := time.Since(submitted); d > 6*time.Second {
+		t.Errorf("the timed-out step's process lived %s after the submit; want it stopped at about 2 s", d)
+	} else {
+		t.Logf("the timed-out step's process was gone %s after the submit", d)
 	}
 	show := r.cli("run", "show", stepRun)
 	if !strings.Contains(show, "step-timeout") || !strings.Contains(show, "exceeded its timeout of 2s") {
@@ -218,6 +233,7 @@ func TestStepAndRunTimeoutsBinaries(t *testing.T) {
 		t.Errorf("run with timeout 2s: %s, step %s class %q %q, finished %s after submit; want cancelled, run-timeout, within 2-5 s",
 			det.Status, s.State, s.Class, s.Message, took)
 	}
+	t.Logf("the run with timeout 2s finished %s after its submit: %s", took, det.Status)
 	if show := r.cli("run", "show", runRun); !strings.Contains(show, "run-timeout") {
 		t.Errorf("run show does not say the run timed out:\n%s", show)
 	}
