@@ -253,6 +253,14 @@ func DescribeStep(s StepRecord) string {
 	if s.SkippedBy != "" {
 		out += " skipped-by=" + string(s.SkippedBy)
 	}
+	for i, w := range s.MissedBy {
+		if i == 0 {
+			out += " missed-by="
+		} else {
+			out += ","
+		}
+		out += string(w)
+	}
 	if s.Message != "" {
 		out += " msg=" + quote(s.Message)
 	}

@@ -205,6 +205,10 @@ func (e *recEncoder) step(s *StepRecord) {
 		e.key(false, "RequiredTags")
 		encStrings(e, s.RequiredTags)
 	}
+	if len(s.MissedBy) > 0 {
+		e.key(false, "MissedBy")
+		encStrings(e, s.MissedBy)
+	}
 	e.end()
 }
 

@@ -88,6 +88,12 @@ func TestEncodeMatchesEncodingJSON(t *testing.T) {
 				s.Deps[i] = StepID(d)
 			}
 		}
+		if missed := genStrings("missed").Draw(t, "missed"); missed != nil {
+			s.MissedBy = make([]WorkerID, len(missed))
+			for i, w := range missed {
+				s.MissedBy[i] = WorkerID(w)
+			}
+		}
 		if rapid.Bool().Draw(t, "has-outcome") {
 			o := genOutcome().Draw(t, "outcome")
 			s.Outcome = &o

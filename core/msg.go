@@ -219,6 +219,7 @@ const (
 	OutcomeCancelled                              // stopped after a Cancel
 	OutcomeCleanupFailed                          // stopped after a Cancel, cleanup failed
 	OutcomeWorkerStopped                          // stopped because the worker itself was stopped (§4)
+	OutcomeTimedOut                               // stopped by the worker at the dispatched timeout (§10)
 )
 
 func (o OutcomeStatus) String() string {
@@ -233,6 +234,8 @@ func (o OutcomeStatus) String() string {
 		return "cleanup-failed"
 	case OutcomeWorkerStopped:
 		return "worker-stopped"
+	case OutcomeTimedOut:
+		return "timed-out"
 	}
 	return "invalid"
 }

@@ -38,6 +38,7 @@ type Orchestrator struct {
 	readySorted  int                  // readyQ[readyHead:readySorted] is in order; the rest was appended since
 	open         map[RunID]int        // non-terminal steps per run
 	workerLeases map[WorkerID]map[LeaseID]bool
+	missed       map[WorkerID]map[StepID]bool // worker → steps whose MissedBy names it
 	logSeen      map[LeaseID]map[lineID]bool
 	logMark      map[LeaseID][2]uint64 // lazily: contiguous stored lines, events (logWatermark)
 
@@ -86,6 +87,7 @@ func (o *Orchestrator) init() {
 	o.readyQ, o.readyHead, o.readySorted = nil, 0, 0
 	o.open = map[RunID]int{}
 	o.workerLeases = map[WorkerID]map[LeaseID]bool{}
+	o.missed = map[WorkerID]map[StepID]bool{}
 	o.logSeen = map[LeaseID]map[lineID]bool{}
 	o.logMark = map[LeaseID][2]uint64{}
 	o.conns = map[ConnID]WorkerID{}
@@ -437,6 +439,14 @@ func (o *Orchestrator) transition(s *StepRecord, e Event) {
 		s.StartedAt = o.now
 		s.EverStarted = true
 	}
+	if to == StateRunning {
+		// Armed on every entry to running: a step reclaimed past its
+		// deadline times out at once (§5).
+		o.arm(o.stepDeadline(s), tStepTimeout, string(s.ID))
+	}
+	if to.Terminal() && len(s.MissedBy) > 0 {
+		o.unmiss(s)
+	}
 	if to != StateCancelling {
 		s.ForceAt = time.Time{}
 	}
@@ -588,6 +598,7 @@ func (o *Orchestrator) submit(in Submit) {
 	r := &RunRecord{ID: RunID(fmt.Sprintf("run-%d", o.meta.RunSeq)), Spec: in.Spec, Parent: in.Parent, SubmittedAt: o.now}
 	if in.Spec.Timeout > 0 {
 		r.Deadline = o.now.Add(in.Spec.Timeout)
+		o.arm(r.Deadline, tRunTimeout, string(r.ID))
 	}
 	o.runs[r.ID] = r
 	o.indexRun(r, true)

@@ -396,7 +396,7 @@ func (h *harness) command(d *datadriven.TestData) []string {
 		return h.step(Received{Conn: h.conn(d, w), Msg: RejectDispatch{Lease: LeaseID(h.num(d, "lease", 0)), Reason: h.argOr(d, "reason", "busy")}})
 
 	case "report":
-		// report w1 lease=3 ok|fail|cancelled|cleanup-failed [exit=N] [msg=..] [req=N] [step=..]
+		// report w1 lease=3 ok|fail|cancelled|cleanup-failed|timed-out [exit=N] [msg=..] [req=N] [step=..]
 		w := h.pos(d, 0)
 		lease := LeaseID(h.num(d, "lease", 0))
 		m := Report{Lease: lease, Request: h.num(d, "req", 1), Step: StepID(h.argOr(d, "step", string(h.leaseStep(lease))))}
@@ -411,6 +411,8 @@ func (h *harness) command(d *datadriven.TestData) []string {
 			m.Outcome = Outcome{Status: OutcomeCleanupFailed, Message: h.argOr(d, "msg", "")}
 		case h.has(d, "worker-stopped"):
 			m.Outcome = Outcome{Status: OutcomeWorkerStopped, ExitCode: int(h.num(d, "exit", 0)), Message: h.argOr(d, "msg", "")}
+		case h.has(d, "timed-out"):
+			m.Outcome = Outcome{Status: OutcomeTimedOut, ExitCode: int(h.num(d, "exit", 143)), Message: h.argOr(d, "msg", "")}
 		}
 		return h.step(Received{Conn: h.conn(d, w), Msg: m})
 

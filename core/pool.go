@@ -22,6 +22,7 @@ func (o *Orchestrator) receive(in Received) {
 		return
 	}
 	w := o.workers[wid]
+	o.heard(w)
 	switch m := in.Msg.(type) {
 	case Heartbeat:
 		o.heartbeat(w, m)
@@ -105,6 +106,7 @@ func (o *Orchestrator) hello(c ConnID, h Hello, entropy [16]byte) {
 	offline := o.now.Sub(w.DisconnectedAt)
 	w.DisconnectedAt = time.Time{}
 	o.markWorker(w)
+	o.heard(w)
 	if wasInactive {
 		o.logf("info", "worker reactivated", "worker_id", string(w.ID))
 	}
@@ -447,7 +449,7 @@ func (o *Orchestrator) report(w *WorkerRecord, c ConnID, m Report) {
 	reply := func(v Verdict, reason string) {
 		o.send(c, Answer{Lease: m.Lease, Request: m.Request, Verdict: v, Reason: reason})
 	}
-	if m.Request == 0 || m.Outcome.Status < OutcomeSuccess || m.Outcome.Status > OutcomeWorkerStopped {
+	if m.Request == 0 || m.Outcome.Status < OutcomeSuccess || m.Outcome.Status > OutcomeTimedOut {
 		reply(Rejected, "malformed report")
 		return
 	}
@@ -538,6 +540,13 @@ func (o *Orchestrator) report(w *WorkerRecord, c ConnID, m Report) {
 			msg += ": " + m.Outcome.Message
 		}
 		o.fail(s, ClassExecution, msg)
+	case OutcomeTimedOut:
+		// The worker enforced the dispatched timeout itself (§10).
+		msg := fmt.Sprintf("step exceeded its timeout of %s; its worker stopped it", DescribeDuration(sp.Timeout))
+		if m.Outcome.Message != "" {
+			msg += ": " + m.Outcome.Message
+		}
+		o.fail(s, ClassStepTimeout, msg)
 	default:
 		msg := fmt.Sprintf("step exited with code %d", m.Outcome.ExitCode)
 		if m.Outcome.Message != "" {
@@ -716,6 +725,7 @@ func (o *Orchestrator) fire(t timer) {
 			why := fmt.Sprintf("dispatch not started by worker %s within the deadline", l.Worker)
 			o.sendTo(l.Worker, Cancel{Lease: l.ID, Reason: why})
 			o.endLease(l, "never started: "+why)
+			o.miss(s, l.Worker)
 			o.requeue(s, why)
 		case StateRecovering:
 			o.triage(s, l, causeGrace)
@@ -750,10 +760,20 @@ func (o *Orchestrator) fire(t timer) {
 		s.Class, s.Message = ClassGate, "hold expired without approval"
 		o.event(s.Run, s.ID, "step-expired", s.Message)
 		o.transition(s, EvExpire)
+	case tStepTimeout:
+		s := o.steps[StepID(t.key)]
+		l := o.leases[s.Lease]
+		msg := fmt.Sprintf("step exceeded its timeout of %s", DescribeDuration(o.specOf[s.ID].Timeout))
+		o.sendTo(l.Worker, Cancel{Lease: l.ID, Reason: msg})
+		o.fail(s, ClassStepTimeout, msg)
+	case tRunTimeout:
+		r := o.runs[RunID(t.key)]
+		o.cancelRun(r, ClassRunTimeout, fmt.Sprintf("run exceeded its timeout of %s", DescribeDuration(r.Spec.Timeout)))
 	}
 }
 
-// sweep is the recovery sweeper (SPEC §5), always on, in four phases.
+// sweep is the recovery sweeper (SPEC §5), always on, in two phases; step and
+// run timeouts are timers of their own (tStepTimeout, tRunTimeout).
 func (o *Orchestrator) sweep() {
 	o.meta.NextSweep = o.now.Add(o.cfg.SweepInterval)
 	o.arm(o.meta.NextSweep, tSweep, "")
@@ -769,27 +789,7 @@ func (o *Orchestrator) sweep() {
 		o.logf("warn", "worker marked inactive: no heartbeat", "worker_id", string(w.ID))
 		o.triageAll(w, causeStale)
 	}
-	// 2. Step timeouts.
-	for _, id := range sortedKeys(o.steps) {
-		s := o.steps[id]
-		sp := o.specOf[id]
-		if s.State != StateRunning || sp.Timeout <= 0 || o.now.Sub(s.StartedAt) < sp.Timeout {
-			continue
-		}
-		l := o.leases[s.Lease]
-		msg := fmt.Sprintf("step exceeded its timeout of %s", DescribeDuration(sp.Timeout))
-		o.sendTo(l.Worker, Cancel{Lease: l.ID, Reason: msg})
-		o.fail(s, ClassStepTimeout, msg)
-	}
-	// 3. Run timeouts.
-	for _, id := range sortedKeys(o.runs) {
-		r := o.runs[id]
-		if r.Finished || r.Deadline.IsZero() || o.now.Before(r.Deadline) {
-			continue
-		}
-		o.cancelRun(r, ClassRunTimeout, fmt.Sprintf("run exceeded its timeout of %s", DescribeDuration(r.Spec.Timeout)))
-	}
-	// 4. Unmatched steps.
+	// 2. Unmatched steps.
 	for _, id := range sortedKeys(o.ready) {
 		s := o.steps[id]
 		if o.now.Sub(s.QueuedAt) < o.cfg.UnmatchedTimeout || o.anyActiveMatch(s) {
@@ -865,8 +865,9 @@ func (o *Orchestrator) dispatch() {
 	// to the smaller id, so map order decides nothing).
 	var free []*WorkerRecord
 	slots := 0 // free slots left among the free workers
+	silent := MaxSilentHeartbeats * o.cfg.HeartbeatInterval
 	for id, w := range o.workers {
-		if w.Active && !w.Revoked && !w.Draining && o.connected(id) && len(o.workerLeases[id]) < w.Slots {
+		if w.Active && !w.Revoked && !w.Draining && o.connected(id) && len(o.workerLeases[id]) < w.Slots && o.now.Sub(w.LastHeartbeat) < silent {
 			free = append(free, w)
 			slots += w.Slots - len(o.workerLeases[id])
 		}
@@ -900,7 +901,8 @@ func (o *Orchestrator) dispatch() {
 			}
 		}
 		// The least-loaded matching worker wins, ties to the smaller id; the
-		// worker that last rejected this step only when no other can take it.
+		// worker that last rejected this step only when no other can take it;
+		// a worker that missed its dispatch-ack deadline never (§8).
 		var best *WorkerRecord
 		better := func(w *WorkerRecord) bool {
 			if best == nil {
@@ -912,7 +914,7 @@ func (o *Orchestrator) dispatch() {
 			return len(o.workerLeases[w.ID]) < len(o.workerLeases[best.ID])
 		}
 		for _, w := range free {
-			if len(o.workerLeases[w.ID]) < w.Slots && o.matches(w, s) && better(w) {
+			if len(o.workerLeases[w.ID]) < w.Slots && !missedBy(s, w.ID) && o.matches(w, s) && better(w) {
 				best = w
 			}
 		}
@@ -998,4 +1000,77 @@ func copyMap(m map[string]string) map[string]string {
 // report is answered COMMITTED again, so it is neither cancelled nor lost.
 func committedTo(l *LeaseRecord, w WorkerID, s StepID) bool {
 	return l != nil && l.Committed && l.Worker == w && l.Step == s
+}
+
+// MaxSilentHeartbeats is how many heartbeat intervals old a connected
+// worker's heartbeat clock (LastHeartbeat) may grow before the worker is
+// silent: not dispatchable until any message from it ends the silence (§8).
+const MaxSilentHeartbeats = 2
+
+// heard notes a message from w (§8): it ends a silence (LastHeartbeat moves
+// to now, written only then: a heartbeat writes it anyway) and lifts every
+// dispatch-ack exclusion of w.
+func (o *Orchestrator) heard(w *WorkerRecord) {
+	if o.now.Sub(w.LastHeartbeat) >= MaxSilentHeartbeats*o.cfg.HeartbeatInterval {
+		w.LastHeartbeat = o.now
+		o.markWorker(w)
+	}
+	steps := o.missed[w.ID]
+	if len(steps) == 0 {
+		return
+	}
+	delete(o.missed, w.ID)
+	for _, id := range sortedKeys(steps) {
+		s := o.steps[id]
+		i := sort.Search(len(s.MissedBy), func(i int) bool { return s.MissedBy[i] >= w.ID })
+		if i < len(s.MissedBy) && s.MissedBy[i] == w.ID {
+			s.MissedBy = append(s.MissedBy[:i:i], s.MissedBy[i+1:]...)
+			if len(s.MissedBy) == 0 {
+				s.MissedBy = nil
+			}
+			o.markStep(s)
+		}
+	}
+}
+
+// miss excludes w from step s until w is heard from: it let a dispatch of s
+// pass its dispatch-ack deadline (§3, §8).
+func (o *Orchestrator) miss(s *StepRecord, w WorkerID) {
+	i := sort.Search(len(s.MissedBy), func(i int) bool { return s.MissedBy[i] >= w })
+	if i < len(s.MissedBy) && s.MissedBy[i] == w {
+		return
+	}
+	s.MissedBy = append(s.MissedBy[:i:i], append([]WorkerID{w}, s.MissedBy[i:]...)...)
+	o.markStep(s)
+	o.indexMissed(s)
+}
+
+// unmiss drops every exclusion of a step that ended.
+func (o *Orchestrator) unmiss(s *StepRecord) {
+	for _, w := range s.MissedBy {
+		delete(o.missed[w], s.ID)
+		if len(o.missed[w]) == 0 {
+			delete(o.missed, w)
+		}
+	}
+	s.MissedBy = nil
+}
+
+// indexMissed adds s to the exclusion index of every worker it names.
+func (o *Orchestrator) indexMissed(s *StepRecord) {
+	for _, w := range s.MissedBy {
+		if o.missed[w] == nil {
+			o.missed[w] = map[StepID]bool{}
+		}
+		o.missed[w][s.ID] = true
+	}
+}
+
+func missedBy(s *StepRecord, w WorkerID) bool {
+	for _, m := range s.MissedBy {
+		if m == w {
+			return true
+		}
+	}
+	return false
 }

@@ -77,6 +77,10 @@ type StepRecord struct {
 	EverStarted  bool         // some lease of this step recorded START
 	RejectedBy   WorkerID     `json:",omitempty"` // last worker that rejected a dispatch of it
 	RequiredTags []string     `json:",omitempty"`
+	// MissedBy lists, sorted, the workers that let a dispatch of this step
+	// pass its dispatch-ack deadline and have not been heard from since:
+	// none of them is chosen for it (§8).
+	MissedBy []WorkerID `json:",omitempty"`
 }
 
 // LeaseRecord is one dispatch attempt of one step to one worker.
@@ -116,7 +120,7 @@ type WorkerRecord struct {
 	Revoked        bool
 	CredHash       [32]byte
 	CredExpiry     time.Time
-	LastHeartbeat  time.Time
+	LastHeartbeat  time.Time // its last Hello or heartbeat, or a later message that ended a silence (§8)
 	DisconnectedAt time.Time `json:",omitzero"` // zero while connected
 	GraceUntil     time.Time `json:",omitzero"`
 	EnrolledAt     time.Time

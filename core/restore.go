@@ -108,6 +108,7 @@ func (o *Orchestrator) load(recs []Record) error {
 // marking it dirty.
 func (o *Orchestrator) markStepIndex(s *StepRecord) {
 	o.indexReady(s)
+	o.indexMissed(s)
 	if !s.State.Terminal() {
 		o.open[s.Run]++
 	}

@@ -18,6 +18,12 @@ const (
 	tHold            // held step's expiry
 )
 
+// Timeouts are timers too (§5), after the others at one instant.
+const (
+	tStepTimeout = tHold + 1 + iota // running step's timeout: START + its timeout
+	tRunTimeout                     // run's timeout: submit + its timeout
+)
+
 type timer struct {
 	at   time.Time
 	kind timerKind
@@ -81,6 +87,14 @@ func (o *Orchestrator) timerValid(t timer) bool {
 	case tHold:
 		s := o.steps[StepID(t.key)]
 		return s != nil && s.State == StateHeld && s.HoldUntil.Equal(t.at)
+	case tStepTimeout:
+		s := o.steps[StepID(t.key)]
+		return s != nil && s.State == StateRunning && o.stepDeadline(s).Equal(t.at)
+	case tRunTimeout:
+		// A cancelled run (by the operator or its timeout) already
+		// cancelled every step: the timeout would add nothing.
+		r := o.runs[RunID(t.key)]
+		return r != nil && !r.Finished && r.CancelReason == "" && r.Deadline.Equal(t.at)
 	}
 	return false
 }
@@ -127,6 +141,24 @@ func (o *Orchestrator) rebuildTimers() {
 		o.arm(s.ForceAt, tForce, string(s.ID))
 		o.arm(s.WaitUntil, tWait, string(s.ID))
 		o.arm(s.HoldUntil, tHold, string(s.ID))
+		if s.State == StateRunning {
+			o.arm(o.stepDeadline(s), tStepTimeout, string(s.ID))
+		}
+	}
+	for _, r := range o.runs {
+		if !r.Finished && r.CancelReason == "" {
+			o.arm(r.Deadline, tRunTimeout, string(r.ID))
+		}
 	}
 	heap.Init(&o.timers)
+}
+
+// stepDeadline is when a started step with a timeout times out: START +
+// its timeout (§5); zero for a step without one.
+func (o *Orchestrator) stepDeadline(s *StepRecord) time.Time {
+	sp := o.specOf[s.ID]
+	if sp == nil || sp.Timeout <= 0 || s.StartedAt.IsZero() {
+		return time.Time{}
+	}
+	return s.StartedAt.Add(sp.Timeout)
 }

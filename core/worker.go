@@ -312,6 +312,13 @@ type execution struct {
 	// Output dropped (over the cap, or beyond the hard bound), reported by
 	// one gap marker before the lease's report.
 	dropLines, dropBytes, dropEvents int64
+
+	// timeout is the dispatched step timeout (0: none). The worker enforces
+	// it (§10): at timeoutAt (process start + timeout) it stops the process
+	// and sets timedOut, and the exit is reported as timed out.
+	timeout   time.Duration
+	timeoutAt time.Time
+	timedOut  bool
 }
 
 // reqKind is the kind of a request that expects an answer.
@@ -801,6 +808,7 @@ func (w *Worker) dispatch(m Dispatch) {
 		command: m.Command,
 		env:     copyMap(m.Env),
 		writes:  m.Writes,
+		timeout: max(m.Timeout, 0),
 	}
 	w.leases[m.Lease] = e
 	if !e.writes {
@@ -882,11 +890,15 @@ func (w *Worker) held(l LeaseID) *execution {
 
 func (w *Worker) startProc(e *execution) {
 	e.proc = procRunning
+	if e.timeout > 0 {
+		e.timeoutAt = w.now.Add(e.timeout)
+	}
 	w.exec(ExecStart, e)
 }
 
 // stop sends SIGTERM once and schedules SIGKILL after the kill grace.
 func (w *Worker) stop(e *execution) {
+	e.timeoutAt = time.Time{} // a process being stopped times out no more
 	if e.proc == procRunning && !e.termed {
 		e.termed, e.killAt = true, w.now.Add(w.cfg.KillGrace)
 		w.exec(ExecTerm, e)
@@ -1064,7 +1076,7 @@ func (w *Worker) procExited(x WExecExited) {
 	if e == nil || e.proc != procRunning {
 		return
 	}
-	e.proc, e.killAt = procExited, time.Time{}
+	e.proc, e.killAt, e.timeoutAt = procExited, time.Time{}, time.Time{}
 	if e.released {
 		delete(w.leases, x.Lease)
 		return
@@ -1077,6 +1089,8 @@ func (w *Worker) procExited(x WExecExited) {
 		o = Outcome{Status: OutcomeCancelled, ExitCode: x.ExitCode}
 	case e.stopped:
 		o = Outcome{Status: OutcomeWorkerStopped, ExitCode: x.ExitCode, Message: "the worker was stopped while draining"}
+	case e.timedOut:
+		o = Outcome{Status: OutcomeTimedOut, ExitCode: x.ExitCode, Message: fmt.Sprintf("stopped at its timeout of %v", e.timeout)}
 	case x.Err != "":
 		o = Outcome{Status: OutcomeFailure, ExitCode: x.ExitCode, Message: x.Err}
 	case x.Signaled:
@@ -1185,6 +1199,14 @@ func (w *Worker) tick() {
 		w.stopAll()
 	}
 	for _, e := range w.sortedExecutions() {
+		if !e.timeoutAt.IsZero() && !w.now.Before(e.timeoutAt) {
+			e.timeoutAt = time.Time{}
+			if e.proc == procRunning && !e.released {
+				e.timedOut = true
+				w.logf("lease %d exceeded its timeout of %v; stopping it", e.ref.Lease, e.timeout)
+				w.stop(e)
+			}
+		}
 		if !e.killAt.IsZero() && !w.now.Before(e.killAt) {
 			e.killAt = time.Time{}
 			w.exec(ExecKill, e)
@@ -1269,6 +1291,7 @@ func (w *Worker) deadline() time.Time {
 		if w.phase == phaseReady {
 			at(e.outDue)
 		}
+		at(e.timeoutAt)
 	}
 	at(w.drainStopAt)
 	switch w.phase {
@@ -1426,8 +1449,9 @@ func (w *Worker) Fingerprint() uint64 {
 		e.u64(uint64(x.ref.Lease), uint64(x.proc), x.logSeq, x.eventSeq)
 		e.str(string(x.ref.Step), x.command)
 		e.strMap(x.env)
-		e.bool(x.writes, x.released, x.cancelled, x.termed, x.stopped)
-		e.time(x.killAt)
+		e.bool(x.writes, x.released, x.cancelled, x.termed, x.stopped, x.timedOut)
+		e.time(x.killAt, x.timeoutAt)
+		e.dur(x.timeout)
 		e.int(x.lineBytes)
 		e.time(x.outDue)
 		e.u64(uint64(x.outBytes), uint64(x.dropLines), uint64(x.dropBytes), uint64(x.dropEvents))

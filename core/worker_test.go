@@ -204,6 +204,7 @@ func (h *workerHarness) run(t *testing.T, td *datadriven.TestData) string {
 		one(WReceived{Msg: Dispatch{
 			Lease: lease(), Step: StepID(argStr(td, "step", "run-1/a")), Run: "run-1",
 			Command: argStr(td, "cmd", ""), Writes: td.HasArg("writes"), Attempt: 1,
+			Timeout: argDurOpt(t, td, "timeout", 0),
 		}})
 	case "start-ack":
 		l := lease()
@@ -593,7 +594,7 @@ func TestWorkerExitIsFinal(t *testing.T) {
 // field fail this test until it is covered here (and in Fingerprint).
 func TestWorkerFingerprintCoversState(t *testing.T) {
 	for typ, want := range map[reflect.Type]int{
-		reflect.TypeFor[Worker](): 25, reflect.TypeFor[execution](): 21,
+		reflect.TypeFor[Worker](): 25, reflect.TypeFor[execution](): 24,
 		reflect.TypeFor[request](): 6, reflect.TypeFor[WorkerConfig](): 23,
 	} {
 		if typ.NumField() != want {
@@ -652,6 +653,9 @@ func TestWorkerFingerprintCoversState(t *testing.T) {
 		"exec.termed":     func(c *Worker) { c.leases[1].termed = true },
 		"exec.stopped":    func(c *Worker) { c.leases[1].stopped = true },
 		"exec.killAt":     func(c *Worker) { c.leases[1].killAt = now },
+		"exec.timeout":    func(c *Worker) { c.leases[1].timeout += d },
+		"exec.timeoutAt":  func(c *Worker) { c.leases[1].timeoutAt = now },
+		"exec.timedOut":   func(c *Worker) { c.leases[1].timedOut = true },
 		"exec.logSeq":     func(c *Worker) { c.leases[1].logSeq++ },
 		"exec.eventSeq":   func(c *Worker) { c.leases[1].eventSeq++ },
 		"exec.lines":      func(c *Worker) { c.leases[2].lines[0].Text = "y" },

@@ -41,10 +41,11 @@ func (w *world) orchInput(in core.Input) {
 	}
 	w.chk.Input(w.now, in)
 	held := w.heldReported(in)
+	from := w.inputFrom(in)
 	rd := n.o.Step(w.now, in)
 	w.doctor(&rd)
 	w.chk.Batch(w.now, n.o, rd)
-	w.checkBatch(held, rd)
+	w.checkBatch(held, from, rd)
 	w.queueBatch(&pendingBatch{rd: rd})
 }
 
@@ -217,7 +218,8 @@ func (w *world) restartOrch() {
 	n.up = true
 	w.doctor(&rd)
 	w.chk.Restored(w.now, o, rd)
-	w.checkBatch(nil, rd)
+	w.props.timeouts.Reset(o, w.now)
+	w.checkBatch(nil, "", rd)
 	w.queueBatch(&pendingBatch{rd: rd})
 }
 

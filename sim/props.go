@@ -15,9 +15,13 @@ import (
 // props tracks what the properties need across batches.
 type props struct {
 	recoverAt map[core.StepID]time.Time // when each recovering step went recovering
+	timeouts  *spec.Timeouts            // deadlines of running steps and runs (spec.PropTimeoutsFire)
+	dispatch  *spec.Dispatches          // misses and silences (spec.PropMissedNotRedispatched); made at the first batch
 }
 
-func newProps() *props { return &props{recoverAt: map[core.StepID]time.Time{}} }
+func newProps() *props {
+	return &props{recoverAt: map[core.StepID]time.Time{}, timeouts: spec.NewTimeouts()}
+}
 
 // heldReported lists, for a reconnect Hello, the reported leases that are
 // current right before the orchestrator handles it.
@@ -25,9 +29,10 @@ func (w *world) heldReported(in core.Input) map[core.StepID]core.LeaseID {
 	return spec.HeldReported(w.orch.o, in)
 }
 
-// checkBatch runs the properties over one batch. The recovery window is
-// 2 × the workers' maximum reconnect delay (SPEC §4).
-func (w *world) checkBatch(held map[core.StepID]core.LeaseID, rd core.Ready) {
+// checkBatch runs the properties over one batch, made for an input from
+// worker from (empty for any other input). The recovery window is 2 × the
+// workers' maximum reconnect delay (SPEC §4).
+func (w *world) checkBatch(held map[core.StepID]core.LeaseID, from core.WorkerID, rd core.Ready) {
 	p := w.props
 	entered, left := spec.RecoveryChanges(rd)
 	for _, id := range entered {
@@ -39,7 +44,37 @@ func (w *world) checkBatch(held map[core.StepID]core.LeaseID, rd core.Ready) {
 	if v := spec.CheckNoWriteFailures(w.orch.o, rd); v != nil {
 		w.fail(v.Invariant, v.Detail)
 	}
+	if v := p.timeouts.Check(w.orch.o, rd, w.now); v != nil {
+		w.fail(v.Invariant, v.Detail)
+	}
+	if p.dispatch == nil {
+		p.dispatch = spec.NewDispatches(w.orch.o.Config().HeartbeatInterval)
+	}
+	if v := p.dispatch.Check(rd, w.now, from, w.workerOfConn); v != nil {
+		w.fail(v.Invariant, v.Detail)
+	}
 	for _, id := range left {
 		delete(p.recoverAt, id)
 	}
+}
+
+// workerOfConn names the worker at the other end of a connection.
+func (w *world) workerOfConn(c core.ConnID) core.WorkerID {
+	if cn := w.conns[c]; cn != nil {
+		return w.workers[cn.worker].id
+	}
+	return ""
+}
+
+// inputFrom names the worker a message input comes from: the Hello's
+// instance, or the worker of the connection; empty for other inputs.
+func (w *world) inputFrom(in core.Input) core.WorkerID {
+	r, ok := in.(core.Received)
+	if !ok {
+		return ""
+	}
+	if h, ok := r.Msg.(core.Hello); ok {
+		return h.Worker
+	}
+	return w.workerOfConn(r.Conn)
 }

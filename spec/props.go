@@ -2,6 +2,7 @@ package spec
 
 import (
 	"fmt"
+	"sort"
 	"strings"
 	"time"
 
@@ -137,4 +138,180 @@ func CheckNoWriteFailures(o *core.Orchestrator, rd core.Ready) *Violation {
 // itself.
 func workerLost(c core.FailureClass) bool {
 	return c == core.ClassDisconnect || c == core.ClassStaleWorker || c == core.ClassRevoked || c == core.ClassWorkerStopped
+}
+
+// PropTimeoutsFire: a step is never running later than TimeoutSlack past its
+// deadline (START + its timeout): by then it has failed step-timeout, or
+// ended otherwise; and a run is never left uncancelled and unfinished later
+// than TimeoutSlack past its deadline (submit + its timeout). Timeouts are
+// timers at their deadlines (SPEC §5), not sweep phases. A deadline that
+// passed while the orchestrator was down counts from its restart.
+const PropTimeoutsFire = "TimeoutsFire"
+
+// TimeoutSlack is how late past its deadline a timeout may take effect. The
+// core fires timers at their deadlines; a world that delivers ticks on time
+// sees no lateness at all.
+const TimeoutSlack = time.Second
+
+// Timeouts tracks the deadlines PropTimeoutsFire checks, batch by batch.
+type Timeouts struct {
+	steps map[core.StepID]time.Time // running steps with a timeout → deadline
+	runs  map[core.RunID]time.Time  // runs with a timeout, neither cancelled nor finished → deadline
+}
+
+// NewTimeouts returns an empty tracker.
+func NewTimeouts() *Timeouts {
+	return &Timeouts{steps: map[core.StepID]time.Time{}, runs: map[core.RunID]time.Time{}}
+}
+
+// Reset forgets everything and learns the deadlines of o, just restored at
+// now: a deadline already past counts from now (the orchestrator was down).
+func (t *Timeouts) Reset(o *core.Orchestrator, now time.Time) {
+	clear(t.steps)
+	clear(t.runs)
+	for _, s := range o.Steps() {
+		if s.State == core.StateRunning {
+			t.learnStep(o, s.ID, now)
+		}
+	}
+	for _, id := range o.RunIDs() {
+		if r, _, ok := o.Run(id); ok && !r.Finished && r.CancelReason == "" && !r.Deadline.IsZero() {
+			t.runs[id] = latest(r.Deadline, now)
+		}
+	}
+}
+
+func latest(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
+}
+
+func (t *Timeouts) learnStep(o *core.Orchestrator, id core.StepID, now time.Time) {
+	s, ok1 := o.StepByID(id)
+	sp, ok2 := o.StepSpecOf(id)
+	if ok1 && ok2 && sp.Timeout > 0 && s.State == core.StateRunning {
+		t.steps[id] = s.StartedAt.Add(sp.Timeout)
+	}
+}
+
+// Check checks batch rd, made at now by o (o as the batch left it): nothing
+// tracked before the batch may be overdue by more than TimeoutSlack at now
+// (it was running, or uncancelled, all along since the last batch); then it
+// learns the batch's transitions and events.
+func (t *Timeouts) Check(o *core.Orchestrator, rd core.Ready, now time.Time) *Violation {
+	for _, id := range sortedIDs(t.steps) {
+		if d := t.steps[id]; now.Sub(d) > TimeoutSlack {
+			sp, _ := o.StepSpecOf(id)
+			return &Violation{Invariant: PropTimeoutsFire, Detail: fmt.Sprintf(
+				"step %s was still running %s after its deadline (START + its timeout of %s)", id, now.Sub(d), sp.Timeout)}
+		}
+	}
+	for _, id := range sortedIDs(t.runs) {
+		if d := t.runs[id]; now.Sub(d) > TimeoutSlack {
+			return &Violation{Invariant: PropTimeoutsFire, Detail: fmt.Sprintf(
+				"run %s was neither cancelled nor finished %s after its deadline", id, now.Sub(d))}
+		}
+	}
+	for _, tr := range rd.Transitions {
+		switch {
+		case tr.To == core.StateRunning:
+			t.learnStep(o, tr.Step, now)
+		case tr.From == core.StateRunning:
+			delete(t.steps, tr.Step)
+		}
+	}
+	for _, ev := range rd.Events {
+		switch ev.Kind {
+		case "run-submitted":
+			if r, _, ok := o.Run(ev.Run); ok && !r.Deadline.IsZero() {
+				t.runs[ev.Run] = r.Deadline
+			}
+		case "run-cancel", "run-finished":
+			delete(t.runs, ev.Run)
+		}
+	}
+	return nil
+}
+
+func sortedIDs[K ~string](m map[K]time.Time) []K {
+	ks := make([]K, 0, len(m))
+	for k := range m {
+		ks = append(ks, k)
+	}
+	sort.Slice(ks, func(i, j int) bool { return ks[i] < ks[j] })
+	return ks
+}
+
+// PropMissedNotRedispatched: a step is never dispatched to a worker that
+// missed a dispatch-ack deadline for it and has not been heard from (sent
+// any message) since, nor to a worker that has sent nothing for
+// core.MaxSilentHeartbeats heartbeat intervals (SPEC §3, §8).
+const PropMissedNotRedispatched = "MissedNotRedispatched"
+
+// missPrefix and missSuffix frame the worker in a dispatch-ack miss's
+// step-requeued event (SPEC §3).
+const (
+	missPrefix = "requeued, never started: dispatch not started by worker "
+	missSuffix = " within the deadline"
+)
+
+type stepWorker struct {
+	step   core.StepID
+	worker core.WorkerID
+}
+
+// Dispatches tracks, for PropMissedNotRedispatched, the misses not yet lifted
+// and when each worker was last heard from.
+type Dispatches struct {
+	heartbeat time.Duration // the orchestrator's heartbeat interval
+	missed    map[stepWorker]bool
+	heard     map[core.WorkerID]time.Time
+}
+
+// NewDispatches returns an empty tracker for an orchestrator whose heartbeat
+// interval is heartbeat.
+func NewDispatches(heartbeat time.Duration) *Dispatches {
+	return &Dispatches{heartbeat: heartbeat, missed: map[stepWorker]bool{}, heard: map[core.WorkerID]time.Time{}}
+}
+
+// Check checks batch rd, made at now for an input from worker from (empty
+// for any other input); workerOf names the worker of a connection. A miss
+// of worker from in this very batch may have come before or after its
+// input, so it is not held against it.
+func (d *Dispatches) Check(rd core.Ready, now time.Time, from core.WorkerID, workerOf func(core.ConnID) core.WorkerID) *Violation {
+	if from != "" {
+		d.heard[from] = now
+		for k := range d.missed {
+			if k.worker == from {
+				delete(d.missed, k)
+			}
+		}
+	}
+	for _, ev := range rd.Events {
+		if ev.Kind != "step-requeued" || !strings.HasPrefix(ev.Message, missPrefix) || !strings.HasSuffix(ev.Message, missSuffix) {
+			continue
+		}
+		w := core.WorkerID(strings.TrimSuffix(strings.TrimPrefix(ev.Message, missPrefix), missSuffix))
+		if w != from {
+			d.missed[stepWorker{ev.Step, w}] = true
+		}
+	}
+	for _, e := range rd.Messages {
+		m, ok := e.Msg.(core.Dispatch)
+		if !ok {
+			continue
+		}
+		w := workerOf(e.Conn)
+		if d.missed[stepWorker{m.Step, w}] {
+			return &Violation{Invariant: PropMissedNotRedispatched, Detail: fmt.Sprintf(
+				"step %s was dispatched (lease %d) to worker %s, which missed a dispatch-ack deadline for it and was not heard from since", m.Step, m.Lease, w)}
+		}
+		if at, ok := d.heard[w]; ok && now.Sub(at) >= core.MaxSilentHeartbeats*d.heartbeat {
+			return &Violation{Invariant: PropMissedNotRedispatched, Detail: fmt.Sprintf(
+				"step %s was dispatched (lease %d) to worker %s, silent for %s (%d heartbeat intervals of %s)", m.Step, m.Lease, w, now.Sub(at), core.MaxSilentHeartbeats, d.heartbeat)}
+		}
+	}
+	return nil
 }

@@ -1142,6 +1142,7 @@ var outcomes = []core.Outcome{
 	{Status: core.OutcomeFailure, ExitCode: 2, Message: "boom"},
 	{Status: core.OutcomeCancelled, ExitCode: 143},
 	{Status: core.OutcomeCleanupFailed, Message: "rm failed"},
+	{Status: core.OutcomeTimedOut, ExitCode: 143, Message: "stopped at its timeout"},
 }
 
 // reportOwn reports one of the worker's own leases with a fresh request id.

@@ -216,7 +216,7 @@ func init() {
 }
 
 func parseStatus(s string) (core.OutcomeStatus, error) {
-	for _, st := range []core.OutcomeStatus{core.OutcomeSuccess, core.OutcomeFailure, core.OutcomeCancelled, core.OutcomeCleanupFailed, core.OutcomeWorkerStopped} {
+	for _, st := range []core.OutcomeStatus{core.OutcomeSuccess, core.OutcomeFailure, core.OutcomeCancelled, core.OutcomeCleanupFailed, core.OutcomeWorkerStopped, core.OutcomeTimedOut} {
 		if st.String() == s {
 			return st, nil
 		}

@@ -81,10 +81,15 @@ func TestServerConfigFile(t *testing.T) {
 		def.Addr != "127.0.0.1:7420" || def.DataDir != "./tether-data" {
 		t.Errorf("defaults %+v are not SPEC §12's (120/60/30) and the documented addr/data dir", def)
 	}
-	src := "addr: 0.0.0.0:9000\ndata_dir: state\nrecovery:\n  heartbeat_timeout_secs: 90\n  sweep_interval_secs: 15\n  unmatched_step_timeout_secs: 5\n"
+	if def.HeartbeatInterval != 30*time.Second || def.DispatchAck != 10*time.Second {
+		t.Errorf("defaults %+v: want heartbeat interval 30s and dispatch ack 10s (SPEC §12)", def)
+	}
+	src := "addr: 0.0.0.0:9000\ndata_dir: state\nrecovery:\n  heartbeat_timeout_secs: 90\n  sweep_interval_secs: 15\n  unmatched_step_timeout_secs: 5\n" +
+		"  heartbeat_interval_secs: 2\n  dispatch_ack_secs: 3\n"
 	cfg, err = loadServerConfig("/etc/tether/server-config.yaml", []byte(src))
 	want := serverConfig{Addr: "0.0.0.0:9000", DataDir: "/etc/tether/state",
-		HeartbeatTimeout: 90 * time.Second, SweepInterval: 15 * time.Second, UnmatchedTimeout: 5 * time.Second}
+		HeartbeatTimeout: 90 * time.Second, SweepInterval: 15 * time.Second, UnmatchedTimeout: 5 * time.Second,
+		HeartbeatInterval: 2 * time.Second, DispatchAck: 3 * time.Second}
 	if err != nil || !reflect.DeepEqual(cfg, want) {
 		t.Errorf("full file: %+v, %v; want %+v", cfg, err, want)
 	}
@@ -103,6 +108,8 @@ func TestServerConfigFile(t *testing.T) {
 		"unknown recovery key": {"recovery:\n  heartbeat_timeout_secs: 1\n  grace_secs: 5\n", `c.yaml:3: recovery: unknown key "grace_secs"`},
 		"not a number":         {"recovery:\n  sweep_interval_secs: often\n", "c.yaml:2: sweep_interval_secs must be a positive whole number"},
 		"zero":                 {"recovery:\n  unmatched_step_timeout_secs: 0\n", "c.yaml:2: unmatched_step_timeout_secs must be"},
+		"zero dispatch ack":    {"recovery:\n  dispatch_ack_secs: 0\n", "c.yaml:2: dispatch_ack_secs must be"},
+		"heartbeat too slow":   {"recovery:\n  heartbeat_interval_secs: 120\n", "heartbeat_interval_secs (2m0s) must be shorter than heartbeat_timeout_secs (2m0s)"},
 		"not a mapping":        {"recovery: 5\n", "c.yaml:1: recovery must be a mapping"},
 		"repeated key":         {"addr: a:1\naddr: b:2\n", `c.yaml:2: server config: key "addr" appears twice`},
 		"empty addr":           {"addr:\n", "c.yaml:1: addr must be a non-empty string"},

@@ -64,6 +64,8 @@ file's directory) and the recovery sweeper's knobs (SPEC §5):
     heartbeat_timeout_secs: 120       # a silent worker is stale after this
     sweep_interval_secs: 60           # how often the sweeper runs
     unmatched_step_timeout_secs: 30   # a queued step no worker can take fails after this
+    heartbeat_interval_secs: 30       # workers heartbeat this often; silent for 2 intervals, no new work
+    dispatch_ack_secs: 10             # a dispatch not started or rejected by then is requeued
 
 Flags given on the command line override the file; an unknown key is an
 error naming its line. The sweeper is always on.
@@ -88,12 +90,14 @@ next start within their grace window. SIGHUP is ignored.`,
 
 // serverConfig is the config file, with defaults filled in.
 type serverConfig struct {
-	Addr             string
-	DataDir          string
-	TLSCert, TLSKey  string // both or neither
-	HeartbeatTimeout time.Duration
-	SweepInterval    time.Duration
-	UnmatchedTimeout time.Duration
+	Addr              string
+	DataDir           string
+	TLSCert, TLSKey   string // both or neither
+	HeartbeatTimeout  time.Duration
+	SweepInterval     time.Duration
+	UnmatchedTimeout  time.Duration
+	HeartbeatInterval time.Duration
+	DispatchAck       time.Duration
 }
 
 func defaultServerConfig() serverConfig {
@@ -101,6 +105,7 @@ func defaultServerConfig() serverConfig {
 	return serverConfig{
 		Addr: defaultAddr, DataDir: defaultDataDir,
 		HeartbeatTimeout: d.HeartbeatTimeout, SweepInterval: d.SweepInterval, UnmatchedTimeout: d.UnmatchedTimeout,
+		HeartbeatInterval: d.HeartbeatInterval, DispatchAck: d.DispatchAck,
 	}
 }
 
@@ -164,7 +169,7 @@ func loadServerConfig(path string, src []byte) (serverConfig, error) {
 				errf(v, "tls needs both cert_file and key_file")
 			}
 		case "recovery":
-			known := []string{"heartbeat_timeout_secs", "sweep_interval_secs", "unmatched_step_timeout_secs"}
+			known := []string{"heartbeat_timeout_secs", "sweep_interval_secs", "unmatched_step_timeout_secs", "heartbeat_interval_secs", "dispatch_ack_secs"}
 			mapping(v, "recovery", known, errf, func(key string, v *yaml.Node) {
 				switch key {
 				case "heartbeat_timeout_secs":
@@ -173,10 +178,18 @@ func loadServerConfig(path string, src []byte) (serverConfig, error) {
 					cfg.SweepInterval = secs(v, key)
 				case "unmatched_step_timeout_secs":
 					cfg.UnmatchedTimeout = secs(v, key)
+				case "heartbeat_interval_secs":
+					cfg.HeartbeatInterval = secs(v, key)
+				case "dispatch_ack_secs":
+					cfg.DispatchAck = secs(v, key)
 				}
 			})
 		}
 	})
+	if len(errs) == 0 && cfg.HeartbeatInterval >= cfg.HeartbeatTimeout {
+		errs = append(errs, fmt.Sprintf("%s: recovery: heartbeat_interval_secs (%s) must be shorter than heartbeat_timeout_secs (%s)",
+			path, cfg.HeartbeatInterval, cfg.HeartbeatTimeout))
+	}
 	if len(errs) > 0 {
 		return cfg, errors.New(strings.Join(errs, "\n  "))
 	}
@@ -283,10 +296,12 @@ func serve(ctx context.Context, e *env, _ []string) error {
 		Addr:      cfg.Addr,
 		StorePath: storePath,
 		Config: core.Config{
-			HeartbeatTimeout: cfg.HeartbeatTimeout,
-			SweepInterval:    cfg.SweepInterval,
-			UnmatchedTimeout: cfg.UnmatchedTimeout,
-			Env:              orchestrator.EnvSnapshot(),
+			HeartbeatTimeout:  cfg.HeartbeatTimeout,
+			SweepInterval:     cfg.SweepInterval,
+			UnmatchedTimeout:  cfg.UnmatchedTimeout,
+			HeartbeatInterval: cfg.HeartbeatInterval,
+			DispatchAck:       cfg.DispatchAck,
+			Env:               orchestrator.EnvSnapshot(),
 		},
 		Logger:     log,
 		AdminToken: token,
@@ -296,7 +311,8 @@ func serve(ctx context.Context, e *env, _ []string) error {
 		return err
 	}
 	log.Info("recovery sweeper", "heartbeat_timeout", cfg.HeartbeatTimeout.String(), "sweep_interval", cfg.SweepInterval.String(),
-		"unmatched_step_timeout", cfg.UnmatchedTimeout.String())
+		"unmatched_step_timeout", cfg.UnmatchedTimeout.String(), "heartbeat_interval", cfg.HeartbeatInterval.String(),
+		"dispatch_ack", cfg.DispatchAck.String())
 	fmt.Fprintf(e.stdout, "Tether orchestrator listening on %s (store %s)\n  workers connect to: %s\n  operator API:       %s\n  data plane:         %s\n",
 		d.Addr(), storePath, d.URL(), d.APIURL(), d.DataURL())
 	select {
