@@ -341,13 +341,7 @@ func (o *Orchestrator) triage(s *StepRecord, l *LeaseRecord, cause triageCause) 
 			o.fail(s, class, msg+"; write-bearing step not re-dispatched")
 			return
 		}
-		o.endLease(l, msg)
-		if s.Attempts >= o.cfg.MaxAttempts {
-			o.fail(s, ClassAttemptsExhausted, fmt.Sprintf("step was dispatched %d times without completing; last: %s", s.Attempts, msg))
-			return
-		}
-		o.transition(s, EvRequeue)
-		o.event(s.Run, s.ID, "step-requeued", "no-write step re-dispatched from the beginning: "+msg)
+		o.redispatchFromStart(s, l, msg)
 	case StateCancelling:
 		o.event(s.Run, s.ID, "step-cancelled", "cancel forced: "+msg)
 		o.transition(s, EvCancelForce)
@@ -586,14 +580,21 @@ func (o *Orchestrator) workerStopped(w *WorkerRecord, s *StepRecord, l *LeaseRec
 		if s.State == StateRunning {
 			o.transition(s, EvRecover)
 		}
-		o.endLease(l, msg)
-		if s.Attempts >= o.cfg.MaxAttempts {
-			o.fail(s, ClassAttemptsExhausted, fmt.Sprintf("step was dispatched %d times without completing; last: %s", s.Attempts, msg))
-			return
-		}
-		o.transition(s, EvRequeue)
-		o.event(s.Run, s.ID, "step-requeued", "no-write step re-dispatched from the beginning: "+msg)
+		o.redispatchFromStart(s, l, msg)
 	}
+}
+
+// redispatchFromStart ends a started no-write step's lease (the step is
+// recovering) and queues it to run again from the beginning (REQUEUE, §1,
+// §4), or fails it when that would need a grant beyond the attempt cap.
+func (o *Orchestrator) redispatchFromStart(s *StepRecord, l *LeaseRecord, msg string) {
+	o.endLease(l, msg)
+	if s.Attempts >= o.cfg.MaxAttempts {
+		o.fail(s, ClassAttemptsExhausted, fmt.Sprintf("step was dispatched %d times without completing; last: %s", s.Attempts, msg))
+		return
+	}
+	o.transition(s, EvRequeue)
+	o.event(s.Run, s.ID, "step-requeued", "no-write step re-dispatched from the beginning: "+msg)
 }
 
 // drain marks a worker draining (§4): dispatch skips it from now on. Its

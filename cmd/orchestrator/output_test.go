@@ -11,33 +11,9 @@ import (
 	"strconv"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/tether-run/tether/core"
 )
-
-// startWorkerWith starts a worker process connected through the proxy with
-// extra flags and waits until it is connected.
-func (r *binRig) startWorkerWith(name string, args ...string) *proc {
-	r.t.Helper()
-	tok, err := r.d.CreateToken(r.ctx, name, time.Minute)
-	if err != nil {
-		r.t.Fatal(err)
-	}
-	args = append([]string{"connect", "--url", "ws://" + r.p.Addr() + "/control", "--token", tok,
-		"--max-reconnect-delay", maxReconnectDelay.String()}, args...)
-	w := start(r.t, r.ctx, "worker "+name, r.workerBin, args...)
-	r.workers[name] = w
-	r.waitFor("worker "+name+" to connect", func(o *core.Orchestrator) bool {
-		for _, wv := range o.Workers() {
-			if wv.Name == name && wv.Connected {
-				return true
-			}
-		}
-		return false
-	})
-	return w
-}
 
 // lines returns a step's stored log lines (no events), in stored order.
 func (r *binRig) lines(step core.StepID) []core.LogLine {
@@ -79,7 +55,7 @@ func checkSeq(t *testing.T, lines []core.LogLine, n int) {
 // (one accepted link, no step went recovering).
 func TestOutputFlood(t *testing.T) {
 	r := startBinRig(t)
-	w := r.startWorkerWith("flood")
+	w := r.startWorker("flood")
 	const n = 200000
 	run := r.submit(core.RunSpec{Name: "flood", Steps: []core.StepSpec{{Name: "seq", Command: fmt.Sprintf("seq 1 %d", n)}}})
 	r.waitFor("the run to finish", runFinished(run))
@@ -106,7 +82,7 @@ var dropMarkerRE = regexp.MustCompile(`^--- Output dropped: (\d+) log lines \((\
 // dropped bytes = printed bytes, likewise lines. No step goes recovering.
 func TestOutputCap(t *testing.T) {
 	r := startBinRigFor(t, 4*faultTimeout) // 200 MB through the worker, under -race too
-	w := r.startWorkerWith("capped", "--output-cap", "1MiB", "--slots", "2")
+	w := r.startWorker("capped", "--output-cap", "1MiB", "--slots", "2")
 	const printed = 200 << 20 // bytes: "y" and a newline, 104,857,600 times
 	line := "y"
 	run := r.submit(core.RunSpec{Name: "cap", Steps: []core.StepSpec{
@@ -166,7 +142,7 @@ func atoi64(s string) int64 {
 func TestOutputCutMidFlood(t *testing.T) {
 	r := startBinRig(t)
 	// Grace 10 s: the worker's redials (1 s, 1.5 s, …) come well within it.
-	r.startWorkerWith("cut", "--max-reconnect-delay", "5s")
+	r.startWorker("cut", "--max-reconnect-delay", "5s")
 	const n = 200000
 	run := r.submit(core.RunSpec{Name: "cut", Steps: []core.StepSpec{{Name: "seq", Command: fmt.Sprintf("seq 1 %d", n)}}})
 	step := stepID(run, "seq")
