@@ -485,9 +485,11 @@ type serveProc struct {
 
 var serveURLRE = regexp.MustCompile(`workers connect to: ws://(127\.0\.0\.1:\d+)/control`)
 
-func startServe(t *testing.T, ctx context.Context, bin, name, addr, dataDir string) serveProc {
+// startServe starts `orchestrator serve` on addr with extra flags and waits
+// until it prints its address.
+func startServe(t *testing.T, ctx context.Context, bin, name, addr, dataDir string, extra ...string) serveProc {
 	t.Helper()
-	p := start(t, ctx, name, bin, "serve", "--addr", addr, "--data-dir", dataDir, "--log-level", "debug")
+	p := start(t, ctx, name, bin, append([]string{"serve", "--addr", addr, "--data-dir", dataDir, "--log-level", "debug"}, extra...)...)
 	var got string
 	poll(t, ctx, name+" to print its address", func() bool {
 		select {

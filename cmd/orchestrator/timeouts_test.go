@@ -42,30 +42,17 @@ func startServeWithConfig(t *testing.T, recovery string) *hungRig {
 	orchBin, workerBin := buildBinaries(t, ctx)
 	dir := t.TempDir()
 	cfg := filepath.Join(dir, "server-config.yaml")
-	if err := os.WriteFile(cfg, []byte("addr: 127.0.0.1:0\nrecovery:\n"+recovery), 0o600); err != nil {
+	if err := os.WriteFile(cfg, []byte("recovery:\n"+recovery), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	dataDir := filepath.Join(dir, "data")
-	p := start(t, ctx, "orchestrator serve", orchBin, "serve", "--config", cfg, "--data-dir", dataDir, "--log-level", "debug")
-	var addr string
-	poll(t, ctx, "serve to print its address", func() bool {
-		select {
-		case <-p.done:
-			t.Fatalf("serve exited %d:\n%s", p.code, p.stderr)
-		default:
-		}
-		if m := serveURLRE.FindStringSubmatch(p.stdout.String()); m != nil {
-			addr = m[1]
-			return true
-		}
-		return false
-	})
+	sp := startServe(t, ctx, orchBin, "orchestrator serve", "127.0.0.1:0", dataDir, "--config", cfg)
 	admin, err := os.ReadFile(filepath.Join(dataDir, adminTokenFile))
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &hungRig{t: t, ctx: ctx, orchBin: orchBin, workerBin: workerBin, dataDir: dataDir, serve: p, addr: addr,
-		api: apiClient{t: t, ctx: ctx, base: "http://" + addr + "/api", token: strings.TrimSpace(string(admin))}}
+	return &hungRig{t: t, ctx: ctx, orchBin: orchBin, workerBin: workerBin, dataDir: dataDir, serve: sp.proc, addr: sp.addr,
+		api: apiClient{t: t, ctx: ctx, base: "http://" + sp.addr + "/api", token: strings.TrimSpace(string(admin))}}
 }
 
 // worker enrolls and starts a worker process and waits until it is connected.
