@@ -42,7 +42,7 @@ func TestServeRefusesSenselessConfig(t *testing.T) {
 			"sweep_interval_secs (60) is longer than heartbeat_timeout_secs (50)"},
 		"overflowing number": {"  unmatched_step_timeout_secs: 99999999999\n",
 			"unmatched_step_timeout_secs is 99999999999 seconds, at most 604800 (7 days); lower it"},
-		"a year": {"  dispatch_ack_secs: 31536000\n", "dispatch_ack_secs is 31536000 seconds, at most 604800"},
+		"a year":   {"  dispatch_ack_secs: 31536000\n", "dispatch_ack_secs is 31536000 seconds, at most 604800"},
 		"negative": {"  sweep_interval_secs: -5\n", `sweep_interval_secs must be a positive whole number of seconds, not "-5"`},
 	} {
 		dir := t.TempDir()
