@@ -237,4 +237,3 @@ func FuzzDataPlaneHeaders(f *testing.F) {
 		}
 	})
 }
-
