@@ -73,7 +73,14 @@ file's directory) and the recovery sweeper's knobs (SPEC §5):
     dispatch_ack_secs: 10             # a dispatch not started or rejected by then is requeued
 
 Flags given on the command line override the file; an unknown key is an
-error naming its line. The sweeper is always on.
+error naming its line. The sweeper is always on. Each recovery setting is 1 s
+to 7 days, and together they must make sense: heartbeat_timeout_secs at
+least 2 heartbeat intervals, sweep_interval_secs at most
+heartbeat_timeout_secs; serve refuses anything else, naming the key.
+
+serve binds --addr before it creates anything: on a port in use it exits
+without making the data directory, the store or an admin token. A data
+directory another orchestrator serves is refused (its store file is locked).
 
 Shutdown (SIGINT/SIGTERM) stops accepting requests, lets operator requests in
 progress finish, commits what is already queued, closes every worker's
