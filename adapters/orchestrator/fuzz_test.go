@@ -29,15 +29,15 @@ import (
 	"github.com/tether-run/tether/core"
 )
 
-// rawControl reports whether an error message holds a character a terminal
+// rawControlIn reports whether an error message holds a character a terminal
 // would act on (a newline separates the problems of one error).
-func rawControl(s string) bool {
+func rawControlIn(s string) bool {
 	return strings.ContainsFunc(s, func(r rune) bool { return r != '\n' && r != ' ' && !unicode.IsPrint(r) })
 }
 
-// apiRoutes are the operator API calls that decode a body or a path
+// fuzzAPIRoutes are the operator API calls that decode a body or a path
 // argument; FuzzAPIRequest picks one by its first input.
-var apiRoutes = []struct {
+var fuzzAPIRoutes = []struct {
 	method string
 	target func(arg string) string
 }{
@@ -88,7 +88,7 @@ func FuzzAPIRequest(f *testing.F) {
 	f.Cleanup(func() { d.Close() })
 	h := d.APIHandler(adminToken)
 	f.Fuzz(func(t *testing.T, route uint8, arg string, body []byte) {
-		rt := apiRoutes[int(route)%len(apiRoutes)]
+		rt := fuzzAPIRoutes[int(route)%len(fuzzAPIRoutes)]
 		req := httptest.NewRequest(rt.method, rt.target(arg), bytes.NewReader(body))
 		req.Header.Set("Authorization", "Bearer "+adminToken)
 		rec := httptest.NewRecorder()
@@ -104,7 +104,7 @@ func FuzzAPIRequest(f *testing.F) {
 			if err := json.Unmarshal(b, &e); err != nil || e.Error == "" {
 				t.Fatalf("%s %s: HTTP %d answer %q is not a JSON error", rt.method, req.URL, code, b)
 			}
-			if rawControl(e.Error) {
+			if rawControlIn(e.Error) {
 				t.Fatalf("%s %s: error %q holds a raw control character", rt.method, req.URL, e.Error)
 			}
 			return
@@ -183,7 +183,7 @@ func FuzzDataPlaneHeaders(f *testing.F) {
 		b, _ := io.ReadAll(resp.Body)
 		if resp.StatusCode >= 400 {
 			var e orchestrator.APIError
-			if err := json.Unmarshal(b, &e); err != nil || e.Error == "" || rawControl(e.Error) {
+			if err := json.Unmarshal(b, &e); err != nil || e.Error == "" || rawControlIn(e.Error) {
 				t.Fatalf("%s %s: HTTP %d answer %q is not a clean JSON error", method, path, resp.StatusCode, b)
 			}
 		}

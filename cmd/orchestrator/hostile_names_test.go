@@ -39,21 +39,21 @@ type attackBadNamesResult struct {
 	Refused map[string]int
 	// Errors lists every answer that was not the expected refusal (an
 	// accepted name, another status, an error message holding a raw
-	// control character, a transport error), at most maxAttackErrors.
+	// control character, a transport error), at most maxBadNamesErrors.
 	Errors []string
 }
 
-// maxAttackErrors bounds attackBadNamesResult.Errors.
-const maxAttackErrors = 20
+// maxBadNamesErrors bounds attackBadNamesResult.Errors.
+const maxBadNamesErrors = 20
 
-// attackerDialer dials from 127.0.0.2, so per-address limits of the
+// badNamesDialer dials from 127.0.0.2, so per-address limits of the
 // orchestrator see the attacker apart from genuine clients on 127.0.0.1.
-var attackerDialer = &net.Dialer{LocalAddr: &net.TCPAddr{IP: net.IPv4(127, 0, 0, 2)}, Timeout: 5 * time.Second}
+var badNamesDialer = &net.Dialer{LocalAddr: &net.TCPAddr{IP: net.IPv4(127, 0, 0, 2)}, Timeout: 5 * time.Second}
 
-// badNames are the hostile names: terminal escapes (clear screen, set the
+// badNameSamples are the hostile names: terminal escapes (clear screen, set the
 // title, recolour), a forged line, NUL, a bare CR, DEL, a right-to-left
 // override.
-var badNames = []string{
+var badNameSamples = []string{
 	"w\x1b[2J\x1b[H", "title\x1b]0;pwned\x07", "red\x1b[31m", "forged\nlevel=ERROR msg=\"fake\"",
 	"nul\x00byte", "cr\roverwrite", "del\x7f", "evil\u202egnp.exe",
 }
@@ -66,7 +66,7 @@ var badNames = []string{
 // lookup) whose JSON error names the field and holds no raw control
 // character. workers requests run at once.
 func attackBadNames(ctx context.Context, t *testing.T, addr, adminToken string, workers int) attackBadNamesResult {
-	client := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{DialContext: attackerDialer.DialContext, MaxIdleConnsPerHost: workers}}
+	client := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{DialContext: badNamesDialer.DialContext, MaxIdleConnsPerHost: workers}}
 	defer client.CloseIdleConnections()
 	base := "http://" + addr + "/api"
 	type attempt struct {
@@ -75,7 +75,7 @@ func attackBadNames(ctx context.Context, t *testing.T, addr, adminToken string, 
 	}
 	yamlQ := strconv.QuoteToASCII // its escapes (\x1b, \u202e, \a, \n) are YAML's in double quotes
 	var attempts []attempt
-	for i, n := range badNames {
+	for i, n := range badNameSamples {
 		tok, _ := json.Marshal(orchestrator.APITokenRequest{Name: n, TTL: "1m"})
 		attempts = append(attempts,
 			attempt{"token name", "POST", "/tokens", string(tok), http.StatusBadRequest},
@@ -98,7 +98,7 @@ func attackBadNames(ctx context.Context, t *testing.T, addr, adminToken string, 
 		res.Sent++
 		if problem == "" {
 			res.Refused[kind]++
-		} else if len(res.Errors) < maxAttackErrors {
+		} else if len(res.Errors) < maxBadNamesErrors {
 			res.Errors = append(res.Errors, problem)
 		}
 	}

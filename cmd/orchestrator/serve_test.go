@@ -15,10 +15,10 @@ import (
 	"time"
 )
 
-// runServe runs `orchestrator serve` in this process with args and returns
+// runServeInProcess runs `orchestrator serve` in this process with args and returns
 // its exit code, stdout and stderr. It is for invocations that must fail
 // before serving: a test that expects it to serve would hang until ctx ends.
-func runServe(t *testing.T, ctx context.Context, args ...string) (int, string, string) {
+func runServeInProcess(t *testing.T, ctx context.Context, args ...string) (int, string, string) {
 	t.Helper()
 	var stdout, stderr bytes.Buffer
 	code := run(ctx, append([]string{"serve"}, args...), &stdout, &stderr, func(string) string { return "" })
@@ -51,7 +51,7 @@ func TestServeRefusesSenselessConfig(t *testing.T) {
 			t.Fatal(err)
 		}
 		dataDir := filepath.Join(dir, "data")
-		code, stdout, stderr := runServe(t, ctx, "--config", cfg, "--data-dir", dataDir, "--addr", "127.0.0.1:0")
+		code, stdout, stderr := runServeInProcess(t, ctx, "--config", cfg, "--data-dir", dataDir, "--addr", "127.0.0.1:0")
 		if code != exitUsage || !strings.Contains(stderr, c.want) || !strings.Contains(stderr, "server-config.yaml") {
 			t.Errorf("%s: exit %d, stderr:\n%s\nwant exit %d and %q", name, code, stderr, exitUsage, c.want)
 		}
@@ -73,7 +73,7 @@ func TestServeRefusesSenselessConfig(t *testing.T) {
 		{[]string{"--addr", "localhost", "--data-dir", filepath.Join(t.TempDir(), "d")}, `listen address "localhost" (--addr or addr:): want HOST:PORT`},
 		{[]string{"--addr", "127.0.0.1:0", "--data-dir", ""}, "the data directory (--data-dir or data_dir:) is empty"},
 	} {
-		code, stdout, stderr := runServe(t, ctx, c.args...)
+		code, stdout, stderr := runServeInProcess(t, ctx, c.args...)
 		if code != exitUsage || !strings.Contains(stderr, c.want) || stdout != "" {
 			t.Errorf("%q: exit %d, stdout %q, stderr %q; want exit %d and %q", c.args, code, stdout, stderr, exitUsage, c.want)
 		}
@@ -91,7 +91,7 @@ func TestServeBindsFirst(t *testing.T) {
 	}
 	defer ln.Close()
 	dataDir := filepath.Join(t.TempDir(), "data")
-	code, stdout, stderr := runServe(t, ctx, "--addr", ln.Addr().String(), "--data-dir", dataDir)
+	code, stdout, stderr := runServeInProcess(t, ctx, "--addr", ln.Addr().String(), "--data-dir", dataDir)
 	want := "cannot listen on " + ln.Addr().String() + ": the address is already in use"
 	if code != exitError || !strings.Contains(stderr, want) || !strings.Contains(stderr, "nothing was created") {
 		t.Errorf("exit %d, stderr %q; want exit %d and %q", code, stderr, exitError, want)
