@@ -749,6 +749,10 @@ func plural(n int) string {
 func hashSecret(b []byte) [32]byte { return sha256.Sum256(b) }
 
 func (o *Orchestrator) createToken(in CreateToken) {
+	if err := CheckName("token name", in.Name); err != nil { // SPEC §9, §12
+		o.answer(APIAnswer{Call: in.Call, Err: err.Error()})
+		return
+	}
 	switch {
 	case in.Name == "" || len(in.Name) > MaxNameLength || strings.ContainsAny(in.Name, ". /\t\n"):
 		o.answer(APIAnswer{Call: in.Call, Err: fmt.Sprintf("token name %q must be 1-%d characters without '.', '/' or spaces", in.Name, MaxNameLength)})

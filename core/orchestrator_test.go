@@ -318,7 +318,7 @@ func (h *harness) command(d *datadriven.TestData) []string {
 	case "token":
 		switch h.pos(d, 0) {
 		case "create":
-			return h.step(CreateToken{Call: h.call(), Name: h.argOr(d, "name", ""), TTL: h.dur(d, "ttl", time.Hour), Secret: h.secret()})
+			return h.step(CreateToken{Call: h.call(), Name: unescape(h.t, h.argOr(d, "name", "")), TTL: h.dur(d, "ttl", time.Hour), Secret: h.secret()})
 		case "revoke":
 			return h.step(RevokeToken{Call: h.call(), Name: h.argOr(d, "name", "")})
 		}
@@ -574,14 +574,17 @@ func (h *harness) parseRun(d *datadriven.TestData) RunSpec {
 				if k == "timeout" {
 					spec.Timeout = mustDur(h.t, v)
 				}
+				if k == "name" {
+					spec.Name = unescape(h.t, v)
+				}
 			}
 			continue
 		}
-		s := StepSpec{Name: strings.TrimSuffix(fields[0], ":")}
+		s := StepSpec{Name: unescape(h.t, strings.TrimSuffix(fields[0], ":"))}
 		s.Command = "run " + s.Name
 		for _, f := range fields[1:] {
 			k, v, _ := strings.Cut(f, "=")
-			v = strings.Trim(v, `"`)
+			v = unescape(h.t, strings.Trim(v, `"`))
 			list := func() []string {
 				if v == "" {
 					return nil
@@ -637,6 +640,19 @@ func (h *harness) parseRun(d *datadriven.TestData) RunSpec {
 		spec.Steps = append(spec.Steps, s)
 	}
 	return spec
+}
+
+// unescape reads the Go escapes (\x1b, \n, \x00, …) in a story's value, so
+// that a story can hold a name with control characters (SPEC §12).
+func unescape(t *testing.T, s string) string {
+	if !strings.Contains(s, `\`) {
+		return s
+	}
+	u, err := strconv.Unquote(`"` + s + `"`)
+	if err != nil {
+		t.Fatalf("bad escape in %q: %v", s, err)
+	}
+	return u
 }
 
 // splitFields splits on spaces outside double quotes.

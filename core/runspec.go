@@ -69,14 +69,22 @@ func (r RunSpec) Validate() error {
 	if r.Timeout < 0 {
 		return invalid("run timeout %s is negative", r.Timeout)
 	}
+	if r.Name != "" {
+		if err := CheckName("run name", r.Name); err != nil {
+			return fmt.Errorf("%w: %w", ErrInvalidRun, err)
+		}
+	}
 	byName := map[string]int{}
 	total := 0
 	for i, s := range r.Steps {
+		nameErr := CheckName("step name", s.Name) // SPEC §12: printable names
 		switch {
 		case s.Name == "":
 			return invalid("step %d has no name", i+1)
 		case len(s.Name) > MaxNameLength:
 			return invalid("step name %.20q… is longer than %d bytes", s.Name, MaxNameLength)
+		case nameErr != nil:
+			return fmt.Errorf("%w: step %d: %w", ErrInvalidRun, i+1, nameErr)
 		case strings.ContainsAny(s.Name, "/[] \t\n"):
 			return invalid("step name %q may not contain '/', '[', ']' or spaces", s.Name)
 		}
@@ -92,6 +100,9 @@ func (r RunSpec) Validate() error {
 		}
 		if _, err := RequiredTags(s); err != nil {
 			return invalid("step %q: %v", s.Name, err)
+		}
+		if err := checkStepNames(s); err != nil {
+			return fmt.Errorf("%w: step %q: %w", ErrInvalidRun, s.Name, err)
 		}
 		if s.Timeout < 0 || s.Wait < 0 || s.HoldExpiry < 0 {
 			return invalid("step %q: negative duration", s.Name)
@@ -137,6 +148,41 @@ func (r RunSpec) Validate() error {
 	}
 	if cyc := findCycle(r.Steps, byName); cyc != nil {
 		return invalid("dependency cycle: %s", strings.Join(cyc, " -> "))
+	}
+	return nil
+}
+
+// checkStepNames checks the names a step selects workers by — its tags,
+// label keys and values, target worker and platform — with CheckName (SPEC
+// §12), labels in key order so that the first refusal is always the same.
+func checkStepNames(s StepSpec) error {
+	for _, t := range s.Tags {
+		if err := CheckName("tag", t); err != nil {
+			return err
+		}
+	}
+	keys := make([]string, 0, len(s.Labels))
+	for k := range s.Labels {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		if err := CheckName("label key", k); err != nil {
+			return err
+		}
+		if err := CheckName("label value", s.Labels[k]); err != nil {
+			return fmt.Errorf("label %s: %w", Quote(k), err)
+		}
+	}
+	if s.Target != "" {
+		if err := CheckName("target", s.Target); err != nil {
+			return err
+		}
+	}
+	if s.Platform != "" {
+		if err := CheckName("platform", s.Platform); err != nil {
+			return err
+		}
 	}
 	return nil
 }

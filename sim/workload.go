@@ -2,6 +2,7 @@ package sim
 
 import (
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/tether-run/tether/core"
@@ -65,6 +66,46 @@ func (w *world) requestToken(then func(token string)) {
 	try()
 }
 
+// hostileNames are names with control characters (SPEC §12).
+var hostileNames = []string{"w\x1b[2J", "a\r\nb", "nul\x00", "del\x7f", "evil\u202egnp"}
+
+// submitHostile sends, beside a genuine submit, the same run with one name
+// made hostile (the k-th of a rotation over the run's name, a step name, a
+// tag, a label and a target), or a token with a hostile name: each must be
+// refused as a bad name and create nothing (SPEC §12). It draws nothing
+// from the world's randomness, so seeds keep their schedules.
+func (w *world) submitHostile(spec core.RunSpec, k int) {
+	bad := hostileNames[k%len(hostileNames)]
+	expect := func(what string) func(core.APIAnswer) {
+		return func(a core.APIAnswer) {
+			if !strings.Contains(a.Err, core.ErrBadName.Error()) {
+				w.fail("names", fmt.Sprintf("a %s with the name %q was not refused as a bad name: run %q, error %q", what, bad, a.Run, a.Err))
+			}
+		}
+	}
+	if k%6 == 5 {
+		w.call(func(id core.CallID) core.Input { return core.CreateToken{Call: id, Name: bad, TTL: time.Hour} }, expect("token"))
+		return
+	}
+	s := spec
+	s.Steps = append([]core.StepSpec(nil), spec.Steps...)
+	first := s.Steps[0]
+	switch k % 6 {
+	case 0:
+		s.Name = bad
+	case 1:
+		first.Name = bad
+	case 2:
+		first.Tags = append(append([]string(nil), first.Tags...), bad)
+	case 3:
+		first.Labels = map[string]string{"zone": bad}
+	case 4:
+		first.Target = bad
+	}
+	s.Steps[0] = first
+	w.call(func(id core.CallID) core.Input { return core.Submit{Call: id, Spec: s} }, expect("run"))
+}
+
 // ---- the operator ----
 
 func (w *world) startOperator() {
@@ -90,6 +131,9 @@ func (w *world) startOperator() {
 				}
 			}
 		})
+		if w.runsSent%4 == 0 {
+			w.submitHostile(spec, w.runsSent/4)
+		}
 		w.runsSent++
 		w.after(w.exp(w.opt.SubmitEvery), evOperator, -1, nil, "submit", submit)
 	}

@@ -253,7 +253,7 @@ func (a *api) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		// answers, with the admin token instead of a session credential.
 		if r.Method != http.MethodGet && r.Method != http.MethodHead {
 			w.Header().Set("Allow", "GET, HEAD")
-			writeJSON(w, http.StatusMethodNotAllowed, APIError{Error: fmt.Sprintf("method %s is not allowed on %s: operators read data, steps write it (allowed: GET, HEAD)", r.Method, r.URL.Path)})
+			writeJSON(w, http.StatusMethodNotAllowed, APIError{Error: fmt.Sprintf("method %s is not allowed on %s: operators read data, steps write it (allowed: GET, HEAD)", r.Method, core.Quote(r.URL.Path))})
 			return
 		}
 		(&dataPlane{d: a.d}).serveOperator(w, r, strings.TrimPrefix(r.URL.Path, "/api"))
@@ -328,7 +328,7 @@ func (a *api) route(r *http.Request) (int, any, error) {
 			}
 		}
 		allow := strings.Join(allowed, ", ")
-		return &httpError{code: http.StatusMethodNotAllowed, msg: fmt.Sprintf("method %s is not allowed on %s (allowed: %s)", r.Method, r.URL.Path, allow), allow: allow}
+		return &httpError{code: http.StatusMethodNotAllowed, msg: fmt.Sprintf("method %s is not allowed on %s (allowed: %s)", r.Method, core.Quote(r.URL.Path), allow), allow: allow}
 	}
 	ctx := r.Context()
 	switch {
@@ -390,7 +390,7 @@ func (a *api) route(r *http.Request) (int, any, error) {
 		}
 		return a.showBundle(segs[1])
 	}
-	return 0, nil, errorf(http.StatusNotFound, "no such endpoint: %s %s", r.Method, r.URL.Path)
+	return 0, nil, errorf(http.StatusNotFound, "no such endpoint: %s %s", r.Method, core.Quote(r.URL.Path))
 }
 
 // readBody reads the whole (size-limited) body.
@@ -441,6 +441,9 @@ func (a *api) submit(r *http.Request) (int, any, error) {
 	file := r.URL.Query().Get("file")
 	if file == "" {
 		file = "workflow"
+	}
+	if err := core.CheckName("workflow file name (?file=)", file); err != nil { // it prefixes every error (SPEC §12)
+		return 0, nil, errorf(http.StatusBadRequest, "%v", err)
 	}
 	spec, err := workflow.Parse(file, src)
 	if err != nil {

@@ -138,7 +138,7 @@ func parseDataPath(method, p string) (dataRoute, *httpError) {
 	get := method == http.MethodGet || method == http.MethodHead
 	allow := func(r dataRoute, ok bool, allowed string) (dataRoute, *httpError) {
 		if !ok {
-			return dataRoute{}, &httpError{code: http.StatusMethodNotAllowed, msg: fmt.Sprintf("method %s is not allowed on %s (allowed: %s)", method, p, allowed), allow: allowed}
+			return dataRoute{}, &httpError{code: http.StatusMethodNotAllowed, msg: fmt.Sprintf("method %s is not allowed on %s (allowed: %s)", method, core.Quote(p), allowed), allow: allowed}
 		}
 		return r, nil
 	}
@@ -187,7 +187,7 @@ func parseDataPath(method, p string) (dataRoute, *httpError) {
 		}
 		return allow(dataRoute{kind: routeBundleFile, fp: fp, rel: rel}, get, "GET, HEAD")
 	}
-	return dataRoute{}, &httpError{code: http.StatusNotFound, msg: fmt.Sprintf("no such data-plane path: %s (want /data/{id}, /data/{id}/{version|latest|append}, /bundle/{sha256}, /bundle/{sha256}/file/{path})", p)}
+	return dataRoute{}, &httpError{code: http.StatusNotFound, msg: fmt.Sprintf("no such data-plane path: %s (want /data/{id}, /data/{id}/{version|latest|append}, /bundle/{sha256}, /bundle/{sha256}/file/{path})", core.Quote(p))}
 }
 
 // parseVersion parses a version: a decimal number from 1, no sign, no

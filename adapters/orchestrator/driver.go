@@ -58,6 +58,10 @@ var (
 type Options struct {
 	// Addr is the control plane's listen address; "127.0.0.1:0" picks a port.
 	Addr string
+	// Listener, if set, is used instead of listening on Addr: serve binds
+	// before it creates anything (SPEC §12). Start owns it from then on and
+	// closes it if it fails.
+	Listener net.Listener
 	// StorePath is the bbolt file. An existing file is restored (SPEC §7).
 	StorePath string
 	// Store, if set, is used instead of opening StorePath (tests wrap the
@@ -192,6 +196,12 @@ func Start(opts Options) (*Driver, error) {
 		coreClosed: map[core.ConnID]bool{},
 		calls:      map[core.CallID]chan core.APIAnswer{},
 	}
+	started := false
+	defer func() {
+		if !started && opts.Listener != nil {
+			opts.Listener.Close()
+		}
+	}()
 	st := opts.Store
 	if st == nil {
 		bst, err := store.Open(opts.StorePath)
@@ -222,7 +232,10 @@ func Start(opts Options) (*Driver, error) {
 	d.emitLogs(rd)
 	d.log.Info("orchestrator restored", "store", opts.StorePath, "records", len(recs), "runs", len(o.RunIDs()))
 
-	ln, err := net.Listen("tcp", opts.Addr)
+	ln := opts.Listener
+	if ln == nil {
+		ln, err = net.Listen("tcp", opts.Addr)
+	}
 	if err != nil {
 		st.Close()
 		return nil, fmt.Errorf("orchestrator: listen on %s: %w", opts.Addr, err)
@@ -266,6 +279,7 @@ func Start(opts Options) (*Driver, error) {
 		}
 	}()
 	d.log.Info("control plane listening", "url", d.URL(), "data_plane", d.DataURL(), "tls", opts.TLS != nil, "data_store", d.ds != nil)
+	started = true
 	return d, nil
 }
 

@@ -35,6 +35,10 @@ var (
 	ErrKeyTooLarge = errors.New("store: record key too large")
 	// ErrNoValue is returned when an upsert record carries no value.
 	ErrNoValue = errors.New("store: upsert record without a value")
+	// ErrLocked is returned (wrapped, naming the file) when another process
+	// holds the store file open: bbolt's lock was not free within
+	// openTimeout.
+	ErrLocked = errors.New("store: locked by another process")
 )
 
 // Store is a bbolt file of core.Records. It is safe for concurrent use, though
@@ -47,6 +51,10 @@ type Store struct {
 // short wait if another Store holds the file.
 func Open(path string) (*Store, error) {
 	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: openTimeout, NoSync: false})
+	if errors.Is(err, bolt.ErrTimeout) {
+		return nil, fmt.Errorf("%w: %s is held open by another process (another orchestrator serving this data directory?) "+
+			"and its lock was not free within %s; stop that process or use another data directory", ErrLocked, path, openTimeout)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("store: open %s: %w", path, err)
 	}

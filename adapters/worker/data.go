@@ -187,7 +187,7 @@ func (c *DataClient) do(ctx context.Context, method, path, rawQuery string, leas
 	}
 	resp, err := c.hc.Do(req)
 	if err != nil {
-		return nil, fmt.Errorf("data plane: %s %s: %w", method, path, err)
+		return nil, fmt.Errorf("data plane: %s %s: %w", method, core.Quote(path), err)
 	}
 	if resp.StatusCode/100 != 2 {
 		defer resp.Body.Close()
@@ -402,7 +402,7 @@ func (e *stepEndpoint) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if !strings.HasPrefix(r.URL.Path, "/data/") && !strings.HasPrefix(r.URL.Path, "/bundle/") {
-		fail(http.StatusNotFound, "no such path: "+r.URL.Path+" (the step endpoint serves /data/… and /bundle/…)")
+		fail(http.StatusNotFound, "no such path: "+core.Quote(r.URL.Path)+" (the step endpoint serves /data/… and /bundle/…)")
 		return
 	}
 	q := r.URL.Query()

@@ -164,6 +164,34 @@ func (p *parser) strmap(n *yaml.Node, what string) map[string]string {
 	return m
 }
 
+// checkNames refuses, at its line, a name that core.CheckName refuses (SPEC
+// §12: printable UTF-8, 1-128 bytes): a scalar, every entry of a list, or
+// every key and value of a mapping (label keys and values). Wrong kinds and
+// empty values are the type checks' to report.
+func (p *parser) checkNames(n *yaml.Node, kind string) {
+	check := func(n *yaml.Node, kind string) {
+		if n.Kind != yaml.ScalarNode || n.Value == "" {
+			return
+		}
+		if err := core.CheckName(kind, n.Value); err != nil {
+			p.errf(n, "%s", strings.TrimPrefix(err.Error(), core.ErrBadName.Error()+": "))
+		}
+	}
+	switch n.Kind {
+	case yaml.ScalarNode:
+		check(n, kind)
+	case yaml.SequenceNode:
+		for _, c := range n.Content {
+			check(c, kind)
+		}
+	case yaml.MappingNode:
+		for i := 0; i+1 < len(n.Content); i += 2 {
+			check(n.Content[i], kind+" key")
+			check(n.Content[i+1], kind+" value")
+		}
+	}
+}
+
 func (p *parser) run(n *yaml.Node) (core.RunSpec, map[string]*yaml.Node) {
 	var spec core.RunSpec
 	lines := map[string]*yaml.Node{}
@@ -172,6 +200,7 @@ func (p *parser) run(n *yaml.Node) (core.RunSpec, map[string]*yaml.Node) {
 		switch key {
 		case "name":
 			spec.Name = p.str(v, "name")
+			p.checkNames(v, "run name")
 		case "timeout":
 			spec.Timeout = p.duration(v, "timeout")
 		case "env":
@@ -215,6 +244,7 @@ func (p *parser) step(n *yaml.Node, i int) core.StepSpec {
 		switch key {
 		case "name":
 			s.Name = p.str(v, what+": name")
+			p.checkNames(v, "step name")
 		case "run":
 			s.Command = p.str(v, what+": run")
 		case "depends_on":
@@ -231,12 +261,16 @@ func (p *parser) step(n *yaml.Node, i int) core.StepSpec {
 			s.Runner = p.str(v, what+": runner")
 		case "tags":
 			s.Tags = p.list(v, what+": tags")
+			p.checkNames(v, "tag")
 		case "labels":
 			s.Labels = p.strmap(v, what+": labels")
+			p.checkNames(v, "label")
 		case "target":
 			s.Target = p.str(v, what+": target")
+			p.checkNames(v, "target")
 		case "platform":
 			s.Platform = p.str(v, what+": platform")
+			p.checkNames(v, "platform")
 		case "timeout":
 			s.Timeout = p.duration(v, what+": timeout")
 		case "env":

@@ -71,3 +71,35 @@ func TestParseOversize(t *testing.T) {
 		t.Fatalf("oversize definition: %v", err)
 	}
 }
+
+// TestParseNames: a name with a control character (YAML escapes in double
+// quotes) is refused at its line, naming the field, the character escaped
+// (SPEC §12).
+func TestParseNames(t *testing.T) {
+	cases := []struct{ name, src, want string }{
+		{"run name", "name: \"nightly\\e]0;x\\a\"\nsteps:\n  - name: a\n    run: x\n",
+			`x.yaml:1: run name "nightly\x1b]0;x\a" has a non-printable character U+001B at byte 7`},
+		{"step name", "steps:\n  - name: ok\n    run: x\n  - name: \"b\\ec\"\n    run: y\n",
+			`x.yaml:4: step name "b\x1bc" has a non-printable character U+001B at byte 1`},
+		{"step name NUL", "steps:\n  - name: \"b\\0\"\n    run: y\n", `x.yaml:2: step name "b\x00" has a non-printable character U+0000`},
+		{"tag", "steps:\n  - name: a\n    run: x\n    tags: [script, \"gpu\\r\"]\n", `x.yaml:4: tag "gpu\r" has a non-printable character U+000D at byte 3`},
+		{"label key", "steps:\n  - name: a\n    run: x\n    labels:\n      \"z\\none\": eu\n", `x.yaml:5: label key "z\none" has a non-printable character U+000A`},
+		{"label value", "steps:\n  - name: a\n    run: x\n    labels:\n      zone: \"eu\\e[31m\"\n", `x.yaml:5: label value "eu\x1b[31m" has a non-printable character U+001B`},
+		{"target", "steps:\n  - name: a\n    run: x\n    target: \"w\\x01\"\n", `x.yaml:4: target "w\x01" has a non-printable character U+0001`},
+		{"platform", "steps:\n  - name: a\n    run: x\n    platform: \"linux\\x7f\"\n", `x.yaml:4: platform "linux\x7f" has a non-printable character U+007F`},
+	}
+	for _, c := range cases {
+		_, err := Parse("x.yaml", []byte(c.src))
+		if err == nil {
+			t.Errorf("%s: accepted", c.name)
+			continue
+		}
+		if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: error %q lacks %q", c.name, err, c.want)
+		}
+	}
+	// Printable names in any script, spaces in a run name, are fine.
+	if _, err := Parse("x.yaml", []byte("name: nächtlicher Lauf\nsteps:\n  - name: bau\n    run: x\n    tags: [gpu]\n    labels: {zone: eu}\n")); err != nil {
+		t.Errorf("printable names refused: %v", err)
+	}
+}

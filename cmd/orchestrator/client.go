@@ -306,7 +306,7 @@ func (c *client) send(ctx context.Context, method, path string, body []byte, con
 	if json.Unmarshal(b, &ae) == nil && ae.Error != "" {
 		msg = ae.Error
 	}
-	aerr := &apiError{status: resp.StatusCode, msg: fmt.Sprintf("%s (HTTP %d)", msg, resp.StatusCode)}
+	aerr := &apiError{status: resp.StatusCode, msg: fmt.Sprintf("%s (HTTP %d)", escapeText(msg, true), resp.StatusCode)}
 	if resp.StatusCode/100 == 4 {
 		return nil, &exitErr{code: exitRefused, err: aerr}
 	}
@@ -402,12 +402,12 @@ func tokenList(ctx context.Context, e *env, _ []string) error {
 		for _, t := range out.Tokens {
 			by := "-"
 			if t.ConsumedBy != "" {
-				by = t.ConsumedBy
+				by = cell(t.ConsumedBy)
 				if t.WorkerName != "" {
-					by = t.WorkerName + " (" + t.ConsumedBy + ")"
+					by = cell(t.WorkerName) + " (" + cell(t.ConsumedBy) + ")"
 				}
 			}
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", t.Name, t.State, fmtTime(t.CreatedAt), fmtTime(t.ExpiresAt), by)
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", cell(t.Name), cell(t.State), fmtTime(t.CreatedAt), fmtTime(t.ExpiresAt), by)
 		}
 		return tw.Flush()
 	})
@@ -422,7 +422,7 @@ func tokenRevoke(ctx context.Context, e *env, args []string) error {
 		if e.opts.json {
 			return printJSON(e.stdout, out)
 		}
-		fmt.Fprintf(e.stdout, "token %s revoked\n", args[0])
+		fmt.Fprintf(e.stdout, "token %s revoked\n", cell(args[0]))
 		return nil
 	})
 }
@@ -466,7 +466,7 @@ func runList(ctx context.Context, e *env, _ []string) error {
 		tw := tabwriter.NewWriter(e.stdout, 0, 0, 2, ' ', 0)
 		fmt.Fprintln(tw, "RUN\tNAME\tSTATUS\tSTEPS\tSUBMITTED\tFINISHED")
 		for _, r := range out.Runs {
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", r.ID, orDash(r.Name), r.Status, stateCounts(r), fmtTime(r.SubmittedAt), fmtTime(r.FinishedAt))
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", cell(r.ID), cell(orDash(r.Name)), cell(r.Status), stateCounts(r), fmtTime(r.SubmittedAt), fmtTime(r.FinishedAt))
 		}
 		return tw.Flush()
 	})
@@ -496,14 +496,14 @@ func runShow(ctx context.Context, e *env, args []string) error {
 			return printJSON(e.stdout, out)
 		}
 		r := out.Run
-		fmt.Fprintf(e.stdout, "Run %s %q: %s\n", r.ID, r.Name, out.Status)
+		fmt.Fprintf(e.stdout, "Run %s %q: %s\n", cell(r.ID), r.Name, cell(out.Status))
 		fmt.Fprintf(e.stdout, "Submitted %s", fmtTime(r.SubmittedAt))
 		if !r.FinishedAt.IsZero() {
 			fmt.Fprintf(e.stdout, ", finished %s (%s)", fmtTime(r.FinishedAt), r.FinishedAt.Sub(r.SubmittedAt).Round(time.Millisecond))
 		}
 		fmt.Fprintln(e.stdout)
 		if r.CancelReason != "" {
-			fmt.Fprintf(e.stdout, "Cancelled: %s\n", r.CancelReason)
+			fmt.Fprintf(e.stdout, "Cancelled: %s\n", escapeText(oneLine(r.CancelReason), false))
 		}
 		fmt.Fprintln(e.stdout)
 		tw := tabwriter.NewWriter(e.stdout, 0, 0, 2, ' ', 0)
@@ -521,7 +521,8 @@ func runShow(ctx context.Context, e *env, args []string) error {
 			if s.Writes {
 				writes = "yes"
 			}
-			fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\n", s.ID, s.State, s.Attempts, orDash(s.Worker), exit, writes, orDash(s.Class), orDash(oneLine(msg)))
+			fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\n", cell(s.ID), cell(s.State), s.Attempts, cell(orDash(s.Worker)), exit, writes, cell(orDash(s.Class)),
+				orDash(escapeText(oneLine(msg), false)))
 		}
 		if err := tw.Flush(); err != nil {
 			return err
@@ -529,7 +530,7 @@ func runShow(ctx context.Context, e *env, args []string) error {
 		fmt.Fprintln(e.stdout, "\nServer events:")
 		tw = tabwriter.NewWriter(e.stdout, 0, 0, 2, ' ', 0)
 		for _, ev := range out.Events {
-			fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\n", ev.At.Local().Format("15:04:05.000"), ev.Kind, orDash(ev.Step), oneLine(ev.Message))
+			fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\n", ev.At.Local().Format("15:04:05.000"), cell(ev.Kind), cell(orDash(ev.Step)), escapeText(oneLine(ev.Message), false))
 		}
 		return tw.Flush()
 	})
@@ -545,7 +546,7 @@ func runCancel(ctx context.Context, e *env, args []string) error {
 		if e.opts.json {
 			return printJSON(e.stdout, out)
 		}
-		fmt.Fprintf(e.stdout, "run %s cancelling\n", out.Run)
+		fmt.Fprintf(e.stdout, "run %s cancelling\n", cell(out.Run))
 		return nil
 	})
 }
@@ -568,7 +569,9 @@ func runLogs(ctx context.Context, e *env, args []string) error {
 			if l.Event {
 				text = "(event) " + text
 			}
-			fmt.Fprintf(e.stdout, "%s %s | %s\n", l.At.Local().Format("15:04:05.000"), l.Step, text)
+			// The step's own bytes as it wrote them (colours included);
+			// the step id is a name and is escaped.
+			fmt.Fprintf(e.stdout, "%s %s | %s\n", l.At.Local().Format("15:04:05.000"), cell(l.Step), text)
 		}
 		return nil
 	})
@@ -587,7 +590,7 @@ func stepGate(ctx context.Context, e *env, step string, approve bool) error {
 		if e.opts.json {
 			return printJSON(e.stdout, out)
 		}
-		fmt.Fprintf(e.stdout, "step %s %sd: now %s\n", out.Step, action, out.State)
+		fmt.Fprintf(e.stdout, "step %s %sd: now %s\n", cell(out.Step), action, cell(out.State))
 		return nil
 	})
 }
@@ -604,7 +607,11 @@ func workerList(ctx context.Context, e *env, _ []string) error {
 		tw := tabwriter.NewWriter(e.stdout, 0, 0, 2, ' ', 0)
 		fmt.Fprintln(tw, "NAME\tID\tSTATE\tTAGS\tSLOTS\tLEASES\tLAST HEARTBEAT")
 		for _, w := range out.Workers {
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\t%s\n", w.Name, w.ID, w.State, orDash(strings.Join(w.Tags, ",")), w.Slots, w.Leases, fmtTime(w.LastHeartbeat))
+			tags := make([]string, len(w.Tags))
+			for i, t := range w.Tags {
+				tags[i] = cell(t)
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\t%s\n", cell(w.Name), cell(w.ID), cell(w.State), orDash(strings.Join(tags, ",")), w.Slots, w.Leases, fmtTime(w.LastHeartbeat))
 		}
 		return tw.Flush()
 	})
@@ -710,7 +717,7 @@ func dataVersions(ctx context.Context, e *env, args []string) error {
 		tw := tabwriter.NewWriter(e.stdout, 0, 0, 2, ' ', 0)
 		fmt.Fprintln(tw, "VERSION\tSIZE\tSHA256\tCREATED\tWORKER\tLEASE")
 		for _, v := range out.Versions {
-			fmt.Fprintf(tw, "%d\t%d\t%s\t%s\t%s\t%d\n", v.Version, v.Size, v.SHA256, fmtTime(v.Created), orDash(v.Worker), v.Lease)
+			fmt.Fprintf(tw, "%d\t%d\t%s\t%s\t%s\t%d\n", v.Version, v.Size, cell(v.SHA256), fmtTime(v.Created), cell(orDash(v.Worker)), v.Lease)
 		}
 		if err := tw.Flush(); err != nil {
 			return err

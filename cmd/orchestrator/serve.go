@@ -11,10 +11,12 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"net"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"go.yaml.in/yaml/v3"
@@ -32,6 +34,9 @@ const (
 	storeFile         = "tether.db"
 	shutdownTimeout   = 10 * time.Second
 	maxConfigSize     = 1 << 20
+	// maxRecoverySecs bounds every recovery setting (7 days): longer means
+	// a typo, and a larger number of seconds would overflow a duration.
+	maxRecoverySecs = 7 * 24 * 60 * 60
 )
 
 var serveCmd = &command{
@@ -68,7 +73,14 @@ file's directory) and the recovery sweeper's knobs (SPEC §5):
     dispatch_ack_secs: 10             # a dispatch not started or rejected by then is requeued
 
 Flags given on the command line override the file; an unknown key is an
-error naming its line. The sweeper is always on.
+error naming its line. The sweeper is always on. Each recovery setting is 1 s
+to 7 days, and together they must make sense: heartbeat_timeout_secs at
+least 2 heartbeat intervals, sweep_interval_secs at most
+heartbeat_timeout_secs; serve refuses anything else, naming the key.
+
+serve binds --addr before it creates anything: on a port in use it exits
+without making the data directory, the store or an admin token. A data
+directory another orchestrator serves is refused (its store file is locked).
 
 Shutdown (SIGINT/SIGTERM) stops accepting requests, lets operator requests in
 progress finish, commits what is already queued, closes every worker's
@@ -140,6 +152,10 @@ func loadServerConfig(path string, src []byte) (serverConfig, error) {
 			errf(n, "%s must be a positive whole number of seconds, not %q", key, n.Value)
 			return 0
 		}
+		if v > maxRecoverySecs {
+			errf(n, "%s is %d seconds, at most %d (7 days); lower it", key, v, maxRecoverySecs)
+			return 0
+		}
 		return time.Duration(v) * time.Second
 	}
 	relative := func(p string) string {
@@ -189,11 +205,41 @@ func loadServerConfig(path string, src []byte) (serverConfig, error) {
 	if len(errs) == 0 && cfg.HeartbeatInterval >= cfg.HeartbeatTimeout {
 		errs = append(errs, fmt.Sprintf("%s: recovery: heartbeat_interval_secs (%s) must be shorter than heartbeat_timeout_secs (%s)",
 			path, cfg.HeartbeatInterval, cfg.HeartbeatTimeout))
+	} else if len(errs) == 0 {
+		for _, e := range cfg.recoveryErrors() {
+			errs = append(errs, path+": recovery: "+e)
+		}
 	}
 	if len(errs) > 0 {
 		return cfg, errors.New(strings.Join(errs, "\n  "))
 	}
 	return cfg, nil
+}
+
+// recoveryErrors checks the recovery settings against each other (SPEC §5,
+// §12): each is positive and at most maxRecoverySecs on its own (the
+// parser checks that), and together they must make sense. Each message
+// names the keys and what to change.
+func (c serverConfig) recoveryErrors() []string {
+	var errs []string
+	secs := func(d time.Duration) int64 { return int64(d / time.Second) }
+	// A worker heartbeats every interval; one that misses a single
+	// heartbeat must not be stale already (SPEC §5, §8: silent after 2
+	// intervals, stale after the timeout).
+	if c.HeartbeatTimeout < core.MaxSilentHeartbeats*c.HeartbeatInterval {
+		errs = append(errs, fmt.Sprintf("heartbeat_timeout_secs (%d) is shorter than %d heartbeat intervals (heartbeat_interval_secs %d × %d = %d): "+
+			"every worker would go stale between two heartbeats; raise heartbeat_timeout_secs to at least %d or lower heartbeat_interval_secs to at most %d",
+			secs(c.HeartbeatTimeout), core.MaxSilentHeartbeats, secs(c.HeartbeatInterval), core.MaxSilentHeartbeats,
+			secs(core.MaxSilentHeartbeats*c.HeartbeatInterval), secs(core.MaxSilentHeartbeats*c.HeartbeatInterval),
+			secs(c.HeartbeatTimeout)/core.MaxSilentHeartbeats))
+	}
+	// Stale workers are found by the sweeper: sweeping less often than the
+	// timeout would let a dead worker keep its steps for up to twice it.
+	if c.SweepInterval > c.HeartbeatTimeout {
+		errs = append(errs, fmt.Sprintf("sweep_interval_secs (%d) is longer than heartbeat_timeout_secs (%d): a stale worker would be found only at the next sweep, "+
+			"up to %d s late; lower sweep_interval_secs to at most %d", secs(c.SweepInterval), secs(c.HeartbeatTimeout), secs(c.SweepInterval), secs(c.HeartbeatTimeout)))
+	}
+	return errs
 }
 
 // mapping walks a YAML mapping, reporting unknown and repeated keys.
@@ -258,6 +304,12 @@ func resolveServeConfig(e *env) (serverConfig, error) {
 	if (cfg.TLSCert == "") != (cfg.TLSKey == "") {
 		return cfg, usageErrorf("TLS needs both a certificate and a key (--tls-cert and --tls-key)")
 	}
+	if _, _, err := net.SplitHostPort(cfg.Addr); err != nil {
+		return cfg, usageErrorf("listen address %q (--addr or addr:): want HOST:PORT, like 127.0.0.1:7420 or :7420", cfg.Addr)
+	}
+	if cfg.DataDir == "" {
+		return cfg, usageErrorf("the data directory (--data-dir or data_dir:) is empty; name a directory")
+	}
 	return cfg, nil
 }
 
@@ -270,6 +322,30 @@ func serve(ctx context.Context, e *env, _ []string) error {
 	if err != nil {
 		return err
 	}
+	// Bind first (SPEC §12): a port in use must fail before anything is
+	// created on disk or an admin token is printed.
+	var tlsConf *tls.Config
+	if cfg.TLSCert != "" {
+		cert, err := tls.LoadX509KeyPair(cfg.TLSCert, cfg.TLSKey)
+		if err != nil {
+			return usageErrorf("TLS certificate: %v", err)
+		}
+		tlsConf = &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
+	}
+	ln, err := net.Listen("tcp", cfg.Addr)
+	if err != nil {
+		if errors.Is(err, syscall.EADDRINUSE) {
+			return fmt.Errorf("cannot listen on %s: the address is already in use (another orchestrator, or another program, listens there); "+
+				"stop it or choose another address with --addr or addr: in the config file; nothing was created", cfg.Addr)
+		}
+		return fmt.Errorf("cannot listen on %s: %w; nothing was created", cfg.Addr, err)
+	}
+	started := false
+	defer func() {
+		if !started {
+			ln.Close()
+		}
+	}()
 	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
 		return fmt.Errorf("data dir: %w", err)
 	}
@@ -283,17 +359,10 @@ func serve(ctx context.Context, e *env, _ []string) error {
 	} else if fi, err := os.Stat(tokenPath); err == nil && fi.Mode().Perm()&0o077 != 0 {
 		log.Warn("admin token file is readable by other users; chmod 600 it", "path", tokenPath, "mode", fi.Mode().Perm().String())
 	}
-	var tlsConf *tls.Config
-	if cfg.TLSCert != "" {
-		cert, err := tls.LoadX509KeyPair(cfg.TLSCert, cfg.TLSKey)
-		if err != nil {
-			return usageErrorf("TLS certificate: %v", err)
-		}
-		tlsConf = &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
-	}
 	storePath := filepath.Join(cfg.DataDir, storeFile)
 	d, err := orchestrator.Start(orchestrator.Options{
 		Addr:      cfg.Addr,
+		Listener:  ln,
 		StorePath: storePath,
 		Config: core.Config{
 			HeartbeatTimeout:  cfg.HeartbeatTimeout,
@@ -307,6 +376,7 @@ func serve(ctx context.Context, e *env, _ []string) error {
 		AdminToken: token,
 		TLS:        tlsConf,
 	})
+	started = true // Start closed the listener if it failed
 	if err != nil {
 		return err
 	}

@@ -1,0 +1,138 @@
+package main
+
+// serve refuses configurations that make no sense, binds before it creates
+// anything, and names the file and the other process when the store is
+// locked (SPEC §12).
+
+import (
+	"bytes"
+	"context"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// runServeInProcess runs `orchestrator serve` in this process with args and returns
+// its exit code, stdout and stderr. It is for invocations that must fail
+// before serving: a test that expects it to serve would hang until ctx ends.
+func runServeInProcess(t *testing.T, ctx context.Context, args ...string) (int, string, string) {
+	t.Helper()
+	var stdout, stderr bytes.Buffer
+	code := run(ctx, append([]string{"serve"}, args...), &stdout, &stderr, func(string) string { return "" })
+	return code, stdout.String(), stderr.String()
+}
+
+// Each recovery setting that makes no sense alone or with the others is
+// refused, naming the key and what to change, before anything is created.
+func TestServeRefusesSenselessConfig(t *testing.T) {
+	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
+	defer cancel()
+	for name, c := range map[string]struct{ recovery, want string }{
+		// 60 s < 2 × 40 s: a worker that is one heartbeat late is stale.
+		"timeout under two intervals": {"  heartbeat_interval_secs: 40\n  heartbeat_timeout_secs: 60\n  sweep_interval_secs: 30\n",
+			"heartbeat_timeout_secs (60) is shorter than 2 heartbeat intervals (heartbeat_interval_secs 40 × 2 = 80): every worker would go stale between two heartbeats; raise heartbeat_timeout_secs to at least 80 or lower heartbeat_interval_secs to at most 30"},
+		"interval at the timeout": {"  heartbeat_interval_secs: 120\n",
+			"heartbeat_interval_secs (2m0s) must be shorter than heartbeat_timeout_secs (2m0s)"},
+		"sweep slower than the timeout": {"  heartbeat_timeout_secs: 90\n  sweep_interval_secs: 300\n",
+			"sweep_interval_secs (300) is longer than heartbeat_timeout_secs (90): a stale worker would be found only at the next sweep, up to 300 s late; lower sweep_interval_secs to at most 90"},
+		"default sweep, short timeout": {"  heartbeat_timeout_secs: 50\n  heartbeat_interval_secs: 20\n",
+			"sweep_interval_secs (60) is longer than heartbeat_timeout_secs (50)"},
+		"overflowing number": {"  unmatched_step_timeout_secs: 99999999999\n",
+			"unmatched_step_timeout_secs is 99999999999 seconds, at most 604800 (7 days); lower it"},
+		"a year":   {"  dispatch_ack_secs: 31536000\n", "dispatch_ack_secs is 31536000 seconds, at most 604800"},
+		"negative": {"  sweep_interval_secs: -5\n", `sweep_interval_secs must be a positive whole number of seconds, not "-5"`},
+	} {
+		dir := t.TempDir()
+		cfg := filepath.Join(dir, "server-config.yaml")
+		if err := os.WriteFile(cfg, []byte("recovery:\n"+c.recovery), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		dataDir := filepath.Join(dir, "data")
+		code, stdout, stderr := runServeInProcess(t, ctx, "--config", cfg, "--data-dir", dataDir, "--addr", "127.0.0.1:0")
+		if code != exitUsage || !strings.Contains(stderr, c.want) || !strings.Contains(stderr, "server-config.yaml") {
+			t.Errorf("%s: exit %d, stderr:\n%s\nwant exit %d and %q", name, code, stderr, exitUsage, c.want)
+		}
+		if stdout != "" || exists(dataDir) {
+			t.Errorf("%s: refused config, yet stdout %q and data dir created: %v", name, stdout, exists(dataDir))
+		}
+	}
+	// The defaults and sensible combinations pass.
+	for _, ok := range []string{"", "  heartbeat_interval_secs: 3\n  dispatch_ack_secs: 1\n", "  heartbeat_timeout_secs: 60\n  sweep_interval_secs: 60\n  heartbeat_interval_secs: 30\n"} {
+		if _, err := loadServerConfig("c.yaml", []byte("recovery:\n"+ok+"  unmatched_step_timeout_secs: 30\n")); err != nil {
+			t.Errorf("%q refused: %v", ok, err)
+		}
+	}
+	// Flags: a listen address without a port, an empty data directory.
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--addr", "localhost", "--data-dir", filepath.Join(t.TempDir(), "d")}, `listen address "localhost" (--addr or addr:): want HOST:PORT`},
+		{[]string{"--addr", "127.0.0.1:0", "--data-dir", ""}, "the data directory (--data-dir or data_dir:) is empty"},
+	} {
+		code, stdout, stderr := runServeInProcess(t, ctx, c.args...)
+		if code != exitUsage || !strings.Contains(stderr, c.want) || stdout != "" {
+			t.Errorf("%q: exit %d, stdout %q, stderr %q; want exit %d and %q", c.args, code, stdout, stderr, exitUsage, c.want)
+		}
+	}
+}
+
+// serve on a port already in use fails before it creates the data
+// directory, the store or an admin token, and says why.
+func TestServeBindsFirst(t *testing.T) {
+	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
+	defer cancel()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	dataDir := filepath.Join(t.TempDir(), "data")
+	code, stdout, stderr := runServeInProcess(t, ctx, "--addr", ln.Addr().String(), "--data-dir", dataDir)
+	want := "cannot listen on " + ln.Addr().String() + ": the address is already in use"
+	if code != exitError || !strings.Contains(stderr, want) || !strings.Contains(stderr, "nothing was created") {
+		t.Errorf("exit %d, stderr %q; want exit %d and %q", code, stderr, exitError, want)
+	}
+	if stdout != "" {
+		t.Errorf("stdout %q: nothing may be printed (no admin token) when the port is in use", stdout)
+	}
+	if exists(dataDir) {
+		entries, _ := os.ReadDir(dataDir)
+		t.Errorf("the data directory was created (%d entries): the store and the admin token must not exist before the listener", len(entries))
+	}
+}
+
+// Two serves on one data directory: the second names the store file and
+// says another process holds it (not bbolt's bare "timeout"), creates and
+// prints nothing, and the first keeps serving.
+func TestServeStoreLocked(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs the binaries")
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), faultTimeout)
+	defer cancel()
+	orchBin, _ := buildBinaries(t, ctx)
+	dataDir := filepath.Join(t.TempDir(), "data")
+	first := startServe(t, ctx, orchBin, "orchestrator serve (first)", "127.0.0.1:0", dataDir)
+	admin, err := os.ReadFile(filepath.Join(dataDir, adminTokenFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	second := start(t, ctx, "orchestrator serve (second)", orchBin, "serve", "--addr", "127.0.0.1:0", "--data-dir", dataDir)
+	code := second.wait(t, ctx)
+	storePath := filepath.Join(dataDir, storeFile)
+	stderr := second.stderr.String()
+	for _, want := range []string{"locked by another process", storePath, "another orchestrator serving this data directory", "stop that process or use another data directory"} {
+		if !strings.Contains(stderr, want) {
+			t.Errorf("second serve's error lacks %q:\n%s", want, stderr)
+		}
+	}
+	if code != exitError || strings.Contains(second.stdout.String(), "Admin token") {
+		t.Errorf("second serve: exit %d, stdout %q; want exit %d, no admin token", code, second.stdout, exitError)
+	}
+	var ws struct{ Workers []any }
+	apiClient{t: t, ctx: ctx, base: "http://" + first.addr + "/api", token: strings.TrimSpace(string(admin))}.call("GET", "/workers", nil, 200, &ws)
+}
