@@ -589,6 +589,10 @@ func (o *Orchestrator) submit(in Submit) {
 		o.answer(APIAnswer{Call: in.Call, Err: err.Error()})
 		return
 	}
+	if err := in.Spec.CheckDispatchSizes(o.cfg.Env); err != nil {
+		o.answer(APIAnswer{Call: in.Call, Err: err.Error()})
+		return
+	}
 	if in.Parent != "" && o.runs[in.Parent] == nil {
 		o.answer(APIAnswer{Call: in.Call, Err: fmt.Sprintf("unknown parent run %q", in.Parent)})
 		return
@@ -629,14 +633,16 @@ func instanceIDs(run RunID, sp *StepSpec) []StepID {
 // indexRun builds the derived indexes of a run; with create it also creates
 // the run's steps (on submit, not on load).
 func (o *Orchestrator) indexRun(r *RunRecord, create bool) {
+	byName := make(map[string]int, len(r.Spec.Steps)) // a lookup, not a scan per dependency (SPEC §12)
+	for i := range r.Spec.Steps {
+		byName[r.Spec.Steps[i].Name] = i
+	}
 	for i := range r.Spec.Steps {
 		sp := &r.Spec.Steps[i]
 		var deps []StepID
 		for _, d := range sp.DependsOn {
-			for k := range r.Spec.Steps {
-				if r.Spec.Steps[k].Name == d {
-					deps = append(deps, instanceIDs(r.ID, &r.Spec.Steps[k])...)
-				}
+			if k, ok := byName[d]; ok {
+				deps = append(deps, instanceIDs(r.ID, &r.Spec.Steps[k])...)
 			}
 		}
 		for idx, id := range instanceIDs(r.ID, sp) {

@@ -136,6 +136,8 @@ type Driver struct {
 	calls      map[core.CallID]chan core.APIAnswer
 	timer      *time.Timer
 	deadline   time.Time // the core's next deadline, as armed
+
+	stats loopStats // how long each batch held the loop (SPEC §12)
 }
 
 // Inputs of the loop.
@@ -401,7 +403,10 @@ func (d *Driver) loop() error {
 				break drain
 			}
 		}
-		if err := d.process(batch); err != nil {
+		t0 := time.Now()
+		err := d.process(batch)
+		d.stats.add(time.Since(t0), len(batch))
+		if err != nil {
 			return err
 		}
 	}
