@@ -49,8 +49,13 @@ import (
 
 // API limits.
 const (
-	// MaxAPIBody bounds a request body (a workflow definition included).
+	// MaxAPIBody bounds a request body (a workflow definition has its own
+	// limit, Options.MaxSubmitBody).
 	MaxAPIBody = 1 << 20
+	// DefaultMaxSubmitBody bounds a workflow definition (POST /api/runs)
+	// when Options.MaxSubmitBody is zero; it is also the parser's own
+	// limit (workflow.MaxSize), which a larger setting cannot pass.
+	DefaultMaxSubmitBody = workflow.MaxSize
 	// DefaultTokenTTL is an enrollment token's validity when none is given.
 	DefaultTokenTTL = 24 * time.Hour
 	// apiTimeout bounds one request's wait for the orchestrator.
@@ -263,6 +268,9 @@ func (a *api) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if r.URL.Path == "/api/bundles" && a.d.opts.MaxBundleBody > 0 {
 		limit = a.d.opts.MaxBundleBody
 	}
+	if strings.Trim(r.URL.Path, "/") == "api/runs" && r.Method == http.MethodPost {
+		limit = min(a.d.opts.MaxSubmitBody, workflow.MaxSize)
+	}
 	if r.ContentLength > limit {
 		writeJSON(w, http.StatusRequestEntityTooLarge, APIError{Error: fmt.Sprintf("request body of %d bytes is larger than the limit of %d bytes", r.ContentLength, limit)})
 		return
@@ -442,6 +450,12 @@ func (a *api) submit(r *http.Request) (int, any, error) {
 	if file == "" {
 		file = "workflow"
 	}
+	file = strings.ToValidUTF8(strings.Map(func(r rune) rune { // a name for messages: printable, bounded by Parse
+		if r < ' ' || r == 0x7f {
+			return -1
+		}
+		return r
+	}, file), "")
 	spec, err := workflow.Parse(file, src)
 	if err != nil {
 		return 0, nil, errorf(http.StatusBadRequest, "%v", err)
