@@ -32,6 +32,11 @@ type Orchestrator struct {
 	// Derived indexes, rebuilt by load.
 	specOf       map[StepID]*StepSpec
 	dependents   map[StepID][]StepID
+	// depsOK[s] = n: s.Deps[:n] are known to have succeeded (a terminal
+	// state), so promote resumes there instead of rescanning them (SPEC
+	// §12: a fan-in's promotion is linear in its edges). Derived, not
+	// persisted: 0 is always a correct start.
+	depsOK map[StepID]int
 	ready        map[StepID]time.Time // queued, no lease, not a task step → its QueuedAt
 	readyQ       []readyEntry         // readyQ[readyHead:]: ready steps in dispatch order, with stale entries (see readyQueue)
 	readyHead    int                  // entries before it were dispatched or went stale
@@ -83,6 +88,7 @@ func (o *Orchestrator) init() {
 	o.logs = map[LeaseID][]StepLogLine{}
 	o.specOf = map[StepID]*StepSpec{}
 	o.dependents = map[StepID][]StepID{}
+	o.depsOK = map[StepID]int{}
 	o.ready = map[StepID]time.Time{}
 	o.readyQ, o.readyHead, o.readySorted = nil, 0, 0
 	o.open = map[RunID]int{}
@@ -541,11 +547,15 @@ func (o *Orchestrator) promote(s *StepRecord) {
 	if s.State != StatePending {
 		return
 	}
-	for _, d := range s.Deps {
-		if o.steps[d].State != StateSuccess {
-			return
-		}
+	n := o.depsOK[s.ID]
+	for n < len(s.Deps) && o.steps[s.Deps[n]].State == StateSuccess {
+		n++
 	}
+	if n < len(s.Deps) {
+		o.depsOK[s.ID] = n
+		return
+	}
+	delete(o.depsOK, s.ID)
 	sp := o.specOf[s.ID]
 	switch {
 	case sp.Hold:

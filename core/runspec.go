@@ -57,7 +57,12 @@ const (
 	// MaxEdgesPerRun bounds the expanded dependency edges: a dependency of
 	// a step with m instances on a step with n instances is m×n edges,
 	// each stored in the dependent's record.
-	MaxEdgesPerRun = 10000
+	MaxEdgesPerRun = 5000
+	// MaxExpandedBytes bounds the bytes of the expanded step names
+	// ("name[i]") plus, for every edge, the name it depends on: what the
+	// run's step records hold beyond their fixed fields, so long names do
+	// not multiply the work the step and edge counts allow.
+	MaxExpandedBytes = 64 << 10
 	// MaxEnvVars bounds one env mapping (the run's, or one step's).
 	MaxEnvVars       = 256
 	MaxEnvKeyBytes   = 256
@@ -176,8 +181,9 @@ func (r RunSpec) Validate() error {
 	if err := r.checkSizes(); err != nil {
 		return err
 	}
-	edges := 0
+	edges, expanded := 0, 0
 	for _, s := range r.Steps {
+		expanded += expandedBytes(s)
 		seen := map[string]bool{}
 		for _, d := range s.DependsOn {
 			if _, ok := byName[d]; !ok {
@@ -191,10 +197,14 @@ func (r RunSpec) Validate() error {
 			}
 			seen[d] = true
 			edges += instances(s) * instances(r.Steps[byName[d]])
+			expanded += instances(s) * expandedBytes(r.Steps[byName[d]])
 		}
 	}
 	if edges > MaxEdgesPerRun {
 		return invalid("run has %d dependency edges once forEach is expanded (a step with m instances depending on one with n is m×n edges), at most %d: depend on fewer instances, or put a task step between two fan-outs", edges, MaxEdgesPerRun)
+	}
+	if expanded > MaxExpandedBytes {
+		return invalid("run expands to %d bytes of step names and dependency names (name[i] for every instance, and again for every edge), at most %d: use shorter step names, or fewer instances or edges", expanded, MaxExpandedBytes)
 	}
 	if cyc := findCycle(r.Steps, byName); cyc != nil {
 		return invalid("dependency cycle: %s", strings.Join(cyc, " -> "))
@@ -204,6 +214,19 @@ func (r RunSpec) Validate() error {
 
 // instances is how many steps s expands to.
 func instances(s StepSpec) int { return max(len(s.ForEach), 1) }
+
+// expandedBytes is the bytes of s's instance names, "name" or "name[i]".
+func expandedBytes(s StepSpec) int {
+	n := len(s.ForEach)
+	if n == 0 {
+		return len(s.Name)
+	}
+	total := n * (len(s.Name) + 2) // the name and "[]" of each
+	for lo, width, hi := 0, 1, 10; lo < n; lo, width, hi = hi, width+1, hi*10 {
+		total += (min(hi, n) - lo) * width // the digits of indices lo..hi-1
+	}
+	return total
+}
 
 // checkSizes checks the byte and count limits of the declaration and of its
 // env mappings (SPEC §12).
