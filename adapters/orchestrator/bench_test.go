@@ -503,8 +503,11 @@ func TestLargestSubmission(t *testing.T) {
 		t.Fatalf("the largest run is refused: %v", err)
 	}
 	for what, change := range map[string]func(r *core.RunSpec){
-		"a step":        func(r *core.RunSpec) { r.Steps[2].ForEach = append(r.Steps[2].ForEach, "x") },
-		"an edge":       func(r *core.RunSpec) { r.Steps[1].ForEach = append(r.Steps[1].ForEach, "x"); r.Steps[2].ForEach = r.Steps[2].ForEach[1:] },
+		"a step": func(r *core.RunSpec) { r.Steps[2].ForEach = append(r.Steps[2].ForEach, "x") },
+		"an edge": func(r *core.RunSpec) {
+			r.Steps[1].ForEach = append(r.Steps[1].ForEach, "x")
+			r.Steps[2].ForEach = r.Steps[2].ForEach[1:]
+		},
 		"a byte (name)": func(r *core.RunSpec) { r.Steps[2].Name += "c" },
 	} {
 		r := largestRun()
