@@ -30,13 +30,8 @@ type Orchestrator struct {
 	logs    map[LeaseID][]StepLogLine
 
 	// Derived indexes, rebuilt by load.
-	specOf     map[StepID]*StepSpec
-	dependents map[StepID][]StepID
-	// depsOK[s] = n: s.Deps[:n] are known to have succeeded (a terminal
-	// state), so promote resumes there instead of rescanning them (SPEC
-	// §12: a fan-in's promotion is linear in its edges). Derived, not
-	// persisted: 0 is always a correct start.
-	depsOK       map[StepID]int
+	specOf       map[StepID]*StepSpec
+	dependents   map[StepID][]StepID
 	ready        map[StepID]time.Time // queued, no lease, not a task step → its QueuedAt
 	readyQ       []readyEntry         // readyQ[readyHead:]: ready steps in dispatch order, with stale entries (see readyQueue)
 	readyHead    int                  // entries before it were dispatched or went stale
@@ -69,6 +64,12 @@ type Orchestrator struct {
 	dirty   map[string]bool
 	appends []Record
 	scratch []byte // encoding buffer, reused
+
+	// depsOK[s] = n: s.Deps[:n] are known to have succeeded (a terminal
+	// state), so promote resumes there instead of rescanning them (SPEC
+	// §12: a fan-in's promotion is linear in its edges). A derived index,
+	// not persisted: 0 is always a correct start.
+	depsOK map[StepID]int
 }
 
 // NewOrchestrator returns an empty orchestrator.
