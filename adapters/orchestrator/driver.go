@@ -592,7 +592,8 @@ func (d *Driver) deliver(e core.Envelope) {
 		// too. Submit refuses a step whose dispatch could not fit (SPEC
 		// §12), so this is a bug or an environment grown since the submit.
 		d.log.Error("cannot encode message; closing the connection", "conn", uint64(c.id), "kind", e.Msg.Kind(), "err", err)
-		c.hangUp(closeInternal, fmt.Sprintf("orchestrator cannot send a %s message: %v", e.Msg.Kind(), err))
+		reason := strings.TrimPrefix(err.Error(), wire.ErrFrameTooLarge.Error()+": ") // fits a close frame's 120 bytes
+		c.hangUp(closeInternal, fmt.Sprintf("orchestrator cannot send a %s: %s", e.Msg.Kind(), reason))
 		return
 	}
 	c.send(b)
