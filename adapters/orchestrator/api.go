@@ -22,7 +22,8 @@ package orchestrator
 // Errors are {"error": "..."} with 400 (bad request or definition), 401
 // (admin token), 404 (unknown path, run, step or token), 405 (method), 409
 // (the orchestrator refused: wrong state, duplicate name), 413 (body over
-// 1 MiB; a bundle over Options.MaxBundleBody), 503 (the orchestrator is
+// 1 MiB; a workflow over Options.MaxSubmitBody; a bundle over
+// Options.MaxBundleBody), 503 (the orchestrator is
 // stopping or did not answer in time).
 //
 // Reads go through Driver.Snapshot, so they see only durable state; writes
