@@ -64,6 +64,12 @@ type Orchestrator struct {
 	dirty   map[string]bool
 	appends []Record
 	scratch []byte // encoding buffer, reused
+
+	// depsOK[s] = n: s.Deps[:n] are known to have succeeded (a terminal
+	// state), so promote resumes there instead of rescanning them (SPEC
+	// §12: a fan-in's promotion is linear in its edges). A derived index,
+	// not persisted: 0 is always a correct start.
+	depsOK map[StepID]int
 }
 
 // NewOrchestrator returns an empty orchestrator.
@@ -83,6 +89,7 @@ func (o *Orchestrator) init() {
 	o.logs = map[LeaseID][]StepLogLine{}
 	o.specOf = map[StepID]*StepSpec{}
 	o.dependents = map[StepID][]StepID{}
+	o.depsOK = map[StepID]int{}
 	o.ready = map[StepID]time.Time{}
 	o.readyQ, o.readyHead, o.readySorted = nil, 0, 0
 	o.open = map[RunID]int{}
@@ -541,11 +548,15 @@ func (o *Orchestrator) promote(s *StepRecord) {
 	if s.State != StatePending {
 		return
 	}
-	for _, d := range s.Deps {
-		if o.steps[d].State != StateSuccess {
-			return
-		}
+	n := o.depsOK[s.ID]
+	for n < len(s.Deps) && o.steps[s.Deps[n]].State == StateSuccess {
+		n++
 	}
+	if n < len(s.Deps) {
+		o.depsOK[s.ID] = n
+		return
+	}
+	delete(o.depsOK, s.ID)
 	sp := o.specOf[s.ID]
 	switch {
 	case sp.Hold:
@@ -589,6 +600,10 @@ func (o *Orchestrator) submit(in Submit) {
 		o.answer(APIAnswer{Call: in.Call, Err: err.Error()})
 		return
 	}
+	if err := in.Spec.CheckDispatchSizes(o.cfg.Env); err != nil {
+		o.answer(APIAnswer{Call: in.Call, Err: err.Error()})
+		return
+	}
 	if in.Parent != "" && o.runs[in.Parent] == nil {
 		o.answer(APIAnswer{Call: in.Call, Err: fmt.Sprintf("unknown parent run %q", in.Parent)})
 		return
@@ -629,14 +644,16 @@ func instanceIDs(run RunID, sp *StepSpec) []StepID {
 // indexRun builds the derived indexes of a run; with create it also creates
 // the run's steps (on submit, not on load).
 func (o *Orchestrator) indexRun(r *RunRecord, create bool) {
+	byName := make(map[string]int, len(r.Spec.Steps)) // a lookup, not a scan per dependency (SPEC §12)
+	for i := range r.Spec.Steps {
+		byName[r.Spec.Steps[i].Name] = i
+	}
 	for i := range r.Spec.Steps {
 		sp := &r.Spec.Steps[i]
 		var deps []StepID
 		for _, d := range sp.DependsOn {
-			for k := range r.Spec.Steps {
-				if r.Spec.Steps[k].Name == d {
-					deps = append(deps, instanceIDs(r.ID, &r.Spec.Steps[k])...)
-				}
+			if k, ok := byName[d]; ok {
+				deps = append(deps, instanceIDs(r.ID, &r.Spec.Steps[k])...)
 			}
 		}
 		for idx, id := range instanceIDs(r.ID, sp) {

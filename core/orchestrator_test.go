@@ -300,6 +300,9 @@ func (h *harness) command(d *datadriven.TestData) []string {
 		h.cfg.UnmatchedTimeout = h.dur(d, "unmatched", h.cfg.UnmatchedTimeout)
 		h.cfg.SweepInterval = h.dur(d, "sweep", h.cfg.SweepInterval)
 		h.cfg.CredentialTTL = h.dur(d, "credential-ttl", h.cfg.CredentialTTL)
+		if n := h.num(d, "env-bytes", 0); n > 0 { // the orchestrator's own environment snapshot
+			h.cfg.Env = map[string]string{"SNAPSHOT": strings.Repeat("s", int(n))}
+		}
 		h.o = NewOrchestrator(h.cfg)
 		return nil
 
@@ -633,6 +636,27 @@ func (h *harness) parseRun(d *datadriven.TestData) RunSpec {
 					a, b, _ := strings.Cut(kv, ":")
 					s.Env[a] = b
 				}
+			// Sizes for the limits (SPEC §12): items=N generates N forEach
+			// items; cmd-bytes=N a command of N bytes; env-vars=N N
+			// variables; env-value=N one variable of N bytes.
+			case "items":
+				n, _ := strconv.Atoi(v)
+				s.ForEach = make([]string, n)
+				for i := range s.ForEach {
+					s.ForEach[i] = strconv.Itoa(i)
+				}
+			case "cmd-bytes":
+				n, _ := strconv.Atoi(v)
+				s.Command = strings.Repeat("c", n)
+			case "env-vars":
+				n, _ := strconv.Atoi(v)
+				s.Env = map[string]string{}
+				for i := range n {
+					s.Env[fmt.Sprintf("V%04d", i)] = "v"
+				}
+			case "env-value":
+				n, _ := strconv.Atoi(v)
+				s.Env = map[string]string{"BIG": strings.Repeat("v", n)}
 			default:
 				h.t.Fatalf("%s: unknown step field %q", d.Pos, k)
 			}

@@ -959,21 +959,7 @@ func (o *Orchestrator) grant(s *StepRecord, w *WorkerRecord) {
 // envFor is the shipped environment: the orchestrator's snapshot, then the
 // run's and the step's env, all minus the denylist, plus TETHER_ITEM.
 func (o *Orchestrator) envFor(s *StepRecord, sp *StepSpec) map[string]string {
-	env := map[string]string{}
-	for _, src := range []map[string]string{o.cfg.Env, o.runs[s.Run].Spec.Env, sp.Env} {
-		for k, v := range src {
-			if !Denied(k) {
-				env[k] = v
-			}
-		}
-	}
-	if s.Index >= 0 {
-		env["TETHER_ITEM"] = s.Item
-	}
-	if len(env) == 0 {
-		return nil
-	}
-	return env
+	return DispatchEnv(o.cfg.Env, o.runs[s.Run].Spec, *sp, s.Index, s.Item)
 }
 
 func sortedKeys[K ~string | ~uint64, V any](m map[K]V) []K {

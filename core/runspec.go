@@ -44,13 +44,71 @@ type StepSpec struct {
 	Wait       time.Duration
 }
 
-// Limits on a submitted run.
+// Limits on a submitted run (SPEC §2, §12). Validate checks every one
+// before anything is created; they are what bounds the work one submission
+// gives the orchestrator's loop (its records, its dependency index, its
+// dispatches), so that no submission holds the loop for long (SPEC §12
+// quotes the measurement).
 const (
-	MaxStepsPerRun   = 10000
-	MaxForEachItems  = 10000
+	MaxStepsPerRun   = 1000 // expanded: every forEach instance is one step
+	MaxForEachItems  = 1000
 	MaxNameLength    = 128
 	MaxCommandLength = 64 << 10
+	// MaxEdgesPerRun bounds the expanded dependency edges: a dependency of
+	// a step with m instances on a step with n instances is m×n edges,
+	// each stored in the dependent's record.
+	MaxEdgesPerRun = 5000
+	// MaxExpandedBytes bounds the bytes of the expanded step names
+	// ("name[i]") plus, for every edge, the name it depends on: what the
+	// run's step records hold beyond their fixed fields, so long names do
+	// not multiply the work the step and edge counts allow.
+	MaxExpandedBytes = 64 << 10
+	// MaxEnvVars bounds one env mapping (the run's, or one step's).
+	MaxEnvVars       = 256
+	MaxEnvKeyBytes   = 256
+	MaxEnvValueBytes = 32 << 10
+	// MaxRunSpecBytes bounds the run's declaration: the bytes of every
+	// string in it (names, commands, dependencies, tags, labels, env, items).
+	MaxRunSpecBytes = 512 << 10
+	// MaxDispatchBytes bounds what one dispatch of a step carries: its
+	// command plus the keys and values of the environment it is shipped
+	// with, each variable counted as "K=V" (the orchestrator's snapshot,
+	// the run's and the step's env after the denylist, and TETHER_ITEM).
+	// Encoding a byte takes at most 6 bytes (a \u escape), and a variable's
+	// quotes, colon and comma at most 6 times its "=", so a dispatch within
+	// this bound always fits in one wire frame (1 MiB; SPEC §12).
+	MaxDispatchBytes = 128 << 10
 )
+
+// ErrorListMax bounds how many entries of a list an error message spells
+// out; the rest are counted ("… and 1,990 more").
+const ErrorListMax = 10
+
+// ListForError joins at most ErrorListMax items of list, each rendered
+// with Quote, and says how many more there are.
+func ListForError(list []string) string {
+	n := min(len(list), ErrorListMax)
+	parts := make([]string, 0, n+1)
+	for _, s := range list[:n] {
+		parts = append(parts, Quote(s))
+	}
+	if more := len(list) - n; more > 0 {
+		parts = append(parts, fmt.Sprintf("… and %s more", Thousands(more)))
+	}
+	return strings.Join(parts, ", ")
+}
+
+// Thousands renders n with comma separators (1990 → "1,990").
+func Thousands(n int) string {
+	s := fmt.Sprint(n)
+	if n < 0 {
+		return "-" + Thousands(-n)
+	}
+	for i := len(s) - 3; i > 0; i -= 3 {
+		s = s[:i] + "," + s[i:]
+	}
+	return s
+}
 
 // ErrInvalidRun is returned (wrapped, with the reason) when a RunSpec is not a
 // valid DAG of steps.
@@ -131,20 +189,33 @@ func (r RunSpec) Validate() error {
 	if total > MaxStepsPerRun {
 		return invalid("run expands to %d steps, at most %d", total, MaxStepsPerRun)
 	}
+	if err := r.checkSizes(); err != nil {
+		return err
+	}
+	edges, expanded := 0, 0
 	for _, s := range r.Steps {
+		expanded += expandedBytes(s)
 		seen := map[string]bool{}
 		for _, d := range s.DependsOn {
 			if _, ok := byName[d]; !ok {
-				return invalid("step %q depends on unknown step %q", s.Name, d)
+				return invalid("step %q depends on unknown step %s", s.Name, Quote(d))
 			}
 			if d == s.Name {
 				return invalid("step %q depends on itself", s.Name)
 			}
 			if seen[d] {
-				return invalid("step %q lists dependency %q twice", s.Name, d)
+				return invalid("step %q lists dependency %s twice", s.Name, Quote(d))
 			}
 			seen[d] = true
+			edges += instances(s) * instances(r.Steps[byName[d]])
+			expanded += instances(s) * expandedBytes(r.Steps[byName[d]])
 		}
+	}
+	if edges > MaxEdgesPerRun {
+		return invalid("run has %d dependency edges once forEach is expanded (a step with m instances depending on one with n is m×n edges), at most %d: depend on fewer instances, or put a task step between two fan-outs", edges, MaxEdgesPerRun)
+	}
+	if expanded > MaxExpandedBytes {
+		return invalid("run expands to %d bytes of step names and dependency names (name[i] for every instance, and again for every edge), at most %d: use shorter step names, or fewer instances or edges", expanded, MaxExpandedBytes)
 	}
 	if cyc := findCycle(r.Steps, byName); cyc != nil {
 		return invalid("dependency cycle: %s", strings.Join(cyc, " -> "))
@@ -182,6 +253,124 @@ func checkStepNames(s StepSpec) error {
 	if s.Platform != "" {
 		if err := CheckName("platform", s.Platform); err != nil {
 			return err
+		}
+	}
+	return nil
+}
+
+// instances is how many steps s expands to.
+func instances(s StepSpec) int { return max(len(s.ForEach), 1) }
+
+// expandedBytes is the bytes of s's instance names, "name" or "name[i]".
+func expandedBytes(s StepSpec) int {
+	n := len(s.ForEach)
+	if n == 0 {
+		return len(s.Name)
+	}
+	total := n * (len(s.Name) + 2) // the name and "[]" of each
+	for lo, width, hi := 0, 1, 10; lo < n; lo, width, hi = hi, width+1, hi*10 {
+		total += (min(hi, n) - lo) * width // the digits of indices lo..hi-1
+	}
+	return total
+}
+
+// checkSizes checks the byte and count limits of the declaration and of its
+// env mappings (SPEC §12).
+func (r RunSpec) checkSizes() error {
+	if err := checkEnv("run", r.Env); err != nil {
+		return err
+	}
+	size := len(r.Name) + envBytes(r.Env)
+	for _, s := range r.Steps {
+		if err := checkEnv(fmt.Sprintf("step %q", s.Name), s.Env); err != nil {
+			return err
+		}
+		size += len(s.Name) + len(s.Command) + len(s.Type) + len(s.Runner) + len(s.Target) + len(s.Platform) + envBytes(s.Env) + envBytes(s.Labels)
+		for _, l := range [][]string{s.DependsOn, s.Tags, s.ForEach} {
+			for _, x := range l {
+				size += len(x)
+			}
+		}
+	}
+	if size > MaxRunSpecBytes {
+		return invalid("the run's declaration holds %d bytes of names, commands, lists and env, at most %d", size, MaxRunSpecBytes)
+	}
+	return nil
+}
+
+func envBytes(env map[string]string) int {
+	n := 0
+	for k, v := range env {
+		n += len(k) + len(v)
+	}
+	return n
+}
+
+// checkEnv checks one env mapping: at most MaxEnvVars variables, each name
+// non-empty, at most MaxEnvKeyBytes, without '=' or NUL, each value at most
+// MaxEnvValueBytes without NUL (a process environment cannot hold them).
+func checkEnv(where string, env map[string]string) error {
+	if len(env) > MaxEnvVars {
+		return invalid("%s: env has %d variables, at most %d", where, len(env), MaxEnvVars)
+	}
+	for _, k := range sortedKeys(env) { // sorted: the first bad name is always the same one
+		v := env[k]
+		switch {
+		case k == "":
+			return invalid("%s: env has a variable with an empty name", where)
+		case len(k) > MaxEnvKeyBytes:
+			return invalid("%s: env variable name %s is %d bytes, at most %d", where, Quote(k), len(k), MaxEnvKeyBytes)
+		case strings.ContainsAny(k, "=\x00"):
+			return invalid("%s: env variable name %s may not contain '=' or NUL", where, Quote(k))
+		case len(v) > MaxEnvValueBytes:
+			return invalid("%s: env variable %s has a value of %d bytes, at most %d", where, Quote(k), len(v), MaxEnvValueBytes)
+		case strings.Contains(v, "\x00"):
+			return invalid("%s: env variable %s has a NUL byte in its value", where, Quote(k))
+		}
+	}
+	return nil
+}
+
+// DispatchEnv is the environment a dispatch of step sp of run carries
+// (SPEC §8): the orchestrator's snapshot, then the run's and the step's env,
+// all minus the denylist, plus TETHER_ITEM for a forEach instance (index ≥ 0).
+func DispatchEnv(snapshot map[string]string, run RunSpec, sp StepSpec, index int, item string) map[string]string {
+	env := map[string]string{}
+	for _, src := range []map[string]string{snapshot, run.Env, sp.Env} {
+		for k, v := range src {
+			if !Denied(k) {
+				env[k] = v
+			}
+		}
+	}
+	if index >= 0 {
+		env["TETHER_ITEM"] = item
+	}
+	if len(env) == 0 {
+		return nil
+	}
+	return env
+}
+
+// CheckDispatchSizes refuses a run one of whose dispatches would carry more
+// than MaxDispatchBytes (command, env names and values) with the
+// orchestrator's environment snapshot (Config.Env). The largest forEach
+// item stands for every instance.
+func (r RunSpec) CheckDispatchSizes(snapshot map[string]string) error {
+	for _, sp := range r.Steps {
+		if sp.Type == "task" {
+			continue // never dispatched (SPEC §2)
+		}
+		index, item := -1, ""
+		for i, it := range sp.ForEach {
+			if index < 0 || len(it) > len(item) {
+				index, item = i, it
+			}
+		}
+		env := DispatchEnv(snapshot, r, sp, index, item)
+		n := len(sp.Command) + envBytes(env) + len(env) // each variable as "K=V"
+		if n > MaxDispatchBytes {
+			return invalid("step %q: its dispatch would carry %d bytes of command and environment (the orchestrator's, the run's and the step's), at most %d", sp.Name, n, MaxDispatchBytes)
 		}
 	}
 	return nil

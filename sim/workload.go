@@ -114,6 +114,9 @@ func (w *world) startOperator() {
 		if w.healed || w.runsSent >= w.opt.Runs {
 			return // the workload runs through the fault phase, up to Runs
 		}
+		if w.runsSent%4 == 3 {
+			w.submitOverLimit() // every 4th submit is preceded by one the limits refuse (SPEC §12)
+		}
 		spec := w.randomRun()
 		called := w.now
 		w.call(func(id core.CallID) core.Input { return core.Submit{Call: id, Spec: spec} }, func(a core.APIAnswer) {
@@ -267,6 +270,37 @@ func (w *world) approveHeld() {
 			return
 		}
 	}
+}
+
+// submitOverLimit submits a run over one of the limits of SPEC §2/§12
+// (forEach items, expanded edges, dispatch bytes, in turn); it must be
+// refused and create nothing. It draws no randomness, so the rest of the
+// workload is the same as without it.
+func (w *world) submitOverLimit() {
+	items := func(n int) []string {
+		out := make([]string, n)
+		for i := range out {
+			out[i] = fmt.Sprint(i)
+		}
+		return out
+	}
+	var spec core.RunSpec
+	switch w.runsSent / 4 % 3 {
+	case 0:
+		spec.Steps = []core.StepSpec{{Name: "fan", Command: "work", ForEach: items(core.MaxForEachItems + 1)}}
+	case 1: // 71 × 71 = 5,041 edges
+		spec.Steps = []core.StepSpec{{Name: "a", Command: "work", ForEach: items(71)}, {Name: "b", Command: "work", ForEach: items(71), DependsOn: []string{"a"}}}
+	default:
+		spec.Steps = []core.StepSpec{{Name: "env", Command: "work", Env: map[string]string{}}}
+		for i := range 5 {
+			spec.Steps[0].Env[fmt.Sprintf("V%d", i)] = strings.Repeat("v", core.MaxEnvValueBytes)
+		}
+	}
+	w.call(func(id core.CallID) core.Input { return core.Submit{Call: id, Spec: spec} }, func(a core.APIAnswer) {
+		if a.Err == "" || a.Run != "" {
+			w.fail("workload", fmt.Sprintf("a run over the limits of SPEC §12 was accepted as %s", a.Run))
+		}
+	})
 }
 
 // randomRun draws a DAG workflow.

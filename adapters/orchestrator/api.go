@@ -22,7 +22,8 @@ package orchestrator
 // Errors are {"error": "..."} with 400 (bad request or definition), 401
 // (admin token), 404 (unknown path, run, step or token), 405 (method), 409
 // (the orchestrator refused: wrong state, duplicate name), 413 (body over
-// 1 MiB; a bundle over Options.MaxBundleBody), 503 (the orchestrator is
+// 1 MiB; a workflow over Options.MaxSubmitBody; a bundle over
+// Options.MaxBundleBody), 503 (the orchestrator is
 // stopping or did not answer in time).
 //
 // Reads go through Driver.Snapshot, so they see only durable state; writes
@@ -49,8 +50,13 @@ import (
 
 // API limits.
 const (
-	// MaxAPIBody bounds a request body (a workflow definition included).
+	// MaxAPIBody bounds a request body (a workflow definition has its own
+	// limit, Options.MaxSubmitBody).
 	MaxAPIBody = 1 << 20
+	// DefaultMaxSubmitBody bounds a workflow definition (POST /api/runs)
+	// when Options.MaxSubmitBody is zero; it is also the parser's own
+	// limit (workflow.MaxSize), which a larger setting cannot pass.
+	DefaultMaxSubmitBody = workflow.MaxSize
 	// DefaultTokenTTL is an enrollment token's validity when none is given.
 	DefaultTokenTTL = 24 * time.Hour
 	// apiTimeout bounds one request's wait for the orchestrator.
@@ -262,6 +268,9 @@ func (a *api) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	limit := int64(MaxAPIBody)
 	if r.URL.Path == "/api/bundles" && a.d.opts.MaxBundleBody > 0 {
 		limit = a.d.opts.MaxBundleBody
+	}
+	if strings.Trim(r.URL.Path, "/") == "api/runs" && r.Method == http.MethodPost {
+		limit = min(a.d.opts.MaxSubmitBody, workflow.MaxSize)
 	}
 	if r.ContentLength > limit {
 		writeJSON(w, http.StatusRequestEntityTooLarge, APIError{Error: fmt.Sprintf("request body of %d bytes is larger than the limit of %d bytes", r.ContentLength, limit)})

@@ -31,6 +31,7 @@ const (
 	closePolicy    = websocket.ClosePolicyViolation
 	closeData      = websocket.CloseUnsupportedData
 	closeGoingAway = websocket.CloseGoingAway // the orchestrator is stopping
+	closeInternal  = websocket.CloseInternalServerErr
 )
 
 // goingAwayWait bounds how long a stopping orchestrator waits for its

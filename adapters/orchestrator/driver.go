@@ -87,6 +87,9 @@ type Options struct {
 	// the write bodies held in memory at once (at least the largest of the
 	// body limits).
 	MaxPutBody, MaxAppendBody, MaxStream, MaxBundleBody, MaxDataInFlight int64
+	// MaxSubmitBody bounds a workflow definition posted to POST /api/runs,
+	// in bytes; zero means DefaultMaxSubmitBody (SPEC §12).
+	MaxSubmitBody int64
 }
 
 // Store is what the driver needs of durable storage; *store.Store is one.
@@ -140,6 +143,8 @@ type Driver struct {
 	calls      map[core.CallID]chan core.APIAnswer
 	timer      *time.Timer
 	deadline   time.Time // the core's next deadline, as armed
+
+	stats loopStats // how long each batch held the loop (SPEC §12)
 }
 
 // Inputs of the loop.
@@ -183,6 +188,9 @@ func Start(opts Options) (*Driver, error) {
 		if *l.v <= 0 {
 			*l.v = l.def
 		}
+	}
+	if opts.MaxSubmitBody <= 0 {
+		opts.MaxSubmitBody = DefaultMaxSubmitBody
 	}
 	opts.MaxDataInFlight = max(opts.MaxDataInFlight, opts.MaxPutBody, opts.MaxAppendBody, opts.MaxBundleBody)
 	d := &Driver{
@@ -415,7 +423,10 @@ func (d *Driver) loop() error {
 				break drain
 			}
 		}
-		if err := d.process(batch); err != nil {
+		t0 := time.Now()
+		err := d.process(batch)
+		d.stats.add(time.Since(t0), len(batch))
+		if err != nil {
 			return err
 		}
 	}
@@ -590,9 +601,13 @@ func (d *Driver) deliver(e core.Envelope) {
 	b, err := wire.Encode(e.Msg)
 	if err != nil {
 		// The worker cannot receive it: to the protocol that is a broken
-		// connection, which the core will hear about as a Disconnected.
-		d.log.Error("cannot encode message; dropping the connection", "conn", uint64(c.id), "kind", e.Msg.Kind(), "err", err)
-		c.abort()
+		// connection, which the core will hear about as a Disconnected. The
+		// worker is told why in the close frame (1011), so its log says it
+		// too. Submit refuses a step whose dispatch could not fit (SPEC
+		// §12), so this is a bug or an environment grown since the submit.
+		d.log.Error("cannot encode message; closing the connection", "conn", uint64(c.id), "kind", e.Msg.Kind(), "err", err)
+		reason := strings.TrimPrefix(err.Error(), wire.ErrFrameTooLarge.Error()+": ") // fits a close frame's 120 bytes
+		c.hangUp(closeInternal, fmt.Sprintf("orchestrator cannot send a %s: %s", e.Msg.Kind(), reason))
 		return
 	}
 	c.send(b)
@@ -691,8 +706,16 @@ func (d *Driver) do(ctx context.Context, mk func(core.CallID) core.Input) (core.
 	}
 }
 
-// Submit submits a run and returns its id.
+// Submit submits a run and returns its id. The run is validated here first,
+// off the loop (the core validates it again): an invalid run, however large,
+// never reaches the loop (SPEC §12).
 func (d *Driver) Submit(ctx context.Context, spec core.RunSpec) (core.RunID, error) {
+	if err := spec.Validate(); err != nil {
+		return "", fmt.Errorf("submit %s: %w: %w", core.Quote(spec.Name), ErrRefused, err)
+	}
+	if err := spec.CheckDispatchSizes(d.opts.Config.Env); err != nil {
+		return "", fmt.Errorf("submit %s: %w: %w", core.Quote(spec.Name), ErrRefused, err)
+	}
 	a, err := d.do(ctx, func(id core.CallID) core.Input { return core.Submit{Call: id, Spec: spec} })
 	if err != nil {
 		return "", fmt.Errorf("submit %q: %w", spec.Name, err)

@@ -1,15 +1,21 @@
 // Package workflow parses workflow definitions (YAML) into core.RunSpec.
 //
-// Every error names the file and line it comes from: unknown fields (with the
-// fields that are known), wrong types, bad durations, unknown or cyclic
-// dependencies, steps without a command. The core validates the result again
-// on submit; this package exists so that a person gets a line number.
+// Every error names the file, line and column it comes from (file:line:col)
+// and says what to change: YAML syntax errors, an empty file, unknown fields
+// (with the fields that are known), wrong types, bad durations, unknown or
+// cyclic dependencies (a cycle is walked in order, each step with its line),
+// steps without a command, and the core's limits (SPEC §2, §12). Lists in an
+// error are capped (core.ListForError) and quoted input is truncated
+// (core.Quote), so an error is bounded whatever the input. The core
+// validates the result again on submit; this package exists so that a
+// person gets a line number.
 package workflow
 
 import (
 	"bytes"
 	"errors"
 	"fmt"
+	"io"
 	"sort"
 	"strings"
 	"time"
@@ -23,43 +29,76 @@ import (
 // definition cannot be turned into a valid run.
 var ErrInvalid = errors.New("invalid workflow")
 
-// MaxSize bounds a definition's size.
+// MaxSize bounds a definition's size, in bytes (SPEC §12; the API's
+// submit limit, Options.MaxSubmitBody, may be lower).
 const MaxSize = 1 << 20
+
+// MaxErrors bounds the errors one Parse reports; the rest are counted.
+const MaxErrors = 20
 
 var runFields = []string{"name", "timeout", "env", "steps"}
 var stepFields = []string{"name", "run", "depends_on", "writes", "type", "runner", "tags", "labels",
 	"target", "platform", "timeout", "env", "forEach", "concurrency", "hold", "hold_expiry", "wait"}
 
 type parser struct {
-	file string
-	errs []string
+	file   string
+	errs   []string
+	more   int // errors past MaxErrors, counted only
+	steps  *yaml.Node
+	byName map[string]int
 }
 
 func (p *parser) errf(n *yaml.Node, format string, args ...any) {
-	line := 0
-	if n != nil {
-		line = n.Line
+	line, col := 1, 1
+	if n != nil && n.Line > 0 {
+		line, col = n.Line, max(n.Column, 1)
 	}
-	p.errs = append(p.errs, fmt.Sprintf("%s:%d: %s", p.file, line, fmt.Sprintf(format, args...)))
+	p.errAt(line, col, format, args...)
+}
+
+func (p *parser) errAt(line, col int, format string, args ...any) {
+	if len(p.errs) >= MaxErrors {
+		p.more++
+		return
+	}
+	p.errs = append(p.errs, fmt.Sprintf("%s:%d:%d: %s", p.file, line, col, fmt.Sprintf(format, args...)))
+}
+
+func (p *parser) err() error {
+	msg := strings.Join(p.errs, "\n  ")
+	if p.more > 0 {
+		msg += fmt.Sprintf("\n  … and %s more errors", core.Thousands(p.more))
+	}
+	return fmt.Errorf("%w:\n  %s", ErrInvalid, msg)
 }
 
 // Parse reads one workflow definition. file names it in errors.
 func Parse(file string, src []byte) (core.RunSpec, error) {
+	if len(file) > core.MaxNameLength {
+		file = file[:core.MaxNameLength] + "…"
+	}
 	p := &parser{file: file}
 	if len(src) > MaxSize {
-		return core.RunSpec{}, fmt.Errorf("%w: %s: %d bytes, at most %d", ErrInvalid, file, len(src), MaxSize)
+		return core.RunSpec{}, fmt.Errorf("%w: %s:1:1: the file is %d bytes, at most %d: split the workflow, or shorten its commands and lists", ErrInvalid, file, len(src), MaxSize)
 	}
 	var doc yaml.Node
 	dec := yaml.NewDecoder(bytes.NewReader(src))
 	if err := dec.Decode(&doc); err != nil {
-		return core.RunSpec{}, fmt.Errorf("%w: %s: %v", ErrInvalid, file, err)
+		if errors.Is(err, io.EOF) {
+			p.errAt(1, 1, "the file holds no workflow (it is empty, or only comments): write a mapping with `steps:`, a list of steps each with a `name` and a `run` command")
+			return core.RunSpec{}, p.err()
+		}
+		line, col, msg := syntaxError(src, err)
+		p.errAt(line, col, "%s", msg)
+		return core.RunSpec{}, p.err()
 	}
 	var extra yaml.Node
 	if err := dec.Decode(&extra); err == nil {
-		p.errf(&extra, "more than one YAML document; a file holds one workflow")
+		p.errf(&extra, "more than one YAML document; a file holds one workflow: remove the `---` and what follows, or submit it as its own file")
 	}
 	if len(doc.Content) == 0 {
-		return core.RunSpec{}, fmt.Errorf("%w: %s: empty document", ErrInvalid, file)
+		p.errf(&doc, "empty document: write a mapping with `steps:`")
+		return core.RunSpec{}, p.err()
 	}
 	spec, lines := p.run(doc.Content[0])
 	if len(p.errs) == 0 {
@@ -67,11 +106,16 @@ func Parse(file string, src []byte) (core.RunSpec, error) {
 	}
 	if len(p.errs) == 0 {
 		if err := spec.Validate(); err != nil {
-			p.errs = append(p.errs, fmt.Sprintf("%s: %v", file, strings.TrimPrefix(err.Error(), core.ErrInvalidRun.Error()+": ")))
+			// The core's limits are about the whole run: point at its steps.
+			at := p.steps
+			if at == nil {
+				at = doc.Content[0]
+			}
+			p.errf(at, "%s", strings.TrimPrefix(err.Error(), core.ErrInvalidRun.Error()+": "))
 		}
 	}
 	if len(p.errs) > 0 {
-		return core.RunSpec{}, fmt.Errorf("%w:\n  %s", ErrInvalid, strings.Join(p.errs, "\n  "))
+		return core.RunSpec{}, p.err()
 	}
 	return spec, nil
 }
@@ -86,7 +130,7 @@ func (p *parser) fields(n *yaml.Node, what string, known []string, f func(key st
 	for i := 0; i+1 < len(n.Content); i += 2 {
 		k, v := n.Content[i], n.Content[i+1]
 		if seen[k.Value] {
-			p.errf(k, "%s: field %q appears twice", what, k.Value)
+			p.errf(k, "%s: field %s appears twice", what, core.Quote(k.Value))
 			continue
 		}
 		seen[k.Value] = true
@@ -97,7 +141,7 @@ func (p *parser) fields(n *yaml.Node, what string, known []string, f func(key st
 			}
 		}
 		if !ok {
-			p.errf(k, "%s: unknown field %q (known: %s)", what, k.Value, strings.Join(known, ", "))
+			p.errf(k, "%s: unknown field %s (known: %s)", what, core.Quote(k.Value), strings.Join(known, ", "))
 			continue
 		}
 		f(k.Value, k, v)
@@ -115,7 +159,7 @@ func (p *parser) str(n *yaml.Node, what string) string {
 func (p *parser) boolean(n *yaml.Node, what string) bool {
 	var b bool
 	if n.Kind != yaml.ScalarNode || n.Decode(&b) != nil {
-		p.errf(n, "%s must be true or false, not %q", what, n.Value)
+		p.errf(n, "%s must be true or false, not %s", what, core.Quote(n.Value))
 	}
 	return b
 }
@@ -123,7 +167,7 @@ func (p *parser) boolean(n *yaml.Node, what string) bool {
 func (p *parser) integer(n *yaml.Node, what string) int {
 	var i int
 	if n.Kind != yaml.ScalarNode || n.Decode(&i) != nil {
-		p.errf(n, "%s must be a whole number, not %q", what, n.Value)
+		p.errf(n, "%s must be a whole number, not %s", what, core.Quote(n.Value))
 	}
 	return i
 }
@@ -135,7 +179,7 @@ func (p *parser) duration(n *yaml.Node, what string) time.Duration {
 	}
 	d, err := time.ParseDuration(s)
 	if err != nil || d < 0 {
-		p.errf(n, "%s: %q is not a duration like 90s, 5m or 1h", what, s)
+		p.errf(n, "%s: %s is not a duration like 90s, 5m or 1h", what, core.Quote(s))
 	}
 	return d
 }
@@ -219,11 +263,12 @@ func (p *parser) run(n *yaml.Node) (core.RunSpec, map[string]*yaml.Node) {
 		p.errf(stepsNode, "steps must be a list")
 		return spec, lines
 	}
+	p.steps = stepsNode
 	for i, sn := range stepsNode.Content {
 		s := p.step(sn, i)
 		if s.Name != "" {
 			if _, dup := lines[s.Name]; dup {
-				p.errf(sn, "step %q is declared twice (first at line %d)", s.Name, lines[s.Name].Line)
+				p.errf(sn, "step %s is declared twice (first at line %d): rename one", core.Quote(s.Name), lines[s.Name].Line)
 			}
 			lines[s.Name] = sn
 		}
@@ -237,7 +282,7 @@ func (p *parser) step(n *yaml.Node, i int) core.StepSpec {
 	what := fmt.Sprintf("step %d", i+1)
 	for j := 0; j+1 < len(n.Content); j += 2 {
 		if n.Content[j].Value == "name" {
-			what = fmt.Sprintf("step %q", n.Content[j+1].Value)
+			what = "step " + core.Quote(n.Content[j+1].Value)
 		}
 	}
 	p.fields(n, what, stepFields, func(key string, k, v *yaml.Node) {
@@ -300,16 +345,87 @@ func (p *parser) step(n *yaml.Node, i int) core.StepSpec {
 
 // deps reports unknown dependencies and cycles with the line of the step.
 func (p *parser) deps(spec core.RunSpec, lines map[string]*yaml.Node) {
+	var known []string // sorted names, built once
 	for _, s := range spec.Steps {
 		for _, d := range s.DependsOn {
 			if _, ok := lines[d]; !ok {
-				known := make([]string, 0, len(lines))
-				for k := range lines {
-					known = append(known, k)
+				if known == nil {
+					for k := range lines {
+						known = append(known, k)
+					}
+					sort.Strings(known)
 				}
-				sort.Strings(known)
-				p.errf(lines[s.Name], "step %q depends on unknown step %q (steps: %s)", s.Name, d, strings.Join(known, ", "))
+				p.errf(lines[s.Name], "step %s depends on unknown step %s: fix the name or remove it from depends_on (steps: %s)",
+					core.Quote(s.Name), core.Quote(d), core.ListForError(known))
 			}
 		}
 	}
+	if len(p.errs) > 0 {
+		return
+	}
+	if cyc := cycle(spec.Steps); cyc != nil {
+		parts := make([]string, len(cyc))
+		for i, name := range cyc {
+			parts[i] = fmt.Sprintf("%s (line %d)", core.Quote(name), lines[name].Line)
+		}
+		if len(parts) > 2*core.ErrorListMax {
+			parts = append(parts[:core.ErrorListMax], fmt.Sprintf("… %s more …", core.Thousands(len(parts)-core.ErrorListMax-1)), parts[len(parts)-1])
+		}
+		p.errf(lines[cyc[0]], "dependency cycle: %s, each depending on the next: remove one of these depends_on entries", strings.Join(parts, " -> "))
+	}
+}
+
+// cycle returns one dependency cycle as the path of its step names, in
+// dependency order and back to the first, or nil. Steps are visited in file
+// order, so the same file always names the same cycle.
+func cycle(steps []core.StepSpec) []string {
+	byName := make(map[string]int, len(steps))
+	for i, s := range steps {
+		byName[s.Name] = i
+	}
+	const (
+		white = iota
+		grey
+		black
+	)
+	color := make([]int, len(steps))
+	var stack []int
+	var visit func(i int) []string
+	visit = func(i int) []string {
+		color[i] = grey
+		stack = append(stack, i)
+		for _, d := range steps[i].DependsOn {
+			j, ok := byName[d]
+			if !ok {
+				continue
+			}
+			switch color[j] {
+			case grey:
+				for k, n := range stack {
+					if n == j {
+						var out []string
+						for _, m := range stack[k:] {
+							out = append(out, steps[m].Name)
+						}
+						return append(out, steps[j].Name)
+					}
+				}
+			case white:
+				if c := visit(j); c != nil {
+					return c
+				}
+			}
+		}
+		stack = stack[:len(stack)-1]
+		color[i] = black
+		return nil
+	}
+	for i := range steps {
+		if color[i] == white {
+			if c := visit(i); c != nil {
+				return c
+			}
+		}
+	}
+	return nil
 }

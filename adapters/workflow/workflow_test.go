@@ -2,6 +2,7 @@ package workflow
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"strings"
 	"testing"
@@ -33,23 +34,39 @@ func TestParseGood(t *testing.T) {
 	}
 }
 
-// TestParseErrors: every bad definition gets an error naming the line.
+// TestParseErrors: every bad definition gets one error naming
+// file:line:column and what to change; the messages are golden (SPEC §2).
 func TestParseErrors(t *testing.T) {
+	const known = "(known: name, run, depends_on, writes, type, runner, tags, labels, target, platform, timeout, env, forEach, concurrency, hold, hold_expiry, wait)"
 	cases := []struct{ name, src, want string }{
-		{"unknown field", "steps:\n  - name: a\n    run: x\n    retries: 3\n", `x.yaml:4: step "a": unknown field "retries"`},
-		{"unknown run field", "name: r\nstpes: []\n", `x.yaml:2: workflow: unknown field "stpes"`},
-		{"no steps", "name: r\n", "workflow has no steps"},
-		{"missing command", "steps:\n  - name: a\n", `x.yaml:2: step "a" has no run command`},
-		{"missing name", "steps:\n  - run: x\n", "x.yaml:2: step 1 has no name"},
-		{"unknown dependency", "steps:\n  - name: a\n    run: x\n    depends_on: [b]\n", `x.yaml:2: step "a" depends on unknown step "b"`},
-		{"cycle", "steps:\n  - name: a\n    run: x\n    depends_on: [b]\n  - name: b\n    run: y\n    depends_on: [a]\n", "dependency cycle: a -> b -> a"},
-		{"bad duration", "steps:\n  - name: a\n    run: x\n    timeout: soon\n", `x.yaml:4: step "a": timeout: "soon" is not a duration`},
-		{"bad bool", "steps:\n  - name: a\n    run: x\n    writes: maybe\n", `x.yaml:4: step "a": writes must be true or false`},
-		{"duplicate step", "steps:\n  - name: a\n    run: x\n  - name: a\n    run: y\n", `x.yaml:4: step "a" is declared twice (first at line 2)`},
-		{"syntax", "steps: [\n", "x.yaml: yaml:"},
-		{"steps not a list", "steps: a\n", "x.yaml:1: steps must be a list"},
-		{"two documents", "steps:\n  - name: a\n    run: x\n---\nsteps: []\n", "more than one YAML document"},
-		{"bad concurrency", "steps:\n  - name: a\n    run: x\n    forEach: [1]\n    concurrency: lots\n", "concurrency must be a whole number"},
+		{"unknown field", "steps:\n  - name: a\n    run: x\n    retries: 3\n", `x.yaml:4:5: step "a": unknown field "retries" ` + known},
+		{"unknown run field", "name: r\nstpes: []\n", `x.yaml:2:1: workflow: unknown field "stpes" (known: name, timeout, env, steps)`},
+		{"no steps", "name: r\n", "x.yaml:1:1: workflow has no steps"},
+		{"missing command", "steps:\n  - name: a\n", `x.yaml:2:5: step "a" has no run command`},
+		{"missing name", "steps:\n  - run: x\n", "x.yaml:2:5: step 1 has no name"},
+		{"unknown dependency", "steps:\n  - name: a\n    run: x\n    depends_on: [b]\n", `x.yaml:2:5: step "a" depends on unknown step "b": fix the name or remove it from depends_on (steps: "a")`},
+		{"cycle", "steps:\n  - name: a\n    run: x\n    depends_on: [c]\n  - name: b\n    run: y\n    depends_on: [a]\n  - name: c\n    run: z\n    depends_on: [b]\n",
+			`x.yaml:2:5: dependency cycle: "a" (line 2) -> "c" (line 8) -> "b" (line 5) -> "a" (line 2), each depending on the next: remove one of these depends_on entries`},
+		{"bad duration", "steps:\n  - name: a\n    run: x\n    timeout: soon\n", `x.yaml:4:14: step "a": timeout: "soon" is not a duration like 90s, 5m or 1h`},
+		{"bad bool", "steps:\n  - name: a\n    run: x\n    writes: maybe\n", `x.yaml:4:13: step "a": writes must be true or false, not "maybe"`},
+		{"duplicate step", "steps:\n  - name: a\n    run: x\n  - name: a\n    run: y\n", `x.yaml:4:5: step "a" is declared twice (first at line 2): rename one`},
+		{"steps not a list", "steps: a\n", "x.yaml:1:8: steps must be a list"},
+		{"two documents", "steps:\n  - name: a\n    run: x\n---\nsteps: []\n", "x.yaml:4:1: more than one YAML document; a file holds one workflow: remove the `---` and what follows, or submit it as its own file"},
+		{"bad concurrency", "steps:\n  - name: a\n    run: x\n    forEach: [1]\n    concurrency: lots\n", `x.yaml:5:18: step "a": concurrency must be a whole number, not "lots"`},
+		{"empty file", "", "x.yaml:1:1: the file holds no workflow (it is empty, or only comments): write a mapping with `steps:`, a list of steps each with a `name` and a `run` command"},
+		{"only comments", "  \n# nothing\n", "x.yaml:1:1: the file holds no workflow (it is empty, or only comments): write a mapping with `steps:`, a list of steps each with a `name` and a `run` command"},
+		{"core limit", "steps:\n  - name: a\n    run: x\n    forEach: [" + strings.Repeat("i,", 1000) + "i]\n",
+			`x.yaml:2:3: step "a": forEach has 1001 items, at most 1000`},
+		// Syntax errors: the line (corrected for the YAML library's
+		// counting), the column of the culprit, and a hint.
+		{"unclosed flow list", "steps: [\n", "x.yaml:1:8: YAML syntax: did not find expected node content: a flow list [ … ] or mapping { … } is not closed, or lacks a ',' between its entries"},
+		{"unclosed flow mapping", "steps:\n  - name: a\n    run: x\n  - {name: b, run: y\n", "x.yaml:4:5: YAML syntax: did not find expected ',' or '}': a flow list [ … ] or mapping { … } is not closed, or lacks a ',' between its entries"},
+		{"tab", "steps:\n  - name: a\n    run: x\n\tdepends_on: b\n", "x.yaml:4:1: YAML syntax: found a tab character that violates indentation: indent with spaces, not tabs"},
+		{"colon in value", "steps:\n  - name: a\n    run: echo: hi\n", `x.yaml:3:14: YAML syntax: mapping values are not allowed in this context: a value that holds ": " must be quoted (run: "echo: hi"), or the line is indented too deep`},
+		{"misindented", "steps:\n  - name: a\n   run: x\n", "x.yaml:3:4: YAML syntax: did not find expected '-' indicator: this line is indented differently from the entries above it: align it with them"},
+		{"dedented", "steps:\n  - name: a\n    run: x\n  run: y\n", "x.yaml:4:3: YAML syntax: did not find expected '-' indicator: this line is indented differently from the entries above it: align it with them"},
+		{"unclosed quote", "steps:\n  - name: \"a\n    run: x\n", "x.yaml:2:11: YAML syntax: found unexpected end of stream: a quoted string is not closed: add the closing quote"},
+		{"missing colon", "name: b\nc\n", `x.yaml:2:1: YAML syntax: could not find expected ':': a mapping entry needs "key: value"; add the ':' or quote the line`},
 	}
 	for _, c := range cases {
 		_, err := Parse("x.yaml", []byte(c.src))
@@ -60,9 +77,34 @@ func TestParseErrors(t *testing.T) {
 		if !errors.Is(err, ErrInvalid) {
 			t.Errorf("%s: error is not ErrInvalid: %v", c.name, err)
 		}
-		if !strings.Contains(err.Error(), c.want) {
-			t.Errorf("%s: error %q lacks %q", c.name, err, c.want)
+		if want := "invalid workflow:\n  " + c.want; err.Error() != want {
+			t.Errorf("%s:\n got %q\nwant %q", c.name, err, want)
 		}
+	}
+}
+
+// TestParseErrorsBounded: an error's size does not grow with the input
+// (SPEC §12): 2,000 unknown dependencies are at most MaxErrors errors, each
+// listing at most core.ErrorListMax known steps; a long name is truncated.
+func TestParseErrorsBounded(t *testing.T) {
+	var b strings.Builder
+	b.WriteString("steps:\n")
+	for i := range 2000 {
+		fmt.Fprintf(&b, "  - name: s%d\n    run: x\n    depends_on: [missing-%d-%s]\n", i, i, strings.Repeat("m", 400))
+	}
+	_, err := Parse("x.yaml", []byte(b.String()))
+	if err == nil {
+		t.Fatal("accepted")
+	}
+	msg := err.Error()
+	if n := strings.Count(msg, "depends on unknown step"); n != MaxErrors {
+		t.Errorf("%d errors spelled out, want %d", n, MaxErrors)
+	}
+	if !strings.Contains(msg, "… and 1,980 more errors") || !strings.Contains(msg, "… and 1,990 more)") {
+		t.Errorf("the rest are not counted: %.2000s", msg)
+	}
+	if len(msg) > 16<<10 {
+		t.Errorf("error of %d bytes for %d bytes of input", len(msg), b.Len())
 	}
 }
 
@@ -78,15 +120,15 @@ func TestParseOversize(t *testing.T) {
 func TestParseNames(t *testing.T) {
 	cases := []struct{ name, src, want string }{
 		{"run name", "name: \"nightly\\e]0;x\\a\"\nsteps:\n  - name: a\n    run: x\n",
-			`x.yaml:1: run name "nightly\x1b]0;x\a" has a non-printable character U+001B at byte 7`},
+			`x.yaml:1:7: run name "nightly\x1b]0;x\a" has a non-printable character U+001B at byte 7`},
 		{"step name", "steps:\n  - name: ok\n    run: x\n  - name: \"b\\ec\"\n    run: y\n",
-			`x.yaml:4: step name "b\x1bc" has a non-printable character U+001B at byte 1`},
-		{"step name NUL", "steps:\n  - name: \"b\\0\"\n    run: y\n", `x.yaml:2: step name "b\x00" has a non-printable character U+0000`},
-		{"tag", "steps:\n  - name: a\n    run: x\n    tags: [script, \"gpu\\r\"]\n", `x.yaml:4: tag "gpu\r" has a non-printable character U+000D at byte 3`},
-		{"label key", "steps:\n  - name: a\n    run: x\n    labels:\n      \"z\\none\": eu\n", `x.yaml:5: label key "z\none" has a non-printable character U+000A`},
-		{"label value", "steps:\n  - name: a\n    run: x\n    labels:\n      zone: \"eu\\e[31m\"\n", `x.yaml:5: label value "eu\x1b[31m" has a non-printable character U+001B`},
-		{"target", "steps:\n  - name: a\n    run: x\n    target: \"w\\x01\"\n", `x.yaml:4: target "w\x01" has a non-printable character U+0001`},
-		{"platform", "steps:\n  - name: a\n    run: x\n    platform: \"linux\\x7f\"\n", `x.yaml:4: platform "linux\x7f" has a non-printable character U+007F`},
+			`x.yaml:4:11: step name "b\x1bc" has a non-printable character U+001B at byte 1`},
+		{"step name NUL", "steps:\n  - name: \"b\\0\"\n    run: y\n", `x.yaml:2:11: step name "b\x00" has a non-printable character U+0000`},
+		{"tag", "steps:\n  - name: a\n    run: x\n    tags: [script, \"gpu\\r\"]\n", `x.yaml:4:20: tag "gpu\r" has a non-printable character U+000D at byte 3`},
+		{"label key", "steps:\n  - name: a\n    run: x\n    labels:\n      \"z\\none\": eu\n", `x.yaml:5:7: label key "z\none" has a non-printable character U+000A`},
+		{"label value", "steps:\n  - name: a\n    run: x\n    labels:\n      zone: \"eu\\e[31m\"\n", `x.yaml:5:13: label value "eu\x1b[31m" has a non-printable character U+001B`},
+		{"target", "steps:\n  - name: a\n    run: x\n    target: \"w\\x01\"\n", `x.yaml:4:13: target "w\x01" has a non-printable character U+0001`},
+		{"platform", "steps:\n  - name: a\n    run: x\n    platform: \"linux\\x7f\"\n", `x.yaml:4:15: platform "linux\x7f" has a non-printable character U+007F`},
 	}
 	for _, c := range cases {
 		_, err := Parse("x.yaml", []byte(c.src))

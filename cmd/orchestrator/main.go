@@ -39,6 +39,7 @@ type options struct {
 
 	// serve
 	addr, config, tlsCert, tlsKey string
+	maxSubmitBody                 int64
 
 	// command-specific
 	ttl    time.Duration

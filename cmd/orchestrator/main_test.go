@@ -85,11 +85,13 @@ func TestServerConfigFile(t *testing.T) {
 		t.Errorf("defaults %+v: want heartbeat interval 30s and dispatch ack 10s (SPEC §12)", def)
 	}
 	src := "addr: 0.0.0.0:9000\ndata_dir: state\nrecovery:\n  heartbeat_timeout_secs: 90\n  sweep_interval_secs: 15\n  unmatched_step_timeout_secs: 5\n" +
-		"  heartbeat_interval_secs: 2\n  dispatch_ack_secs: 3\n"
+		"  heartbeat_interval_secs: 2\n  dispatch_ack_secs: 3\n" +
+		"limits:\n  max_submit_body_bytes: 65536\n"
 	cfg, err = loadServerConfig("/etc/tether/server-config.yaml", []byte(src))
 	want := serverConfig{Addr: "0.0.0.0:9000", DataDir: "/etc/tether/state",
 		HeartbeatTimeout: 90 * time.Second, SweepInterval: 15 * time.Second, UnmatchedTimeout: 5 * time.Second,
-		HeartbeatInterval: 2 * time.Second, DispatchAck: 3 * time.Second}
+		HeartbeatInterval: 2 * time.Second, DispatchAck: 3 * time.Second,
+		MaxSubmitBody: 65536}
 	if err != nil || !reflect.DeepEqual(cfg, want) {
 		t.Errorf("full file: %+v, %v; want %+v", cfg, err, want)
 	}

@@ -71,6 +71,8 @@ file's directory) and the recovery sweeper's knobs (SPEC §5):
     unmatched_step_timeout_secs: 30   # a queued step no worker can take fails after this
     heartbeat_interval_secs: 30       # workers heartbeat this often; silent for 2 intervals, no new work
     dispatch_ack_secs: 10             # a dispatch not started or rejected by then is requeued
+  limits:                             # what one request may send (SPEC §12)
+    max_submit_body_bytes: 1048576    # a workflow definition (POST /api/runs); at most 1048576
 
 Flags given on the command line override the file; an unknown key is an
 error naming its line. The sweeper is always on. Each recovery setting is 1 s
@@ -96,6 +98,7 @@ next start within their grace window. SIGHUP is ignored.`,
 		fs.StringVar(&o.config, "config", defaultConfigFile, "server config `file` (YAML); optional unless given explicitly")
 		fs.StringVar(&o.tlsCert, "tls-cert", "", "serve TLS with this certificate `file` (PEM, the chain); needs --tls-key")
 		fs.StringVar(&o.tlsKey, "tls-key", "", "the TLS private key `file` (PEM)")
+		fs.Int64Var(&o.maxSubmitBody, "max-submit-body", orchestrator.DefaultMaxSubmitBody, "largest workflow definition accepted by POST /api/runs, in `bytes` (at most 1048576)")
 	},
 	run: serve,
 }
@@ -110,6 +113,7 @@ type serverConfig struct {
 	UnmatchedTimeout  time.Duration
 	HeartbeatInterval time.Duration
 	DispatchAck       time.Duration
+	MaxSubmitBody     int64 // limits: max_submit_body_bytes
 }
 
 func defaultServerConfig() serverConfig {
@@ -118,6 +122,7 @@ func defaultServerConfig() serverConfig {
 		Addr: defaultAddr, DataDir: defaultDataDir,
 		HeartbeatTimeout: d.HeartbeatTimeout, SweepInterval: d.SweepInterval, UnmatchedTimeout: d.UnmatchedTimeout,
 		HeartbeatInterval: d.HeartbeatInterval, DispatchAck: d.DispatchAck,
+		MaxSubmitBody: orchestrator.DefaultMaxSubmitBody,
 	}
 }
 
@@ -164,7 +169,7 @@ func loadServerConfig(path string, src []byte) (serverConfig, error) {
 		}
 		return p
 	}
-	mapping(doc.Content[0], "server config", []string{"addr", "data_dir", "tls", "recovery"}, errf, func(key string, v *yaml.Node) {
+	mapping(doc.Content[0], "server config", []string{"addr", "data_dir", "tls", "recovery", "limits"}, errf, func(key string, v *yaml.Node) {
 		switch key {
 		case "addr":
 			cfg.Addr = str(v, key)
@@ -198,6 +203,13 @@ func loadServerConfig(path string, src []byte) (serverConfig, error) {
 					cfg.HeartbeatInterval = secs(v, key)
 				case "dispatch_ack_secs":
 					cfg.DispatchAck = secs(v, key)
+				}
+			})
+		case "limits":
+			mapping(v, "limits", []string{"max_submit_body_bytes"}, errf, func(key string, v *yaml.Node) {
+				switch key {
+				case "max_submit_body_bytes":
+					cfg.MaxSubmitBody = bytesLimit(v, key, errf, orchestrator.DefaultMaxSubmitBody)
 				}
 			})
 		}
@@ -240,6 +252,16 @@ func (c serverConfig) recoveryErrors() []string {
 			"up to %d s late; lower sweep_interval_secs to at most %d", secs(c.SweepInterval), secs(c.HeartbeatTimeout), secs(c.SweepInterval), secs(c.HeartbeatTimeout)))
 	}
 	return errs
+}
+
+// bytesLimit reads a size in bytes, 1 to most.
+func bytesLimit(n *yaml.Node, key string, errf func(*yaml.Node, string, ...any), most int64) int64 {
+	var v int64
+	if n.Kind != yaml.ScalarNode || n.Decode(&v) != nil || v <= 0 || v > most {
+		errf(n, "%s must be a whole number of bytes from 1 to %d, not %q", key, most, n.Value)
+		return most
+	}
+	return v
 }
 
 // mapping walks a YAML mapping, reporting unknown and repeated keys.
@@ -300,6 +322,12 @@ func resolveServeConfig(e *env) (serverConfig, error) {
 	}
 	if set["tls-key"] {
 		cfg.TLSKey = e.opts.tlsKey
+	}
+	if set["max-submit-body"] {
+		if e.opts.maxSubmitBody <= 0 || e.opts.maxSubmitBody > orchestrator.DefaultMaxSubmitBody {
+			return cfg, usageErrorf("--max-submit-body %d: want 1 to %d bytes", e.opts.maxSubmitBody, orchestrator.DefaultMaxSubmitBody)
+		}
+		cfg.MaxSubmitBody = e.opts.maxSubmitBody
 	}
 	if (cfg.TLSCert == "") != (cfg.TLSKey == "") {
 		return cfg, usageErrorf("TLS needs both a certificate and a key (--tls-cert and --tls-key)")
@@ -372,9 +400,10 @@ func serve(ctx context.Context, e *env, _ []string) error {
 			DispatchAck:       cfg.DispatchAck,
 			Env:               orchestrator.EnvSnapshot(),
 		},
-		Logger:     log,
-		AdminToken: token,
-		TLS:        tlsConf,
+		Logger:        log,
+		AdminToken:    token,
+		TLS:           tlsConf,
+		MaxSubmitBody: cfg.MaxSubmitBody,
 	})
 	started = true // Start closed the listener if it failed
 	if err != nil {
