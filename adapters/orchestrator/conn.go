@@ -4,10 +4,14 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"errors"
+	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/gorilla/websocket"
@@ -16,22 +20,37 @@ import (
 	"github.com/tether-run/tether/core"
 )
 
-// Control-plane timing and limits.
+// Control-plane timing and limits (SPEC §12).
 const (
-	pingPeriod   = 20 * time.Second // the orchestrator pings every connection this often
-	readWait     = 60 * time.Second // a connection silent this long (no frame, no pong) is dead
-	writeWait    = 10 * time.Second // one frame must be written within this
-	sendQueue    = 1024             // frames queued per connection; a slower reader is dropped
-	maxReasonLen = 120              // a close frame's reason (control frames carry 125 bytes)
+	pingPeriod     = 20 * time.Second // the orchestrator pings every connection this often
+	readWait       = 60 * time.Second // a connection silent this long (no frame, no pong) is dead
+	writeWait      = 10 * time.Second // one frame must be written within this
+	sendQueue      = 1024             // frames queued per connection; a slower reader is closed (1013)
+	connInputQueue = 64               // inputs of one connection waiting for the loop; its reads wait beyond it
+	maxReasonLen   = 120              // a close frame's reason (control frames carry 125 bytes)
 )
 
-// WebSocket close codes the driver uses.
+// WebSocket close codes the driver uses (SPEC §9), each sent with a reason.
 const (
-	closeNormal    = websocket.CloseNormalClosure
-	closePolicy    = websocket.ClosePolicyViolation
-	closeData      = websocket.CloseUnsupportedData
-	closeGoingAway = websocket.CloseGoingAway // the orchestrator is stopping
+	closeNormal    = websocket.CloseNormalClosure   // the session ended (superseded)
+	closeGoingAway = websocket.CloseGoingAway       // the orchestrator is stopping
+	closeProtocol  = websocket.CloseProtocolError   // a frame that is not the protocol
+	closeData      = websocket.CloseUnsupportedData // a binary frame
+	closePolicy    = websocket.ClosePolicyViolation // refused: credential, token, a limit of the Hello, no Hello in time
+	closeTooBig    = websocket.CloseMessageTooBig   // a frame over wire.MaxFrame
+	closeTryAgain  = websocket.CloseTryAgainLater   // overload: a cap, a reader too slow for its send queue
 )
+
+// closeCode is the close code for a core Close.
+func closeCode(m core.Close) int {
+	switch m.Code {
+	case core.CloseProtocolError:
+		return closeProtocol
+	case core.ClosePolicy:
+		return closePolicy
+	}
+	return closeNormal
+}
 
 // goingAwayWait bounds how long a stopping orchestrator waits for its
 // connections to flush their queued frames and say going-away.
@@ -59,23 +78,46 @@ type conn struct {
 	stop     chan struct{} // closed by abort: hang up now, unflushed
 	stopOnce sync.Once
 	loopSide struct{ closing bool } // loop goroutine only: out is closed
+
+	// Admission (SPEC §12): host is the source address; the connection
+	// counts as unauthenticated until the core welcomes it (leaveUnauth),
+	// and holds one of the MaxConns places from its Hello on (hello).
+	host     string
+	unauth   sync.Once
+	hello    atomic.Bool
+	inputs   chan struct{} // one token per input of this connection waiting for the loop
+	overOnce sync.Once
 }
 
-// serveControl upgrades one connection and runs it until it ends.
+// serveControl upgrades one connection and runs it until it ends. A
+// connection is unauthenticated from its upgrade until the core welcomes its
+// Hello; those have their own cap, in all and per source address, and must
+// send their Hello within HelloTimeout (SPEC §12). A Hello takes one of the
+// MaxConns places, which unauthenticated connections never hold.
 func (d *Driver) serveControl(w http.ResponseWriter, r *http.Request) {
-	if d.nconns.Add(1) > int64(d.opts.MaxConns) {
-		d.nconns.Add(-1)
-		http.Error(w, "too many control connections", http.StatusServiceUnavailable)
+	host := sourceHost(r.RemoteAddr)
+	if why := d.admitUnauth(host); why != "" {
+		// Before the upgrade, so a refusal costs nothing: the client reads
+		// the reason in the body and tries again later.
+		w.Header().Set("Retry-After", "1")
+		http.Error(w, why, http.StatusServiceUnavailable)
 		return
 	}
-	defer d.nconns.Add(-1)
 	hj := &corkingHijacker{ResponseWriter: w}
 	ws, err := upgrader.Upgrade(hj, r, nil)
 	if err != nil {
+		d.releaseUnauth(host)
 		d.log.Warn("control upgrade failed", "remote", r.RemoteAddr, "err", err)
 		return // the upgrader has answered
 	}
-	c := &conn{id: core.ConnID(d.nextConn.Add(1)), ws: ws, cc: hj.cc, out: make(chan []byte, sendQueue), stop: make(chan struct{})}
+	c := &conn{id: core.ConnID(d.nextConn.Add(1)), ws: ws, cc: hj.cc, out: make(chan []byte, sendQueue), stop: make(chan struct{}),
+		host: host, inputs: make(chan struct{}, connInputQueue)}
+	defer func() {
+		c.leaveUnauth(d)
+		if c.hello.Load() {
+			d.nauth.Add(-1)
+		}
+	}()
 	d.mu.Lock()
 	if d.closed {
 		d.mu.Unlock()
@@ -107,24 +149,98 @@ func (d *Driver) serveControl(w http.ResponseWriter, r *http.Request) {
 	d.push(context.Background(), dropped{conn: c.id, reason: reason})
 }
 
+// sourceHost is the host part of a remote address: connections are counted
+// per source address, whatever their port.
+func sourceHost(addr string) string {
+	if h, _, err := net.SplitHostPort(addr); err == nil {
+		return h
+	}
+	return addr
+}
+
+// admitUnauth counts a new unauthenticated connection from host, or says
+// which cap refuses it.
+func (d *Driver) admitUnauth(host string) string {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	switch {
+	case d.nunauth >= d.opts.MaxUnauthConns:
+		return fmt.Sprintf("too many connections without an accepted hello (%d); try again later", d.opts.MaxUnauthConns)
+	case d.unauthFrom[host] >= d.opts.MaxUnauthConnsPerAddr:
+		return fmt.Sprintf("too many connections without an accepted hello from %s (%d); try again later", host, d.opts.MaxUnauthConnsPerAddr)
+	}
+	d.nunauth++
+	d.unauthFrom[host]++
+	return ""
+}
+
+func (d *Driver) releaseUnauth(host string) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.nunauth--
+	if d.unauthFrom[host]--; d.unauthFrom[host] <= 0 {
+		delete(d.unauthFrom, host)
+	}
+}
+
+// leaveUnauth ends the connection's unauthenticated time: at its Welcome, or
+// at its end.
+func (c *conn) leaveUnauth(d *Driver) {
+	c.unauth.Do(func() { d.releaseUnauth(c.host) })
+}
+
+// takeHelloPlace gives the connection one of the MaxConns places when its
+// Hello arrives, or says why not.
+func (d *Driver) takeHelloPlace(c *conn) string {
+	if d.nauth.Add(1) > int64(d.opts.MaxConns) {
+		d.nauth.Add(-1)
+		return fmt.Sprintf("too many worker connections (%d); try again later", d.opts.MaxConns)
+	}
+	c.hello.Store(true)
+	return ""
+}
+
 // readLoop turns frames into inputs until the connection fails; it returns
-// why. A frame that does not decode closes the connection with the reason.
+// why. Every refusal hangs up with a close code and a reason (SPEC §9): no
+// Hello within HelloTimeout (1008), a frame over wire.MaxFrame (1009), a
+// binary frame (1003), a frame that does not decode (1002), a Hello beyond
+// the MaxConns places (1013). One connection has at most connInputQueue
+// inputs waiting for the loop: beyond that its reads wait, so a flood from
+// one connection is throttled and never fills the loop's queue for the
+// others.
 func (d *Driver) readLoop(c *conn) string {
-	c.ws.SetReadLimit(wire.MaxFrame)
-	c.ws.SetReadDeadline(time.Now().Add(readWait))
-	c.ws.SetPongHandler(func(string) error { return c.ws.SetReadDeadline(time.Now().Add(readWait)) })
+	helloBy := time.Now().Add(d.opts.HelloTimeout)
+	c.ws.SetReadDeadline(helloBy)
+	first := true
+	c.ws.SetPongHandler(func(string) error {
+		if first {
+			return nil // pongs do not extend the Hello deadline
+		}
+		return c.ws.SetReadDeadline(time.Now().Add(readWait))
+	})
 	var buf bytes.Buffer // reused: decoding copies what it keeps
 	for {
 		typ, r, err := c.ws.NextReader()
 		if err != nil {
+			var ne net.Error
+			if first && errors.As(err, &ne) && ne.Timeout() {
+				why := fmt.Sprintf("no hello within %s", d.opts.HelloTimeout)
+				c.hangUp(closePolicy, why)
+				return why
+			}
 			return err.Error()
 		}
 		if buf.Cap() > 64<<10 {
 			buf = bytes.Buffer{} // do not keep a rare large frame's buffer
 		}
 		buf.Reset()
-		if _, err := buf.ReadFrom(r); err != nil {
+		if _, err := buf.ReadFrom(io.LimitReader(r, wire.MaxFrame+1)); err != nil {
 			return err.Error()
+		}
+		if buf.Len() > wire.MaxFrame {
+			why := fmt.Sprintf("frame larger than %d bytes", wire.MaxFrame)
+			c.hangUp(closeTooBig, why)
+			return why
 		}
 		b := buf.Bytes()
 		c.ws.SetReadDeadline(time.Now().Add(readWait))
@@ -135,10 +251,27 @@ func (d *Driver) readLoop(c *conn) string {
 		m, err := wire.Decode(b)
 		if err != nil {
 			d.log.Warn("undecodable frame; closing the connection", "conn", uint64(c.id), "err", err)
-			c.hangUp(closeData, err.Error())
+			c.hangUp(closeProtocol, err.Error())
 			return "undecodable frame: " + err.Error()
 		}
-		if d.push(context.Background(), frame{conn: c.id, msg: m}) != nil {
+		if first {
+			first = false
+			if _, ok := m.(core.Hello); ok {
+				if why := d.takeHelloPlace(c); why != "" {
+					d.log.Warn("hello refused: too many worker connections", "conn", uint64(c.id), "max_conns", d.opts.MaxConns)
+					c.hangUp(closeTryAgain, why)
+					return why
+				}
+			}
+		}
+		select {
+		case c.inputs <- struct{}{}: // released by the loop when it takes the frame
+		case <-c.stop:
+			return "connection closed"
+		case <-d.quit:
+			return "orchestrator stopping"
+		}
+		if d.push(context.Background(), frame{conn: c.id, msg: m, from: c}) != nil {
 			return "orchestrator stopping"
 		}
 	}
@@ -198,7 +331,8 @@ func (c *conn) writeLoop() {
 }
 
 // send queues a frame (loop goroutine only). A connection whose queue is full
-// is not keeping up: it is dropped, which the core hears as a Disconnected.
+// is not keeping up: it is closed with 1013 (try again later), which the
+// core hears as a Disconnected.
 func (c *conn) send(b []byte) {
 	if c.loopSide.closing {
 		return
@@ -206,7 +340,19 @@ func (c *conn) send(b []byte) {
 	select {
 	case c.out <- b:
 	default:
-		c.abort()
+		c.loopSide.closing = true
+		c.overOnce.Do(func() {
+			// Off the loop: the close frame may wait for the slow reader.
+			go c.hangUp(closeTryAgain, fmt.Sprintf("send queue full (%d frames): reading too slowly; reconnect later", sendQueue))
+		})
+	}
+}
+
+// taken releases one of the connection's input tokens (loop goroutine).
+func (c *conn) taken() {
+	select {
+	case <-c.inputs:
+	default:
 	}
 }
 

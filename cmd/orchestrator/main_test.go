@@ -90,6 +90,7 @@ func TestServerConfigFile(t *testing.T) {
 	want := serverConfig{Addr: "0.0.0.0:9000", DataDir: "/etc/tether/state",
 		HeartbeatTimeout: 90 * time.Second, SweepInterval: 15 * time.Second, UnmatchedTimeout: 5 * time.Second,
 		HeartbeatInterval: 2 * time.Second, DispatchAck: 3 * time.Second}
+	want.MaxConns, want.MaxUnauthConns, want.MaxUnauthConnsPerAddr, want.HelloTimeout = def.MaxConns, def.MaxUnauthConns, def.MaxUnauthConnsPerAddr, def.HelloTimeout
 	if err != nil || !reflect.DeepEqual(cfg, want) {
 		t.Errorf("full file: %+v, %v; want %+v", cfg, err, want)
 	}

@@ -66,6 +66,11 @@ file's directory) and the recovery sweeper's knobs (SPEC §5):
     unmatched_step_timeout_secs: 30   # a queued step no worker can take fails after this
     heartbeat_interval_secs: 30       # workers heartbeat this often; silent for 2 intervals, no new work
     dispatch_ack_secs: 10             # a dispatch not started or rejected by then is requeued
+  control:                            # worker connections (SPEC §12)
+    max_conns: 1024                   # connections that sent a Hello, in all (not per address)
+    max_unauth_conns: 256             # connections without an accepted Hello, in all
+    max_unauth_conns_per_addr: 32     # ... from one source address
+    hello_timeout_secs: 5             # a connection's Hello must arrive within this
 
 Flags given on the command line override the file; an unknown key is an
 error naming its line. The sweeper is always on.
@@ -84,6 +89,10 @@ next start within their grace window. SIGHUP is ignored.`,
 		fs.StringVar(&o.config, "config", defaultConfigFile, "server config `file` (YAML); optional unless given explicitly")
 		fs.StringVar(&o.tlsCert, "tls-cert", "", "serve TLS with this certificate `file` (PEM, the chain); needs --tls-key")
 		fs.StringVar(&o.tlsKey, "tls-key", "", "the TLS private key `file` (PEM)")
+		fs.IntVar(&o.maxConns, "max-conns", defaultMaxConns, "worker connections that sent a Hello, at most (`n`, not per address)")
+		fs.IntVar(&o.maxUnauthConns, "max-unauth-conns", orchestrator.DefaultMaxUnauthConns, "connections without an accepted Hello, at most (`n`)")
+		fs.IntVar(&o.maxUnauthConnsPerAddr, "max-unauth-conns-per-addr", orchestrator.DefaultMaxUnauthConnsPerAddr, "connections without an accepted Hello from one source address, at most (`n`)")
+		fs.DurationVar(&o.helloTimeout, "hello-timeout", orchestrator.DefaultHelloTimeout, "a new worker connection must send its Hello within this (`duration`)")
 	},
 	run: serve,
 }
@@ -98,7 +107,13 @@ type serverConfig struct {
 	UnmatchedTimeout  time.Duration
 	HeartbeatInterval time.Duration
 	DispatchAck       time.Duration
+	// Control-plane admission (control: keys, SPEC §12).
+	MaxConns, MaxUnauthConns, MaxUnauthConnsPerAddr int
+	HelloTimeout                                    time.Duration
 }
+
+// defaultMaxConns is the default of --max-conns (orchestrator.Options.MaxConns).
+const defaultMaxConns = 1024
 
 func defaultServerConfig() serverConfig {
 	d := core.DefaultConfig()
@@ -106,6 +121,8 @@ func defaultServerConfig() serverConfig {
 		Addr: defaultAddr, DataDir: defaultDataDir,
 		HeartbeatTimeout: d.HeartbeatTimeout, SweepInterval: d.SweepInterval, UnmatchedTimeout: d.UnmatchedTimeout,
 		HeartbeatInterval: d.HeartbeatInterval, DispatchAck: d.DispatchAck,
+		MaxConns: defaultMaxConns, MaxUnauthConns: orchestrator.DefaultMaxUnauthConns,
+		MaxUnauthConnsPerAddr: orchestrator.DefaultMaxUnauthConnsPerAddr, HelloTimeout: orchestrator.DefaultHelloTimeout,
 	}
 }
 
@@ -148,7 +165,15 @@ func loadServerConfig(path string, src []byte) (serverConfig, error) {
 		}
 		return p
 	}
-	mapping(doc.Content[0], "server config", []string{"addr", "data_dir", "tls", "recovery"}, errf, func(key string, v *yaml.Node) {
+	count := func(n *yaml.Node, key string) int {
+		v, err := strconv.Atoi(n.Value)
+		if n.Kind != yaml.ScalarNode || err != nil || v <= 0 {
+			errf(n, "%s must be a positive whole number, not %q", key, n.Value)
+			return 0
+		}
+		return v
+	}
+	mapping(doc.Content[0], "server config", []string{"addr", "data_dir", "tls", "recovery", "control"}, errf, func(key string, v *yaml.Node) {
 		switch key {
 		case "addr":
 			cfg.Addr = str(v, key)
@@ -182,6 +207,20 @@ func loadServerConfig(path string, src []byte) (serverConfig, error) {
 					cfg.HeartbeatInterval = secs(v, key)
 				case "dispatch_ack_secs":
 					cfg.DispatchAck = secs(v, key)
+				}
+			})
+		case "control":
+			known := []string{"max_conns", "max_unauth_conns", "max_unauth_conns_per_addr", "hello_timeout_secs"}
+			mapping(v, "control", known, errf, func(key string, v *yaml.Node) {
+				switch key {
+				case "max_conns":
+					cfg.MaxConns = count(v, key)
+				case "max_unauth_conns":
+					cfg.MaxUnauthConns = count(v, key)
+				case "max_unauth_conns_per_addr":
+					cfg.MaxUnauthConnsPerAddr = count(v, key)
+				case "hello_timeout_secs":
+					cfg.HelloTimeout = secs(v, key)
 				}
 			})
 		}
@@ -258,6 +297,26 @@ func resolveServeConfig(e *env) (serverConfig, error) {
 	if (cfg.TLSCert == "") != (cfg.TLSKey == "") {
 		return cfg, usageErrorf("TLS needs both a certificate and a key (--tls-cert and --tls-key)")
 	}
+	if set["max-conns"] {
+		cfg.MaxConns = e.opts.maxConns
+	}
+	if set["max-unauth-conns"] {
+		cfg.MaxUnauthConns = e.opts.maxUnauthConns
+	}
+	if set["max-unauth-conns-per-addr"] {
+		cfg.MaxUnauthConnsPerAddr = e.opts.maxUnauthConnsPerAddr
+	}
+	if set["hello-timeout"] {
+		cfg.HelloTimeout = e.opts.helloTimeout
+	}
+	switch {
+	case cfg.MaxConns <= 0 || cfg.MaxUnauthConns <= 0 || cfg.MaxUnauthConnsPerAddr <= 0:
+		return cfg, usageErrorf("--max-conns, --max-unauth-conns and --max-unauth-conns-per-addr must be positive")
+	case cfg.MaxUnauthConnsPerAddr > cfg.MaxUnauthConns:
+		return cfg, usageErrorf("--max-unauth-conns-per-addr (%d) must not exceed --max-unauth-conns (%d)", cfg.MaxUnauthConnsPerAddr, cfg.MaxUnauthConns)
+	case cfg.HelloTimeout < time.Second:
+		return cfg, usageErrorf("--hello-timeout (%s) must be at least 1s: a worker on a slow link needs that to say hello", cfg.HelloTimeout)
+	}
 	return cfg, nil
 }
 
@@ -306,6 +365,11 @@ func serve(ctx context.Context, e *env, _ []string) error {
 		Logger:     log,
 		AdminToken: token,
 		TLS:        tlsConf,
+		// Control-plane admission (SPEC §12).
+		MaxConns:              cfg.MaxConns,
+		MaxUnauthConns:        cfg.MaxUnauthConns,
+		MaxUnauthConnsPerAddr: cfg.MaxUnauthConnsPerAddr,
+		HelloTimeout:          cfg.HelloTimeout,
 	})
 	if err != nil {
 		return err
