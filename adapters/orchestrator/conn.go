@@ -28,6 +28,7 @@ const (
 	sendQueue      = 1024             // frames queued per connection; a slower reader is closed (1013)
 	connInputQueue = 64               // inputs of one connection waiting for the loop; its reads wait beyond it
 	maxReasonLen   = 120              // a close frame's reason (control frames carry 125 bytes)
+	lingerWait     = time.Second      // after a close frame, how long the peer has to read it and answer
 )
 
 // WebSocket close codes the driver uses (SPEC §9), each sent with a reason.
@@ -87,6 +88,9 @@ type conn struct {
 	hello    atomic.Bool
 	inputs   chan struct{} // one token per input of this connection waiting for the loop
 	overOnce sync.Once
+	// lingerUntil is when a hung-up connection is closed (unix ns; 0: not
+	// hung up).
+	lingerUntil atomic.Int64
 }
 
 // serveControl upgrades one connection and runs it until it ends. A
@@ -144,6 +148,7 @@ func (d *Driver) serveControl(w http.ResponseWriter, r *http.Request) {
 		c.writeLoop()
 	}()
 	reason := d.readLoop(c)
+	c.drain()
 	c.abort()
 	<-writerDone
 	d.push(context.Background(), dropped{conn: c.id, reason: reason})
@@ -213,8 +218,8 @@ func (d *Driver) readLoop(c *conn) string {
 	c.ws.SetReadDeadline(helloBy)
 	first := true
 	c.ws.SetPongHandler(func(string) error {
-		if first {
-			return nil // pongs do not extend the Hello deadline
+		if first || c.lingering() {
+			return nil // pongs do not extend the Hello deadline, nor a linger
 		}
 		return c.ws.SetReadDeadline(time.Now().Add(readWait))
 	})
@@ -243,6 +248,9 @@ func (d *Driver) readLoop(c *conn) string {
 			return why
 		}
 		b := buf.Bytes()
+		if c.lingering() {
+			continue // hung up (its send queue overflowed): discard
+		}
 		c.ws.SetReadDeadline(time.Now().Add(readWait))
 		if typ != websocket.TextMessage {
 			c.hangUp(closeData, "binary frames are not part of the protocol")
@@ -304,7 +312,6 @@ func (c *conn) writeText(b []byte) error {
 // The frames queued at one moment (a batch's messages for this worker) go
 // out in one write.
 func (c *conn) writeLoop() {
-	defer c.ws.Close()
 	ping := time.NewTicker(pingPeriod)
 	defer ping.Stop()
 	for {
@@ -313,15 +320,17 @@ func (c *conn) writeLoop() {
 			if ok {
 				var err error
 				if ok, err = c.cc.WriteQueued(b, c.out, c.writeText); err != nil {
+					c.abort()
 					return
 				}
 			}
 			if !ok {
-				c.hangUp(c.code, c.reason)
+				c.hangUp(c.code, c.reason) // the read loop ends within lingerWait
 				return
 			}
 		case <-ping.C:
 			if err := c.ws.WriteControl(websocket.PingMessage, nil, time.Now().Add(writeWait)); err != nil {
+				c.abort()
 				return
 			}
 		case <-c.stop:
@@ -375,12 +384,44 @@ func (c *conn) abort() {
 	})
 }
 
-// hangUp sends a close frame with a reason, then closes the socket. Safe
+// hangUp sends a close frame with a reason and half-closes the socket; the
+// read loop then discards what still arrives until the peer answers the
+// close or lingerWait passes, and the socket is closed when it ends. Closing
+// at once would reset a connection whose peer is still sending (a flood),
+// and a reset may discard the close frame before the peer reads it. Safe
 // from any goroutine (gorilla allows WriteControl alongside other writers).
 func (c *conn) hangUp(code int, reason string) {
 	msg := websocket.FormatCloseMessage(code, closeReason(reason))
 	c.ws.WriteControl(websocket.CloseMessage, msg, time.Now().Add(time.Second)) // best effort
-	c.abort()
+	// The writer may be corked: the close frame then joined its batch.
+	c.cc.Uncork()
+	until := time.Now().Add(lingerWait)
+	if c.lingerUntil.CompareAndSwap(0, until.UnixNano()) {
+		if hc, ok := c.cc.Conn.(interface{ CloseWrite() error }); ok {
+			hc.CloseWrite()
+		}
+		c.ws.SetReadDeadline(until)
+	}
+}
+
+// lingering says whether the connection was hung up; it then (re)sets the
+// read deadline to the end of its linger.
+func (c *conn) lingering() bool {
+	until := c.lingerUntil.Load()
+	if until != 0 {
+		c.ws.SetReadDeadline(time.Unix(0, until))
+	}
+	return until != 0
+}
+
+// drain discards what the peer still sends after a hang-up, until it
+// answers the close or the linger ends (read loop only).
+func (c *conn) drain() {
+	for c.lingering() {
+		if _, _, err := c.ws.NextReader(); err != nil {
+			return
+		}
+	}
 }
 
 // closeReason fits a reason into a close frame, on a rune boundary.
