@@ -28,7 +28,7 @@ const (
 	sendQueue      = 1024             // frames queued per connection; a slower reader is closed (1013)
 	connInputQueue = 64               // inputs of one connection waiting for the loop; its reads wait beyond it
 	maxReasonLen   = 120              // a close frame's reason (control frames carry 125 bytes)
-	lingerWait     = time.Second      // after a close frame, how long the peer has to read it and answer
+	lingerWait     = 5 * time.Second  // after a close frame, how long the peer has to read it and answer
 )
 
 // WebSocket close codes the driver uses (SPEC §9), each sent with a reason.
@@ -320,7 +320,7 @@ func (c *conn) writeLoop() {
 			if ok {
 				var err error
 				if ok, err = c.cc.WriteQueued(b, c.out, c.writeText); err != nil {
-					c.abort()
+					c.writeFailed()
 					return
 				}
 			}
@@ -330,7 +330,7 @@ func (c *conn) writeLoop() {
 			}
 		case <-ping.C:
 			if err := c.ws.WriteControl(websocket.PingMessage, nil, time.Now().Add(writeWait)); err != nil {
-				c.abort()
+				c.writeFailed()
 				return
 			}
 		case <-c.stop:
@@ -391,16 +391,28 @@ func (c *conn) abort() {
 // and a reset may discard the close frame before the peer reads it. Safe
 // from any goroutine (gorilla allows WriteControl alongside other writers).
 func (c *conn) hangUp(code int, reason string) {
+	// Marked first: a write that fails once the close frame is out must
+	// not reset the connection (writeFailed).
+	until := time.Now().Add(lingerWait)
+	if !c.lingerUntil.CompareAndSwap(0, until.UnixNano()) {
+		return // hung up already: one close frame
+	}
 	msg := websocket.FormatCloseMessage(code, closeReason(reason))
 	c.ws.WriteControl(websocket.CloseMessage, msg, time.Now().Add(time.Second)) // best effort
 	// The writer may be corked: the close frame then joined its batch.
 	c.cc.Uncork()
-	until := time.Now().Add(lingerWait)
-	if c.lingerUntil.CompareAndSwap(0, until.UnixNano()) {
-		if hc, ok := c.cc.Conn.(interface{ CloseWrite() error }); ok {
-			hc.CloseWrite()
-		}
-		c.ws.SetReadDeadline(until)
+	if hc, ok := c.cc.Conn.(interface{ CloseWrite() error }); ok {
+		hc.CloseWrite()
+	}
+	c.ws.SetReadDeadline(until)
+}
+
+// writeFailed ends a connection whose write failed, unless it was hung up:
+// writes after the close frame fail, and the read loop ends it after the
+// linger.
+func (c *conn) writeFailed() {
+	if c.lingerUntil.Load() == 0 {
+		c.abort()
 	}
 }
 
