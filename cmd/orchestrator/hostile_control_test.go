@@ -13,11 +13,13 @@ package main
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -676,5 +678,51 @@ func TestHostileBadFrames(t *testing.T) {
 	}
 	if want := `answer lease=1 req=1 REJECTED reason="malformed report"; refreshed req=9`; !strings.HasPrefix(res.Answer["unknown outcome"], want) {
 		t.Errorf("a report with an unknown outcome status: got %q, want %q", res.Answer["unknown outcome"], want)
+	}
+}
+
+// The control plane's admission limits are set by serve's flags and the
+// config file's control: section (flags win), and nonsense is refused.
+func TestServeControlLimits(t *testing.T) {
+	def := defaultServerConfig()
+	if def.MaxConns != 1024 || def.MaxUnauthConns != orchestrator.DefaultMaxUnauthConns ||
+		def.MaxUnauthConnsPerAddr != orchestrator.DefaultMaxUnauthConnsPerAddr || def.HelloTimeout != orchestrator.DefaultHelloTimeout {
+		t.Errorf("defaults %+v are not SPEC §12's", def)
+	}
+	cfg, err := loadServerConfig("c.yaml", []byte("control:\n  max_conns: 10000\n  max_unauth_conns: 512\n  max_unauth_conns_per_addr: 64\n  hello_timeout_secs: 3\n"))
+	if err != nil || cfg.MaxConns != 10000 || cfg.MaxUnauthConns != 512 || cfg.MaxUnauthConnsPerAddr != 64 || cfg.HelloTimeout != 3*time.Second {
+		t.Errorf("control section: %+v, %v", cfg, err)
+	}
+	for src, want := range map[string]string{
+		"control:\n  max_conns: 0\n":        "c.yaml:2: max_conns must be a positive whole number",
+		"control:\n  hello_timeout: 3\n":    `c.yaml:2: control: unknown key "hello_timeout"`,
+		"control:\n  max_unauth_conns: x\n": "max_unauth_conns must be a positive whole number",
+	} {
+		if _, err := loadServerConfig("c.yaml", []byte(src)); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%q: err = %v, want %q", src, err, want)
+		}
+	}
+	dir := t.TempDir()
+	cfgPath := filepath.Join(dir, "server-config.yaml")
+	if err := os.WriteFile(cfgPath, []byte("control:\n  max_conns: 5000\n  hello_timeout_secs: 9\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	resolve := func(args ...string) (serverConfig, error) {
+		o := &options{}
+		fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+		serveCmd.flags(fs, o)
+		if err := fs.Parse(append([]string{"--config", cfgPath}, args...)); err != nil {
+			t.Fatal(err)
+		}
+		return resolveServeConfig(&env{opts: o, flags: fs})
+	}
+	cfg, err = resolve("--max-conns", "10000", "--max-unauth-conns-per-addr", "4")
+	if err != nil || cfg.MaxConns != 10000 || cfg.MaxUnauthConnsPerAddr != 4 || cfg.HelloTimeout != 9*time.Second || cfg.MaxUnauthConns != 256 {
+		t.Errorf("flags over the file: %+v, %v", cfg, err)
+	}
+	for _, args := range [][]string{{"--max-conns", "0"}, {"--max-unauth-conns", "8", "--max-unauth-conns-per-addr", "9"}, {"--hello-timeout", "10ms"}} {
+		if _, err := resolve(args...); exitCode(err) != exitUsage {
+			t.Errorf("%v: %v, want a usage error", args, err)
+		}
 	}
 }

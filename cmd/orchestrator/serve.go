@@ -53,7 +53,8 @@ HTTP/2 negotiated by ALPN: workers then connect to wss://HOST:PORT/control
 https://HOST:PORT (with --ca FILE).
 
 The optional config file (YAML) may set addr, data_dir (relative to the
-file's directory) and the recovery sweeper's knobs (SPEC §5):
+file's directory), the recovery sweeper's knobs (SPEC §5) and the limits on
+worker connections (SPEC §12):
 
   addr: 127.0.0.1:7420
   data_dir: ./tether-data
