@@ -228,7 +228,7 @@ func (d *Driver) readLoop(c *conn) string {
 		typ, r, err := c.ws.NextReader()
 		if err != nil {
 			var ne net.Error
-			if first && errors.As(err, &ne) && ne.Timeout() {
+			if first && c.lingerUntil.Load() == 0 && errors.As(err, &ne) && ne.Timeout() {
 				why := fmt.Sprintf("no hello within %s", d.opts.HelloTimeout)
 				c.hangUp(closePolicy, why)
 				return why
