@@ -117,6 +117,9 @@ func DescribeMsg(m Msg) string {
 		kv("ttl", m.TTL)
 	case Close:
 		kv("reason", quote(m.Reason))
+		if m.Code != CloseEnded {
+			kv("code", m.Code)
+		}
 	}
 	return b.String()
 }

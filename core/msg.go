@@ -164,10 +164,35 @@ type (
 		Request uint64
 		TTL     time.Duration
 	}
-	// Close ends the session (token revoked, credential expired, superseded).
-	// The driver closes the connection after sending it.
-	Close struct{ Reason string }
+	// Close ends the session (token revoked, credential expired, superseded,
+	// a protocol error). The driver closes the connection after sending it,
+	// with the close code its Code names (SPEC §9).
+	Close struct {
+		Reason string
+		Code   CloseCode // not on the wire: the transport's close code says it
+	}
 )
+
+// CloseCode says why the orchestrator ends a session, for the transport's
+// close code (SPEC §9): the driver maps CloseEnded to 1000 (normal),
+// CloseProtocolError to 1002 and ClosePolicy to 1008.
+type CloseCode uint8
+
+const (
+	CloseEnded         CloseCode = iota // the session is over: superseded by a new connection
+	CloseProtocolError                  // the worker broke the protocol (message before Hello, a second Hello, a limit of a message)
+	ClosePolicy                         // the worker may no longer connect this way: token revoked, credential expired
+)
+
+func (c CloseCode) String() string {
+	switch c {
+	case CloseProtocolError:
+		return "protocol-error"
+	case ClosePolicy:
+		return "policy"
+	}
+	return "ended"
+}
 
 func (Hello) Kind() string          { return "hello" }
 func (Heartbeat) Kind() string      { return "heartbeat" }
@@ -254,6 +279,24 @@ type LogLine struct {
 	At   time.Time
 	Text string
 }
+
+// Limits on what one worker message may carry (SPEC §12). Each bounds what
+// the orchestrator stores and iterates for one worker, so one worker's input
+// costs the loop a bounded amount. A Hello beyond one is refused (fatal: the
+// same Hello would be refused again); any other message beyond one closes
+// the connection with a protocol error, except a report, which is REJECTED
+// as malformed (§3). Names (worker name, tags, label keys and values,
+// platform) are checked by CheckName: 1..MaxNameLength bytes, printable.
+const (
+	MaxWorkerSlots         = 1024           // a Hello declares 1..MaxWorkerSlots slots
+	MaxWorkerTags          = 64             // tags in a Hello
+	MaxWorkerLabels        = 64             // labels in a Hello
+	MaxInFlightLeases      = MaxWorkerSlots // leases a Hello or a Heartbeat lists (a worker holds at most its slots)
+	MaxCredentialBytes     = 256            // a Hello's enrollment token or session credential
+	MaxBufferedItems       = 1 << 30        // a Hello's count of buffered lines and events (observability only)
+	MaxRejectReasonBytes   = 1024           // a RejectDispatch's reason (it is stored in the step's events)
+	MaxOutcomeMessageBytes = 4096           // a Report's outcome message (stored with the lease's answers)
+)
 
 // MaxReconnectDelay is the longest reconnect delay a Hello may declare; a
 // worker's grace window is twice its declared delay, so at most 2 h.

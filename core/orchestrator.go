@@ -805,7 +805,7 @@ func (o *Orchestrator) revokeToken(in RevokeToken) {
 			o.markWorker(w)
 			o.triageAll(w, causeRevoked)
 			if c, ok := o.connOf[w.ID]; ok {
-				o.send(c, Close{Reason: "enrollment token revoked"})
+				o.send(c, Close{Reason: "enrollment token revoked", Code: ClosePolicy})
 				o.dropConn(c)
 			}
 		}

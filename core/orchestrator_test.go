@@ -267,6 +267,50 @@ func (h *harness) secret() (s [16]byte) {
 }
 
 // parseRefs reads "run-1/a@3,run-1/b@4".
+// oversize applies a Hello's oversized fields (SPEC §12's limits):
+// namebytes=N, name-esc, ntags=N, tag-nl, nlabels=N, labelbytes=N,
+// ninflight=N, credbytes=N.
+func (h *harness) oversize(d *datadriven.TestData, m *Hello) {
+	if _, ok := h.arg(d, "namebytes"); ok {
+		m.Name = strings.Repeat("n", int(h.num(d, "namebytes", 0)))
+	}
+	if h.has(d, "name-esc") {
+		m.Name = "evil\x1b[2Jname"
+	}
+	for i := 0; i < int(h.num(d, "ntags", 0)); i++ {
+		m.Tags = append(m.Tags, fmt.Sprintf("t%d", i))
+	}
+	if h.has(d, "tag-nl") {
+		m.Tags = append(m.Tags, "forged\nline")
+	}
+	if n := int(h.num(d, "nlabels", 0)); n > 0 {
+		m.Labels = map[string]string{}
+		for i := 0; i < n; i++ {
+			m.Labels[fmt.Sprintf("k%d", i)] = "v"
+		}
+	}
+	if _, ok := h.arg(d, "labelbytes"); ok {
+		m.Labels = map[string]string{"zone": strings.Repeat("v", int(h.num(d, "labelbytes", 0)))}
+	}
+	m.InFlight = append(m.InFlight, manyRefs(int(h.num(d, "ninflight", 0)))...)
+	if _, ok := h.arg(d, "credbytes"); ok {
+		if m.Token != "" {
+			m.Token = strings.Repeat("t", int(h.num(d, "credbytes", 0)))
+		} else {
+			m.Credential = strings.Repeat("c", int(h.num(d, "credbytes", 0)))
+		}
+	}
+}
+
+// manyRefs makes n lease references nobody holds.
+func manyRefs(n int) []LeaseRef {
+	var refs []LeaseRef
+	for i := 0; i < n; i++ {
+		refs = append(refs, LeaseRef{Step: "run-9/x", Lease: LeaseID(1000 + i)})
+	}
+	return refs
+}
+
 func (h *harness) parseRefs(d *datadriven.TestData, v string) []LeaseRef {
 	var refs []LeaseRef
 	for _, p := range strings.Split(v, ",") {
@@ -358,6 +402,7 @@ func (h *harness) command(d *datadriven.TestData) []string {
 		if _, ok := h.arg(d, "no-reconnect"); ok {
 			hello.MaxDelay = 0
 		}
+		h.oversize(d, &hello)
 		c := h.newConn(w)
 		rd := h.o.Step(h.now, Received{Conn: c, Msg: hello, Entropy: h.secret()})
 		for _, e := range rd.Messages {
@@ -377,6 +422,7 @@ func (h *harness) command(d *datadriven.TestData) []string {
 		hello := Hello{Version: int(h.num(d, "version", ProtocolVersion)), Credential: cred, Worker: WorkerID(w), Name: w, Slots: 1}
 		hello.InFlight = h.parseRefs(d, h.argOr(d, "inflight", ""))
 		hello.Draining = d.HasArg("draining")
+		h.oversize(d, &hello)
 		c := h.newConn(w)
 		return h.step(Received{Conn: c, Msg: hello})
 
@@ -388,7 +434,9 @@ func (h *harness) command(d *datadriven.TestData) []string {
 
 	case "heartbeat":
 		w := h.pos(d, 0)
-		return h.step(Received{Conn: h.conn(d, w), Msg: Heartbeat{InFlight: h.parseRefs(d, h.argOr(d, "inflight", ""))}})
+		refs := h.parseRefs(d, h.argOr(d, "inflight", ""))
+		refs = append(refs, manyRefs(int(h.num(d, "ninflight", 0)))...)
+		return h.step(Received{Conn: h.conn(d, w), Msg: Heartbeat{InFlight: refs}})
 
 	case "start":
 		w := h.pos(d, 0)
@@ -396,7 +444,11 @@ func (h *harness) command(d *datadriven.TestData) []string {
 
 	case "reject":
 		w := h.pos(d, 0)
-		return h.step(Received{Conn: h.conn(d, w), Msg: RejectDispatch{Lease: LeaseID(h.num(d, "lease", 0)), Reason: h.argOr(d, "reason", "busy")}})
+		reason := h.argOr(d, "reason", "busy")
+		if _, ok := h.arg(d, "reasonbytes"); ok {
+			reason = strings.Repeat("r", int(h.num(d, "reasonbytes", 0)))
+		}
+		return h.step(Received{Conn: h.conn(d, w), Msg: RejectDispatch{Lease: LeaseID(h.num(d, "lease", 0)), Reason: reason}})
 
 	case "report":
 		// report w1 lease=3 ok|fail|cancelled|cleanup-failed|timed-out [exit=N] [msg=..] [req=N] [step=..]
@@ -416,6 +468,9 @@ func (h *harness) command(d *datadriven.TestData) []string {
 			m.Outcome = Outcome{Status: OutcomeWorkerStopped, ExitCode: int(h.num(d, "exit", 0)), Message: h.argOr(d, "msg", "")}
 		case h.has(d, "timed-out"):
 			m.Outcome = Outcome{Status: OutcomeTimedOut, ExitCode: int(h.num(d, "exit", 143)), Message: h.argOr(d, "msg", "")}
+		}
+		if _, ok := h.arg(d, "msgbytes"); ok {
+			m.Outcome.Message = strings.Repeat("m", int(h.num(d, "msgbytes", 0)))
 		}
 		return h.step(Received{Conn: h.conn(d, w), Msg: m})
 

@@ -18,10 +18,16 @@ func (o *Orchestrator) receive(in Received) {
 	if !ok {
 		// A message before Hello, or on a connection already closed: the
 		// connection has no identity, so nothing it says can change state.
-		o.send(in.Conn, Close{Reason: fmt.Sprintf("protocol error: %s before hello", in.Msg.Kind())})
+		o.send(in.Conn, Close{Reason: fmt.Sprintf("protocol error: %s before hello", in.Msg.Kind()), Code: CloseProtocolError})
 		return
 	}
 	w := o.workers[wid]
+	if why := checkMsg(in.Msg); why != "" {
+		// Beyond a limit of §12: nothing of it is applied.
+		o.send(in.Conn, Close{Reason: "protocol error: " + why, Code: CloseProtocolError})
+		o.disconnect(wid, "protocol error")
+		return
+	}
 	o.heard(w)
 	switch m := in.Msg.(type) {
 	case Heartbeat:
@@ -41,9 +47,88 @@ func (o *Orchestrator) receive(in Received) {
 	case Drain:
 		o.drain(w)
 	default:
-		o.send(in.Conn, Close{Reason: fmt.Sprintf("protocol error: unexpected %s from a worker", in.Msg.Kind())})
+		o.send(in.Conn, Close{Reason: fmt.Sprintf("protocol error: unexpected %s from a worker", in.Msg.Kind()), Code: CloseProtocolError})
 		o.disconnect(wid, "protocol error")
 	}
+}
+
+// maxStepIDBytes bounds a step id a worker names (a lease reference, a
+// report): "run-<n>/<name>[<i>]" with a name of at most MaxNameLength bytes.
+const maxStepIDBytes = MaxNameLength + 64
+
+// checkHello says which limit of SPEC §12 a Hello is beyond, or "".
+func checkHello(h Hello) string {
+	switch {
+	case len(h.Token) > MaxCredentialBytes:
+		return fmt.Sprintf("enrollment token of %d bytes, at most %d", len(h.Token), MaxCredentialBytes)
+	case len(h.Credential) > MaxCredentialBytes:
+		return fmt.Sprintf("session credential of %d bytes, at most %d", len(h.Credential), MaxCredentialBytes)
+	case h.Slots < 1 || h.Slots > MaxWorkerSlots:
+		return fmt.Sprintf("slots %d out of range 1..%d", h.Slots, MaxWorkerSlots)
+	case len(h.Tags) > MaxWorkerTags:
+		return fmt.Sprintf("%d tags, at most %d", len(h.Tags), MaxWorkerTags)
+	case len(h.Labels) > MaxWorkerLabels:
+		return fmt.Sprintf("%d labels, at most %d", len(h.Labels), MaxWorkerLabels)
+	case len(h.InFlight) > MaxInFlightLeases:
+		return fmt.Sprintf("in-flight list of %d leases, at most %d", len(h.InFlight), MaxInFlightLeases)
+	case h.Buffered < 0 || h.Buffered > MaxBufferedItems:
+		return fmt.Sprintf("buffered count %d out of range 0..%d", h.Buffered, MaxBufferedItems)
+	}
+	if err := CheckName("worker instance id", string(h.Worker)); err != nil {
+		return err.Error()
+	}
+	if h.Name != "" { // empty: the token's name (§9)
+		if err := CheckName("worker name", h.Name); err != nil {
+			return err.Error()
+		}
+	}
+	if h.Platform != "" {
+		if err := CheckName("platform", h.Platform); err != nil {
+			return err.Error()
+		}
+	}
+	for _, t := range h.Tags {
+		if err := CheckName("tag", t); err != nil {
+			return err.Error()
+		}
+	}
+	for _, k := range sortedKeys(h.Labels) { // the first bad one, whatever the map order
+		if err := CheckName("label key", k); err != nil {
+			return err.Error()
+		}
+		if err := CheckName("label value", h.Labels[k]); err != nil {
+			return fmt.Sprintf("label %s: %v", Quote(k), err)
+		}
+	}
+	return checkRefs("hello", h.InFlight)
+}
+
+// checkRefs bounds a list of lease references (a Hello's or a Heartbeat's).
+func checkRefs(kind string, refs []LeaseRef) string {
+	if len(refs) > MaxInFlightLeases {
+		return fmt.Sprintf("%s lists %d leases, at most %d", kind, len(refs), MaxInFlightLeases)
+	}
+	for _, r := range refs {
+		if len(r.Step) > maxStepIDBytes {
+			return fmt.Sprintf("%s names a step id of %d bytes, at most %d", kind, len(r.Step), maxStepIDBytes)
+		}
+	}
+	return ""
+}
+
+// checkMsg says which limit of SPEC §12 a message after the Hello is
+// beyond, or "". A report's limits are its own (it is answered REJECTED);
+// Logs and Events are bounded by MaxLogLinesPerMessage in storeLogs.
+func checkMsg(m Msg) string {
+	switch m := m.(type) {
+	case Heartbeat:
+		return checkRefs("heartbeat", m.InFlight)
+	case RejectDispatch:
+		if len(m.Reason) > MaxRejectReasonBytes {
+			return fmt.Sprintf("reject reason of %d bytes, at most %d", len(m.Reason), MaxRejectReasonBytes)
+		}
+	}
+	return ""
 }
 
 func (o *Orchestrator) refuse(c ConnID, reason string, fatal bool) {
@@ -54,7 +139,7 @@ func (o *Orchestrator) refuse(c ConnID, reason string, fatal bool) {
 // hello enrolls a new instance (Token) or reconnects a known one (Credential).
 func (o *Orchestrator) hello(c ConnID, h Hello, entropy [16]byte) {
 	if old, ok := o.conns[c]; ok {
-		o.send(c, Close{Reason: "protocol error: second hello on one connection"})
+		o.send(c, Close{Reason: "protocol error: second hello on one connection", Code: CloseProtocolError})
 		o.disconnect(old, "protocol error")
 		return
 	}
@@ -70,6 +155,12 @@ func (o *Orchestrator) hello(c ConnID, h Hello, entropy [16]byte) {
 		// grace = 2 × MaxDelay: bounded, so it can neither overflow nor
 		// hold a dead worker's steps for days.
 		o.refuse(c, fmt.Sprintf("max reconnect delay %s out of range 0..%s", h.MaxDelay, MaxReconnectDelay), true)
+		return
+	}
+	if why := checkHello(h); why != "" {
+		// Every field within §12's limits, on enrollment and on reconnect
+		// alike: what a worker declares is stored and iterated for it.
+		o.refuse(c, why, true)
 		return
 	}
 	if h.Token != "" {
@@ -151,14 +242,11 @@ func (o *Orchestrator) enroll(c ConnID, h Hello, entropy [16]byte) {
 	case o.workers[h.Worker] != nil:
 		o.refuse(c, fmt.Sprintf("worker instance %s is already enrolled", h.Worker), true)
 		return
-	case h.Slots < 0 || h.Slots > 1024:
-		o.refuse(c, fmt.Sprintf("slots %d out of range 1..1024", h.Slots), true)
-		return
 	}
 	cred := hex.EncodeToString(entropy[:])
 	w := &WorkerRecord{
 		ID: h.Worker, Name: h.Name, Token: name, Tags: sortedCopy(h.Tags), Labels: copyMap(h.Labels),
-		Platform: h.Platform, Slots: max(h.Slots, 1), Scaler: h.Scaler, Active: true,
+		Platform: h.Platform, Slots: h.Slots, Scaler: h.Scaler, Active: true,
 		CredHash: hashSecret([]byte(cred)), CredExpiry: o.now.Add(o.cfg.CredentialTTL),
 		LastHeartbeat: o.now, EnrolledAt: o.now,
 	}
@@ -447,6 +535,14 @@ func (o *Orchestrator) report(w *WorkerRecord, c ConnID, m Report) {
 		reply(Rejected, "malformed report")
 		return
 	}
+	if len(m.Outcome.Message) > MaxOutcomeMessageBytes {
+		reply(Rejected, fmt.Sprintf("malformed report: outcome message of %d bytes, at most %d", len(m.Outcome.Message), MaxOutcomeMessageBytes))
+		return
+	}
+	if len(m.Step) > maxStepIDBytes {
+		reply(Rejected, fmt.Sprintf("malformed report: step id of %d bytes, at most %d", len(m.Step), maxStepIDBytes))
+		return
+	}
 	l, why := o.leaseFor(w, m.Lease)
 	if l == nil {
 		reply(Rejected, why)
@@ -702,7 +798,7 @@ func (o *Orchestrator) logWatermark(id LeaseID, event bool) uint64 {
 
 func (o *Orchestrator) refresh(w *WorkerRecord, c ConnID, m Refresh) {
 	if !o.now.Before(w.CredExpiry) {
-		o.send(c, Close{Reason: "session credential expired"})
+		o.send(c, Close{Reason: "session credential expired", Code: ClosePolicy})
 		o.disconnect(w.ID, "credential expired")
 		return
 	}
@@ -740,7 +836,7 @@ func (o *Orchestrator) fire(t timer) {
 		o.triageAll(w, causeGrace)
 	case tCred:
 		w := o.workers[WorkerID(t.key)]
-		o.sendTo(w.ID, Close{Reason: "session credential expired"})
+		o.sendTo(w.ID, Close{Reason: "session credential expired", Code: ClosePolicy})
 		o.disconnect(w.ID, "credential expired")
 	case tForce:
 		s := o.steps[StepID(t.key)]

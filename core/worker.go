@@ -8,6 +8,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"sort"
+	"strings"
 	"time"
 )
 
@@ -1082,6 +1083,10 @@ func (w *Worker) procExited(x WExecExited) {
 		return
 	}
 	var o Outcome
+	if len(x.Err) > MaxOutcomeMessageBytes {
+		// The orchestrator rejects a longer message (§12): cut it on a rune boundary.
+		x.Err = strings.ToValidUTF8(x.Err[:MaxOutcomeMessageBytes], "")
+	}
 	switch {
 	case e.cancelled && x.Err != "":
 		o = Outcome{Status: OutcomeCleanupFailed, ExitCode: x.ExitCode, Message: x.Err}

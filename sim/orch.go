@@ -33,11 +33,12 @@ type pendingBatch struct {
 	read func()
 }
 
-// orchInput steps one input through the orchestrator.
-func (w *world) orchInput(in core.Input) {
+// orchInput steps one input through the orchestrator and returns its batch
+// (empty while the orchestrator is down).
+func (w *world) orchInput(in core.Input) core.Ready {
 	n := w.orch
 	if !n.up {
-		return
+		return core.Ready{}
 	}
 	w.chk.Input(w.now, in)
 	held := w.heldReported(in)
@@ -47,6 +48,7 @@ func (w *world) orchInput(in core.Input) {
 	w.chk.Batch(w.now, n.o, rd)
 	w.checkBatch(held, from, rd)
 	w.queueBatch(&pendingBatch{rd: rd})
+	return rd
 }
 
 // queueBatch queues a batch for the write-ahead pipeline.

@@ -109,6 +109,9 @@ func (w *world) submitHostile(spec core.RunSpec, k int) {
 // ---- the operator ----
 
 func (w *world) startOperator() {
+	// Once, a hostile client with a token of its own (SPEC §12). No random
+	// draw: the rest of the seed's world is what it was without it.
+	w.after(45*time.Second, evOperator, -1, nil, "hostile hellos", w.hostileHellos)
 	var submit func()
 	submit = func() {
 		if w.healed || w.runsSent >= w.opt.Runs {
@@ -423,3 +426,69 @@ func (w *world) finished() bool {
 func spec2input(s core.StepID) spec.StepInput { return spec.StepInput{Kind: spec.OpSubmit, Step: s} }
 
 func specOutputOK() spec.StepOutput { return spec.StepOutput{} }
+
+// hostileConn is the first connection id of the hostile client, far from
+// the ids the network gives the workers' connections.
+const hostileConn core.ConnID = 1 << 62
+
+// hostileHellos is a client holding a valid enrollment token that sends
+// Hellos each beyond one limit of SPEC §12 (the core's checkHello): each
+// must be refused, fatally, on its own connection, and change nothing: no
+// worker enrolls and the token is still unused. (It never sends a
+// well-formed Hello: a worker that enrolls and leaves at once would cost a
+// step a dispatch attempt.)
+func (w *world) hostileHellos() {
+	if w.healed {
+		return
+	}
+	var secret [16]byte
+	secret[0] = 0x51 // fixed: no draw from the world's randomness
+	w.call(func(id core.CallID) core.Input {
+		return core.CreateToken{Call: id, Name: "hostile", TTL: time.Hour, Secret: secret}
+	}, func(a core.APIAnswer) {
+		if a.Err != "" || !w.orch.up {
+			return
+		}
+		base := core.Hello{Version: core.ProtocolVersion, Token: a.Token, Worker: "hostile", Name: "hostile", Slots: 1, MaxDelay: time.Minute}
+		bad := []core.Hello{base, base, base, base}
+		bad[0].Slots = 0
+		for i := range core.MaxWorkerTags + 1 {
+			bad[1].Tags = append(bad[1].Tags, fmt.Sprintf("t%d", i))
+		}
+		bad[2].Name = "hostile\x1b[2J"
+		bad[3].InFlight = make([]core.LeaseRef, core.MaxInFlightLeases+1)
+		for i, h := range bad {
+			c := hostileConn + core.ConnID(i)
+			rd := w.orchInput(core.Received{Conn: c, Msg: h})
+			if !w.orch.up {
+				return
+			}
+			refused := false
+			for _, e := range rd.Messages {
+				if rf, ok := e.Msg.(core.Refused); ok && e.Conn == c && rf.Fatal {
+					refused = true
+				}
+			}
+			if !refused || hostileEnrolled(w.orch.o) {
+				w.fail("hostile-hello", fmt.Sprintf("hostile hello %d was not refused, or it enrolled or used up its token: %v", i, rd.Messages))
+				return
+			}
+		}
+	})
+}
+
+// hostileEnrolled says whether the hostile client enrolled or its token was
+// used up.
+func hostileEnrolled(o *core.Orchestrator) bool {
+	for _, wv := range o.Workers() {
+		if wv.ID == "hostile" {
+			return true
+		}
+	}
+	for _, t := range o.Tokens() {
+		if t.Name == "hostile" && t.Consumed {
+			return true
+		}
+	}
+	return false
+}

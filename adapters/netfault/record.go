@@ -108,6 +108,11 @@ func (r *Recorder) record(m Frame) {
 		if m.Dir != Up {
 			return
 		}
+		if _, ok := r.workerOf[m.Link]; !ok {
+			// A report before any Hello is no worker's: the orchestrator
+			// closes the link with a protocol error and answers nothing.
+			return
+		}
 		in := spec.StepInput{Kind: spec.OpReport, Step: msg.Step, Worker: r.workerOf[m.Link],
 			Lease: msg.Lease, Request: msg.Request, Outcome: msg.Outcome}
 		for i, op := range r.ops {

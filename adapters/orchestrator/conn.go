@@ -4,10 +4,14 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"errors"
+	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/gorilla/websocket"
@@ -16,23 +20,39 @@ import (
 	"github.com/tether-run/tether/core"
 )
 
-// Control-plane timing and limits.
+// Control-plane timing and limits (SPEC §12).
 const (
-	pingPeriod   = 20 * time.Second // the orchestrator pings every connection this often
-	readWait     = 60 * time.Second // a connection silent this long (no frame, no pong) is dead
-	writeWait    = 10 * time.Second // one frame must be written within this
-	sendQueue    = 1024             // frames queued per connection; a slower reader is dropped
-	maxReasonLen = 120              // a close frame's reason (control frames carry 125 bytes)
+	pingPeriod     = 20 * time.Second // the orchestrator pings every connection this often
+	readWait       = 60 * time.Second // a connection silent this long (no frame, no pong) is dead
+	writeWait      = 10 * time.Second // one frame must be written within this
+	sendQueue      = 1024             // frames queued per connection; a slower reader is closed (1013)
+	connInputQueue = 64               // inputs of one connection waiting for the loop; its reads wait beyond it
+	maxReasonLen   = 120              // a close frame's reason (control frames carry 125 bytes)
+	lingerWait     = 5 * time.Second  // after a close frame, how long the peer has to read it and answer
 )
 
-// WebSocket close codes the driver uses.
+// WebSocket close codes the driver uses (SPEC §9), each sent with a reason.
 const (
-	closeNormal    = websocket.CloseNormalClosure
-	closePolicy    = websocket.ClosePolicyViolation
-	closeData      = websocket.CloseUnsupportedData
-	closeGoingAway = websocket.CloseGoingAway // the orchestrator is stopping
-	closeInternal  = websocket.CloseInternalServerErr
+	closeNormal    = websocket.CloseNormalClosure     // the session ended (superseded)
+	closeGoingAway = websocket.CloseGoingAway         // the orchestrator is stopping
+	closeProtocol  = websocket.CloseProtocolError     // a frame that is not the protocol
+	closeData      = websocket.CloseUnsupportedData   // a binary frame
+	closePolicy    = websocket.ClosePolicyViolation   // refused: credential, token, a limit of the Hello, no Hello in time
+	closeTooBig    = websocket.CloseMessageTooBig     // a frame over wire.MaxFrame
+	closeTryAgain  = websocket.CloseTryAgainLater     // overload: a cap, a reader too slow for its send queue
+	closeInternal  = websocket.CloseInternalServerErr // a message the driver cannot encode
 )
+
+// closeCode is the close code for a core Close.
+func closeCode(m core.Close) int {
+	switch m.Code {
+	case core.CloseProtocolError:
+		return closeProtocol
+	case core.ClosePolicy:
+		return closePolicy
+	}
+	return closeNormal
+}
 
 // goingAwayWait bounds how long a stopping orchestrator waits for its
 // connections to flush their queued frames and say going-away.
@@ -60,23 +80,49 @@ type conn struct {
 	stop     chan struct{} // closed by abort: hang up now, unflushed
 	stopOnce sync.Once
 	loopSide struct{ closing bool } // loop goroutine only: out is closed
+
+	// Admission (SPEC §12): host is the source address; the connection
+	// counts as unauthenticated until the core welcomes it (leaveUnauth),
+	// and holds one of the MaxConns places from its Hello on (hello).
+	host     string
+	unauth   sync.Once
+	hello    atomic.Bool
+	inputs   chan struct{} // one token per input of this connection waiting for the loop
+	overOnce sync.Once
+	// lingerUntil is when a hung-up connection is closed (unix ns; 0: not
+	// hung up).
+	lingerUntil atomic.Int64
 }
 
-// serveControl upgrades one connection and runs it until it ends.
+// serveControl upgrades one connection and runs it until it ends. A
+// connection is unauthenticated from its upgrade until the core welcomes its
+// Hello; those have their own cap, in all and per source address, and must
+// send their Hello within HelloTimeout (SPEC §12). A Hello takes one of the
+// MaxConns places, which unauthenticated connections never hold.
 func (d *Driver) serveControl(w http.ResponseWriter, r *http.Request) {
-	if d.nconns.Add(1) > int64(d.opts.MaxConns) {
-		d.nconns.Add(-1)
-		http.Error(w, "too many control connections", http.StatusServiceUnavailable)
+	host := sourceHost(r.RemoteAddr)
+	if why := d.admitUnauth(host); why != "" {
+		// Before the upgrade, so a refusal costs nothing: the client reads
+		// the reason in the body and tries again later.
+		w.Header().Set("Retry-After", "1")
+		http.Error(w, why, http.StatusServiceUnavailable)
 		return
 	}
-	defer d.nconns.Add(-1)
 	hj := &corkingHijacker{ResponseWriter: w}
 	ws, err := upgrader.Upgrade(hj, r, nil)
 	if err != nil {
+		d.releaseUnauth(host)
 		d.log.Warn("control upgrade failed", "remote", r.RemoteAddr, "err", err)
 		return // the upgrader has answered
 	}
-	c := &conn{id: core.ConnID(d.nextConn.Add(1)), ws: ws, cc: hj.cc, out: make(chan []byte, sendQueue), stop: make(chan struct{})}
+	c := &conn{id: core.ConnID(d.nextConn.Add(1)), ws: ws, cc: hj.cc, out: make(chan []byte, sendQueue), stop: make(chan struct{}),
+		host: host, inputs: make(chan struct{}, connInputQueue)}
+	defer func() {
+		c.leaveUnauth(d)
+		if c.hello.Load() {
+			d.nauth.Add(-1)
+		}
+	}()
 	d.mu.Lock()
 	if d.closed {
 		d.mu.Unlock()
@@ -103,31 +149,109 @@ func (d *Driver) serveControl(w http.ResponseWriter, r *http.Request) {
 		c.writeLoop()
 	}()
 	reason := d.readLoop(c)
+	c.drain()
 	c.abort()
 	<-writerDone
 	d.push(context.Background(), dropped{conn: c.id, reason: reason})
 }
 
+// sourceHost is the host part of a remote address: connections are counted
+// per source address, whatever their port.
+func sourceHost(addr string) string {
+	if h, _, err := net.SplitHostPort(addr); err == nil {
+		return h
+	}
+	return addr
+}
+
+// admitUnauth counts a new unauthenticated connection from host, or says
+// which cap refuses it.
+func (d *Driver) admitUnauth(host string) string {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	switch {
+	case d.nunauth >= d.opts.MaxUnauthConns:
+		return fmt.Sprintf("too many connections without an accepted hello (%d); try again later", d.opts.MaxUnauthConns)
+	case d.unauthFrom[host] >= d.opts.MaxUnauthConnsPerAddr:
+		return fmt.Sprintf("too many connections without an accepted hello from %s (%d); try again later", host, d.opts.MaxUnauthConnsPerAddr)
+	}
+	d.nunauth++
+	d.unauthFrom[host]++
+	return ""
+}
+
+func (d *Driver) releaseUnauth(host string) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.nunauth--
+	if d.unauthFrom[host]--; d.unauthFrom[host] <= 0 {
+		delete(d.unauthFrom, host)
+	}
+}
+
+// leaveUnauth ends the connection's unauthenticated time: at its Welcome, or
+// at its end.
+func (c *conn) leaveUnauth(d *Driver) {
+	c.unauth.Do(func() { d.releaseUnauth(c.host) })
+}
+
+// takeHelloPlace gives the connection one of the MaxConns places when its
+// Hello arrives, or says why not.
+func (d *Driver) takeHelloPlace(c *conn) string {
+	if d.nauth.Add(1) > int64(d.opts.MaxConns) {
+		d.nauth.Add(-1)
+		return fmt.Sprintf("too many worker connections (%d); try again later", d.opts.MaxConns)
+	}
+	c.hello.Store(true)
+	return ""
+}
+
 // readLoop turns frames into inputs until the connection fails; it returns
-// why. A frame that does not decode closes the connection with the reason.
+// why. Every refusal hangs up with a close code and a reason (SPEC §9): no
+// Hello within HelloTimeout (1008), a frame over wire.MaxFrame (1009), a
+// binary frame (1003), a frame that does not decode (1002), a Hello beyond
+// the MaxConns places (1013). One connection has at most connInputQueue
+// inputs waiting for the loop: beyond that its reads wait, so a flood from
+// one connection is throttled and never fills the loop's queue for the
+// others.
 func (d *Driver) readLoop(c *conn) string {
-	c.ws.SetReadLimit(wire.MaxFrame)
-	c.ws.SetReadDeadline(time.Now().Add(readWait))
-	c.ws.SetPongHandler(func(string) error { return c.ws.SetReadDeadline(time.Now().Add(readWait)) })
+	helloBy := time.Now().Add(d.opts.HelloTimeout)
+	c.ws.SetReadDeadline(helloBy)
+	first := true
+	c.ws.SetPongHandler(func(string) error {
+		if first || c.lingering() {
+			return nil // pongs do not extend the Hello deadline, nor a linger
+		}
+		return c.ws.SetReadDeadline(time.Now().Add(readWait))
+	})
 	var buf bytes.Buffer // reused: decoding copies what it keeps
 	for {
 		typ, r, err := c.ws.NextReader()
 		if err != nil {
+			var ne net.Error
+			if first && c.lingerUntil.Load() == 0 && errors.As(err, &ne) && ne.Timeout() {
+				why := fmt.Sprintf("no hello within %s", d.opts.HelloTimeout)
+				c.hangUp(closePolicy, why)
+				return why
+			}
 			return err.Error()
 		}
 		if buf.Cap() > 64<<10 {
 			buf = bytes.Buffer{} // do not keep a rare large frame's buffer
 		}
 		buf.Reset()
-		if _, err := buf.ReadFrom(r); err != nil {
+		if _, err := buf.ReadFrom(io.LimitReader(r, wire.MaxFrame+1)); err != nil {
 			return err.Error()
 		}
+		if buf.Len() > wire.MaxFrame {
+			why := fmt.Sprintf("frame larger than %d bytes", wire.MaxFrame)
+			c.hangUp(closeTooBig, why)
+			return why
+		}
 		b := buf.Bytes()
+		if c.lingering() {
+			continue // hung up (its send queue overflowed): discard
+		}
 		c.ws.SetReadDeadline(time.Now().Add(readWait))
 		if typ != websocket.TextMessage {
 			c.hangUp(closeData, "binary frames are not part of the protocol")
@@ -136,10 +260,27 @@ func (d *Driver) readLoop(c *conn) string {
 		m, err := wire.Decode(b)
 		if err != nil {
 			d.log.Warn("undecodable frame; closing the connection", "conn", uint64(c.id), "err", err)
-			c.hangUp(closeData, err.Error())
+			c.hangUp(closeProtocol, err.Error())
 			return "undecodable frame: " + err.Error()
 		}
-		if d.push(context.Background(), frame{conn: c.id, msg: m}) != nil {
+		if first {
+			first = false
+			if _, ok := m.(core.Hello); ok {
+				if why := d.takeHelloPlace(c); why != "" {
+					d.log.Warn("hello refused: too many worker connections", "conn", uint64(c.id), "max_conns", d.opts.MaxConns)
+					c.hangUp(closeTryAgain, why)
+					return why
+				}
+			}
+		}
+		select {
+		case c.inputs <- struct{}{}: // released by the loop when it takes the frame
+		case <-c.stop:
+			return "connection closed"
+		case <-d.quit:
+			return "orchestrator stopping"
+		}
+		if d.push(context.Background(), frame{conn: c.id, msg: m, from: c}) != nil {
 			return "orchestrator stopping"
 		}
 	}
@@ -172,7 +313,6 @@ func (c *conn) writeText(b []byte) error {
 // The frames queued at one moment (a batch's messages for this worker) go
 // out in one write.
 func (c *conn) writeLoop() {
-	defer c.ws.Close()
 	ping := time.NewTicker(pingPeriod)
 	defer ping.Stop()
 	for {
@@ -181,15 +321,17 @@ func (c *conn) writeLoop() {
 			if ok {
 				var err error
 				if ok, err = c.cc.WriteQueued(b, c.out, c.writeText); err != nil {
+					c.writeFailed()
 					return
 				}
 			}
 			if !ok {
-				c.hangUp(c.code, c.reason)
+				c.hangUp(c.code, c.reason) // the read loop ends within lingerWait
 				return
 			}
 		case <-ping.C:
 			if err := c.ws.WriteControl(websocket.PingMessage, nil, time.Now().Add(writeWait)); err != nil {
+				c.writeFailed()
 				return
 			}
 		case <-c.stop:
@@ -199,7 +341,8 @@ func (c *conn) writeLoop() {
 }
 
 // send queues a frame (loop goroutine only). A connection whose queue is full
-// is not keeping up: it is dropped, which the core hears as a Disconnected.
+// is not keeping up: it is closed with 1013 (try again later), which the
+// core hears as a Disconnected.
 func (c *conn) send(b []byte) {
 	if c.loopSide.closing {
 		return
@@ -207,7 +350,19 @@ func (c *conn) send(b []byte) {
 	select {
 	case c.out <- b:
 	default:
-		c.abort()
+		c.loopSide.closing = true
+		c.overOnce.Do(func() {
+			// Off the loop: the close frame may wait for the slow reader.
+			go c.hangUp(closeTryAgain, fmt.Sprintf("send queue full (%d frames): reading too slowly; reconnect later", sendQueue))
+		})
+	}
+}
+
+// taken releases one of the connection's input tokens (loop goroutine).
+func (c *conn) taken() {
+	select {
+	case <-c.inputs:
+	default:
 	}
 }
 
@@ -230,12 +385,56 @@ func (c *conn) abort() {
 	})
 }
 
-// hangUp sends a close frame with a reason, then closes the socket. Safe
+// hangUp sends a close frame with a reason and half-closes the socket; the
+// read loop then discards what still arrives until the peer answers the
+// close or lingerWait passes, and the socket is closed when it ends. Closing
+// at once would reset a connection whose peer is still sending (a flood),
+// and a reset may discard the close frame before the peer reads it. Safe
 // from any goroutine (gorilla allows WriteControl alongside other writers).
 func (c *conn) hangUp(code int, reason string) {
+	// Marked first: a write that fails once the close frame is out must
+	// not reset the connection (writeFailed).
+	until := time.Now().Add(lingerWait)
+	if !c.lingerUntil.CompareAndSwap(0, until.UnixNano()) {
+		return // hung up already: one close frame
+	}
 	msg := websocket.FormatCloseMessage(code, closeReason(reason))
 	c.ws.WriteControl(websocket.CloseMessage, msg, time.Now().Add(time.Second)) // best effort
-	c.abort()
+	// The writer may be corked: the close frame then joined its batch.
+	c.cc.Uncork()
+	if hc, ok := c.cc.Conn.(interface{ CloseWrite() error }); ok {
+		hc.CloseWrite()
+	}
+	c.ws.SetReadDeadline(until)
+}
+
+// writeFailed ends a connection whose write failed, unless it was hung up:
+// writes after the close frame fail, and the read loop ends it after the
+// linger.
+func (c *conn) writeFailed() {
+	if c.lingerUntil.Load() == 0 {
+		c.abort()
+	}
+}
+
+// lingering says whether the connection was hung up; it then (re)sets the
+// read deadline to the end of its linger.
+func (c *conn) lingering() bool {
+	until := c.lingerUntil.Load()
+	if until != 0 {
+		c.ws.SetReadDeadline(time.Unix(0, until))
+	}
+	return until != 0
+}
+
+// drain discards what the peer still sends after a hang-up, until it
+// answers the close or the linger ends (read loop only).
+func (c *conn) drain() {
+	for c.lingering() {
+		if _, _, err := c.ws.NextReader(); err != nil {
+			return
+		}
+	}
 }
 
 // closeReason fits a reason into a close frame, on a rune boundary.

@@ -41,7 +41,14 @@ import (
 const (
 	inputQueue      = 4096 // inputs waiting for the loop; senders block beyond it
 	maxBatch        = 512  // inputs stepped into one group commit
-	defaultMaxConns = 1024 // concurrent control connections
+	defaultMaxConns = 1024 // concurrent control connections that sent a Hello
+)
+
+// Defaults of the control plane's admission limits (Options, SPEC §12).
+const (
+	DefaultMaxUnauthConns        = 256
+	DefaultMaxUnauthConnsPerAddr = 32
+	DefaultHelloTimeout          = 5 * time.Second
 )
 
 var (
@@ -73,8 +80,21 @@ type Options struct {
 	Config core.Config
 	// Logger receives structured logs; nil means slog.Default().
 	Logger *slog.Logger
-	// MaxConns bounds concurrent control connections; zero means 1024.
+	// MaxConns bounds the control connections that sent a Hello (the
+	// authenticated cap, not per address: SPEC §12); zero means 1024. A
+	// Hello beyond it is closed with 1013 (try again later).
 	MaxConns int
+	// MaxUnauthConns bounds the control connections without an accepted
+	// Hello yet (upgraded, not welcomed), in all; zero means 256. They
+	// never hold one of the MaxConns places. Beyond it an upgrade is
+	// answered 503 with the reason.
+	MaxUnauthConns int
+	// MaxUnauthConnsPerAddr bounds those from one source address; zero
+	// means 32.
+	MaxUnauthConnsPerAddr int
+	// HelloTimeout is how long a new control connection has to send its
+	// Hello before it is closed (1008); zero means 5 s.
+	HelloTimeout time.Duration
 	// AdminToken, if set, mounts the operator HTTP API (APIHandler) under
 	// /api/ on the control plane's server, authenticated with this token.
 	AdminToken string
@@ -129,12 +149,14 @@ type Driver struct {
 
 	nextConn atomic.Uint64
 	nextCall atomic.Uint64
-	nconns   atomic.Int64
+	nauth    atomic.Int64 // control connections holding a MaxConns place (they sent a Hello)
 
-	mu     sync.Mutex
-	closed bool           // no new connections once set
-	live   map[*conn]bool // every connection with running goroutines
-	wg     sync.WaitGroup // connection goroutines
+	mu         sync.Mutex
+	nunauth    int            // control connections not welcomed yet
+	unauthFrom map[string]int // of them, per source address
+	closed     bool           // no new connections once set
+	live       map[*conn]bool // every connection with running goroutines
+	wg         sync.WaitGroup // connection goroutines
 
 	// Owned by the loop goroutine.
 	o          *core.Orchestrator
@@ -154,6 +176,7 @@ type (
 	frame  struct {
 		conn core.ConnID
 		msg  core.Msg
+		from *conn // holds one of its input tokens until the loop takes it
 	}
 	dropped struct {
 		conn   core.ConnID
@@ -180,6 +203,15 @@ func Start(opts Options) (*Driver, error) {
 	if opts.MaxConns <= 0 {
 		opts.MaxConns = defaultMaxConns
 	}
+	if opts.MaxUnauthConns <= 0 {
+		opts.MaxUnauthConns = DefaultMaxUnauthConns
+	}
+	if opts.MaxUnauthConnsPerAddr <= 0 {
+		opts.MaxUnauthConnsPerAddr = DefaultMaxUnauthConnsPerAddr
+	}
+	if opts.HelloTimeout <= 0 {
+		opts.HelloTimeout = DefaultHelloTimeout
+	}
 	for _, l := range []struct {
 		v   *int64
 		def int64
@@ -200,6 +232,7 @@ func Start(opts Options) (*Driver, error) {
 		quit:       make(chan struct{}),
 		done:       make(chan struct{}),
 		live:       map[*conn]bool{},
+		unauthFrom: map[string]int{},
 		conns:      map[core.ConnID]*conn{},
 		coreClosed: map[core.ConnID]bool{},
 		calls:      map[core.CallID]chan core.APIAnswer{},
@@ -464,6 +497,9 @@ func (d *Driver) process(batch []input) error {
 		case opened:
 			d.conns[in.c.id] = in.c
 		case frame:
+			if in.from != nil {
+				in.from.taken()
+			}
 			if d.coreClosed[in.conn] || d.conns[in.conn] == nil {
 				continue // the core already treats this connection as gone
 			}
@@ -612,10 +648,12 @@ func (d *Driver) deliver(e core.Envelope) {
 	}
 	c.send(b)
 	switch m := e.Msg.(type) {
+	case core.Welcome:
+		c.leaveUnauth(d) // authenticated: the core accepted its Hello
 	case core.Close:
-		d.closeByCore(c, closeNormal, m.Reason)
+		d.closeByCore(c, closeCode(m), m.Reason)
 	case core.Refused:
-		code := closeNormal
+		code := closeTryAgain // the worker may retry
 		if m.Fatal {
 			code = closePolicy
 		}

@@ -322,8 +322,8 @@ func TestMalformedFrames(t *testing.T) {
 		}
 		_, _, err = ws.ReadMessage()
 		var ce *websocket.CloseError
-		if !errors.As(err, &ce) || ce.Code != websocket.CloseUnsupportedData || !strings.Contains(ce.Text, "wire:") {
-			t.Errorf("after %q: read err = %v, want a close frame 1003 with the decoding error", bad, err)
+		if !errors.As(err, &ce) || ce.Code != websocket.CloseProtocolError || !strings.Contains(ce.Text, "wire:") {
+			t.Errorf("after %q: read err = %v, want a close frame 1002 with the decoding error", bad, err)
 		}
 		ws.Close()
 	}

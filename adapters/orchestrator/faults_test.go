@@ -461,26 +461,30 @@ func TestFaultMalformedFramesKeepServing(t *testing.T) {
 	})
 	before := r.stateOf(run, step)
 
-	// Frames that do not decode: closed with 1003 and the decoder's reason.
+	// Frames that do not decode: closed with 1002 (a binary frame: 1003) and
+	// the decoder's reason (SPEC §9). A report with an unknown outcome
+	// decodes (it is a malformed report, §3): before a Hello it is the
+	// core's protocol error, also 1002.
 	for name, c := range map[string]struct {
 		typ    int
 		frame  string
+		code   int
 		reason string
 	}{
-		"binary":          {websocket.BinaryMessage, `{"v":1,"type":"heartbeat","body":{}}`, "binary frames"},
-		"truncated":       {websocket.TextMessage, `{"v":1,"type":"report","body":{"lease":`, "wire: malformed"},
-		"wrong type":      {websocket.TextMessage, `{"v":1,"type":"report","body":{"lease":"seven"}}`, "wire: malformed"},
-		"unknown outcome": {websocket.TextMessage, `{"v":1,"type":"report","body":{"step":"run-1/s","lease":1,"request":1,"outcome":{"status":"exploded"}}}`, "wire: malformed"},
-		"no body":         {websocket.TextMessage, `{"v":1,"type":"start"}`, "wire: malformed"},
-		"nul bytes":       {websocket.TextMessage, "\x00\x00\x00", "wire: malformed"},
+		"binary":          {websocket.BinaryMessage, `{"v":1,"type":"heartbeat","body":{}}`, websocket.CloseUnsupportedData, "binary frames"},
+		"truncated":       {websocket.TextMessage, `{"v":1,"type":"report","body":{"lease":`, websocket.CloseProtocolError, "wire: malformed"},
+		"wrong type":      {websocket.TextMessage, `{"v":1,"type":"report","body":{"lease":"seven"}}`, websocket.CloseProtocolError, "wire: malformed"},
+		"unknown outcome": {websocket.TextMessage, `{"v":1,"type":"report","body":{"step":"run-1/s","lease":1,"request":1,"outcome":{"status":"exploded"}}}`, websocket.CloseProtocolError, "report before hello"},
+		"no body":         {websocket.TextMessage, `{"v":1,"type":"start"}`, websocket.CloseProtocolError, "wire: malformed"},
+		"nul bytes":       {websocket.TextMessage, "\x00\x00\x00", websocket.CloseProtocolError, "wire: malformed"},
 	} {
 		w := r.rawDial()
 		if err := w.ws.WriteMessage(c.typ, []byte(c.frame)); err != nil {
 			t.Fatal(err)
 		}
 		var ce *websocket.CloseError
-		if err := readClose(t, w.ws); !errors.As(err, &ce) || ce.Code != websocket.CloseUnsupportedData || !strings.Contains(ce.Text, c.reason) {
-			t.Errorf("%s frame: connection ended with %v, want close 1003 with %q", name, err, c.reason)
+		if err := readClose(t, w.ws); !errors.As(err, &ce) || ce.Code != c.code || !strings.Contains(ce.Text, c.reason) {
+			t.Errorf("%s frame: connection ended with %v, want close %d with %q", name, err, c.code, c.reason)
 		}
 	}
 
@@ -504,8 +508,8 @@ func TestFaultMalformedFramesKeepServing(t *testing.T) {
 	rogue = reconnect()
 	rogue.ws.WriteMessage(websocket.TextMessage, []byte(`{"v":1,"type":"report","body":[]}`))
 	var ce *websocket.CloseError
-	if err := readClose(t, rogue.ws); !errors.As(err, &ce) || ce.Code != websocket.CloseUnsupportedData {
-		t.Errorf("enrolled worker's malformed frame: connection ended with %v, want close 1003", err)
+	if err := readClose(t, rogue.ws); !errors.As(err, &ce) || ce.Code != websocket.CloseProtocolError {
+		t.Errorf("enrolled worker's malformed frame: connection ended with %v, want close 1002", err)
 	}
 	rogue = reconnect()
 

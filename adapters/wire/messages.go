@@ -159,10 +159,9 @@ func init() {
 		return report{Step: m.Step, Lease: m.Lease, Request: m.Request, Outcome: outcome{
 			Status: m.Outcome.Status.String(), ExitCode: m.Outcome.ExitCode, Message: m.Outcome.Message}}
 	}, func(w report) (core.Report, error) {
-		st, err := parseStatus(w.Outcome.Status)
-		if err != nil {
-			return core.Report{}, err
-		}
+		// An unknown status is not a broken frame but a malformed report:
+		// the core answers it REJECTED and the connection stays (SPEC §3).
+		st, _ := parseStatus(w.Outcome.Status)
 		return core.Report{Step: w.Step, Lease: w.Lease, Request: w.Request, Outcome: core.Outcome{
 			Status: st, ExitCode: w.Outcome.ExitCode, Message: w.Outcome.Message}}, nil
 	})
@@ -211,8 +210,9 @@ func init() {
 		})
 	register(func(m core.LogAck) logAck { return logAck(m) },
 		func(w logAck) (core.LogAck, error) { return core.LogAck(w), nil })
-	register(func(m core.Close) closeMsg { return closeMsg(m) },
-		func(w closeMsg) (core.Close, error) { return core.Close(w), nil })
+	// A Close's Code is the transport's close code (SPEC §9), not a field.
+	register(func(m core.Close) closeMsg { return closeMsg{Reason: m.Reason} },
+		func(w closeMsg) (core.Close, error) { return core.Close{Reason: w.Reason}, nil })
 }
 
 func parseStatus(s string) (core.OutcomeStatus, error) {

@@ -15,10 +15,12 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/url"
 	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -33,6 +35,9 @@ import (
 // inputQueue bounds the inputs waiting for the loop; producers (read loop,
 // process output) block beyond it, which backpressures the step's pipe.
 const inputQueue = 1024
+
+// maxRefusalBytes bounds the reason read from a refused upgrade's body.
+const maxRefusalBytes = 256
 
 // ErrNoURL is returned by New when Options.URL is empty.
 var ErrNoURL = errors.New("worker: no orchestrator URL")
@@ -459,13 +464,20 @@ func (d *Driver) dial() {
 			dialer.TLSClientConfig.NextProtos = nil // the upgrade is HTTP/1.1
 		}
 		ws, resp, err := dialer.DialContext(ctx, d.opts.URL, nil)
+		var why []byte // a refused upgrade's reason (SPEC §12: 503 over a cap)
 		if resp != nil && resp.Body != nil {
+			if err != nil {
+				why, _ = io.ReadAll(io.LimitReader(resp.Body, maxRefusalBytes))
+			}
 			resp.Body.Close()
 		}
 		if err != nil {
 			err = fmt.Errorf("dial %s: %w", d.opts.URL, err)
 			if resp != nil {
 				err = fmt.Errorf("%w (HTTP %s)", err, resp.Status)
+			}
+			if s := strings.TrimSpace(strings.ToValidUTF8(string(why), "")); s != "" {
+				err = fmt.Errorf("%w: %s", err, strconv.QuoteToGraphic(s))
 			}
 		}
 		if !d.push(dialed{gen: gen, ws: ws, cc: cc, err: err}) && ws != nil {

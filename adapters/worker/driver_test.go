@@ -126,3 +126,80 @@ func TestDriverLogsCoreLevels(t *testing.T) {
 		t.Errorf("the routine connect line: found %v at %v, want it at %v", ok, r.Level, slog.LevelInfo)
 	}
 }
+
+// TestDriverLogsRefusals: the worker logs why the orchestrator refused it at
+// the socket (SPEC §9, §10): a refused upgrade's reason from the 503's body,
+// and a close frame's code and reason; both as warnings, and it keeps
+// retrying (neither is fatal).
+func TestDriverLogsRefusals(t *testing.T) {
+	var mu sync.Mutex
+	dials := 0
+	up := websocket.Upgrader{}
+	srv := httptest.NewServer(http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		dials++
+		n := dials
+		mu.Unlock()
+		if n == 1 {
+			http.Error(rw, "too many connections without an accepted hello from 127.0.0.1 (32); try again later", http.StatusServiceUnavailable)
+			return
+		}
+		ws, err := up.Upgrade(rw, r, nil)
+		if err != nil {
+			return
+		}
+		defer ws.Close()
+		ws.ReadMessage() // the Hello
+		ws.WriteControl(websocket.CloseMessage, websocket.FormatCloseMessage(websocket.CloseTryAgainLater, "too many worker connections (1024); try again later"), time.Now().Add(time.Second))
+		ws.ReadMessage()
+	}))
+	defer srv.Close()
+	rec := &levelRecorder{added: make(chan struct{}, 1)}
+	d, err := New(Options{
+		URL:            "ws" + strings.TrimPrefix(srv.URL, "http") + "/control",
+		Config:         core.WorkerConfig{Name: "w1", Token: "t1.00", Slots: 1},
+		Logger:         slog.New(rec),
+		NoStepEndpoint: true,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		d.Run(ctx)
+	}()
+	defer func() {
+		cancel()
+		<-done
+	}()
+	deadline := time.After(30 * time.Second)
+	for _, want := range []struct {
+		text  string
+		level slog.Level
+	}{
+		{`503 Service Unavailable): "too many connections without an accepted hello from 127.0.0.1 (32); try again later"`, slog.LevelWarn},
+		{"connection lost: websocket: close 1013: too many worker connections (1024); try again later", slog.LevelWarn},
+		{"next dial in", slog.LevelInfo}, // it backs off: a 1013 is retried, never at once
+	} {
+		for {
+			if r, ok := rec.find(want.text); ok {
+				if r.Level != want.level {
+					t.Errorf("%q logged at %v, want %v (SPEC §10)", want.text, r.Level, want.level)
+				}
+				break
+			}
+			select {
+			case <-rec.added:
+			case <-deadline:
+				rec.mu.Lock()
+				for _, r := range rec.records {
+					t.Logf("%v %s", r.Level, r.Message)
+				}
+				rec.mu.Unlock()
+				t.Fatalf("the worker never logged %q", want.text)
+			}
+		}
+	}
+}

@@ -40,6 +40,9 @@ type options struct {
 	// serve
 	addr, config, tlsCert, tlsKey string
 	maxSubmitBody                 int64
+	// serve: control-plane admission (SPEC §12)
+	maxConns, maxUnauthConns, maxUnauthConnsPerAddr int
+	helloTimeout                                    time.Duration
 
 	// command-specific
 	ttl    time.Duration

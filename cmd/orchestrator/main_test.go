@@ -92,6 +92,7 @@ func TestServerConfigFile(t *testing.T) {
 		HeartbeatTimeout: 90 * time.Second, SweepInterval: 15 * time.Second, UnmatchedTimeout: 5 * time.Second,
 		HeartbeatInterval: 2 * time.Second, DispatchAck: 3 * time.Second,
 		MaxSubmitBody: 65536}
+	want.MaxConns, want.MaxUnauthConns, want.MaxUnauthConnsPerAddr, want.HelloTimeout = def.MaxConns, def.MaxUnauthConns, def.MaxUnauthConnsPerAddr, def.HelloTimeout
 	if err != nil || !reflect.DeepEqual(cfg, want) {
 		t.Errorf("full file: %+v, %v; want %+v", cfg, err, want)
 	}

@@ -58,7 +58,8 @@ HTTP/2 negotiated by ALPN: workers then connect to wss://HOST:PORT/control
 https://HOST:PORT (with --ca FILE).
 
 The optional config file (YAML) may set addr, data_dir (relative to the
-file's directory) and the recovery sweeper's knobs (SPEC §5):
+file's directory), the recovery sweeper's knobs (SPEC §5) and the limits on
+worker connections (SPEC §12):
 
   addr: 127.0.0.1:7420
   data_dir: ./tether-data
@@ -73,6 +74,11 @@ file's directory) and the recovery sweeper's knobs (SPEC §5):
     dispatch_ack_secs: 10             # a dispatch not started or rejected by then is requeued
   limits:                             # what one request may send (SPEC §12)
     max_submit_body_bytes: 1048576    # a workflow definition (POST /api/runs); at most 1048576
+  control:                            # worker connections (SPEC §12)
+    max_conns: 1024                   # connections that sent a Hello, in all (not per address)
+    max_unauth_conns: 256             # connections without an accepted Hello, in all
+    max_unauth_conns_per_addr: 32     # ... from one source address
+    hello_timeout_secs: 5             # a connection's Hello must arrive within this
 
 Flags given on the command line override the file; an unknown key is an
 error naming its line. The sweeper is always on. Each recovery setting is 1 s
@@ -99,6 +105,10 @@ next start within their grace window. SIGHUP is ignored.`,
 		fs.StringVar(&o.tlsCert, "tls-cert", "", "serve TLS with this certificate `file` (PEM, the chain); needs --tls-key")
 		fs.StringVar(&o.tlsKey, "tls-key", "", "the TLS private key `file` (PEM)")
 		fs.Int64Var(&o.maxSubmitBody, "max-submit-body", orchestrator.DefaultMaxSubmitBody, "largest workflow definition accepted by POST /api/runs, in `bytes` (at most 1048576)")
+		fs.IntVar(&o.maxConns, "max-conns", defaultMaxConns, "worker connections that sent a Hello, at most (`n`, not per address)")
+		fs.IntVar(&o.maxUnauthConns, "max-unauth-conns", orchestrator.DefaultMaxUnauthConns, "connections without an accepted Hello, at most (`n`)")
+		fs.IntVar(&o.maxUnauthConnsPerAddr, "max-unauth-conns-per-addr", orchestrator.DefaultMaxUnauthConnsPerAddr, "connections without an accepted Hello from one source address, at most (`n`)")
+		fs.DurationVar(&o.helloTimeout, "hello-timeout", orchestrator.DefaultHelloTimeout, "a new worker connection must send its Hello within this (`duration`)")
 	},
 	run: serve,
 }
@@ -114,7 +124,13 @@ type serverConfig struct {
 	HeartbeatInterval time.Duration
 	DispatchAck       time.Duration
 	MaxSubmitBody     int64 // limits: max_submit_body_bytes
+	// Control-plane admission (control: keys, SPEC §12).
+	MaxConns, MaxUnauthConns, MaxUnauthConnsPerAddr int
+	HelloTimeout                                    time.Duration
 }
+
+// defaultMaxConns is the default of --max-conns (orchestrator.Options.MaxConns).
+const defaultMaxConns = 1024
 
 func defaultServerConfig() serverConfig {
 	d := core.DefaultConfig()
@@ -123,6 +139,8 @@ func defaultServerConfig() serverConfig {
 		HeartbeatTimeout: d.HeartbeatTimeout, SweepInterval: d.SweepInterval, UnmatchedTimeout: d.UnmatchedTimeout,
 		HeartbeatInterval: d.HeartbeatInterval, DispatchAck: d.DispatchAck,
 		MaxSubmitBody: orchestrator.DefaultMaxSubmitBody,
+		MaxConns:      defaultMaxConns, MaxUnauthConns: orchestrator.DefaultMaxUnauthConns,
+		MaxUnauthConnsPerAddr: orchestrator.DefaultMaxUnauthConnsPerAddr, HelloTimeout: orchestrator.DefaultHelloTimeout,
 	}
 }
 
@@ -169,7 +187,15 @@ func loadServerConfig(path string, src []byte) (serverConfig, error) {
 		}
 		return p
 	}
-	mapping(doc.Content[0], "server config", []string{"addr", "data_dir", "tls", "recovery", "limits"}, errf, func(key string, v *yaml.Node) {
+	count := func(n *yaml.Node, key string) int {
+		v, err := strconv.Atoi(n.Value)
+		if n.Kind != yaml.ScalarNode || err != nil || v <= 0 {
+			errf(n, "%s must be a positive whole number, not %q", key, n.Value)
+			return 0
+		}
+		return v
+	}
+	mapping(doc.Content[0], "server config", []string{"addr", "data_dir", "tls", "recovery", "limits", "control"}, errf, func(key string, v *yaml.Node) {
 		switch key {
 		case "addr":
 			cfg.Addr = str(v, key)
@@ -210,6 +236,20 @@ func loadServerConfig(path string, src []byte) (serverConfig, error) {
 				switch key {
 				case "max_submit_body_bytes":
 					cfg.MaxSubmitBody = bytesLimit(v, key, errf, orchestrator.DefaultMaxSubmitBody)
+				}
+			})
+		case "control":
+			known := []string{"max_conns", "max_unauth_conns", "max_unauth_conns_per_addr", "hello_timeout_secs"}
+			mapping(v, "control", known, errf, func(key string, v *yaml.Node) {
+				switch key {
+				case "max_conns":
+					cfg.MaxConns = count(v, key)
+				case "max_unauth_conns":
+					cfg.MaxUnauthConns = count(v, key)
+				case "max_unauth_conns_per_addr":
+					cfg.MaxUnauthConnsPerAddr = count(v, key)
+				case "hello_timeout_secs":
+					cfg.HelloTimeout = secs(v, key)
 				}
 			})
 		}
@@ -338,6 +378,26 @@ func resolveServeConfig(e *env) (serverConfig, error) {
 	if cfg.DataDir == "" {
 		return cfg, usageErrorf("the data directory (--data-dir or data_dir:) is empty; name a directory")
 	}
+	if set["max-conns"] {
+		cfg.MaxConns = e.opts.maxConns
+	}
+	if set["max-unauth-conns"] {
+		cfg.MaxUnauthConns = e.opts.maxUnauthConns
+	}
+	if set["max-unauth-conns-per-addr"] {
+		cfg.MaxUnauthConnsPerAddr = e.opts.maxUnauthConnsPerAddr
+	}
+	if set["hello-timeout"] {
+		cfg.HelloTimeout = e.opts.helloTimeout
+	}
+	switch {
+	case cfg.MaxConns <= 0 || cfg.MaxUnauthConns <= 0 || cfg.MaxUnauthConnsPerAddr <= 0:
+		return cfg, usageErrorf("--max-conns, --max-unauth-conns and --max-unauth-conns-per-addr must be positive")
+	case cfg.MaxUnauthConnsPerAddr > cfg.MaxUnauthConns:
+		return cfg, usageErrorf("--max-unauth-conns-per-addr (%d) must not exceed --max-unauth-conns (%d)", cfg.MaxUnauthConnsPerAddr, cfg.MaxUnauthConns)
+	case cfg.HelloTimeout < time.Second:
+		return cfg, usageErrorf("--hello-timeout (%s) must be at least 1s: a worker on a slow link needs that to say hello", cfg.HelloTimeout)
+	}
 	return cfg, nil
 }
 
@@ -404,6 +464,11 @@ func serve(ctx context.Context, e *env, _ []string) error {
 		AdminToken:    token,
 		TLS:           tlsConf,
 		MaxSubmitBody: cfg.MaxSubmitBody,
+		// Control-plane admission (SPEC §12).
+		MaxConns:              cfg.MaxConns,
+		MaxUnauthConns:        cfg.MaxUnauthConns,
+		MaxUnauthConnsPerAddr: cfg.MaxUnauthConnsPerAddr,
+		HelloTimeout:          cfg.HelloTimeout,
 	})
 	started = true // Start closed the listener if it failed
 	if err != nil {
