@@ -80,9 +80,13 @@ type Options struct {
 	TLS *tls.Config
 	// Data-plane limits in bytes; zero means the Default* constant: one PUT
 	// body, one append body, a stream's total length, one bundle upload, and
-	// the write bodies held in memory at once (at least the largest of the
-	// body limits).
+	// the append bodies held in memory at once (at least MaxAppendBody; PUT
+	// and bundle bodies are streamed to blobs, not held, SPEC §14).
 	MaxPutBody, MaxAppendBody, MaxStream, MaxBundleBody, MaxDataInFlight int64
+	// BodyIdleTimeout cuts a data-plane write's body (and a bundle upload's)
+	// that sends no byte for this long (408); zero means
+	// DefaultBodyIdleTimeout.
+	BodyIdleTimeout time.Duration
 }
 
 // Store is what the driver needs of durable storage; *store.Store is one.
@@ -110,7 +114,7 @@ type Driver struct {
 	log  *slog.Logger
 	st   Store
 	ds   DataStore  // nil: the store has no data plane
-	dp   *dataPlane // its HTTP side, whose memory budget bundle uploads share
+	dp   *dataPlane // its HTTP side
 	ln   net.Listener
 	srv  *http.Server
 
@@ -180,7 +184,10 @@ func Start(opts Options) (*Driver, error) {
 			*l.v = l.def
 		}
 	}
-	opts.MaxDataInFlight = max(opts.MaxDataInFlight, opts.MaxPutBody, opts.MaxAppendBody, opts.MaxBundleBody)
+	opts.MaxDataInFlight = max(opts.MaxDataInFlight, opts.MaxAppendBody)
+	if opts.BodyIdleTimeout <= 0 {
+		opts.BodyIdleTimeout = DefaultBodyIdleTimeout
+	}
 	d := &Driver{
 		opts:       opts,
 		log:        opts.Logger,
