@@ -9,6 +9,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -492,4 +493,43 @@ func peakRSS(t *testing.T, pid int) int64 {
 	}
 	t.Fatal("no VmHWM in /proc/PID/status")
 	return 0
+}
+
+// The data plane's limits come from data: config keys and --data-* flags
+// (flags win); unset ones stay zero, the driver's defaults.
+func TestServeDataLimits(t *testing.T) {
+	dir := t.TempDir()
+	cfgPath := filepath.Join(dir, "server-config.yaml")
+	os.WriteFile(cfgPath, []byte("data:\n  max_put_body_bytes: 1000\n  body_idle_timeout_secs: 5\n  max_stream_bytes: 7\n"), 0o600)
+	resolve := func(args ...string) (serverConfig, error) {
+		o := &options{}
+		fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+		serveCmd.flags(fs, o)
+		if err := fs.Parse(args); err != nil {
+			t.Fatal(err)
+		}
+		return resolveServeConfig(&env{opts: o, flags: fs})
+	}
+	cfg, err := resolve("--config", cfgPath, "--data-max-stream-bytes", "9000", "--data-max-append-in-flight-bytes", "4096")
+	want := dataLimits{MaxPutBodyBytes: 1000, BodyIdleTimeoutSecs: 5, MaxStreamBytes: 9000, MaxAppendInFlightBytes: 4096}
+	if err != nil || cfg.Data != want {
+		t.Fatalf("data limits %+v, %v; want %+v", cfg.Data, err, want)
+	}
+	var o orchestrator.Options
+	cfg.Data.apply(&o)
+	if o.MaxPutBody != 1000 || o.BodyIdleTimeout != 5*time.Second || o.MaxStream != 9000 || o.MaxDataInFlight != 4096 || o.MaxAppendBody != 0 || o.MaxBundleBody != 0 {
+		t.Fatalf("options %+v", o)
+	}
+	if _, err := resolve("--config", cfgPath, "--data-max-put-body-bytes", "-1"); exitCode(err) != exitUsage {
+		t.Errorf("a negative flag: %v, want a usage error", err)
+	}
+	for src, msg := range map[string]string{
+		"data:\n  max_put_body_bytes: 0\n":  "c.yaml:2: data: max_put_body_bytes must be a positive whole number",
+		"data:\n  max_put_body_bytes: 1M\n": "c.yaml:2: data: max_put_body_bytes must be a positive whole number",
+		"data:\n  max_body: 1\n":            `c.yaml:2: data: unknown key "max_body"`,
+	} {
+		if _, err := loadServerConfig("c.yaml", []byte(src)); err == nil || !strings.Contains(err.Error(), msg) {
+			t.Errorf("%q: %v, want %q", src, err, msg)
+		}
+	}
 }

@@ -39,6 +39,7 @@ type options struct {
 
 	// serve
 	addr, config, tlsCert, tlsKey string
+	data                          dataLimits // the data plane's --data-* flags
 
 	// command-specific
 	ttl    time.Duration

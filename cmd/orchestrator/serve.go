@@ -66,6 +66,13 @@ file's directory) and the recovery sweeper's knobs (SPEC §5):
     unmatched_step_timeout_secs: 30   # a queued step no worker can take fails after this
     heartbeat_interval_secs: 30       # workers heartbeat this often; silent for 2 intervals, no new work
     dispatch_ack_secs: 10             # a dispatch not started or rejected by then is requeued
+  data:                               # the data plane's limits (SPEC §12, §14); each also a --data-* flag
+    max_put_body_bytes: 67108864      # one PUT /data/{id} (64 MiB); over it: 413
+    max_append_body_bytes: 1048576    # one append (1 MiB); over it: 413
+    max_stream_bytes: 1073741824      # an append stream's length (1 GiB); past it: 413
+    max_bundle_body_bytes: 268435456  # one bundle upload (256 MiB); over it: 413
+    max_append_in_flight_bytes: 268435456 # append bodies held in memory at once; more wait
+    body_idle_timeout_secs: 30        # a write's body that sends nothing for this long: 408
 
 Flags given on the command line override the file; an unknown key is an
 error naming its line. The sweeper is always on.
@@ -84,6 +91,7 @@ next start within their grace window. SIGHUP is ignored.`,
 		fs.StringVar(&o.config, "config", defaultConfigFile, "server config `file` (YAML); optional unless given explicitly")
 		fs.StringVar(&o.tlsCert, "tls-cert", "", "serve TLS with this certificate `file` (PEM, the chain); needs --tls-key")
 		fs.StringVar(&o.tlsKey, "tls-key", "", "the TLS private key `file` (PEM)")
+		dataFlags(fs, &o.data)
 	},
 	run: serve,
 }
@@ -98,6 +106,56 @@ type serverConfig struct {
 	UnmatchedTimeout  time.Duration
 	HeartbeatInterval time.Duration
 	DispatchAck       time.Duration
+	Data              dataLimits // zero fields: the driver's defaults
+}
+
+// dataLimits are the data plane's limits (SPEC §12, §14): config keys
+// under data:, and --data-* flags. Zero means the driver's default.
+type dataLimits struct {
+	MaxPutBodyBytes        int64
+	MaxAppendBodyBytes     int64
+	MaxStreamBytes         int64
+	MaxBundleBodyBytes     int64
+	MaxAppendInFlightBytes int64
+	BodyIdleTimeoutSecs    int64
+}
+
+// dataLimitKeys maps each data: config key (and, with "data-" before it and
+// dashes for underscores, its flag) to its field and its default.
+func dataLimitKeys(l *dataLimits) []struct {
+	key  string
+	v    *int64
+	def  int64
+	unit string
+} {
+	return []struct {
+		key  string
+		v    *int64
+		def  int64
+		unit string
+	}{
+		{"max_put_body_bytes", &l.MaxPutBodyBytes, orchestrator.DefaultMaxPutBody, "bytes of one PUT /data/{id} body"},
+		{"max_append_body_bytes", &l.MaxAppendBodyBytes, orchestrator.DefaultMaxAppendBody, "bytes of one append body"},
+		{"max_stream_bytes", &l.MaxStreamBytes, orchestrator.DefaultMaxStream, "bytes of an append stream"},
+		{"max_bundle_body_bytes", &l.MaxBundleBodyBytes, orchestrator.DefaultMaxBundleBody, "bytes of one bundle upload"},
+		{"max_append_in_flight_bytes", &l.MaxAppendInFlightBytes, orchestrator.DefaultMaxDataInFlight, "bytes of append bodies held in memory at once"},
+		{"body_idle_timeout_secs", &l.BodyIdleTimeoutSecs, int64(orchestrator.DefaultBodyIdleTimeout / time.Second), "seconds a write's body may send nothing before it is cut (408)"},
+	}
+}
+
+// dataFlags defines the --data-* flags (zero: the config file's value, or
+// the default).
+func dataFlags(fs *flag.FlagSet, l *dataLimits) {
+	for _, k := range dataLimitKeys(l) {
+		fs.Int64Var(k.v, "data-"+strings.ReplaceAll(k.key, "_", "-"), 0, fmt.Sprintf("data plane: at most `n` %s (default %d; config data.%s)", k.unit, k.def, k.key))
+	}
+}
+
+// apply sets the driver options of these limits.
+func (l dataLimits) apply(o *orchestrator.Options) {
+	o.MaxPutBody, o.MaxAppendBody, o.MaxStream = l.MaxPutBodyBytes, l.MaxAppendBodyBytes, l.MaxStreamBytes
+	o.MaxBundleBody, o.MaxDataInFlight = l.MaxBundleBodyBytes, l.MaxAppendInFlightBytes
+	o.BodyIdleTimeout = time.Duration(l.BodyIdleTimeoutSecs) * time.Second
 }
 
 func defaultServerConfig() serverConfig {
@@ -148,7 +206,7 @@ func loadServerConfig(path string, src []byte) (serverConfig, error) {
 		}
 		return p
 	}
-	mapping(doc.Content[0], "server config", []string{"addr", "data_dir", "tls", "recovery"}, errf, func(key string, v *yaml.Node) {
+	mapping(doc.Content[0], "server config", []string{"addr", "data_dir", "tls", "recovery", "data"}, errf, func(key string, v *yaml.Node) {
 		switch key {
 		case "addr":
 			cfg.Addr = str(v, key)
@@ -182,6 +240,23 @@ func loadServerConfig(path string, src []byte) (serverConfig, error) {
 					cfg.HeartbeatInterval = secs(v, key)
 				case "dispatch_ack_secs":
 					cfg.DispatchAck = secs(v, key)
+				}
+			})
+		case "data":
+			keys := dataLimitKeys(&cfg.Data)
+			known := make([]string, len(keys))
+			for i, k := range keys {
+				known[i] = k.key
+			}
+			mapping(v, "data", known, errf, func(key string, v *yaml.Node) {
+				for _, k := range keys {
+					if k.key == key {
+						n, err := strconv.ParseInt(v.Value, 10, 64)
+						if v.Kind != yaml.ScalarNode || err != nil || n <= 0 {
+							errf(v, "data: %s must be a positive whole number, not %q", key, v.Value)
+						}
+						*k.v = n
+					}
 				}
 			})
 		}
@@ -258,6 +333,17 @@ func resolveServeConfig(e *env) (serverConfig, error) {
 	if (cfg.TLSCert == "") != (cfg.TLSKey == "") {
 		return cfg, usageErrorf("TLS needs both a certificate and a key (--tls-cert and --tls-key)")
 	}
+	flagLimits := e.opts.data
+	for i, k := range dataLimitKeys(&flagLimits) {
+		name := "data-" + strings.ReplaceAll(k.key, "_", "-")
+		if !set[name] {
+			continue
+		}
+		if *k.v <= 0 {
+			return cfg, usageErrorf("--%s must be a positive whole number, not %d", name, *k.v)
+		}
+		*dataLimitKeys(&cfg.Data)[i].v = *k.v
+	}
 	return cfg, nil
 }
 
@@ -292,7 +378,7 @@ func serve(ctx context.Context, e *env, _ []string) error {
 		tlsConf = &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
 	}
 	storePath := filepath.Join(cfg.DataDir, storeFile)
-	d, err := orchestrator.Start(orchestrator.Options{
+	opts := orchestrator.Options{
 		Addr:      cfg.Addr,
 		StorePath: storePath,
 		Config: core.Config{
@@ -306,7 +392,9 @@ func serve(ctx context.Context, e *env, _ []string) error {
 		Logger:     log,
 		AdminToken: token,
 		TLS:        tlsConf,
-	})
+	}
+	cfg.Data.apply(&opts)
+	d, err := orchestrator.Start(opts)
 	if err != nil {
 		return err
 	}
