@@ -292,6 +292,8 @@ func (b *idleBody) Read(p []byte) (int, error) {
 	switch {
 	case errors.Is(err, io.EOF):
 		b.eof = true
+	case err != nil && !time.Now().Before(b.deadline) && b.deadline.Equal(b.end):
+		return n, fmt.Errorf("%w: it was not all sent within the request's deadline (%v)", ErrBodyStalled, err)
 	case err != nil && !time.Now().Before(b.deadline):
 		return n, fmt.Errorf("%w: no byte of it arrived for %s (%v)", ErrBodyStalled, b.idle, err)
 	}
