@@ -1,9 +1,12 @@
 package orchestrator_test
 
 import (
+	"bufio"
 	"bytes"
 	"errors"
+	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"strconv"
@@ -156,5 +159,28 @@ func TestDataRefusedWritesLeaveNoBlob(t *testing.T) {
 	}
 	if a := r.expect("GET", "/data/out/1", nil, w.cred, 0, http.StatusOK); string(a.body) != "kept" {
 		t.Fatalf("read back %q", a.body)
+	}
+}
+
+// TestDataUnauthenticatedHTTP1WriteReadsNoBody: over HTTP/1.1 too, a write
+// whose credential is refused is answered on its headers and its
+// connection closed, without waiting for (or reading) the stalled body.
+func TestDataUnauthenticatedHTTP1WriteReadsNoBody(t *testing.T) {
+	r := startData(t, orchestrator.Options{BodyIdleTimeout: time.Minute})
+	conn, err := net.Dial("tcp", r.d.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	fmt.Fprintf(conn, "PUT /data/x HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer w1-id.nope\r\n%s: 1\r\nContent-Length: 60000\r\n\r\n", orchestrator.LeaseHeader)
+	conn.Write(make([]byte, 1000)) // then nothing more
+	conn.SetReadDeadline(time.Now().Add(10 * time.Second))
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil {
+		t.Fatalf("no answer to a stalled unauthenticated HTTP/1.1 PUT: %v", err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusUnauthorized || !resp.Close {
+		t.Fatalf("HTTP %d (close %v) %s, want 401 closing the connection", resp.StatusCode, resp.Close, b)
 	}
 }
