@@ -192,7 +192,10 @@ func (s *Store) WriteBlob(r io.Reader, limit int64) (BlobRef, error) {
 func (s *Store) ReleaseBlob(ref BlobRef) {
 	s.blobMu.Lock()
 	defer s.blobMu.Unlock()
-	if s.pins[ref.SHA256]--; s.pins[ref.SHA256] <= 0 {
+	if s.pins[ref.SHA256] == 0 {
+		return // not written by WriteBlob, or already released
+	}
+	if s.pins[ref.SHA256]--; s.pins[ref.SHA256] == 0 {
 		delete(s.pins, ref.SHA256)
 		s.unsure[ref.SHA256] = true
 	}

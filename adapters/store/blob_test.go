@@ -223,3 +223,20 @@ func onlyBundle(t *testing.T, s *Store) BundleMeta {
 	}
 	return m
 }
+
+// Releasing what was never pinned (or twice) changes nothing and does not
+// stop later collections.
+func TestReleaseBlobOfNothing(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "tether.db")
+	s := open(t, path)
+	s.ReleaseBlob(BlobRef{})
+	ref, err := s.WriteBlob(bytes.NewReader([]byte("x")), 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.ReleaseBlob(ref)
+	s.ReleaseBlob(ref)
+	if got := blobFiles(t, path); len(got) != 0 {
+		t.Fatalf("blob files %v, want none", got)
+	}
+}
