@@ -598,26 +598,51 @@ func sendBytes(w http.ResponseWriter, r *http.Request, size int64, rd io.Reader)
 
 // ---- the driver's side ----
 
+// precheck is the data plane's early check of a request's credential (and
+// lease, if not zero), answered by the loop before it steps its next batch.
+type precheck struct {
+	cred  string
+	lease core.LeaseID
+	reply chan error
+}
+
 // authenticate checks a session credential on the loop and, for a lease
-// other than zero, that the lease is current for its worker (an early
-// check; the decisive one is made at the write).
+// other than zero, that the lease is current for its worker: an early
+// check, made on a request's headers, that only refuses (the decisive one
+// is made at the write). It sees the state the last durable batch left and
+// never waits for a commit.
 func (d *Driver) authenticate(ctx context.Context, cred string, lease core.LeaseID) error {
-	var err error
-	if qerr := d.Snapshot(ctx, func(o *core.Orchestrator) {
-		var w core.WorkerID
-		if w, err = o.Authenticate(time.Now(), cred); err != nil {
-			err = fmt.Errorf("%w: %v", ErrUnauthenticated, err)
-			return
-		}
-		if lease != 0 {
-			if ferr := o.Fence(w, lease); ferr != nil {
-				err = fmt.Errorf("%w: %v", ErrFenced, ferr)
-			}
-		}
-	}); qerr != nil {
-		return qerr
+	reply := make(chan error, 1)
+	if err := d.push(ctx, precheck{cred: cred, lease: lease, reply: reply}); err != nil {
+		return err
 	}
-	return err
+	select {
+	case err := <-reply:
+		return err
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-d.done:
+		select {
+		case err := <-reply:
+			return err
+		default:
+			return ErrClosed
+		}
+	}
+}
+
+// precheck answers an early check (loop goroutine).
+func (d *Driver) precheck(pc precheck) error {
+	w, err := d.o.Authenticate(time.Now(), pc.cred)
+	if err != nil {
+		return fmt.Errorf("%w: %v", ErrUnauthenticated, err)
+	}
+	if pc.lease != 0 {
+		if err := d.o.Fence(w, pc.lease); err != nil {
+			return fmt.Errorf("%w: %v", ErrFenced, err)
+		}
+	}
+	return nil
 }
 
 // writeData hands a write to the loop and waits until it is durable (or

@@ -439,6 +439,14 @@ func (d *Driver) process(batch []input) error {
 			}
 		}
 	}()
+	// The data plane's early checks see the state as the last batch left
+	// it, which is durable: they are answered at once, before this batch
+	// is stepped, so they never wait for its commit (SPEC §14).
+	for _, in := range batch {
+		if pc, ok := in.(precheck); ok {
+			pc.reply <- d.precheck(pc) // buffered: never blocks
+		}
+	}
 	for _, in := range batch {
 		switch in := in.(type) {
 		case tick:
