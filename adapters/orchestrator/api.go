@@ -277,6 +277,10 @@ func (a *api) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	r.Body = http.MaxBytesReader(w, r.Body, limit)
+	if r.URL.Path == "/api/bundles" {
+		// A bundle's body must keep arriving, like a data write's (SPEC §14).
+		r.Body = &idleBody{r: r.Body, rc: http.NewResponseController(w), idle: a.d.opts.BodyIdleTimeout, end: time.Now().Add(apiTimeout)}
+	}
 	status, body, err := a.route(r)
 	if err != nil {
 		var he *httpError
@@ -779,18 +783,17 @@ func (a *api) listWorkers(ctx context.Context) (int, any, error) {
 }
 
 func (a *api) putBundle(r *http.Request) (int, any, error) {
-	// A bundle body is held within the data plane's memory budget, like a
-	// data write (ServeHTTP already bounds it by MaxBundleBody).
-	body, held, err := a.d.dp.readBody(nil, r, a.d.opts.MaxBundleBody)
-	if err != nil {
-		return 0, nil, err
-	}
-	defer a.d.dp.mem.release(held)
-	m, err := a.d.PutBundle(r.Context(), body)
+	// A bundle is streamed into a blob, not held in memory (SPEC §14);
+	// ServeHTTP bounds it by MaxBundleBody, and a body that stalls is cut.
+	m, err := a.d.PutBundleFrom(r.Context(), r.Body, a.d.opts.MaxBundleBody)
 	if errors.Is(err, ErrNoDataStore) {
 		return 0, nil, &httpError{code: http.StatusServiceUnavailable, msg: err.Error()}
 	}
 	if err != nil {
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) || errors.Is(err, store.ErrTooLarge) || errors.Is(err, ErrBodyStalled) {
+			return 0, nil, bodyError(err, a.d.opts.MaxBundleBody)
+		}
 		return 0, nil, err
 	}
 	if m.Existed {

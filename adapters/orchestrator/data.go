@@ -19,13 +19,20 @@ package orchestrator
 // records, so no lease change can come between the check and the write. A
 // write under a lease that is not current is refused (409) and writes
 // nothing; an accepted one is answered only once it is on stable storage.
+// Before a byte of a write's body is read, its credential and lease are
+// checked on its headers (an early check that only refuses): a request
+// that is refused holds nothing. A PUT's body is streamed into a blob off
+// the loop (store/blob.go) and the loop commits the record naming it; an
+// append's body (at most 1 MiB) is held in memory, within a budget, and
+// written with its record. A body that stops arriving is cut (408).
 //
 // Errors are {"error": "..."} with 400 (malformed id, version, offset or
-// lease), 401, 404 (unknown path, id, version, bundle or file), 405, 409
-// (fenced), 413 (body over the limit), 416 (offset past the stream's end),
-// 503 (the orchestrator is stopping).
+// lease), 401, 404 (unknown path, id, version, bundle or file), 405, 408
+// (the body stalled), 409 (fenced), 413 (body over the limit), 416 (offset
+// past the stream's end), 503 (the orchestrator is stopping).
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -47,12 +54,12 @@ const (
 	DefaultMaxAppendBody   = 1 << 20   // one append
 	DefaultMaxStream       = 1 << 30   // a stream's total length
 	DefaultMaxBundleBody   = 256 << 20 // one bundle upload (operator API)
-	DefaultMaxDataInFlight = 256 << 20 // write bodies held in memory at once
+	DefaultMaxDataInFlight = 256 << 20 // append bodies held in memory at once
+	// DefaultBodyIdleTimeout cuts a write's body that stops arriving: no
+	// byte for this long and the request is answered 408 (SPEC §14).
+	DefaultBodyIdleTimeout = 30 * time.Second
 	// LeaseHeader names the lease a write is made under.
 	LeaseHeader = "Tether-Lease"
-	// earlyCheckOver is the body size above which a write is authenticated
-	// and fenced before its body is read, as well as at the write.
-	earlyCheckOver = 64 << 10
 	// dataTimeout bounds one data-plane request (reading its body, waiting
 	// for the loop and the disk).
 	dataTimeout = 5 * time.Minute
@@ -60,17 +67,23 @@ const (
 
 // DataStore is what the data plane needs of the store besides Store;
 // *store.Store is one. ApplyWithData must make the records and the data
-// writes durable in one atomic transaction.
+// writes durable in one atomic transaction. WriteBlob streams a PUT's or a
+// bundle's bytes into a pinned blob (off the loop) that an op then names;
+// ReleaseBlob unpins it once the op was answered, collecting it if no
+// record names it.
 type DataStore interface {
 	ApplyWithData(recs []core.Record, ops []store.DataOp) ([]store.DataResult, error)
+	WriteBlob(r io.Reader, limit int64) (store.BlobRef, error)
+	ReleaseBlob(ref store.BlobRef)
+	OpenBlob(sha string) (io.ReadSeekCloser, error)
 	Data(id string, version uint64) (store.DataMeta, error)
 	Versions(id string) ([]store.DataMeta, error)
 	Stream(id string) (store.StreamMeta, error)
 	Bundle(fp string) (store.BundleMeta, error)
 	BundleFile(fp, relPath string) (store.FileSpan, error)
-	DataReader(m store.DataMeta) io.Reader
+	DataReader(m store.DataMeta) io.ReadCloser
 	StreamReader(id string, offset, end int64) io.Reader
-	BundleReader(m store.BundleMeta, offset, size int64) io.Reader
+	BundleReader(m store.BundleMeta, offset, size int64) io.ReadCloser
 }
 
 var (
@@ -83,6 +96,9 @@ var (
 	// ErrUnauthenticated is returned, wrapping the core's reason, when a
 	// data-plane request's session credential is not accepted.
 	ErrUnauthenticated = errors.New("session credential refused")
+	// ErrBodyStalled is returned when a write's body stops arriving for
+	// the body idle timeout (or outlives the request's own deadline).
+	ErrBodyStalled = errors.New("request body stalled")
 )
 
 // Inputs of the loop for the data plane.
@@ -236,13 +252,55 @@ func (p *dataPlane) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := context.WithTimeout(r.Context(), dataTimeout)
 	defer cancel()
 	r = r.WithContext(ctx)
-	// The context does not bound reading the body; a read deadline does
-	// (a slow upload must not hold its share of the memory budget forever).
-	_ = http.NewResponseController(w).SetReadDeadline(time.Now().Add(dataTimeout))
+	// The context does not bound reading the body; read deadlines do (see
+	// idleBody), and none is read before the request is authenticated.
+	body := &idleBody{r: r.Body, rc: http.NewResponseController(w), idle: p.d.opts.BodyIdleTimeout, end: time.Now().Add(dataTimeout)}
+	r.Body = body
 	if err := p.serve(w, r); err != nil {
+		if r.ContentLength != 0 && !body.eof {
+			// The body was not read to its end: never wait for the rest of
+			// it (HTTP/1.1 would try to read it to reuse the connection).
+			_ = body.rc.SetReadDeadline(time.Now())
+			if r.ProtoMajor == 1 {
+				w.Header().Set("Connection", "close")
+			}
+		}
 		p.fail(w, r, err)
 	}
 }
+
+// idleBody cuts a request body that stops arriving: before each read it
+// moves the request's read deadline to now + idle (never past end, the
+// request's own deadline), so a body must keep coming, and a stalled one
+// is answered 408 instead of holding its request (SPEC §14).
+type idleBody struct {
+	r        io.ReadCloser
+	rc       *http.ResponseController
+	idle     time.Duration
+	end      time.Time
+	deadline time.Time
+	eof      bool
+}
+
+func (b *idleBody) Read(p []byte) (int, error) {
+	b.deadline = time.Now().Add(b.idle)
+	if b.end.Before(b.deadline) {
+		b.deadline = b.end
+	}
+	_ = b.rc.SetReadDeadline(b.deadline)
+	n, err := b.r.Read(p)
+	switch {
+	case errors.Is(err, io.EOF):
+		b.eof = true
+	case err != nil && !time.Now().Before(b.deadline) && b.deadline.Equal(b.end):
+		return n, fmt.Errorf("%w: it was not all sent within the request's deadline (%v)", ErrBodyStalled, err)
+	case err != nil && !time.Now().Before(b.deadline):
+		return n, fmt.Errorf("%w: no byte of it arrived for %s (%v)", ErrBodyStalled, b.idle, err)
+	}
+	return n, err
+}
+
+func (b *idleBody) Close() error { return b.r.Close() }
 
 // fail answers an error as JSON with its status.
 func (p *dataPlane) fail(w http.ResponseWriter, r *http.Request, err error) {
@@ -271,8 +329,10 @@ func (p *dataPlane) classify(err error) *httpError {
 		return &httpError{code: http.StatusConflict, msg: err.Error()}
 	case errors.Is(err, store.ErrNotFound):
 		return &httpError{code: http.StatusNotFound, msg: strings.TrimPrefix(err.Error(), "store: ")}
-	case errors.Is(err, store.ErrStreamFull), errors.As(err, &mbe):
+	case errors.Is(err, store.ErrStreamFull), errors.As(err, &mbe), errors.Is(err, store.ErrTooLarge):
 		return &httpError{code: http.StatusRequestEntityTooLarge, msg: strings.TrimPrefix(err.Error(), "store: ")}
+	case errors.Is(err, ErrBodyStalled):
+		return &httpError{code: http.StatusRequestTimeout, msg: err.Error()}
 	case errors.Is(err, store.ErrBadID), errors.Is(err, store.ErrBadFingerprint), errors.Is(err, store.ErrBadPath):
 		return &httpError{code: http.StatusBadRequest, msg: strings.TrimPrefix(err.Error(), "store: ")}
 	case errors.Is(err, ErrNoDataStore):
@@ -321,52 +381,80 @@ func (p *dataPlane) serve(w http.ResponseWriter, r *http.Request) error {
 	return serveRead(w, r, ds, rt)
 }
 
-// write reads, fences and persists one PUT or append.
+// write authenticates and fences one PUT or append on its headers, then
+// reads its body and has the loop fence and persist it.
 func (p *dataPlane) write(w http.ResponseWriter, r *http.Request, rt dataRoute, cred string) error {
 	lease, err := parseLease(r)
 	if err != nil {
 		return &httpError{code: http.StatusBadRequest, msg: err.Error()}
 	}
-	// Refuse early, before reading (and holding) a large body nobody may
-	// write; the decisive check is made on the loop, at the write. A small
-	// body is cheaper to read than a trip through the loop.
-	if r.ContentLength < 0 || r.ContentLength > earlyCheckOver {
-		if err := p.d.authenticate(r.Context(), cred, lease); err != nil {
-			return err
-		}
+	// Refuse early, before reading (and holding) a byte of a body nobody
+	// may write; the decisive check is made on the loop, at the write.
+	if err := p.d.authenticate(r.Context(), cred, lease); err != nil {
+		return err
 	}
-	op := store.DataOp{Kind: store.OpPut, ID: rt.id, Lease: uint64(lease), MaxStream: p.d.opts.MaxStream}
-	limit := p.d.opts.MaxPutBody
 	if rt.kind == routeStream {
-		op.Kind, limit = store.OpAppend, p.d.opts.MaxAppendBody
+		return p.appendBody(w, r, rt, cred, lease)
 	}
-	body, held, err := p.readBody(w, r, limit)
+	limit := p.d.opts.MaxPutBody
+	if r.ContentLength > limit {
+		return tooLarge(r.ContentLength, limit)
+	}
+	ref, err := p.d.ds.WriteBlob(http.MaxBytesReader(w, r.Body, limit), limit)
+	if err != nil {
+		return bodyError(err, limit)
+	}
+	op := store.DataOp{Kind: store.OpPut, ID: rt.id, Lease: uint64(lease), Blob: ref}
+	res, err := p.d.writeData(r.Context(), cred, lease, op, func() { p.d.ds.ReleaseBlob(ref) })
 	if err != nil {
 		return err
-	}
-	defer p.mem.release(held)
-	if op.Kind == store.OpAppend && len(body) == 0 {
-		return &httpError{code: http.StatusBadRequest, msg: "an append needs a non-empty body"}
-	}
-	op.Body = body
-	res, err := p.d.writeData(r.Context(), cred, lease, op)
-	if err != nil {
-		return err
-	}
-	if op.Kind == store.OpAppend {
-		writeJSON(w, http.StatusOK, res.Append)
-		return nil
 	}
 	w.Header().Set("Location", fmt.Sprintf("/data/%s/%d", res.Data.ID, res.Data.Version))
 	writeJSON(w, http.StatusCreated, res.Data)
 	return nil
 }
 
+// appendBody reads an append's body into memory, within the budget, and
+// has the loop fence and persist it with its group's records.
+func (p *dataPlane) appendBody(w http.ResponseWriter, r *http.Request, rt dataRoute, cred string, lease core.LeaseID) error {
+	body, held, err := p.readBody(w, r, p.d.opts.MaxAppendBody)
+	if err != nil {
+		return err
+	}
+	defer p.mem.release(held)
+	if len(body) == 0 {
+		return &httpError{code: http.StatusBadRequest, msg: "an append needs a non-empty body"}
+	}
+	op := store.DataOp{Kind: store.OpAppend, ID: rt.id, Body: body, Lease: uint64(lease), MaxStream: p.d.opts.MaxStream}
+	res, err := p.d.writeData(r.Context(), cred, lease, op, nil)
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, res.Append)
+	return nil
+}
+
+func tooLarge(n, limit int64) error {
+	return &httpError{code: http.StatusRequestEntityTooLarge, msg: fmt.Sprintf("request body of %d bytes is larger than the limit of %d bytes", n, limit)}
+}
+
+// bodyError turns an error reading a write's body into its answer.
+func bodyError(err error, limit int64) error {
+	var mbe *http.MaxBytesError
+	switch {
+	case errors.As(err, &mbe), errors.Is(err, errOverCapacity), errors.Is(err, store.ErrTooLarge):
+		return &httpError{code: http.StatusRequestEntityTooLarge, msg: fmt.Sprintf("request body larger than the limit of %d bytes", limit)}
+	case errors.Is(err, ErrBodyStalled):
+		return &httpError{code: http.StatusRequestTimeout, msg: err.Error()}
+	}
+	return &httpError{code: http.StatusBadRequest, msg: fmt.Sprintf("reading the request body: %v", err)}
+}
+
 // readBody reads a body of at most limit bytes into memory, within the
 // budget of bodies held at once; the caller releases held bytes of it.
 func (p *dataPlane) readBody(w http.ResponseWriter, r *http.Request, limit int64) (body []byte, held int64, err error) {
 	if r.ContentLength > limit {
-		return nil, 0, &httpError{code: http.StatusRequestEntityTooLarge, msg: fmt.Sprintf("request body of %d bytes is larger than the limit of %d bytes", r.ContentLength, limit)}
+		return nil, 0, tooLarge(r.ContentLength, limit)
 	}
 	held = limit // a body of unknown length may use the whole limit
 	if r.ContentLength >= 0 {
@@ -379,11 +467,7 @@ func (p *dataPlane) readBody(w http.ResponseWriter, r *http.Request, limit int64
 	_, err = io.Copy(&sliceWriter{b: &body, max: held}, http.MaxBytesReader(w, r.Body, limit))
 	if err != nil {
 		p.mem.release(held)
-		var mbe *http.MaxBytesError
-		if errors.As(err, &mbe) || errors.Is(err, errOverCapacity) {
-			return nil, 0, &httpError{code: http.StatusRequestEntityTooLarge, msg: fmt.Sprintf("request body larger than the limit of %d bytes", limit)}
-		}
-		return nil, 0, &httpError{code: http.StatusBadRequest, msg: fmt.Sprintf("reading the request body: %v", err)}
+		return nil, 0, bodyError(err, limit)
 	}
 	return body, held, nil
 }
@@ -499,6 +583,9 @@ func sendBytes(w http.ResponseWriter, r *http.Request, size int64, rd io.Reader)
 	h.Set("Content-Type", "application/octet-stream")
 	h.Set("Content-Length", strconv.FormatInt(size, 10))
 	h.Set("X-Content-Type-Options", "nosniff")
+	if c, ok := rd.(io.Closer); ok {
+		defer c.Close()
+	}
 	w.WriteHeader(http.StatusOK)
 	if r.Method == http.MethodHead {
 		return nil
@@ -511,40 +598,73 @@ func sendBytes(w http.ResponseWriter, r *http.Request, size int64, rd io.Reader)
 
 // ---- the driver's side ----
 
+// precheck is the data plane's early check of a request's credential (and
+// lease, if not zero), answered by the loop before it steps its next batch.
+type precheck struct {
+	cred  string
+	lease core.LeaseID
+	reply chan error
+}
+
 // authenticate checks a session credential on the loop and, for a lease
-// other than zero, that the lease is current for its worker (an early
-// check; the decisive one is made at the write).
+// other than zero, that the lease is current for its worker: an early
+// check, made on a request's headers, that only refuses (the decisive one
+// is made at the write). It sees the state the last durable batch left and
+// never waits for a commit.
 func (d *Driver) authenticate(ctx context.Context, cred string, lease core.LeaseID) error {
-	var err error
-	if qerr := d.Snapshot(ctx, func(o *core.Orchestrator) {
-		var w core.WorkerID
-		if w, err = o.Authenticate(time.Now(), cred); err != nil {
-			err = fmt.Errorf("%w: %v", ErrUnauthenticated, err)
-			return
-		}
-		if lease != 0 {
-			if ferr := o.Fence(w, lease); ferr != nil {
-				err = fmt.Errorf("%w: %v", ErrFenced, ferr)
-			}
-		}
-	}); qerr != nil {
-		return qerr
+	reply := make(chan error, 1)
+	if err := d.push(ctx, precheck{cred: cred, lease: lease, reply: reply}); err != nil {
+		return err
 	}
-	return err
+	select {
+	case err := <-reply:
+		return err
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-d.done:
+		select {
+		case err := <-reply:
+			return err
+		default:
+			return ErrClosed
+		}
+	}
+}
+
+// precheck answers an early check (loop goroutine).
+func (d *Driver) precheck(pc precheck) error {
+	w, err := d.o.Authenticate(time.Now(), pc.cred)
+	if err != nil {
+		return fmt.Errorf("%w: %v", ErrUnauthenticated, err)
+	}
+	if pc.lease != 0 {
+		if err := d.o.Fence(w, pc.lease); err != nil {
+			return fmt.Errorf("%w: %v", ErrFenced, err)
+		}
+	}
+	return nil
 }
 
 // writeData hands a write to the loop and waits until it is durable (or
-// refused). A write whose context ends first may still be applied.
-func (d *Driver) writeData(ctx context.Context, cred string, lease core.LeaseID, op store.DataOp) (store.DataResult, error) {
+// refused). A write whose context ends first may still be applied. release,
+// if set, is called once the loop has answered the write (or can no longer
+// take it): the blob an op names stays pinned until then.
+func (d *Driver) writeData(ctx context.Context, cred string, lease core.LeaseID, op store.DataOp, release func()) (store.DataResult, error) {
+	if release == nil {
+		release = func() {}
+	}
 	if d.ds == nil {
+		release()
 		return store.DataResult{}, ErrNoDataStore
 	}
 	reply := make(chan dataAnswer, 1)
 	if err := d.push(ctx, dataWrite{cred: cred, lease: lease, op: op, reply: reply}); err != nil {
+		release()
 		return store.DataResult{}, err
 	}
 	select {
 	case a, ok := <-reply:
+		release()
 		switch {
 		case !ok:
 			return store.DataResult{}, ErrClosed
@@ -555,8 +675,23 @@ func (d *Driver) writeData(ctx context.Context, cred string, lease core.LeaseID,
 		}
 		return a.res, nil
 	case <-ctx.Done():
+		go func() { <-reply; release() }() // the loop answers (or closes) every write it took
 		return store.DataResult{}, ctx.Err()
 	}
+}
+
+// writeBlob streams body into a pinned blob (at most limit bytes), has the
+// loop apply op naming it, and releases the blob once answered.
+func (d *Driver) writeBlob(ctx context.Context, cred string, lease core.LeaseID, op store.DataOp, body io.Reader, limit int64) (store.DataResult, error) {
+	if d.ds == nil {
+		return store.DataResult{}, ErrNoDataStore
+	}
+	ref, err := d.ds.WriteBlob(body, limit)
+	if err != nil {
+		return store.DataResult{}, err
+	}
+	op.Blob = ref
+	return d.writeData(ctx, cred, lease, op, func() { d.ds.ReleaseBlob(ref) })
 }
 
 // PutData stores body as the next version of id, fenced by lease, for the
@@ -567,7 +702,7 @@ func (d *Driver) PutData(ctx context.Context, cred string, lease core.LeaseID, i
 	if err := store.ValidateID(id); err != nil {
 		return store.DataMeta{}, err
 	}
-	res, err := d.writeData(ctx, cred, lease, store.DataOp{Kind: store.OpPut, ID: id, Body: body, Lease: uint64(lease)})
+	res, err := d.writeBlob(ctx, cred, lease, store.DataOp{Kind: store.OpPut, ID: id, Lease: uint64(lease)}, bytes.NewReader(body), int64(len(body)))
 	return res.Data, err
 }
 
@@ -579,16 +714,36 @@ func (d *Driver) AppendData(ctx context.Context, cred string, lease core.LeaseID
 	if len(body) == 0 {
 		return store.AppendResult{}, fmt.Errorf("%w: an empty append", store.ErrBadOp)
 	}
-	res, err := d.writeData(ctx, cred, lease, store.DataOp{Kind: store.OpAppend, ID: id, Body: body, Lease: uint64(lease), MaxStream: d.opts.MaxStream})
+	res, err := d.writeData(ctx, cred, lease, store.DataOp{Kind: store.OpAppend, ID: id, Body: body, Lease: uint64(lease), MaxStream: d.opts.MaxStream}, nil)
 	return res.Append, err
 }
 
 // PutBundle stores a bundle (content-addressed by its SHA-256) and returns
-// its metadata; an uncompressed tar is indexed so that its files can be
-// fetched one by one. It returns once the bundle is durable.
+// its metadata, like PutBundleFrom.
 func (d *Driver) PutBundle(ctx context.Context, body []byte) (store.BundleMeta, error) {
-	files, _ := store.TarIndex(body) // nil when it is not an indexable tar
-	res, err := d.writeData(ctx, "", 0, store.DataOp{Kind: store.OpBundle, Body: body, Files: files})
+	return d.PutBundleFrom(ctx, bytes.NewReader(body), int64(len(body)))
+}
+
+// PutBundleFrom streams a bundle of at most limit bytes into a blob (off
+// the loop; more is store.ErrTooLarge) and stores it, content-addressed by
+// its SHA-256; an uncompressed tar is indexed, from the blob, so that its
+// files can be fetched one by one. It returns once the bundle is durable.
+func (d *Driver) PutBundleFrom(ctx context.Context, body io.Reader, limit int64) (store.BundleMeta, error) {
+	if d.ds == nil {
+		return store.BundleMeta{}, ErrNoDataStore
+	}
+	ref, err := d.ds.WriteBlob(body, limit)
+	if err != nil {
+		return store.BundleMeta{}, fmt.Errorf("put bundle: %w", err)
+	}
+	f, err := d.ds.OpenBlob(ref.SHA256)
+	if err != nil {
+		d.ds.ReleaseBlob(ref)
+		return store.BundleMeta{}, fmt.Errorf("put bundle: %w", err)
+	}
+	files, _ := store.TarIndexReader(f, ref.Size) // nil when it is not an indexable tar
+	f.Close()
+	res, err := d.writeData(ctx, "", 0, store.DataOp{Kind: store.OpBundle, Blob: ref, Files: files}, func() { d.ds.ReleaseBlob(ref) })
 	if err != nil {
 		return store.BundleMeta{}, fmt.Errorf("put bundle: %w", err)
 	}
@@ -615,8 +770,9 @@ func (d *Driver) fenceWrite(now time.Time, in *dataWrite) error {
 
 // ---- the memory budget ----
 
-// budget bounds the bytes of write bodies held in memory at once; a request
-// waits for room (or its context).
+// budget bounds the bytes of append bodies held in memory at once; a
+// request waits for room (or its context). Only an authenticated write
+// whose lease was current at its headers acquires any.
 type budget struct {
 	mu   sync.Mutex
 	free int64

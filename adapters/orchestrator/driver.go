@@ -104,12 +104,16 @@ type Options struct {
 	TLS *tls.Config
 	// Data-plane limits in bytes; zero means the Default* constant: one PUT
 	// body, one append body, a stream's total length, one bundle upload, and
-	// the write bodies held in memory at once (at least the largest of the
-	// body limits).
+	// the append bodies held in memory at once (at least MaxAppendBody; PUT
+	// and bundle bodies are streamed to blobs, not held, SPEC §14).
 	MaxPutBody, MaxAppendBody, MaxStream, MaxBundleBody, MaxDataInFlight int64
 	// MaxSubmitBody bounds a workflow definition posted to POST /api/runs,
 	// in bytes; zero means DefaultMaxSubmitBody (SPEC §12).
 	MaxSubmitBody int64
+	// BodyIdleTimeout cuts a data-plane write's body (and a bundle upload's)
+	// that sends no byte for this long (408); zero means
+	// DefaultBodyIdleTimeout.
+	BodyIdleTimeout time.Duration
 }
 
 // Store is what the driver needs of durable storage; *store.Store is one.
@@ -137,7 +141,7 @@ type Driver struct {
 	log  *slog.Logger
 	st   Store
 	ds   DataStore  // nil: the store has no data plane
-	dp   *dataPlane // its HTTP side, whose memory budget bundle uploads share
+	dp   *dataPlane // its HTTP side
 	ln   net.Listener
 	srv  *http.Server
 
@@ -224,7 +228,10 @@ func Start(opts Options) (*Driver, error) {
 	if opts.MaxSubmitBody <= 0 {
 		opts.MaxSubmitBody = DefaultMaxSubmitBody
 	}
-	opts.MaxDataInFlight = max(opts.MaxDataInFlight, opts.MaxPutBody, opts.MaxAppendBody, opts.MaxBundleBody)
+	opts.MaxDataInFlight = max(opts.MaxDataInFlight, opts.MaxAppendBody)
+	if opts.BodyIdleTimeout <= 0 {
+		opts.BodyIdleTimeout = DefaultBodyIdleTimeout
+	}
 	d := &Driver{
 		opts:       opts,
 		log:        opts.Logger,
@@ -490,6 +497,14 @@ func (d *Driver) process(batch []input) error {
 			}
 		}
 	}()
+	// The data plane's early checks see the state as the last batch left
+	// it, which is durable: they are answered at once, before this batch
+	// is stepped, so they never wait for its commit (SPEC §14).
+	for _, in := range batch {
+		if pc, ok := in.(precheck); ok {
+			pc.reply <- d.precheck(pc) // buffered: never blocks
+		}
+	}
 	for _, in := range batch {
 		switch in := in.(type) {
 		case tick:

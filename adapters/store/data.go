@@ -1,33 +1,41 @@
 package store
 
-// The data plane's bytes live in the same bbolt file as the records, in
+// The data plane's records live in the same bbolt file as the core's, in
 // buckets of their own, so that a batch of records and the data writes
-// fenced against it commit in ONE transaction (ApplyWithData):
+// fenced against it commit in ONE transaction (ApplyWithData). The bytes of
+// a PUT and of a bundle are not in the transaction: they are a blob
+// (blob.go), written and synced before, and the record names it. Appends
+// (at most 1 MiB each) are stored inside the transaction:
 //
-//	data         id 0x00 be64(version)           → DataMeta (JSON)
-//	data.chunk   id 0x00 be64(version) be32(n)   → the n-th ChunkSize bytes of the version
+//	data         id 0x00 be64(version)           → DataMeta (JSON); its bytes are the blob DataMeta.SHA256
 //	stream       id                              → StreamMeta (JSON)
 //	stream.chunk id 0x00 be64(offset)            → the bytes of one append, starting at offset
-//	bundle       fingerprint                     → BundleMeta (JSON)
-//	bundle.chunk fingerprint be32(n)             → the n-th ChunkSize bytes of the bundle
+//	bundle       fingerprint                     → BundleMeta (JSON); its bytes are the blob of that name
 //	bundle.file  fingerprint 0x00 relPath        → be64(offset) be64(size) of a file in a tar bundle
+//	blob         sha256                          → be64(size): a record names this blob
+//
+// Stores written before blobs kept the bytes of a version or a bundle in
+// ChunkSize pieces inside the file (data.chunk: id 0x00 be64(version)
+// be32(n); bundle.chunk: fingerprint be32(n)); they are read as they are
+// (a version whose SHA-256 names no blob is read from its chunks) and never
+// written any more.
 //
 // Data is versioned-immutable: a put creates the next version and nothing
-// ever rewrites one, so a reader may fetch a version's chunks in separate
-// short read transactions (a long one would hold off bbolt's remapping, and
-// with it every commit) and still see one consistent value.
+// ever rewrites one, so a reader may read a version's bytes outside any
+// transaction (a long one would hold off bbolt's remapping, and with it
+// every commit) and still see one consistent value.
 
 import (
 	"archive/tar"
 	"bytes"
 	"crypto/sha256"
 	"encoding/binary"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"path"
+	"sort"
 	"strings"
 	"time"
 
@@ -36,7 +44,8 @@ import (
 	"github.com/tether-run/tether/core"
 )
 
-// ChunkSize is the size of the pieces a version or a bundle is stored in.
+// ChunkSize is the size of the pieces a version or a bundle was stored in
+// before blobs (read-only now).
 const ChunkSize = 1 << 20
 
 // Data-plane limits of the store.
@@ -100,6 +109,10 @@ const (
 type DataOp struct {
 	Kind DataOpKind
 	ID   string // data id (OpPut, OpAppend)
+	// Blob holds the bytes of an OpPut or an OpBundle: written with
+	// WriteBlob before, and pinned until the op was applied or refused.
+	Blob BlobRef
+	// Body is the bytes of an OpAppend.
 	Body []byte
 	// Files is the tar index of a bundle (see TarIndex); nil for an opaque one.
 	Files map[string]FileSpan
@@ -113,8 +126,9 @@ type DataOp struct {
 
 // DataResult is the outcome of one DataOp.
 type DataResult struct {
-	// Err is set when the op was refused (ErrStreamFull); nothing of it was
-	// written, and the rest of the transaction was applied.
+	// Err is set when the op was refused (ErrStreamFull, ErrNoBlob);
+	// nothing of it was written, and the rest of the transaction was
+	// applied.
 	Err    error
 	Data   DataMeta     // OpPut: the new version
 	Append AppendResult // OpAppend
@@ -205,13 +219,20 @@ func ValidateRelPath(p string) error {
 	return nil
 }
 
-// TarIndex indexes an uncompressed tar archive: each regular file's path
-// (cleaned, relative) and where its bytes lie. ok is false when b is not a
-// tar archive this can index (not a tar, compressed, sparse files, more than
-// MaxTarFiles files, a path that is not clean and relative, no regular
-// file at all), and files nil; such a bundle is stored as opaque bytes.
+// TarIndex indexes an uncompressed tar archive held in memory; see
+// TarIndexReader.
 func TarIndex(b []byte) (files map[string]FileSpan, ok bool) {
-	r := &countingReader{r: bytes.NewReader(b)}
+	return TarIndexReader(bytes.NewReader(b), int64(len(b)))
+}
+
+// TarIndexReader indexes an uncompressed tar archive of size bytes: each
+// regular file's path (cleaned, relative) and where its bytes lie. ok is
+// false when it is not a tar archive this can index (not a tar, compressed,
+// sparse files, more than MaxTarFiles files, a path that is not clean and
+// relative, no regular file at all), and files nil; such a bundle is stored
+// as opaque bytes. It seeks over the files' bytes rather than reading them.
+func TarIndexReader(rs io.ReadSeeker, size int64) (files map[string]FileSpan, ok bool) {
+	r := &countingReader{r: rs}
 	tr := tar.NewReader(r)
 	files = map[string]FileSpan{}
 	for {
@@ -233,7 +254,7 @@ func TarIndex(b []byte) (files map[string]FileSpan, ok bool) {
 			return nil, false // sparse and other kinds: not byte ranges of the archive
 		}
 		name := strings.TrimPrefix(path.Clean(h.Name), "./")
-		if ValidateRelPath(name) != nil || len(files) >= MaxTarFiles || r.n+h.Size > int64(len(b)) {
+		if ValidateRelPath(name) != nil || len(files) >= MaxTarFiles || r.n+h.Size > size {
 			return nil, false
 		}
 		// tar.Reader reads headers in whole blocks and never ahead, so the
@@ -242,14 +263,24 @@ func TarIndex(b []byte) (files map[string]FileSpan, ok bool) {
 	}
 }
 
+// countingReader knows where it stands in the archive, reading or seeking
+// (tar.Reader seeks over file bytes when it can).
 type countingReader struct {
-	r *bytes.Reader
+	r io.ReadSeeker
 	n int64
 }
 
 func (c *countingReader) Read(p []byte) (int, error) {
 	n, err := c.r.Read(p)
 	c.n += int64(n)
+	return n, err
+}
+
+func (c *countingReader) Seek(off int64, whence int) (int64, error) {
+	n, err := c.r.Seek(off, whence)
+	if err == nil {
+		c.n = n
+	}
 	return n, err
 }
 
@@ -289,14 +320,14 @@ func (s *Store) ApplyWithData(recs []core.Record, ops []DataOp) ([]DataResult, e
 			var err error
 			switch op.Kind {
 			case OpPut:
-				res[i].Data, err = putVersion(tx, op)
+				res[i].Data, err = s.putVersion(tx, op)
 			case OpAppend:
 				res[i].Append, err = appendStream(tx, op)
-				if errors.Is(err, ErrStreamFull) {
-					res[i].Err, err = err, nil
-				}
 			case OpBundle:
-				res[i].Bundle, err = putBundle(tx, op)
+				res[i].Bundle, err = s.putBundle(tx, op)
+			}
+			if errors.Is(err, ErrStreamFull) || errors.Is(err, ErrNoBlob) {
+				res[i].Err, err = err, nil
 			}
 			if err != nil {
 				return err
@@ -313,6 +344,9 @@ func (s *Store) ApplyWithData(recs []core.Record, ops []DataOp) ([]DataResult, e
 func checkOp(op DataOp) error {
 	switch op.Kind {
 	case OpPut:
+		if err := ValidateFingerprint(op.Blob.SHA256); err != nil {
+			return fmt.Errorf("%w: a put names no blob (%v)", ErrBadOp, err)
+		}
 		return ValidateID(op.ID)
 	case OpAppend:
 		if len(op.Body) == 0 {
@@ -320,6 +354,9 @@ func checkOp(op DataOp) error {
 		}
 		return ValidateID(op.ID)
 	case OpBundle:
+		if err := ValidateFingerprint(op.Blob.SHA256); err != nil {
+			return fmt.Errorf("%w: a bundle names no blob (%v)", ErrBadOp, err)
+		}
 		for p := range op.Files {
 			if err := ValidateRelPath(p); err != nil {
 				return err
@@ -330,31 +367,19 @@ func checkOp(op DataOp) error {
 	return fmt.Errorf("%w: kind %d", ErrBadOp, op.Kind)
 }
 
-func putVersion(tx *bolt.Tx, op DataOp) (DataMeta, error) {
+func (s *Store) putVersion(tx *bolt.Tx, op DataOp) (DataMeta, error) {
 	latest, err := latestVersion(tx, op.ID)
 	if err != nil && !errors.Is(err, ErrNotFound) {
 		return DataMeta{}, err
 	}
-	sum := sha256.Sum256(op.Body)
 	m := DataMeta{
-		ID: op.ID, Version: latest.Version + 1, Size: int64(len(op.Body)), SHA256: hex.EncodeToString(sum[:]),
+		ID: op.ID, Version: latest.Version + 1, Size: op.Blob.Size, SHA256: op.Blob.SHA256,
 		Created: op.At.UTC(), Worker: op.Worker, Lease: op.Lease,
 	}
-	key := versionKey(op.ID, m.Version)
-	if err := putChunks(tx.Bucket(bktDataChunk), key, op.Body); err != nil {
+	if err := s.nameBlob(tx, op.Blob); err != nil {
 		return DataMeta{}, err
 	}
-	return m, putJSON(tx.Bucket(bktData), key, m)
-}
-
-func putChunks(b *bolt.Bucket, prefix, body []byte) error {
-	for n := 0; n*ChunkSize < len(body); n++ {
-		end := min((n+1)*ChunkSize, len(body))
-		if err := b.Put(chunkKey(prefix, n), body[n*ChunkSize:end]); err != nil {
-			return err
-		}
-	}
-	return nil
+	return m, putJSON(tx.Bucket(bktData), versionKey(op.ID, m.Version), m)
 }
 
 func putJSON(b *bolt.Bucket, key []byte, v any) error {
@@ -385,9 +410,8 @@ func appendStream(tx *bolt.Tx, op DataOp) (AppendResult, error) {
 	return r, putJSON(b, []byte(op.ID), m)
 }
 
-func putBundle(tx *bolt.Tx, op DataOp) (BundleMeta, error) {
-	sum := sha256.Sum256(op.Body)
-	fp := hex.EncodeToString(sum[:])
+func (s *Store) putBundle(tx *bolt.Tx, op DataOp) (BundleMeta, error) {
+	fp := op.Blob.SHA256
 	b := tx.Bucket(bktBundle)
 	if v := b.Get([]byte(fp)); v != nil {
 		var m BundleMeta
@@ -397,12 +421,18 @@ func putBundle(tx *bolt.Tx, op DataOp) (BundleMeta, error) {
 		m.Existed = true
 		return m, nil
 	}
-	m := BundleMeta{Fingerprint: fp, Size: int64(len(op.Body)), Created: op.At.UTC(), Tar: op.Files != nil, Files: len(op.Files)}
-	if err := putChunks(tx.Bucket(bktBundleChunk), []byte(fp), op.Body); err != nil {
+	m := BundleMeta{Fingerprint: fp, Size: op.Blob.Size, Created: op.At.UTC(), Tar: op.Files != nil, Files: len(op.Files)}
+	if err := s.nameBlob(tx, op.Blob); err != nil {
 		return BundleMeta{}, err
 	}
 	fb := tx.Bucket(bktBundleFile)
-	for p, span := range op.Files {
+	paths := make([]string, 0, len(op.Files))
+	for p := range op.Files {
+		paths = append(paths, p)
+	}
+	sort.Strings(paths) // bbolt inserts fastest in key order
+	for _, p := range paths {
+		span := op.Files[p]
 		v := binary.BigEndian.AppendUint64(nil, uint64(span.Offset))
 		v = binary.BigEndian.AppendUint64(v, uint64(span.Size))
 		if err := fb.Put([]byte(fp+"\x00"+p), v); err != nil {
@@ -548,16 +578,71 @@ func (s *Store) BundleFile(fp, relPath string) (FileSpan, error) {
 	return span, nil
 }
 
-// DataReader reads the bytes of a version (its metadata from Data).
-func (s *Store) DataReader(m DataMeta) io.Reader {
-	return &chunkReader{s: s, bucket: bktDataChunk, prefix: versionKey(m.ID, m.Version), end: m.Size}
+// DataReader reads the bytes of a version (its metadata from Data): from
+// its blob, or from the chunks of a store written before blobs. The caller
+// closes it.
+func (s *Store) DataReader(m DataMeta) io.ReadCloser {
+	return s.blobOrChunks(m.SHA256, 0, m.Size, func() io.Reader {
+		return &chunkReader{s: s, bucket: bktDataChunk, prefix: versionKey(m.ID, m.Version), end: m.Size}
+	})
 }
 
 // BundleReader reads size bytes of a bundle from offset (the whole bundle,
-// or a file's span).
-func (s *Store) BundleReader(m BundleMeta, offset, size int64) io.Reader {
+// or a file's span). The caller closes it.
+func (s *Store) BundleReader(m BundleMeta, offset, size int64) io.ReadCloser {
 	end := min(offset+size, m.Size)
-	return &chunkReader{s: s, bucket: bktBundleChunk, prefix: []byte(m.Fingerprint), pos: min(offset, end), end: end}
+	offset = min(offset, end)
+	return s.blobOrChunks(m.Fingerprint, offset, end-offset, func() io.Reader {
+		return &chunkReader{s: s, bucket: bktBundleChunk, prefix: []byte(m.Fingerprint), pos: offset, end: end}
+	})
+}
+
+// blobOrChunks reads n bytes from off of the blob sha if a record names it,
+// else from legacy chunks. It opens nothing until the first Read.
+func (s *Store) blobOrChunks(sha string, off, n int64, legacy func() io.Reader) io.ReadCloser {
+	return &lazyReader{open: func() (io.Reader, io.Closer, error) {
+		named, err := s.blobNamed(sha)
+		if err != nil {
+			return nil, nil, err
+		}
+		if !named {
+			return legacy(), nil, nil
+		}
+		f, err := s.blobs.Open(sha)
+		if err != nil {
+			return nil, nil, err
+		}
+		if _, err := f.Seek(off, io.SeekStart); err != nil {
+			f.Close()
+			return nil, nil, err
+		}
+		return io.LimitReader(f, n), f, nil
+	}}
+}
+
+// lazyReader opens its source at the first Read.
+type lazyReader struct {
+	open func() (io.Reader, io.Closer, error)
+	r    io.Reader
+	c    io.Closer
+	err  error
+}
+
+func (l *lazyReader) Read(p []byte) (int, error) {
+	if l.r == nil && l.err == nil {
+		l.r, l.c, l.err = l.open()
+	}
+	if l.err != nil {
+		return 0, l.err
+	}
+	return l.r.Read(p)
+}
+
+func (l *lazyReader) Close() error {
+	if l.c != nil {
+		return l.c.Close()
+	}
+	return nil
 }
 
 // chunkReader reads [pos, end) of a value stored in ChunkSize pieces, one

@@ -17,8 +17,11 @@ import (
 
 var at = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 
+// apply applies ops as the driver does: the bytes of a put or a bundle
+// given as its Body are written to a blob first, released once applied.
 func apply(t *testing.T, s *Store, recs []core.Record, ops ...DataOp) []DataResult {
 	t.Helper()
+	ops = withBlobs(t, s, ops...)
 	res, err := s.ApplyWithData(recs, ops)
 	if err != nil {
 		t.Fatal(err)
@@ -27,6 +30,25 @@ func apply(t *testing.T, s *Store, recs []core.Record, ops ...DataOp) []DataResu
 		t.Fatalf("%d results for %d ops", len(res), len(ops))
 	}
 	return res
+}
+
+// withBlobs writes the Body of each put and bundle op to a blob it names
+// instead (released at the end of the test).
+func withBlobs(t *testing.T, s *Store, ops ...DataOp) []DataOp {
+	t.Helper()
+	out := make([]DataOp, len(ops))
+	for i, op := range ops {
+		if (op.Kind == OpPut || op.Kind == OpBundle) && op.Blob.SHA256 == "" {
+			ref, err := s.WriteBlob(bytes.NewReader(op.Body), int64(len(op.Body)))
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { s.ReleaseBlob(ref) })
+			op.Blob, op.Body = ref, nil
+		}
+		out[i] = op
+	}
+	return out
 }
 
 func putOp(id string, body []byte) DataOp {
@@ -176,11 +198,11 @@ func TestBadOpsWriteNothing(t *testing.T) {
 		"no kind":      {ID: "x"},
 		"bad path":     {Kind: OpBundle, Body: []byte("x"), Files: map[string]FileSpan{"../etc/passwd": {}}},
 	} {
-		if _, err := s.ApplyWithData([]core.Record{put("k", "v")}, []DataOp{putOp("fine", []byte("x")), op}); err == nil {
+		if _, err := s.ApplyWithData([]core.Record{put("k", "v")}, withBlobs(t, s, putOp("fine", []byte("x")), op)); err == nil {
 			t.Errorf("%s: accepted", name)
 		}
 	}
-	if _, err := s.ApplyWithData([]core.Record{{Key: ""}}, []DataOp{putOp("fine", []byte("x"))}); !errors.Is(err, ErrEmptyKey) {
+	if _, err := s.ApplyWithData([]core.Record{{Key: ""}}, withBlobs(t, s, putOp("fine", []byte("x")))); !errors.Is(err, ErrEmptyKey) {
 		t.Errorf("a bad record: %v", err)
 	}
 	if got := load(t, s); len(got) != 0 {

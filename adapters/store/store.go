@@ -11,6 +11,7 @@ package store
 import (
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
@@ -44,11 +45,18 @@ var (
 // Store is a bbolt file of core.Records. It is safe for concurrent use, though
 // the orchestrator driver uses it from one goroutine.
 type Store struct {
-	db *bolt.DB
+	db    *bolt.DB
+	blobs Blobs // the data plane's large bytes (blob.go)
+
+	blobMu   sync.Mutex
+	pins     map[string]int  // blobs written and not yet released, by SHA-256
+	unsure   map[string]bool // released blobs to collect unless a record names them
+	creating int             // WriteBlobs under way
 }
 
-// Open opens (creating if needed) the store file at path. It fails after a
-// short wait if another Store holds the file.
+// Open opens (creating if needed) the store file at path, and its blob
+// directory path+".blobs", collecting the blobs no record names. It fails
+// after a short wait if another Store holds the file.
 func Open(path string) (*Store, error) {
 	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: openTimeout, NoSync: false})
 	if errors.Is(err, bolt.ErrTimeout) {
@@ -59,7 +67,7 @@ func Open(path string) (*Store, error) {
 		return nil, fmt.Errorf("store: open %s: %w", path, err)
 	}
 	err = db.Update(func(tx *bolt.Tx) error {
-		for _, b := range append([][]byte{bucket}, dataBuckets...) {
+		for _, b := range append([][]byte{bucket, bktBlob}, dataBuckets...) {
 			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
 				return fmt.Errorf("bucket %s: %w", b, err)
 			}
@@ -70,7 +78,19 @@ func Open(path string) (*Store, error) {
 		db.Close()
 		return nil, fmt.Errorf("store: create bucket in %s: %w", path, err)
 	}
-	return &Store{db: db}, nil
+	blobs, err := openDirBlobs(path + ".blobs")
+	if err != nil {
+		db.Close()
+		return nil, fmt.Errorf("store: blob directory of %s: %w", path, err)
+	}
+	s := &Store{db: db, blobs: blobs, pins: map[string]int{}, unsure: map[string]bool{}}
+	// Blobs of writes that never committed (refused while a crash came, or
+	// a crash between the blob and its record) are collected now.
+	if _, err := s.CollectBlobs(); err != nil {
+		db.Close()
+		return nil, fmt.Errorf("store: open %s: %w", path, err)
+	}
+	return s, nil
 }
 
 // Apply writes a batch of records in one transaction: upserts put their

@@ -79,6 +79,13 @@ worker connections (SPEC §12):
     max_unauth_conns: 256             # connections without an accepted Hello, in all
     max_unauth_conns_per_addr: 32     # ... from one source address
     hello_timeout_secs: 5             # a connection's Hello must arrive within this
+  data:                               # the data plane's limits (SPEC §12, §14); each also a --data-* flag
+    max_put_body_bytes: 67108864      # one PUT /data/{id} (64 MiB); over it: 413
+    max_append_body_bytes: 1048576    # one append (1 MiB); over it: 413
+    max_stream_bytes: 1073741824      # an append stream's length (1 GiB); past it: 413
+    max_bundle_body_bytes: 268435456  # one bundle upload (256 MiB); over it: 413
+    max_append_in_flight_bytes: 268435456 # append bodies held in memory at once; more wait
+    body_idle_timeout_secs: 30        # a write's body that sends nothing for this long: 408
 
 Flags given on the command line override the file; an unknown key is an
 error naming its line. The sweeper is always on. Each recovery setting is 1 s
@@ -109,6 +116,7 @@ next start within their grace window. SIGHUP is ignored.`,
 		fs.IntVar(&o.maxUnauthConns, "max-unauth-conns", orchestrator.DefaultMaxUnauthConns, "connections without an accepted Hello, at most (`n`)")
 		fs.IntVar(&o.maxUnauthConnsPerAddr, "max-unauth-conns-per-addr", orchestrator.DefaultMaxUnauthConnsPerAddr, "connections without an accepted Hello from one source address, at most (`n`)")
 		fs.DurationVar(&o.helloTimeout, "hello-timeout", orchestrator.DefaultHelloTimeout, "a new worker connection must send its Hello within this (`duration`)")
+		dataFlags(fs, &o.data)
 	},
 	run: serve,
 }
@@ -127,6 +135,56 @@ type serverConfig struct {
 	// Control-plane admission (control: keys, SPEC §12).
 	MaxConns, MaxUnauthConns, MaxUnauthConnsPerAddr int
 	HelloTimeout                                    time.Duration
+	Data                                            dataLimits // zero fields: the driver's defaults
+}
+
+// dataLimits are the data plane's limits (SPEC §12, §14): config keys
+// under data:, and --data-* flags. Zero means the driver's default.
+type dataLimits struct {
+	MaxPutBodyBytes        int64
+	MaxAppendBodyBytes     int64
+	MaxStreamBytes         int64
+	MaxBundleBodyBytes     int64
+	MaxAppendInFlightBytes int64
+	BodyIdleTimeoutSecs    int64
+}
+
+// dataLimitKeys maps each data: config key (and, with "data-" before it and
+// dashes for underscores, its flag) to its field and its default.
+func dataLimitKeys(l *dataLimits) []struct {
+	key  string
+	v    *int64
+	def  int64
+	unit string
+} {
+	return []struct {
+		key  string
+		v    *int64
+		def  int64
+		unit string
+	}{
+		{"max_put_body_bytes", &l.MaxPutBodyBytes, orchestrator.DefaultMaxPutBody, "bytes of one PUT /data/{id} body"},
+		{"max_append_body_bytes", &l.MaxAppendBodyBytes, orchestrator.DefaultMaxAppendBody, "bytes of one append body"},
+		{"max_stream_bytes", &l.MaxStreamBytes, orchestrator.DefaultMaxStream, "bytes of an append stream"},
+		{"max_bundle_body_bytes", &l.MaxBundleBodyBytes, orchestrator.DefaultMaxBundleBody, "bytes of one bundle upload"},
+		{"max_append_in_flight_bytes", &l.MaxAppendInFlightBytes, orchestrator.DefaultMaxDataInFlight, "bytes of append bodies held in memory at once"},
+		{"body_idle_timeout_secs", &l.BodyIdleTimeoutSecs, int64(orchestrator.DefaultBodyIdleTimeout / time.Second), "seconds a write's body may send nothing before it is cut (408)"},
+	}
+}
+
+// dataFlags defines the --data-* flags (zero: the config file's value, or
+// the default).
+func dataFlags(fs *flag.FlagSet, l *dataLimits) {
+	for _, k := range dataLimitKeys(l) {
+		fs.Int64Var(k.v, "data-"+strings.ReplaceAll(k.key, "_", "-"), 0, fmt.Sprintf("data plane: at most `n` %s (default %d; config data.%s)", k.unit, k.def, k.key))
+	}
+}
+
+// apply sets the driver options of these limits.
+func (l dataLimits) apply(o *orchestrator.Options) {
+	o.MaxPutBody, o.MaxAppendBody, o.MaxStream = l.MaxPutBodyBytes, l.MaxAppendBodyBytes, l.MaxStreamBytes
+	o.MaxBundleBody, o.MaxDataInFlight = l.MaxBundleBodyBytes, l.MaxAppendInFlightBytes
+	o.BodyIdleTimeout = time.Duration(l.BodyIdleTimeoutSecs) * time.Second
 }
 
 // defaultMaxConns is the default of --max-conns (orchestrator.Options.MaxConns).
@@ -195,7 +253,7 @@ func loadServerConfig(path string, src []byte) (serverConfig, error) {
 		}
 		return v
 	}
-	mapping(doc.Content[0], "server config", []string{"addr", "data_dir", "tls", "recovery", "limits", "control"}, errf, func(key string, v *yaml.Node) {
+	mapping(doc.Content[0], "server config", []string{"addr", "data_dir", "tls", "recovery", "limits", "control", "data"}, errf, func(key string, v *yaml.Node) {
 		switch key {
 		case "addr":
 			cfg.Addr = str(v, key)
@@ -250,6 +308,23 @@ func loadServerConfig(path string, src []byte) (serverConfig, error) {
 					cfg.MaxUnauthConnsPerAddr = count(v, key)
 				case "hello_timeout_secs":
 					cfg.HelloTimeout = secs(v, key)
+				}
+			})
+		case "data":
+			keys := dataLimitKeys(&cfg.Data)
+			known := make([]string, len(keys))
+			for i, k := range keys {
+				known[i] = k.key
+			}
+			mapping(v, "data", known, errf, func(key string, v *yaml.Node) {
+				for _, k := range keys {
+					if k.key == key {
+						n, err := strconv.ParseInt(v.Value, 10, 64)
+						if v.Kind != yaml.ScalarNode || err != nil || n <= 0 {
+							errf(v, "data: %s must be a positive whole number, not %q", key, v.Value)
+						}
+						*k.v = n
+					}
 				}
 			})
 		}
@@ -398,6 +473,17 @@ func resolveServeConfig(e *env) (serverConfig, error) {
 	case cfg.HelloTimeout < time.Second:
 		return cfg, usageErrorf("--hello-timeout (%s) must be at least 1s: a worker on a slow link needs that to say hello", cfg.HelloTimeout)
 	}
+	flagLimits := e.opts.data
+	for i, k := range dataLimitKeys(&flagLimits) {
+		name := "data-" + strings.ReplaceAll(k.key, "_", "-")
+		if !set[name] {
+			continue
+		}
+		if *k.v <= 0 {
+			return cfg, usageErrorf("--%s must be a positive whole number, not %d", name, *k.v)
+		}
+		*dataLimitKeys(&cfg.Data)[i].v = *k.v
+	}
 	return cfg, nil
 }
 
@@ -448,7 +534,7 @@ func serve(ctx context.Context, e *env, _ []string) error {
 		log.Warn("admin token file is readable by other users; chmod 600 it", "path", tokenPath, "mode", fi.Mode().Perm().String())
 	}
 	storePath := filepath.Join(cfg.DataDir, storeFile)
-	d, err := orchestrator.Start(orchestrator.Options{
+	opts := orchestrator.Options{
 		Addr:      cfg.Addr,
 		Listener:  ln,
 		StorePath: storePath,
@@ -469,7 +555,9 @@ func serve(ctx context.Context, e *env, _ []string) error {
 		MaxUnauthConns:        cfg.MaxUnauthConns,
 		MaxUnauthConnsPerAddr: cfg.MaxUnauthConnsPerAddr,
 		HelloTimeout:          cfg.HelloTimeout,
-	})
+	}
+	cfg.Data.apply(&opts)
+	d, err := orchestrator.Start(opts)
 	started = true // Start closed the listener if it failed
 	if err != nil {
 		return err
