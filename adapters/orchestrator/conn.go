@@ -273,6 +273,18 @@ func (d *Driver) readLoop(c *conn) string {
 				}
 			}
 		}
+		if wait := d.work.spend(c.host, time.Now(), frameCost(m)); wait > 0 {
+			t := time.NewTimer(wait) // over its work budget: throttled (SPEC §12)
+			select {
+			case <-t.C:
+			case <-c.stop:
+				t.Stop()
+				return "connection closed"
+			case <-d.quit:
+				t.Stop()
+				return "orchestrator stopping"
+			}
+		}
 		select {
 		case c.inputs <- struct{}{}: // released by the loop when it takes the frame
 		case <-c.stop:

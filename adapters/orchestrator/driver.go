@@ -158,6 +158,7 @@ type Driver struct {
 	mu         sync.Mutex
 	nunauth    int            // control connections not welcomed yet
 	unauthFrom map[string]int // of them, per source address
+	work       addrBudgets    // what each source address's frames may cost the loop
 	closed     bool           // no new connections once set
 	live       map[*conn]bool // every connection with running goroutines
 	wg         sync.WaitGroup // connection goroutines

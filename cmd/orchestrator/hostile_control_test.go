@@ -103,15 +103,26 @@ func underAttack(r *binRig, minAttack time.Duration, attack func(ctx context.Con
 	<-done
 }
 
-// attackerDialer dials the control plane from 127.0.0.2, another source
-// address than the genuine clients (127.0.0.1).
-var attackerDialer = &websocket.Dialer{HandshakeTimeout: 5 * time.Second,
-	NetDialContext: (&net.Dialer{LocalAddr: &net.TCPAddr{IP: net.IPv4(127, 0, 0, 2)}}).DialContext}
+// Attackers dial the control plane from 127.0.0.2, another source address
+// than the genuine clients (127.0.0.1); attackHelloless from 127.0.0.3, so
+// that the per-address cap it fills is its own and not the other attacks'
+// (which run beside it in TestHostileAllAtOnce).
+var (
+	attackerIP  = net.IPv4(127, 0, 0, 2)
+	hellolessIP = net.IPv4(127, 0, 0, 3)
+)
 
 // dialAttacker opens one control connection from 127.0.0.2. A refused
 // upgrade returns its status and body.
 func dialAttacker(ctx context.Context, addr string) (*websocket.Conn, int, string, error) {
-	ws, resp, err := attackerDialer.DialContext(ctx, "ws://"+addr+"/control", nil)
+	return dialAttackerFrom(ctx, addr, attackerIP)
+}
+
+// dialAttackerFrom opens one control connection from the source address ip.
+func dialAttackerFrom(ctx context.Context, addr string, ip net.IP) (*websocket.Conn, int, string, error) {
+	d := &websocket.Dialer{HandshakeTimeout: 5 * time.Second,
+		NetDialContext: (&net.Dialer{LocalAddr: &net.TCPAddr{IP: ip}}).DialContext}
+	ws, resp, err := d.DialContext(ctx, "ws://"+addr+"/control", nil)
 	if err != nil {
 		if resp != nil {
 			body, _ := io.ReadAll(io.LimitReader(resp.Body, 1024))
@@ -183,7 +194,7 @@ type attackHellolessResult struct {
 	LongestHeld time.Duration  // the longest an upgraded connection stayed open
 }
 
-// attackHelloless keeps n connections from 127.0.0.2 upgraded to WebSocket
+// attackHelloless keeps n connections from 127.0.0.3 upgraded to WebSocket
 // that answer pings (gorilla's default handler, while reading) but never
 // send a Hello, redialling each as soon as it ends, until ctx is done.
 func attackHelloless(ctx context.Context, t *testing.T, addr string, n int) attackHellolessResult {
@@ -195,7 +206,7 @@ func attackHelloless(ctx context.Context, t *testing.T, addr string, n int) atta
 		go func() {
 			defer wg.Done()
 			for ctx.Err() == nil {
-				ws, status, body, err := dialAttacker(ctx, addr)
+				ws, status, body, err := dialAttackerFrom(ctx, addr, hellolessIP)
 				if err != nil {
 					mu.Lock()
 					if status == http.StatusServiceUnavailable {
@@ -249,17 +260,25 @@ func TestHostileHellolessConnections(t *testing.T) {
 		res = attackHelloless(ctx, t, r.d.Addr(), 64)
 	})
 	t.Logf("helloless attack: %+v", res)
-	want := fmt.Sprintf("no hello within %s", opts.HelloTimeout)
+	checkHelloless(t, res, opts.HelloTimeout, opts.MaxUnauthConnsPerAddr)
+}
+
+// checkHelloless checks what attackHelloless saw: connections closed with
+// 1008 at the Hello deadline, never reset, and upgrades over the per-address
+// cap refused with its reason.
+func checkHelloless(t *testing.T, res attackHellolessResult, helloTimeout time.Duration, perAddrCap int) {
+	t.Helper()
+	want := fmt.Sprintf("no hello within %s", helloTimeout)
 	if res.Closed[websocket.ClosePolicyViolation] == 0 || res.ClosedWhy[want] == 0 {
 		t.Errorf("no connection was closed with 1008 %q: %+v", want, res)
 	}
 	if len(res.Closed) != 1 || res.Reset > 0 {
 		t.Errorf("helloless connections ended otherwise than with 1008: closes %v, resets %d", res.Closed, res.Reset)
 	}
-	if res.LongestHeld > opts.HelloTimeout+2*time.Second {
-		t.Errorf("a connection without a hello was held %s, want about the hello timeout %s", res.LongestHeld, opts.HelloTimeout)
+	if res.LongestHeld > helloTimeout+2*time.Second {
+		t.Errorf("a connection without a hello was held %s, want about the hello timeout %s", res.LongestHeld, helloTimeout)
 	}
-	perAddr := fmt.Sprintf("too many connections without an accepted hello from 127.0.0.2 (%d); try again later", opts.MaxUnauthConnsPerAddr)
+	perAddr := fmt.Sprintf("too many connections without an accepted hello from 127.0.0.3 (%d); try again later", perAddrCap)
 	if res.Refused == 0 || res.RefusedWhy[perAddr] == 0 {
 		t.Errorf("no upgrade was refused with the per-address cap's reason %q: %v", perAddr, res.RefusedWhy)
 	}
@@ -384,6 +403,25 @@ func TestHostileBigHello(t *testing.T) {
 	var res attackBigHelloResult
 	underAttack(r, 0, func(ctx context.Context) { res = attackBigHello(ctx, t, r.d.Addr(), token) })
 	t.Logf("big-hello attack: %d rounds", res.Rounds)
+	checkBigHello(t, res)
+	// The refusals did not use up the token: a well-formed Hello enrolls with it.
+	ws, _, _, err := dialAttacker(r.ctx, r.d.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ws.Close()
+	send(ws, core.Hello{Version: core.ProtocolVersion, Token: token, Worker: "big-hello", Name: "big", Slots: 1, MaxDelay: time.Second})
+	if e := readToEnd(ws, 2*time.Second); len(e.msgs) == 0 {
+		t.Errorf("the attacker's token after the refusals: nothing received (%v)", e.err)
+	} else if _, ok := e.msgs[0].(core.Welcome); !ok {
+		t.Errorf("the attacker's token after the refusals: %s, want a Welcome", core.DescribeMsg(e.msgs[0]))
+	}
+}
+
+// checkBigHello checks what attackBigHello saw: every oversized Hello
+// refused, fatally, with its reason, and closed 1008 (the frame over 1 MiB: 1009).
+func checkBigHello(t *testing.T, res attackBigHelloResult) {
+	t.Helper()
 	for name, want := range bigHelloWant {
 		code, reason, refusal := res.Code[name], res.Reason[name], res.Refusal[name]
 		if name == "frame over 1 MiB" {
@@ -398,18 +436,6 @@ func TestHostileBigHello(t *testing.T) {
 		if code != websocket.ClosePolicyViolation || !strings.Contains(reason, want) {
 			t.Errorf("%s: closed with %d %q, want 1008 with %q", name, code, reason, want)
 		}
-	}
-	// The refusals did not use up the token: a well-formed Hello enrolls with it.
-	ws, _, _, err := dialAttacker(r.ctx, r.d.Addr())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ws.Close()
-	send(ws, core.Hello{Version: core.ProtocolVersion, Token: token, Worker: "big-hello", Name: "big", Slots: 1, MaxDelay: time.Second})
-	if e := readToEnd(ws, 2*time.Second); len(e.msgs) == 0 {
-		t.Errorf("the attacker's token after the refusals: nothing received (%v)", e.err)
-	} else if _, ok := e.msgs[0].(core.Welcome); !ok {
-		t.Errorf("the attacker's token after the refusals: %s, want a Welcome", core.DescribeMsg(e.msgs[0]))
 	}
 }
 
@@ -521,6 +547,13 @@ func TestHostileFlood(t *testing.T) {
 	var res attackFloodResult
 	underAttack(r, 3*time.Second, func(ctx context.Context) { res = attackFlood(ctx, t, r.d.Addr(), token) })
 	t.Logf("flood: %+v", res)
+	checkFlood(t, res)
+}
+
+// checkFlood checks what attackFlood saw: its sessions closed with 1013
+// and the send queue's reason, never reset.
+func checkFlood(t *testing.T, res attackFloodResult) {
+	t.Helper()
 	if res.Closed[websocket.CloseTryAgainLater] == 0 || res.Reset > 0 || len(res.Closed) != 1 {
 		t.Errorf("flooding sessions ended with closes %v and %d resets, want only 1013 (try again later)", res.Closed, res.Reset)
 	}
@@ -660,6 +693,14 @@ func TestHostileBadFrames(t *testing.T) {
 	var res attackBadFramesResult
 	underAttack(r, 0, func(ctx context.Context) { res = attackBadFrames(ctx, t, r.d.Addr(), token) })
 	t.Logf("bad frames: %d rounds", res.Rounds)
+	checkBadFrames(t, res)
+}
+
+// checkBadFrames checks what attackBadFrames saw: each bad frame closed
+// with its code and reason, and a report with an unknown outcome status
+// answered REJECTED on a connection that stays.
+func checkBadFrames(t *testing.T, res attackBadFramesResult) {
+	t.Helper()
 	for name, want := range map[string]struct {
 		code   int
 		reason string

@@ -30,10 +30,6 @@ import (
 	"github.com/tether-run/tether/core"
 )
 
-// attackerIP is the loopback source address attacks dial from, so that a
-// per-address limit never counts them with genuine clients (127.0.0.1).
-var attackerIP = net.IPv4(127, 0, 0, 2)
-
 // h2cClient is an HTTP client that speaks only cleartext HTTP/2 (prior
 // knowledge), as workers do, dialing from the source address from (nil:
 // any).

@@ -43,7 +43,7 @@ type options struct {
 	// serve: control-plane admission (SPEC §12)
 	maxConns, maxUnauthConns, maxUnauthConnsPerAddr int
 	helloTimeout                                    time.Duration
-	data                          dataLimits // the data plane's --data-* flags
+	data                                            dataLimits // the data plane's --data-* flags
 
 	// command-specific
 	ttl    time.Duration
