@@ -39,6 +39,7 @@ type options struct {
 
 	// serve
 	addr, config, tlsCert, tlsKey string
+	http                          httpLimits
 
 	// command-specific
 	ttl    time.Duration

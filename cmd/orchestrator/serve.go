@@ -66,6 +66,13 @@ file's directory) and the recovery sweeper's knobs (SPEC §5):
     unmatched_step_timeout_secs: 30   # a queued step no worker can take fails after this
     heartbeat_interval_secs: 30       # workers heartbeat this often; silent for 2 intervals, no new work
     dispatch_ack_secs: 10             # a dispatch not started or rejected by then is requeued
+  http:                               # the HTTP server's limits (SPEC §12); flags of the same names
+    idle_timeout_secs: 120            # an idle keep-alive or HTTP/2 connection is closed
+    header_timeout_secs: 10           # TLS handshake, request headers, h2c preface
+    body_timeout_secs: 30             # an operator API request body
+    write_timeout_secs: 30            # a write the peer accepts no byte of for this long closes it
+    max_tcp_conns: 3072               # concurrent connections (default: 1024 control + 2048)
+    max_conns_per_addr: 2304          # of one source address (default: 3/4 of max_tcp_conns)
 
 Flags given on the command line override the file; an unknown key is an
 error naming its line. The sweeper is always on.
@@ -84,6 +91,7 @@ next start within their grace window. SIGHUP is ignored.`,
 		fs.StringVar(&o.config, "config", defaultConfigFile, "server config `file` (YAML); optional unless given explicitly")
 		fs.StringVar(&o.tlsCert, "tls-cert", "", "serve TLS with this certificate `file` (PEM, the chain); needs --tls-key")
 		fs.StringVar(&o.tlsKey, "tls-key", "", "the TLS private key `file` (PEM)")
+		httpFlags(fs, &o.http)
 	},
 	run: serve,
 }
@@ -98,6 +106,24 @@ type serverConfig struct {
 	UnmatchedTimeout  time.Duration
 	HeartbeatInterval time.Duration
 	DispatchAck       time.Duration
+	HTTP              httpLimits
+}
+
+// httpLimits are the HTTP server's limits (SPEC §12); zero means the
+// orchestrator's default.
+type httpLimits struct {
+	IdleTimeout, HeaderTimeout, BodyTimeout, WriteTimeout time.Duration
+	MaxTCPConns, MaxConnsPerAddr                          int
+}
+
+// httpFlags defines serve's flags for the HTTP server's limits.
+func httpFlags(fs *flag.FlagSet, h *httpLimits) {
+	fs.DurationVar(&h.IdleTimeout, "idle-timeout", orchestrator.DefaultIdleTimeout, "close a keep-alive or HTTP/2 `connection` idle this long")
+	fs.DurationVar(&h.HeaderTimeout, "header-timeout", orchestrator.DefaultHeaderTimeout, "a TLS handshake, a request's headers or an h2c preface must arrive within this `duration`")
+	fs.DurationVar(&h.BodyTimeout, "body-timeout", orchestrator.DefaultBodyTimeout, "an operator API request body must arrive within this `duration`")
+	fs.DurationVar(&h.WriteTimeout, "write-timeout", orchestrator.DefaultWriteTimeout, "close a connection whose peer accepts nothing of a write for this `duration`")
+	fs.IntVar(&h.MaxTCPConns, "max-tcp-conns", 0, "concurrent TCP connections admitted (`n`; 0: 1024 control connections + 2048)")
+	fs.IntVar(&h.MaxConnsPerAddr, "max-conns-per-addr", 0, "concurrent TCP connections of one source address (`n`; 0: 3/4 of --max-tcp-conns)")
 }
 
 func defaultServerConfig() serverConfig {
@@ -148,7 +174,15 @@ func loadServerConfig(path string, src []byte) (serverConfig, error) {
 		}
 		return p
 	}
-	mapping(doc.Content[0], "server config", []string{"addr", "data_dir", "tls", "recovery"}, errf, func(key string, v *yaml.Node) {
+	count := func(n *yaml.Node, key string) int {
+		v, err := strconv.Atoi(n.Value)
+		if n.Kind != yaml.ScalarNode || err != nil || v <= 0 {
+			errf(n, "%s must be a positive whole number, not %q", key, n.Value)
+			return 0
+		}
+		return v
+	}
+	mapping(doc.Content[0], "server config", []string{"addr", "data_dir", "tls", "recovery", "http"}, errf, func(key string, v *yaml.Node) {
 		switch key {
 		case "addr":
 			cfg.Addr = str(v, key)
@@ -182,6 +216,24 @@ func loadServerConfig(path string, src []byte) (serverConfig, error) {
 					cfg.HeartbeatInterval = secs(v, key)
 				case "dispatch_ack_secs":
 					cfg.DispatchAck = secs(v, key)
+				}
+			})
+		case "http":
+			known := []string{"idle_timeout_secs", "header_timeout_secs", "body_timeout_secs", "write_timeout_secs", "max_tcp_conns", "max_conns_per_addr"}
+			mapping(v, "http", known, errf, func(key string, v *yaml.Node) {
+				switch key {
+				case "idle_timeout_secs":
+					cfg.HTTP.IdleTimeout = secs(v, key)
+				case "header_timeout_secs":
+					cfg.HTTP.HeaderTimeout = secs(v, key)
+				case "body_timeout_secs":
+					cfg.HTTP.BodyTimeout = secs(v, key)
+				case "write_timeout_secs":
+					cfg.HTTP.WriteTimeout = secs(v, key)
+				case "max_tcp_conns":
+					cfg.HTTP.MaxTCPConns = count(v, key)
+				case "max_conns_per_addr":
+					cfg.HTTP.MaxConnsPerAddr = count(v, key)
 				}
 			})
 		}
@@ -258,6 +310,31 @@ func resolveServeConfig(e *env) (serverConfig, error) {
 	if (cfg.TLSCert == "") != (cfg.TLSKey == "") {
 		return cfg, usageErrorf("TLS needs both a certificate and a key (--tls-cert and --tls-key)")
 	}
+	for _, f := range []struct {
+		name string
+		v    *time.Duration
+		flag time.Duration
+	}{{"idle-timeout", &cfg.HTTP.IdleTimeout, e.opts.http.IdleTimeout}, {"header-timeout", &cfg.HTTP.HeaderTimeout, e.opts.http.HeaderTimeout},
+		{"body-timeout", &cfg.HTTP.BodyTimeout, e.opts.http.BodyTimeout}, {"write-timeout", &cfg.HTTP.WriteTimeout, e.opts.http.WriteTimeout}} {
+		if set[f.name] {
+			if f.flag <= 0 {
+				return cfg, usageErrorf("--%s must be a positive duration, not %s", f.name, f.flag)
+			}
+			*f.v = f.flag
+		}
+	}
+	for _, f := range []struct {
+		name string
+		v    *int
+		flag int
+	}{{"max-tcp-conns", &cfg.HTTP.MaxTCPConns, e.opts.http.MaxTCPConns}, {"max-conns-per-addr", &cfg.HTTP.MaxConnsPerAddr, e.opts.http.MaxConnsPerAddr}} {
+		if set[f.name] {
+			if f.flag < 0 {
+				return cfg, usageErrorf("--%s must be 0 (the default) or a positive number, not %d", f.name, f.flag)
+			}
+			*f.v = f.flag
+		}
+	}
 	return cfg, nil
 }
 
@@ -306,6 +383,14 @@ func serve(ctx context.Context, e *env, _ []string) error {
 		Logger:     log,
 		AdminToken: token,
 		TLS:        tlsConf,
+
+		// The HTTP server's limits (SPEC §12).
+		IdleTimeout:     cfg.HTTP.IdleTimeout,
+		HeaderTimeout:   cfg.HTTP.HeaderTimeout,
+		BodyTimeout:     cfg.HTTP.BodyTimeout,
+		WriteTimeout:    cfg.HTTP.WriteTimeout,
+		MaxTCPConns:     cfg.HTTP.MaxTCPConns,
+		MaxConnsPerAddr: cfg.HTTP.MaxConnsPerAddr,
 	})
 	if err != nil {
 		return err
