@@ -1,0 +1,342 @@
+package main
+
+// Hostile input at the HTTP server (SPEC §12, §14): connections that open
+// and then say nothing, stall in their headers or body, or sit idle after a
+// request or an h2c preface, from one source address, while a genuine
+// worker and an operator use the same `orchestrator serve`.
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/tether-run/tether/adapters/orchestrator"
+)
+
+// idleAttack configures attackIdleConns: where it dials from, how many
+// connections of each kind it holds at once, and the server's deadlines it
+// expects to be closed by (plus Slack).
+type idleAttack struct {
+	From                 string // source IP address, e.g. "127.0.0.2"
+	Slots                int    // connections held at once, per kind
+	Header, Body, Idle   time.Duration
+	Slack                time.Duration
+	RefusalRetryInterval time.Duration // a slot refused at the cap waits this long before dialing again
+}
+
+// The kinds of idle connection.
+const (
+	idleSilent      = "silent"       // connects and sends nothing: the header deadline
+	idleHeaderStall = "header-stall" // a request line and a header, never the blank line: the header deadline
+	idleBodyStall   = "body-stall"   // a POST whose body never arrives: the body deadline
+	idleKeepAlive   = "keep-alive"   // one whole request, answered, then nothing: the idle deadline
+	idleH2C         = "h2c-idle"     // the h2c preface and SETTINGS, then nothing: the idle deadline
+)
+
+var idleKinds = []string{idleSilent, idleHeaderStall, idleBodyStall, idleKeepAlive, idleH2C}
+
+// deadline is the server deadline a connection of kind must be closed by,
+// counted from its last byte sent.
+func (a idleAttack) deadline(kind string) time.Duration {
+	switch kind {
+	case idleSilent, idleHeaderStall:
+		return a.Header
+	case idleBodyStall:
+		return a.Body
+	}
+	return a.Idle
+}
+
+// attackIdleConnsResult is what attackIdleConns observed, by kind.
+type attackIdleConnsResult struct {
+	Closed   map[string]int           // closed by the server within its deadline plus slack
+	Late     map[string]int           // closed later than that, or still open at the end although older
+	Pending  map[string]int           // still open at the end, younger than deadline plus slack
+	Refused  map[string]int           // refused at the listener's cap with its 503
+	MinWait  map[string]time.Duration // shortest time from the last byte sent to the server's close
+	MaxWait  map[string]time.Duration // longest
+	Reasons  map[string]int           // the refusals' texts
+	Problems []string                 // anything else (a dial failure, a 503 without the reason, ...)
+}
+
+func (r attackIdleConnsResult) String() string {
+	var b strings.Builder
+	for _, k := range idleKinds {
+		fmt.Fprintf(&b, "%s: closed %d (%v..%v), late %d, pending %d, refused %d; ", k, r.Closed[k], r.MinWait[k].Round(time.Millisecond),
+			r.MaxWait[k].Round(time.Millisecond), r.Late[k], r.Pending[k], r.Refused[k])
+	}
+	return b.String() + fmt.Sprintf("problems %d", len(r.Problems))
+}
+
+// attackIdleConns runs the attack against the orchestrator at addr
+// (host:port) until ctx is done and returns what it observed. Each of
+// a.Slots goroutines per kind opens a connection from a.From, sends its
+// kind's bytes, waits for the server to close it and times that, and opens
+// the next; a connection refused at the cap (HTTP/1.1 503 before anything
+// is sent) is counted and retried after a pause.
+func attackIdleConns(ctx context.Context, t *testing.T, addr string, a idleAttack) attackIdleConnsResult {
+	t.Helper()
+	res := attackIdleConnsResult{Closed: map[string]int{}, Late: map[string]int{}, Pending: map[string]int{}, Refused: map[string]int{},
+		MinWait: map[string]time.Duration{}, MaxWait: map[string]time.Duration{}, Reasons: map[string]int{}}
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	for _, kind := range idleKinds {
+		for range a.Slots {
+			wg.Go(func() {
+				for ctx.Err() == nil {
+					o := idleOnce(ctx, addr, a, kind)
+					mu.Lock()
+					res.add(a, kind, o)
+					mu.Unlock()
+					if o.refused != "" || o.problem != "" {
+						select {
+						case <-ctx.Done():
+						case <-time.After(a.RefusalRetryInterval):
+						}
+					}
+				}
+			})
+		}
+	}
+	wg.Wait()
+	return res
+}
+
+// idleOutcome is one connection's fate.
+type idleOutcome struct {
+	refused string        // the 503's body
+	problem string        // something unexpected
+	wait    time.Duration // from the last byte sent to the close, or to the end if open
+	open    bool          // still open when ctx ended
+}
+
+func (r *attackIdleConnsResult) add(a idleAttack, kind string, o idleOutcome) {
+	switch {
+	case o.problem != "":
+		if len(r.Problems) < 20 {
+			r.Problems = append(r.Problems, kind+": "+o.problem)
+		}
+	case o.refused != "":
+		r.Refused[kind]++
+		r.Reasons[o.refused]++
+	case o.open && o.wait <= a.deadline(kind)+a.Slack:
+		r.Pending[kind]++
+	case o.open || o.wait > a.deadline(kind)+a.Slack:
+		r.Late[kind]++
+		r.MaxWait[kind] = max(r.MaxWait[kind], o.wait)
+	default:
+		r.Closed[kind]++
+		r.MaxWait[kind] = max(r.MaxWait[kind], o.wait)
+		if r.MinWait[kind] == 0 || o.wait < r.MinWait[kind] {
+			r.MinWait[kind] = o.wait
+		}
+	}
+}
+
+// h2cPreface is what an h2c client with prior knowledge sends first: the
+// connection preface, an empty SETTINGS frame, and the acknowledgement of
+// the server's SETTINGS (which it sends at once).
+var h2cPreface = []byte("PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" +
+	"\x00\x00\x00\x04\x00\x00\x00\x00\x00" + // SETTINGS, empty
+	"\x00\x00\x00\x04\x01\x00\x00\x00\x00") // SETTINGS ACK
+
+// idleOnce opens one connection of kind and follows it to its end.
+func idleOnce(ctx context.Context, addr string, a idleAttack, kind string) idleOutcome {
+	dialer := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(a.From)}, Timeout: 5 * time.Second}
+	c, err := dialer.DialContext(ctx, "tcp", addr)
+	if err != nil {
+		if ctx.Err() != nil {
+			return idleOutcome{open: true}
+		}
+		return idleOutcome{problem: "dial: " + err.Error()}
+	}
+	defer c.Close()
+	start := time.Now()
+	var ended bool // ctx ended, not the server: set before the read is woken
+	var endMu sync.Mutex
+	stop := context.AfterFunc(ctx, func() {
+		endMu.Lock()
+		ended = true
+		endMu.Unlock()
+		c.SetReadDeadline(time.Unix(1, 0))
+	})
+	defer stop()
+	isEnded := func() bool { endMu.Lock(); defer endMu.Unlock(); return ended }
+
+	// A connection over the cap is answered and closed at once, before it
+	// sends anything.
+	var first bytes.Buffer
+	c.SetReadDeadline(time.Now().Add(200 * time.Millisecond))
+	n, err := io.Copy(&first, c)
+	switch {
+	case isEnded():
+		return idleOutcome{open: true}
+	case n > 0 || err == nil: // answered and closed
+		return refusalOutcome(first.Bytes())
+	case !errors.Is(err, os.ErrDeadlineExceeded):
+		return idleOutcome{problem: "closed before sending anything: " + err.Error()}
+	}
+	c.SetReadDeadline(time.Time{})
+	if isEnded() {
+		return idleOutcome{open: true}
+	}
+
+	var send string
+	switch kind {
+	case idleHeaderStall:
+		send = "GET /api/runs HTTP/1.1\r\nHost: tether\r\nX-Stall: "
+	case idleBodyStall:
+		send = "POST /api/runs HTTP/1.1\r\nHost: tether\r\nContent-Type: application/yaml\r\nContent-Length: 100000\r\n\r\nname: stall\n"
+	case idleKeepAlive:
+		send = "GET /api/runs HTTP/1.1\r\nHost: tether\r\n\r\n"
+	case idleH2C:
+		send = string(h2cPreface)
+	}
+	last := start // the header deadline runs from the accept
+	if send != "" {
+		if _, err := io.WriteString(c, send); err != nil {
+			return idleOutcome{problem: "write: " + err.Error()}
+		}
+		if kind != idleHeaderStall {
+			last = time.Now()
+		}
+	}
+	// Read whatever the server says (a 401, its SETTINGS, a GOAWAY) until
+	// it closes the connection.
+	var got bytes.Buffer
+	_, err = io.Copy(&got, c)
+	wait := time.Since(last)
+	if isEnded() {
+		return idleOutcome{open: true, wait: wait}
+	}
+	if err != nil && !errors.Is(err, net.ErrClosed) && !strings.Contains(err.Error(), "connection reset") {
+		return idleOutcome{problem: "read: " + err.Error()}
+	}
+	if bytes.HasPrefix(got.Bytes(), []byte("HTTP/1.1 503")) {
+		return refusalOutcome(got.Bytes())
+	}
+	return idleOutcome{wait: wait}
+}
+
+// refusalOutcome reads the listener's refusal.
+func refusalOutcome(b []byte) idleOutcome {
+	if !bytes.HasPrefix(b, []byte("HTTP/1.1 503")) {
+		return idleOutcome{problem: fmt.Sprintf("closed at once with %q", b)}
+	}
+	_, body, _ := bytes.Cut(b, []byte("\r\n\r\n"))
+	if !bytes.Contains(body, []byte("too many connections")) {
+		return idleOutcome{problem: fmt.Sprintf("a 503 without the reason: %q", b)}
+	}
+	return idleOutcome{refused: strings.TrimSpace(string(body))}
+}
+
+// TestHostileIdleConns: a real `orchestrator serve` with short deadlines
+// (header 2 s, body 2 s, idle 3 s) and a per-address cap of 120 under a
+// total of 400. From 127.0.0.2, 30 connections of each of five kinds are
+// held at once (150 > 120, so some are refused at the cap), reopened as
+// soon as the server closes them. Every one the server closes is closed
+// within its deadline plus 3 s (the h2c ones get a GOAWAY and 1 s to
+// leave), none before its deadline, and none outlives it; the ones over the
+// cap get the 503 naming the per-address cap, and the refusals are logged
+// at a bounded rate. Meanwhile, from 127.0.0.1, an operator creates a
+// token, a worker process enrolls and runs a six-step workflow to success,
+// and the API answers. On the old server (no idle or body deadline) the
+// body-stall, keep-alive and h2c connections stay open for good.
+func TestHostileIdleConns(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs the binaries")
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 90*time.Second)
+	defer cancel()
+	orchBin, workerBin := buildBinaries(t, ctx)
+	dataDir := filepath.Join(t.TempDir(), "data")
+	const perAddr = 120
+	sp := startServe(t, ctx, orchBin, "orchestrator serve", "127.0.0.1:0", dataDir,
+		"--header-timeout", "2s", "--body-timeout", "2s", "--idle-timeout", "3s",
+		"--max-tcp-conns", "400", "--max-conns-per-addr", fmt.Sprint(perAddr))
+	admin, err := os.ReadFile(filepath.Join(dataDir, adminTokenFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &hungRig{t: t, ctx: ctx, orchBin: orchBin, workerBin: workerBin, dataDir: dataDir, serve: sp.proc, addr: sp.addr,
+		api: apiClient{t: t, ctx: ctx, base: "http://" + sp.addr + "/api", token: strings.TrimSpace(string(admin))}}
+
+	a := idleAttack{From: "127.0.0.2", Slots: 30, Header: 2 * time.Second, Body: 2 * time.Second, Idle: 3 * time.Second,
+		Slack: 3 * time.Second, RefusalRetryInterval: 250 * time.Millisecond}
+	actx, stopAttack := context.WithCancel(ctx)
+	defer stopAttack()
+	began := time.Now()
+	resc := make(chan attackIdleConnsResult, 1)
+	go func() { resc <- attackIdleConns(actx, t, sp.addr, a) }()
+	time.Sleep(time.Second) // the attack holds its connections
+
+	r.worker("genuine")
+	var src strings.Builder
+	src.WriteString("name: genuine\nsteps:\n")
+	for i := range 6 {
+		fmt.Fprintf(&src, "  - name: s%d\n    run: echo s%d\n", i, i)
+		if i > 0 {
+			fmt.Fprintf(&src, "    depends_on: [s%d]\n", i-1)
+		}
+	}
+	run := r.submit(src.String())
+	det := r.waitFinished(run)
+	if det.Status != "success" {
+		t.Fatalf("the genuine run ended %s: %+v", det.Status, det.Steps)
+	}
+	// Hold the attack long enough for every kind to be closed by its
+	// deadline at least once, then ask the API once more while it runs.
+	if d := a.Idle + a.Slack + time.Second - time.Since(began); d > 0 {
+		time.Sleep(d)
+	}
+	var ws orchestrator.APIWorkerList
+	r.api.call("GET", "/workers", nil, http.StatusOK, &ws)
+	elapsed := time.Since(began)
+	stopAttack()
+	res := <-resc
+	t.Logf("attack for %v: %s; refusals %v", elapsed.Round(time.Millisecond), res, res.Reasons)
+
+	for _, p := range res.Problems {
+		t.Errorf("attack: %s", p)
+	}
+	refused := 0
+	for _, k := range idleKinds {
+		refused += res.Refused[k]
+		if res.Closed[k] == 0 {
+			t.Errorf("%s: no connection was closed by the server", k)
+		}
+		if res.Late[k] > 0 {
+			t.Errorf("%s: %d connections outlived the deadline of %v plus %v (longest %v)", k, res.Late[k], a.deadline(k), a.Slack, res.MaxWait[k])
+		}
+		if min := res.MinWait[k]; res.Closed[k] > 0 && min < a.deadline(k)-500*time.Millisecond {
+			t.Errorf("%s: a connection was closed after %v, before its deadline of %v", k, min, a.deadline(k))
+		}
+	}
+	if refused == 0 {
+		t.Errorf("no connection was refused at the per-address cap of %d (%d held at once)", perAddr, a.Slots*len(idleKinds))
+	}
+	want := fmt.Sprintf("too many connections: the connection cap per source address of %d is reached; retry later", perAddr)
+	var reasons []string
+	for reason := range res.Reasons {
+		reasons = append(reasons, reason)
+	}
+	sort.Strings(reasons)
+	if len(reasons) > 0 && (len(reasons) != 1 || reasons[0] != want) {
+		t.Errorf("refusals said %q, want only %q", reasons, want)
+	}
+	logged := strings.Count(r.serve.stderr.String(), "connection refused over the cap")
+	if limit := 2 + int(elapsed/(10*time.Second)); refused > 0 && (logged == 0 || logged > limit) {
+		t.Errorf("%d refusals logged in %d lines, want 1..%d (one per 10 s at most)", refused, logged, limit)
+	}
+}
