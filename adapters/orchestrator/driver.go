@@ -368,15 +368,22 @@ func (d *Driver) RefusedConns() (total, perAddr int64) { return d.ln.Refused() }
 // before reusing the connection). A handler may set its own with
 // http.ResponseController (the data plane does; a bundle upload gets
 // longer). Once the body is read to its end the deadline is lifted, so it
-// does not cut the response that follows.
+// does not cut the response that follows. An HTTP/2 response's writes get
+// a per-write deadline of WriteTimeout (h2StreamWrites).
 func (d *Driver) bodyDeadline(h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		rc := http.NewResponseController(w)
 		if r.Body != nil && r.Body != http.NoBody {
-			rc := http.NewResponseController(w)
 			_ = rc.SetReadDeadline(time.Now().Add(d.opts.BodyTimeout))
 			r.Body = &liftAtEOF{ReadCloser: r.Body, rc: rc}
 		}
-		h.ServeHTTP(w, r)
+		if r.ProtoMajor != 2 {
+			h.ServeHTTP(w, r) // HTTP/1.1: the connection's own write deadline (capConn)
+			return
+		}
+		h.ServeHTTP(&h2StreamWrites{ResponseWriter: w, rc: rc, timeout: d.opts.WriteTimeout}, r)
+		// The response's last bytes are flushed after the handler returns.
+		_ = rc.SetWriteDeadline(time.Now().Add(d.opts.WriteTimeout))
 	})
 }
 

@@ -6,10 +6,13 @@ package orchestrator
 // included); and a per-write progress deadline on every connection.
 
 import (
+	"errors"
 	"fmt"
 	"log/slog"
 	"net"
+	"net/http"
 	"net/netip"
+	"os"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -163,17 +166,26 @@ type capConn struct {
 	closed        atomic.Bool
 }
 
-// Write sets a deadline of writeProgress from now unless the user set one:
-// a peer that stops reading is cut off after that long without progress,
-// while a long response to a slow reader that keeps reading is never cut
-// (an absolute write timeout would). The HTTP/2 server sets its own
-// per-write deadlines (WriteByteTimeout), and the control plane's
-// WebSocket writer its own per frame.
+// Write, unless the user set a write deadline, allows writeProgress
+// without progress: the deadline is renewed as long as some bytes went
+// out, so a peer that stops reading is cut off after that long, while a
+// long response to a slow reader that keeps reading is never cut (an
+// absolute write timeout would). The HTTP/2 server sets its own per-write
+// deadlines (WriteByteTimeout), and the control plane's WebSocket writer
+// its own per frame.
 func (c *capConn) Write(b []byte) (int, error) {
-	if c.writeProgress > 0 && !c.explicit.Load() {
-		c.Conn.SetWriteDeadline(time.Now().Add(c.writeProgress))
+	if c.writeProgress <= 0 || c.explicit.Load() {
+		return c.Conn.Write(b)
 	}
-	return c.Conn.Write(b)
+	n := 0
+	for {
+		c.Conn.SetWriteDeadline(time.Now().Add(c.writeProgress))
+		m, err := c.Conn.Write(b[n:])
+		n += m
+		if n == len(b) || m == 0 || !errors.Is(err, os.ErrDeadlineExceeded) {
+			return n, err
+		}
+	}
 }
 
 func (c *capConn) SetWriteDeadline(t time.Time) error {
@@ -202,3 +214,45 @@ func (c *capConn) Close() error {
 	}
 	return err
 }
+
+// h2WritePieceBytes is the most of a response written to an HTTP/2 stream
+// under one write deadline (h2StreamWrites).
+const h2WritePieceBytes = 64 << 10
+
+// h2StreamWrites is an HTTP/2 response whose every write, in pieces of at
+// most h2WritePieceBytes, and flush must complete within timeout, and its
+// final flush within timeout of the handler's return; between writes no
+// deadline runs (a stream may pause). A client that withholds its
+// flow-control window (even an initial window of 0) so has its stream
+// reset instead of holding the handler, its stream slot and its
+// connection forever; the connection-level deadlines cannot see this, as
+// the connection itself keeps moving.
+type h2StreamWrites struct {
+	http.ResponseWriter
+	rc      *http.ResponseController // of the wrapped writer
+	timeout time.Duration
+}
+
+func (w *h2StreamWrites) Write(p []byte) (int, error) {
+	n := 0
+	for n < len(p) {
+		k := min(len(p)-n, h2WritePieceBytes)
+		_ = w.rc.SetWriteDeadline(time.Now().Add(w.timeout))
+		m, err := w.ResponseWriter.Write(p[n : n+k])
+		_ = w.rc.SetWriteDeadline(time.Time{})
+		n += m
+		if err != nil {
+			return n, err
+		}
+	}
+	return n, nil
+}
+
+func (w *h2StreamWrites) Flush() {
+	_ = w.rc.SetWriteDeadline(time.Now().Add(w.timeout))
+	_ = w.rc.Flush()
+	_ = w.rc.SetWriteDeadline(time.Time{})
+}
+
+// Unwrap lets http.ResponseController reach the stream.
+func (w *h2StreamWrites) Unwrap() http.ResponseWriter { return w.ResponseWriter }

@@ -117,8 +117,8 @@ func TestCapListener(t *testing.T) {
 
 // TestCapConnWriteProgress: the per-write deadline cuts a peer that reads
 // nothing within about the deadline, but not a slow reader that keeps
-// reading, even when the whole transfer takes many times the deadline (an
-// absolute write timeout would cut it).
+// reading, even when one write of 2 MiB takes many times the deadline (an
+// absolute write timeout, or one per write call, would cut it).
 func TestCapConnWriteProgress(t *testing.T) {
 	const progress = 300 * time.Millisecond
 	raw, err := net.Listen("tcp", "127.0.0.1:0")
@@ -134,6 +134,9 @@ func TestCapConnWriteProgress(t *testing.T) {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { server.Close() })
+		// Small socket buffers, so that the writer waits for the reader.
+		client.(*net.TCPConn).SetReadBuffer(16 << 10)
+		server.(*capConn).Conn.(*net.TCPConn).SetWriteBuffer(16 << 10)
 		return client, server
 	}
 
@@ -158,19 +161,15 @@ func TestCapConnWriteProgress(t *testing.T) {
 
 	// A slow reader that keeps reading gets everything.
 	client, server := serve()
-	const total = 4 << 20
+	const total = 2 << 20
 	done := make(chan error, 1)
-	go func() {
-		for sent := 0; sent < total; sent += len(chunk) {
-			if _, err := server.Write(chunk); err != nil {
-				done <- err
-				return
-			}
-		}
-		done <- server.Close()
+	go func() { // one write of it all: the deadline is renewed while bytes go out
+		_, err := server.Write(make([]byte, total))
+		server.Close()
+		done <- err
 	}()
 	start = time.Now()
-	got, buf := 0, make([]byte, 32<<10)
+	got, buf := 0, make([]byte, 16<<10)
 	for {
 		n, err := client.Read(buf)
 		got += n
@@ -180,7 +179,7 @@ func TestCapConnWriteProgress(t *testing.T) {
 		if err != nil {
 			t.Fatalf("slow reader: %v after %d bytes", err, got)
 		}
-		time.Sleep(5 * time.Millisecond) // about 6 MiB/s at most
+		time.Sleep(5 * time.Millisecond) // about 3 MiB/s at most
 	}
 	if err := <-done; err != nil {
 		t.Fatalf("writing to a slow reader: %v", err)
@@ -189,7 +188,7 @@ func TestCapConnWriteProgress(t *testing.T) {
 		t.Fatalf("slow reader got %d bytes, want %d", got, total)
 	}
 	if took := time.Since(start); took < 2*progress {
-		t.Logf("the slow read took only %v; the test shows less than intended", took)
+		t.Fatalf("the slow read took only %v, not the more than %v the test needs", took, 2*progress)
 	}
 }
 

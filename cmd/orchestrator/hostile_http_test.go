@@ -21,6 +21,9 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/net/http2"
+	"golang.org/x/net/http2/hpack"
+
 	"github.com/tether-run/tether/adapters/orchestrator"
 )
 
@@ -31,6 +34,7 @@ type idleAttack struct {
 	From                 string // source IP address, e.g. "127.0.0.2"
 	Slots                int    // connections held at once, per kind
 	Header, Body, Idle   time.Duration
+	Write                time.Duration // the server's per-write deadline
 	Slack                time.Duration
 	RefusalRetryInterval time.Duration // a slot refused at the cap waits this long before dialing again
 }
@@ -42,9 +46,12 @@ const (
 	idleBodyStall   = "body-stall"   // a POST whose body never arrives: the body deadline
 	idleKeepAlive   = "keep-alive"   // one whole request, answered, then nothing: the idle deadline
 	idleH2C         = "h2c-idle"     // the h2c preface and SETTINGS, then nothing: the idle deadline
+	idleH2CNoWindow = "h2c-window-0" // h2c with an initial window of 0 and 4 requests whose answers can never be sent: write, then idle
 )
 
-var idleKinds = []string{idleSilent, idleHeaderStall, idleBodyStall, idleKeepAlive, idleH2C}
+// idleKinds are started in this order, the longest-lived first, so that
+// each kind holds connections under a cap.
+var idleKinds = []string{idleH2CNoWindow, idleH2C, idleKeepAlive, idleBodyStall, idleHeaderStall, idleSilent}
 
 // deadline is the server deadline a connection of kind must be closed by,
 // counted from its last byte sent.
@@ -54,6 +61,8 @@ func (a idleAttack) deadline(kind string) time.Duration {
 		return a.Header
 	case idleBodyStall:
 		return a.Body
+	case idleH2CNoWindow:
+		return a.Write + a.Idle // the streams are reset, then the connection is idle
 	}
 	return a.Idle
 }
@@ -91,9 +100,13 @@ func attackIdleConns(ctx context.Context, t *testing.T, addr string, a idleAttac
 		MinWait: map[string]time.Duration{}, MaxWait: map[string]time.Duration{}, Reasons: map[string]int{}}
 	var mu sync.Mutex
 	var wg sync.WaitGroup
-	for _, kind := range idleKinds {
+	for i, kind := range idleKinds {
 		for range a.Slots {
 			wg.Go(func() {
+				select { // stagger the kinds' first connections by 100 ms
+				case <-ctx.Done():
+				case <-time.After(time.Duration(i) * 100 * time.Millisecond):
+				}
 				for ctx.Err() == nil {
 					o := idleOnce(ctx, addr, a, kind)
 					mu.Lock()
@@ -151,6 +164,24 @@ var h2cPreface = []byte("PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" +
 	"\x00\x00\x00\x04\x00\x00\x00\x00\x00" + // SETTINGS, empty
 	"\x00\x00\x00\x04\x01\x00\x00\x00\x00") // SETTINGS ACK
 
+// h2cNoWindow is an h2c client's preface declaring an initial stream
+// window of 0, then 4 GET requests: the answers' bodies can never be sent.
+func h2cNoWindow() []byte {
+	var b, hb bytes.Buffer
+	b.WriteString(http2.ClientPreface)
+	fr := http2.NewFramer(&b, nil)
+	fr.WriteSettings(http2.Setting{ID: http2.SettingInitialWindowSize, Val: 0})
+	fr.WriteSettingsAck()
+	enc := hpack.NewEncoder(&hb)
+	for _, f := range [][2]string{{":method", "GET"}, {":scheme", "http"}, {":authority", "tether"}, {":path", "/api/runs"}} {
+		enc.WriteField(hpack.HeaderField{Name: f[0], Value: f[1]})
+	}
+	for id := uint32(1); id <= 7; id += 2 {
+		fr.WriteHeaders(http2.HeadersFrameParam{StreamID: id, BlockFragment: hb.Bytes(), EndStream: true, EndHeaders: true})
+	}
+	return b.Bytes()
+}
+
 // idleOnce opens one connection of kind and follows it to its end.
 func idleOnce(ctx context.Context, addr string, a idleAttack, kind string) idleOutcome {
 	dialer := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(a.From)}, Timeout: 5 * time.Second}
@@ -202,6 +233,8 @@ func idleOnce(ctx context.Context, addr string, a idleAttack, kind string) idleO
 		send = "GET /api/runs HTTP/1.1\r\nHost: tether\r\n\r\n"
 	case idleH2C:
 		send = string(h2cPreface)
+	case idleH2CNoWindow:
+		send = string(h2cNoWindow())
 	}
 	last := start // the header deadline runs from the accept
 	if send != "" {
@@ -242,17 +275,19 @@ func refusalOutcome(b []byte) idleOutcome {
 }
 
 // TestHostileIdleConns: a real `orchestrator serve` with short deadlines
-// (header 2 s, body 2 s, idle 3 s) and a per-address cap of 120 under a
-// total of 400. From 127.0.0.2, 30 connections of each of five kinds are
-// held at once (150 > 120, so some are refused at the cap), reopened as
+// (header 2 s, body 2 s, idle 3 s, write 2 s) and a per-address cap of 120
+// under a total of 400. From 127.0.0.2, 25 connections of each of six kinds
+// are held at once (150 > 120, so some are refused at the cap), reopened as
 // soon as the server closes them. Every one the server closes is closed
 // within its deadline plus 3 s (the h2c ones get a GOAWAY and 1 s to
 // leave), none before its deadline, and none outlives it; the ones over the
 // cap get the 503 naming the per-address cap, and the refusals are logged
 // at a bounded rate. Meanwhile, from 127.0.0.1, an operator creates a
 // token, a worker process enrolls and runs a six-step workflow to success,
-// and the API answers. On the old server (no idle or body deadline) the
-// body-stall, keep-alive and h2c connections stay open for good.
+// and the API answers. On the old server (no idle, body or stream write
+// deadline) the body-stall, keep-alive and both h2c kinds stay open for
+// good. The sizes: 150 connections are enough to exceed a cap of 120 and
+// small enough for a race-built serve on two busy cores.
 func TestHostileIdleConns(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and runs the binaries")
@@ -263,7 +298,7 @@ func TestHostileIdleConns(t *testing.T) {
 	dataDir := filepath.Join(t.TempDir(), "data")
 	const perAddr = 120
 	sp := startServe(t, ctx, orchBin, "orchestrator serve", "127.0.0.1:0", dataDir,
-		"--header-timeout", "2s", "--body-timeout", "2s", "--idle-timeout", "3s",
+		"--header-timeout", "2s", "--body-timeout", "2s", "--idle-timeout", "3s", "--write-timeout", "2s",
 		"--max-tcp-conns", "400", "--max-conns-per-addr", fmt.Sprint(perAddr))
 	admin, err := os.ReadFile(filepath.Join(dataDir, adminTokenFile))
 	if err != nil {
@@ -272,7 +307,7 @@ func TestHostileIdleConns(t *testing.T) {
 	r := &hungRig{t: t, ctx: ctx, orchBin: orchBin, workerBin: workerBin, dataDir: dataDir, serve: sp.proc, addr: sp.addr,
 		api: apiClient{t: t, ctx: ctx, base: "http://" + sp.addr + "/api", token: strings.TrimSpace(string(admin))}}
 
-	a := idleAttack{From: "127.0.0.2", Slots: 30, Header: 2 * time.Second, Body: 2 * time.Second, Idle: 3 * time.Second,
+	a := idleAttack{From: "127.0.0.2", Slots: 25, Header: 2 * time.Second, Body: 2 * time.Second, Idle: 3 * time.Second, Write: 2 * time.Second,
 		Slack: 3 * time.Second, RefusalRetryInterval: 250 * time.Millisecond}
 	actx, stopAttack := context.WithCancel(ctx)
 	defer stopAttack()
@@ -297,7 +332,7 @@ func TestHostileIdleConns(t *testing.T) {
 	}
 	// Hold the attack long enough for every kind to be closed by its
 	// deadline at least once, then ask the API once more while it runs.
-	if d := a.Idle + a.Slack + time.Second - time.Since(began); d > 0 {
+	if d := a.deadline(idleH2CNoWindow) + a.Slack + time.Second - time.Since(began); d > 0 {
 		time.Sleep(d)
 	}
 	var ws orchestrator.APIWorkerList
