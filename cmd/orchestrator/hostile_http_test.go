@@ -9,6 +9,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"net"
@@ -373,5 +374,73 @@ func TestHostileIdleConns(t *testing.T) {
 	logged := strings.Count(r.serve.stderr.String(), "connection refused over the cap")
 	if limit := 2 + int(elapsed/(10*time.Second)); refused > 0 && (logged == 0 || logged > limit) {
 		t.Errorf("%d refusals logged in %d lines, want 1..%d (one per 10 s at most)", refused, logged, limit)
+	}
+}
+
+// TestServeHTTPLimitsConfig: the HTTP server's limits come from the config
+// file's http: section and from serve's flags (which win), bad values are
+// refused naming the key or flag, and the example in serve's help parses to
+// the defaults it documents.
+func TestServeHTTPLimitsConfig(t *testing.T) {
+	src := "http:\n  idle_timeout_secs: 60\n  header_timeout_secs: 5\n  body_timeout_secs: 20\n  write_timeout_secs: 15\n" +
+		"  max_tcp_conns: 20000\n  max_conns_per_addr: 20000\n"
+	cfg, err := loadServerConfig("c.yaml", []byte(src))
+	want := httpLimits{IdleTimeout: time.Minute, HeaderTimeout: 5 * time.Second, BodyTimeout: 20 * time.Second, WriteTimeout: 15 * time.Second,
+		MaxTCPConns: 20000, MaxConnsPerAddr: 20000}
+	if err != nil || cfg.HTTP != want {
+		t.Errorf("http section: %+v, %v; want %+v", cfg.HTTP, err, want)
+	}
+	for name, c := range map[string]struct{ src, want string }{
+		"unknown key":  {"http:\n  read_timeout_secs: 5\n", `c.yaml:2: http: unknown key "read_timeout_secs"`},
+		"zero":         {"http:\n  idle_timeout_secs: 0\n", "c.yaml:2: idle_timeout_secs must be a positive whole number of seconds"},
+		"not a count":  {"http:\n  max_tcp_conns: many\n", `c.yaml:2: max_tcp_conns must be a positive whole number, not "many"`},
+		"negative cap": {"http:\n  max_conns_per_addr: -1\n", "c.yaml:2: max_conns_per_addr must be a positive whole number"},
+	} {
+		if _, err := loadServerConfig("c.yaml", []byte(c.src)); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: err = %v, want it to contain %q", name, err, c.want)
+		}
+	}
+
+	// The help's example: the http: section documents the defaults.
+	help := serveCmd.long
+	i, j := strings.Index(help, "  addr: 127.0.0.1:7420"), strings.Index(help, "\n\nFlags given")
+	if i < 0 || j < i {
+		t.Fatal("no config example in serve's help")
+	}
+	cfg, err = loadServerConfig("example.yaml", []byte(help[i:j]))
+	if err != nil {
+		t.Fatalf("the help's example: %v", err)
+	}
+	want = httpLimits{IdleTimeout: orchestrator.DefaultIdleTimeout, HeaderTimeout: orchestrator.DefaultHeaderTimeout, BodyTimeout: orchestrator.DefaultBodyTimeout,
+		WriteTimeout: orchestrator.DefaultWriteTimeout, MaxTCPConns: 1024 + orchestrator.DefaultExtraTCPConns, MaxConnsPerAddr: (1024 + orchestrator.DefaultExtraTCPConns) * 3 / 4}
+	if cfg.HTTP != want {
+		t.Errorf("the help's example says %+v; the defaults are %+v", cfg.HTTP, want)
+	}
+
+	dir := t.TempDir()
+	cfgPath := filepath.Join(dir, "server-config.yaml")
+	os.WriteFile(cfgPath, []byte(src), 0o600)
+	resolve := func(args ...string) (serverConfig, error) {
+		o := &options{}
+		fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+		serveCmd.flags(fs, o)
+		if err := fs.Parse(args); err != nil {
+			t.Fatal(err)
+		}
+		return resolveServeConfig(&env{opts: o, flags: fs})
+	}
+	cfg, err = resolve("--config", cfgPath, "--idle-timeout", "3s", "--max-conns-per-addr", "7")
+	want = httpLimits{IdleTimeout: 3 * time.Second, HeaderTimeout: 5 * time.Second, BodyTimeout: 20 * time.Second, WriteTimeout: 15 * time.Second,
+		MaxTCPConns: 20000, MaxConnsPerAddr: 7}
+	if err != nil || cfg.HTTP != want {
+		t.Errorf("flags over the file: %+v, %v; want %+v", cfg.HTTP, err, want)
+	}
+	for _, args := range [][]string{{"--write-timeout", "0s"}, {"--body-timeout", "-1s"}, {"--max-tcp-conns", "-5"}} {
+		if _, err := resolve(args...); exitCode(err) != exitUsage || !strings.Contains(err.Error(), args[0]) {
+			t.Errorf("serve %s: %v, want a usage error naming the flag", args, err)
+		}
+	}
+	if cfg, err := resolve(); err != nil || cfg.HTTP != (httpLimits{}) {
+		t.Errorf("no flags, no file: %+v, %v; want zeros (the orchestrator's defaults)", cfg.HTTP, err)
 	}
 }

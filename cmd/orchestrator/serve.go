@@ -118,12 +118,12 @@ type httpLimits struct {
 
 // httpFlags defines serve's flags for the HTTP server's limits.
 func httpFlags(fs *flag.FlagSet, h *httpLimits) {
-	fs.DurationVar(&h.IdleTimeout, "idle-timeout", orchestrator.DefaultIdleTimeout, "close a keep-alive or HTTP/2 `connection` idle this long")
+	fs.DurationVar(&h.IdleTimeout, "idle-timeout", orchestrator.DefaultIdleTimeout, "close a keep-alive or HTTP/2 connection idle for this `duration`")
 	fs.DurationVar(&h.HeaderTimeout, "header-timeout", orchestrator.DefaultHeaderTimeout, "a TLS handshake, a request's headers or an h2c preface must arrive within this `duration`")
 	fs.DurationVar(&h.BodyTimeout, "body-timeout", orchestrator.DefaultBodyTimeout, "an operator API request body must arrive within this `duration`")
-	fs.DurationVar(&h.WriteTimeout, "write-timeout", orchestrator.DefaultWriteTimeout, "close a connection whose peer accepts nothing of a write for this `duration`")
-	fs.IntVar(&h.MaxTCPConns, "max-tcp-conns", 0, "concurrent TCP connections admitted (`n`; 0: 1024 control connections + 2048)")
-	fs.IntVar(&h.MaxConnsPerAddr, "max-conns-per-addr", 0, "concurrent TCP connections of one source address (`n`; 0: 3/4 of --max-tcp-conns)")
+	fs.DurationVar(&h.WriteTimeout, "write-timeout", orchestrator.DefaultWriteTimeout, "close a connection (reset an HTTP/2 stream) whose peer accepts nothing of a write for this `duration`")
+	fs.IntVar(&h.MaxTCPConns, "max-tcp-conns", 0, "cap on concurrent TCP connections (`n`; 0: 1024 control connections + 2048); over it a connection is refused at once")
+	fs.IntVar(&h.MaxConnsPerAddr, "max-conns-per-addr", 0, "cap on one source address's TCP connections (`n`; 0: 3/4 of --max-tcp-conns)")
 }
 
 func defaultServerConfig() serverConfig {
