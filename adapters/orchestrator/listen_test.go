@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 )
@@ -57,7 +58,8 @@ func TestCapListener(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ln := newCapListener(raw, 4, 3, 0, slog.New(slog.NewTextHandler(t.Output(), nil)))
+	var logged syncBuf
+	ln := newCapListener(raw, 4, 3, 0, slog.New(slog.NewTextHandler(&logged, nil)))
 	defer ln.Close()
 	accepted := make(chan net.Conn, 16)
 	go func() {
@@ -113,6 +115,28 @@ func TestCapListener(t *testing.T) {
 		t.Fatalf("a connection over the cap was accepted: %v", c.RemoteAddr())
 	default:
 	}
+	// Three refusals within refusalLogInterval: one log line, the first.
+	if n := strings.Count(logged.String(), "connection refused over the cap"); n != 1 {
+		t.Fatalf("3 refusals logged in %d lines, want 1:\n%s", n, logged.String())
+	}
+}
+
+// syncBuf is a log sink safe for concurrent use.
+type syncBuf struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (s *syncBuf) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuf) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }
 
 // TestCapConnWriteProgress: the per-write deadline cuts a peer that reads
