@@ -86,23 +86,26 @@ func (l *capListener) Accept() (net.Conn, error) {
 	}
 }
 
-// refuse answers and closes a connection over a cap, and counts it.
+// refuse counts a connection over a cap, logs it at a bounded rate, and
+// answers and closes it (counted first, so that whoever saw the answer
+// sees the count).
 func (l *capListener) refuse(c net.Conn, kind string) {
-	limit := l.max
-	what := "the orchestrator's connection cap"
+	limit, what, k := l.max, "the orchestrator's connection cap", 0
 	if kind == refusedPerAddr {
-		limit, what = l.perAddr, "the connection cap per source address"
+		limit, what, k = l.perAddr, "the connection cap per source address", 1
 	}
+	l.refused[k].Add(1)
+	l.logRefusal(c, kind, limit, k)
 	reason := fmt.Sprintf("too many connections: %s of %d is reached; retry later\n", what, limit)
 	c.SetWriteDeadline(time.Now().Add(refusalWriteTimeout))
 	fmt.Fprintf(c, "%s Service Unavailable\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\nRetry-After: 1\r\nContent-Length: %d\r\n\r\n%s",
 		refusalStatus, len(reason), reason)
 	c.Close()
-	k := 0
-	if kind == refusedPerAddr {
-		k = 1
-	}
-	l.refused[k].Add(1)
+}
+
+// logRefusal logs the first refusal, then at most one line per
+// refusalLogInterval with the refusals since the last line.
+func (l *capListener) logRefusal(c net.Conn, kind string, limit, k int) {
 	l.logMu.Lock()
 	l.unlogged[k]++
 	now := time.Now()

@@ -34,6 +34,7 @@ import (
 type idleAttack struct {
 	From                 string // source IP address, e.g. "127.0.0.2"
 	Slots                int    // connections held at once, per kind
+	Surplus              int    // extra connections of the last kind (silent), dialed last: the ones a per-address cap of 6 × Slots refuses
 	Header, Body, Idle   time.Duration
 	Write                time.Duration // the server's per-write deadline
 	Slack                time.Duration
@@ -50,8 +51,10 @@ const (
 	idleH2CNoWindow = "h2c-window-0" // h2c with an initial window of 0 and 4 requests whose answers can never be sent: write, then idle
 )
 
-// idleKinds are started in this order, the longest-lived first, so that
-// each kind holds connections under a cap.
+// idleKinds are started in this order, the longest-lived first, 100 ms
+// apart, so that under a per-address cap each kind holds its slots (a slot
+// the server closed is dialed again at once, while a refused one waits)
+// and the surplus is what is refused.
 var idleKinds = []string{idleH2CNoWindow, idleH2C, idleKeepAlive, idleBodyStall, idleHeaderStall, idleSilent}
 
 // deadline is the server deadline a connection of kind must be closed by,
@@ -102,7 +105,11 @@ func attackIdleConns(ctx context.Context, t *testing.T, addr string, a idleAttac
 	var mu sync.Mutex
 	var wg sync.WaitGroup
 	for i, kind := range idleKinds {
-		for range a.Slots {
+		n := a.Slots
+		if i == len(idleKinds)-1 {
+			n += a.Surplus
+		}
+		for range n {
 			wg.Go(func() {
 				select { // stagger the kinds' first connections by 100 ms
 				case <-ctx.Done():
@@ -277,9 +284,9 @@ func refusalOutcome(b []byte) idleOutcome {
 
 // TestHostileIdleConns: a real `orchestrator serve` with short deadlines
 // (header 2 s, body 2 s, idle 3 s, write 2 s) and a per-address cap of 120
-// under a total of 400. From 127.0.0.2, 25 connections of each of six kinds
-// are held at once (150 > 120, so some are refused at the cap), reopened as
-// soon as the server closes them. Every one the server closes is closed
+// under a total of 400. From 127.0.0.2, 20 connections of each of six kinds
+// are held at once, reopened as soon as the server closes them, and 30 more
+// (150 > 120) are refused at the cap and retried every 250 ms. Every one the server closes is closed
 // within its deadline plus 3 s (the h2c ones get a GOAWAY and 1 s to
 // leave), none before its deadline, and none outlives it; the ones over the
 // cap get the 503 naming the per-address cap, and the refusals are logged
@@ -308,7 +315,7 @@ func TestHostileIdleConns(t *testing.T) {
 	r := &hungRig{t: t, ctx: ctx, orchBin: orchBin, workerBin: workerBin, dataDir: dataDir, serve: sp.proc, addr: sp.addr,
 		api: apiClient{t: t, ctx: ctx, base: "http://" + sp.addr + "/api", token: strings.TrimSpace(string(admin))}}
 
-	a := idleAttack{From: "127.0.0.2", Slots: 25, Header: 2 * time.Second, Body: 2 * time.Second, Idle: 3 * time.Second, Write: 2 * time.Second,
+	a := idleAttack{From: "127.0.0.2", Slots: 20, Surplus: 30, Header: 2 * time.Second, Body: 2 * time.Second, Idle: 3 * time.Second, Write: 2 * time.Second,
 		Slack: 3 * time.Second, RefusalRetryInterval: 250 * time.Millisecond}
 	actx, stopAttack := context.WithCancel(ctx)
 	defer stopAttack()
@@ -360,7 +367,7 @@ func TestHostileIdleConns(t *testing.T) {
 		}
 	}
 	if refused == 0 {
-		t.Errorf("no connection was refused at the per-address cap of %d (%d held at once)", perAddr, a.Slots*len(idleKinds))
+		t.Errorf("no connection was refused at the per-address cap of %d (%d dialed at once)", perAddr, a.Slots*len(idleKinds)+a.Surplus)
 	}
 	want := fmt.Sprintf("too many connections: the connection cap per source address of %d is reached; retry later", perAddr)
 	var reasons []string
