@@ -272,6 +272,12 @@ func (a *api) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if strings.Trim(r.URL.Path, "/") == "api/runs" && r.Method == http.MethodPost {
 		limit = min(a.d.opts.MaxSubmitBody, workflow.MaxSize)
 	}
+	if r.URL.Path == "/api/bundles" && r.Body != http.NoBody {
+		// A bundle may take longer to arrive than the body deadline every
+		// request got (Driver.bodyDeadline, SPEC §12); only an operator's
+		// request gets this far.
+		_ = http.NewResponseController(w).SetReadDeadline(time.Now().Add(bundleBodyTimeout))
+	}
 	if r.ContentLength > limit {
 		writeJSON(w, http.StatusRequestEntityTooLarge, APIError{Error: fmt.Sprintf("request body of %d bytes is larger than the limit of %d bytes", r.ContentLength, limit)})
 		return

@@ -21,6 +21,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -49,6 +50,47 @@ const (
 	DefaultMaxUnauthConns        = 256
 	DefaultMaxUnauthConnsPerAddr = 32
 	DefaultHelloTimeout          = 5 * time.Second
+)
+
+// HTTP server limits (SPEC §12, §14). The Default* ones are Options' zero
+// values; the others are fixed.
+const (
+	// DefaultIdleTimeout closes a keep-alive HTTP/1.1 connection between
+	// requests, and an HTTP/2 connection with no open stream, idle this long.
+	DefaultIdleTimeout = 2 * time.Minute
+	// DefaultHeaderTimeout bounds a TLS handshake, reading a request's
+	// headers, and an h2c client's preface; a connection that sends nothing
+	// is closed after it.
+	DefaultHeaderTimeout = 10 * time.Second
+	// DefaultBodyTimeout bounds reading a request body from its headers on,
+	// for the operator API and for any request whose handler sets no
+	// deadline of its own (the data plane sets its own, SPEC §14).
+	DefaultBodyTimeout = 30 * time.Second
+	// DefaultWriteTimeout is the per-write progress deadline: a connection
+	// whose peer accepts no byte of a pending write for this long is
+	// closed. A long response to a slow reader that keeps reading is never
+	// cut.
+	DefaultWriteTimeout = 30 * time.Second
+	// DefaultExtraTCPConns is how many TCP connections the listener admits
+	// beyond MaxConns when Options.MaxTCPConns is zero: workers' data-plane
+	// connections, operators, and connections not yet upgraded.
+	DefaultExtraTCPConns = 2048
+	// bundleBodyTimeout bounds reading a bundle upload (PUT /api/bundles,
+	// up to Options.MaxBundleBody), an admin-token request.
+	bundleBodyTimeout = 10 * time.Minute
+	// maxHeaderBytes bounds a request's header (HTTP/1.1), and so its
+	// header list (HTTP/2 SETTINGS_MAX_HEADER_LIST_SIZE: this plus 320).
+	maxHeaderBytes = 64 << 10
+	// HTTP/2: concurrent streams per connection; the largest frame read;
+	// the flow-control windows (request bytes received and not yet read by
+	// a handler) per connection and per stream; a connection silent this
+	// long is pinged, and closed if the ping is not answered in time.
+	h2MaxStreams              = 256
+	h2MaxFrameBytes           = 1 << 20
+	h2UploadBufferConnBytes   = 1 << 20
+	h2UploadBufferStreamBytes = 1 << 20
+	h2PingAfter               = 30 * time.Second
+	h2PingTimeout             = 15 * time.Second
 )
 
 var (
@@ -114,6 +156,20 @@ type Options struct {
 	// that sends no byte for this long (408); zero means
 	// DefaultBodyIdleTimeout.
 	BodyIdleTimeout time.Duration
+	// HTTP server deadlines (SPEC §12); zero means the Default* constant.
+	// IdleTimeout: an idle keep-alive or HTTP/2 connection is closed.
+	// HeaderTimeout: a TLS handshake, request headers, an h2c preface.
+	// BodyTimeout: an operator API request body, and any body no handler
+	// sets a deadline for. WriteTimeout: per write, without progress.
+	IdleTimeout, HeaderTimeout, BodyTimeout, WriteTimeout time.Duration
+	// MaxTCPConns caps concurrent TCP connections at the listener (control
+	// WebSockets included); over it a new connection is refused at once.
+	// Zero means MaxConns + DefaultExtraTCPConns.
+	MaxTCPConns int
+	// MaxConnsPerAddr caps the connections of one source IP address; zero
+	// means 3/4 of MaxTCPConns, so one address never holds the last quarter.
+	// Set it to MaxTCPConns to have no per-address share.
+	MaxConnsPerAddr int
 }
 
 // Store is what the driver needs of durable storage; *store.Store is one.
@@ -142,7 +198,7 @@ type Driver struct {
 	st   Store
 	ds   DataStore  // nil: the store has no data plane
 	dp   *dataPlane // its HTTP side
-	ln   net.Listener
+	ln   *capListener
 	srv  *http.Server
 
 	inputs chan input
@@ -233,6 +289,22 @@ func Start(opts Options) (*Driver, error) {
 	if opts.BodyIdleTimeout <= 0 {
 		opts.BodyIdleTimeout = DefaultBodyIdleTimeout
 	}
+	for _, l := range []struct {
+		v   *time.Duration
+		def time.Duration
+	}{{&opts.IdleTimeout, DefaultIdleTimeout}, {&opts.HeaderTimeout, DefaultHeaderTimeout}, {&opts.BodyTimeout, DefaultBodyTimeout},
+		{&opts.WriteTimeout, DefaultWriteTimeout}} {
+		if *l.v <= 0 {
+			*l.v = l.def
+		}
+	}
+	if opts.MaxTCPConns <= 0 {
+		opts.MaxTCPConns = opts.MaxConns + DefaultExtraTCPConns
+	}
+	if opts.MaxConnsPerAddr <= 0 {
+		opts.MaxConnsPerAddr = max(1, opts.MaxTCPConns*3/4)
+	}
+	opts.MaxConnsPerAddr = min(opts.MaxConnsPerAddr, opts.MaxTCPConns)
 	d := &Driver{
 		opts:       opts,
 		log:        opts.Logger,
@@ -289,7 +361,7 @@ func Start(opts Options) (*Driver, error) {
 		st.Close()
 		return nil, fmt.Errorf("orchestrator: listen on %s: %w", opts.Addr, err)
 	}
-	d.ln = ln
+	d.ln = newCapListener(ln, opts.MaxTCPConns, opts.MaxConnsPerAddr, opts.WriteTimeout, d.log)
 	mux := http.NewServeMux()
 	mux.HandleFunc("/control", d.serveControl)
 	d.dp = &dataPlane{d: d, mem: newBudget(opts.MaxDataInFlight)}
@@ -305,9 +377,25 @@ func Start(opts Options) (*Driver, error) {
 	} else {
 		protocols.SetUnencryptedHTTP2(true) // h2c with prior knowledge
 	}
+	// SPEC §12: no ReadTimeout or WriteTimeout, which are absolute per
+	// request (the h2 server's per stream) and would cut a long upload or a
+	// long response to a slow reader that keeps reading; instead the
+	// headers, the bodies and every write have their own deadlines. The
+	// control WebSocket, hijacked, keeps its own rules (conn.go).
 	d.srv = &http.Server{
-		Handler: mux, ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(d.log.Handler(), slog.LevelWarn),
-		Protocols: protocols, HTTP2: &http.HTTP2Config{MaxConcurrentStreams: 256},
+		Handler: d.bodyDeadline(mux), ErrorLog: slog.NewLogLogger(d.log.Handler(), slog.LevelWarn), Protocols: protocols,
+		ReadHeaderTimeout: opts.HeaderTimeout,
+		IdleTimeout:       opts.IdleTimeout,
+		MaxHeaderBytes:    maxHeaderBytes,
+		HTTP2: &http.HTTP2Config{
+			MaxConcurrentStreams:          h2MaxStreams,
+			MaxReadFrameSize:              h2MaxFrameBytes,
+			MaxReceiveBufferPerConnection: h2UploadBufferConnBytes,
+			MaxReceiveBufferPerStream:     h2UploadBufferStreamBytes,
+			SendPingTimeout:               h2PingAfter,
+			PingTimeout:                   h2PingTimeout,
+			WriteByteTimeout:              opts.WriteTimeout,
+		},
 	}
 	if opts.TLS != nil {
 		d.srv.TLSConfig = opts.TLS.Clone()
@@ -319,9 +407,9 @@ func Start(opts Options) (*Driver, error) {
 	go func() {
 		var err error
 		if opts.TLS != nil {
-			err = d.srv.ServeTLS(ln, "", "")
+			err = d.srv.ServeTLS(d.ln, "", "")
 		} else {
-			err = d.srv.Serve(ln)
+			err = d.srv.Serve(d.ln)
 		}
 		if err != nil && !errors.Is(err, http.ErrServerClosed) {
 			d.log.Error("control plane stopped", "err", err)
@@ -330,6 +418,53 @@ func Start(opts Options) (*Driver, error) {
 	d.log.Info("control plane listening", "url", d.URL(), "data_plane", d.DataURL(), "tls", opts.TLS != nil, "data_store", d.ds != nil)
 	started = true
 	return d, nil
+}
+
+// RefusedConns returns how many connections the listener refused over its
+// total cap and over the per-address cap (Options.MaxTCPConns,
+// MaxConnsPerAddr) since Start.
+func (d *Driver) RefusedConns() (total, perAddr int64) { return d.ln.Refused() }
+
+// bodyDeadline gives every request with a body a read deadline of
+// BodyTimeout from its headers (SPEC §12): the operator API's, and those of
+// routes that read no body (net/http then discards up to 256 KiB of it
+// before reusing the connection). A handler may set its own with
+// http.ResponseController (the data plane does; a bundle upload gets
+// longer). Once the body is read to its end the deadline is lifted, so it
+// does not cut the response that follows. An HTTP/2 response's writes get
+// a per-write deadline of WriteTimeout (h2StreamWrites).
+func (d *Driver) bodyDeadline(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		rc := http.NewResponseController(w)
+		if r.Body != nil && r.Body != http.NoBody {
+			_ = rc.SetReadDeadline(time.Now().Add(d.opts.BodyTimeout))
+			r.Body = &liftAtEOF{ReadCloser: r.Body, rc: rc}
+		}
+		if r.ProtoMajor != 2 {
+			h.ServeHTTP(w, r) // HTTP/1.1: the connection's own write deadline (capConn)
+			return
+		}
+		h.ServeHTTP(&h2StreamWrites{ResponseWriter: w, rc: rc, timeout: d.opts.WriteTimeout}, r)
+		// The response's last bytes are flushed after the handler returns.
+		_ = rc.SetWriteDeadline(time.Now().Add(d.opts.WriteTimeout))
+	})
+}
+
+// liftAtEOF is a request body that clears the read deadline once read to
+// its end.
+type liftAtEOF struct {
+	io.ReadCloser
+	rc     *http.ResponseController
+	lifted bool
+}
+
+func (b *liftAtEOF) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	if err == io.EOF && !b.lifted {
+		b.lifted = true
+		_ = b.rc.SetReadDeadline(time.Time{})
+	}
+	return n, err
 }
 
 // Addr returns the address the control plane listens on.

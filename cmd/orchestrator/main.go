@@ -44,6 +44,7 @@ type options struct {
 	maxConns, maxUnauthConns, maxUnauthConnsPerAddr int
 	helloTimeout                                    time.Duration
 	data                                            dataLimits // the data plane's --data-* flags
+	http                                            httpLimits // the HTTP server's --*-timeout and connection flags
 
 	// command-specific
 	ttl    time.Duration

@@ -86,6 +86,13 @@ worker connections (SPEC §12):
     max_bundle_body_bytes: 268435456  # one bundle upload (256 MiB); over it: 413
     max_append_in_flight_bytes: 268435456 # append bodies held in memory at once; more wait
     body_idle_timeout_secs: 30        # a write's body that sends nothing for this long: 408
+  http:                               # the HTTP server's limits (SPEC §12); flags of the same names
+    idle_timeout_secs: 120            # an idle keep-alive or HTTP/2 connection is closed
+    header_timeout_secs: 10           # TLS handshake, request headers, h2c preface
+    body_timeout_secs: 30             # an operator API request body
+    write_timeout_secs: 30            # a write the peer accepts no byte of for this long closes it
+    max_tcp_conns: 3072               # concurrent connections (default: 1024 control + 2048)
+    max_conns_per_addr: 2304          # of one source address (default: 3/4 of max_tcp_conns)
 
 Flags given on the command line override the file; an unknown key is an
 error naming its line. The sweeper is always on. Each recovery setting is 1 s
@@ -117,6 +124,7 @@ next start within their grace window. SIGHUP is ignored.`,
 		fs.IntVar(&o.maxUnauthConnsPerAddr, "max-unauth-conns-per-addr", orchestrator.DefaultMaxUnauthConnsPerAddr, "connections without an accepted Hello from one source address, at most (`n`)")
 		fs.DurationVar(&o.helloTimeout, "hello-timeout", orchestrator.DefaultHelloTimeout, "a new worker connection must send its Hello within this (`duration`)")
 		dataFlags(fs, &o.data)
+		httpFlags(fs, &o.http)
 	},
 	run: serve,
 }
@@ -136,6 +144,24 @@ type serverConfig struct {
 	MaxConns, MaxUnauthConns, MaxUnauthConnsPerAddr int
 	HelloTimeout                                    time.Duration
 	Data                                            dataLimits // zero fields: the driver's defaults
+	HTTP                                            httpLimits
+}
+
+// httpLimits are the HTTP server's limits (SPEC §12); zero means the
+// orchestrator's default.
+type httpLimits struct {
+	IdleTimeout, HeaderTimeout, BodyTimeout, WriteTimeout time.Duration
+	MaxTCPConns, MaxConnsPerAddr                          int
+}
+
+// httpFlags defines serve's flags for the HTTP server's limits.
+func httpFlags(fs *flag.FlagSet, h *httpLimits) {
+	fs.DurationVar(&h.IdleTimeout, "idle-timeout", orchestrator.DefaultIdleTimeout, "close a keep-alive or HTTP/2 connection idle for this `duration`")
+	fs.DurationVar(&h.HeaderTimeout, "header-timeout", orchestrator.DefaultHeaderTimeout, "a TLS handshake, a request's headers or an h2c preface must arrive within this `duration`")
+	fs.DurationVar(&h.BodyTimeout, "body-timeout", orchestrator.DefaultBodyTimeout, "an operator API request body must arrive within this `duration`")
+	fs.DurationVar(&h.WriteTimeout, "write-timeout", orchestrator.DefaultWriteTimeout, "close a connection (reset an HTTP/2 stream) whose peer accepts nothing of a write for this `duration`")
+	fs.IntVar(&h.MaxTCPConns, "max-tcp-conns", 0, "cap on concurrent TCP connections (`n`; 0: 1024 control connections + 2048); over it a connection is refused at once")
+	fs.IntVar(&h.MaxConnsPerAddr, "max-conns-per-addr", 0, "cap on one source address's TCP connections (`n`; 0: 3/4 of --max-tcp-conns)")
 }
 
 // dataLimits are the data plane's limits (SPEC §12, §14): config keys
@@ -253,7 +279,7 @@ func loadServerConfig(path string, src []byte) (serverConfig, error) {
 		}
 		return v
 	}
-	mapping(doc.Content[0], "server config", []string{"addr", "data_dir", "tls", "recovery", "limits", "control", "data"}, errf, func(key string, v *yaml.Node) {
+	mapping(doc.Content[0], "server config", []string{"addr", "data_dir", "tls", "recovery", "limits", "control", "data", "http"}, errf, func(key string, v *yaml.Node) {
 		switch key {
 		case "addr":
 			cfg.Addr = str(v, key)
@@ -325,6 +351,24 @@ func loadServerConfig(path string, src []byte) (serverConfig, error) {
 						}
 						*k.v = n
 					}
+				}
+			})
+		case "http":
+			known := []string{"idle_timeout_secs", "header_timeout_secs", "body_timeout_secs", "write_timeout_secs", "max_tcp_conns", "max_conns_per_addr"}
+			mapping(v, "http", known, errf, func(key string, v *yaml.Node) {
+				switch key {
+				case "idle_timeout_secs":
+					cfg.HTTP.IdleTimeout = secs(v, key)
+				case "header_timeout_secs":
+					cfg.HTTP.HeaderTimeout = secs(v, key)
+				case "body_timeout_secs":
+					cfg.HTTP.BodyTimeout = secs(v, key)
+				case "write_timeout_secs":
+					cfg.HTTP.WriteTimeout = secs(v, key)
+				case "max_tcp_conns":
+					cfg.HTTP.MaxTCPConns = count(v, key)
+				case "max_conns_per_addr":
+					cfg.HTTP.MaxConnsPerAddr = count(v, key)
 				}
 			})
 		}
@@ -484,6 +528,31 @@ func resolveServeConfig(e *env) (serverConfig, error) {
 		}
 		*dataLimitKeys(&cfg.Data)[i].v = *k.v
 	}
+	for _, f := range []struct {
+		name string
+		v    *time.Duration
+		flag time.Duration
+	}{{"idle-timeout", &cfg.HTTP.IdleTimeout, e.opts.http.IdleTimeout}, {"header-timeout", &cfg.HTTP.HeaderTimeout, e.opts.http.HeaderTimeout},
+		{"body-timeout", &cfg.HTTP.BodyTimeout, e.opts.http.BodyTimeout}, {"write-timeout", &cfg.HTTP.WriteTimeout, e.opts.http.WriteTimeout}} {
+		if set[f.name] {
+			if f.flag <= 0 {
+				return cfg, usageErrorf("--%s must be a positive duration, not %s", f.name, f.flag)
+			}
+			*f.v = f.flag
+		}
+	}
+	for _, f := range []struct {
+		name string
+		v    *int
+		flag int
+	}{{"max-tcp-conns", &cfg.HTTP.MaxTCPConns, e.opts.http.MaxTCPConns}, {"max-conns-per-addr", &cfg.HTTP.MaxConnsPerAddr, e.opts.http.MaxConnsPerAddr}} {
+		if set[f.name] {
+			if f.flag < 0 {
+				return cfg, usageErrorf("--%s must be 0 (the default) or a positive number, not %d", f.name, f.flag)
+			}
+			*f.v = f.flag
+		}
+	}
 	return cfg, nil
 }
 
@@ -555,6 +624,13 @@ func serve(ctx context.Context, e *env, _ []string) error {
 		MaxUnauthConns:        cfg.MaxUnauthConns,
 		MaxUnauthConnsPerAddr: cfg.MaxUnauthConnsPerAddr,
 		HelloTimeout:          cfg.HelloTimeout,
+		// The HTTP server's limits (SPEC §12).
+		IdleTimeout:     cfg.HTTP.IdleTimeout,
+		HeaderTimeout:   cfg.HTTP.HeaderTimeout,
+		BodyTimeout:     cfg.HTTP.BodyTimeout,
+		WriteTimeout:    cfg.HTTP.WriteTimeout,
+		MaxTCPConns:     cfg.HTTP.MaxTCPConns,
+		MaxConnsPerAddr: cfg.HTTP.MaxConnsPerAddr,
 	}
 	cfg.Data.apply(&opts)
 	d, err := orchestrator.Start(opts)

@@ -1,0 +1,198 @@
+package main
+
+// The hostile clients of the hostile_*_test.go files, all at once against
+// one orchestrator (SPEC §12): connections that never say Hello, oversized
+// Hellos, unauthenticated PUTs that stall mid-body, submissions over every
+// limit, a flood of frames and frames that break the protocol — while a
+// genuine worker runs a 1,000-step workflow and an operator reads the API.
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/tether-run/tether/adapters/orchestrator"
+)
+
+// Sizes of TestHostileAllAtOnce's attack and workflow.
+const (
+	allHelloTimeout   = 2 * time.Second
+	allUnauthPerAddr  = 16 // per-address cap of connections without a Hello
+	allHelloless      = 48 // three times the per-address cap
+	allStalledPuts    = 128
+	allWriteSteps     = 20  // write-bearing steps of the genuine run
+	allNoopSteps      = 980 // with the write steps: 1,000, the per-run limit
+	allOperatorCalls  = 40  // operator calls per measurement
+	allOperatorPause  = 25 * time.Millisecond
+	allLatencyFactorX = 3 // an operator call under attack: at most this × its time without
+)
+
+// TestHostileAllAtOnce runs findings 1, 2, 4, 6 and 10 of the hostile-input
+// review at once against one `orchestrator serve` (built without -race, so
+// that what is measured is the product): attackHelloless (from 127.0.0.3),
+// attackBigHello, attackStalledPuts, attackBigSubmit, attackFlood and
+// attackBadFrames (from 127.0.0.2), while a genuine worker (127.0.0.1) runs
+// a 1,000-step workflow, 20 of its steps write-bearing. It checks:
+//   - every attack was refused as its own test requires (the same checks);
+//   - the workflow finishes with success, and no write-bearing step ran
+//     twice (each appends a line to a file of its own: exactly one line);
+//   - an operator call (GET /api/runs) under the attack answers within 3×
+//     its time without the attack: the median of 40 calls each, the
+//     baseline taken while the same workflow runs, the attack not yet.
+func TestHostileAllAtOnce(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs the binaries")
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 4*time.Minute)
+	defer cancel()
+	_, workerBin := buildBinaries(t, ctx)
+	orchBin := buildNoRaceOrchestrator(t, ctx)
+	dir := t.TempDir()
+	dataDir := filepath.Join(dir, "data")
+	sp := startServe(t, ctx, orchBin, "orchestrator serve (no -race)", "127.0.0.1:0", dataDir, "--log-level", "info",
+		"--max-unauth-conns-per-addr", fmt.Sprint(allUnauthPerAddr), "--hello-timeout", allHelloTimeout.String())
+	admin, err := os.ReadFile(filepath.Join(dataDir, adminTokenFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &hungRig{t: t, ctx: ctx, orchBin: orchBin, workerBin: workerBin, dataDir: dataDir, serve: sp.proc, addr: sp.addr,
+		api: apiClient{t: t, ctx: ctx, base: "http://" + sp.addr + "/api", token: strings.TrimSpace(string(admin))}}
+	token := func(name string) string {
+		var tok orchestrator.APICreatedToken
+		r.api.call("POST", "/tokens", []byte(`{"name":"`+name+`","ttl":"10m"}`), http.StatusCreated, &tok)
+		return tok.Token
+	}
+	bigHelloToken, floodToken, badFramesToken := token("stolen"), token("flooder"), token("bad-frames")
+
+	// The genuine worker carries a tag no attacker has, and every genuine
+	// step requires it: the attackers that enroll never get its work.
+	r.worker("genuine", "--tags", "genuine", "--slots", "8")
+	marks := filepath.Join(dir, "marks")
+	if err := os.Mkdir(marks, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	items := func(n int) string {
+		s := make([]string, n)
+		for i := range s {
+			s[i] = fmt.Sprint(i)
+		}
+		return strings.Join(s, ", ")
+	}
+	run := r.submit(fmt.Sprintf("name: genuine\nsteps:\n"+
+		"  - name: w\n    writes: true\n    tags: [genuine]\n    forEach: [%s]\n    run: echo \"$TETHER_ITEM\" >> %s/w-$TETHER_ITEM\n"+
+		"  - name: n\n    tags: [genuine]\n    forEach: [%s]\n    run: sleep 0.02\n",
+		items(allWriteSteps), marks, items(allNoopSteps)))
+
+	operatorMedian := func(what string) time.Duration {
+		var took []time.Duration
+		for range allOperatorCalls {
+			t0 := time.Now()
+			var runs orchestrator.APIRunList
+			r.api.call("GET", "/runs", nil, http.StatusOK, &runs)
+			took = append(took, time.Since(t0))
+			time.Sleep(allOperatorPause)
+		}
+		sort.Slice(took, func(i, j int) bool { return took[i] < took[j] })
+		t.Logf("operator GET /api/runs %s: median %s, max %s", what, took[len(took)/2], took[len(took)-1])
+		return took[len(took)/2]
+	}
+	running := func() bool { return r.api.run(run).Run.FinishedAt.IsZero() }
+
+	baseline := operatorMedian("without the attack")
+	if !running() {
+		t.Fatal("the genuine run finished before the attack began; the test must attack while it runs")
+	}
+
+	actx, stopAttack := context.WithCancel(ctx)
+	defer stopAttack()
+	var (
+		wg        sync.WaitGroup
+		helloless attackHellolessResult
+		bigHello  attackBigHelloResult
+		stalled   attackStalledPutsResult
+		submits   attackBigSubmitResult
+		flood     attackFloodResult
+		badFrames attackBadFramesResult
+	)
+	for _, attack := range []func(){
+		func() { helloless = attackHelloless(actx, t, sp.addr, allHelloless) },
+		func() { bigHello = attackBigHello(actx, t, sp.addr, bigHelloToken) },
+		func() { stalled = attackStalledPuts(actx, t, sp.addr, allStalledPuts, 60<<10, 16<<10) },
+		func() { submits = attackBigSubmit(actx, t, sp.addr, r.api.token) },
+		func() { flood = attackFlood(actx, t, sp.addr, floodToken) },
+		func() { badFrames = attackBadFrames(actx, t, sp.addr, badFramesToken) },
+	} {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			attack()
+		}()
+	}
+	attackStart := time.Now()
+	time.Sleep(time.Second) // every attack is under way
+	underAttack := operatorMedian("under the attack")
+	stillRunning := running()
+
+	// The attack goes on until the workflow is done, and at least until a
+	// Hello-less connection has met its deadline twice.
+	det := r.waitFinished(run)
+	if rest := 2*allHelloTimeout + time.Second - time.Since(attackStart); rest > 0 {
+		time.Sleep(rest)
+	}
+	stopAttack()
+	wg.Wait()
+	t.Logf("attack lasted %s; the run ended %s after %s", time.Since(attackStart).Round(time.Millisecond), det.Status,
+		det.Run.FinishedAt.Sub(det.Run.SubmittedAt).Round(time.Millisecond))
+
+	if !stillRunning {
+		t.Errorf("the genuine run finished before the operator's calls under attack were measured; the test must measure while it runs")
+	}
+	if det.Status != "success" {
+		t.Errorf("the genuine run ended %s, want success", det.Status)
+	}
+	if len(det.Steps) != allWriteSteps+allNoopSteps {
+		t.Errorf("the genuine run has %d steps, want %d", len(det.Steps), allWriteSteps+allNoopSteps)
+	}
+	for i := range allWriteSteps {
+		b, err := os.ReadFile(filepath.Join(marks, fmt.Sprintf("w-%d", i)))
+		if n := strings.Count(string(b), "\n"); err != nil || n != 1 {
+			t.Errorf("write-bearing step w[%d] ran %d times (%v), want exactly once", i, n, err)
+		}
+	}
+	t.Logf("operator median: %s without the attack, %s under it (bound %d×)", baseline, underAttack, allLatencyFactorX)
+	if underAttack > allLatencyFactorX*baseline {
+		t.Errorf("an operator call under the attack took %s (median), over %d× its %s without", underAttack, allLatencyFactorX, baseline)
+	}
+
+	t.Logf("helloless: %+v", helloless)
+	checkHelloless(t, helloless, allHelloTimeout, allUnauthPerAddr)
+	t.Logf("big hello: %d rounds", bigHello.Rounds)
+	checkBigHello(t, bigHello)
+	t.Logf("stalled PUTs: %s", stalled)
+	if stalled.Sent < allStalledPuts || stalled.Answered[http.StatusUnauthorized] == 0 || len(stalled.Answered) != 1 || stalled.Failed != 0 {
+		t.Errorf("stalled PUTs: %s; want at least %d sent, every answer a 401, none failed without an answer", stalled, allStalledPuts)
+	}
+	t.Logf("submissions: refusals %v, largest error body %d bytes, slowest answer %s", submits.Refused, submits.MaxBody, submits.MaxAnswer)
+	for _, w := range submits.Wrong {
+		t.Errorf("a hostile submission answered wrongly: %s", w)
+	}
+	for _, a := range bigSubmitAttacks() {
+		if submits.Refused[a.kind] == 0 {
+			t.Errorf("hostile submission %q was never refused", a.kind)
+		}
+	}
+	if submits.MaxBody > maxRefusalBytes {
+		t.Errorf("an error body of %d bytes: errors must be bounded (%d)", submits.MaxBody, maxRefusalBytes)
+	}
+	t.Logf("flood: %+v", flood)
+	checkFlood(t, flood)
+	t.Logf("bad frames: %d rounds", badFrames.Rounds)
+	checkBadFrames(t, badFrames)
+}
