@@ -92,6 +92,8 @@ type conn struct {
 	// lingerUntil is when a hung-up connection is closed (unix ns; 0: not
 	// hung up).
 	lingerUntil atomic.Int64
+	closedWith  atomic.Int32 // the close code it was hung up with
+	bytesIn     int64        // frame bytes read (the read loop's; read after it ends)
 }
 
 // serveControl upgrades one connection and runs it until it ends. A
@@ -152,6 +154,9 @@ func (d *Driver) serveControl(w http.ResponseWriter, r *http.Request) {
 	c.drain()
 	c.abort()
 	<-writerDone
+	if refusalClose(int(c.closedWith.Load())) {
+		d.refusals.spend(c.host, time.Now(), refusalCost(c.bytesIn)) // SPEC §12: the refusal budget
+	}
 	d.push(context.Background(), dropped{conn: c.id, reason: reason})
 }
 
@@ -249,6 +254,7 @@ func (d *Driver) readLoop(c *conn) string {
 			return why
 		}
 		b := buf.Bytes()
+		c.bytesIn += int64(len(b))
 		if c.lingering() {
 			continue // hung up (its send queue overflowed): discard
 		}
@@ -410,6 +416,7 @@ func (c *conn) hangUp(code int, reason string) {
 	if !c.lingerUntil.CompareAndSwap(0, until.UnixNano()) {
 		return // hung up already: one close frame
 	}
+	c.closedWith.Store(int32(code))
 	msg := websocket.FormatCloseMessage(code, closeReason(reason))
 	c.ws.WriteControl(websocket.CloseMessage, msg, time.Now().Add(time.Second)) // best effort
 	// The writer may be corked: the close frame then joined its batch.

@@ -215,6 +215,7 @@ type Driver struct {
 	nunauth    int            // control connections not welcomed yet
 	unauthFrom map[string]int // of them, per source address
 	work       addrBudgets    // what each source address's frames may cost the loop
+	refusals   addrBudgets    // how fast each source address is refused
 	closed     bool           // no new connections once set
 	live       map[*conn]bool // every connection with running goroutines
 	wg         sync.WaitGroup // connection goroutines
@@ -313,6 +314,8 @@ func Start(opts Options) (*Driver, error) {
 		done:       make(chan struct{}),
 		live:       map[*conn]bool{},
 		unauthFrom: map[string]int{},
+		work:       addrBudgets{rate: connWorkRate, burst: connWorkBurst},
+		refusals:   addrBudgets{rate: refusalRate, burst: refusalBurst},
 		conns:      map[core.ConnID]*conn{},
 		coreClosed: map[core.ConnID]bool{},
 		calls:      map[core.CallID]chan core.APIAnswer{},
@@ -383,7 +386,7 @@ func Start(opts Options) (*Driver, error) {
 	// headers, the bodies and every write have their own deadlines. The
 	// control WebSocket, hijacked, keeps its own rules (conn.go).
 	d.srv = &http.Server{
-		Handler: d.bodyDeadline(mux), ErrorLog: slog.NewLogLogger(d.log.Handler(), slog.LevelWarn), Protocols: protocols,
+		Handler: d.throttleRefused(d.bodyDeadline(mux)), ErrorLog: slog.NewLogLogger(d.log.Handler(), slog.LevelWarn), Protocols: protocols,
 		ReadHeaderTimeout: opts.HeaderTimeout,
 		IdleTimeout:       opts.IdleTimeout,
 		MaxHeaderBytes:    maxHeaderBytes,

@@ -1,6 +1,7 @@
 package orchestrator
 
 import (
+	"net/http"
 	"sync"
 	"time"
 
@@ -45,10 +46,37 @@ func frameCost(m core.Msg) float64 {
 	return 1
 }
 
-// addrBudgets are the work budgets by source address.
+// The refusal budget of one source address (SPEC §12): an address whose
+// requests are refused — an HTTP answer of 4xx (but 404, 409, 416) or 503, or a control
+// connection closed for a protocol error, a policy, a frame too big or
+// overload — faster than refusalRate per second beyond a burst of
+// refusalBurst has its next requests wait before they are served, each at
+// most refusalWaitMax. A client that keeps sending what is refused (a
+// scanner, a stolen or expired token, a broken script) is slowed to the
+// rate, which costs the server little; clients at other addresses never
+// wait for it. Clients behind one address translator share one budget.
+const (
+	refusalRate    = 50 // refusals per second
+	refusalBurst   = 100
+	refusalWaitMax = 5 * time.Second
+	// refusalBytesUnit: a refused control connection costs one refusal
+	// more per this many bytes it sent (a refused 1 MiB Hello costs 17),
+	// at most refusalBurst.
+	refusalBytesUnit = 64 << 10
+)
+
+// refusalCost is what a control connection refused after reading bytesIn
+// bytes of frames costs its address's refusal budget.
+func refusalCost(bytesIn int64) float64 {
+	return min(refusalBurst, 1+float64(bytesIn/refusalBytesUnit))
+}
+
+// addrBudgets are token buckets by source address, all of one rate and
+// burst.
 type addrBudgets struct {
-	mu sync.Mutex
-	m  map[string]*workBudget
+	rate, burst float64
+	mu          sync.Mutex
+	m           map[string]*workBudget
 }
 
 // spend takes cost units from host's budget at now and returns how long the
@@ -63,7 +91,7 @@ func (a *addrBudgets) spend(host string, now time.Time, cost float64) time.Durat
 	if b == nil {
 		if len(a.m) >= maxBudgetAddrs {
 			for h, old := range a.m { // order does not matter: each is judged alone
-				if old.refill(now) >= connWorkBurst {
+				if old.refill(now, a.rate, a.burst) >= a.burst {
 					delete(a.m, h)
 				}
 			}
@@ -71,7 +99,22 @@ func (a *addrBudgets) spend(host string, now time.Time, cost float64) time.Durat
 		b = &workBudget{}
 		a.m[host] = b
 	}
-	return b.spend(now, cost)
+	return b.spend(now, cost, a.rate, a.burst)
+}
+
+// wait is how long a request from host must wait at now before it is
+// served: until the address's budget is out of debt.
+func (a *addrBudgets) wait(host string, now time.Time) time.Duration {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	b := a.m[host]
+	if b == nil {
+		return 0
+	}
+	if u := b.refill(now, a.rate, a.burst); u < 0 {
+		return time.Duration(-u / a.rate * float64(time.Second))
+	}
+	return 0
 }
 
 // workBudget is a token bucket.
@@ -82,20 +125,91 @@ type workBudget struct {
 
 // spend takes cost units at now and returns how long the caller must wait
 // before the frame may go on (zero when the budget had them).
-func (b *workBudget) spend(now time.Time, cost float64) time.Duration {
-	b.units = b.refill(now)
+func (b *workBudget) spend(now time.Time, cost, rate, burst float64) time.Duration {
+	b.units = b.refill(now, rate, burst)
 	b.at = now
 	b.units -= cost
 	if b.units >= 0 {
 		return 0
 	}
-	return time.Duration(-b.units / connWorkRate * float64(time.Second))
+	return time.Duration(-b.units / rate * float64(time.Second))
 }
 
 // refill is the units the budget holds at now.
-func (b *workBudget) refill(now time.Time) float64 {
+func (b *workBudget) refill(now time.Time, rate, burst float64) float64 {
 	if b.at.IsZero() {
-		return connWorkBurst
+		return burst
 	}
-	return min(connWorkBurst, b.units+now.Sub(b.at).Seconds()*connWorkRate)
+	return min(burst, b.units+now.Sub(b.at).Seconds()*rate)
+}
+
+// throttleRefused makes a request from an address in debt with its
+// refusal budget wait (at most refusalWaitMax, or until the client goes
+// away), then serves it and charges the address for a refusal.
+func (d *Driver) throttleRefused(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		host := sourceHost(r.RemoteAddr)
+		if wait := min(d.refusals.wait(host, time.Now()), refusalWaitMax); wait > 0 {
+			t := time.NewTimer(wait)
+			select {
+			case <-t.C:
+			case <-r.Context().Done():
+				t.Stop()
+				return
+			}
+		}
+		sw := &statusWriter{ResponseWriter: w}
+		h.ServeHTTP(sw, r)
+		if chargedStatus(sw.status) {
+			d.refusals.spend(host, time.Now(), 1)
+		}
+	})
+}
+
+// chargedStatus says whether an HTTP answer is a refusal the address is
+// charged for: a 4xx but 404 (a missing run, id or version is a normal
+// answer to poll for), 409 (a fenced write: a lease that just ended) and
+// 416 (an offset past a stream's end: a reader that caught up); and 503
+// (a cap of connections without a Hello).
+func chargedStatus(code int) bool {
+	switch {
+	case code == http.StatusNotFound, code == http.StatusConflict, code == http.StatusRequestedRangeNotSatisfiable:
+		return false
+	case code >= 400 && code < 500, code == http.StatusServiceUnavailable:
+		return true
+	}
+	return false
+}
+
+// statusWriter notes the status a handler answers with; Unwrap lets
+// http.ResponseController reach the connection (deadlines, hijacking).
+type statusWriter struct {
+	http.ResponseWriter
+	status int
+}
+
+func (s *statusWriter) WriteHeader(code int) {
+	if s.status == 0 {
+		s.status = code
+	}
+	s.ResponseWriter.WriteHeader(code)
+}
+
+func (s *statusWriter) Write(b []byte) (int, error) {
+	if s.status == 0 {
+		s.status = http.StatusOK
+	}
+	return s.ResponseWriter.Write(b)
+}
+
+func (s *statusWriter) Unwrap() http.ResponseWriter { return s.ResponseWriter }
+
+// refusalClose says whether a close code ends a control connection for a
+// refusal the address is charged for (SPEC §9).
+func refusalClose(code int) bool {
+	switch code {
+	case closeProtocol, closeData, closePolicy, closeTooBig, closeTryAgain:
+		return true
+	}
+	return false
 }

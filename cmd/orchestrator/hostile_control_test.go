@@ -107,9 +107,14 @@ func underAttack(r *binRig, minAttack time.Duration, attack func(ctx context.Con
 // than the genuine clients (127.0.0.1); attackHelloless from 127.0.0.3, so
 // that the per-address cap it fills is its own and not the other attacks'
 // (which run beside it in TestHostileAllAtOnce).
+// attackStalledPuts and attackBigSubmit have addresses of their own too
+// (127.0.0.4, 127.0.0.5): each is a client the server throttles on its own
+// (SPEC §12's work and refusal budgets are per source address).
 var (
 	attackerIP  = net.IPv4(127, 0, 0, 2)
 	hellolessIP = net.IPv4(127, 0, 0, 3)
+	stalledIP   = net.IPv4(127, 0, 0, 4)
+	submitterIP = net.IPv4(127, 0, 0, 5)
 )
 
 // dialAttacker opens one control connection from 127.0.0.2. A refused

@@ -79,13 +79,13 @@ func (r attackStalledPutsResult) String() string {
 
 // attackStalledPuts runs the attack against the orchestrator at addr
 // (host:port) until ctx is done and returns what it observed: from
-// 127.0.0.2, over h2c, it keeps n unauthenticated PUTs in flight at once
+// 127.0.0.4, over h2c, it keeps n unauthenticated PUTs in flight at once
 // (a made-up credential), each declaring size bytes, sending sent of them
 // and then stalling; each one answered is replaced after a pause of 20 ms.
 // Before SPEC §14 read a write's body before checking its credential, a
 // few such PUTs reserved the whole write budget and a genuine PUT hung.
 func attackStalledPuts(ctx context.Context, t *testing.T, addr string, n, size, sent int) attackStalledPutsResult {
-	hc := h2cClient(attackerIP)
+	hc := h2cClient(stalledIP)
 	defer hc.CloseIdleConnections()
 	var (
 		mu  sync.Mutex
@@ -458,12 +458,18 @@ func TestHostileBigPuts(t *testing.T) {
 // detector's shadow memory would swamp the measurement).
 func buildNoRaceOrchestrator(t *testing.T, ctx context.Context) string {
 	t.Helper()
-	out := filepath.Join(t.TempDir(), "orchestrator")
+	return buildNoRace(t, ctx, "orchestrator")
+}
+
+// buildNoRace builds ./cmd/NAME without -race.
+func buildNoRace(t *testing.T, ctx context.Context, name string) string {
+	t.Helper()
+	out := filepath.Join(t.TempDir(), name)
 	goBin, err := exec.LookPath("go")
 	if err != nil {
 		goBin = filepath.Join(runtime.GOROOT(), "bin", "go")
 	}
-	cmd := exec.CommandContext(ctx, goBin, "build", "-o", out, "./cmd/orchestrator")
+	cmd := exec.CommandContext(ctx, goBin, "build", "-o", out, "./cmd/"+name)
 	cmd.Dir = filepath.Join("..", "..") // the module root
 	if b, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("go build: %v\n%s", err, b)

@@ -84,10 +84,10 @@ func bigSubmitAttacks() []struct {
 
 // attackBigSubmit runs the attack against the orchestrator at addr
 // (host:port) until ctx is done and returns what it observed. It dials from
-// 127.0.0.2, not the genuine clients' address.
+// 127.0.0.5, not the genuine clients' address.
 func attackBigSubmit(ctx context.Context, t *testing.T, addr, adminToken string) attackBigSubmitResult {
 	res := attackBigSubmitResult{Refused: map[string]int{}}
-	dialer := &net.Dialer{LocalAddr: &net.TCPAddr{IP: net.IPv4(127, 0, 0, 2)}}
+	dialer := &net.Dialer{LocalAddr: &net.TCPAddr{IP: submitterIP}}
 	client := &http.Client{Transport: &http.Transport{DialContext: dialer.DialContext}, Timeout: 30 * time.Second}
 	defer client.CloseIdleConnections()
 	wrong := func(format string, args ...any) {
