@@ -170,6 +170,11 @@ type Options struct {
 	// means 3/4 of MaxTCPConns, so one address never holds the last quarter.
 	// Set it to MaxTCPConns to have no per-address share.
 	MaxConnsPerAddr int
+	// RefusalsPerSec is the refusal budget of one source address (SPEC
+	// §12): refused faster than this (beyond a burst of twice it), its next
+	// requests wait. Zero means DefaultRefusalsPerSec; negative turns the
+	// budget off (tests that refuse on purpose as fast as they can).
+	RefusalsPerSec int
 }
 
 // Store is what the driver needs of durable storage; *store.Store is one.
@@ -299,6 +304,9 @@ func Start(opts Options) (*Driver, error) {
 			*l.v = l.def
 		}
 	}
+	if opts.RefusalsPerSec == 0 {
+		opts.RefusalsPerSec = DefaultRefusalsPerSec
+	}
 	if opts.MaxTCPConns <= 0 {
 		opts.MaxTCPConns = opts.MaxConns + DefaultExtraTCPConns
 	}
@@ -315,7 +323,7 @@ func Start(opts Options) (*Driver, error) {
 		live:       map[*conn]bool{},
 		unauthFrom: map[string]int{},
 		work:       addrBudgets{rate: connWorkRate, burst: connWorkBurst},
-		refusals:   addrBudgets{rate: refusalRate, burst: refusalBurst},
+		refusals:   addrBudgets{rate: float64(opts.RefusalsPerSec), burst: 2 * float64(opts.RefusalsPerSec), off: opts.RefusalsPerSec < 0},
 		conns:      map[core.ConnID]*conn{},
 		coreClosed: map[core.ConnID]bool{},
 		calls:      map[core.CallID]chan core.APIAnswer{},

@@ -154,7 +154,7 @@ func FuzzDataPlaneHeaders(f *testing.F) {
 	} {
 		f.Add(s.version, s.offset, s.lease, s.inQuery, s.auth)
 	}
-	r := startData(f, orchestrator.Options{})
+	r := startData(f, orchestrator.Options{RefusalsPerSec: -1}) // it is refused on purpose, as fast as it can
 	w := r.enroll("fz")
 	dm := r.lease(w, "fz-step")
 	version := []byte("version one")

@@ -49,32 +49,33 @@ func frameCost(m core.Msg) float64 {
 // The refusal budget of one source address (SPEC §12): an address whose
 // requests are refused — an HTTP answer of 4xx (but 404, 409, 416) or 503, or a control
 // connection closed for a protocol error, a policy, a frame too big or
-// overload — faster than refusalRate per second beyond a burst of
-// refusalBurst has its next requests wait before they are served, each at
+// overload — faster than Options.RefusalsPerSec (default 50) beyond a burst of
+// twice that has its next requests wait before they are served, each at
 // most refusalWaitMax. A client that keeps sending what is refused (a
 // scanner, a stolen or expired token, a broken script) is slowed to the
 // rate, which costs the server little; clients at other addresses never
 // wait for it. Clients behind one address translator share one budget.
 const (
-	refusalRate    = 50 // refusals per second
-	refusalBurst   = 100
-	refusalWaitMax = 5 * time.Second
+	DefaultRefusalsPerSec = 50 // Options.RefusalsPerSec; the burst is twice the rate
+	refusalWaitMax        = 5 * time.Second
 	// refusalBytesUnit: a refused control connection costs one refusal
 	// more per this many bytes it sent (a refused 1 MiB Hello costs 17),
-	// at most refusalBurst.
+	// at most refusalCostMax.
 	refusalBytesUnit = 64 << 10
+	refusalCostMax   = 100
 )
 
 // refusalCost is what a control connection refused after reading bytesIn
 // bytes of frames costs its address's refusal budget.
 func refusalCost(bytesIn int64) float64 {
-	return min(refusalBurst, 1+float64(bytesIn/refusalBytesUnit))
+	return min(refusalCostMax, 1+float64(bytesIn/refusalBytesUnit))
 }
 
 // addrBudgets are token buckets by source address, all of one rate and
 // burst.
 type addrBudgets struct {
 	rate, burst float64
+	off         bool // spend and wait never hold anyone
 	mu          sync.Mutex
 	m           map[string]*workBudget
 }
@@ -82,6 +83,9 @@ type addrBudgets struct {
 // spend takes cost units from host's budget at now and returns how long the
 // frame must wait.
 func (a *addrBudgets) spend(host string, now time.Time, cost float64) time.Duration {
+	if a.off {
+		return 0
+	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if a.m == nil {
@@ -105,6 +109,9 @@ func (a *addrBudgets) spend(host string, now time.Time, cost float64) time.Durat
 // wait is how long a request from host must wait at now before it is
 // served: until the address's budget is out of debt.
 func (a *addrBudgets) wait(host string, now time.Time) time.Duration {
+	if a.off {
+		return 0
+	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	b := a.m[host]

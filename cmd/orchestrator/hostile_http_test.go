@@ -390,10 +390,10 @@ func TestHostileIdleConns(t *testing.T) {
 // the defaults it documents.
 func TestServeHTTPLimitsConfig(t *testing.T) {
 	src := "http:\n  idle_timeout_secs: 60\n  header_timeout_secs: 5\n  body_timeout_secs: 20\n  write_timeout_secs: 15\n" +
-		"  max_tcp_conns: 20000\n  max_conns_per_addr: 20000\n"
+		"  max_tcp_conns: 20000\n  max_conns_per_addr: 20000\n  refusals_per_sec: 500\n"
 	cfg, err := loadServerConfig("c.yaml", []byte(src))
 	want := httpLimits{IdleTimeout: time.Minute, HeaderTimeout: 5 * time.Second, BodyTimeout: 20 * time.Second, WriteTimeout: 15 * time.Second,
-		MaxTCPConns: 20000, MaxConnsPerAddr: 20000}
+		MaxTCPConns: 20000, MaxConnsPerAddr: 20000, RefusalsPerSec: 500}
 	if err != nil || cfg.HTTP != want {
 		t.Errorf("http section: %+v, %v; want %+v", cfg.HTTP, err, want)
 	}
@@ -419,7 +419,8 @@ func TestServeHTTPLimitsConfig(t *testing.T) {
 		t.Fatalf("the help's example: %v", err)
 	}
 	want = httpLimits{IdleTimeout: orchestrator.DefaultIdleTimeout, HeaderTimeout: orchestrator.DefaultHeaderTimeout, BodyTimeout: orchestrator.DefaultBodyTimeout,
-		WriteTimeout: orchestrator.DefaultWriteTimeout, MaxTCPConns: 1024 + orchestrator.DefaultExtraTCPConns, MaxConnsPerAddr: (1024 + orchestrator.DefaultExtraTCPConns) * 3 / 4}
+		WriteTimeout: orchestrator.DefaultWriteTimeout, MaxTCPConns: 1024 + orchestrator.DefaultExtraTCPConns, MaxConnsPerAddr: (1024 + orchestrator.DefaultExtraTCPConns) * 3 / 4,
+		RefusalsPerSec: orchestrator.DefaultRefusalsPerSec}
 	if cfg.HTTP != want {
 		t.Errorf("the help's example says %+v; the defaults are %+v", cfg.HTTP, want)
 	}
@@ -436,9 +437,9 @@ func TestServeHTTPLimitsConfig(t *testing.T) {
 		}
 		return resolveServeConfig(&env{opts: o, flags: fs})
 	}
-	cfg, err = resolve("--config", cfgPath, "--idle-timeout", "3s", "--max-conns-per-addr", "7")
+	cfg, err = resolve("--config", cfgPath, "--idle-timeout", "3s", "--max-conns-per-addr", "7", "--refusals-per-sec", "9")
 	want = httpLimits{IdleTimeout: 3 * time.Second, HeaderTimeout: 5 * time.Second, BodyTimeout: 20 * time.Second, WriteTimeout: 15 * time.Second,
-		MaxTCPConns: 20000, MaxConnsPerAddr: 7}
+		MaxTCPConns: 20000, MaxConnsPerAddr: 7, RefusalsPerSec: 9}
 	if err != nil || cfg.HTTP != want {
 		t.Errorf("flags over the file: %+v, %v; want %+v", cfg.HTTP, err, want)
 	}

@@ -93,6 +93,7 @@ worker connections (SPEC §12):
     write_timeout_secs: 30            # a write the peer accepts no byte of for this long closes it
     max_tcp_conns: 3072               # concurrent connections (default: 1024 control + 2048)
     max_conns_per_addr: 2304          # of one source address (default: 3/4 of max_tcp_conns)
+    refusals_per_sec: 50              # one address refused faster than this: its next requests wait
 
 Flags given on the command line override the file; an unknown key is an
 error naming its line. The sweeper is always on. Each recovery setting is 1 s
@@ -152,6 +153,7 @@ type serverConfig struct {
 type httpLimits struct {
 	IdleTimeout, HeaderTimeout, BodyTimeout, WriteTimeout time.Duration
 	MaxTCPConns, MaxConnsPerAddr                          int
+	RefusalsPerSec                                        int
 }
 
 // httpFlags defines serve's flags for the HTTP server's limits.
@@ -162,6 +164,7 @@ func httpFlags(fs *flag.FlagSet, h *httpLimits) {
 	fs.DurationVar(&h.WriteTimeout, "write-timeout", orchestrator.DefaultWriteTimeout, "close a connection (reset an HTTP/2 stream) whose peer accepts nothing of a write for this `duration`")
 	fs.IntVar(&h.MaxTCPConns, "max-tcp-conns", 0, "cap on concurrent TCP connections (`n`; 0: 1024 control connections + 2048); over it a connection is refused at once")
 	fs.IntVar(&h.MaxConnsPerAddr, "max-conns-per-addr", 0, "cap on one source address's TCP connections (`n`; 0: 3/4 of --max-tcp-conns)")
+	fs.IntVar(&h.RefusalsPerSec, "refusals-per-sec", 0, "refusals per second one source address may earn before its next requests wait (`n`; 0: 50)")
 }
 
 // dataLimits are the data plane's limits (SPEC §12, §14): config keys
@@ -354,7 +357,7 @@ func loadServerConfig(path string, src []byte) (serverConfig, error) {
 				}
 			})
 		case "http":
-			known := []string{"idle_timeout_secs", "header_timeout_secs", "body_timeout_secs", "write_timeout_secs", "max_tcp_conns", "max_conns_per_addr"}
+			known := []string{"idle_timeout_secs", "header_timeout_secs", "body_timeout_secs", "write_timeout_secs", "max_tcp_conns", "max_conns_per_addr", "refusals_per_sec"}
 			mapping(v, "http", known, errf, func(key string, v *yaml.Node) {
 				switch key {
 				case "idle_timeout_secs":
@@ -369,6 +372,8 @@ func loadServerConfig(path string, src []byte) (serverConfig, error) {
 					cfg.HTTP.MaxTCPConns = count(v, key)
 				case "max_conns_per_addr":
 					cfg.HTTP.MaxConnsPerAddr = count(v, key)
+				case "refusals_per_sec":
+					cfg.HTTP.RefusalsPerSec = count(v, key)
 				}
 			})
 		}
@@ -545,7 +550,8 @@ func resolveServeConfig(e *env) (serverConfig, error) {
 		name string
 		v    *int
 		flag int
-	}{{"max-tcp-conns", &cfg.HTTP.MaxTCPConns, e.opts.http.MaxTCPConns}, {"max-conns-per-addr", &cfg.HTTP.MaxConnsPerAddr, e.opts.http.MaxConnsPerAddr}} {
+	}{{"max-tcp-conns", &cfg.HTTP.MaxTCPConns, e.opts.http.MaxTCPConns}, {"max-conns-per-addr", &cfg.HTTP.MaxConnsPerAddr, e.opts.http.MaxConnsPerAddr},
+		{"refusals-per-sec", &cfg.HTTP.RefusalsPerSec, e.opts.http.RefusalsPerSec}} {
 		if set[f.name] {
 			if f.flag < 0 {
 				return cfg, usageErrorf("--%s must be 0 (the default) or a positive number, not %d", f.name, f.flag)
@@ -631,6 +637,7 @@ func serve(ctx context.Context, e *env, _ []string) error {
 		WriteTimeout:    cfg.HTTP.WriteTimeout,
 		MaxTCPConns:     cfg.HTTP.MaxTCPConns,
 		MaxConnsPerAddr: cfg.HTTP.MaxConnsPerAddr,
+		RefusalsPerSec:  cfg.HTTP.RefusalsPerSec,
 	}
 	cfg.Data.apply(&opts)
 	d, err := orchestrator.Start(opts)
