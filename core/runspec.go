@@ -376,7 +376,19 @@ func (r RunSpec) CheckDispatchSizes(snapshot map[string]string) error {
 	return nil
 }
 
-// findCycle returns one dependency cycle as a path of names, or nil.
+// FindCycle returns one dependency cycle as the path of its step names, in
+// dependency order and back to the first, or nil. Steps are visited in
+// declaration order, so the same run always names the same cycle (the
+// workflow parser reports it with each step's line).
+func FindCycle(steps []StepSpec) []string {
+	byName := make(map[string]int, len(steps))
+	for i, s := range steps {
+		byName[s.Name] = i
+	}
+	return findCycle(steps, byName)
+}
+
+// findCycle is FindCycle with the steps' index by name.
 func findCycle(steps []StepSpec, byName map[string]int) []string {
 	const (
 		white = iota

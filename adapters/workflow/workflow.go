@@ -363,7 +363,7 @@ func (p *parser) deps(spec core.RunSpec, lines map[string]*yaml.Node) {
 	if len(p.errs) > 0 {
 		return
 	}
-	if cyc := cycle(spec.Steps); cyc != nil {
+	if cyc := core.FindCycle(spec.Steps); cyc != nil {
 		parts := make([]string, len(cyc))
 		for i, name := range cyc {
 			parts[i] = fmt.Sprintf("%s (line %d)", core.Quote(name), lines[name].Line)
@@ -373,59 +373,4 @@ func (p *parser) deps(spec core.RunSpec, lines map[string]*yaml.Node) {
 		}
 		p.errf(lines[cyc[0]], "dependency cycle: %s, each depending on the next: remove one of these depends_on entries", strings.Join(parts, " -> "))
 	}
-}
-
-// cycle returns one dependency cycle as the path of its step names, in
-// dependency order and back to the first, or nil. Steps are visited in file
-// order, so the same file always names the same cycle.
-func cycle(steps []core.StepSpec) []string {
-	byName := make(map[string]int, len(steps))
-	for i, s := range steps {
-		byName[s.Name] = i
-	}
-	const (
-		white = iota
-		grey
-		black
-	)
-	color := make([]int, len(steps))
-	var stack []int
-	var visit func(i int) []string
-	visit = func(i int) []string {
-		color[i] = grey
-		stack = append(stack, i)
-		for _, d := range steps[i].DependsOn {
-			j, ok := byName[d]
-			if !ok {
-				continue
-			}
-			switch color[j] {
-			case grey:
-				for k, n := range stack {
-					if n == j {
-						var out []string
-						for _, m := range stack[k:] {
-							out = append(out, steps[m].Name)
-						}
-						return append(out, steps[j].Name)
-					}
-				}
-			case white:
-				if c := visit(j); c != nil {
-					return c
-				}
-			}
-		}
-		stack = stack[:len(stack)-1]
-		color[i] = black
-		return nil
-	}
-	for i := range steps {
-		if color[i] == white {
-			if c := visit(i); c != nil {
-				return c
-			}
-		}
-	}
-	return nil
 }

@@ -151,14 +151,23 @@ func startBinRig(t *testing.T) *binRig {
 // faultTimeout in all.
 func startBinRigFor(t *testing.T, timeout time.Duration) *binRig {
 	t.Helper()
+	return startBinRigWith(t, timeout, orchestrator.Options{})
+}
+
+// startBinRigWith is startBinRigFor with driver options (its address, store
+// and logger are the rig's).
+func startBinRigWith(t *testing.T, timeout time.Duration, opts orchestrator.Options) *binRig {
+	t.Helper()
 	if testing.Short() {
 		t.Skip("builds and runs the binaries")
 	}
 	ctx, cancel := context.WithTimeout(t.Context(), timeout)
 	t.Cleanup(cancel)
 	_, workerBin := buildBinaries(t, ctx)
-	log := slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelInfo})).With("side", "orchestrator")
-	d, err := orchestrator.Start(orchestrator.Options{Addr: "127.0.0.1:0", StorePath: filepath.Join(t.TempDir(), "tether.db"), Logger: log})
+	opts.Addr = "127.0.0.1:0"
+	opts.StorePath = filepath.Join(t.TempDir(), "tether.db")
+	opts.Logger = slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelInfo})).With("side", "orchestrator")
+	d, err := orchestrator.Start(opts)
 	if err != nil {
 		t.Fatal(err)
 	}

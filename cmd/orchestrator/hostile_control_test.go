@@ -16,7 +16,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"log/slog"
 	"net"
 	"net/http"
 	"os"
@@ -28,7 +27,6 @@ import (
 
 	"github.com/gorilla/websocket"
 
-	"github.com/tether-run/tether/adapters/netfault"
 	"github.com/tether-run/tether/adapters/orchestrator"
 	"github.com/tether-run/tether/adapters/wire"
 	"github.com/tether-run/tether/core"
@@ -43,27 +41,7 @@ func hostileCtlOptions() orchestrator.Options {
 // startHostileRig is startBinRig with the given control-plane options.
 func startHostileRig(t *testing.T, opts orchestrator.Options) *binRig {
 	t.Helper()
-	if testing.Short() {
-		t.Skip("builds and runs the binaries")
-	}
-	ctx, cancel := context.WithTimeout(t.Context(), faultTimeout)
-	t.Cleanup(cancel)
-	_, workerBin := buildBinaries(t, ctx)
-	opts.Addr = "127.0.0.1:0"
-	opts.StorePath = filepath.Join(t.TempDir(), "tether.db")
-	opts.Logger = slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelInfo})).With("side", "orchestrator")
-	d, err := orchestrator.Start(opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { d.Close() })
-	rec := netfault.NewRecorder()
-	p, err := netfault.Listen(d.Addr(), rec.Tap())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { p.Close() })
-	return &binRig{t: t, ctx: ctx, d: d, p: p, rec: rec, workerBin: workerBin, workers: map[string]*proc{}}
+	return startBinRigWith(t, faultTimeout, opts)
 }
 
 // underAttack runs attack until a genuine worker binary has run a workflow
