@@ -37,11 +37,12 @@ func CheckName(kind, s string) error {
 }
 
 // Quote renders s for a message: quoted, printable characters as they are,
-// everything else escaped (strconv.QuoteToGraphic), and at most
+// everything else escaped (strconv.Quote: what unicode.IsPrint refuses,
+// such as U+00A0, is escaped too), and at most
 // MaxNameLength bytes of it.
 func Quote(s string) string {
 	if len(s) > MaxNameLength {
 		s = s[:MaxNameLength] + "…"
 	}
-	return strconv.QuoteToGraphic(s)
+	return strconv.Quote(s)
 }

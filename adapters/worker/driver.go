@@ -477,7 +477,7 @@ func (d *Driver) dial() {
 				err = fmt.Errorf("%w (HTTP %s)", err, resp.Status)
 			}
 			if s := strings.TrimSpace(strings.ToValidUTF8(string(why), "")); s != "" {
-				err = fmt.Errorf("%w: %s", err, strconv.QuoteToGraphic(s))
+				err = fmt.Errorf("%w: %s", err, strconv.Quote(s))
 			}
 		}
 		if !d.push(dialed{gen: gen, ws: ws, cc: cc, err: err}) && ws != nil {

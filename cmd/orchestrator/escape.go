@@ -36,7 +36,7 @@ func cell(s string) string {
 	if printable(s) {
 		return s
 	}
-	return strconv.QuoteToGraphic(s)
+	return strconv.Quote(s)
 }
 
 // escapeText renders a message: printable characters as they are, every
