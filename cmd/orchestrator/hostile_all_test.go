@@ -60,14 +60,9 @@ func TestHostileAllAtOnce(t *testing.T) {
 	orchBin, workerBin := buildNoRace(t, ctx, "orchestrator"), buildNoRace(t, ctx, "worker")
 	dir := t.TempDir()
 	dataDir := filepath.Join(dir, "data")
-	sp := startServe(t, ctx, orchBin, "orchestrator serve (no -race)", "127.0.0.1:0", dataDir, "--log-level", "info",
+	r := serveRig(t, ctx, orchBin, workerBin, dataDir, "--log-level", "info",
 		"--max-unauth-conns-per-addr", fmt.Sprint(allUnauthPerAddr), "--hello-timeout", allHelloTimeout.String())
-	admin, err := os.ReadFile(filepath.Join(dataDir, adminTokenFile))
-	if err != nil {
-		t.Fatal(err)
-	}
-	r := &hungRig{t: t, ctx: ctx, orchBin: orchBin, workerBin: workerBin, dataDir: dataDir, serve: sp.proc, addr: sp.addr,
-		api: apiClient{t: t, ctx: ctx, base: "http://" + sp.addr + "/api", token: strings.TrimSpace(string(admin))}}
+	addr := r.addr
 	token := func(name string) string {
 		var tok orchestrator.APICreatedToken
 		r.api.call("POST", "/tokens", []byte(`{"name":"`+name+`","ttl":"10m"}`), http.StatusCreated, &tok)
@@ -129,12 +124,12 @@ func TestHostileAllAtOnce(t *testing.T) {
 		badFrames attackBadFramesResult
 	)
 	for _, attack := range []func(){
-		func() { helloless = attackHelloless(actx, t, sp.addr, allHelloless) },
-		func() { bigHello = attackBigHello(actx, t, sp.addr, bigHelloToken) },
-		func() { stalled = attackStalledPuts(actx, t, sp.addr, allStalledPuts, 60<<10, 16<<10) },
-		func() { submits = attackBigSubmit(actx, t, sp.addr, r.api.token) },
-		func() { flood = attackFlood(actx, t, sp.addr, floodToken) },
-		func() { badFrames = attackBadFrames(actx, t, sp.addr, badFramesToken) },
+		func() { helloless = attackHelloless(actx, t, addr, allHelloless) },
+		func() { bigHello = attackBigHello(actx, t, addr, bigHelloToken) },
+		func() { stalled = attackStalledPuts(actx, t, addr, allStalledPuts, 60<<10, 16<<10) },
+		func() { submits = attackBigSubmit(actx, t, addr, r.api.token) },
+		func() { flood = attackFlood(actx, t, addr, floodToken) },
+		func() { badFrames = attackBadFrames(actx, t, addr, badFramesToken) },
 	} {
 		wg.Add(1)
 		go func() {

@@ -399,13 +399,7 @@ func TestHostileBigPuts(t *testing.T) {
 	orchBin := buildNoRaceOrchestrator(t, ctx)
 	dir := t.TempDir()
 	dataDir := filepath.Join(dir, "data")
-	sp := startServe(t, ctx, orchBin, "orchestrator serve (no -race)", "127.0.0.1:0", dataDir, "--log-level", "info")
-	admin, err := os.ReadFile(filepath.Join(dataDir, adminTokenFile))
-	if err != nil {
-		t.Fatal(err)
-	}
-	r := &hungRig{t: t, ctx: ctx, orchBin: orchBin, workerBin: workerBin, dataDir: dataDir, serve: sp.proc, addr: sp.addr,
-		api: apiClient{t: t, ctx: ctx, base: "http://" + sp.addr + "/api", token: strings.TrimSpace(string(admin))}}
+	r := serveRig(t, ctx, orchBin, workerBin, dataDir, "--log-level", "info")
 	stateDir := t.TempDir()
 	r.worker("w1", "--state-dir", stateDir)
 	cred := savedCredential(t, ctx, stateDir)
@@ -420,10 +414,10 @@ func TestHostileBigPuts(t *testing.T) {
 
 	const limit = orchestrator.DefaultMaxPutBody
 	attacked := make(chan attackBigPutsResult, 1)
-	go func() { attacked <- attackBigPuts(ctx, t, sp.addr, cred, lease, limit, 4, 4) }()
+	go func() { attacked <- attackBigPuts(ctx, t, r.addr, cred, lease, limit, 4, 4) }()
 	time.Sleep(300 * time.Millisecond) // the big bodies are on their way
 	pctx, pcancel := context.WithTimeout(ctx, 20*time.Second)
-	status, text, err := genuinePut(pctx, sp.addr, cred, lease, "genuine.out", []byte("genuine bytes"))
+	status, text, err := genuinePut(pctx, r.addr, cred, lease, "genuine.out", []byte("genuine bytes"))
 	pcancel()
 	if err != nil || status != http.StatusCreated {
 		t.Errorf("the genuine PUT during the attack: HTTP %d %s %v, want 201", status, text, err)
@@ -433,7 +427,7 @@ func TestHostileBigPuts(t *testing.T) {
 	if res.Over[http.StatusRequestEntityTooLarge] != 4 || res.Exact[http.StatusCreated] != 4 || len(res.Errs) != 0 {
 		t.Errorf("answers: over the limit %v (want 4 × 413), exactly the limit %v (want 4 × 201), errors %v", res.Over, res.Exact, res.Errs)
 	}
-	peak := peakRSS(t, sp.proc.cmd.Process.Pid)
+	peak := peakRSS(t, r.serve.cmd.Process.Pid)
 	t.Logf("orchestrator peak RSS (VmHWM): %d MiB (bound %d MiB)", peak>>20, bigPutsPeakRSSBytes>>20)
 	if peak > bigPutsPeakRSSBytes {
 		t.Errorf("orchestrator peak RSS %d MiB, over the bound of %d MiB", peak>>20, bigPutsPeakRSSBytes>>20)

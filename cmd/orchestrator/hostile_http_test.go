@@ -305,15 +305,9 @@ func TestHostileIdleConns(t *testing.T) {
 	orchBin, workerBin := buildBinaries(t, ctx)
 	dataDir := filepath.Join(t.TempDir(), "data")
 	const perAddr = 120
-	sp := startServe(t, ctx, orchBin, "orchestrator serve", "127.0.0.1:0", dataDir,
+	r := serveRig(t, ctx, orchBin, workerBin, dataDir,
 		"--header-timeout", "2s", "--body-timeout", "2s", "--idle-timeout", "3s", "--write-timeout", "2s",
 		"--max-tcp-conns", "400", "--max-conns-per-addr", fmt.Sprint(perAddr))
-	admin, err := os.ReadFile(filepath.Join(dataDir, adminTokenFile))
-	if err != nil {
-		t.Fatal(err)
-	}
-	r := &hungRig{t: t, ctx: ctx, orchBin: orchBin, workerBin: workerBin, dataDir: dataDir, serve: sp.proc, addr: sp.addr,
-		api: apiClient{t: t, ctx: ctx, base: "http://" + sp.addr + "/api", token: strings.TrimSpace(string(admin))}}
 
 	a := idleAttack{From: "127.0.0.2", Slots: 20, Surplus: 30, Header: 2 * time.Second, Body: 2 * time.Second, Idle: 3 * time.Second, Write: 2 * time.Second,
 		Slack: 3 * time.Second, RefusalRetryInterval: 250 * time.Millisecond}
@@ -321,7 +315,7 @@ func TestHostileIdleConns(t *testing.T) {
 	defer stopAttack()
 	began := time.Now()
 	resc := make(chan attackIdleConnsResult, 1)
-	go func() { resc <- attackIdleConns(actx, t, sp.addr, a) }()
+	go func() { resc <- attackIdleConns(actx, t, r.addr, a) }()
 	time.Sleep(time.Second) // the attack holds its connections
 
 	r.worker("genuine")

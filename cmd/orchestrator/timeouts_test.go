@@ -45,8 +45,14 @@ func startServeWithConfig(t *testing.T, recovery string) *hungRig {
 	if err := os.WriteFile(cfg, []byte("recovery:\n"+recovery), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	dataDir := filepath.Join(dir, "data")
-	sp := startServe(t, ctx, orchBin, "orchestrator serve", "127.0.0.1:0", dataDir, "--config", cfg)
+	return serveRig(t, ctx, orchBin, workerBin, filepath.Join(dir, "data"), "--config", cfg)
+}
+
+// serveRig starts `orchestrator serve` (orchBin) on dataDir with extra
+// flags and returns it with an API client holding its admin token.
+func serveRig(t *testing.T, ctx context.Context, orchBin, workerBin, dataDir string, extra ...string) *hungRig {
+	t.Helper()
+	sp := startServe(t, ctx, orchBin, "orchestrator serve", "127.0.0.1:0", dataDir, extra...)
 	admin, err := os.ReadFile(filepath.Join(dataDir, adminTokenFile))
 	if err != nil {
 		t.Fatal(err)
