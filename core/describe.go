@@ -79,6 +79,9 @@ func DescribeMsg(m Msg) string {
 		if m.Fatal {
 			kv("fatal", true)
 		}
+		if m.Cause != "" {
+			kv("cause", m.Cause)
+		}
 	case Dispatch:
 		kv("lease", m.Lease)
 		kv("step", m.Step)
@@ -119,6 +122,9 @@ func DescribeMsg(m Msg) string {
 		kv("reason", quote(m.Reason))
 		if m.Code != CloseEnded {
 			kv("code", m.Code)
+		}
+		if m.Cause != "" {
+			kv("cause", m.Cause)
 		}
 	}
 	return b.String()
@@ -231,6 +237,12 @@ func DescribeEvent(ev ServerEvent, t0 time.Time) string {
 	s := fmt.Sprintf("event %s#%d %s", ev.Run, ev.Seq, ev.Kind)
 	if ev.Step != "" {
 		s += " step=" + string(ev.Step)
+	}
+	if ev.Cause != "" {
+		s += " cause=" + string(ev.Cause)
+	}
+	if ev.Lease != 0 {
+		s += fmt.Sprintf(" lease=%d worker=%s", ev.Lease, ev.Worker)
 	}
 	return s + " " + quote(ev.Message)
 }

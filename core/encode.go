@@ -283,6 +283,18 @@ func (e *recEncoder) event(ev *ServerEvent) {
 	e.str(ev.Kind)
 	e.key(false, "Message")
 	e.str(ev.Message)
+	if ev.Cause != "" {
+		e.key(false, "Cause")
+		e.str(string(ev.Cause))
+	}
+	if ev.Worker != "" {
+		e.key(false, "Worker")
+		e.str(string(ev.Worker))
+	}
+	if ev.Lease != 0 {
+		e.key(false, "Lease")
+		e.uint(uint64(ev.Lease))
+	}
 	e.end()
 }
 

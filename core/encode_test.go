@@ -119,7 +119,10 @@ func TestEncodeMatchesEncodingJSON(t *testing.T) {
 	}))
 	t.Run("event", rapid.MakeCheck(func(t *rapid.T) {
 		checkEncode(t, ServerEvent{Run: RunID(genString().Draw(t, "run")), Seq: rapid.Int().Draw(t, "seq"), At: genTime().Draw(t, "at"),
-			Step: StepID(genString().Draw(t, "step")), Kind: genString().Draw(t, "kind"), Message: genString().Draw(t, "msg")})
+			Step: StepID(genString().Draw(t, "step")), Kind: genString().Draw(t, "kind"), Message: genString().Draw(t, "msg"),
+			Cause:  Cause(rapid.SampledFrom([]string{"", "grace-expired", genString().Draw(t, "cause")}).Draw(t, "causeOf")),
+			Worker: WorkerID(rapid.SampledFrom([]string{"", genString().Draw(t, "worker")}).Draw(t, "workerOf")),
+			Lease:  LeaseID(rapid.SampledFrom([]uint64{0, rapid.Uint64().Draw(t, "lease")}).Draw(t, "leaseOf"))})
 	}))
 	t.Run("log", rapid.MakeCheck(func(t *rapid.T) {
 		checkEncode(t, StepLogLine{Step: StepID(genString().Draw(t, "step")), Lease: LeaseID(rapid.Uint64().Draw(t, "lease")),

@@ -117,7 +117,8 @@ type (
 	// Refused refuses a Hello; the driver closes the connection after sending.
 	Refused struct {
 		Reason string
-		Fatal  bool // the worker must not retry (bad token, revoked, expired)
+		Fatal  bool  // the worker must not retry (bad token, revoked, expired)
+		Cause  Cause // not on the wire: what the reason says, typed for checkers
 	}
 	// Dispatch grants a lease.
 	Dispatch struct {
@@ -170,6 +171,7 @@ type (
 	Close struct {
 		Reason string
 		Code   CloseCode // not on the wire: the transport's close code says it
+		Cause  Cause     // not on the wire: what the reason says, typed for checkers
 	}
 )
 

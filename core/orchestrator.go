@@ -18,6 +18,7 @@ import (
 type Orchestrator struct {
 	cfg Config
 	now time.Time
+	why why // the cause stamped on the events of one step (because)
 
 	// Durable state (every field below is reflected in Records).
 	meta    MetaRecord
@@ -413,9 +414,34 @@ func (o *Orchestrator) event(run RunID, step StepID, kind, msg string) {
 	// The sequence is derived from the events themselves (appended records),
 	// so recording an event never rewrites the run's record.
 	ev := ServerEvent{Run: run, Seq: len(o.events[run]) + 1, At: o.now, Step: step, Kind: kind, Message: msg}
+	if step != "" && step == o.why.step {
+		ev.Cause, ev.Worker, ev.Lease = o.why.cause, o.why.worker, o.why.lease
+	}
 	o.events[run] = append(o.events[run], ev)
 	o.rd.Events = append(o.rd.Events, ev)
 	o.appends = append(o.appends, Record{Key: eventKey(run, ev.Seq), Value: encodeScratch(&o.scratch, ev)})
+}
+
+// why is what the events recorded on one step are stamped with while a
+// handler acts for one cause (because).
+type why struct {
+	cause  Cause
+	step   StepID
+	worker WorkerID
+	lease  LeaseID
+}
+
+// because stamps the events recorded on step from now on with cause and
+// lease l's worker and id (l may be nil), until the function it returns is
+// called; the caller defers it or calls it when the cause's handling ends.
+// Events of other steps (a cascade's skips, the run's) are not stamped.
+func (o *Orchestrator) because(cause Cause, step StepID, l *LeaseRecord) func() {
+	prev := o.why
+	o.why = why{cause: cause, step: step}
+	if l != nil {
+		o.why.worker, o.why.lease = l.Worker, l.ID
+	}
+	return func() { o.why = prev }
 }
 
 func (o *Orchestrator) connected(w WorkerID) bool {
@@ -803,9 +829,9 @@ func (o *Orchestrator) revokeToken(in RevokeToken) {
 			w.Revoked, w.Active = true, false
 			w.GraceUntil = time.Time{}
 			o.markWorker(w)
-			o.triageAll(w, causeRevoked)
+			o.triageAll(w, CauseRevoked)
 			if c, ok := o.connOf[w.ID]; ok {
-				o.send(c, Close{Reason: "enrollment token revoked", Code: ClosePolicy})
+				o.send(c, Close{Reason: "enrollment token revoked", Code: ClosePolicy, Cause: CauseTokenRevoked})
 				o.dropConn(c)
 			}
 		}

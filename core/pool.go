@@ -18,13 +18,13 @@ func (o *Orchestrator) receive(in Received) {
 	if !ok {
 		// A message before Hello, or on a connection already closed: the
 		// connection has no identity, so nothing it says can change state.
-		o.send(in.Conn, Close{Reason: fmt.Sprintf("protocol error: %s before hello", in.Msg.Kind()), Code: CloseProtocolError})
+		o.send(in.Conn, Close{Reason: fmt.Sprintf("protocol error: %s before hello", in.Msg.Kind()), Code: CloseProtocolError, Cause: CauseProtocol})
 		return
 	}
 	w := o.workers[wid]
 	if why := checkMsg(in.Msg); why != "" {
 		// Beyond a limit of §12: nothing of it is applied.
-		o.send(in.Conn, Close{Reason: "protocol error: " + why, Code: CloseProtocolError})
+		o.send(in.Conn, Close{Reason: "protocol error: " + why, Code: CloseProtocolError, Cause: CauseProtocol})
 		o.disconnect(wid, "protocol error")
 		return
 	}
@@ -47,7 +47,7 @@ func (o *Orchestrator) receive(in Received) {
 	case Drain:
 		o.drain(w)
 	default:
-		o.send(in.Conn, Close{Reason: fmt.Sprintf("protocol error: unexpected %s from a worker", in.Msg.Kind()), Code: CloseProtocolError})
+		o.send(in.Conn, Close{Reason: fmt.Sprintf("protocol error: unexpected %s from a worker", in.Msg.Kind()), Code: CloseProtocolError, Cause: CauseProtocol})
 		o.disconnect(wid, "protocol error")
 	}
 }
@@ -131,36 +131,36 @@ func checkMsg(m Msg) string {
 	return ""
 }
 
-func (o *Orchestrator) refuse(c ConnID, reason string, fatal bool) {
-	o.send(c, Refused{Reason: reason, Fatal: fatal})
+func (o *Orchestrator) refuse(c ConnID, cause Cause, reason string, fatal bool) {
+	o.send(c, Refused{Reason: reason, Fatal: fatal, Cause: cause})
 	o.logf("warn", "connection refused", "reason", reason)
 }
 
 // hello enrolls a new instance (Token) or reconnects a known one (Credential).
 func (o *Orchestrator) hello(c ConnID, h Hello, entropy [16]byte) {
 	if old, ok := o.conns[c]; ok {
-		o.send(c, Close{Reason: "protocol error: second hello on one connection", Code: CloseProtocolError})
+		o.send(c, Close{Reason: "protocol error: second hello on one connection", Code: CloseProtocolError, Cause: CauseProtocol})
 		o.disconnect(old, "protocol error")
 		return
 	}
 	if h.Version < MinProtocolVersion || h.Version > ProtocolVersion {
-		o.refuse(c, fmt.Sprintf("protocol version %d not supported (want %d..%d)", h.Version, MinProtocolVersion, ProtocolVersion), true)
+		o.refuse(c, CauseProtocol, fmt.Sprintf("protocol version %d not supported (want %d..%d)", h.Version, MinProtocolVersion, ProtocolVersion), true)
 		return
 	}
 	if h.Worker == "" || len(h.Worker) > MaxNameLength {
-		o.refuse(c, "hello without a valid worker instance id", true)
+		o.refuse(c, CauseProtocol, "hello without a valid worker instance id", true)
 		return
 	}
 	if h.MaxDelay < 0 || h.MaxDelay > MaxReconnectDelay {
 		// grace = 2 × MaxDelay: bounded, so it can neither overflow nor
 		// hold a dead worker's steps for days.
-		o.refuse(c, fmt.Sprintf("max reconnect delay %s out of range 0..%s", h.MaxDelay, MaxReconnectDelay), true)
+		o.refuse(c, CauseLimit, fmt.Sprintf("max reconnect delay %s out of range 0..%s", h.MaxDelay, MaxReconnectDelay), true)
 		return
 	}
 	if why := checkHello(h); why != "" {
 		// Every field within §12's limits, on enrollment and on reconnect
 		// alike: what a worker declares is stored and iterated for it.
-		o.refuse(c, why, true)
+		o.refuse(c, CauseLimit, why, true)
 		return
 	}
 	if h.Token != "" {
@@ -171,21 +171,21 @@ func (o *Orchestrator) hello(c ConnID, h Hello, entropy [16]byte) {
 	wid, secret, _ := strings.Cut(h.Credential, ".")
 	switch {
 	case w == nil || WorkerID(wid) != h.Worker || !checkSecret(w.CredHash, secret):
-		o.refuse(c, "invalid session credential", true)
+		o.refuse(c, CauseBadCredential, "invalid session credential", true)
 		return
 	case w.Revoked:
-		o.refuse(c, "worker's enrollment token was revoked", true)
+		o.refuse(c, CauseTokenRevoked, "worker's enrollment token was revoked", true)
 		return
 	case !o.now.Before(w.CredExpiry):
-		o.refuse(c, "session credential expired; enroll again with a new token", true)
+		o.refuse(c, CauseCredentialExpired, "session credential expired; enroll again with a new token", true)
 		return
 	case w.Scaler:
-		o.refuse(c, "scaler-managed worker instances are single-use; enroll a new instance", true)
+		o.refuse(c, CauseScalerSingleUse, "scaler-managed worker instances are single-use; enroll a new instance", true)
 		return
 	}
 	if oc, ok := o.connOf[w.ID]; ok {
 		// The old socket is dead but its close was not seen yet.
-		o.send(oc, Close{Reason: "superseded by a new connection"})
+		o.send(oc, Close{Reason: "superseded by a new connection", Cause: CauseSuperseded})
 		o.disconnect(w.ID, "superseded by a new connection")
 	}
 	o.attach(c, w, h.Version)
@@ -207,7 +207,7 @@ func (o *Orchestrator) hello(c ConnID, h Hello, entropy [16]byte) {
 	// report was lost with its execution: triage it now.
 	for _, id := range lost {
 		l := o.leases[id]
-		o.triage(o.steps[l.Step], l, causeLost)
+		o.triage(o.steps[l.Step], l, CauseLost)
 	}
 	// Cancels of steps that were cancelling before the worker came back.
 	for _, id := range o.sortedLeases(w.ID) {
@@ -225,22 +225,22 @@ func (o *Orchestrator) enroll(c ConnID, h Hello, entropy [16]byte) {
 	t := o.tokens[name]
 	switch {
 	case !ok || name == "" || secret == "":
-		o.refuse(c, "malformed enrollment token (want <name>.<secret>)", true)
+		o.refuse(c, CauseTokenUnknown, "malformed enrollment token (want <name>.<secret>)", true)
 		return
 	case t == nil || !checkSecret(t.Hash, secret):
-		o.refuse(c, "unknown enrollment token", true)
+		o.refuse(c, CauseTokenUnknown, "unknown enrollment token", true)
 		return
 	case t.Revoked:
-		o.refuse(c, fmt.Sprintf("enrollment token %q was revoked", name), true)
+		o.refuse(c, CauseTokenRevoked, fmt.Sprintf("enrollment token %q was revoked", name), true)
 		return
 	case t.Consumed:
-		o.refuse(c, fmt.Sprintf("enrollment token %q was already used", name), true)
+		o.refuse(c, CauseTokenUsed, fmt.Sprintf("enrollment token %q was already used", name), true)
 		return
 	case !o.now.Before(t.ExpiresAt):
-		o.refuse(c, fmt.Sprintf("enrollment token %q expired", name), true)
+		o.refuse(c, CauseTokenExpired, fmt.Sprintf("enrollment token %q expired", name), true)
 		return
 	case o.workers[h.Worker] != nil:
-		o.refuse(c, fmt.Sprintf("worker instance %s is already enrolled", h.Worker), true)
+		o.refuse(c, CauseAlreadyEnrolled, fmt.Sprintf("worker instance %s is already enrolled", h.Worker), true)
 		return
 	}
 	cred := hex.EncodeToString(entropy[:])
@@ -314,9 +314,11 @@ func (o *Orchestrator) reconcile(w *WorkerRecord, inflight []LeaseRef, offline t
 		if s.State == StateRecovering {
 			l.Deadline = time.Time{}
 			o.markLease(l)
+			done := o.because(CauseReclaimed, s.ID, l)
 			o.transition(s, EvStart)
 			msg := fmt.Sprintf("worker %s reconnected after %s; step reclaimed", w.ID, DescribeDuration(offline.Truncate(time.Second)))
 			o.event(s.Run, s.ID, "step-reclaimed", msg)
+			done()
 			o.logf("info", "Job recovered from agent reconnection", "recovery_duration", fmt.Sprint(offline.Milliseconds()),
 				"worker_id", string(w.ID), "step_id", string(s.ID), "run_id", string(s.Run),
 				"buffered_messages_count", fmt.Sprint(buffered))
@@ -352,7 +354,7 @@ func (o *Orchestrator) disconnect(wid WorkerID, reason string) {
 	o.markWorker(w)
 	o.logf("info", "worker disconnected", "worker_id", string(wid), "reason", reason)
 	if w.Scaler || w.Grace <= 0 {
-		o.triageAll(w, causeNoGrace)
+		o.triageAll(w, CauseNoGrace)
 		w.Active = false
 		return
 	}
@@ -365,25 +367,18 @@ func (o *Orchestrator) disconnect(wid WorkerID, reason string) {
 			l.Deadline = w.GraceUntil
 			o.markLease(l)
 			o.arm(l.Deadline, tLease, leaseKeyID(l.ID))
+			done := o.because(CauseDisconnected, s.ID, l)
 			o.transition(s, EvRecover)
 			o.event(s.Run, s.ID, "step-recovering",
 				fmt.Sprintf("worker %s disconnected; holding the step for %s", wid, DescribeDuration(w.Grace)))
+			done()
 		}
 	}
 }
 
-// triageCause says why a worker's in-flight steps are being triaged.
-type triageCause uint8
-
-const (
-	causeGrace   triageCause = iota // grace window expired
-	causeNoGrace                    // scaler-managed or no-reconnect worker disconnected
-	causeStale                      // heartbeat timeout
-	causeRevoked                    // token revoked
-	causeLost                       // reconnected without reporting the step
-)
-
-func (o *Orchestrator) triageAll(w *WorkerRecord, cause triageCause) {
+// triageAll triages every in-flight step of a lost worker; cause is one of
+// CauseGraceExpired, CauseNoGrace, CauseStaleWorker, CauseRevoked.
+func (o *Orchestrator) triageAll(w *WorkerRecord, cause Cause) {
 	for _, id := range o.sortedLeases(w.ID) {
 		l := o.leases[id]
 		o.triage(o.steps[l.Step], l, cause)
@@ -394,26 +389,27 @@ func (o *Orchestrator) triageAll(w *WorkerRecord, cause triageCause) {
 // requeue; started no-write → requeue from the beginning; started
 // write-bearing → failed, never re-dispatched. The attempt cap applies to
 // requeues. A cancelling step cannot finish its cancel: it is forced.
-func (o *Orchestrator) triage(s *StepRecord, l *LeaseRecord, cause triageCause) {
+func (o *Orchestrator) triage(s *StepRecord, l *LeaseRecord, cause Cause) {
 	w := o.workers[l.Worker]
-	if cause == causeGrace && (w.Scaler || w.Grace <= 0) {
+	if cause == CauseGraceExpired && (w.Scaler || w.Grace <= 0) {
 		// A worker without a grace window (after a restart) had no recovery
 		// window to miss: it is a scaler-managed or no-reconnect disconnect.
-		cause = causeNoGrace
+		cause = CauseNoGrace
 	}
+	defer o.because(cause, s.ID, l)()
 	class, msg := ClassDisconnect, "agent disconnected and did not reconnect within the recovery window"
 	switch cause {
-	case causeNoGrace:
+	case CauseNoGrace:
 		if w.Scaler {
 			msg = "scaler-managed agent disconnected mid-execution"
 		} else {
 			msg = "agent disconnected with --no-reconnect mid-execution"
 		}
-	case causeStale:
+	case CauseStaleWorker:
 		class, msg = ClassStaleWorker, fmt.Sprintf("worker %s sent no heartbeat for %s", w.ID, DescribeDuration(o.now.Sub(w.LastHeartbeat).Truncate(time.Second)))
-	case causeRevoked:
+	case CauseRevoked:
 		class, msg = ClassRevoked, fmt.Sprintf("worker %s's enrollment token was revoked", w.ID)
-	case causeLost:
+	case CauseLost:
 		msg = fmt.Sprintf("worker %s reconnected without this step: its execution was lost", w.ID)
 	}
 	o.sendTo(w.ID, Cancel{Lease: l.ID, Reason: msg})
@@ -520,6 +516,7 @@ func (o *Orchestrator) rejectDispatch(w *WorkerRecord, m RejectDispatch) {
 		return
 	}
 	why := fmt.Sprintf("worker %s rejected the dispatch: %s", w.ID, m.Reason)
+	defer o.because(CauseDispatchRejected, s.ID, l)()
 	s.RejectedBy = w.ID
 	o.endLease(l, why)
 	o.requeue(s, why)
@@ -655,6 +652,7 @@ func (o *Orchestrator) report(w *WorkerRecord, c ConnID, m Report) {
 // COMMITTED): it may have written, so it is never re-dispatched.
 func (o *Orchestrator) workerStopped(w *WorkerRecord, s *StepRecord, l *LeaseRecord, out Outcome, record func(Verdict, string)) {
 	msg := fmt.Sprintf("worker %s was stopped before the step finished", w.ID)
+	defer o.because(CauseWorkerStopped, s.ID, l)()
 	if out.Message != "" {
 		msg += ": " + out.Message
 	}
@@ -798,7 +796,7 @@ func (o *Orchestrator) logWatermark(id LeaseID, event bool) uint64 {
 
 func (o *Orchestrator) refresh(w *WorkerRecord, c ConnID, m Refresh) {
 	if !o.now.Before(w.CredExpiry) {
-		o.send(c, Close{Reason: "session credential expired", Code: ClosePolicy})
+		o.send(c, Close{Reason: "session credential expired", Code: ClosePolicy, Cause: CauseCredentialExpired})
 		o.disconnect(w.ID, "credential expired")
 		return
 	}
@@ -820,12 +818,14 @@ func (o *Orchestrator) fire(t timer) {
 		switch s.State {
 		case StateQueued:
 			why := fmt.Sprintf("dispatch not started by worker %s within the deadline", l.Worker)
+			done := o.because(CauseDispatchMissed, s.ID, l)
 			o.sendTo(l.Worker, Cancel{Lease: l.ID, Reason: why})
 			o.endLease(l, "never started: "+why)
 			o.miss(s, l.Worker)
 			o.requeue(s, why)
+			done()
 		case StateRecovering:
-			o.triage(s, l, causeGrace)
+			o.triage(s, l, CauseGraceExpired)
 		}
 	case tGrace:
 		w := o.workers[WorkerID(t.key)]
@@ -833,10 +833,10 @@ func (o *Orchestrator) fire(t timer) {
 		w.GraceUntil = time.Time{}
 		o.markWorker(w)
 		o.logf("info", "worker deregistered: grace window expired", "worker_id", string(w.ID))
-		o.triageAll(w, causeGrace)
+		o.triageAll(w, CauseGraceExpired)
 	case tCred:
 		w := o.workers[WorkerID(t.key)]
-		o.sendTo(w.ID, Close{Reason: "session credential expired", Code: ClosePolicy})
+		o.sendTo(w.ID, Close{Reason: "session credential expired", Code: ClosePolicy, Cause: CauseCredentialExpired})
 		o.disconnect(w.ID, "credential expired")
 	case tForce:
 		s := o.steps[StepID(t.key)]
@@ -862,7 +862,9 @@ func (o *Orchestrator) fire(t timer) {
 		l := o.leases[s.Lease]
 		msg := fmt.Sprintf("step exceeded its timeout of %s", DescribeDuration(o.specOf[s.ID].Timeout))
 		o.sendTo(l.Worker, Cancel{Lease: l.ID, Reason: msg})
+		done := o.because(CauseStepTimeout, s.ID, l)
 		o.fail(s, ClassStepTimeout, msg)
+		done()
 	case tRunTimeout:
 		r := o.runs[RunID(t.key)]
 		o.cancelRun(r, ClassRunTimeout, fmt.Sprintf("run exceeded its timeout of %s", DescribeDuration(r.Spec.Timeout)))
@@ -884,7 +886,7 @@ func (o *Orchestrator) sweep() {
 		w.Active = false
 		o.markWorker(w)
 		o.logf("warn", "worker marked inactive: no heartbeat", "worker_id", string(w.ID))
-		o.triageAll(w, causeStale)
+		o.triageAll(w, CauseStaleWorker)
 	}
 	// 2. Unmatched steps.
 	for _, id := range sortedKeys(o.ready) {
@@ -892,7 +894,9 @@ func (o *Orchestrator) sweep() {
 		if o.now.Sub(s.QueuedAt) < o.cfg.UnmatchedTimeout || o.anyActiveMatch(s) {
 			continue
 		}
+		done := o.because(CauseUnmatched, s.ID, nil)
 		o.fail(s, ClassUnmatched, "No active worker with required tags to run this step"+o.requirement(s))
+		done()
 	}
 }
 

@@ -184,6 +184,11 @@ type ServerEvent struct {
 	Step    StepID
 	Kind    string
 	Message string
+	// Cause, Worker and Lease say, typed, what set a step event off and
+	// the lease it concerns (see Cause); empty where the event has none.
+	Cause  Cause    `json:",omitempty"`
+	Worker WorkerID `json:",omitempty"`
+	Lease  LeaseID  `json:",omitempty"`
 }
 
 // LogEntry is one structured log line of either machine (Ready.Logs,

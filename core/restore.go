@@ -147,9 +147,11 @@ func (o *Orchestrator) rearm() {
 		o.markLease(l)
 		switch s.State {
 		case StateRunning:
+			done := o.because(CauseRestarted, s.ID, l)
 			o.transition(s, EvRecover)
 			o.event(s.Run, s.ID, "step-recovering",
 				fmt.Sprintf("orchestrator restarted; holding the step for worker %s for %s", w.ID, DescribeDuration(w.Grace)))
+			done()
 		case StateCancelling:
 			l.Deadline = time.Time{}
 			s.ForceAt = o.now.Add(o.cfg.ForceCancel)

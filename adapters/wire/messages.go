@@ -182,8 +182,8 @@ func init() {
 		return core.Welcome{Worker: w.Worker, Credential: w.Credential, CredentialTTL: time.Duration(w.CredentialTTL),
 			Heartbeat: time.Duration(w.Heartbeat), Cancel: clone(w.Cancel)}, nil
 	})
-	register(func(m core.Refused) refused { return refused(m) },
-		func(w refused) (core.Refused, error) { return core.Refused(w), nil })
+	register(func(m core.Refused) refused { return refused{Reason: m.Reason, Fatal: m.Fatal} },
+		func(w refused) (core.Refused, error) { return core.Refused{Reason: w.Reason, Fatal: w.Fatal}, nil })
 	register(func(m core.Dispatch) dispatch {
 		return dispatch{Lease: m.Lease, Step: m.Step, Run: m.Run, Command: m.Command, Env: cloneMap(m.Env),
 			Writes: m.Writes, Timeout: Duration(m.Timeout), Attempt: m.Attempt}
