@@ -190,6 +190,11 @@ func (o *Orchestrator) Step(now time.Time, in Input) Ready {
 		o.createToken(in)
 	case RevokeToken:
 		o.revokeToken(in)
+	case DataWrite:
+		// SPEC §14: a write is decided after every timer due by now has
+		// fired, those due at this very instant too.
+		o.fireTimers(now, false)
+		o.dataWrite(in)
 	default:
 		panic(fmt.Sprintf("core: unknown input %T", in))
 	}

@@ -586,6 +586,29 @@ func (h *harness) command(d *datadriven.TestData) []string {
 		}
 		return []string{"worker " + string(w)}
 
+	case "write":
+		// write w1 lease=N [credential=C]: a data-plane write stepped as a
+		// DataWrite (SPEC §14): its typed answer, then how many records the
+		// batch made (deciding changes nothing), then the batch.
+		cred := h.creds[h.pos(d, 0)]
+		if v, ok := h.arg(d, "credential"); ok {
+			cred = v
+		}
+		rd := h.o.Step(h.now, DataWrite{Req: 7, Credential: cred, Lease: LeaseID(h.num(d, "lease", 0))})
+		var out []string
+		for _, a := range rd.Writes {
+			line := fmt.Sprintf("write req=%d %s", a.Req, a.Refusal)
+			if a.Worker != "" {
+				line += " worker=" + string(a.Worker)
+			}
+			if err := a.Err(); err != nil {
+				line += ": " + err.Error()
+			}
+			out = append(out, line)
+		}
+		out = append(out, fmt.Sprintf("records: %d", len(rd.Records)))
+		return append(out, h.absorb(rd)...)
+
 	case "transition":
 		s, ok1 := ParseState(h.pos(d, 0))
 		e, ok2 := ParseEvent(h.pos(d, 1))

@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"sort"
-	"strings"
 	"time"
 )
 
@@ -20,15 +19,14 @@ var ErrUnknownLease = errors.New("unknown lease")
 
 // Fence answers "may lease L, held by worker W, write now?" for proxied writes
 // (data-plane PUT and append, secret put). Only a current lease may write.
+// It is the lease half of CheckWrite's decision (core/data.go).
 func (o *Orchestrator) Fence(w WorkerID, l LeaseID) error {
-	lr := o.leases[l]
-	switch {
-	case lr == nil || lr.Worker != w:
+	switch r, detail := o.fence(w, l); r {
+	case RefusedUnknownLease:
 		return fmt.Errorf("%w %d for worker %s", ErrUnknownLease, l, w)
-	case !lr.Current:
-		return fmt.Errorf("%w: lease %d: %s", ErrNotCurrent, l, lr.EndReason)
-	}
-	if wr := o.workers[w]; wr == nil || wr.Revoked {
+	case RefusedLeaseNotCurrent:
+		return fmt.Errorf("%w: lease %d: %s", ErrNotCurrent, l, detail)
+	case RefusedWorkerRevoked:
 		return fmt.Errorf("%w: worker %s is revoked", ErrNotCurrent, w)
 	}
 	return nil
@@ -49,28 +47,15 @@ var ErrNotInPool = errors.New("worker is not in the pool")
 
 // Authenticate answers "whose session credential is this, and may it use
 // the data plane at now?" (SPEC §14: the data plane accepts only a valid session
-// credential). The credential reads "<worker id>.<secret>"; the secret is
-// checked against its stored hash in constant time. It is valid while its
-// worker is active, not revoked, and now is before the credential's expiry.
+// credential). It is valid while its worker is active, not revoked, and now
+// is before the credential's expiry. It is the credential half of
+// CheckWrite's decision (core/data.go).
 func (o *Orchestrator) Authenticate(now time.Time, credential string) (WorkerID, error) {
-	wid, secret, ok := strings.Cut(credential, ".")
-	w := o.workers[WorkerID(wid)]
-	var hash [32]byte // a missing worker is compared too, so timing says little
-	if w != nil {
-		hash = w.CredHash
+	a := o.CheckWrite(now, credential, 0)
+	if err := a.Err(); err != nil {
+		return "", err
 	}
-	match := checkSecret(hash, secret)
-	switch {
-	case !ok || wid == "" || secret == "" || w == nil || !match:
-		return "", ErrBadCredential
-	case w.Revoked:
-		return "", fmt.Errorf("%w: worker %s was revoked", ErrNotInPool, w.ID)
-	case !now.Before(w.CredExpiry):
-		return "", fmt.Errorf("%w for worker %s", ErrCredentialExpired, w.ID)
-	case !w.Active:
-		return "", fmt.Errorf("%w: worker %s was deregistered; it rejoins when it reconnects", ErrNotInPool, w.ID)
-	}
-	return w.ID, nil
+	return a.Worker, nil
 }
 
 // RunIDs lists every run, in submission order.

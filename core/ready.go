@@ -128,11 +128,13 @@ func (RevokeToken) isInput()  {}
 
 // Ready is everything one Step produced. The driver handles it in this order:
 //
-//  1. Records are saved to stable storage (one transaction, synced) BEFORE
-//     any Message is sent or any Answer returned;
+//  1. Records are saved to stable storage (one transaction, synced), with
+//     the data writes that Writes admitted, BEFORE any Message is sent or
+//     any Answer returned;
 //  2. then Messages are sent, in order, each on its connection; a Close or
 //     Refused message is followed by closing that connection;
-//  3. then Answers are returned to their callers;
+//  3. then Answers are returned to their callers, and Writes to the
+//     data-plane requests that asked;
 //  4. Events and Logs are informational (Events are also in Records);
 //  5. the driver calls Step with a Tick no later than Deadline (zero: none).
 type Ready struct {
@@ -150,6 +152,9 @@ type Ready struct {
 	// Transitions lists every step transition of the batch, in order; every
 	// one is a row of the table (checkers verify it independently).
 	Transitions []StepTransition
+	// Writes answers the batch's DataWrite: the driver stores the write, in
+	// the same durable group as Records, only if it is admitted (SPEC §14).
+	Writes []DataAnswer
 	// Deadline is the earliest time a timer is due; zero means none.
 	Deadline time.Time
 }

@@ -38,6 +38,7 @@ func Simulate(seed uint64, opt Options, cfg Config) Result {
 	res.PorcOps = len(w.hist.ops)
 	res.Failure = w.failure
 	res.Output = w.out
+	res.Data = w.dataStats()
 	if w.orch.up {
 		for _, id := range w.orch.o.RunIDs() {
 			if r, _, _ := w.orch.o.Run(id); r.Finished {
@@ -66,6 +67,9 @@ func (w *world) finalChecks() {
 	}
 	if v := w.chk.CheckLiveness(w.orch.o); v != nil {
 		w.fail(v.Invariant, v.Detail)
+		return
+	}
+	if w.checkStoredWrites(); w.failure != nil {
 		return
 	}
 	msg, markers, ok := w.hist.checkLogs(w.orch.o)

@@ -36,6 +36,7 @@ type summary struct {
 	faults          map[string]int
 	buggified       map[string]int
 	workerLogs      map[string]int
+	data            DataStats
 }
 
 func (s *summary) add(r Result) {
@@ -53,6 +54,7 @@ func (s *summary) add(r Result) {
 	for k, v := range r.WorkerLogs {
 		s.workerLogs[k] += v
 	}
+	s.data.add(r.Data)
 	if r.Failure != nil {
 		s.failures++
 	}
@@ -72,8 +74,8 @@ func kv(m map[string]int) string {
 }
 
 func (s *summary) String() string {
-	return fmt.Sprintf("sim: %d seeds, %.1f simulated hours, %d events, %d invariant checks, %d porcupine operations, %d failures; faults: %s; buggify fired: %s; worker log lines: %s",
-		s.seeds, s.simTime.Hours(), s.events, s.checks, s.porcOps, s.failures, kv(s.faults), kv(s.buggified), kv(s.workerLogs))
+	return fmt.Sprintf("sim: %d seeds, %.1f simulated hours, %d events, %d invariant checks, %d porcupine operations, %d failures; faults: %s; buggify fired: %s; worker log lines: %s; %s",
+		s.seeds, s.simTime.Hours(), s.events, s.checks, s.porcOps, s.failures, kv(s.faults), kv(s.buggified), kv(s.workerLogs), s.data)
 }
 
 // TestSim runs the default seed budget, each seed twice: both runs must pass

@@ -319,6 +319,7 @@ func (w *world) exec(wn *workerNode, x core.ExecCommand) {
 				}).on(0, alive).folded()
 			}
 		}
+		w.dataWrites(wn, p, dur)
 		code := 0
 		if w.chance(w.opt.FailProb) {
 			code = 1

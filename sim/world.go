@@ -103,6 +103,7 @@ type Result struct {
 	StepsTotal int
 	WorkerLogs map[string]int // the workers' own log lines by level
 	Output     OutputStats
+	Data       DataStats // the data plane's writes (sim/data.go)
 }
 
 // OutputStats says how much of the output path a run exercised (SPEC §10).
@@ -195,6 +196,7 @@ type world struct {
 	out     OutputStats
 	orchCfg core.Config // the orchestrator's knobs (zero: core's defaults)
 	script  *scriptRun  // a scripted run (script.go): events are picked, not popped
+	data    *dataPlane  // the simulated data plane (data.go), made at its first write
 }
 
 func newWorld(seed uint64, opt Options, cfg Config) *world {

@@ -14,9 +14,11 @@ package orchestrator
 // Every request carries "Authorization: Bearer <session credential>"; only a
 // valid, unexpired credential of a worker in the pool is accepted (401).
 // Every write (PUT, append) carries its lease ("Tether-Lease: N", or
-// ?lease=N) and is fenced: it is checked on the driver's loop, between the
-// core's inputs, and made durable in the same transaction as that group's
-// records, so no lease change can come between the check and the write. A
+// ?lease=N) and is fenced: the core decides it (a core.DataWrite stepped on
+// the driver's loop, between the core's inputs, answered with a typed
+// refusal or admitted), and an admitted write is made durable in the same
+// transaction as that group's records, so no lease change can come between
+// the decision and the write. This file only translates. A
 // write under a lease that is not current is refused (409) and writes
 // nothing; an accepted one is answered only once it is on stable storage.
 // Before a byte of a write's body is read, its credential and lease are
@@ -631,18 +633,24 @@ func (d *Driver) authenticate(ctx context.Context, cred string, lease core.Lease
 	}
 }
 
-// precheck answers an early check (loop goroutine).
+// precheck answers an early check (loop goroutine): the core's decision,
+// asked as a query of the state the last batch left.
 func (d *Driver) precheck(pc precheck) error {
-	w, err := d.o.Authenticate(time.Now(), pc.cred)
-	if err != nil {
+	return dataRefusal(d.o.CheckWrite(time.Now(), pc.cred, pc.lease))
+}
+
+// dataRefusal translates the core's answer to a data-plane request into the
+// error the request is answered with: 401 for the credential, 409 for the
+// lease (SPEC §14); nil when admitted.
+func dataRefusal(a core.DataAnswer) error {
+	err := a.Err()
+	switch {
+	case err == nil:
+		return nil
+	case a.Refusal.Credential():
 		return fmt.Errorf("%w: %v", ErrUnauthenticated, err)
 	}
-	if pc.lease != 0 {
-		if err := d.o.Fence(w, pc.lease); err != nil {
-			return fmt.Errorf("%w: %v", ErrFenced, err)
-		}
-	}
-	return nil
+	return fmt.Errorf("%w: %v", ErrFenced, err)
 }
 
 // writeData hands a write to the loop and waits until it is durable (or
@@ -750,21 +758,24 @@ func (d *Driver) PutBundleFrom(ctx context.Context, body io.Reader, limit int64)
 	return res.Bundle, nil
 }
 
-// fenceWrite is the loop's check of one data write, at its place among the
-// group's inputs: the credential (for a worker's write) and the lease.
-func (d *Driver) fenceWrite(now time.Time, in *dataWrite) error {
-	in.op.At = now
+// admitWrite has the core decide one data write at its place among the
+// group's inputs (loop goroutine): step steps the core.DataWrite into the
+// group. An operator's bundle upload is not the core's to decide (the
+// operator API authenticated it).
+func (d *Driver) admitWrite(in *dataWrite, step func(core.Input) core.Ready) error {
 	if in.cred == "" && in.op.Kind == store.OpBundle {
-		return nil // the operator API authenticated it
+		in.op.At = time.Now()
+		return nil
 	}
-	w, err := d.o.Authenticate(now, in.cred)
-	if err != nil {
-		return fmt.Errorf("%w: %v", ErrUnauthenticated, err)
+	rd := step(core.DataWrite{Credential: in.cred, Lease: in.lease})
+	in.op.At = d.o.Now()
+	if len(rd.Writes) != 1 {
+		return fmt.Errorf("%w: the core answered %d writes for one", ErrFenced, len(rd.Writes))
 	}
-	if err := d.o.Fence(w, in.lease); err != nil {
-		return fmt.Errorf("%w: %v", ErrFenced, err)
+	if err := dataRefusal(rd.Writes[0]); err != nil {
+		return err
 	}
-	in.op.Worker = string(w)
+	in.op.Worker = string(rd.Writes[0].Worker)
 	return nil
 }
 

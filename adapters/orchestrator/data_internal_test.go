@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/tether-run/tether/adapters/store"
+	"github.com/tether-run/tether/core"
 )
 
 var fp = strings.Repeat("0123456789abcdef", 4)
@@ -115,4 +116,33 @@ func FuzzParseDataPath(f *testing.F) {
 			t.Fatalf("%s %q: write = %v", method, p, rt.write)
 		}
 	})
+}
+
+// TestDataRefusal: the handler only translates the core's typed answer
+// (SPEC §14): a refusal of the credential is 401, of the lease 409, and
+// an admitted write no error.
+func TestDataRefusal(t *testing.T) {
+	p := &dataPlane{}
+	for _, c := range []struct {
+		r    core.WriteRefusal
+		code int
+	}{
+		{core.RefusedUnauthenticated, http.StatusUnauthorized},
+		{core.RefusedCredentialExpired, http.StatusUnauthorized},
+		{core.RefusedWorkerRevoked, http.StatusUnauthorized},
+		{core.RefusedWorkerInactive, http.StatusUnauthorized},
+		{core.RefusedUnknownLease, http.StatusConflict},
+		{core.RefusedLeaseNotCurrent, http.StatusConflict},
+	} {
+		err := dataRefusal(core.DataAnswer{Worker: "w1", Lease: 3, Refusal: c.r, Detail: "step success"})
+		if err == nil {
+			t.Fatalf("%s: no error", c.r)
+		}
+		if got := p.classify(err).code; got != c.code {
+			t.Errorf("%s: %v is HTTP %d, want %d", c.r, err, got, c.code)
+		}
+	}
+	if err := dataRefusal(core.DataAnswer{Worker: "w1", Lease: 3}); err != nil {
+		t.Errorf("admitted: %v", err)
+	}
 }

@@ -631,10 +631,11 @@ func (d *Driver) process(batch []input) error {
 		writes  []pendingWrite     // their answers, and the refused ones', in order
 		results []store.DataResult // ops' outcomes, once durable
 	)
-	step := func(in core.Input) {
+	step := func(in core.Input) core.Ready {
 		rd := d.o.Step(time.Now(), in)
 		group.Add(rd)
 		stepped, dl = true, rd.Deadline // the last Ready's Deadline is the core's earliest timer now
+		return rd
 	}
 	answered := false
 	defer func() {
@@ -690,15 +691,10 @@ func (d *Driver) process(batch []input) error {
 		case query:
 			queries = append(queries, in)
 		case dataWrite:
-			// The fence is decided here, between the group's inputs, and the
-			// write is made durable with the group: no lease change can come
-			// between. Timers due by now fire first, so a lease whose
-			// deadline has passed does not write.
-			now := time.Now()
-			if !dl.IsZero() && !now.Before(dl) {
-				step(core.Tick{})
-			}
-			if err := d.fenceWrite(now, &in); err != nil {
+			// The core decides the write here, between the group's inputs
+			// (after every timer due by now), and the write is made durable
+			// with the group: no lease change can come between.
+			if err := d.admitWrite(&in, step); err != nil {
 				writes = append(writes, pendingWrite{reply: in.reply, err: err})
 				continue
 			}

@@ -1,0 +1,251 @@
+package sim
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"sort"
+	"time"
+
+	"github.com/tether-run/tether/core"
+	"github.com/tether-run/tether/spec"
+)
+
+// The simulated data plane (SPEC §14). A step process writes its output
+// (appends and puts) through its worker's step endpoint, which forwards
+// each write with the worker's session credential and the process's lease;
+// the orchestrator steps it as a core.DataWrite, the same input the real
+// driver steps, and stores the write only if the core admits it, once the
+// group it was decided in is durable (a crash before keeps neither).
+//
+// Zombies come of the world's faults: a paused worker forwards its
+// processes' writes only when it resumes, a partitioned or clogged link
+// holds a request (TCP retransmits it) for up to the data plane's request
+// deadline, and a process runs on while its worker is cut off and its step
+// is triaged or re-dispatched. Some writes name another worker's lease (a
+// forged lease header). Every decision is checked against the Checker's
+// own view of leases (spec.PropFencedWrites), never the core's answer; and
+// at the end, every stored write was made under a lease current and held
+// by its writer when it was stored.
+
+// dataDeadline bounds one data-plane request: a request the network holds
+// longer is lost (workers do not retry writes, SPEC §14).
+const dataDeadline = 5 * time.Minute
+
+// DataStats says how much of the data plane a run exercised.
+type DataStats struct {
+	Writes         int // writes that reached the orchestrator
+	Admitted       int
+	Stored         int // admitted writes made durable
+	Zombie         int // writes under the writer's own lease, not current (or the writer not in the pool) when they arrived
+	ZombieRefused  int
+	Foreign        int // writes naming another worker's lease
+	ForeignRefused int
+	Lost           int // requests lost: the orchestrator down, or held past the deadline
+}
+
+func (s *DataStats) add(o DataStats) {
+	s.Writes += o.Writes
+	s.Admitted += o.Admitted
+	s.Stored += o.Stored
+	s.Zombie += o.Zombie
+	s.ZombieRefused += o.ZombieRefused
+	s.Foreign += o.Foreign
+	s.ForeignRefused += o.ForeignRefused
+	s.Lost += o.Lost
+}
+
+func (s DataStats) String() string {
+	return fmt.Sprintf("data writes: %d (admitted %d, stored %d; zombie %d, refused %d; another worker's lease %d, refused %d; lost %d)",
+		s.Writes, s.Admitted, s.Stored, s.Zombie, s.ZombieRefused, s.Foreign, s.ForeignRefused, s.Lost)
+}
+
+// dataPlane is the world's data-plane state; its randomness is its own
+// stream, so the writes change nothing else the seed decides.
+type dataPlane struct {
+	r      *rand.Rand
+	req    uint64
+	stored []storedWrite
+	stats  DataStats
+}
+
+// storedWrite is one durable write: who wrote under which lease, and
+// whether, by the Checker's view, that lease was current and the writer's
+// when the write was stored.
+type storedWrite struct {
+	worker core.WorkerID
+	lease  core.LeaseID
+	held   bool
+}
+
+func (w *world) dataState() *dataPlane {
+	if w.data == nil {
+		w.data = &dataPlane{r: rand.New(rand.NewPCG(w.seed, 0xda7a))}
+	}
+	return w.data
+}
+
+// dataWrites schedules the writes of a process that runs for dur: one to
+// three, at random times during its run. A scripted run (the explorer's
+// counterexamples) has no data plane.
+func (w *world) dataWrites(wn *workerNode, p *proc, dur time.Duration) {
+	if w.script != nil {
+		return
+	}
+	d := w.dataState()
+	gen := wn.gen
+	for i := 0; i < 1+d.r.IntN(3); i++ {
+		off := time.Duration(d.r.Int64N(int64(dur) + 1))
+		lease := p.lease
+		w.after(off, evProc, wn.idx, nil, "data write", func() {
+			if wn.gen != gen || p.done {
+				return
+			}
+			if d.r.IntN(20) == 0 {
+				lease = w.foreignLease(wn, lease)
+			}
+			w.forwardWrite(wn, gen, lease, w.now)
+		})
+	}
+}
+
+// foreignLease picks the lease of a process running on another worker (a
+// forged lease header), or keeps own if there is none.
+func (w *world) foreignLease(wn *workerNode, own core.LeaseID) core.LeaseID {
+	var ids []core.LeaseID
+	for _, o := range w.workers {
+		if o == wn || !o.alive {
+			continue
+		}
+		for id, p := range o.procs {
+			if !p.done {
+				ids = append(ids, id)
+			}
+		}
+	}
+	if len(ids) == 0 {
+		return own
+	}
+	sort.Slice(ids, func(i, j int) bool { return ids[i] < ids[j] })
+	return ids[w.dataState().r.IntN(len(ids))]
+}
+
+// forwardWrite is the worker's step endpoint forwarding a write issued at
+// issued: a paused worker forwards it when it resumes; then the network
+// carries it, holding it while the link is cut or clogged, until the
+// request's deadline.
+func (w *world) forwardWrite(wn *workerNode, gen int, lease core.LeaseID, issued time.Time) {
+	if wn.gen != gen || !wn.alive {
+		return
+	}
+	d := w.dataState()
+	if w.now.Before(wn.pausedUntil) || len(wn.deferred) > 0 {
+		at := maxTime(wn.pausedUntil, w.now.Add(time.Millisecond))
+		w.at(at, evWorkerTick, wn.idx, nil, "data write forwarded after a pause", func() {
+			w.forwardWrite(wn, gen, lease, issued)
+		})
+		return
+	}
+	lk := &wn.link
+	if lk.cutUp || lk.clogUntil.After(w.now) {
+		if w.now.Sub(issued) >= dataDeadline {
+			d.stats.Lost++
+			return
+		}
+		w.after(time.Second+time.Duration(d.r.Int64N(int64(4*time.Second))), evWorkerTick, wn.idx, nil, "data write retransmitted", func() {
+			w.forwardWrite(wn, gen, lease, issued)
+		})
+		return
+	}
+	cred := wn.m.Credential()
+	if cred == "" {
+		return // not enrolled: it has no lease to write under
+	}
+	delay := time.Duration(float64(w.opt.DelayMin+time.Duration(d.r.Int64N(int64(w.opt.DelayMax-w.opt.DelayMin)+1))) * lk.scale)
+	d.req++
+	req := d.req
+	w.after(delay, evToOrch, wn.idx, nil, fmt.Sprintf("data write lease=%d", lease), func() {
+		w.arriveWrite(wn.id, core.DataWrite{Req: req, Credential: cred, Lease: lease})
+	})
+}
+
+// arriveWrite is a data-plane write reaching the orchestrator: the core
+// decides it; the decision is checked against the Checker's view; an
+// admitted write is stored once its group is durable.
+func (w *world) arriveWrite(writer core.WorkerID, in core.DataWrite) {
+	d := w.dataState()
+	if !w.orch.up {
+		d.stats.Lost++
+		return
+	}
+	foreign := false
+	for _, o := range w.workers {
+		if p := o.procs[in.Lease]; p != nil && o.id != writer {
+			foreign = true
+		}
+	}
+	rd := w.orchInput(in)
+	if w.failure != nil {
+		return
+	}
+	var a *core.DataAnswer
+	for i := range rd.Writes {
+		if rd.Writes[i].Req == in.Req {
+			a = &rd.Writes[i]
+		}
+	}
+	if a == nil {
+		w.fail(spec.PropFencedWrites, fmt.Sprintf("the batch that stepped data write %d (worker %s, lease %d) did not answer it", in.Req, writer, in.Lease))
+		return
+	}
+	held := w.chk.LeaseHeldBy(writer, in.Lease)
+	d.stats.Writes++
+	zombie := !held && !foreign
+	if zombie {
+		d.stats.Zombie++
+	}
+	if foreign {
+		d.stats.Foreign++
+	}
+	if a.Refusal != core.WriteAdmitted {
+		if zombie {
+			d.stats.ZombieRefused++
+		}
+		if foreign {
+			d.stats.ForeignRefused++
+		}
+		return
+	}
+	d.stats.Admitted++
+	if v := w.chk.WriteDecided(writer, in.Lease, *a); v != nil {
+		w.fail(v.Invariant, v.Detail)
+		return
+	}
+	sw := storedWrite{worker: writer, lease: in.Lease, held: held}
+	w.orchRead(func() {
+		d.stored = append(d.stored, sw)
+		d.stats.Stored++
+	})
+}
+
+// checkStoredWrites is the end-of-run half of spec.PropFencedWrites:
+// nothing stored came from a lease that was not current, or not its
+// writer's, when it was stored.
+func (w *world) checkStoredWrites() {
+	if w.data == nil {
+		return
+	}
+	for _, s := range w.data.stored {
+		if !s.held {
+			w.fail(spec.PropFencedWrites, fmt.Sprintf("the data store holds a write by worker %s under lease %d, which was not current and its own when stored", s.worker, s.lease))
+			return
+		}
+	}
+}
+
+// dataStats is what the run's data plane did (zero when it had none).
+func (w *world) dataStats() DataStats {
+	if w.data == nil {
+		return DataStats{}
+	}
+	return w.data.stats
+}

@@ -1,0 +1,53 @@
+package spec
+
+import (
+	"fmt"
+
+	"github.com/tether-run/tether/core"
+)
+
+// PropFencedWrites names the data plane's fencing property (SPEC §14): a
+// data-plane write the core admits was made under a lease that is current
+// and held by the writing worker, and the worker is active and not
+// revoked, at that moment; so nothing stored came from a zombie.
+const PropFencedWrites = "FencedWrites"
+
+// LeaseHeldBy reports, from the Checker's own view of the orchestrator (the
+// leases and workers its records say, never a query of the core), whether
+// lease l is current, held by worker w, and w is an active, unrevoked
+// worker: whether a write by w under l may be stored now (SPEC §14). It
+// reads the state after the last recorded batch.
+func (c *Checker) LeaseHeldBy(w core.WorkerID, l core.LeaseID) bool {
+	ow, cur := c.current[l]
+	info, ok := c.workers[w]
+	return cur && ow.worker == w && ok && info.active && !info.revoked
+}
+
+// WriteDecided checks the core's answer to a data-plane write by worker w
+// under lease l, called right after the batch that answered it was
+// recorded (Batch): an admitted write must be one LeaseHeldBy allows. The
+// core decides a write after every timer due by then has fired, and
+// nothing after the decision in its batch ends a lease, so the state after
+// the batch is the state the decision was made in.
+func (c *Checker) WriteDecided(w core.WorkerID, l core.LeaseID, a core.DataAnswer) *Violation {
+	c.checks++
+	if a.Refusal != core.WriteAdmitted || c.LeaseHeldBy(w, l) {
+		return nil
+	}
+	ow, cur := c.current[l]
+	info, known := c.workers[w]
+	var why string
+	switch {
+	case !cur:
+		why = fmt.Sprintf("lease %d is not current", l)
+	case ow.worker != w:
+		why = fmt.Sprintf("lease %d (step %s) is held by worker %s", l, ow.step, ow.worker)
+	case !known:
+		why = fmt.Sprintf("worker %s is not enrolled", w)
+	case info.revoked:
+		why = fmt.Sprintf("worker %s is revoked", w)
+	default:
+		why = fmt.Sprintf("worker %s is not active", w)
+	}
+	return &Violation{Invariant: PropFencedWrites, Detail: fmt.Sprintf("a data-plane write by worker %s under lease %d was admitted, but %s", w, l, why)}
+}
