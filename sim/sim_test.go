@@ -198,9 +198,11 @@ func clockFailure(seed uint64, opt Options, cfg Config, a, b Result) *Failure {
 	again := Simulate(seed, opt, cfg)
 	f := &Failure{Seed: seed, Options: opt.Describe()}
 	if again.TraceHash != a.TraceHash || again.Events != a.Events {
+		where, last := diverge(seed, opt, cfg, cfg)
 		f.Invariant = "determinism"
 		f.Detail = fmt.Sprintf("two plain runs of one seed differ: trace %#x/%#x, events %d/%d: the simulation is not a function of its seed\n%s",
-			a.TraceHash, again.TraceHash, a.Events, again.Events, diverge(seed, opt, cfg, cfg))
+			a.TraceHash, again.TraceHash, a.Events, again.Events, where)
+		f.Last = last
 		return f
 	}
 	shifted := cfg
@@ -211,9 +213,10 @@ func clockFailure(seed uint64, opt Options, cfg Config, a, b Result) *Failure {
 		ShiftMin, ShiftMax, a.TraceHash, b.TraceHash, a.Events, b.Events)
 	if b.Failure != nil {
 		f.Detail += fmt.Sprintf("; the shifted run violated %s at +%s: %s", b.Failure.Invariant, b.Failure.At, b.Failure.Detail)
-		f.Last = b.Failure.Last
 	}
-	f.Detail += "\n" + diverge(seed, opt, cfg, shifted)
+	where, last := diverge(seed, opt, cfg, shifted)
+	f.Detail += "\n" + where
+	f.Last = last
 	return f
 }
 

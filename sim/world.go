@@ -193,10 +193,12 @@ const (
 	RedriftMax = 0.05
 )
 
-// traceSum is the trace hash after one event, and the event.
+// traceSum is the trace hash after one event, the event, and the digests
+// of the orchestrator batches it produced, one item a line.
 type traceSum struct {
-	sum  uint64
-	text string
+	sum   uint64
+	text  string
+	batch string
 }
 
 type world struct {
@@ -242,6 +244,7 @@ type world struct {
 
 	// inconclusive says why a check could not judge the run (Result.Inconclusive).
 	inconclusive string
+	batchText    strings.Builder // with Config.sums: this event's batch digests
 }
 
 func newWorld(seed uint64, opt Options, cfg Config) *world {
@@ -361,7 +364,8 @@ func (w *world) step(e *event) {
 	}
 	w.execEvent(e)
 	if w.cfg.sums != nil {
-		*w.cfg.sums = append(*w.cfg.sums, traceSum{sum: w.hash.Sum64(), text: w.describe(e)})
+		*w.cfg.sums = append(*w.cfg.sums, traceSum{sum: w.hash.Sum64(), text: w.describe(e), batch: w.batchText.String()})
+		w.batchText.Reset()
 	}
 	if w.failure != nil {
 		return
@@ -424,28 +428,32 @@ func (w *world) eventText(e *event) string {
 // with their connections, the answers, the server events' kinds and the next
 // deadline. Its own structured log lines are observability and left out.
 func (w *world) digest(rd core.Ready) {
-	h := w.hash
+	var h io.Writer = w.hash
+	if w.cfg.sums != nil {
+		h = io.MultiWriter(w.hash, &w.batchText)
+	}
 	for _, r := range rd.Records {
-		fmt.Fprintf(h, "r %s %t ", r.Key, r.Delete)
+		fmt.Fprintf(h, "record %s delete=%t ", r.Key, r.Delete)
 		v := r.Value
 		if strings.HasPrefix(r.Key, core.KindLog+"/") {
 			v = withoutAt(v)
 		}
 		h.Write(v)
+		io.WriteString(h, "\n")
 	}
 	for _, t := range rd.Transitions {
-		fmt.Fprintf(h, "t %s %s %s %s ", t.Step, t.From, t.Event, t.To)
+		fmt.Fprintf(h, "transition %s %s %s %s\n", t.Step, t.From, t.Event, t.To)
 	}
 	for _, m := range rd.Messages {
-		fmt.Fprintf(h, "m %d %s %+v ", m.Conn, m.Msg.Kind(), m.Msg)
+		fmt.Fprintf(h, "message conn=%d %s %+v\n", m.Conn, m.Msg.Kind(), m.Msg)
 	}
 	for _, a := range rd.Answers {
-		fmt.Fprintf(h, "a %d %q %s %q ", a.Call, a.Err, a.Run, a.Token)
+		fmt.Fprintf(h, "answer call=%d err=%q run=%s token=%q\n", a.Call, a.Err, a.Run, a.Token)
 	}
 	for _, e := range rd.Events {
-		fmt.Fprintf(h, "e %s %d %d %s %s ", e.Run, e.Seq, e.At.UnixNano(), e.Step, e.Kind)
+		fmt.Fprintf(h, "event %s #%d at=%d %s %s\n", e.Run, e.Seq, e.At.UnixNano(), e.Step, e.Kind)
 	}
-	fmt.Fprintf(h, "d %d;", rd.Deadline.UnixNano())
+	fmt.Fprintf(h, "deadline %d\n", rd.Deadline.UnixNano())
 }
 
 // withoutAt is a stored log line's canonical JSON (core.StepLogLine) without
@@ -466,8 +474,10 @@ func withoutAt(v []byte) []byte {
 
 // diverge runs a seed twice, with cfg a and cfg b, and describes the first
 // event after which their trace hashes differ, with the events before it in
-// each run; "" if they never do.
-func diverge(seed uint64, opt Options, a, b Config) string {
+// each run and the first item of the orchestrator's batches there that
+// differs ("" if they never do); and the second run's last events up to
+// that one.
+func diverge(seed uint64, opt Options, a, b Config) (string, []string) {
 	var sa, sb []traceSum
 	a.sums, b.sums = &sa, &sb
 	a.VizDir, b.VizDir, a.Trace, b.Trace = "", "", nil, nil
@@ -476,6 +486,10 @@ func diverge(seed uint64, opt Options, a, b Config) string {
 	for i := 0; i < len(sa) && i < len(sb); i++ {
 		if sa[i].sum == sb[i].sum {
 			continue
+		}
+		var last []string
+		for k := max(0, i+1-lastEvents); k <= i; k++ {
+			last = append(last, sb[k].text)
 		}
 		var out strings.Builder
 		fmt.Fprintf(&out, "the runs first differ after event %d (the event itself, or the orchestrator's batch for it):\n", i+1)
@@ -488,10 +502,24 @@ func diverge(seed uint64, opt Options, a, b Config) string {
 				fmt.Fprintf(&out, "    %s\n", r.s[k].text)
 			}
 		}
-		return out.String()
+		la, lb := strings.Split(sa[i].batch, "\n"), strings.Split(sb[i].batch, "\n")
+		for k := 0; k < len(la) || k < len(lb); k++ {
+			var x, y string
+			if k < len(la) {
+				x = la[k]
+			}
+			if k < len(lb) {
+				y = lb[k]
+			}
+			if x != y {
+				fmt.Fprintf(&out, "  the orchestrator's batches there first differ in:\n    first run:  %s\n    second run: %s\n", x, y)
+				break
+			}
+		}
+		return out.String(), last
 	}
 	if len(sa) != len(sb) {
-		return fmt.Sprintf("one run has %d events, the other %d, identical as far as both go", len(sa), len(sb))
+		return fmt.Sprintf("one run has %d events, the other %d, identical as far as both go", len(sa), len(sb)), nil
 	}
-	return ""
+	return "", nil
 }
