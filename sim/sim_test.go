@@ -27,6 +27,7 @@ var (
 	flagTrace  = flag.Bool("sim.trace", false, "with -sim.seed: print every event")
 	flagShift  = flag.Bool("sim.shift", false, "with -sim.seed: replay the seed with every worker clock shifted by hours (Config.ShiftClocks), as TestSim's second run does, and compare it with the unshifted run")
 	flagDrift  = flag.Bool("sim.drift", false, "with -sim.seed: replay the seed with every worker clock drifting differently (Config.Redrift), as TestSim's drift run does")
+	flagMaxOps = flag.Int("sim.maxstepops", 0, "operations of one step's history the linearizability check takes on (0: spec.MaxStepOps); a step over it makes the seed inconclusive")
 	flagDriftN = flag.Int("sim.driftevery", 1, "TestSim runs every n-th seed a third time under another clock drift (0: none)")
 )
 
@@ -36,6 +37,7 @@ type summary struct {
 	inconclusive    int
 	shifted, drift  int // seeds run again with shifted clocks, with another drift
 	largestStep     int
+	bound           int // Config.MaxStepOps, or spec.MaxStepOps
 	simTime         time.Duration
 	events, checks  uint64
 	porcOps         int
@@ -77,7 +79,7 @@ func kv(m map[string]int) string {
 
 func (s *summary) String() string {
 	return fmt.Sprintf("sim: %d seeds (%d again with shifted worker clocks, %d under another drift), %.1f simulated hours, %d events, %d invariant checks, %d porcupine operations (largest step history %d of at most %d), %d failures, %d inconclusive; faults: %s; buggify fired: %s; worker log lines: %s",
-		s.seeds, s.shifted, s.drift, s.simTime.Hours(), s.events, s.checks, s.porcOps, s.largestStep, spec.MaxStepOps, s.failures, s.inconclusive, kv(s.faults), kv(s.buggified), kv(s.workerLogs))
+		s.seeds, s.shifted, s.drift, s.simTime.Hours(), s.events, s.checks, s.porcOps, s.largestStep, s.bound, s.failures, s.inconclusive, kv(s.faults), kv(s.buggified), kv(s.workerLogs))
 }
 
 // TestSim runs the default seed budget, each seed twice: the second run
@@ -90,7 +92,7 @@ func (s *summary) String() string {
 // With -sim.seed it replays one seed (-sim.shift, -sim.drift: as the second
 // or the third run).
 func TestSim(t *testing.T) {
-	cfg := Config{Canary: *flagCanary, VizDir: *flagViz}
+	cfg := Config{Canary: *flagCanary, VizDir: *flagViz, MaxStepOps: *flagMaxOps}
 	if cfg.VizDir == "" {
 		cfg.VizDir = t.TempDir()
 	}
@@ -102,7 +104,10 @@ func TestSim(t *testing.T) {
 	if testing.Short() && n == 500 {
 		n = 100
 	}
-	sum := &summary{faults: map[string]int{}, buggified: map[string]int{}, workerLogs: map[string]int{}}
+	sum := &summary{faults: map[string]int{}, buggified: map[string]int{}, workerLogs: map[string]int{}, bound: spec.MaxStepOps}
+	if cfg.MaxStepOps > 0 {
+		sum.bound = cfg.MaxStepOps
+	}
 	var mu sync.Mutex
 	var failures []*Failure
 	var inconclusive []string
@@ -425,5 +430,23 @@ func TestSimOutputPath(t *testing.T) {
 	t.Logf("output path: %+v", sum)
 	if sum.Paused == 0 || sum.DropMarkers == 0 || sum.AcksLost == 0 {
 		t.Fatalf("the output path was not exercised: %+v", sum)
+	}
+}
+
+// TestInconclusiveIsNoVerdict: a seed whose linearizability check could not
+// take on a step's history (over Config.MaxStepOps) is inconclusive — it
+// neither fails as a violation nor passes — and says which step and why;
+// the same seed within the bound passes. No verdict depends on a wall clock.
+func TestInconclusiveIsNoVerdict(t *testing.T) {
+	seed := uint64(1)
+	r := Simulate(seed, Swarm(seed), Config{MaxStepOps: 2})
+	if r.Failure != nil {
+		t.Fatalf("an unchecked step's history was reported as a failure:\n%s", r.Failure)
+	}
+	if r.LargestStep <= 2 || !strings.Contains(r.Inconclusive, "inconclusive") || !strings.Contains(r.Inconclusive, "over the bound of 2 operations") {
+		t.Fatalf("largest step history %d, bound 2: inconclusive = %q", r.LargestStep, r.Inconclusive)
+	}
+	if r := Simulate(seed, Swarm(seed), Config{}); r.Failure != nil || r.Inconclusive != "" {
+		t.Fatalf("within the bound the seed does not pass: %v %q", r.Failure, r.Inconclusive)
 	}
 }

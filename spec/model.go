@@ -354,7 +354,8 @@ func CheckHistory(ops []porcupine.Operation, timeout time.Duration) (porcupine.C
 // a verdict that depends on the machine's speed is not a function of the
 // history. A step over the bound is not checked, and the check is
 // inconclusive. The simulator's steps stay far below it (their histories
-// are a few reports, cancels and queries: TestStepHistorySizes).
+// are a few reports, cancels and queries; TestSim's summary line names the
+// largest, and a seed over it fails the test as inconclusive).
 const MaxStepOps = 200
 
 // HistoryVerdict is what CheckSteps made of a history.
@@ -392,6 +393,7 @@ type UncheckedStep struct {
 // HistoryCheck is CheckSteps' answer.
 type HistoryCheck struct {
 	Verdict   HistoryVerdict
+	Bound     int                         // the most operations of one step's history checked
 	Checked   int                         // operations checked
 	Unchecked []UncheckedStep             // steps over the bound, in step order
 	Info      porcupine.LinearizationInfo // of the steps checked, for porcupine.Visualize
@@ -406,8 +408,12 @@ func (c HistoryCheck) Why() string {
 	for i, u := range c.Unchecked {
 		parts[i] = fmt.Sprintf("%s has %d operations", u.Step, u.Ops)
 	}
-	return fmt.Sprintf("%d step histories were not checked, being over the bound of %d operations per step (%s)",
-		len(c.Unchecked), MaxStepOps, strings.Join(parts, "; "))
+	what := "step history was"
+	if len(c.Unchecked) > 1 {
+		what = "step histories were"
+	}
+	return fmt.Sprintf("%d %s not checked, being over the bound of %d operations per step (%s)",
+		len(c.Unchecked), what, c.Bound, strings.Join(parts, "; "))
 }
 
 // CheckSteps checks a history of step operations for linearizability
@@ -419,7 +425,7 @@ func (c HistoryCheck) Why() string {
 // others went unchecked; otherwise any unchecked step makes the verdict
 // Inconclusive.
 func CheckSteps(ops []porcupine.Operation, maxStepOps int) HistoryCheck {
-	var c HistoryCheck
+	c := HistoryCheck{Bound: maxStepOps}
 	var keep []porcupine.Operation
 	for _, part := range partitionByStep(ops) {
 		if len(part) > maxStepOps {
