@@ -28,7 +28,7 @@ var (
 	flagShift  = flag.Bool("sim.shift", false, "with -sim.seed: replay the seed with every worker clock shifted by hours (Config.ShiftClocks), as TestSim's second run does, and compare it with the unshifted run")
 	flagDrift  = flag.Bool("sim.drift", false, "with -sim.seed: replay the seed with every worker clock drifting differently (Config.Redrift), as TestSim's drift run does")
 	flagMaxOps = flag.Int("sim.maxstepops", 0, "operations of one step's history the linearizability check takes on (0: spec.MaxStepOps); a step over it makes the seed inconclusive")
-	flagDriftN = flag.Int("sim.driftevery", 1, "TestSim runs every n-th seed a third time under another clock drift (0: none)")
+	flagDriftN = flag.Int("sim.driftevery", 2, "TestSim runs every n-th seed a third time under other clock drifts (0: none; 2 keeps go test ./sim within 1.5× of its time without the extra runs)")
 )
 
 // summary accumulates the one-line report of a batch of seeds.
@@ -119,20 +119,22 @@ func TestSim(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			for seed := range seeds {
-				f, a, drift := judgeSeed(seed, cfg, *flagDriftN > 0 && seed%uint64(*flagDriftN) == 0)
+				j := judgeSeed(seed, cfg, *flagDriftN > 0 && seed%uint64(*flagDriftN) == 0)
 				mu.Lock()
-				sum.add(a)
-				sum.shifted++
-				if drift {
+				sum.add(j.a)
+				if j.shifted {
+					sum.shifted++
+				}
+				if j.drift {
 					sum.drift++
 				}
 				switch {
-				case f != nil:
+				case j.f != nil:
 					sum.failures++
-					failures = append(failures, f)
-				case a.Inconclusive != "":
+					failures = append(failures, j.f)
+				case j.a.Inconclusive != "":
 					sum.inconclusive++
-					inconclusive = append(inconclusive, fmt.Sprintf("seed %#x: %s", seed, a.Inconclusive))
+					inconclusive = append(inconclusive, fmt.Sprintf("seed %#x: %s", seed, j.a.Inconclusive))
 				}
 				if len(failures) > 0 && *flagStop {
 					stop = true
@@ -165,23 +167,29 @@ func TestSim(t *testing.T) {
 	}
 }
 
-// judgeSeed runs one seed as TestSim does — plainly, with shifted worker
-// clocks, and (if drift) under other clock drifts — and returns the failure
-// to report (nil if none), the plain run, and whether it ran the drift run.
-func judgeSeed(seed uint64, cfg Config, drift bool) (*Failure, Result, bool) {
+// judged is what judgeSeed made of a seed.
+type judged struct {
+	f              *Failure // the failure to report; nil if none
+	a              Result   // the plain run
+	shifted, drift bool     // the shifted run, the drift run ran
+}
+
+// judgeSeed runs one seed as TestSim does: plainly, then (if that passed)
+// with shifted worker clocks and, if drift, under other clock drifts.
+func judgeSeed(seed uint64, cfg Config, drift bool) judged {
 	opt := Swarm(seed)
 	a := Simulate(seed, opt, cfg)
+	if a.Failure != nil {
+		return judged{f: a.Failure, a: a}
+	}
 	shifted := cfg
 	shifted.ShiftClocks = true
 	b := Simulate(seed, opt, shifted)
-	if a.Failure != nil {
-		return a.Failure, a, false
-	}
 	if b.TraceHash != a.TraceHash || b.Events != a.Events {
-		return clockFailure(seed, opt, cfg, a, b), a, false
+		return judged{f: clockFailure(seed, opt, cfg, a, b), a: a, shifted: true}
 	}
 	if !drift {
-		return nil, a, false
+		return judged{a: a, shifted: true}
 	}
 	drifted := cfg
 	drifted.Redrift = true
@@ -190,9 +198,9 @@ func judgeSeed(seed uint64, cfg Config, drift bool) (*Failure, Result, bool) {
 		f := *c.Failure
 		f.Detail = fmt.Sprintf("the seed passes, but with other worker clock drifts (within ±%.0f%%) it does not: %s", 100*RedriftMax, f.Detail)
 		f.Flags = "-sim.drift"
-		return &f, a, true
+		return judged{f: &f, a: a, shifted: true, drift: true}
 	}
-	return nil, a, true
+	return judged{a: a, shifted: true, drift: true}
 }
 
 // clockFailure reports a seed whose run with shifted worker clocks differs
@@ -291,26 +299,6 @@ func TestCanary(t *testing.T) {
 	}
 	if fmt.Sprint(failed) != "[42 142]" {
 		t.Fatalf("canary failed seeds %v, want [42 142]", failed)
-	}
-}
-
-// TestClockOffsetChangesNothing: only the orchestrator's clock decides truth
-// and workers only measure durations, so shifting every worker's clock by up
-// to an hour must not change a single event of the run.
-func TestClockOffsetChangesNothing(t *testing.T) {
-	for seed := uint64(1); seed <= 20; seed++ {
-		base := Swarm(seed)
-		base.DriftMax, base.JumpEvery, base.WobbleAmp = 0, 0, 0
-		a, b := base, base
-		a.ClockOffsetMax = 0
-		b.ClockOffsetMax = time.Hour
-		ra, rb := Simulate(seed, a, Config{}), Simulate(seed, b, Config{})
-		if ra.Failure != nil || rb.Failure != nil {
-			t.Fatalf("seed %d failed: %v %v", seed, ra.Failure, rb.Failure)
-		}
-		if ra.TraceHash != rb.TraceHash {
-			t.Fatalf("seed %d: a worker clock offset changed the run (trace %#x vs %#x)", seed, ra.TraceHash, rb.TraceHash)
-		}
 	}
 }
 
