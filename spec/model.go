@@ -6,7 +6,6 @@ import (
 	"hash/fnv"
 	"slices"
 	"strings"
-	"time"
 
 	"github.com/anishathalye/porcupine"
 	"github.com/tether-run/tether/core"
@@ -339,14 +338,6 @@ var StepModel = (&porcupine.NondeterministicModel{
 	},
 	DescribeState: describeState,
 }).ToModel()
-
-// CheckHistory checks a history of step operations for linearizability
-// against StepModel. timeout 0 means no limit; with a limit, porcupine
-// answers Unknown when the machine was too slow, so the verdict depends on
-// the machine: deterministic checkers use CheckSteps instead.
-func CheckHistory(ops []porcupine.Operation, timeout time.Duration) (porcupine.CheckResult, porcupine.LinearizationInfo) {
-	return porcupine.CheckOperationsVerbose(StepModel, ops, timeout)
-}
 
 // MaxStepOps is the most operations of one step's history that CheckSteps
 // checks. Porcupine's search is exponential in a partition's concurrency, so
