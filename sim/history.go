@@ -135,6 +135,18 @@ func (h *history) finish() []porcupine.Operation {
 	return h.ops
 }
 
+// largestStep is the most operations one step's history holds.
+func (h *history) largestStep() int {
+	n := map[core.StepID]int{}
+	most := 0
+	for _, op := range h.ops {
+		s := op.Input.(spec.StepInput).Step
+		n[s]++
+		most = max(most, n[s])
+	}
+	return most
+}
+
 var dropRe = regexp.MustCompile(`^--- Output dropped: (\d+) log lines \((\d+) bytes\)`)
 
 // checkLogs is the log continuity check (SPEC §13): for every committed

@@ -54,6 +54,7 @@ func (w *world) orchInput(in core.Input) core.Ready {
 // queueBatch queues a batch for the write-ahead pipeline.
 func (w *world) queueBatch(pb *pendingBatch) {
 	n := w.orch
+	w.digest(pb.rd)
 	n.pending = append(n.pending, pb)
 	w.scheduleOrchTick(pb.rd.Deadline)
 	w.maybePersist()

@@ -108,6 +108,18 @@ func (w *world) spawnWorker(token string, scaler, allTags bool) *workerNode {
 		wn.wobble = time.Duration(cr.Int64N(int64(w.opt.WobbleAmp) + 1))
 		wn.period = 5*time.Minute + time.Duration(cr.Int64N(int64(15*time.Minute)))
 	}
+	if w.cfg.ShiftClocks {
+		// Hours either way, every worker its own (SPEC §11: the run must
+		// not change).
+		d := ShiftMin + time.Duration(w.shiftR.Int64N(int64(ShiftMax-ShiftMin)+1))
+		if w.shiftR.IntN(2) == 0 {
+			d = -d
+		}
+		wn.offset += d
+	}
+	if w.cfg.Redrift {
+		wn.drift = (2*w.driftR.Float64() - 1) * RedriftMax
+	}
 	tags := tagSets[w.r.IntN(len(tagSets))]
 	if allTags {
 		tags = tagSets[3]

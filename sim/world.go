@@ -12,6 +12,7 @@ import (
 	"hash/fnv"
 	"io"
 	"math/rand/v2"
+	"strings"
 	"time"
 
 	"github.com/anishathalye/porcupine"
@@ -104,6 +105,12 @@ type Result struct {
 	WorkerLogs map[string]int // the workers' own log lines by level
 	Output     OutputStats
 	Data       DataStats // the data plane's writes (sim/data.go)
+	// Inconclusive, if set, says why the end-of-run linearizability check
+	// could not judge the history (spec.CheckSteps): the seed neither
+	// passed nor violated it. Failure is nil then.
+	Inconclusive string
+	// LargestStep is the most operations one step's history held.
+	LargestStep int
 }
 
 // OutputStats says how much of the output path a run exercised (SPEC §10).
@@ -123,6 +130,7 @@ type Failure struct {
 	Options   string
 	VizPath   string
 	Script    string // a scripted run (RunScript): the script's scope, instead of a seed
+	Flags     string // TestSim flags the replay needs beyond the seed ("-sim.shift")
 }
 
 // ReplayCommand is the one line that reproduces a failure.
@@ -130,7 +138,11 @@ func (f *Failure) ReplayCommand() string {
 	if f.Script != "" {
 		return spec.ScriptReplayCommand("FILE") + "   # FILE: the script, saved with spec.Script.WriteFile"
 	}
-	return fmt.Sprintf("go test ./sim -run 'TestSim$' -sim.seed=%#x -v", f.Seed)
+	flags := ""
+	if f.Flags != "" {
+		flags = " " + f.Flags
+	}
+	return fmt.Sprintf("go test ./sim -run 'TestSim$' -sim.seed=%#x%s -v", f.Seed, flags)
 }
 
 func (f *Failure) String() string {
@@ -156,6 +168,38 @@ type Config struct {
 	Canary bool      // fail on 1 seed in 100, to prove the failure path works
 	VizDir string    // where a linearizability failure writes its HTML
 	Trace  io.Writer // if set, every event is written here, one per line
+
+	// ShiftClocks moves every worker's clock by an offset of its own,
+	// between ShiftMin and ShiftMax either way, drawn from a stream of its
+	// own so that no other draw of the seed moves. Time is the
+	// orchestrator's (SPEC §11): the run, its trace hash included, must
+	// be the same as without it (TestSim's second run).
+	ShiftClocks bool
+	// Redrift gives every worker a clock rate error of its own, within
+	// ±RedriftMax, drawn from a stream of its own instead of the seed's:
+	// the durations workers measure change, so the schedule does, but the
+	// seed's verdict must not (TestSim's drift run).
+	Redrift bool
+	// MaxStepOps bounds the operations of one step's history that the
+	// linearizability check takes on (0: spec.MaxStepOps).
+	MaxStepOps int
+
+	sums *[]traceSum // if set, the trace hash after every event (diverge)
+}
+
+// The clock perturbations of Config.ShiftClocks and Config.Redrift.
+const (
+	ShiftMin   = time.Hour
+	ShiftMax   = 12 * time.Hour
+	RedriftMax = 0.05
+)
+
+// traceSum is the trace hash after one event, the event, and the digests
+// of the orchestrator batches it produced, one item a line.
+type traceSum struct {
+	sum   uint64
+	text  string
+	batch string
 }
 
 type world struct {
@@ -164,6 +208,8 @@ type world struct {
 	cfg    Config
 	r      *rand.Rand
 	clockR *rand.Rand // worker clocks only
+	shiftR *rand.Rand // Config.ShiftClocks' offsets only
+	driftR *rand.Rand // Config.Redrift's drifts only
 	now    time.Time
 	seq    uint64
 	q      evHeap
@@ -197,6 +243,10 @@ type world struct {
 	orchCfg core.Config // the orchestrator's knobs (zero: core's defaults)
 	script  *scriptRun  // a scripted run (script.go): events are picked, not popped
 	data    *dataPlane  // the simulated data plane (data.go), made at its first write
+
+	// inconclusive says why a check could not judge the run (Result.Inconclusive).
+	inconclusive string
+	batchText    strings.Builder // with Config.sums: this event's batch digests
 }
 
 func newWorld(seed uint64, opt Options, cfg Config) *world {
@@ -204,6 +254,8 @@ func newWorld(seed uint64, opt Options, cfg Config) *world {
 		seed: seed, opt: opt, cfg: cfg,
 		r:         rand.New(rand.NewPCG(seed, seed^0xa5a5a5a5a5a5a5a5)),
 		clockR:    rand.New(rand.NewPCG(seed, 0xc10c)),
+		shiftR:    rand.New(rand.NewPCG(seed, 0x5417f7)),
+		driftR:    rand.New(rand.NewPCG(seed, 0xd71f7)),
 		now:       t0,
 		chk:       spec.NewChecker(),
 		conns:     map[core.ConnID]*conn{},
@@ -313,6 +365,10 @@ func (w *world) step(e *event) {
 		fmt.Fprintln(w.cfg.Trace, w.describe(e))
 	}
 	w.execEvent(e)
+	if w.cfg.sums != nil {
+		*w.cfg.sums = append(*w.cfg.sums, traceSum{sum: w.hash.Sum64(), text: w.describe(e), batch: w.batchText.String()})
+		w.batchText.Reset()
+	}
 	if w.failure != nil {
 		return
 	}
@@ -365,4 +421,107 @@ func (w *world) eventText(e *event) string {
 		s += " " + e.note
 	}
 	return s
+}
+
+// digest adds an orchestrator batch's decisions to the trace hash, so that
+// the hash covers the core's outputs and not only the world's schedule: the
+// records (each stored log line without its At, the one thing the
+// orchestrator keeps as a worker stamped it), the transitions, the messages
+// with their connections, the answers, the server events' kinds and the next
+// deadline. Its own structured log lines are observability and left out.
+func (w *world) digest(rd core.Ready) {
+	var h io.Writer = w.hash
+	if w.cfg.sums != nil {
+		h = io.MultiWriter(w.hash, &w.batchText)
+	}
+	for _, r := range rd.Records {
+		fmt.Fprintf(h, "record %s delete=%t ", r.Key, r.Delete)
+		v := r.Value
+		if strings.HasPrefix(r.Key, core.KindLog+"/") {
+			v = withoutAt(v)
+		}
+		h.Write(v)
+		io.WriteString(h, "\n")
+	}
+	for _, t := range rd.Transitions {
+		fmt.Fprintf(h, "transition %s %s %s %s\n", t.Step, t.From, t.Event, t.To)
+	}
+	for _, m := range rd.Messages {
+		fmt.Fprintf(h, "message conn=%d %s %+v\n", m.Conn, m.Msg.Kind(), m.Msg)
+	}
+	for _, a := range rd.Answers {
+		fmt.Fprintf(h, "answer call=%d err=%q run=%s token=%q\n", a.Call, a.Err, a.Run, a.Token)
+	}
+	for _, e := range rd.Events {
+		fmt.Fprintf(h, "event %s #%d at=%d %s %s\n", e.Run, e.Seq, e.At.UnixNano(), e.Step, e.Kind)
+	}
+	fmt.Fprintf(h, "deadline %d\n", rd.Deadline.UnixNano())
+}
+
+// withoutAt is a stored log line's canonical JSON (core.StepLogLine) without
+// the value of its line's "At" (the worker's stamp). JSON escapes every
+// quote inside a string, so the first `"At":"` is the field.
+func withoutAt(v []byte) []byte {
+	s := string(v)
+	i := strings.Index(s, `"At":"`)
+	if i < 0 {
+		return v
+	}
+	j := strings.IndexByte(s[i+6:], '"')
+	if j < 0 {
+		return v
+	}
+	return []byte(s[:i+6] + s[i+6+j:])
+}
+
+// diverge runs a seed twice, with cfg a and cfg b, and describes the first
+// event after which their trace hashes differ, with the events before it in
+// each run and the first item of the orchestrator's batches there that
+// differs ("" if they never do); and the second run's last events up to
+// that one.
+func diverge(seed uint64, opt Options, a, b Config) (string, []string) {
+	var sa, sb []traceSum
+	a.sums, b.sums = &sa, &sb
+	a.VizDir, b.VizDir, a.Trace, b.Trace = "", "", nil, nil
+	Simulate(seed, opt, a)
+	Simulate(seed, opt, b)
+	for i := 0; i < len(sa) && i < len(sb); i++ {
+		if sa[i].sum == sb[i].sum {
+			continue
+		}
+		var last []string
+		for k := max(0, i+1-lastEvents); k <= i; k++ {
+			last = append(last, sb[k].text)
+		}
+		var out strings.Builder
+		fmt.Fprintf(&out, "the runs first differ after event %d (the event itself, or the orchestrator's batch for it):\n", i+1)
+		for _, r := range []struct {
+			name string
+			s    []traceSum
+		}{{"first run", sa}, {"second run", sb}} {
+			fmt.Fprintf(&out, "  %s:\n", r.name)
+			for k := max(0, i-4); k <= i; k++ {
+				fmt.Fprintf(&out, "    %s\n", r.s[k].text)
+			}
+		}
+		la, lb := strings.Split(sa[i].batch, "\n"), strings.Split(sb[i].batch, "\n")
+		for k := 0; k < len(la) || k < len(lb); k++ {
+			var x, y string
+			if k < len(la) {
+				x = la[k]
+			}
+			if k < len(lb) {
+				y = lb[k]
+			}
+			if x != y {
+				fmt.Fprintf(&out, "  the orchestrator's batches there first differ in:\n    first run:  %s\n    second run: %s\n", x, y)
+				break
+			}
+		}
+		return out.String(), last
+	}
+	if len(sa) != len(sb) {
+		return fmt.Sprintf("one run has %d events, the other %d, identical as far as both go", len(sa), len(sb)), nil
+	}
+	return "", nil
 }

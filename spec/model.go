@@ -6,7 +6,6 @@ import (
 	"hash/fnv"
 	"slices"
 	"strings"
-	"time"
 
 	"github.com/anishathalye/porcupine"
 	"github.com/tether-run/tether/core"
@@ -340,8 +339,104 @@ var StepModel = (&porcupine.NondeterministicModel{
 	DescribeState: describeState,
 }).ToModel()
 
-// CheckHistory checks a history of step operations for linearizability
-// against StepModel. timeout 0 means no limit.
-func CheckHistory(ops []porcupine.Operation, timeout time.Duration) (porcupine.CheckResult, porcupine.LinearizationInfo) {
-	return porcupine.CheckOperationsVerbose(StepModel, ops, timeout)
+// MaxStepOps is the most operations of one step's history that CheckSteps
+// checks. Porcupine's search is exponential in a partition's concurrency, so
+// a bound on the work is needed, and it must not be a wall-clock timeout:
+// a verdict that depends on the machine's speed is not a function of the
+// history. A step over the bound is not checked, and the check is
+// inconclusive. The simulator's steps stay far below it (their histories
+// are a few reports, cancels and queries; TestSim's summary line names the
+// largest, and a seed over it fails the test as inconclusive).
+const MaxStepOps = 200
+
+// HistoryVerdict is what CheckSteps made of a history.
+type HistoryVerdict uint8
+
+const (
+	// Linearizable: every step's history was checked and is linearizable.
+	Linearizable HistoryVerdict = iota
+	// NotLinearizable: some step's history is not linearizable (a
+	// violation, whatever the other steps' histories are).
+	NotLinearizable
+	// Inconclusive: every step checked is linearizable, but some were not
+	// checked (see HistoryCheck.Unchecked): neither a pass nor a violation.
+	Inconclusive
+)
+
+func (v HistoryVerdict) String() string {
+	switch v {
+	case Linearizable:
+		return "linearizable"
+	case NotLinearizable:
+		return "not linearizable"
+	case Inconclusive:
+		return "inconclusive"
+	}
+	return "invalid"
+}
+
+// UncheckedStep is a step whose history was too long to check.
+type UncheckedStep struct {
+	Step core.StepID
+	Ops  int
+}
+
+// HistoryCheck is CheckSteps' answer.
+type HistoryCheck struct {
+	Verdict   HistoryVerdict
+	Bound     int                         // the most operations of one step's history checked
+	Checked   int                         // operations checked
+	Unchecked []UncheckedStep             // steps over the bound, in step order
+	Info      porcupine.LinearizationInfo // of the steps checked, for porcupine.Visualize
+}
+
+// Why says what made a check inconclusive ("" if it was not).
+func (c HistoryCheck) Why() string {
+	if c.Verdict != Inconclusive {
+		return ""
+	}
+	parts := make([]string, len(c.Unchecked))
+	for i, u := range c.Unchecked {
+		parts[i] = fmt.Sprintf("%s has %d operations", u.Step, u.Ops)
+	}
+	what := "step history was"
+	if len(c.Unchecked) > 1 {
+		what = "step histories were"
+	}
+	return fmt.Sprintf("%d %s not checked, being over the bound of %d operations per step (%s)",
+		len(c.Unchecked), what, c.Bound, strings.Join(parts, "; "))
+}
+
+// CheckSteps checks a history of step operations for linearizability
+// against StepModel without a wall-clock timeout, so that its verdict is a
+// function of the history alone: each step's history (StepModel's
+// partition) of at most maxStepOps operations is checked to the end
+// (porcupine, given no timeout, answers only Ok or Illegal); a longer one is
+// not checked. A violation in a checked step is NotLinearizable even when
+// others went unchecked; otherwise any unchecked step makes the verdict
+// Inconclusive.
+func CheckSteps(ops []porcupine.Operation, maxStepOps int) HistoryCheck {
+	c := HistoryCheck{Bound: maxStepOps}
+	var keep []porcupine.Operation
+	for _, part := range partitionByStep(ops) {
+		if len(part) > maxStepOps {
+			c.Unchecked = append(c.Unchecked, UncheckedStep{Step: part[0].Input.(StepInput).Step, Ops: len(part)})
+			continue
+		}
+		keep = append(keep, part...)
+	}
+	slices.SortFunc(c.Unchecked, func(a, b UncheckedStep) int { return cmp.Compare(a.Step, b.Step) })
+	c.Checked = len(keep)
+	res, info := porcupine.CheckOperationsVerbose(StepModel, keep, 0)
+	c.Info = info
+	switch {
+	case res == porcupine.Illegal:
+		c.Verdict = NotLinearizable
+	case res != porcupine.Ok:
+		// Without a timeout porcupine answers only Ok or Illegal.
+		panic(fmt.Sprintf("porcupine answered %s without a timeout", res))
+	case len(c.Unchecked) > 0:
+		c.Verdict = Inconclusive
+	}
+	return c
 }

@@ -4,7 +4,6 @@ import (
 	"math"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/anishathalye/porcupine"
 	"github.com/tether-run/tether/core"
@@ -50,7 +49,13 @@ func (h *hist) cancel(client int, call, ret int64, err string) *hist {
 
 func check(t *testing.T, h *hist, want porcupine.CheckResult) {
 	t.Helper()
-	res, info := CheckHistory(h.ops, 5*time.Second)
+	res := porcupine.Ok
+	switch c := CheckSteps(h.ops, MaxStepOps); c.Verdict {
+	case NotLinearizable:
+		res = porcupine.Illegal
+	case Inconclusive:
+		res = porcupine.Unknown
+	}
 	if res != want {
 		var b strings.Builder
 		for _, op := range h.ops {
@@ -58,7 +63,6 @@ func check(t *testing.T, h *hist, want porcupine.CheckResult) {
 		}
 		t.Fatalf("history is %s, want %s:%s", res, want, b.String())
 	}
-	_ = info
 }
 
 func TestModelAcceptsSequentialHistory(t *testing.T) {
@@ -283,8 +287,8 @@ func TestModelAcceptsTheRealCore(t *testing.T) {
 	for _, s := range steps {
 		query(s)
 	}
-	if res, _ := CheckHistory(ops, 5*time.Second); res != porcupine.Ok {
-		t.Fatalf("the real core's history is %s", res)
+	if c := CheckSteps(ops, MaxStepOps); c.Verdict != Linearizable {
+		t.Fatalf("the real core's history is %s", c.Verdict)
 	}
 	// Doctor: the stale report of b claims COMMITTED.
 	bad := append([]porcupine.Operation(nil), ops...)
@@ -293,7 +297,76 @@ func TestModelAcceptsTheRealCore(t *testing.T) {
 			bad[i].Output = StepOutput{Verdict: core.Committed}
 		}
 	}
-	if res, _ := CheckHistory(bad, 5*time.Second); res != porcupine.Illegal {
-		t.Fatalf("a doctored history is %s", res)
+	if c := CheckSteps(bad, MaxStepOps); c.Verdict != NotLinearizable {
+		t.Fatalf("a doctored history is %s", c.Verdict)
+	}
+}
+
+// onStep moves a history's operations to another step.
+func onStep(h *hist, step core.StepID) []porcupine.Operation {
+	ops := make([]porcupine.Operation, len(h.ops))
+	for i, op := range h.ops {
+		in := op.Input.(StepInput)
+		in.Step = step
+		op.Input = in
+		ops[i] = op
+	}
+	return ops
+}
+
+// TestCheckStepsOversizedInconclusive: a step whose history is over
+// MaxStepOps is not checked, and the verdict is inconclusive — neither a
+// pass nor a violation — even when that history is linearizable, or when it
+// is not; the steps within the bound are still checked.
+func TestCheckStepsOversizedInconclusive(t *testing.T) {
+	long := (&hist{}).submit(0, 1).report(1, 2, 3, 1, 1, okOut, core.Committed)
+	for i := int64(0); len(long.ops) <= MaxStepOps; i++ {
+		long.query(2, 10+2*i, 11+2*i, core.StateSuccess, &okOut)
+	}
+	small := (&hist{}).submit(0, 1).report(1, 2, 3, 1, 1, okOut, core.Committed)
+	ops := append(onStep(long, "run-1/long"), onStep(small, "run-1/small")...)
+	c := CheckSteps(ops, MaxStepOps)
+	if c.Verdict != Inconclusive {
+		t.Fatalf("a history with a step of %d operations is %s, want inconclusive", len(long.ops), c.Verdict)
+	}
+	if len(c.Unchecked) != 1 || c.Unchecked[0] != (UncheckedStep{Step: "run-1/long", Ops: len(long.ops)}) || c.Checked != len(small.ops) {
+		t.Fatalf("unchecked %v, checked %d: want run-1/long unchecked and run-1/small's %d operations checked", c.Unchecked, c.Checked, len(small.ops))
+	}
+	if why := c.Why(); !strings.Contains(why, "run-1/long") {
+		t.Fatalf("Why() does not name the unchecked step: %q", why)
+	}
+	// The oversized step committed twice: still inconclusive, never illegal
+	// (it was not checked).
+	long.report(3, 1000, 1001, 2, 1, okOut, core.Committed)
+	if c := CheckSteps(onStep(long, "run-1/long"), MaxStepOps); c.Verdict != Inconclusive {
+		t.Fatalf("an unchecked step's history was judged %s", c.Verdict)
+	}
+	// Within a larger bound the same history is checked, and is illegal.
+	if c := CheckSteps(onStep(long, "run-1/long"), len(long.ops)); c.Verdict != NotLinearizable {
+		t.Fatalf("checked within its bound, a double commit was judged %s", c.Verdict)
+	}
+}
+
+// TestCheckStepsCatchesIllegal: without a timeout an illegal history is
+// still caught, also beside a step that went unchecked (a violation is a
+// violation, whatever was not checked).
+func TestCheckStepsCatchesIllegal(t *testing.T) {
+	bad := (&hist{}).submit(0, 1).
+		report(1, 2, 10, 1, 1, okOut, core.Committed).
+		report(2, 3, 9, 2, 1, okOut, core.Committed)
+	if c := CheckSteps(bad.ops, MaxStepOps); c.Verdict != NotLinearizable || len(c.Unchecked) != 0 {
+		t.Fatalf("a double commit was judged %s (unchecked %v)", c.Verdict, c.Unchecked)
+	}
+	long := &hist{}
+	for i := int64(0); len(long.ops) <= 3; i++ {
+		long.query(2, 10+2*i, 11+2*i, core.StateQueued, nil)
+	}
+	ops := append(onStep(long, "run-1/long"), onStep(bad, "run-1/bad")...)
+	if c := CheckSteps(ops, 3); c.Verdict != NotLinearizable || len(c.Unchecked) != 1 {
+		t.Fatalf("a double commit beside an unchecked step was judged %s (unchecked %v)", c.Verdict, c.Unchecked)
+	}
+	good := (&hist{}).submit(0, 1).report(1, 2, 3, 1, 1, okOut, core.Committed).query(2, 4, 5, core.StateSuccess, &okOut)
+	if c := CheckSteps(good.ops, MaxStepOps); c.Verdict != Linearizable || c.Checked != len(good.ops) {
+		t.Fatalf("a linearizable history was judged %s (%d checked)", c.Verdict, c.Checked)
 	}
 }

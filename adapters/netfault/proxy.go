@@ -2,7 +2,7 @@
 // end-to-end fault tests on loopback: Proxy is a TCP proxy whose links can
 // be cut and restored, MessageTap splits the WebSocket traffic it forwards
 // into messages, and Recorder turns the control-plane messages among them
-// into a history of step operations for spec.CheckHistory.
+// into a history of step operations for spec.CheckSteps.
 //
 // Nothing here is used by the orchestrator or the worker themselves.
 package netfault

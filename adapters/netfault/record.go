@@ -24,7 +24,7 @@ type Frame struct {
 }
 
 // Recorder builds the history of step operations (spec.StepInput and
-// spec.StepOutput, for spec.CheckHistory) from what passes real sockets: use
+// spec.StepOutput, for spec.CheckSteps) from what passes real sockets: use
 // Tap as a Proxy's tap. It translates and decides nothing: a report frame
 // going up is a report operation's call (a retransmission of a report still
 // open is the same operation), and the answer frame coming down on a link of
@@ -231,14 +231,19 @@ func (r *Recorder) Undecodable() int {
 	return r.undecodable
 }
 
-// Check checks ops for linearizability against spec.StepModel; the error
-// lists the history when it is not linearizable (or the check timed out).
-func Check(ops []porcupine.Operation, timeout time.Duration) error {
-	res, _ := spec.CheckHistory(ops, timeout)
-	if res == porcupine.Ok {
+// Check checks ops for linearizability against spec.StepModel, without a
+// wall-clock timeout (spec.CheckSteps: the verdict never depends on the
+// machine's speed); the error lists the history when it is not
+// linearizable, or says why the check was inconclusive.
+func Check(ops []porcupine.Operation) error {
+	c := spec.CheckSteps(ops, spec.MaxStepOps)
+	switch c.Verdict {
+	case spec.Linearizable:
 		return nil
+	case spec.Inconclusive:
+		return fmt.Errorf("history of %d operations: %s: %s", len(ops), c.Verdict, c.Why())
 	}
-	return fmt.Errorf("history of %d operations is %s against spec.StepModel:%s", len(ops), res, Describe(ops))
+	return fmt.Errorf("history of %d operations is %s against spec.StepModel:%s", len(ops), c.Verdict, Describe(ops))
 }
 
 // Describe lists a history, one operation a line, in call order.
@@ -281,20 +286,20 @@ func DoubleCommit(ops []porcupine.Operation) (doctored []porcupine.Operation, ok
 // COMMITTED report, and the same history with that step committed twice
 // fails the model (so the check is known to bite). It returns every problem
 // found, joined; nil when all hold.
-func Verify(rec *Recorder, timeout time.Duration) error {
+func Verify(rec *Recorder) error {
 	var errs []error
 	if err := rec.Err(); err != nil {
 		errs = append(errs, fmt.Errorf("the tap could not parse the traffic: %w", err))
 	}
 	ops := rec.Ops()
-	if err := Check(ops, timeout); err != nil {
+	if err := Check(ops); err != nil {
 		errs = append(errs, err)
 	}
 	bad, ok := DoubleCommit(ops)
 	switch {
 	case !ok:
 		errs = append(errs, fmt.Errorf("the history holds no COMMITTED report:%s", Describe(ops)))
-	case Check(bad, timeout) == nil:
+	case Check(bad) == nil:
 		errs = append(errs, fmt.Errorf("a history with a step committed twice passed the check:%s", Describe(bad)))
 	}
 	return errors.Join(errs...)

@@ -77,14 +77,14 @@ func TestRecorder(t *testing.T) {
 	if len(reports) != 2 || len(ops) != 5 {
 		t.Fatalf("%d operations, %d reports; want 5 and 2:%s", len(ops), len(reports), Describe(ops))
 	}
-	if err := Check(ops, 5*time.Second); err != nil {
+	if err := Check(ops); err != nil {
 		t.Fatal(err)
 	}
 	bad, found := DoubleCommit(ops)
 	if !found || len(bad) != len(ops)+1 {
 		t.Fatalf("DoubleCommit found %v, %d ops", found, len(bad))
 	}
-	if err := Check(bad, 5*time.Second); err == nil {
+	if err := Check(bad); err == nil {
 		t.Fatalf("a doubly committed history passed:%s", Describe(bad))
 	}
 	if _, found := DoubleCommit(ops[:1]); found {
@@ -115,7 +115,7 @@ func TestRecorderIntercept(t *testing.T) {
 // not (it could not show the check bites); a history in which a second
 // worker's report on the same step is also COMMITTED fails the model.
 func TestVerify(t *testing.T) {
-	if err := Verify(NewRecorder(), time.Second); err == nil {
+	if err := Verify(NewRecorder()); err == nil {
 		t.Error("an empty history verified; want: no COMMITTED report")
 	}
 	step := core.StepID("run-1/a")
@@ -133,10 +133,10 @@ func TestVerify(t *testing.T) {
 		}
 		return r
 	}
-	if err := Verify(build(false), time.Second); err != nil {
+	if err := Verify(build(false)); err != nil {
 		t.Errorf("a good history: %v", err)
 	}
-	if err := Verify(build(true), time.Second); err == nil {
+	if err := Verify(build(true)); err == nil {
 		t.Error("a history with two COMMITTED reports for one step verified")
 	}
 }

@@ -129,7 +129,7 @@ func (r *faultRig) checkHistory() {
 
 func checkHistory(t *testing.T, rec *netfault.Recorder) {
 	t.Helper()
-	if err := netfault.Verify(rec, 10*time.Second); err != nil {
+	if err := netfault.Verify(rec); err != nil {
 		t.Error(err)
 	}
 }

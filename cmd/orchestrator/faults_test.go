@@ -43,7 +43,7 @@ const (
 // the same history with a second COMMITTED for a step fails the check.
 func checkHistory(t *testing.T, rec *netfault.Recorder) {
 	t.Helper()
-	if err := netfault.Verify(rec, 10*time.Second); err != nil {
+	if err := netfault.Verify(rec); err != nil {
 		t.Error(err)
 	}
 }

@@ -1,5 +1,8 @@
 // Command simulate runs the deterministic simulator over many seeds, with a
-// live progress line, and saves the seeds that fail.
+// live progress line, and saves the seeds that fail. A seed whose
+// linearizability check is inconclusive (a step's history over
+// spec.MaxStepOps) is neither a failure nor a pass: it is counted and saved
+// apart, marked INCONCLUSIVE. No verdict depends on the machine's speed.
 //
 //	go run ./sim/cmd/simulate -seeds 100000
 package main
@@ -22,9 +25,10 @@ func main() {
 	par := flag.Int("parallel", runtime.GOMAXPROCS(0), "seeds simulated at once")
 	out := flag.String("failures", "sim-failures.txt", "file the failing seeds are appended to")
 	canary := flag.Bool("canary", false, "enable the canary (fails 1 seed in 100)")
+	maxStep := flag.Int("maxstepops", 0, "operations of one step's history the linearizability check takes on (0: spec.MaxStepOps); a step over it makes the seed inconclusive")
 	flag.Parse()
 
-	var done, events, failed atomic.Uint64
+	var done, events, failed, inconclusive atomic.Uint64
 	var mu sync.Mutex
 	start := time.Now()
 	next := *first
@@ -41,7 +45,7 @@ func main() {
 				if *seeds != 0 && seed >= *first+*seeds {
 					return
 				}
-				r := sim.Simulate(seed, sim.Swarm(seed), sim.Config{Canary: *canary, VizDir: os.TempDir()})
+				r := sim.Simulate(seed, sim.Swarm(seed), sim.Config{Canary: *canary, VizDir: os.TempDir(), MaxStepOps: *maxStep})
 				done.Add(1)
 				events.Add(r.Events)
 				if r.Failure != nil {
@@ -50,6 +54,15 @@ func main() {
 					fmt.Fprintf(os.Stderr, "\n%s", r.Failure)
 					if f, err := os.OpenFile(*out, os.O_APPEND|os.O_CREATE|os.O_WRONLY, 0o644); err == nil {
 						fmt.Fprintf(f, "%#x %s %s\n", seed, r.Failure.Invariant, r.Failure.ReplayCommand())
+						f.Close()
+					}
+					mu.Unlock()
+				} else if r.Inconclusive != "" {
+					inconclusive.Add(1)
+					mu.Lock()
+					fmt.Fprintf(os.Stderr, "\nseed %#x INCONCLUSIVE (not a violation, not a pass): %s\n", seed, r.Inconclusive)
+					if f, err := os.OpenFile(*out, os.O_APPEND|os.O_CREATE|os.O_WRONLY, 0o644); err == nil {
+						fmt.Fprintf(f, "%#x INCONCLUSIVE %s\n", seed, r.Inconclusive)
 						f.Close()
 					}
 					mu.Unlock()
@@ -67,18 +80,18 @@ func main() {
 				return
 			case <-t.C:
 				el := time.Since(start).Seconds()
-				fmt.Fprintf(os.Stderr, "\r%d seeds  %.1f seeds/s  %.0f events/s  %d failures   ",
-					done.Load(), float64(done.Load())/el, float64(events.Load())/el, failed.Load())
+				fmt.Fprintf(os.Stderr, "\r%d seeds  %.1f seeds/s  %.0f events/s  %d failures  %d inconclusive   ",
+					done.Load(), float64(done.Load())/el, float64(events.Load())/el, failed.Load(), inconclusive.Load())
 			}
 		}
 	}()
 	wg.Wait()
 	close(stop)
 	el := time.Since(start).Seconds()
-	fmt.Fprintf(os.Stderr, "\r%d seeds  %.1f seeds/s  %.0f events/s  %d failures\n",
-		done.Load(), float64(done.Load())/el, float64(events.Load())/el, failed.Load())
-	if failed.Load() > 0 {
-		fmt.Fprintf(os.Stderr, "failing seeds appended to %s\n", *out)
+	fmt.Fprintf(os.Stderr, "\r%d seeds  %.1f seeds/s  %.0f events/s  %d failures  %d inconclusive\n",
+		done.Load(), float64(done.Load())/el, float64(events.Load())/el, failed.Load(), inconclusive.Load())
+	if failed.Load() > 0 || inconclusive.Load() > 0 {
+		fmt.Fprintf(os.Stderr, "failing and inconclusive seeds appended to %s\n", *out)
 		os.Exit(1)
 	}
 }
