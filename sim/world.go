@@ -195,6 +195,7 @@ type world struct {
 	out     OutputStats
 	orchCfg core.Config // the orchestrator's knobs (zero: core's defaults)
 	script  *scriptRun  // a scripted run (script.go): events are picked, not popped
+	grants  grantProps  // spec.Grants and what it needs (grants.go)
 }
 
 func newWorld(seed uint64, opt Options, cfg Config) *world {
