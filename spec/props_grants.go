@@ -96,7 +96,8 @@ func (g *Grants) Clone() *Grants {
 	return n
 }
 
-// Touches says whether Check may change the tracker for batch rd.
+// Touches says whether Check may change the tracker for batch rd (it
+// checks every batch, and changes it only for these).
 func (g *Grants) Touches(rd core.Ready, restored bool) bool {
 	if restored {
 		return true
@@ -265,11 +266,10 @@ func sortedSteps[V any](m map[core.StepID]V) []core.StepID {
 func (b *builder) checkGrants(rd core.Ready) {
 	s := b.s
 	restored := b.hits&sometimesBit(SomeOrchestratorRestored) != 0
-	if s.grants == nil {
+	switch {
+	case s.grants == nil:
 		s.grants = NewGrants()
-	} else if !s.grants.Touches(rd, restored) {
-		return
-	} else {
+	case s.grants.Touches(rd, restored):
 		s.grants = s.grants.Clone()
 	}
 	v := s.grants.Check(rd, GrantView{O: s.o, Now: s.now, Restored: restored, WorkerOf: b.workerOfConn, TagsOf: b.declaredTags})
