@@ -42,8 +42,8 @@ func grantsCapScope() Scope {
 }
 
 // grantsCredScope: a credential TTL of 10 s within a 30 s horizon, so that
-// credentials slide, lapse while a worker is away, and close sessions (SPEC
-// §7, §9).
+// credentials slide, lapse while a worker is away or the orchestrator is
+// down, and close sessions (SPEC §7, §9).
 func grantsCredScope() Scope {
 	sc := DefaultScope()
 	sc.Name = "grants-credential"
@@ -52,7 +52,6 @@ func grantsCredScope() Scope {
 	sc.Config.CredentialTTL = 10 * time.Second
 	sc.MaxDepth = 14
 	sc.Horizon = 30 * time.Second
-	sc.MaxOrchCrashes = 0
 	sc.MaxDisconnects = 1
 	sc.MaxCancels = 0
 	return sc
