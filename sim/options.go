@@ -77,6 +77,10 @@ type Options struct {
 	OutputCap    int64         // worker OutputCapBytes; 0 = the default (small values stress the cap)
 	BurstMax     int           // a process prints up to this many lines at once (floods)
 	MaxDelayWork time.Duration // the workers' max reconnect delay (grace = 2×)
+	// CredentialTTL is the orchestrator's session credential TTL (0: the
+	// core's 15 min). A short one makes workers that are away longer than
+	// it (partitions, pauses) find their credential expired (SPEC §9).
+	CredentialTTL time.Duration
 
 	// Mutate, if set, plants a bug in the orchestrator's driver: it doctors
 	// every batch the orchestrator produces, as spec.Scope.Mutate does in
@@ -158,6 +162,8 @@ func Swarm(seed uint64) Options {
 	o.DrainStopP = []float64{0, 0.5}[r.IntN(2)]
 	o.DrainTimeout = []time.Duration{0, 30 * time.Second}[r.IntN(2)]
 	o.WorkerRestartEvery = maybe(0.4, dur(10*time.Minute, 60*time.Minute))
+	// Drawn last, so the options above are what they were before it.
+	o.CredentialTTL = maybe(0.3, dur(time.Minute, 5*time.Minute))
 	return o
 }
 
@@ -181,6 +187,7 @@ func (o Options) Describe() string {
 	fmt.Fprintf(&b, "clock offset<=%s drift<=%.3f jump every=%s wobble=%s\n", o.ClockOffsetMax, o.DriftMax, o.JumpEvery, o.WobbleAmp)
 	fmt.Fprintf(&b, "crash worker every=%s restart every=%s pause every=%s (<=%s) orchestrator every=%s (down<=%s)\n", o.WorkerCrashEvery, o.WorkerRestartEvery, o.WorkerPauseEvery, o.PauseMax, o.OrchCrashEvery, o.OrchDownMax)
 	fmt.Fprintf(&b, "drain every=%s stop=%.2f timeout=%s\n", o.DrainEvery, o.DrainStopP, o.DrainTimeout)
+	fmt.Fprintf(&b, "credential ttl=%s\n", o.CredentialTTL)
 	fmt.Fprintf(&b, "runs=%d steps<=%d writes=%.2f fail=%.2f exec=%s..%s fault phase=%s\n", o.Runs, o.StepsMax, o.WriteFrac, o.FailProb, o.ExecMin, o.ExecMax, o.FaultPhase)
 	fmt.Fprintf(&b, "output lines<=%d burst<=%d window=%d cap=%d\n", o.LinesMax, o.BurstMax, o.LogWindow, o.OutputCap)
 	sites := make([]string, 0, len(o.Buggify))

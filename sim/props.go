@@ -53,6 +53,7 @@ func (w *world) checkBatch(held map[core.StepID]core.LeaseID, from core.WorkerID
 	if v := p.dispatch.Check(rd, w.now, from, w.workerOfConn); v != nil {
 		w.fail(v.Invariant, v.Detail)
 	}
+	w.checkGrants(rd)
 	for _, id := range left {
 		delete(p.recoverAt, id)
 	}

@@ -17,6 +17,7 @@ import (
 // function of (seed, opt, cfg).
 func Simulate(seed uint64, opt Options, cfg Config) Result {
 	w := newWorld(seed, opt, cfg)
+	w.orchCfg.CredentialTTL = opt.CredentialTTL // 0: the core's default
 	w.orch = &orchNode{o: core.NewOrchestrator(w.coreConfig()), up: true, disk: map[string][]byte{}}
 	for i := 0; i < opt.Workers; i++ {
 		allTags := i == 0

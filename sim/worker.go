@@ -91,7 +91,13 @@ func (wn *workerNode) simTimeFor(now time.Time, local time.Time) time.Time {
 	return hi
 }
 
-var tagSets = [][]string{nil, {"docker"}, {"gpu"}, {"docker", "gpu"}}
+// workerTags are the tags the workload's steps require (SPEC §8), and
+// tagSets every set of them a worker may declare: each worker draws one, so
+// most hold some of the tags a step requires and not all (the last set, all
+// of them, is the all-tags worker's that keeps every run able to finish).
+var workerTags = []string{"arm", "docker", "gpu"}
+
+var tagSets = [][]string{nil, {"arm"}, {"docker"}, {"gpu"}, {"arm", "docker"}, {"arm", "gpu"}, {"docker", "gpu"}, {"arm", "docker", "gpu"}}
 
 // spawnWorker boots a new worker instance with an enrollment token.
 func (w *world) spawnWorker(token string, scaler, allTags bool) *workerNode {
@@ -122,7 +128,7 @@ func (w *world) spawnWorker(token string, scaler, allTags bool) *workerNode {
 	}
 	tags := tagSets[w.r.IntN(len(tagSets))]
 	if allTags {
-		tags = tagSets[3]
+		tags = tagSets[len(tagSets)-1]
 	}
 	cfg := core.WorkerConfig{
 		ID: wn.id, Name: string(wn.id), Token: token, Tags: tags,

@@ -321,7 +321,11 @@ func (w *world) randomRun() core.RunSpec {
 			}
 		}
 		if w.chance(w.opt.TagFrac) {
-			s.Tags = []string{[]string{"docker", "gpu"}[w.r.IntN(2)]}
+			// 1–3 required tags (0 for the others): a step requiring
+			// several is granted only to a worker holding all of them.
+			for _, k := range w.r.Perm(len(workerTags))[:1+w.r.IntN(len(workerTags))] {
+				s.Tags = append(s.Tags, workerTags[k])
+			}
 		}
 		if w.chance(w.opt.ForEachFrac) {
 			s.ForEach = []string{"a", "b", "c"}

@@ -208,6 +208,7 @@ type xstate struct {
 	pchk      *checkerPack              // the checker at rest in the BFS frontier (chk is then nil)
 	chkHash   uint64                    // chk.stateHash(), kept up to date by the builder
 	recoverAt map[core.StepID]time.Time // simulator property: when each recovering step went recovering
+	grants    *Grants                   // grants, credentials and tags (props_grants.go); shared, copied on change
 	used      budget
 	revoked   uint32 // token indexes revoked
 }
@@ -1127,6 +1128,7 @@ func (b *builder) observe(rd core.Ready, held map[core.StepID]core.LeaseID) {
 	if v := CheckNoWriteFailures(s.o, rd); v != nil {
 		b.fail(v.Invariant, "%s", v.Detail)
 	}
+	b.checkGrants(rd)
 	if len(left) > 0 {
 		b.mutRecov()
 		for _, id := range left {

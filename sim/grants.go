@@ -1,0 +1,42 @@
+package sim
+
+import (
+	"github.com/tether-run/tether/core"
+	"github.com/tether-run/tether/spec"
+)
+
+// grantProps is the simulator's side of spec.Grants (spec.PropGrantsWithinCap,
+// spec.PropCredentialWindow, spec.PropGrantsHoldAllTags): the tracker, and
+// the orchestrator incarnation it last saw, so that the first batch of a new
+// one is known as the Restore's.
+type grantProps struct {
+	g     *spec.Grants
+	epoch int
+}
+
+// checkGrants runs the grant, credential and tag properties over one
+// orchestrator batch.
+func (w *world) checkGrants(rd core.Ready) {
+	p := &w.grants
+	if p.g == nil {
+		p.g = spec.NewGrants()
+	}
+	restored := p.epoch != w.orch.epoch
+	p.epoch = w.orch.epoch
+	v := p.g.Check(rd, spec.GrantView{O: w.orch.o, Now: w.now, Restored: restored, LostBatches: true,
+		WorkerOf: w.workerOfConn, TagsOf: w.declaredTags})
+	if v != nil {
+		w.fail(v.Invariant, v.Detail)
+	}
+}
+
+// declaredTags gives the tags worker id declares in its Hellos: its
+// configuration's, which the worker machine sends as they are.
+func (w *world) declaredTags(id core.WorkerID) ([]string, bool) {
+	for _, wn := range w.workers {
+		if wn.id == id && wn.m != nil {
+			return wn.m.Config().Tags, true
+		}
+	}
+	return nil, false
+}
