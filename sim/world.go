@@ -247,7 +247,7 @@ type world struct {
 	// inconclusive says why a check could not judge the run (Result.Inconclusive).
 	inconclusive string
 	batchText    strings.Builder // with Config.sums: this event's batch digests
-	grants  grantProps  // spec.Grants and what it needs (grants.go)
+	grants       grantProps      // spec.Grants and what it needs (grants.go)
 }
 
 func newWorld(seed uint64, opt Options, cfg Config) *world {

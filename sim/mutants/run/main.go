@@ -161,10 +161,46 @@ func run(ctx context.Context) (int, error) {
 			code = 1
 		}
 	}
-	if code == 0 {
+	fmt.Println(caughtLine(results))
+	if code == 0 && checkerOn("sim") {
 		fmt.Printf("all %d mutants caught\n", len(results))
 	}
 	return code, nil
+}
+
+// caughtLine is the run's tally, caught/total per checker that ran: the
+// simulator must catch every mutant; the others are reported.
+func caughtLine(results []result) string {
+	var parts []string
+	if checkerOn("sim") {
+		n := 0
+		for _, r := range results {
+			if r.caught {
+				n++
+			}
+		}
+		parts = append(parts, fmt.Sprintf("simulator %d/%d", n, len(results)))
+	}
+	for _, c := range []struct {
+		name string
+		of   func(result) verdict
+	}{
+		{"explorer", func(r result) verdict { return r.explorer }},
+		{"rapid", func(r result) verdict { return r.rapid }},
+		{"fuzz", func(r result) verdict { return r.fuzz }},
+	} {
+		if !checkerOn(c.name) {
+			continue
+		}
+		n := 0
+		for _, r := range results {
+			if v := c.of(r); v.ran && v.caught {
+				n++
+			}
+		}
+		parts = append(parts, fmt.Sprintf("%s %d/%d", c.name, n, len(results)))
+	}
+	return "caught: " + strings.Join(parts, ", ")
 }
 
 func selectPatches(patches []string, only string) []string {
