@@ -1116,10 +1116,8 @@ func (b *builder) observe(rd core.Ready, held map[core.StepID]core.LeaseID) {
 			}
 		}
 	}
-	for _, ev := range rd.Events {
-		if ev.Kind == "run-finished" && ev.Message == "run success" {
-			b.hit(SomeRunSucceeded)
-		}
+	if runSucceeded(s.o, rd) {
+		b.hit(SomeRunSucceeded)
 	}
 	if v := CheckProps(rd, s.now, b.x.grace, s.recoverAt, held); v != nil {
 		b.fail(v.Invariant, "%s", v.Detail)

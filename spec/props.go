@@ -3,7 +3,6 @@ package spec
 import (
 	"fmt"
 	"sort"
-	"strings"
 	"time"
 
 	"github.com/tether-run/tether/core"
@@ -28,12 +27,6 @@ const (
 	// old process, SPEC §9): reclaiming its steps would hold them, running,
 	// on processes that do not exist.
 	PropOnlyReportedReclaimed = "OnlyReportedReclaimed"
-)
-
-// The event messages the properties read (SPEC §4).
-const (
-	graceExpiryMsg = "did not reconnect within the recovery window"
-	lostMsg        = "its execution was lost"
 )
 
 // HeldReported lists, for an input that is a reconnect Hello, the leases it
@@ -90,7 +83,7 @@ func CheckProps(rd core.Ready, now time.Time, grace time.Duration, recoverAt map
 		if ev.Step == "" {
 			continue
 		}
-		if strings.Contains(ev.Message, graceExpiryMsg) && (ev.Kind == "step-failed" || ev.Kind == "step-requeued") {
+		if ev.Cause == core.CauseGraceExpired {
 			if at, ok := recoverAt[ev.Step]; ok {
 				if d := now.Sub(at); d < grace {
 					return &Violation{Invariant: PropGraceWindow, Detail: fmt.Sprintf(
@@ -99,7 +92,7 @@ func CheckProps(rd core.Ready, now time.Time, grace time.Duration, recoverAt map
 				}
 			}
 		}
-		if l, ok := held[ev.Step]; ok && strings.Contains(ev.Message, lostMsg) {
+		if l, ok := held[ev.Step]; ok && ev.Cause == core.CauseLost {
 			return &Violation{Invariant: PropInFlightHonoured, Detail: fmt.Sprintf(
 				"the worker reported %s@%d, current, in its hello, yet the step was triaged as lost", ev.Step, l)}
 		}
@@ -250,13 +243,6 @@ func sortedIDs[K ~string](m map[K]time.Time) []K {
 // core.MaxSilentHeartbeats heartbeat intervals (SPEC §3, §8).
 const PropMissedNotRedispatched = "MissedNotRedispatched"
 
-// missPrefix and missSuffix frame the worker in a dispatch-ack miss's
-// step-requeued event (SPEC §3).
-const (
-	missPrefix = "requeued, never started: dispatch not started by worker "
-	missSuffix = " within the deadline"
-)
-
 type stepWorker struct {
 	step   core.StepID
 	worker core.WorkerID
@@ -290,11 +276,12 @@ func (d *Dispatches) Check(rd core.Ready, now time.Time, from core.WorkerID, wor
 		}
 	}
 	for _, ev := range rd.Events {
-		if ev.Kind != "step-requeued" || !strings.HasPrefix(ev.Message, missPrefix) || !strings.HasSuffix(ev.Message, missSuffix) {
+		// A miss's events (the requeue, or the attempts-exhausted failure)
+		// carry the cause and the worker that missed (SPEC §3, §5).
+		if ev.Cause != core.CauseDispatchMissed || ev.Worker == "" {
 			continue
 		}
-		w := core.WorkerID(strings.TrimSuffix(strings.TrimPrefix(ev.Message, missPrefix), missSuffix))
-		if w != from {
+		if w := ev.Worker; w != from {
 			d.missed[stepWorker{ev.Step, w}] = true
 		}
 	}
@@ -314,4 +301,34 @@ func (d *Dispatches) Check(rd core.Ready, now time.Time, from core.WorkerID, wor
 		}
 	}
 	return nil
+}
+
+// runSucceeded says whether batch rd finished a run whose every step
+// ended well (none failed or was cancelled), judged from the steps' states, not from the event's text. o is
+// the orchestrator after the batch.
+func runSucceeded(o *core.Orchestrator, rd core.Ready) bool {
+	for _, t := range rd.Transitions {
+		if !t.To.Terminal() {
+			continue
+		}
+		st, ok := o.StepByID(t.Step)
+		if !ok {
+			continue
+		}
+		r, _, ok := o.Run(st.Run)
+		if !ok || !r.Finished {
+			continue
+		}
+		all := true
+		for _, id := range r.Steps {
+			if s, ok := o.StepByID(id); !ok || s.State == core.StateFailed || s.State == core.StateCancelled {
+				all = false
+				break
+			}
+		}
+		if all {
+			return true
+		}
+	}
+	return false
 }
