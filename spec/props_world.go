@@ -498,6 +498,12 @@ func (p *Pool) checkWelcome(h core.Hello, c core.ConnID, before *leaseView, rd c
 	if wel == nil {
 		return nil
 	}
+	return welcomeCancel(h, wel, before, p.leases)
+}
+
+// welcomeCancel checks Welcome wel answering reconnect Hello h, with the
+// leases before the batch and after it.
+func welcomeCancel(h core.Hello, wel *core.Welcome, before, after *leaseView) *Violation {
 	cancel := map[core.LeaseID]bool{}
 	for _, l := range wel.Cancel {
 		cancel[l] = true
@@ -505,7 +511,7 @@ func (p *Pool) checkWelcome(h core.Hello, c core.ConnID, before *leaseView, rd c
 	for _, ref := range h.InFlight {
 		info, live := before.live[ref.Lease]
 		current := live && info.worker == h.Worker && info.step == ref.Step
-		if _, still := p.leases.live[ref.Lease]; current && !still {
+		if _, still := after.live[ref.Lease]; current && !still {
 			continue // ended in this batch: before or after the Hello
 		}
 		committed := before.committed[ref.Lease] == h.Worker
@@ -574,6 +580,177 @@ func (p *Pool) checkStuck(now time.Time) *Violation {
 			return &Violation{Invariant: PropUnmatchedVerdict, Detail: fmt.Sprintf(
 				"step %s has been queued and unleased with no matching worker that may still be active for %s (since %s), yet no sweep failed it unmatched (unmatched timeout %s, sweep interval %s)",
 				id, d, since.Format(time.RFC3339Nano), p.cfg.UnmatchedTimeout, p.cfg.SweepInterval)}
+		}
+	}
+	return nil
+}
+
+// ---- the explorer's form: from the orchestrator's records ----
+
+// PreBatch is what the explorer's per-batch check keeps from right before a
+// batch: HeldReported of its input, the input, and the orchestrator as it
+// was (the explorer never steps a machine in place, so keeping it costs
+// nothing). The explorer cannot afford a Pool per state; it checks
+// PropUnmatchedVerdict's first half, PropScalerNoGrace and
+// PropWelcomeCancel against the worker and lease records before and after
+// the batch, with this file's own matching (workerMatches) over what the
+// workers declared.
+type PreBatch struct {
+	Held map[core.StepID]core.LeaseID
+	o    *core.Orchestrator
+	in   core.Input
+}
+
+// Before records what CheckRecords needs from o, about to handle in.
+func Before(o *core.Orchestrator, in core.Input) *PreBatch {
+	return &PreBatch{Held: HeldReported(o, in), o: o, in: in}
+}
+
+// HeldOf is pre's Held (nil for a nil pre: a restore's batch).
+func (pre *PreBatch) HeldOf() map[core.StepID]core.LeaseID {
+	if pre == nil {
+		return nil
+	}
+	return pre.Held
+}
+
+// declared is a worker record's declarations, as this file's matching reads them.
+func declared(w core.WorkerRecord) *poolWorker {
+	return &poolWorker{hello: core.Hello{Tags: w.Tags, Labels: w.Labels, Platform: w.Platform, Scaler: w.Scaler}, name: w.Name}
+}
+
+func activeMatchesOf(o *core.Orchestrator, sp core.StepSpec) map[core.WorkerID]bool {
+	m := map[core.WorkerID]bool{}
+	for _, w := range o.Workers() {
+		if w.Active && !w.Revoked && workerMatches(declared(w.WorkerRecord), sp) {
+			m[w.ID] = true
+		}
+	}
+	return m
+}
+
+func leaseMap(o *core.Orchestrator) map[core.LeaseID]core.LeaseRecord {
+	m := map[core.LeaseID]core.LeaseRecord{}
+	for _, l := range o.Leases() {
+		m[l.ID] = l
+	}
+	return m
+}
+
+// CheckRecords checks batch rd, made at now, that took pre.o to o (a nil
+// pre is a restore's batch: nothing to compare with).
+func CheckRecords(pre *PreBatch, o *core.Orchestrator, now time.Time, rd core.Ready) *Violation {
+	if pre == nil {
+		return nil
+	}
+	cfg := o.Config()
+	for _, ev := range rd.Events {
+		if ev.Cause != core.CauseUnmatched || ev.Step == "" {
+			continue
+		}
+		st, ok := pre.o.StepByID(ev.Step)
+		if !ok || st.State != core.StateQueued || st.Lease != 0 || now.Sub(st.QueuedAt) < cfg.UnmatchedTimeout {
+			return &Violation{Invariant: PropUnmatchedVerdict, Detail: fmt.Sprintf(
+				"step %s was failed unmatched, but before the batch it was not queued and unleased for the unmatched timeout of %s (state %s, lease %d, queued at %s)",
+				ev.Step, cfg.UnmatchedTimeout, st.State, st.Lease, st.QueuedAt.Format(time.RFC3339Nano))}
+		}
+		sp, _ := o.StepSpecOf(ev.Step)
+		before, after := activeMatchesOf(pre.o, sp), activeMatchesOf(o, sp)
+		for _, id := range sortedKeys(before) {
+			if after[id] {
+				return &Violation{Invariant: PropUnmatchedVerdict, Detail: fmt.Sprintf(
+					"step %s was failed unmatched, yet worker %s matches it and was active before and after the batch", ev.Step, id)}
+			}
+		}
+	}
+	// Scaler-managed workers: no step entered recovering on a scaler's
+	// lease and stayed there; a scaler whose connection the batch dropped
+	// holds no lease after it.
+	var scalers map[core.WorkerID]core.WorkerView
+	scalerOf := func(id core.WorkerID) (core.WorkerView, bool) {
+		if scalers == nil {
+			scalers = map[core.WorkerID]core.WorkerView{}
+			for _, w := range o.Workers() {
+				if w.Scaler {
+					scalers[w.ID] = w
+				}
+			}
+		}
+		w, ok := scalers[id]
+		return w, ok
+	}
+	entered, _ := RecoveryChanges(rd)
+	for _, id := range entered {
+		st, ok := o.StepByID(id)
+		if !ok || st.State != core.StateRecovering {
+			continue
+		}
+		for _, l := range o.Leases() {
+			if l.ID != st.Lease {
+				continue
+			}
+			if _, ok := scalerOf(l.Worker); ok {
+				return &Violation{Invariant: PropScalerNoGrace, Detail: fmt.Sprintf(
+					"step %s is recovering on scaler-managed worker %s's lease %d after a batch (no grace window, SPEC §4)", id, l.Worker, l.ID)}
+			}
+		}
+	}
+	dropped := false
+	if _, ok := pre.in.(core.Disconnected); ok {
+		dropped = true
+	}
+	for _, e := range rd.Messages {
+		if _, ok := e.Msg.(core.Close); ok {
+			dropped = true
+		}
+	}
+	if dropped {
+		was := map[core.WorkerID]bool{}
+		for _, w := range pre.o.Workers() {
+			if w.Scaler && w.Connected {
+				was[w.ID] = true
+			}
+		}
+		if len(was) > 0 {
+			after := leaseMap(o)
+			for _, l := range pre.o.Leases() {
+				if !l.Current || !was[l.Worker] {
+					continue
+				}
+				if w, ok := scalerOf(l.Worker); ok && !w.Connected && after[l.ID].Current {
+					return &Violation{Invariant: PropScalerNoGrace, Detail: fmt.Sprintf(
+						"scaler-managed worker %s's connection dropped, yet its lease %s@%d did not end in that batch (no grace window, SPEC §4)",
+						l.Worker, l.Step, l.ID)}
+				}
+			}
+		}
+	}
+	// Welcome.
+	if h, c, ok := helloOf(pre.in); ok {
+		var wel *core.Welcome
+		for _, e := range rd.Messages {
+			if m, ok := e.Msg.(core.Welcome); ok && e.Conn == c {
+				wel = &m
+			}
+		}
+		if wel != nil {
+			before, after := leaseMap(pre.o), leaseMap(o)
+			v := newLeaseView()
+			for _, l := range before {
+				if l.Current {
+					v.live[l.ID] = leaseInfo{step: l.Step, worker: l.Worker}
+				}
+				if l.Committed {
+					v.committed[l.ID] = l.Worker
+				}
+			}
+			now := newLeaseView()
+			for _, l := range after {
+				if l.Current {
+					now.live[l.ID] = leaseInfo{step: l.Step, worker: l.Worker}
+				}
+			}
+			return welcomeCancel(h, wel, v, now)
 		}
 	}
 	return nil
