@@ -215,14 +215,17 @@ func (t *Timeouts) Check(o *core.Orchestrator, rd core.Ready, now time.Time) *Vi
 			delete(t.steps, tr.Step)
 		}
 	}
+	// A run is learnt, or forgotten, at its own events (submitted,
+	// cancelled, finished), judged from its record, not the event's kind.
 	for _, ev := range rd.Events {
-		switch ev.Kind {
-		case "run-submitted":
-			if r, _, ok := o.Run(ev.Run); ok && !r.Deadline.IsZero() {
-				t.runs[ev.Run] = r.Deadline
-			}
-		case "run-cancel", "run-finished":
+		if ev.Step != "" {
+			continue
+		}
+		r, _, ok := o.Run(ev.Run)
+		if !ok || r.Finished || r.CancelReason != "" || r.Deadline.IsZero() {
 			delete(t.runs, ev.Run)
+		} else if _, known := t.runs[ev.Run]; !known {
+			t.runs[ev.Run] = r.Deadline
 		}
 	}
 	return nil
