@@ -106,6 +106,7 @@ func (w *world) persist(group []*pendingBatch) {
 			}
 		}
 		w.chk.Persisted(w.now, pb.rd)
+		w.props.poolView(w).Persisted()
 	}
 }
 
@@ -181,6 +182,7 @@ func (w *world) crashOrchAt(kind string) {
 	n.pending, n.persisting = nil, nil
 	n.tickAt = time.Time{}
 	w.chk.Crash(w.now)
+	w.props.poolView(w).Crash()
 	for _, c := range w.sortedConns() {
 		if c.orchOpen {
 			c.orchOpen = false
@@ -222,6 +224,7 @@ func (w *world) restartOrch() {
 	w.doctor(&rd)
 	w.chk.Restored(w.now, o, rd)
 	w.props.timeouts.Reset(o, w.now)
+	w.props.poolView(w).Restored(w.now)
 	w.checkBatch(nil, "", rd)
 	w.queueBatch(&pendingBatch{rd: rd})
 }

@@ -17,6 +17,8 @@ type props struct {
 	recoverAt map[core.StepID]time.Time // when each recovering step went recovering
 	timeouts  *spec.Timeouts            // deadlines of running steps and runs (spec.PropTimeoutsFire)
 	dispatch  *spec.Dispatches          // misses and silences (spec.PropMissedNotRedispatched); made at the first batch
+	pool      *spec.Pool                // the world's view of workers and leases (spec.PropUnmatchedVerdict, PropScalerNoGrace, PropWelcomeCancel)
+	in        core.Input                // the input of the batch being stepped (nil for a restore's)
 }
 
 func newProps() *props {
@@ -26,6 +28,7 @@ func newProps() *props {
 // heldReported lists, for a reconnect Hello, the reported leases that are
 // current right before the orchestrator handles it.
 func (w *world) heldReported(in core.Input) map[core.StepID]core.LeaseID {
+	w.props.in = in
 	return spec.HeldReported(w.orch.o, in)
 }
 
@@ -54,9 +57,21 @@ func (w *world) checkBatch(held map[core.StepID]core.LeaseID, from core.WorkerID
 		w.fail(v.Invariant, v.Detail)
 	}
 	w.checkGrants(rd)
+	if v := p.poolView(w).Check(w.orch.o, w.now, p.in, rd); v != nil {
+		w.fail(v.Invariant, v.Detail)
+	}
+	p.in = nil
 	for _, id := range left {
 		delete(p.recoverAt, id)
 	}
+}
+
+// poolView returns the world's view of the pool, made at first use.
+func (p *props) poolView(w *world) *spec.Pool {
+	if p.pool == nil {
+		p.pool = spec.NewPool()
+	}
+	return p.pool
 }
 
 // workerOfConn names the worker at the other end of a connection.

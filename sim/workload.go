@@ -307,6 +307,9 @@ func (w *world) submitOverLimit() {
 }
 
 // randomRun draws a DAG workflow.
+// targetFrac is the share of steps that target one worker instance by name.
+const targetFrac = 0.04
+
 func (w *world) randomRun() core.RunSpec {
 	n := 1 + w.r.IntN(w.opt.StepsMax)
 	rs := core.RunSpec{Name: fmt.Sprintf("run%d", w.runsSent+1)}
@@ -326,6 +329,12 @@ func (w *world) randomRun() core.RunSpec {
 			for _, k := range w.r.Perm(len(workerTags))[:1+w.r.IntN(len(workerTags))] {
 				s.Tags = append(s.Tags, workerTags[k])
 			}
+		}
+		if len(w.workers) > 0 && w.chance(targetFrac) {
+			// A step for one instance, alive or not: once that instance
+			// is out of the pool, nothing else matches it, and the
+			// unmatched sweep must fail it (SPEC §5).
+			s.Target = string(w.workers[w.r.IntN(len(w.workers))].id)
 		}
 		if w.chance(w.opt.ForEachFrac) {
 			s.ForEach = []string{"a", "b", "c"}

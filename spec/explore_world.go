@@ -1085,15 +1085,17 @@ func (b *builder) restartOrch() {
 	b.sendW(rd.Messages)
 }
 
-// heldReported lists, for a reconnect Hello, the reported leases current
-// right before the orchestrator handles it (PropInFlightHonoured).
-func (b *builder) heldReported(in core.Input) map[core.StepID]core.LeaseID {
-	return HeldReported(b.s.o, in)
+// heldReported keeps what the per-batch check needs from right before the
+// orchestrator handles in: for a reconnect Hello the reported leases then
+// current (PropInFlightHonoured), and the orchestrator itself (CheckRecords).
+func (b *builder) heldReported(in core.Input) *PreBatch {
+	return Before(b.s.o, in)
 }
 
-// observe runs the simulator's two extra properties over a batch and notes
-// the sometimes properties it shows.
-func (b *builder) observe(rd core.Ready, held map[core.StepID]core.LeaseID) {
+// observe runs the simulator's extra properties over a batch (nil pre: a
+// restore's) and notes the sometimes properties it shows.
+func (b *builder) observe(rd core.Ready, pre *PreBatch) {
+	held := pre.HeldOf()
 	s := b.s
 	entered, left := RecoveryChanges(rd)
 	if len(entered) > 0 {
@@ -1117,10 +1119,8 @@ func (b *builder) observe(rd core.Ready, held map[core.StepID]core.LeaseID) {
 			}
 		}
 	}
-	for _, ev := range rd.Events {
-		if ev.Kind == "run-finished" && ev.Message == "run success" {
-			b.hit(SomeRunSucceeded)
-		}
+	if runSucceeded(s.o, rd) {
+		b.hit(SomeRunSucceeded)
 	}
 	if v := CheckProps(rd, s.now, b.x.grace, s.recoverAt, held); v != nil {
 		b.fail(v.Invariant, "%s", v.Detail)
@@ -1129,6 +1129,9 @@ func (b *builder) observe(rd core.Ready, held map[core.StepID]core.LeaseID) {
 		b.fail(v.Invariant, "%s", v.Detail)
 	}
 	b.checkGrants(rd)
+	if v := CheckRecords(pre, s.o, s.now, rd); v != nil {
+		b.fail(v.Invariant, "%s", v.Detail)
+	}
 	if len(left) > 0 {
 		b.mutRecov()
 		for _, id := range left {

@@ -3,7 +3,6 @@ package spec
 import (
 	"fmt"
 	"sort"
-	"strings"
 	"time"
 
 	"github.com/tether-run/tether/core"
@@ -28,12 +27,6 @@ const (
 	// old process, SPEC §9): reclaiming its steps would hold them, running,
 	// on processes that do not exist.
 	PropOnlyReportedReclaimed = "OnlyReportedReclaimed"
-)
-
-// The event messages the properties read (SPEC §4).
-const (
-	graceExpiryMsg = "did not reconnect within the recovery window"
-	lostMsg        = "its execution was lost"
 )
 
 // HeldReported lists, for an input that is a reconnect Hello, the leases it
@@ -90,7 +83,7 @@ func CheckProps(rd core.Ready, now time.Time, grace time.Duration, recoverAt map
 		if ev.Step == "" {
 			continue
 		}
-		if strings.Contains(ev.Message, graceExpiryMsg) && (ev.Kind == "step-failed" || ev.Kind == "step-requeued") {
+		if ev.Cause == core.CauseGraceExpired {
 			if at, ok := recoverAt[ev.Step]; ok {
 				if d := now.Sub(at); d < grace {
 					return &Violation{Invariant: PropGraceWindow, Detail: fmt.Sprintf(
@@ -99,7 +92,7 @@ func CheckProps(rd core.Ready, now time.Time, grace time.Duration, recoverAt map
 				}
 			}
 		}
-		if l, ok := held[ev.Step]; ok && strings.Contains(ev.Message, lostMsg) {
+		if l, ok := held[ev.Step]; ok && ev.Cause == core.CauseLost {
 			return &Violation{Invariant: PropInFlightHonoured, Detail: fmt.Sprintf(
 				"the worker reported %s@%d, current, in its hello, yet the step was triaged as lost", ev.Step, l)}
 		}
@@ -222,14 +215,17 @@ func (t *Timeouts) Check(o *core.Orchestrator, rd core.Ready, now time.Time) *Vi
 			delete(t.steps, tr.Step)
 		}
 	}
+	// A run is learnt, or forgotten, at its own events (submitted,
+	// cancelled, finished), judged from its record, not the event's kind.
 	for _, ev := range rd.Events {
-		switch ev.Kind {
-		case "run-submitted":
-			if r, _, ok := o.Run(ev.Run); ok && !r.Deadline.IsZero() {
-				t.runs[ev.Run] = r.Deadline
-			}
-		case "run-cancel", "run-finished":
+		if ev.Step != "" {
+			continue
+		}
+		r, _, ok := o.Run(ev.Run)
+		if !ok || r.Finished || r.CancelReason != "" || r.Deadline.IsZero() {
 			delete(t.runs, ev.Run)
+		} else if _, known := t.runs[ev.Run]; !known {
+			t.runs[ev.Run] = r.Deadline
 		}
 	}
 	return nil
@@ -249,13 +245,6 @@ func sortedIDs[K ~string](m map[K]time.Time) []K {
 // any message) since, nor to a worker that has sent nothing for
 // core.MaxSilentHeartbeats heartbeat intervals (SPEC §3, §8).
 const PropMissedNotRedispatched = "MissedNotRedispatched"
-
-// missPrefix and missSuffix frame the worker in a dispatch-ack miss's
-// step-requeued event (SPEC §3).
-const (
-	missPrefix = "requeued, never started: dispatch not started by worker "
-	missSuffix = " within the deadline"
-)
 
 type stepWorker struct {
 	step   core.StepID
@@ -290,11 +279,12 @@ func (d *Dispatches) Check(rd core.Ready, now time.Time, from core.WorkerID, wor
 		}
 	}
 	for _, ev := range rd.Events {
-		if ev.Kind != "step-requeued" || !strings.HasPrefix(ev.Message, missPrefix) || !strings.HasSuffix(ev.Message, missSuffix) {
+		// A miss's events (the requeue, or the attempts-exhausted failure)
+		// carry the cause and the worker that missed (SPEC §3, §5).
+		if ev.Cause != core.CauseDispatchMissed || ev.Worker == "" {
 			continue
 		}
-		w := core.WorkerID(strings.TrimSuffix(strings.TrimPrefix(ev.Message, missPrefix), missSuffix))
-		if w != from {
+		if w := ev.Worker; w != from {
 			d.missed[stepWorker{ev.Step, w}] = true
 		}
 	}
@@ -314,4 +304,34 @@ func (d *Dispatches) Check(rd core.Ready, now time.Time, from core.WorkerID, wor
 		}
 	}
 	return nil
+}
+
+// runSucceeded says whether batch rd finished a run whose every step
+// ended well (none failed or was cancelled), judged from the steps' states, not from the event's text. o is
+// the orchestrator after the batch.
+func runSucceeded(o *core.Orchestrator, rd core.Ready) bool {
+	for _, t := range rd.Transitions {
+		if !t.To.Terminal() {
+			continue
+		}
+		st, ok := o.StepByID(t.Step)
+		if !ok {
+			continue
+		}
+		r, _, ok := o.Run(st.Run)
+		if !ok || !r.Finished {
+			continue
+		}
+		all := true
+		for _, id := range r.Steps {
+			if s, ok := o.StepByID(id); !ok || s.State == core.StateFailed || s.State == core.StateCancelled {
+				all = false
+				break
+			}
+		}
+		if all {
+			return true
+		}
+	}
+	return false
 }
