@@ -117,6 +117,9 @@ type Result struct {
 	MemoHits     int           // orchestrator steps reused from an equal orchestrator
 	MemoMisses   int           // orchestrator steps computed (each a core Clone)
 	Truncated    bool          // MaxStates or MaxTime stopped the search before it covered its bounds
+	// Completions counts the states completed past the bounds
+	// (explore_complete.go), CompletionActs the actions they took.
+	Completions, CompletionActs int
 	Duration     time.Duration // wall time
 	Violation    *Counterexample
 	// Sometimes says, for every SometimesProperties entry (and a few
@@ -138,6 +141,9 @@ func (r Result) Summary() string {
 		r.Scope, r.States, r.Transitions, r.MaxDepth, r.StatesPerSecond(), r.Duration.Round(time.Millisecond))
 	if r.Pruned > 0 {
 		s += fmt.Sprintf(", %d pruned by bounds", r.Pruned)
+	}
+	if r.Completions > 0 {
+		s += fmt.Sprintf(", %d completed without faults (%d actions)", r.Completions, r.CompletionActs)
 	}
 	switch {
 	case r.Truncated:
@@ -175,6 +181,10 @@ type Counterexample struct {
 	SimNote string
 	// Replay is a Go snippet that re-executes the path with Replay.
 	Replay string
+	// Completion is how many of the path's last actions are a fault-free
+	// completion past the explored bounds (explore_complete.go), if the
+	// violation was found there.
+	Completion int
 	// Script is the initial world and the path as plain values, for the
 	// simulator to re-execute in its own world (sim.RunScript; saved with
 	// Script.WriteFile, replayed by the command ScriptReplayCommand gives).
@@ -431,6 +441,7 @@ func Explore(sc Scope) Result {
 	res.Scope = sc.Name
 	res.Duration = time.Since(x.start)
 	res.MemoHits, res.MemoMisses = x.memo.stats()
+	res.Completions, res.CompletionActs = int(x.completions.Load()), int(x.completionActs.Load())
 	res.Sometimes = map[string]bool{}
 	for i, n := range sometimesAll {
 		res.Sometimes[n] = x.hits&(1<<i) != 0
@@ -457,6 +468,7 @@ type pathNode struct {
 type expansion struct {
 	succ []*xsucc
 	acts []action
+	self completion // the expanded state's own completion, if it needed one
 }
 
 func (x *explorer) bfs() Result {
@@ -515,14 +527,20 @@ func (x *explorer) bfs() Result {
 				e := out[i-lo]
 				out[i-lo] = expansion{}
 				res.Transitions += len(e.acts)
+				x.hits |= e.self.hits
+				if v := e.self.viol; v != nil {
+					res.Violation = x.completionExample(actionsTo(nodes, frontier[i].id), e.self.tail, v)
+					return res
+				}
 				for k, sc := range e.succ {
 					x.hits |= sc.hits
 					if sc.viol != nil {
-						// The first violation in BFS order ends a shortest path.
+						// The first violation in BFS order ends a shortest path
+						// (or, found by a completion, a shortest explored prefix).
 						nodes = append(nodes, pathNode{parent: frontier[i].id, act: e.acts[k]})
 						res.States++
 						res.MaxDepth = depth + 1
-						res.Violation = x.counterexample(actionsTo(nodes, int32(len(nodes)-1)), sc.viol.Invariant, sc.viol.Detail)
+						res.Violation = x.completionExample(actionsTo(nodes, int32(len(nodes)-1)), sc.tail, sc.viol)
 						return res
 					}
 					if _, seen := visited[sc.hash]; seen {
@@ -564,8 +582,15 @@ func (x *explorer) expand(s *xstate, keep bool) expansion {
 	}
 	acts := x.actions(s)
 	e := expansion{succ: make([]*xsucc, 0, len(acts)), acts: acts}
+	if x.needsCompletion(s, acts) {
+		e.self = x.complete(s)
+	}
 	for _, a := range acts {
 		sc := x.apply(s, a, false)
+		if sc.viol == nil && (!keep || sc.pruned) {
+			// Its future is not explored: complete it.
+			x.completeSucc(sc)
+		}
 		switch {
 		case !keep || sc.viol != nil || sc.pruned:
 			sc.s = nil
@@ -601,6 +626,14 @@ func (x *explorer) dfs() Result {
 		act  action // the action that led here
 	}
 	stack := []frame{{s: init, acts: x.actions(init)}}
+	if x.needsCompletion(init, stack[0].acts) {
+		c := x.complete(init)
+		x.hits |= c.hits
+		if c.viol != nil {
+			res.Violation = x.completionExample(nil, c.tail, c.viol)
+			return res
+		}
+	}
 	for len(stack) > 0 {
 		f := &stack[len(stack)-1]
 		if f.next >= len(f.acts) {
@@ -613,15 +646,18 @@ func (x *explorer) dfs() Result {
 		sc := x.apply(f.s, a, false)
 		x.hits |= sc.hits
 		depth := int32(len(stack))
-		if sc.viol != nil {
+		violated := func() Result {
 			var p []action
 			for _, g := range stack[1:] {
 				p = append(p, g.act)
 			}
 			res.States++
 			res.MaxDepth = max(res.MaxDepth, int(depth))
-			res.Violation = x.counterexample(append(p, a), sc.viol.Invariant, sc.viol.Detail)
+			res.Violation = x.completionExample(append(p, a), sc.tail, sc.viol)
 			return res
+		}
+		if sc.viol != nil {
+			return violated()
 		}
 		d, seen := visited[sc.hash]
 		if seen && d <= depth {
@@ -642,14 +678,26 @@ func (x *explorer) dfs() Result {
 			res.Truncated = true
 			return res
 		}
+		leaf := x.sc.MaxDepth > 0 && int(depth) >= x.sc.MaxDepth
+		var acts []action
+		if !sc.pruned && !leaf {
+			acts = x.actions(sc.s)
+		}
+		if sc.pruned || leaf || x.needsCompletion(sc.s, acts) {
+			x.completeSucc(sc)
+			x.hits |= sc.hits
+			if sc.viol != nil {
+				return violated()
+			}
+		}
 		if sc.pruned {
 			continue
 		}
-		if x.sc.MaxDepth > 0 && int(depth) >= x.sc.MaxDepth {
+		if leaf {
 			res.DepthBounded = true
 			continue
 		}
-		stack = append(stack, frame{s: sc.s, acts: x.actions(sc.s), act: a})
+		stack = append(stack, frame{s: sc.s, acts: acts, act: a})
 	}
 	return res
 }
@@ -663,6 +711,30 @@ func actionsTo(nodes []pathNode, id int32) []action {
 	}
 	slices.Reverse(p)
 	return p
+}
+
+// completeSucc completes a successor whose future the search does not
+// explore, and takes on what the completion found.
+func (x *explorer) completeSucc(sc *xsucc) {
+	c := x.complete(sc.s)
+	sc.hits |= c.hits
+	if c.viol != nil {
+		sc.viol, sc.tail = c.viol, c.tail
+	}
+}
+
+// completionExample renders a violation found by the search (tail empty)
+// or by a completion after the explored prefix.
+func (x *explorer) completionExample(prefix, tail []action, v *Violation) *Counterexample {
+	ce := x.counterexample(append(slices.Clone(prefix), tail...), v.Invariant, v.Detail)
+	if len(tail) > 0 {
+		ce.Completion = len(tail)
+		ce.shortest = fmt.Sprintf("; the last %d are a fault-free completion past the explored bounds", len(tail))
+		if !x.sc.DFS {
+			ce.shortest += ", after a shortest explored prefix"
+		}
+	}
+	return ce
 }
 
 // counterexample renders a path of actions: it replays them from the
@@ -725,7 +797,11 @@ func Replay(sc Scope, path []string) (*Violation, error) {
 	}
 	for i, want := range path {
 		var found *xsucc
-		for _, a := range x.actions(s) {
+		acts := x.actions(s)
+		if a, _, ok := x.completionNext(s); ok {
+			acts = append(acts, a) // a completion's step past the bounds
+		}
+		for _, a := range acts {
 			if sc := x.apply(s, a, true); sc.label == want {
 				found = sc
 				break

@@ -78,6 +78,7 @@ import (
 	"hash/fnv"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/tether-run/tether/core"
@@ -102,6 +103,10 @@ type explorer struct {
 	setupSteps []ScriptStep
 	workers    *internTable[*core.Worker]
 	packs      *internTable[*checkerPack]
+	// done holds the states whose completion (explore_complete.go) ended
+	// without a violation; completions and completeActs count them.
+	done                        *doneSet
+	completions, completionActs atomic.Int64
 }
 
 func newExplorer(sc Scope) *explorer {
@@ -118,7 +123,7 @@ func newExplorer(sc Scope) *explorer {
 		sc.Name = "custom"
 	}
 	x := &explorer{sc: sc, cfg: sc.Config, end: exploreT0.Add(sc.Horizon), writes: map[string]bool{}, memo: newOrchMemo(1 << 15),
-		workers: newInternTable[*core.Worker](1 << 16), packs: newInternTable[*checkerPack](1 << 16)}
+		workers: newInternTable[*core.Worker](1 << 16), packs: newInternTable[*checkerPack](1 << 16), done: newDoneSet()}
 	bmax := sc.Worker.BackoffMax
 	if bmax <= 0 {
 		bmax = 60 * time.Second
@@ -385,6 +390,7 @@ type xsucc struct {
 	sim    string     // the action as a simulator event (counterexamples only)
 	fault  string     // the simulator option the action needs (counterexamples only)
 	viol   *Violation
+	tail   []action // a completion's actions after this one up to viol (explore_complete.go)
 	pruned bool
 	hits   uint32
 }
@@ -501,9 +507,6 @@ func (x *explorer) apply(parent *xstate, a action, want bool) (out *xsucc) {
 			b.viol = v
 		}
 	}
-	if b.viol == nil {
-		b.viol = x.stuck(&ns)
-	}
 	out = &xsucc{s: &ns, label: b.label, step: b.lastStep(), sim: b.sim, fault: b.fault, viol: b.viol, hits: b.hits}
 	if b.ownChk {
 		ns.chkHash = ns.chk.stateHash()
@@ -511,58 +514,6 @@ func (x *explorer) apply(parent *xstate, a action, want bool) (out *xsucc) {
 	out.hash = x.hash(&ns)
 	out.pruned = x.pruned(&ns)
 	return out
-}
-
-// PropRunStuck names the explorer's bounded liveness check.
-const PropRunStuck = "RunStuck"
-
-// stuck is liveness in the small (SPEC §13, invariant 8, as far as a bounded
-// search can see it): a state where the orchestrator is up, every worker is
-// alive and connected, no message is in flight, no process runs, no step is
-// active (running, recovering, cancelling, held at a gate, waiting on a
-// timer) and no machine can act without a fault — yet the run has not
-// finished. Nothing still to come can finish it: the run is stuck.
-func (x *explorer) stuck(s *xstate) *Violation {
-	if s.o == nil || len(s.procs) > 0 {
-		return nil
-	}
-	for _, c := range s.conns {
-		if len(c.toO) > 0 || len(c.toW) > 0 {
-			return nil
-		}
-	}
-	for _, w := range s.ws {
-		if !w.alive || w.conn == 0 || w.dialing {
-			return nil
-		}
-	}
-	r, _, ok := s.o.Run(x.run)
-	if !ok || r.Finished {
-		return nil
-	}
-	var waiting []string
-	for _, id := range r.Steps {
-		st, ok := s.o.StepByID(id)
-		if !ok {
-			return nil
-		}
-		switch st.State {
-		case core.StatePending, core.StateQueued:
-			waiting = append(waiting, fmt.Sprintf("%s %s", id, st.State))
-		case core.StateRunning, core.StateRecovering, core.StateCancelling, core.StateHeld, core.StateWaiting:
-			return nil
-		}
-	}
-	for _, a := range x.actions(s) {
-		switch a.k {
-		case aDupO, aDupW, aDropO, aDropW, aReset, aCrashO, aCrashW, aRestartSameW, aCancel, aRevoke:
-		default:
-			return nil // some machine can still act
-		}
-	}
-	return &Violation{Invariant: PropRunStuck, Detail: fmt.Sprintf(
-		"run %s is not finished, yet nothing can move it: every worker is connected and idle, nothing is in flight, and %s",
-		x.run, strings.Join(waiting, ", "))}
 }
 
 func (x *explorer) pruned(s *xstate) bool {
