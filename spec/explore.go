@@ -53,6 +53,15 @@ type Scope struct {
 	Network NetworkModel      // NetFIFO (the real transport) or NetMultiset
 	Config  core.Config       // the orchestrator's knobs (zero fields: core's defaults)
 	Worker  core.WorkerConfig // template for every worker (ID, Name, Token and Slots are filled in)
+	// WorkerTags are the tags each worker slot declares in its Hello (slot
+	// i gets WorkerTags[i]; a missing entry: none). ScalerWorker, if not 0,
+	// is the 1-based slot of a scaler-managed worker (Hello.Scaler: single
+	// use, no grace window, SPEC §4).
+	WorkerTags   [][]string
+	ScalerWorker int
+	// Require lists sometimes properties this scope must show besides
+	// SometimesProperties (what the scope exists to reach).
+	Require []string
 	// Enrolled starts from a world where every worker has enrolled (connect,
 	// Hello, Welcome, in worker order) and the first dispatches are in
 	// flight, so that the depth budget goes to the run instead of to
@@ -125,6 +134,19 @@ type Result struct {
 	// Sometimes says, for every SometimesProperties entry (and a few
 	// informational ones), whether some explored transition showed it.
 	Sometimes map[string]bool
+	// Required is SometimesProperties and the scope's own Require.
+	Required []string
+}
+
+// Missing lists the required sometimes properties no transition showed.
+func (r Result) Missing() []string {
+	var miss []string
+	for _, k := range r.Required {
+		if !r.Sometimes[k] {
+			miss = append(miss, k)
+		}
+	}
+	return miss
 }
 
 // StatesPerSecond is States / Duration.
@@ -153,13 +175,7 @@ func (r Result) Summary() string {
 	default:
 		s += ", every reachable state"
 	}
-	var miss []string
-	for _, k := range SometimesProperties {
-		if !r.Sometimes[k] {
-			miss = append(miss, k)
-		}
-	}
-	if len(miss) > 0 {
+	if miss := r.Missing(); len(miss) > 0 {
 		s += ", never reached: " + strings.Join(miss, " ")
 	}
 	if r.Violation != nil {
@@ -237,12 +253,20 @@ const (
 	SomeDispatchRejected        = "dispatch-rejected"            // a worker rejected a dispatch
 	SomeWorkerRefused           = "worker-refused"               // a Hello was refused
 	SomeLeaseCancelledOnWelcome = "lease-cancelled-on-reconnect" // a Welcome told a worker to drop a lease
+	SomeStepFailedUnmatched     = "step-failed-unmatched"        // a step failed as unmatched (SPEC §5)
+	SomeCredentialRefreshed     = "credential-refreshed"         // a Refresh was answered Refreshed (SPEC §7)
+	SomeCredentialExpired       = "credential-expired"           // an enrolled worker's session credential lapsed (SPEC §7)
+	SomeStaleWorker             = "stale-worker"                 // a step failed because its worker went stale (SPEC §8)
+	SomeCascadeSkip             = "cascade-skip"                 // a step was skipped because a dependency did not succeed
+	SomeScalerLeaseTriaged      = "scaler-lease-triaged"         // a started lease triaged in the very batch of its worker's disconnect (no grace: SPEC §4)
+	SomeDuplicateReport         = "duplicate-report"             // an exact duplicate report reached the orchestrator (PropIdempotentReport)
 )
 
 var sometimesAll = []string{
 	SomeWriteStepFailedByTriage, SomeNoWriteStepRedispatched, SomeReportCancelled, SomeRunSucceeded,
 	SomeStepReclaimed, SomeOrchestratorRestored, SomeCancelForced, SomeDispatchRejected,
-	SomeWorkerRefused, SomeLeaseCancelledOnWelcome,
+	SomeWorkerRefused, SomeLeaseCancelledOnWelcome, SomeStepFailedUnmatched, SomeCredentialRefreshed,
+	SomeCredentialExpired, SomeStaleWorker, SomeCascadeSkip, SomeScalerLeaseTriaged, SomeDuplicateReport,
 }
 
 func sometimesBit(name string) uint32 {
@@ -405,7 +429,89 @@ func LargeScope() Scope {
 	return sc
 }
 
-// ScopeByName returns a named scope: default, faults, identity, slow, multiset or large.
+// TimersScope is the default world with the orchestrator's timers short
+// enough to fire within the horizon: a sweep every 4 s, heartbeats every 4
+// s and a worker stale after 8 s without one, a step unmatched for 4 s
+// failed, a session credential valid 9 s (refreshed every 3 s). Step b
+// requires the tag gpu, which only w1 holds, so that losing w1 (a crash or
+// a revocation) makes b unmatched. With 1 disconnect, 1 worker crash, 1
+// revocation, 1 cancel. It must show an unmatched failure and a credential
+// both refreshed and expired.
+func TimersScope() Scope {
+	sc := DefaultScope()
+	sc.Name = "timers"
+	sc.Steps = []core.StepSpec{
+		{Name: "a", Command: "write a", Writes: true},
+		{Name: "b", Command: "read b", Tags: []string{"gpu"}},
+		{Name: "c", Command: "read c", DependsOn: []string{"a", "b"}},
+	}
+	sc.WorkerTags = [][]string{{"gpu"}, nil}
+	sc.Config.SweepInterval = 4 * time.Second
+	sc.Config.HeartbeatInterval = 4 * time.Second
+	sc.Config.HeartbeatTimeout = 8 * time.Second
+	sc.Config.UnmatchedTimeout = 4 * time.Second
+	sc.Config.CredentialTTL = 9 * time.Second
+	sc.MaxOrchCrashes = 0
+	sc.MaxWorkerCrashes = 1
+	sc.MaxRevokes = 1
+	sc.MaxDepth = 10
+	sc.Require = []string{SomeStepFailedUnmatched, SomeCredentialRefreshed, SomeCredentialExpired}
+	return sc
+}
+
+// TagsScope is the default world with required tags: w1 holds gpu and x,
+// w2 only x; step a requires x (both match), b requires gpu (only w1
+// matches), c none. A revocation of w1 leaves b unmatched. With 1
+// disconnect, 1 orchestrator crash, 1 cancel, 1 revocation. It must show a
+// step failed as unmatched.
+func TagsScope() Scope {
+	sc := DefaultScope()
+	sc.Name = "tags"
+	sc.Steps = []core.StepSpec{
+		{Name: "a", Command: "write a", Writes: true, Tags: []string{"x"}},
+		{Name: "b", Command: "read b", Tags: []string{"gpu"}},
+		{Name: "c", Command: "read c", DependsOn: []string{"a", "b"}},
+	}
+	sc.WorkerTags = [][]string{{"gpu", "x"}, {"x"}}
+	sc.MaxRevokes = 1
+	sc.MaxDepth = 11
+	sc.Require = []string{SomeStepFailedUnmatched}
+	return sc
+}
+
+// ChainScope is a transitive DAG a → b → c (a write-bearing, b and c not),
+// so that a failure or a cancel cascades over two levels. The default
+// budgets. It must show a cascade skip.
+func ChainScope() Scope {
+	sc := DefaultScope()
+	sc.Name = "chain"
+	sc.Steps = []core.StepSpec{
+		{Name: "a", Command: "write a", Writes: true},
+		{Name: "b", Command: "read b", DependsOn: []string{"a"}},
+		{Name: "c", Command: "read c", DependsOn: []string{"b"}},
+	}
+	sc.MaxDepth = 12
+	sc.Require = []string{SomeCascadeSkip}
+	return sc
+}
+
+// ScalerScope is the default world with w2 scaler-managed (Hello.Scaler):
+// on its disconnect there is no grace window, its leases are triaged in
+// that same batch (SPEC §4), and it never comes back. It must show a
+// started scaler lease triaged so.
+func ScalerScope() Scope {
+	sc := DefaultScope()
+	sc.Name = "scaler"
+	sc.ScalerWorker = 2
+	sc.MaxDepth = 12
+	sc.Require = []string{SomeScalerLeaseTriaged}
+	return sc
+}
+
+// ScopeNames lists every named scope, in the order the tests run them.
+var ScopeNames = []string{"default", "faults", "identity", "slow", "multiset", "timers", "tags", "chain", "scaler", "large"}
+
+// ScopeByName returns a named scope (ScopeNames).
 func ScopeByName(name string) (Scope, bool) {
 	switch name {
 	case "", "default":
@@ -420,6 +526,14 @@ func ScopeByName(name string) (Scope, bool) {
 		return MultisetScope(), true
 	case "large":
 		return LargeScope(), true
+	case "timers":
+		return TimersScope(), true
+	case "tags":
+		return TagsScope(), true
+	case "chain":
+		return ChainScope(), true
+	case "scaler":
+		return ScalerScope(), true
 	}
 	return Scope{}, false
 }
@@ -446,6 +560,7 @@ func Explore(sc Scope) Result {
 	for i, n := range sometimesAll {
 		res.Sometimes[n] = x.hits&(1<<i) != 0
 	}
+	res.Required = append(slices.Clone(SometimesProperties), sc.Require...)
 	return res
 }
 

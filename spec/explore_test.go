@@ -12,7 +12,7 @@ import (
 )
 
 var (
-	flagExploreScope    = flag.String("explore.scope", "default", "explorer scope for TestExplore: default, faults, identity, slow, multiset or large")
+	flagExploreScope    = flag.String("explore.scope", "default", "explorer scope for TestExplore: "+strings.Join(ScopeNames, ", "))
 	flagExploreDepth    = flag.Int("explore.depth", 0, "override the scope's depth bound (0: the scope's own)")
 	flagExploreReplay   = flag.String("explore.replay", "", "TestExploreReplay: a file holding a counterexample's path, one action per line, replayed in -explore.scope")
 	flagExploreProgress = flag.Bool("explore.progress", false, "print a line per finished BFS level")
@@ -24,7 +24,7 @@ func exploreScope(t *testing.T) Scope {
 	t.Helper()
 	sc, ok := ScopeByName(*flagExploreScope)
 	if !ok {
-		t.Fatalf("unknown -explore.scope %q (want default, faults, identity, slow, multiset or large)", *flagExploreScope)
+		t.Fatalf("unknown -explore.scope %q (want one of %s)", *flagExploreScope, strings.Join(ScopeNames, ", "))
 	}
 	if *flagExploreDepth > 0 {
 		sc.MaxDepth = *flagExploreDepth
@@ -78,12 +78,7 @@ func TestExplore(t *testing.T) {
 	}
 	res := Explore(sc)
 	report(t, sc, res)
-	var miss []string
-	for _, k := range SometimesProperties {
-		if !res.Sometimes[k] {
-			miss = append(miss, k)
-		}
-	}
+	miss := res.Missing()
 	switch {
 	case len(miss) > 0 && res.Truncated:
 		t.Logf("scope %s was cut short by its budget before it showed %s", sc.Name, strings.Join(miss, ", "))

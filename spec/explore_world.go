@@ -107,6 +107,7 @@ type explorer struct {
 	// without a violation; completions and completeActs count them.
 	done                        *doneSet
 	completions, completionActs atomic.Int64
+	wantExpiry                  bool // the scope requires SomeCredentialExpired (a costly look)
 }
 
 func newExplorer(sc Scope) *explorer {
@@ -132,6 +133,7 @@ func newExplorer(sc Scope) *explorer {
 	for _, st := range sc.Steps {
 		x.writes[st.Name] = st.Writes
 	}
+	x.wantExpiry = slices.Contains(sc.Require, SomeCredentialExpired)
 	for i := range sc.Workers {
 		x.tokNames = append(x.tokNames, fmt.Sprintf("tok-w%d", i+1))
 	}
@@ -407,6 +409,7 @@ type builder struct {
 	steps                                     []ScriptStep // every action's script step (counterexamples only)
 	viol                                      *Violation
 	hits                                      uint32
+	in                                        core.Input // the orchestrator's input being observed (nil: a restore)
 }
 
 func (b *builder) mutChk() {
@@ -959,7 +962,9 @@ func (b *builder) orch(in core.Input) core.Ready {
 	s.chk.Batch(s.now, s.o, rd)
 	s.chk.Persisted(s.now, rd) // durable before anything leaves
 	s.oDL = rd.Deadline
+	b.in = in
 	b.observe(rd, held)
+	b.in = nil
 	b.sendW(rd.Messages)
 	return rd
 }
@@ -1052,9 +1057,32 @@ func (b *builder) observe(rd core.Ready, held map[core.StepID]core.LeaseID) {
 			s.recoverAt[id] = s.now
 		}
 	}
+	_, disconnected := b.in.(core.Disconnected)
+	recovered := map[core.StepID]bool{}
 	for _, t := range rd.Transitions {
 		if t.From == core.StateRecovering && t.To == core.StateRunning {
 			b.hit(SomeStepReclaimed)
+		}
+		if t.Event == core.EvRecover {
+			recovered[t.Step] = true
+		}
+		if disconnected && t.From == core.StateRecovering && t.To != core.StateRunning && recovered[t.Step] {
+			// Into recovering and out again in the batch of the
+			// disconnect: the no-grace triage of a scaler-managed worker.
+			b.hit(SomeScalerLeaseTriaged)
+		}
+		if t.Event == core.EvSkip {
+			b.hit(SomeCascadeSkip)
+		}
+		if t.To == core.StateFailed {
+			if st, ok := s.o.StepByID(t.Step); ok {
+				switch st.Class {
+				case core.ClassUnmatched:
+					b.hit(SomeStepFailedUnmatched)
+				case core.ClassStaleWorker:
+					b.hit(SomeStaleWorker)
+				}
+			}
 		}
 		if t.Event == core.EvCancelForce {
 			b.hit(SomeCancelForced)
@@ -1070,6 +1098,13 @@ func (b *builder) observe(rd core.Ready, held map[core.StepID]core.LeaseID) {
 	for _, ev := range rd.Events {
 		if ev.Kind == "run-finished" && ev.Message == "run success" {
 			b.hit(SomeRunSucceeded)
+		}
+	}
+	if _, tick := b.in.(core.Tick); tick && b.x.wantExpiry {
+		for _, w := range s.o.Workers() {
+			if !w.Revoked && !w.CredExpiry.IsZero() && !s.now.Before(w.CredExpiry) {
+				b.hit(SomeCredentialExpired)
+			}
 		}
 	}
 	if v := CheckProps(rd, s.now, b.x.grace, s.recoverAt, held); v != nil {
@@ -1098,6 +1133,8 @@ func (b *builder) observe(rd core.Ready, held map[core.StepID]core.LeaseID) {
 			}
 		case core.Refused:
 			b.hit(SomeWorkerRefused)
+		case core.Refreshed:
+			b.hit(SomeCredentialRefreshed)
 		case core.Welcome:
 			if len(m.Cancel) > 0 {
 				b.hit(SomeLeaseCancelledOnWelcome)
@@ -1273,6 +1310,10 @@ func (b *builder) bootWorker(i, inst, tok int) {
 	cfg := b.x.sc.Worker
 	cfg.ID, cfg.Name, cfg.Token, cfg.Slots = id, string(id), b.x.tokens[tok], b.x.sc.Slots
 	cfg.Seed = workerSeedFor(i, inst)
+	if i < len(b.x.sc.WorkerTags) {
+		cfg.Tags = b.x.sc.WorkerTags[i]
+	}
+	cfg.Scaler = b.x.sc.ScalerWorker == i+1
 	*w = xworker{m: core.NewWorker(cfg), alive: true, inst: inst, tok: tok, id: id}
 	b.ownW |= 1 << i
 	b.worker(i, core.WBoot{})
