@@ -123,14 +123,14 @@ type Result struct {
 	// DepthBounded says states at MaxDepth were checked but not expanded:
 	// the result covers every path of at most MaxDepth actions.
 	DepthBounded bool
-	MemoHits     int           // orchestrator steps reused from an equal orchestrator
-	MemoMisses   int           // orchestrator steps computed (each a core Clone)
-	Truncated    bool          // MaxStates or MaxTime stopped the search before it covered its bounds
+	MemoHits     int  // orchestrator steps reused from an equal orchestrator
+	MemoMisses   int  // orchestrator steps computed (each a core Clone)
+	Truncated    bool // MaxStates or MaxTime stopped the search before it covered its bounds
 	// Completions counts the states completed past the bounds
 	// (explore_complete.go), CompletionActs the actions they took.
 	Completions, CompletionActs int
-	Duration     time.Duration // wall time
-	Violation    *Counterexample
+	Duration                    time.Duration // wall time
+	Violation                   *Counterexample
 	// Sometimes says, for every SometimesProperties entry (and a few
 	// informational ones), whether some explored transition showed it.
 	Sometimes map[string]bool
@@ -432,9 +432,9 @@ func LargeScope() Scope {
 // TimersScope is the default world with the orchestrator's timers short
 // enough to fire within the horizon: a sweep every 4 s, heartbeats every 4
 // s and a worker stale after 8 s without one, a step unmatched for 4 s
-// failed, a session credential valid 9 s (refreshed every 3 s). Step b
+// failed, a session credential valid 9 s (refreshed every 3 s). Step c
 // requires the tag gpu, which only w1 holds, so that losing w1 (a crash or
-// a revocation) makes b unmatched. With 1 disconnect, 1 worker crash, 1
+// a revocation) makes c unmatched. With 1 disconnect, 1 worker crash, 1
 // revocation, 1 cancel. It must show an unmatched failure and a credential
 // both refreshed and expired.
 func TimersScope() Scope {
@@ -442,8 +442,8 @@ func TimersScope() Scope {
 	sc.Name = "timers"
 	sc.Steps = []core.StepSpec{
 		{Name: "a", Command: "write a", Writes: true},
-		{Name: "b", Command: "read b", Tags: []string{"gpu"}},
-		{Name: "c", Command: "read c", DependsOn: []string{"a", "b"}},
+		{Name: "b", Command: "read b"},
+		{Name: "c", Command: "read c", DependsOn: []string{"a", "b"}, Tags: []string{"gpu"}},
 	}
 	sc.WorkerTags = [][]string{{"gpu"}, nil}
 	sc.Config.SweepInterval = 4 * time.Second

@@ -215,6 +215,7 @@ type xstate struct {
 	pchk      *checkerPack              // the checker at rest in the BFS frontier (chk is then nil)
 	chkHash   uint64                    // chk.stateHash(), kept up to date by the builder
 	recoverAt map[core.StepID]time.Time // simulator property: when each recovering step went recovering
+	idem      *Idempotency              // PropIdempotentReport's memory of answered reports
 	used      budget
 	revoked   uint32 // token indexes revoked
 }
@@ -404,12 +405,14 @@ type builder struct {
 	x                                         *explorer
 	s                                         *xstate
 	ownChk, ownWs, ownNet, ownProcs, ownRecov bool
+	ownIdem                                   bool
 	ownW                                      uint64
 	label, sim, fault                         string
 	steps                                     []ScriptStep // every action's script step (counterexamples only)
 	viol                                      *Violation
 	hits                                      uint32
-	in                                        core.Input // the orchestrator's input being observed (nil: a restore)
+	in                                        core.Input    // the orchestrator's input being observed (nil: a restore)
+	from                                      core.WorkerID // the worker whose connection the delivered message came on
 }
 
 func (b *builder) mutChk() {
@@ -468,6 +471,13 @@ func (b *builder) mutRecov() {
 		}
 		b.s.recoverAt = m
 		b.ownRecov = true
+	}
+}
+
+func (b *builder) mutIdem() {
+	if !b.ownIdem {
+		b.s.idem = b.s.idem.Clone()
+		b.ownIdem = true
 	}
 }
 
@@ -600,7 +610,9 @@ func (b *builder) do(a action) {
 		if _, ok := m.m.(core.RejectDispatch); ok {
 			b.hit(SomeDispatchRejected)
 		}
+		b.from = c.owner
 		b.orch(core.Received{Conn: c.id, Msg: m.m, Entropy: entropyFor(m.m)})
+		b.from = ""
 	case aDeliverW, aDupW, aDropW:
 		b.mutNet()
 		c := s.conns[a.i]
@@ -1113,6 +1125,18 @@ func (b *builder) observe(rd core.Ready, held map[core.StepID]core.LeaseID) {
 	if v := CheckNoWriteFailures(s.o, rd); v != nil {
 		b.fail(v.Invariant, "%s", v.Detail)
 	}
+	if r, ok := b.in.(core.Received); ok {
+		if _, ok := r.Msg.(core.Report); ok {
+			b.mutIdem()
+			dup, v := s.idem.Check(b.in, b.from, rd)
+			if dup {
+				b.hit(SomeDuplicateReport)
+			}
+			if v != nil {
+				b.fail(v.Invariant, "%s", v.Detail)
+			}
+		}
+	}
 	if len(left) > 0 {
 		b.mutRecov()
 		for _, id := range left {
@@ -1346,9 +1370,9 @@ func (x *explorer) initial() (s *xstate, err error) {
 			err = fmt.Errorf("setup panicked: %v", r)
 		}
 	}()
-	s = &xstate{now: exploreT0, chk: NewChecker(), o: core.NewOrchestrator(x.cfg), ws: make([]xworker, x.sc.Workers)}
+	s = &xstate{now: exploreT0, chk: NewChecker(), o: core.NewOrchestrator(x.cfg), ws: make([]xworker, x.sc.Workers), idem: NewIdempotency()}
 	s.chk.Verify = x.sc.Verify
-	b := &builder{x: x, s: s, want: true, ownChk: true, ownWs: true, ownNet: true, ownProcs: true, ownRecov: true, ownW: ^uint64(0)}
+	b := &builder{x: x, s: s, want: true, ownChk: true, ownWs: true, ownNet: true, ownProcs: true, ownRecov: true, ownIdem: true, ownW: ^uint64(0)}
 	x.tokens = make([]string, len(x.tokNames))
 	for k, name := range x.tokNames {
 		rd := b.orch(core.CreateToken{Call: core.CallID(k + 1), Name: name, TTL: exploreTokenTTL, Secret: secretFor(name)})
