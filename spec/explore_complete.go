@@ -211,7 +211,7 @@ func (x *explorer) complete(s *xstate) completion {
 			c.viol = v
 			return c
 		}
-		sc := x.apply(cur, a, false)
+		sc := x.completeStep(cur, a)
 		c.acts++
 		c.tail = append(c.tail, a)
 		c.hits |= sc.hits

@@ -216,6 +216,12 @@ type xstate struct {
 	chkHash   uint64                    // chk.stateHash(), kept up to date by the builder
 	recoverAt map[core.StepID]time.Time // simulator property: when each recovering step went recovering
 	idem      *Idempotency              // PropIdempotentReport's memory of answered reports
+	// A completion (explore_complete.go) discards each state once it has
+	// stepped it: the machines it copied for a state are its own, and the
+	// next step may change them in place. cOwnO, cOwnChk and cOwnW (a bit
+	// per worker) say which; a state the search keeps has none.
+	cOwnO, cOwnChk bool
+	cOwnW          uint64
 	used      budget
 	revoked   uint32 // token indexes revoked
 }
@@ -411,13 +417,17 @@ type builder struct {
 	steps                                     []ScriptStep // every action's script step (counterexamples only)
 	viol                                      *Violation
 	hits                                      uint32
+	completing                                bool          // a completion's step: see xstate.cOwnO
 	in                                        core.Input    // the orchestrator's input being observed (nil: a restore)
 	from                                      core.WorkerID // the worker whose connection the delivered message came on
 }
 
 func (b *builder) mutChk() {
 	if !b.ownChk {
-		b.s.chk = b.s.chk.Clone()
+		if !b.completing || !b.s.cOwnChk {
+			b.s.chk = b.s.chk.Clone()
+			b.s.cOwnChk = b.completing
+		}
 		b.ownChk = true
 	}
 }
@@ -433,8 +443,11 @@ func (b *builder) mutW(i int) *xworker {
 	b.mutWs()
 	w := &b.s.ws[i]
 	if b.ownW&(1<<i) == 0 {
-		if w.m != nil {
+		if w.m != nil && (!b.completing || b.s.cOwnW&(1<<i) == 0) {
 			w.m = w.m.Clone()
+			if b.completing {
+				b.s.cOwnW |= 1 << i
+			}
 		}
 		b.ownW |= 1 << i
 	}
@@ -500,8 +513,18 @@ func (b *builder) hit(name string) { b.hits |= sometimesBit(name) }
 
 // apply computes the successor of s by a (with its label if want).
 func (x *explorer) apply(parent *xstate, a action, want bool) (out *xsucc) {
+	return x.applyWith(parent, a, want, false)
+}
+
+// completeStep is apply for a completion, which discards parent once it is
+// stepped: what parent's completion copies already own is changed in place.
+func (x *explorer) completeStep(parent *xstate, a action) *xsucc {
+	return x.applyWith(parent, a, false, true)
+}
+
+func (x *explorer) applyWith(parent *xstate, a action, want, completing bool) (out *xsucc) {
 	ns := *parent
-	b := &builder{x: x, s: &ns, want: want}
+	b := &builder{x: x, s: &ns, want: want, completing: completing}
 	defer func() {
 		if r := recover(); r != nil {
 			out = &xsucc{s: &ns, label: b.label, step: b.lastStep(), sim: b.sim, fault: b.fault, viol: &Violation{Invariant: "Panic", Detail: fmt.Sprint(r)}, hits: b.hits}
@@ -509,9 +532,10 @@ func (x *explorer) apply(parent *xstate, a action, want bool) (out *xsucc) {
 	}()
 	b.do(a)
 	b.gc()
-	// Machines stepped here are final: share them with equal ones.
+	// Machines stepped here are final: share them with equal ones (not a
+	// completion's, which it changes in place).
 	for i := range ns.ws {
-		if w := &ns.ws[i]; b.ownW&(1<<i) != 0 && w.m != nil {
+		if w := &ns.ws[i]; !completing && b.ownW&(1<<i) != 0 && w.m != nil {
 			w.m = x.workers.intern(w.fp, w.m)
 		}
 	}
@@ -957,6 +981,14 @@ func (b *builder) orch(in core.Input) core.Ready {
 	// the result shared (and never written to again: every orchestrator a
 	// state holds is shared, and is cloned before it is stepped).
 	var rd core.Ready
+	if b.completing {
+		// A completion's own copy is stepped in place, and not shared.
+		if !s.cOwnO {
+			s.o, s.cOwnO = s.o.Clone(), true
+		}
+		rd = s.o.Step(s.now, in)
+		return b.handle(in, rd, held)
+	}
 	key := memoKey{fp: s.o.Fingerprint(), now: s.now.UnixNano(), in: inputHash(in)}
 	if v, ok := b.x.memo.get(key); ok {
 		s.o, rd = v.o, readyCopy(v.rd)
@@ -968,6 +1000,12 @@ func (b *builder) orch(in core.Input) core.Ready {
 		s.o.Fingerprint()
 		b.x.memo.put(key, memoVal{o: s.o, rd: readyCopy(rd)})
 	}
+	return b.handle(in, rd, held)
+}
+
+// handle does what orch does with a batch once it is computed.
+func (b *builder) handle(in core.Input, rd core.Ready, held map[core.StepID]core.LeaseID) core.Ready {
+	s := b.s
 	if b.x.sc.Mutate != nil {
 		b.x.sc.Mutate(&rd)
 	}
@@ -1007,7 +1045,7 @@ func (b *builder) crashOrch() {
 	// The durable store is every record emitted so far; the crashed
 	// machine (immutable from here on) stands for it until the restart.
 	s.dead, s.diskHash = s.o, s.o.Fingerprint()
-	s.o, s.oDL = nil, time.Time{}
+	s.o, s.oDL, s.cOwnO = nil, time.Time{}, false
 	b.mutChk()
 	s.chk.Crash(s.now)
 	b.mutNet()
@@ -1041,7 +1079,7 @@ func (b *builder) restartOrch() {
 	if b.x.sc.Mutate != nil {
 		b.x.sc.Mutate(&rd)
 	}
-	s.o = o
+	s.o, s.cOwnO = o, false // shared through the memo
 	s.dead, s.diskHash = nil, 0
 	b.mutChk()
 	s.chk.Restored(s.now, o, rd)
