@@ -222,8 +222,8 @@ type xstate struct {
 	// per worker) say which; a state the search keeps has none.
 	cOwnO, cOwnChk bool
 	cOwnW          uint64
-	used      budget
-	revoked   uint32 // token indexes revoked
+	used           budget
+	revoked        uint32 // token indexes revoked
 }
 
 // ---- actions ----
