@@ -382,4 +382,3 @@ func TestExploreStateIdentity(t *testing.T) {
 		t.Errorf("the initial state has %d distinct successors", len(byHash))
 	}
 }
-
