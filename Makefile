@@ -46,10 +46,14 @@ demo:
 
 ## explore: the explorer over the large scope (depth-first; 2 disconnects, worker and
 ## orchestrator crashes, cancel, revoke; stops at its state or time budget and says so).
-## `go test ./spec` (inside make test) explores the default scope.
+## `go test ./spec` (inside make test) explores the default scope to its own depth and
+## every other scope but large to a smaller depth (TestExploreScopes), each required to
+## show its sometimes properties; `make explore EXPLORESCOPE=timers` explores another
+## scope to its own depth (the scopes: spec.ScopeNames, listed in the README).
 EXPLOREFLAGS ?=
+EXPLORESCOPE ?= large
 explore:
-	$(GO) test ./spec -run '^TestExplore$$' -count=1 -v -timeout 0 -explore.scope=large -explore.progress $(EXPLOREFLAGS)
+	$(GO) test ./spec -run '^TestExplore$$' -count=1 -v -timeout 0 -explore.scope=$(EXPLORESCOPE) -explore.progress $(EXPLOREFLAGS)
 
 ## mutants: apply each planted bug in sim/mutants/*.patch to a copy of the tree; the simulator must catch every one
 mutants:

@@ -53,6 +53,15 @@ type Scope struct {
 	Network NetworkModel      // NetFIFO (the real transport) or NetMultiset
 	Config  core.Config       // the orchestrator's knobs (zero fields: core's defaults)
 	Worker  core.WorkerConfig // template for every worker (ID, Name, Token and Slots are filled in)
+	// WorkerTags are the tags each worker slot declares in its Hello (slot
+	// i gets WorkerTags[i]; a missing entry: none). ScalerWorker, if not 0,
+	// is the 1-based slot of a scaler-managed worker (Hello.Scaler: single
+	// use, no grace window, SPEC §4).
+	WorkerTags   [][]string
+	ScalerWorker int
+	// Require lists sometimes properties this scope must show besides
+	// SometimesProperties (what the scope exists to reach).
+	Require []string
 	// Enrolled starts from a world where every worker has enrolled (connect,
 	// Hello, Welcome, in worker order) and the first dispatches are in
 	// flight, so that the depth budget goes to the run instead of to
@@ -114,14 +123,32 @@ type Result struct {
 	// DepthBounded says states at MaxDepth were checked but not expanded:
 	// the result covers every path of at most MaxDepth actions.
 	DepthBounded bool
-	MemoHits     int           // orchestrator steps reused from an equal orchestrator
-	MemoMisses   int           // orchestrator steps computed (each a core Clone)
-	Truncated    bool          // MaxStates or MaxTime stopped the search before it covered its bounds
-	Duration     time.Duration // wall time
-	Violation    *Counterexample
+	MemoHits     int  // orchestrator steps reused from an equal orchestrator
+	MemoMisses   int  // orchestrator steps computed (each a core Clone)
+	Truncated    bool // MaxStates or MaxTime stopped the search before it covered its bounds
+	// Completions counts the states completed past the bounds
+	// (explore_complete.go), CompletionActs the actions they took (both
+	// vary a little from run to run: parallel completions that meet stop
+	// where another already went; what they find does not).
+	Completions, CompletionActs int
+	Duration                    time.Duration // wall time
+	Violation                   *Counterexample
 	// Sometimes says, for every SometimesProperties entry (and a few
 	// informational ones), whether some explored transition showed it.
 	Sometimes map[string]bool
+	// Required is SometimesProperties and the scope's own Require.
+	Required []string
+}
+
+// Missing lists the required sometimes properties no transition showed.
+func (r Result) Missing() []string {
+	var miss []string
+	for _, k := range r.Required {
+		if !r.Sometimes[k] {
+			miss = append(miss, k)
+		}
+	}
+	return miss
 }
 
 // StatesPerSecond is States / Duration.
@@ -139,6 +166,9 @@ func (r Result) Summary() string {
 	if r.Pruned > 0 {
 		s += fmt.Sprintf(", %d pruned by bounds", r.Pruned)
 	}
+	if r.Completions > 0 {
+		s += fmt.Sprintf(", %d completed without faults (%d actions)", r.Completions, r.CompletionActs)
+	}
 	switch {
 	case r.Truncated:
 		s += ", cut short by the state or time budget"
@@ -147,13 +177,7 @@ func (r Result) Summary() string {
 	default:
 		s += ", every reachable state"
 	}
-	var miss []string
-	for _, k := range SometimesProperties {
-		if !r.Sometimes[k] {
-			miss = append(miss, k)
-		}
-	}
-	if len(miss) > 0 {
+	if miss := r.Missing(); len(miss) > 0 {
 		s += ", never reached: " + strings.Join(miss, " ")
 	}
 	if r.Violation != nil {
@@ -175,6 +199,10 @@ type Counterexample struct {
 	SimNote string
 	// Replay is a Go snippet that re-executes the path with Replay.
 	Replay string
+	// Completion is how many of the path's last actions are a fault-free
+	// completion past the explored bounds (explore_complete.go), if the
+	// violation was found there.
+	Completion int
 	// Script is the initial world and the path as plain values, for the
 	// simulator to re-execute in its own world (sim.RunScript; saved with
 	// Script.WriteFile, replayed by the command ScriptReplayCommand gives).
@@ -227,12 +255,20 @@ const (
 	SomeDispatchRejected        = "dispatch-rejected"            // a worker rejected a dispatch
 	SomeWorkerRefused           = "worker-refused"               // a Hello was refused
 	SomeLeaseCancelledOnWelcome = "lease-cancelled-on-reconnect" // a Welcome told a worker to drop a lease
+	SomeStepFailedUnmatched     = "step-failed-unmatched"        // a step failed as unmatched (SPEC §5)
+	SomeCredentialRefreshed     = "credential-refreshed"         // a Refresh was answered Refreshed (SPEC §7)
+	SomeCredentialExpired       = "credential-expired"           // an enrolled worker's session credential lapsed (SPEC §7)
+	SomeStaleWorker             = "stale-worker"                 // a step failed because its worker went stale (SPEC §8)
+	SomeCascadeSkip             = "cascade-skip"                 // a step was skipped because a dependency did not succeed
+	SomeScalerLeaseTriaged      = "scaler-lease-triaged"         // a started lease triaged in the very batch of its worker's disconnect (no grace: SPEC §4)
+	SomeDuplicateReport         = "duplicate-report"             // an exact duplicate report reached the orchestrator (PropIdempotentReport)
 )
 
 var sometimesAll = []string{
 	SomeWriteStepFailedByTriage, SomeNoWriteStepRedispatched, SomeReportCancelled, SomeRunSucceeded,
 	SomeStepReclaimed, SomeOrchestratorRestored, SomeCancelForced, SomeDispatchRejected,
-	SomeWorkerRefused, SomeLeaseCancelledOnWelcome,
+	SomeWorkerRefused, SomeLeaseCancelledOnWelcome, SomeStepFailedUnmatched, SomeCredentialRefreshed,
+	SomeCredentialExpired, SomeStaleWorker, SomeCascadeSkip, SomeScalerLeaseTriaged, SomeDuplicateReport,
 }
 
 func sometimesBit(name string) uint32 {
@@ -340,15 +376,14 @@ func FaultsScope() Scope {
 // identity (SPEC §9) in place of the orchestrator crash: its process dies
 // with its step processes and boots again at once with its saved id and
 // credential, at any point of the run; with 1 disconnect, every path of up
-// to 14 actions (about 285,000 states). No cancel, so it cannot show
-// report-cancelled: TestExploreIdentity runs it without the sometimes check.
-// (The faults scope has the action too, but its depth is spent on
-// enrollment.)
+// to 14 actions, and 1 operator cancel (without which no report is
+// answered CANCELLED). (The faults scope has the action too, but its depth
+// is spent on enrollment.)
 func IdentityScope() Scope {
 	sc := DefaultScope()
 	sc.Name = "identity"
 	sc.MaxOrchCrashes = 0
-	sc.MaxCancels = 0
+	sc.MaxCancels = 1
 	sc.MaxIdentityRestarts = 1
 	sc.MaxDepth = 14
 	return sc
@@ -395,7 +430,89 @@ func LargeScope() Scope {
 	return sc
 }
 
-// ScopeByName returns a named scope: default, faults, identity, slow, multiset or large.
+// TimersScope is the default world with the orchestrator's timers short
+// enough to fire within the horizon: a sweep every 4 s, heartbeats every 4
+// s and a worker stale after 8 s without one, a step unmatched for 4 s
+// failed, a session credential valid 9 s (refreshed every 3 s). Step c
+// requires the tag gpu, which only w1 holds, so that losing w1 (a crash or
+// a revocation) makes c unmatched. With 1 disconnect, 1 worker crash, 1
+// revocation, 1 cancel. It must show an unmatched failure and a credential
+// both refreshed and expired.
+func TimersScope() Scope {
+	sc := DefaultScope()
+	sc.Name = "timers"
+	sc.Steps = []core.StepSpec{
+		{Name: "a", Command: "write a", Writes: true},
+		{Name: "b", Command: "read b"},
+		{Name: "c", Command: "read c", DependsOn: []string{"a", "b"}, Tags: []string{"gpu"}},
+	}
+	sc.WorkerTags = [][]string{{"gpu"}, nil}
+	sc.Config.SweepInterval = 4 * time.Second
+	sc.Config.HeartbeatInterval = 4 * time.Second
+	sc.Config.HeartbeatTimeout = 8 * time.Second
+	sc.Config.UnmatchedTimeout = 4 * time.Second
+	sc.Config.CredentialTTL = 9 * time.Second
+	sc.MaxOrchCrashes = 0
+	sc.MaxWorkerCrashes = 1
+	sc.MaxRevokes = 1
+	sc.MaxDepth = 10
+	sc.Require = []string{SomeStepFailedUnmatched, SomeCredentialRefreshed, SomeCredentialExpired}
+	return sc
+}
+
+// TagsScope is the default world with required tags: w1 holds gpu and x,
+// w2 only x; step a requires x (both match), b requires gpu (only w1
+// matches), c none. A revocation of w1 leaves b unmatched. With 1
+// disconnect, 1 orchestrator crash, 1 cancel, 1 revocation. It must show a
+// step failed as unmatched.
+func TagsScope() Scope {
+	sc := DefaultScope()
+	sc.Name = "tags"
+	sc.Steps = []core.StepSpec{
+		{Name: "a", Command: "write a", Writes: true, Tags: []string{"x"}},
+		{Name: "b", Command: "read b", Tags: []string{"gpu"}},
+		{Name: "c", Command: "read c", DependsOn: []string{"a", "b"}},
+	}
+	sc.WorkerTags = [][]string{{"gpu", "x"}, {"x"}}
+	sc.MaxRevokes = 1
+	sc.MaxDepth = 11
+	sc.Require = []string{SomeStepFailedUnmatched}
+	return sc
+}
+
+// ChainScope is a transitive DAG a → b → c (a write-bearing, b and c not),
+// so that a failure or a cancel cascades over two levels. The default
+// budgets. It must show a cascade skip.
+func ChainScope() Scope {
+	sc := DefaultScope()
+	sc.Name = "chain"
+	sc.Steps = []core.StepSpec{
+		{Name: "a", Command: "write a", Writes: true},
+		{Name: "b", Command: "read b", DependsOn: []string{"a"}},
+		{Name: "c", Command: "read c", DependsOn: []string{"b"}},
+	}
+	sc.MaxDepth = 12
+	sc.Require = []string{SomeCascadeSkip}
+	return sc
+}
+
+// ScalerScope is the default world with w2 scaler-managed (Hello.Scaler):
+// on its disconnect there is no grace window, its leases are triaged in
+// that same batch (SPEC §4), and it never comes back. It must show a
+// started scaler lease triaged so.
+func ScalerScope() Scope {
+	sc := DefaultScope()
+	sc.Name = "scaler"
+	sc.ScalerWorker = 2
+	sc.MaxDepth = 12
+	sc.Require = []string{SomeScalerLeaseTriaged}
+	return sc
+}
+
+// ScopeNames lists every named scope, in the order the tests run them.
+var ScopeNames = []string{"default", "faults", "identity", "slow", "multiset", "timers", "tags", "chain", "scaler", "large"}
+
+// ScopeByName returns a named scope (ScopeNames).
 func ScopeByName(name string) (Scope, bool) {
 	switch name {
 	case "", "default":
@@ -410,6 +527,14 @@ func ScopeByName(name string) (Scope, bool) {
 		return MultisetScope(), true
 	case "large":
 		return LargeScope(), true
+	case "timers":
+		return TimersScope(), true
+	case "tags":
+		return TagsScope(), true
+	case "chain":
+		return ChainScope(), true
+	case "scaler":
+		return ScalerScope(), true
 	}
 	return Scope{}, false
 }
@@ -431,10 +556,12 @@ func Explore(sc Scope) Result {
 	res.Scope = sc.Name
 	res.Duration = time.Since(x.start)
 	res.MemoHits, res.MemoMisses = x.memo.stats()
+	res.Completions, res.CompletionActs = int(x.completions.Load()), int(x.completionActs.Load())
 	res.Sometimes = map[string]bool{}
 	for i, n := range sometimesAll {
 		res.Sometimes[n] = x.hits&(1<<i) != 0
 	}
+	res.Required = append(slices.Clone(SometimesProperties), sc.Require...)
 	return res
 }
 
@@ -457,6 +584,7 @@ type pathNode struct {
 type expansion struct {
 	succ []*xsucc
 	acts []action
+	self completion // the expanded state's own completion, if it needed one
 }
 
 func (x *explorer) bfs() Result {
@@ -515,14 +643,20 @@ func (x *explorer) bfs() Result {
 				e := out[i-lo]
 				out[i-lo] = expansion{}
 				res.Transitions += len(e.acts)
+				x.hits |= e.self.hits
+				if v := e.self.viol; v != nil {
+					res.Violation = x.completionExample(actionsTo(nodes, frontier[i].id), e.self.tail, v)
+					return res
+				}
 				for k, sc := range e.succ {
 					x.hits |= sc.hits
 					if sc.viol != nil {
-						// The first violation in BFS order ends a shortest path.
+						// The first violation in BFS order ends a shortest path
+						// (or, found by a completion, a shortest explored prefix).
 						nodes = append(nodes, pathNode{parent: frontier[i].id, act: e.acts[k]})
 						res.States++
 						res.MaxDepth = depth + 1
-						res.Violation = x.counterexample(actionsTo(nodes, int32(len(nodes)-1)), sc.viol.Invariant, sc.viol.Detail)
+						res.Violation = x.completionExample(actionsTo(nodes, int32(len(nodes)-1)), sc.tail, sc.viol)
 						return res
 					}
 					if _, seen := visited[sc.hash]; seen {
@@ -564,8 +698,15 @@ func (x *explorer) expand(s *xstate, keep bool) expansion {
 	}
 	acts := x.actions(s)
 	e := expansion{succ: make([]*xsucc, 0, len(acts)), acts: acts}
+	if x.needsCompletion(s, acts) {
+		e.self = x.complete(s)
+	}
 	for _, a := range acts {
 		sc := x.apply(s, a, false)
+		if sc.viol == nil && (!keep || sc.pruned) {
+			// Its future is not explored: complete it.
+			x.completeSucc(sc)
+		}
 		switch {
 		case !keep || sc.viol != nil || sc.pruned:
 			sc.s = nil
@@ -601,6 +742,14 @@ func (x *explorer) dfs() Result {
 		act  action // the action that led here
 	}
 	stack := []frame{{s: init, acts: x.actions(init)}}
+	if x.needsCompletion(init, stack[0].acts) {
+		c := x.complete(init)
+		x.hits |= c.hits
+		if c.viol != nil {
+			res.Violation = x.completionExample(nil, c.tail, c.viol)
+			return res
+		}
+	}
 	for len(stack) > 0 {
 		f := &stack[len(stack)-1]
 		if f.next >= len(f.acts) {
@@ -613,15 +762,18 @@ func (x *explorer) dfs() Result {
 		sc := x.apply(f.s, a, false)
 		x.hits |= sc.hits
 		depth := int32(len(stack))
-		if sc.viol != nil {
+		violated := func() Result {
 			var p []action
 			for _, g := range stack[1:] {
 				p = append(p, g.act)
 			}
 			res.States++
 			res.MaxDepth = max(res.MaxDepth, int(depth))
-			res.Violation = x.counterexample(append(p, a), sc.viol.Invariant, sc.viol.Detail)
+			res.Violation = x.completionExample(append(p, a), sc.tail, sc.viol)
 			return res
+		}
+		if sc.viol != nil {
+			return violated()
 		}
 		d, seen := visited[sc.hash]
 		if seen && d <= depth {
@@ -642,14 +794,26 @@ func (x *explorer) dfs() Result {
 			res.Truncated = true
 			return res
 		}
+		leaf := x.sc.MaxDepth > 0 && int(depth) >= x.sc.MaxDepth
+		var acts []action
+		if !sc.pruned && !leaf {
+			acts = x.actions(sc.s)
+		}
+		if sc.pruned || leaf || x.needsCompletion(sc.s, acts) {
+			x.completeSucc(sc)
+			x.hits |= sc.hits
+			if sc.viol != nil {
+				return violated()
+			}
+		}
 		if sc.pruned {
 			continue
 		}
-		if x.sc.MaxDepth > 0 && int(depth) >= x.sc.MaxDepth {
+		if leaf {
 			res.DepthBounded = true
 			continue
 		}
-		stack = append(stack, frame{s: sc.s, acts: x.actions(sc.s), act: a})
+		stack = append(stack, frame{s: sc.s, acts: acts, act: a})
 	}
 	return res
 }
@@ -663,6 +827,30 @@ func actionsTo(nodes []pathNode, id int32) []action {
 	}
 	slices.Reverse(p)
 	return p
+}
+
+// completeSucc completes a successor whose future the search does not
+// explore, and takes on what the completion found.
+func (x *explorer) completeSucc(sc *xsucc) {
+	c := x.complete(sc.s)
+	sc.hits |= c.hits
+	if c.viol != nil {
+		sc.viol, sc.tail = c.viol, c.tail
+	}
+}
+
+// completionExample renders a violation found by the search (tail empty)
+// or by a completion after the explored prefix.
+func (x *explorer) completionExample(prefix, tail []action, v *Violation) *Counterexample {
+	ce := x.counterexample(append(slices.Clone(prefix), tail...), v.Invariant, v.Detail)
+	if len(tail) > 0 {
+		ce.Completion = len(tail)
+		ce.shortest = fmt.Sprintf("; the last %d are a fault-free completion past the explored bounds", len(tail))
+		if !x.sc.DFS {
+			ce.shortest += ", after a shortest explored prefix"
+		}
+	}
+	return ce
 }
 
 // counterexample renders a path of actions: it replays them from the
@@ -725,7 +913,11 @@ func Replay(sc Scope, path []string) (*Violation, error) {
 	}
 	for i, want := range path {
 		var found *xsucc
-		for _, a := range x.actions(s) {
+		acts := x.actions(s)
+		if a, _, ok := x.completionNext(s); ok {
+			acts = append(acts, a) // a completion's step past the bounds
+		}
+		for _, a := range acts {
 			if sc := x.apply(s, a, true); sc.label == want {
 				found = sc
 				break

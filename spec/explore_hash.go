@@ -92,7 +92,16 @@ func recordsHash(recs []core.Record) uint64 {
 }
 
 // hash is the state's identity.
-func (x *explorer) hash(s *xstate) uint64 {
+func (x *explorer) hash(s *xstate) uint64 { return x.hashWith(s, s.used.pack()) }
+
+// completionHash is the hash without the fault budgets spent: a
+// completion takes no fault, so two states that differ only there have
+// the same completion.
+func (x *explorer) completionHash(s *xstate) uint64 {
+	return x.hashWith(s, uint64(s.used.identityRestarts)<<56)
+}
+
+func (x *explorer) hashWith(s *xstate, used uint64) uint64 {
 	var h hz
 	h.t(s.now)
 	if s.o != nil {
@@ -143,7 +152,8 @@ func (x *explorer) hash(s *xstate) uint64 {
 	for id, at := range s.recoverAt {
 		rec += entry(func(h *hz) { h.s(string(id)); h.t(at) })
 	}
-	h.u(rec, s.used.pack(), uint64(s.revoked)|uint64(s.used.identityRestarts)<<32)
+	h.u(rec, used, uint64(s.revoked)|uint64(s.used.identityRestarts)<<32)
+	h.u(s.idem.hash())
 	return h.v
 }
 

@@ -9,6 +9,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/tether-run/tether/core"
@@ -79,6 +81,10 @@ type ScriptWorker struct {
 	ID    core.WorkerID `json:"id"`
 	Token string        `json:"token"` // the token's name
 	Seed  uint64        `json:"seed"`
+	// Tags and Scaler are what the worker (and every later instance in its
+	// slot) declares in its Hello.
+	Tags   []string `json:"tags,omitempty"`
+	Scaler bool     `json:"scaler,omitempty"`
 }
 
 // Script is a counterexample as a plain, serialisable value: the initial
@@ -106,6 +112,13 @@ type Script struct {
 func (s *Script) WorkerConfig(id core.WorkerID, token string, seed uint64) core.WorkerConfig {
 	cfg := s.Worker
 	cfg.ID, cfg.Name, cfg.Token, cfg.Slots, cfg.Seed = id, string(id), token, s.Slots, seed
+	for _, sw := range s.Workers {
+		// A later instance in a slot is named after the first: w1-1, w1-2, …
+		if sw.ID == id || strings.HasPrefix(string(id), string(sw.ID)+"-") {
+			cfg.Tags, cfg.Scaler = slices.Clone(sw.Tags), sw.Scaler
+			break
+		}
+	}
 	return cfg
 }
 
@@ -152,7 +165,11 @@ func (x *explorer) script(steps []ScriptStep, inv, detail string) *Script {
 		s.Tokens = append(s.Tokens, ScriptToken{Name: name, TTL: exploreTokenTTL, Secret: secretFor(name)})
 	}
 	for i := range x.sc.Workers {
-		s.Workers = append(s.Workers, ScriptWorker{ID: workerIDFor(i, 0), Token: x.tokNames[i], Seed: workerSeedFor(i, 0)})
+		sw := ScriptWorker{ID: workerIDFor(i, 0), Token: x.tokNames[i], Seed: workerSeedFor(i, 0), Scaler: x.sc.ScalerWorker == i+1}
+		if i < len(x.sc.WorkerTags) {
+			sw.Tags = slices.Clone(x.sc.WorkerTags[i])
+		}
+		s.Workers = append(s.Workers, sw)
 	}
 	s.Steps = append(append(s.Steps, x.setupSteps...), steps...)
 	return s

@@ -78,6 +78,7 @@ import (
 	"hash/fnv"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/tether-run/tether/core"
@@ -102,6 +103,11 @@ type explorer struct {
 	setupSteps []ScriptStep
 	workers    *internTable[*core.Worker]
 	packs      *internTable[*checkerPack]
+	// done holds the states whose completion (explore_complete.go) ended
+	// without a violation; completions and completeActs count them.
+	done                        *doneSet
+	completions, completionActs atomic.Int64
+	wantExpiry                  bool // the scope requires SomeCredentialExpired (a costly look)
 }
 
 func newExplorer(sc Scope) *explorer {
@@ -118,7 +124,7 @@ func newExplorer(sc Scope) *explorer {
 		sc.Name = "custom"
 	}
 	x := &explorer{sc: sc, cfg: sc.Config, end: exploreT0.Add(sc.Horizon), writes: map[string]bool{}, memo: newOrchMemo(1 << 15),
-		workers: newInternTable[*core.Worker](1 << 16), packs: newInternTable[*checkerPack](1 << 16)}
+		workers: newInternTable[*core.Worker](1 << 16), packs: newInternTable[*checkerPack](1 << 16), done: newDoneSet()}
 	bmax := sc.Worker.BackoffMax
 	if bmax <= 0 {
 		bmax = 60 * time.Second
@@ -127,6 +133,7 @@ func newExplorer(sc Scope) *explorer {
 	for _, st := range sc.Steps {
 		x.writes[st.Name] = st.Writes
 	}
+	x.wantExpiry = slices.Contains(sc.Require, SomeCredentialExpired)
 	for i := range sc.Workers {
 		x.tokNames = append(x.tokNames, fmt.Sprintf("tok-w%d", i+1))
 	}
@@ -209,8 +216,15 @@ type xstate struct {
 	chkHash   uint64                    // chk.stateHash(), kept up to date by the builder
 	recoverAt map[core.StepID]time.Time // simulator property: when each recovering step went recovering
 	grants    *Grants                   // grants, credentials and tags (props_grants.go); shared, copied on change
-	used      budget
-	revoked   uint32 // token indexes revoked
+	idem      *Idempotency              // PropIdempotentReport's memory of answered reports
+	// A completion (explore_complete.go) discards each state once it has
+	// stepped it: the machines it copied for a state are its own, and the
+	// next step may change them in place. cOwnO, cOwnChk and cOwnW (a bit
+	// per worker) say which; a state the search keeps has none.
+	cOwnO, cOwnChk bool
+	cOwnW          uint64
+	used           budget
+	revoked        uint32 // token indexes revoked
 }
 
 // ---- actions ----
@@ -386,6 +400,7 @@ type xsucc struct {
 	sim    string     // the action as a simulator event (counterexamples only)
 	fault  string     // the simulator option the action needs (counterexamples only)
 	viol   *Violation
+	tail   []action // a completion's actions after this one up to viol (explore_complete.go)
 	pruned bool
 	hits   uint32
 }
@@ -397,16 +412,23 @@ type builder struct {
 	x                                         *explorer
 	s                                         *xstate
 	ownChk, ownWs, ownNet, ownProcs, ownRecov bool
+	ownIdem                                   bool
 	ownW                                      uint64
 	label, sim, fault                         string
 	steps                                     []ScriptStep // every action's script step (counterexamples only)
 	viol                                      *Violation
 	hits                                      uint32
+	completing                                bool          // a completion's step: see xstate.cOwnO
+	in                                        core.Input    // the orchestrator's input being observed (nil: a restore)
+	from                                      core.WorkerID // the worker whose connection the delivered message came on
 }
 
 func (b *builder) mutChk() {
 	if !b.ownChk {
-		b.s.chk = b.s.chk.Clone()
+		if !b.completing || !b.s.cOwnChk {
+			b.s.chk = b.s.chk.Clone()
+			b.s.cOwnChk = b.completing
+		}
 		b.ownChk = true
 	}
 }
@@ -422,8 +444,11 @@ func (b *builder) mutW(i int) *xworker {
 	b.mutWs()
 	w := &b.s.ws[i]
 	if b.ownW&(1<<i) == 0 {
-		if w.m != nil {
+		if w.m != nil && (!b.completing || b.s.cOwnW&(1<<i) == 0) {
 			w.m = w.m.Clone()
+			if b.completing {
+				b.s.cOwnW |= 1 << i
+			}
 		}
 		b.ownW |= 1 << i
 	}
@@ -463,6 +488,13 @@ func (b *builder) mutRecov() {
 	}
 }
 
+func (b *builder) mutIdem() {
+	if !b.ownIdem {
+		b.s.idem = b.s.idem.Clone()
+		b.ownIdem = true
+	}
+}
+
 func (b *builder) conn(id core.ConnID) *xconn {
 	for _, c := range b.s.conns {
 		if c.id == id {
@@ -482,8 +514,18 @@ func (b *builder) hit(name string) { b.hits |= sometimesBit(name) }
 
 // apply computes the successor of s by a (with its label if want).
 func (x *explorer) apply(parent *xstate, a action, want bool) (out *xsucc) {
+	return x.applyWith(parent, a, want, false)
+}
+
+// completeStep is apply for a completion, which discards parent once it is
+// stepped: what parent's completion copies already own is changed in place.
+func (x *explorer) completeStep(parent *xstate, a action) *xsucc {
+	return x.applyWith(parent, a, false, true)
+}
+
+func (x *explorer) applyWith(parent *xstate, a action, want, completing bool) (out *xsucc) {
 	ns := *parent
-	b := &builder{x: x, s: &ns, want: want}
+	b := &builder{x: x, s: &ns, want: want, completing: completing}
 	defer func() {
 		if r := recover(); r != nil {
 			out = &xsucc{s: &ns, label: b.label, step: b.lastStep(), sim: b.sim, fault: b.fault, viol: &Violation{Invariant: "Panic", Detail: fmt.Sprint(r)}, hits: b.hits}
@@ -491,9 +533,10 @@ func (x *explorer) apply(parent *xstate, a action, want bool) (out *xsucc) {
 	}()
 	b.do(a)
 	b.gc()
-	// Machines stepped here are final: share them with equal ones.
+	// Machines stepped here are final: share them with equal ones (not a
+	// completion's, which it changes in place).
 	for i := range ns.ws {
-		if w := &ns.ws[i]; b.ownW&(1<<i) != 0 && w.m != nil {
+		if w := &ns.ws[i]; !completing && b.ownW&(1<<i) != 0 && w.m != nil {
 			w.m = x.workers.intern(w.fp, w.m)
 		}
 	}
@@ -502,9 +545,6 @@ func (x *explorer) apply(parent *xstate, a action, want bool) (out *xsucc) {
 			b.viol = v
 		}
 	}
-	if b.viol == nil {
-		b.viol = x.stuck(&ns)
-	}
 	out = &xsucc{s: &ns, label: b.label, step: b.lastStep(), sim: b.sim, fault: b.fault, viol: b.viol, hits: b.hits}
 	if b.ownChk {
 		ns.chkHash = ns.chk.stateHash()
@@ -512,58 +552,6 @@ func (x *explorer) apply(parent *xstate, a action, want bool) (out *xsucc) {
 	out.hash = x.hash(&ns)
 	out.pruned = x.pruned(&ns)
 	return out
-}
-
-// PropRunStuck names the explorer's bounded liveness check.
-const PropRunStuck = "RunStuck"
-
-// stuck is liveness in the small (SPEC §13, invariant 8, as far as a bounded
-// search can see it): a state where the orchestrator is up, every worker is
-// alive and connected, no message is in flight, no process runs, no step is
-// active (running, recovering, cancelling, held at a gate, waiting on a
-// timer) and no machine can act without a fault — yet the run has not
-// finished. Nothing still to come can finish it: the run is stuck.
-func (x *explorer) stuck(s *xstate) *Violation {
-	if s.o == nil || len(s.procs) > 0 {
-		return nil
-	}
-	for _, c := range s.conns {
-		if len(c.toO) > 0 || len(c.toW) > 0 {
-			return nil
-		}
-	}
-	for _, w := range s.ws {
-		if !w.alive || w.conn == 0 || w.dialing {
-			return nil
-		}
-	}
-	r, _, ok := s.o.Run(x.run)
-	if !ok || r.Finished {
-		return nil
-	}
-	var waiting []string
-	for _, id := range r.Steps {
-		st, ok := s.o.StepByID(id)
-		if !ok {
-			return nil
-		}
-		switch st.State {
-		case core.StatePending, core.StateQueued:
-			waiting = append(waiting, fmt.Sprintf("%s %s", id, st.State))
-		case core.StateRunning, core.StateRecovering, core.StateCancelling, core.StateHeld, core.StateWaiting:
-			return nil
-		}
-	}
-	for _, a := range x.actions(s) {
-		switch a.k {
-		case aDupO, aDupW, aDropO, aDropW, aReset, aCrashO, aCrashW, aRestartSameW, aCancel, aRevoke:
-		default:
-			return nil // some machine can still act
-		}
-	}
-	return &Violation{Invariant: PropRunStuck, Detail: fmt.Sprintf(
-		"run %s is not finished, yet nothing can move it: every worker is connected and idle, nothing is in flight, and %s",
-		x.run, strings.Join(waiting, ", "))}
 }
 
 func (x *explorer) pruned(s *xstate) bool {
@@ -647,7 +635,9 @@ func (b *builder) do(a action) {
 		if _, ok := m.m.(core.RejectDispatch); ok {
 			b.hit(SomeDispatchRejected)
 		}
+		b.from = c.owner
 		b.orch(core.Received{Conn: c.id, Msg: m.m, Entropy: entropyFor(m.m)})
+		b.from = ""
 	case aDeliverW, aDupW, aDropW:
 		b.mutNet()
 		c := s.conns[a.i]
@@ -992,6 +982,14 @@ func (b *builder) orch(in core.Input) core.Ready {
 	// the result shared (and never written to again: every orchestrator a
 	// state holds is shared, and is cloned before it is stepped).
 	var rd core.Ready
+	if b.completing {
+		// A completion's own copy is stepped in place, and not shared.
+		if !s.cOwnO {
+			s.o, s.cOwnO = s.o.Clone(), true
+		}
+		rd = s.o.Step(s.now, in)
+		return b.handle(in, rd, held)
+	}
 	key := memoKey{fp: s.o.Fingerprint(), now: s.now.UnixNano(), in: inputHash(in)}
 	if v, ok := b.x.memo.get(key); ok {
 		s.o, rd = v.o, readyCopy(v.rd)
@@ -1003,13 +1001,21 @@ func (b *builder) orch(in core.Input) core.Ready {
 		s.o.Fingerprint()
 		b.x.memo.put(key, memoVal{o: s.o, rd: readyCopy(rd)})
 	}
+	return b.handle(in, rd, held)
+}
+
+// handle does what orch does with a batch once it is computed.
+func (b *builder) handle(in core.Input, rd core.Ready, held *PreBatch) core.Ready {
+	s := b.s
 	if b.x.sc.Mutate != nil {
 		b.x.sc.Mutate(&rd)
 	}
 	s.chk.Batch(s.now, s.o, rd)
 	s.chk.Persisted(s.now, rd) // durable before anything leaves
 	s.oDL = rd.Deadline
+	b.in = in
 	b.observe(rd, held)
+	b.in = nil
 	b.sendW(rd.Messages)
 	return rd
 }
@@ -1040,7 +1046,7 @@ func (b *builder) crashOrch() {
 	// The durable store is every record emitted so far; the crashed
 	// machine (immutable from here on) stands for it until the restart.
 	s.dead, s.diskHash = s.o, s.o.Fingerprint()
-	s.o, s.oDL = nil, time.Time{}
+	s.o, s.oDL, s.cOwnO = nil, time.Time{}, false
 	b.mutChk()
 	s.chk.Crash(s.now)
 	b.mutNet()
@@ -1074,7 +1080,7 @@ func (b *builder) restartOrch() {
 	if b.x.sc.Mutate != nil {
 		b.x.sc.Mutate(&rd)
 	}
-	s.o = o
+	s.o, s.cOwnO = o, false // shared through the memo
 	s.dead, s.diskHash = nil, 0
 	b.mutChk()
 	s.chk.Restored(s.now, o, rd)
@@ -1089,6 +1095,9 @@ func (b *builder) restartOrch() {
 // orchestrator handles in: for a reconnect Hello the reported leases then
 // current (PropInFlightHonoured), and the orchestrator itself (CheckRecords).
 func (b *builder) heldReported(in core.Input) *PreBatch {
+	if b.completing && b.s.cOwnO {
+		return BeforeCopy(b.s.o, in) // stepped in place next
+	}
 	return Before(b.s.o, in)
 }
 
@@ -1104,9 +1113,32 @@ func (b *builder) observe(rd core.Ready, pre *PreBatch) {
 			s.recoverAt[id] = s.now
 		}
 	}
+	_, disconnected := b.in.(core.Disconnected)
+	recovered := map[core.StepID]bool{}
 	for _, t := range rd.Transitions {
 		if t.From == core.StateRecovering && t.To == core.StateRunning {
 			b.hit(SomeStepReclaimed)
+		}
+		if t.Event == core.EvRecover {
+			recovered[t.Step] = true
+		}
+		if disconnected && t.From == core.StateRecovering && t.To != core.StateRunning && recovered[t.Step] {
+			// Into recovering and out again in the batch of the
+			// disconnect: the no-grace triage of a scaler-managed worker.
+			b.hit(SomeScalerLeaseTriaged)
+		}
+		if t.Event == core.EvSkip {
+			b.hit(SomeCascadeSkip)
+		}
+		if t.To == core.StateFailed {
+			if st, ok := s.o.StepByID(t.Step); ok {
+				switch st.Class {
+				case core.ClassUnmatched:
+					b.hit(SomeStepFailedUnmatched)
+				case core.ClassStaleWorker:
+					b.hit(SomeStaleWorker)
+				}
+			}
 		}
 		if t.Event == core.EvCancelForce {
 			b.hit(SomeCancelForced)
@@ -1122,6 +1154,13 @@ func (b *builder) observe(rd core.Ready, pre *PreBatch) {
 	if runSucceeded(s.o, rd) {
 		b.hit(SomeRunSucceeded)
 	}
+	if _, tick := b.in.(core.Tick); tick && b.x.wantExpiry {
+		for _, w := range s.o.Workers() {
+			if !w.Revoked && !w.CredExpiry.IsZero() && !s.now.Before(w.CredExpiry) {
+				b.hit(SomeCredentialExpired)
+			}
+		}
+	}
 	if v := CheckProps(rd, s.now, b.x.grace, s.recoverAt, held); v != nil {
 		b.fail(v.Invariant, "%s", v.Detail)
 	}
@@ -1131,6 +1170,18 @@ func (b *builder) observe(rd core.Ready, pre *PreBatch) {
 	b.checkGrants(rd)
 	if v := CheckRecords(pre, s.o, s.now, rd); v != nil {
 		b.fail(v.Invariant, "%s", v.Detail)
+	}
+	if r, ok := b.in.(core.Received); ok {
+		if _, ok := r.Msg.(core.Report); ok {
+			b.mutIdem()
+			dup, v := s.idem.Check(b.in, b.from, rd)
+			if dup {
+				b.hit(SomeDuplicateReport)
+			}
+			if v != nil {
+				b.fail(v.Invariant, "%s", v.Detail)
+			}
+		}
 	}
 	if len(left) > 0 {
 		b.mutRecov()
@@ -1152,6 +1203,8 @@ func (b *builder) observe(rd core.Ready, pre *PreBatch) {
 			}
 		case core.Refused:
 			b.hit(SomeWorkerRefused)
+		case core.Refreshed:
+			b.hit(SomeCredentialRefreshed)
 		case core.Welcome:
 			if len(m.Cancel) > 0 {
 				b.hit(SomeLeaseCancelledOnWelcome)
@@ -1327,6 +1380,10 @@ func (b *builder) bootWorker(i, inst, tok int) {
 	cfg := b.x.sc.Worker
 	cfg.ID, cfg.Name, cfg.Token, cfg.Slots = id, string(id), b.x.tokens[tok], b.x.sc.Slots
 	cfg.Seed = workerSeedFor(i, inst)
+	if i < len(b.x.sc.WorkerTags) {
+		cfg.Tags = b.x.sc.WorkerTags[i]
+	}
+	cfg.Scaler = b.x.sc.ScalerWorker == i+1
 	*w = xworker{m: core.NewWorker(cfg), alive: true, inst: inst, tok: tok, id: id}
 	b.ownW |= 1 << i
 	b.worker(i, core.WBoot{})
@@ -1359,9 +1416,9 @@ func (x *explorer) initial() (s *xstate, err error) {
 			err = fmt.Errorf("setup panicked: %v", r)
 		}
 	}()
-	s = &xstate{now: exploreT0, chk: NewChecker(), o: core.NewOrchestrator(x.cfg), ws: make([]xworker, x.sc.Workers)}
+	s = &xstate{now: exploreT0, chk: NewChecker(), o: core.NewOrchestrator(x.cfg), ws: make([]xworker, x.sc.Workers), idem: NewIdempotency()}
 	s.chk.Verify = x.sc.Verify
-	b := &builder{x: x, s: s, want: true, ownChk: true, ownWs: true, ownNet: true, ownProcs: true, ownRecov: true, ownW: ^uint64(0)}
+	b := &builder{x: x, s: s, want: true, ownChk: true, ownWs: true, ownNet: true, ownProcs: true, ownRecov: true, ownIdem: true, ownW: ^uint64(0)}
 	x.tokens = make([]string, len(x.tokNames))
 	for k, name := range x.tokNames {
 		rd := b.orch(core.CreateToken{Call: core.CallID(k + 1), Name: name, TTL: exploreTokenTTL, Secret: secretFor(name)})

@@ -589,22 +589,55 @@ func (p *Pool) checkStuck(now time.Time) *Violation {
 
 // PreBatch is what the explorer's per-batch check keeps from right before a
 // batch: HeldReported of its input, the input, and the orchestrator as it
-// was (the explorer never steps a machine in place, so keeping it costs
-// nothing). The explorer cannot afford a Pool per state; it checks
+// was (the explorer's search never steps a machine in place, so keeping it
+// costs nothing; a completion does, and keeps a copy: BeforeCopy). The explorer cannot afford a Pool per state; it checks
 // PropUnmatchedVerdict's first half, PropScalerNoGrace and
 // PropWelcomeCancel against the worker and lease records before and after
 // the batch, with this file's own matching (workerMatches) over what the
 // workers declared.
 type PreBatch struct {
 	Held map[core.StepID]core.LeaseID
-	o    *core.Orchestrator
+	o    preOrch
 	in   core.Input
 }
 
-// Before records what CheckRecords needs from o, about to handle in.
+// preOrch is what CheckRecords reads of the orchestrator before a batch.
+type preOrch interface {
+	StepByID(core.StepID) (core.StepRecord, bool)
+	Workers() []core.WorkerView
+	Leases() []core.LeaseRecord
+}
+
+// Before records what CheckRecords needs from o, about to handle in; o must
+// not be stepped in place afterwards (see BeforeCopy).
 func Before(o *core.Orchestrator, in core.Input) *PreBatch {
 	return &PreBatch{Held: HeldReported(o, in), o: o, in: in}
 }
+
+// BeforeCopy is Before for an orchestrator about to be stepped in place (an
+// explorer completion's own copy): it keeps a copy of the step, worker and
+// lease records CheckRecords reads instead of o itself.
+func BeforeCopy(o *core.Orchestrator, in core.Input) *PreBatch {
+	snap := &preSnapshot{steps: map[core.StepID]core.StepRecord{}, workers: o.Workers(), leases: o.Leases()}
+	for _, st := range o.Steps() {
+		snap.steps[st.ID] = st
+	}
+	return &PreBatch{Held: HeldReported(o, in), o: snap, in: in}
+}
+
+// preSnapshot is the records of an orchestrator as they were (BeforeCopy).
+type preSnapshot struct {
+	steps   map[core.StepID]core.StepRecord
+	workers []core.WorkerView
+	leases  []core.LeaseRecord
+}
+
+func (p *preSnapshot) StepByID(id core.StepID) (core.StepRecord, bool) {
+	st, ok := p.steps[id]
+	return st, ok
+}
+func (p *preSnapshot) Workers() []core.WorkerView { return p.workers }
+func (p *preSnapshot) Leases() []core.LeaseRecord { return p.leases }
 
 // HeldOf is pre's Held (nil for a nil pre: a restore's batch).
 func (pre *PreBatch) HeldOf() map[core.StepID]core.LeaseID {
@@ -619,7 +652,7 @@ func declared(w core.WorkerRecord) *poolWorker {
 	return &poolWorker{hello: core.Hello{Tags: w.Tags, Labels: w.Labels, Platform: w.Platform, Scaler: w.Scaler}, name: w.Name}
 }
 
-func activeMatchesOf(o *core.Orchestrator, sp core.StepSpec) map[core.WorkerID]bool {
+func activeMatchesOf(o preOrch, sp core.StepSpec) map[core.WorkerID]bool {
 	m := map[core.WorkerID]bool{}
 	for _, w := range o.Workers() {
 		if w.Active && !w.Revoked && workerMatches(declared(w.WorkerRecord), sp) {
@@ -629,7 +662,7 @@ func activeMatchesOf(o *core.Orchestrator, sp core.StepSpec) map[core.WorkerID]b
 	return m
 }
 
-func leaseMap(o *core.Orchestrator) map[core.LeaseID]core.LeaseRecord {
+func leaseMap(o preOrch) map[core.LeaseID]core.LeaseRecord {
 	m := map[core.LeaseID]core.LeaseRecord{}
 	for _, l := range o.Leases() {
 		m[l.ID] = l

@@ -1,8 +1,9 @@
 // Command run is the mutation harness: it applies each planted bug in
 // sim/mutants/*.patch to a fresh copy of the repository and runs every
 // checker against it — the seeded simulator, the explorer (the default
-// scope, then the faults, identity, slow and multiset scopes for what the
-// default one does not reach), the rapid suites and the fuzz corpora — and prints, per
+// scope, then the faults, identity, slow, multiset, timers, tags, chain and
+// scaler scopes for what the default one does not reach), the rapid suites
+// and the fuzz corpora — and prints, per
 // mutant, which of them caught it and with which invariant.
 //
 //	go run ./sim/mutants/run [-seeds 500] [-first 1] [-only name,...] [-checkers sim,explorer,rapid,fuzz] [-v]
@@ -313,9 +314,12 @@ var (
 // scope does not reach is tried in the faults scope (enrollment, worker
 // crashes, log lines, revocation, token replay), the identity scope (a
 // worker restarted keeping its identity), the slow scope (a message
-// in flight while a timer fires) and the multiset network.
+// in flight while a timer fires), the multiset network, the timers scope
+// (short sweep, heartbeat, unmatched and credential timers), the tags
+// scope (required tags), the chain scope (a → b → c) and the scaler scope
+// (a scaler-managed worker).
 func runExplorer(ctx context.Context, dir string) verdict {
-	for _, scope := range []string{"default", "faults", "identity", "slow", "multiset"} {
+	for _, scope := range []string{"default", "faults", "identity", "slow", "multiset", "timers", "tags", "chain", "scaler"} {
 		out, err := goTest(ctx, dir, "test", "./spec", "-run", "^TestExplore$", "-explore.scope="+scope, "-count=1", "-timeout=30m", "-v")
 		if ctx.Err() != nil {
 			return verdict{ran: true, err: ctx.Err()}
