@@ -461,8 +461,9 @@ func TimersScope() Scope {
 }
 
 // TagsScope is the default world with required tags: w1 holds gpu and x,
-// w2 only x; step a requires x (both match), b requires gpu (only w1
-// matches), c none. A revocation of w1 leaves b unmatched. With 1
+// w2 only x; step a requires x (both match), b requires gpu and x (only w1
+// matches: w2 holds one of the two, which is no match, SPEC §8), c none. A
+// revocation of w1 leaves b unmatched. With 1
 // disconnect, 1 orchestrator crash, 1 cancel, 1 revocation. It must show a
 // step failed as unmatched.
 func TagsScope() Scope {
@@ -470,7 +471,7 @@ func TagsScope() Scope {
 	sc.Name = "tags"
 	sc.Steps = []core.StepSpec{
 		{Name: "a", Command: "write a", Writes: true, Tags: []string{"x"}},
-		{Name: "b", Command: "read b", Tags: []string{"gpu"}},
+		{Name: "b", Command: "read b", Tags: []string{"gpu", "x"}},
 		{Name: "c", Command: "read c", DependsOn: []string{"a", "b"}},
 	}
 	sc.WorkerTags = [][]string{{"gpu", "x"}, {"x"}}
