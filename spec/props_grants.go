@@ -35,7 +35,11 @@ const (
 	// closed, for expiry (cause credential-expired); from that instant on
 	// (for every slide the world may not have seen: a restart extends
 	// every worker's at most) it is always refused: a Welcome to a Hello
-	// presenting it is a violation.
+	// presenting it is a violation; and a session still open then is
+	// closed (SPEC §9): a batch made after that instant that sends the
+	// worker anything but closes no session of its for expiry is a
+	// violation (the orchestrator served a session whose credential had
+	// expired).
 	PropCredentialWindow = "CredentialWindow"
 	// PropGrantsHoldAllTags: every grant goes to a worker holding ALL of the
 	// step's required tags (SPEC §8: required tags ⊆ worker tags; the
@@ -119,6 +123,7 @@ func (g *Grants) Check(rd core.Ready, v GrantView) *Violation {
 	}
 	// Sessions: refusals and closes for expiry first (a batch that refuses
 	// a Hello does not also slide its credential), then what slides.
+	closedExpired := map[core.WorkerID]bool{}
 	for _, e := range rd.Messages {
 		var cause core.Cause
 		what := ""
@@ -132,6 +137,7 @@ func (g *Grants) Check(rd core.Ready, v GrantView) *Violation {
 			continue
 		}
 		w := v.WorkerOf(e.Conn)
+		closedExpired[w] = true
 		if cw, ok := g.creds[w]; ok && v.Now.Before(cw.lo) {
 			return &Violation{Invariant: PropCredentialWindow, Detail: fmt.Sprintf(
 				"worker %s's credential was judged expired (%s) at %s, %s before its TTL passed since it last slid (valid until %s)",
@@ -156,8 +162,17 @@ func (g *Grants) Check(rd core.Ready, v GrantView) *Violation {
 					"worker %s was welcomed back at %s presenting a credential that expired at %s (%s earlier): its TTL had passed since it last slid",
 					m.Worker, v.Now.Format(time.RFC3339Nano), cw.hi.Format(time.RFC3339Nano), v.Now.Sub(cw.hi))}
 			}
-		case core.Refreshed:
-			if w := v.WorkerOf(e.Conn); w != "" {
+		case core.Refused, core.Close:
+		default:
+			// Anything else serves the session: its credential must not
+			// have expired, unless this batch closes it for that.
+			w := v.WorkerOf(e.Conn)
+			if cw, ok := g.creds[w]; ok && w != "" && v.Now.After(cw.hi) && !closedExpired[w] {
+				return &Violation{Invariant: PropCredentialWindow, Detail: fmt.Sprintf(
+					"worker %s's session was sent a %s at %s, %s after its credential expired (%s) since it last slid, and not closed",
+					w, e.Msg.Kind(), v.Now.Format(time.RFC3339Nano), v.Now.Sub(cw.hi), cw.hi.Format(time.RFC3339Nano))}
+			}
+			if m, ok := e.Msg.(core.Refreshed); ok && w != "" {
 				at := v.Now.Add(m.TTL)
 				g.creds[w] = credWindow{lo: at, hi: at}
 			}
