@@ -7,11 +7,10 @@ import (
 
 // grantProps is the simulator's side of spec.Grants (spec.PropGrantsWithinCap,
 // spec.PropCredentialWindow, spec.PropGrantsHoldAllTags): the tracker, and
-// the orchestrator incarnation it last saw, so that the first batch of a new
-// one is known as the Restore's.
+// whether the next batch is a Restore's (restartOrch sets it).
 type grantProps struct {
-	g     *spec.Grants
-	epoch int
+	g        *spec.Grants
+	restored bool
 }
 
 // checkGrants runs the grant, credential and tag properties over one
@@ -21,8 +20,8 @@ func (w *world) checkGrants(rd core.Ready) {
 	if p.g == nil {
 		p.g = spec.NewGrants()
 	}
-	restored := p.epoch != w.orch.epoch
-	p.epoch = w.orch.epoch
+	restored := p.restored
+	p.restored = false
 	v := p.g.Check(rd, spec.GrantView{O: w.orch.o, Now: w.now, Restored: restored, LostBatches: true,
 		WorkerOf: w.workerOfConn, TagsOf: w.declaredTags})
 	if v != nil {

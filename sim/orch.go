@@ -225,6 +225,7 @@ func (w *world) restartOrch() {
 	w.chk.Restored(w.now, o, rd)
 	w.props.timeouts.Reset(o, w.now)
 	w.props.poolView(w).Restored(w.now)
+	w.grants.restored = true
 	w.checkBatch(nil, "", rd)
 	w.queueBatch(&pendingBatch{rd: rd})
 }

@@ -28,7 +28,7 @@ var (
 	flagShift  = flag.Bool("sim.shift", false, "with -sim.seed: replay the seed with every worker clock shifted by hours (Config.ShiftClocks), as TestSim's second run does, and compare it with the unshifted run")
 	flagDrift  = flag.Bool("sim.drift", false, "with -sim.seed: replay the seed with every worker clock drifting differently (Config.Redrift), as TestSim's drift run does")
 	flagMaxOps = flag.Int("sim.maxstepops", 0, "operations of one step's history the linearizability check takes on (0: spec.MaxStepOps); a step over it makes the seed inconclusive")
-	flagDriftN = flag.Int("sim.driftevery", 2, "TestSim runs every n-th seed a third time under other clock drifts (0: none; at 2, go test ./sim takes 1.3× the CPU it took with a plain second run)")
+	flagDriftN = flag.Int("sim.driftevery", 2, "TestSim runs every n-th seed a third time under other clock drifts (0: none)")
 )
 
 // summary accumulates the one-line report of a batch of seeds.

@@ -2,6 +2,7 @@ package spec
 
 import (
 	"fmt"
+	"maps"
 	"slices"
 	"sort"
 	"strings"
@@ -76,17 +77,7 @@ func newLeaseView() *leaseView {
 }
 
 func (v *leaseView) clone() *leaseView {
-	c := newLeaseView()
-	for k, x := range v.live {
-		c.live[k] = x
-	}
-	for k, x := range v.byStep {
-		c.byStep[k] = x
-	}
-	for k, x := range v.committed {
-		c.committed[k] = x
-	}
-	return c
+	return &leaseView{live: maps.Clone(v.live), byStep: maps.Clone(v.byStep), committed: maps.Clone(v.committed)}
 }
 
 func (v *leaseView) end(id core.LeaseID) {
@@ -213,49 +204,16 @@ func (p *Pool) maybeActive(w *poolWorker, now time.Time) bool {
 	return now.Sub(last) < p.cfg.HeartbeatTimeout+p.cfg.SweepInterval+w.grace()
 }
 
-// workerMatches is SPEC §8's match, from what the worker declared: target
-// (its name), every label pair, platform, and the step's required tags
-// (from type and runner, plus explicit tags) ⊆ the worker's tags.
+// workerMatches is SPEC §8's match (Matches, with SpecRequiredTags) from
+// what the worker declared. A step whose type the table does not know
+// matches no worker (the core refuses it at submit).
 func workerMatches(w *poolWorker, sp core.StepSpec) bool {
-	if sp.Target != "" && sp.Target != w.name {
+	req, ok := SpecRequiredTags(sp)
+	if !ok {
 		return false
 	}
-	for k, v := range sp.Labels {
-		if wv, ok := w.hello.Labels[k]; !ok || wv != v {
-			return false
-		}
-	}
-	if sp.Platform != "" && sp.Platform != w.hello.Platform {
-		return false
-	}
-	for _, t := range stepTags(sp) {
-		if !slices.Contains(w.hello.Tags, t) {
-			return false
-		}
-	}
-	return true
-}
-
-// stepTags is SPEC §8's table of required tags: by type and runner, plus
-// the explicit tags.
-func stepTags(sp core.StepSpec) []string {
-	var tags []string
-	switch sp.Type {
-	case "script":
-		switch sp.Runner {
-		case "docker":
-			tags = []string{"script", "docker"}
-		case "pod":
-			tags = []string{"script", "kubernetes"}
-		default:
-			tags = []string{"script"}
-		}
-	case "docker":
-		tags = []string{"docker"}
-	case "pod":
-		tags = []string{"kubernetes"}
-	}
-	return append(tags, sp.Tags...)
+	m, _ := Matches(sp, req, WorkerTraits{Name: w.name, Tags: w.hello.Tags, Labels: w.hello.Labels, Platform: w.hello.Platform})
+	return m
 }
 
 func (p *Pool) sortedWorkers() []core.WorkerID {
