@@ -158,6 +158,11 @@ func (o *Orchestrator) authenticate(now time.Time, credential string) (*WorkerRe
 // and if it ended, how (the lease's end reason).
 func (o *Orchestrator) fence(w WorkerID, l LeaseID) (WriteRefusal, string) {
 	lr := o.leases[l]
+	if lr == nil {
+		if c, ok := o.closed[l]; ok && c.Worker == w {
+			return RefusedLeaseNotCurrent, "its run finished" // archived (SPEC §7a)
+		}
+	}
 	switch {
 	case lr == nil || lr.Worker != w:
 		return RefusedUnknownLease, ""

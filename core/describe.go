@@ -299,6 +299,22 @@ func DescribeLease(l LeaseRecord) string {
 	return out
 }
 
+// DescribeClosed renders an entry of the closed-lease table in one line,
+// its closing time relative to t0.
+func DescribeClosed(c ClosedLease, t0 time.Time) string {
+	out := fmt.Sprintf("closed lease %d worker=%s at=%s", c.Lease, c.Worker, DescribeAt(time.Unix(c.ClosedAt, 0), t0))
+	if c.Held {
+		out += " held"
+	}
+	if c.Committed {
+		out += " committed"
+	}
+	if c.Answered {
+		out += fmt.Sprintf(" answered=req%d", c.Request)
+	}
+	return out
+}
+
 // DescribeWorker renders a worker in one line.
 func DescribeWorker(w WorkerView) string {
 	out := fmt.Sprintf("worker %s name=%s slots=%d leases=%d", w.ID, w.Name, w.Slots, w.Leases)

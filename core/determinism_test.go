@@ -274,6 +274,7 @@ func TestDeterminism(t *testing.T) {
 	for seed := uint64(1); seed <= uint64(seeds); seed++ {
 		g := newInputGen(seed)
 		a, b := NewOrchestrator(Config{}), NewOrchestrator(Config{})
+		grants, archived := 0, 0
 		for i := 0; i < steps; i++ {
 			in, restart := g.next()
 			var ra, rb Ready
@@ -291,9 +292,22 @@ func TestDeterminism(t *testing.T) {
 				t.Fatalf("seed %d step %d: fingerprints differ: %x vs %x", seed, i, fa, fb)
 			}
 			g.learn(a, ra)
+			for _, e := range ra.Messages {
+				if _, ok := e.Msg.(Dispatch); ok {
+					grants++
+				}
+			}
+			for _, r := range ra.Records {
+				if IsHistoryKey(r.Key) {
+					archived++
+				}
+			}
 		}
-		if len(a.Leases()) == 0 || len(a.RunIDs()) == 0 {
+		if grants == 0 || len(g.runs) == 0 {
 			t.Fatalf("seed %d: the stream granted no lease or submitted no run: the generator is vacuous", seed)
+		}
+		if seed == 1 && archived == 0 {
+			t.Fatalf("seed %d: no run was archived: the generator never finishes a run", seed)
 		}
 	}
 }

@@ -142,6 +142,10 @@ func (e *recEncoder) meta(m *MetaRecord) {
 	e.uint(m.LeaseSeq)
 	e.key(false, "NextSweep")
 	e.time(m.NextSweep)
+	if !m.RestoredAt.IsZero() {
+		e.key(false, "RestoredAt")
+		e.time(m.RestoredAt)
+	}
 	e.end()
 }
 

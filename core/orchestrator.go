@@ -66,6 +66,19 @@ type Orchestrator struct {
 	appends []Record
 	scratch []byte // encoding buffer, reused
 
+	// Archival (archive.go) and the closed-lease table (closed.go).
+	stepLeases    map[StepID][]LeaseID // every lease of a step, in grant order (derived)
+	archiveQ      map[RunID]bool       // runs that may have become archivable in this batch
+	history       []Record             // this batch's history records (never cached)
+	closed        map[LeaseID]ClosedLease
+	closedBy      map[WorkerID][]LeaseID // entries by worker, ascending (pruned lazily)
+	closedAdds    []ClosedLease          // this batch's additions to the log
+	closedDrops   []LeaseID              // this batch's drops
+	closedLo      uint64                 // the log's records are closed/<closedLo..closedHi-1>
+	closedHi      uint64
+	closedDead    int  // entries dropped or superseded since the log was last rewritten
+	closedCompact bool // the sweep asked for a rewrite
+
 	// depsOK[s] = n: s.Deps[:n] are known to have succeeded (a terminal
 	// state), so promote resumes there instead of rescanning them (SPEC
 	// §12: a fan-in's promotion is linear in its edges). A derived index,
@@ -102,6 +115,10 @@ func (o *Orchestrator) init() {
 	o.connOf = map[WorkerID]ConnID{}
 	o.connV1 = map[ConnID]bool{}
 	o.dirty = map[string]bool{}
+	o.stepLeases = map[StepID][]LeaseID{}
+	o.archiveQ = map[RunID]bool{}
+	o.closed = map[LeaseID]ClosedLease{}
+	o.closedBy = map[WorkerID][]LeaseID{}
 	o.enc = map[string]encEntry{}
 	o.fp = 0
 	o.unhashed = nil
@@ -205,6 +222,8 @@ func (o *Orchestrator) Step(now time.Time, in Input) Ready {
 
 // finish collects the batch: dirty entities become records, sorted by key.
 func (o *Orchestrator) finish() Ready {
+	o.archiveQueued()
+	o.flushClosed()
 	keys := make([]string, 0, len(o.dirty))
 	for k := range o.dirty {
 		keys = append(keys, k)
@@ -217,7 +236,14 @@ func (o *Orchestrator) finish() Ready {
 	recs = append(recs, o.appends...)
 	sort.SliceStable(recs, func(i, j int) bool { return recs[i].Key < recs[j].Key })
 	for _, r := range recs {
-		o.cache(r)
+		if o.cacheable(r.Key) {
+			o.cache(r)
+		}
+	}
+	if len(o.history) > 0 {
+		recs = append(recs, o.history...)
+		sort.SliceStable(recs, func(i, j int) bool { return recs[i].Key < recs[j].Key })
+		o.history = nil
 	}
 	rd := o.rd
 	rd.Records = recs
@@ -234,6 +260,16 @@ func (o *Orchestrator) finish() Ready {
 	}
 	o.appends = nil
 	return rd
+}
+
+// cacheable says whether a record of this batch is state: a log line of a
+// lease that was archived in this very batch is not (it stays in the store,
+// outside the state).
+func (o *Orchestrator) cacheable(key string) bool {
+	if len(key) > len(KindLog)+21 && key[:len(KindLog)+1] == KindLog+"/" {
+		return o.leases[parseLeaseKey(key[len(KindLog)+1:len(KindLog)+21])] != nil
+	}
+	return true
 }
 
 func (o *Orchestrator) recordFor(key string) Record {
@@ -513,6 +549,9 @@ func (o *Orchestrator) endLease(l *LeaseRecord, reason string) {
 	if l == nil || !l.Current {
 		return
 	}
+	if s := o.steps[l.Step]; s != nil {
+		o.queueArchive(s.Run) // its run may have been waiting for this lease
+	}
 	l.Current = false
 	l.EndReason = reason
 	l.Deadline = time.Time{}
@@ -566,6 +605,7 @@ func (o *Orchestrator) checkRunFinished(r *RunRecord) {
 	r.Finished = true
 	r.FinishedAt = o.now
 	o.markRun(r)
+	o.queueArchive(r.ID)
 	st := o.runStatus(r)
 	o.event(r.ID, "", "run-finished", "run "+st)
 	if r.Parent != "" {
@@ -709,6 +749,9 @@ func (o *Orchestrator) indexRun(r *RunRecord, create bool) {
 func (o *Orchestrator) apiCancelRun(in CancelRun) {
 	r := o.runs[in.Run]
 	switch {
+	case r == nil && o.archived(in.Run):
+		o.answer(APIAnswer{Call: in.Call, Err: fmt.Sprintf("run %s already finished (archived)", in.Run)})
+		return
 	case r == nil:
 		o.answer(APIAnswer{Call: in.Call, Err: fmt.Sprintf("unknown run %q", in.Run)})
 		return
@@ -764,6 +807,10 @@ func (o *Orchestrator) cancelStep(s *StepRecord, class FailureClass, reason stri
 
 func (o *Orchestrator) gate(call CallID, id StepID, e Event) {
 	s := o.steps[id]
+	if run, _, ok := strings.Cut(string(id), "/"); s == nil && ok && o.archived(RunID(run)) {
+		o.answer(APIAnswer{Call: call, Err: fmt.Sprintf("step %s: run %s already finished (archived)", id, run)})
+		return
+	}
 	if s == nil {
 		o.answer(APIAnswer{Call: call, Err: fmt.Sprintf("unknown step %q", id)})
 		return

@@ -33,6 +33,7 @@ type harness struct {
 	prev     map[StepID]State
 	tokens   map[string]string // token name → full token, as the API answered
 	creds    map[string]string // worker → session credential from its Welcome
+	archive  map[RunID]*RunHistory // runs archived so far, from their history records
 }
 
 func newHarness(t *testing.T) *harness {
@@ -42,7 +43,28 @@ func newHarness(t *testing.T) *harness {
 	h.prev = map[StepID]State{}
 	h.tokens = map[string]string{}
 	h.creds = map[string]string{}
+	h.archive = map[RunID]*RunHistory{}
 	return h
+}
+
+// steps returns every step, live or archived, sorted by id.
+func (h *harness) steps() []StepRecord {
+	out := h.o.Steps()
+	for _, id := range sortedKeys(h.archive) {
+		out = append(out, h.archive[id].Steps...)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
+	return out
+}
+
+// leases returns every lease, live or archived, sorted by id.
+func (h *harness) leases() []LeaseRecord {
+	out := h.o.Leases()
+	for _, id := range sortedKeys(h.archive) {
+		out = append(out, h.archive[id].Leases...)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
+	return out
 }
 
 func TestScenarios(t *testing.T) {
@@ -85,6 +107,17 @@ func (h *harness) absorb(rd Ready) []string {
 		} else {
 			h.disk[r.Key] = r.Value
 		}
+		if IsHistoryKey(r.Key) {
+			v, err := DecodeRecord(r)
+			if err != nil {
+				h.t.Fatalf("history record %s: %v", r.Key, err)
+			}
+			hist := v.(*RunHistory)
+			if _, _, ok := h.o.Run(hist.Run.ID); ok {
+				h.t.Fatalf("run %s archived but still in the core", hist.Run.ID)
+			}
+			h.archive[hist.Run.ID] = hist
+		}
 	}
 	h.checkDisk()
 	for _, a := range rd.Answers {
@@ -107,7 +140,27 @@ func (h *harness) absorb(rd Ready) []string {
 
 func (h *harness) checkDisk() {
 	recs := h.o.Records()
-	if len(recs) != len(h.disk) {
+	live := map[LeaseID]bool{}
+	for _, l := range h.o.Leases() {
+		live[l.ID] = true
+	}
+	state := 0 // the disk's records that are state: not history, not an archived lease's log
+	for k, v := range h.disk {
+		if IsHistoryKey(k) {
+			continue
+		}
+		if strings.HasPrefix(k, KindLog+"/") {
+			ln, err := DecodeRecord(Record{Key: k, Value: v})
+			if err != nil {
+				h.t.Fatalf("log record %s: %v", k, err)
+			}
+			if !live[ln.(*StepLogLine).Lease] {
+				continue
+			}
+		}
+		state++
+	}
+	if len(recs) != state {
 		keys := make([]string, 0, len(h.disk))
 		for k := range h.disk {
 			keys = append(keys, k)
@@ -125,7 +178,7 @@ func (h *harness) checkDisk() {
 // transitions lists the steps whose state changed since the last command.
 func (h *harness) transitions() []string {
 	var out []string
-	for _, s := range h.o.Steps() {
+	for _, s := range h.steps() {
 		before, ok := h.prev[s.ID]
 		if !ok {
 			before = StatePending
@@ -328,7 +381,7 @@ func (h *harness) parseRefs(d *datadriven.TestData, v string) []LeaseRef {
 }
 
 func (h *harness) leaseStep(id LeaseID) StepID {
-	for _, l := range h.o.Leases() {
+	for _, l := range h.leases() {
 		if l.ID == id {
 			return l.Step
 		}
@@ -537,31 +590,63 @@ func (h *harness) command(d *datadriven.TestData) []string {
 
 	case "state":
 		var out []string
-		for _, s := range h.o.Steps() {
+		for _, s := range h.steps() {
 			out = append(out, DescribeStep(s))
 		}
-		for _, l := range h.o.Leases() {
+		for _, l := range h.leases() {
 			out = append(out, DescribeLease(l))
 		}
 		for _, w := range h.o.Workers() {
 			out = append(out, DescribeWorker(w))
 		}
+		var runs []string
 		for _, id := range h.o.RunIDs() {
 			_, st, _ := h.o.Run(id)
-			out = append(out, fmt.Sprintf("run %s %s", id, st))
+			runs = append(runs, fmt.Sprintf("run %s %s", id, st))
 		}
-		return out
+		for _, id := range sortedKeys(h.archive) {
+			runs = append(runs, fmt.Sprintf("run %s %s archived", id, h.archive[id].Status))
+		}
+		sort.Strings(runs)
+		return append(out, runs...)
+
+	case "closed":
+		// The closed-lease table (SPEC §7a), one entry per line, then the
+		// span of its log's records.
+		var out []string
+		for _, c := range h.o.ClosedLeases() {
+			out = append(out, DescribeClosed(c, t0))
+		}
+		return append(out, fmt.Sprintf("log records %d..%d", h.o.closedLo, h.o.closedHi))
 
 	case "events":
 		var out []string
-		for _, ev := range h.o.Events(RunID(h.pos(d, 0))) {
+		evs := h.o.Events(RunID(h.pos(d, 0)))
+		if a := h.archive[RunID(h.pos(d, 0))]; a != nil {
+			evs = a.Events
+		}
+		for _, ev := range evs {
 			out = append(out, DescribeAt(ev.At, t0)+" "+DescribeEvent(ev, t0))
 		}
 		return out
 
 	case "stored-logs":
 		var out []string
-		for _, ln := range h.o.StepLogs(StepID(h.pos(d, 0))) {
+		// From the disk: an archived lease's lines stay there.
+		step := StepID(h.pos(d, 0))
+		var keys []string
+		for k, v := range h.disk {
+			if strings.HasPrefix(k, KindLog+"/") {
+				ln, _ := DecodeRecord(Record{Key: k, Value: v})
+				if ln.(*StepLogLine).Step == step {
+					keys = append(keys, k)
+				}
+			}
+		}
+		sort.Strings(keys)
+		for _, k := range keys {
+			v, _ := DecodeRecord(Record{Key: k, Value: h.disk[k]})
+			ln := v.(*StepLogLine)
 			out = append(out, fmt.Sprintf("lease=%d seq=%d %q", ln.Lease, ln.Line.Seq, ln.Line.Text))
 		}
 		return out

@@ -202,6 +202,7 @@ func (o *Orchestrator) hello(c ConnID, h Hello, entropy [16]byte) {
 		o.logf("info", "worker reactivated", "worker_id", string(w.ID))
 	}
 	cancel, lost := o.reconcile(w, h.InFlight, offline, h.Buffered)
+	o.closedListed(w.ID, h.InFlight, true)
 	o.send(c, Welcome{Worker: w.ID, CredentialTTL: o.cfg.CredentialTTL, Heartbeat: o.cfg.HeartbeatInterval, Cancel: cancel})
 	// A step the orchestrator holds for this worker that the worker did not
 	// report was lost with its execution: triage it now.
@@ -299,12 +300,12 @@ func (o *Orchestrator) dropConn(c ConnID) {
 func (o *Orchestrator) reconcile(w *WorkerRecord, inflight []LeaseRef, offline time.Duration, buffered int) (cancel, lost []LeaseID) {
 	reported := map[LeaseID]bool{}
 	for _, r := range inflight {
-		l := o.leases[r.Lease]
-		if committedTo(l, w.ID, r.Step) {
+		if o.committedTo(r.Lease, w.ID, r.Step) {
 			// Its report was COMMITTED and the answer lost: the worker
 			// re-sends the report and gets the same answer again (§3).
 			continue
 		}
+		l := o.leases[r.Lease]
 		if l == nil || l.Worker != w.ID || l.Step != r.Step || !l.Current {
 			cancel = append(cancel, r.Lease)
 			continue
@@ -454,14 +455,15 @@ func (o *Orchestrator) heartbeat(w *WorkerRecord, h Heartbeat) {
 	}
 	o.markWorker(w)
 	for _, r := range h.InFlight {
-		l := o.leases[r.Lease]
-		if committedTo(l, w.ID, r.Step) {
+		if o.committedTo(r.Lease, w.ID, r.Step) {
 			continue // the answer to its report is on its way, or will be again
 		}
+		l := o.leases[r.Lease]
 		if l == nil || l.Worker != w.ID || !l.Current {
 			o.sendTo(w.ID, Cancel{Lease: r.Lease, Reason: "lease is no longer current"})
 		}
 	}
+	o.closedListed(w.ID, h.InFlight, false)
 }
 
 // leaseFor finds a lease the worker may speak for, or says why not.
@@ -481,6 +483,13 @@ func (o *Orchestrator) leaseFor(w *WorkerRecord, id LeaseID) (*LeaseRecord, stri
 func (o *Orchestrator) start(w *WorkerRecord, c ConnID, m Start) {
 	l, why := o.leaseFor(w, m.Lease)
 	if l == nil {
+		if cl, ok := o.closed[m.Lease]; ok && cl.Worker == w.ID {
+			why = "lease is no longer current: its run finished"
+			if !cl.Held {
+				cl.Held = true
+				o.addClosed(cl)
+			}
+		}
 		o.send(c, StartAck{Lease: m.Lease, Request: m.Request, Reason: why})
 		return
 	}
@@ -542,6 +551,10 @@ func (o *Orchestrator) report(w *WorkerRecord, c ConnID, m Report) {
 	}
 	l, why := o.leaseFor(w, m.Lease)
 	if l == nil {
+		if c, ok := o.closed[m.Lease]; ok {
+			o.reportClosed(w, c, m, reply)
+			return
+		}
 		reply(Rejected, why)
 		return
 	}
@@ -888,7 +901,9 @@ func (o *Orchestrator) sweep() {
 		o.logf("warn", "worker marked inactive: no heartbeat", "worker_id", string(w.ID))
 		o.triageAll(w, CauseStaleWorker)
 	}
-	// 2. Unmatched steps.
+	// 2. Entries of the closed-lease table nobody can present any more.
+	o.expireClosed()
+	// 3. Unmatched steps.
 	for _, id := range sortedKeys(o.ready) {
 		s := o.steps[id]
 		if o.now.Sub(s.QueuedAt) < o.cfg.UnmatchedTimeout || o.anyActiveMatch(s) {
@@ -1043,6 +1058,7 @@ func (o *Orchestrator) grant(s *StepRecord, w *WorkerRecord) {
 	l := &LeaseRecord{ID: LeaseID(o.meta.LeaseSeq), Step: s.ID, Worker: w.ID, GrantedAt: o.now, Current: true,
 		Deadline: o.now.Add(o.cfg.DispatchAck)}
 	o.leases[l.ID] = l
+	o.stepLeases[s.ID] = append(o.stepLeases[s.ID], l.ID)
 	o.markLease(l)
 	o.arm(l.Deadline, tLease, leaseKeyID(l.ID))
 	if o.workerLeases[w.ID] == nil {
@@ -1080,13 +1096,6 @@ func copyMap(m map[string]string) map[string]string {
 		c[k] = v
 	}
 	return c
-}
-
-// committedTo says whether l is worker w's lease of step s whose report was
-// COMMITTED: a worker still listing it lost the answer, and its re-sent
-// report is answered COMMITTED again, so it is neither cancelled nor lost.
-func committedTo(l *LeaseRecord, w WorkerID, s StepID) bool {
-	return l != nil && l.Committed && l.Worker == w && l.Step == s
 }
 
 // MaxSilentHeartbeats is how many heartbeat intervals old a connected

@@ -171,3 +171,18 @@ func (o *Orchestrator) StepLogs(step StepID) []StepLogLine {
 	}
 	return out
 }
+
+// ClosedLeases returns the closed-lease table (SPEC §7a), sorted by lease.
+func (o *Orchestrator) ClosedLeases() []ClosedLease {
+	out := make([]ClosedLease, 0, len(o.closed))
+	for _, id := range sortedKeys(o.closed) {
+		out = append(out, o.closed[id])
+	}
+	return out
+}
+
+// ClosedLease returns the closed-lease table's entry for a lease.
+func (o *Orchestrator) ClosedLease(id LeaseID) (ClosedLease, bool) {
+	c, ok := o.closed[id]
+	return c, ok
+}

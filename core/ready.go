@@ -139,7 +139,12 @@ func (RevokeToken) isInput()  {}
 //  5. the driver calls Step with a Tick no later than Deadline (zero: none).
 type Ready struct {
 	// Records are upserts and deletes of keyed entity snapshots, sorted by
-	// key. They must be durable before any Message or Answer leaves.
+	// key. They must be durable before any Message or Answer leaves. A run
+	// archived in this batch (SPEC §7a) appears as the deletes of its live
+	// records and one history record (KindHistory) in the same batch: the
+	// store applies them atomically, so a run is always either live or
+	// history. The store keeps log records ("log/…") of archived leases:
+	// the history record lists the leases whose lines they are.
 	Records []Record
 	// Messages to workers, in the order they must be sent.
 	Messages []Envelope

@@ -36,6 +36,9 @@ type MetaRecord struct {
 	RunSeq    uint64
 	LeaseSeq  uint64
 	NextSweep time.Time
+	// RestoredAt is when the orchestrator last restarted (Restore): the
+	// closed-lease table's time bound runs from it (SPEC §7a).
+	RestoredAt time.Time `json:",omitzero"`
 }
 
 // RunRecord is a run.
@@ -187,6 +190,14 @@ func DecodeRecord(r Record) (any, error) {
 		v = &ServerEvent{}
 	case KindLog:
 		v = &StepLogLine{}
+	case KindHistory:
+		v = &RunHistory{}
+	case KindClosed:
+		ch, err := decodeClosed(r.Value)
+		if err != nil {
+			return nil, fmt.Errorf("%w: key %q: %v", ErrBadRecord, r.Key, err)
+		}
+		return &ch, nil
 	default:
 		return nil, fmt.Errorf("%w: unknown kind in key %q", ErrBadRecord, r.Key)
 	}

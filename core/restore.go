@@ -25,6 +25,13 @@ func Restore(cfg Config, now time.Time, recs []Record) (*Orchestrator, Ready, er
 	}
 	o.now = now
 	o.rearm()
+	// A store written before archival (SPEC §7a) holds finished runs: they
+	// leave the core in this first batch.
+	for id, r := range o.runs {
+		if r.Finished {
+			o.queueArchive(id)
+		}
+	}
 	o.rebuildTimers()
 	o.dispatch()
 	return o, o.finish(), nil
@@ -32,11 +39,21 @@ func Restore(cfg Config, now time.Time, recs []Record) (*Orchestrator, Ready, er
 
 // load applies records to an empty orchestrator and rebuilds derived indexes.
 func (o *Orchestrator) load(recs []Record) error {
+	var closed []Record
+	type logRec struct {
+		lease LeaseID
+		r     Record
+	}
+	var logRecs []logRec
 	for _, r := range recs {
-		if r.Delete {
+		if r.Delete || IsHistoryKey(r.Key) {
+			continue // history is not state (archive.go)
+		}
+		if len(r.Key) > len(KindClosed) && r.Key[:len(KindClosed)+1] == KindClosed+"/" {
+			o.cache(r)
+			closed = append(closed, r)
 			continue
 		}
-		o.cache(r)
 		v, err := DecodeRecord(r)
 		if err != nil {
 			return err
@@ -59,6 +76,29 @@ func (o *Orchestrator) load(recs []Record) error {
 		case *StepLogLine:
 			o.logs[v.Lease] = append(o.logs[v.Lease], *v)
 		}
+		if ln, ok := v.(*StepLogLine); ok {
+			logRecs = append(logRecs, logRec{ln.Lease, r})
+		} else {
+			o.cache(r)
+		}
+	}
+	if err := o.loadClosed(closed); err != nil {
+		return err
+	}
+	// Log lines of archived leases stay in the store; they are not state.
+	for id := range o.logs {
+		if o.leases[id] == nil {
+			delete(o.logs, id)
+		}
+	}
+	for _, lr := range logRecs {
+		if o.leases[lr.lease] != nil {
+			o.cache(lr.r)
+		}
+	}
+	for _, id := range sortedKeys(o.leases) {
+		l := o.leases[id]
+		o.stepLeases[l.Step] = append(o.stepLeases[l.Step], id)
 	}
 	for _, id := range sortedKeys(o.runs) {
 		r := o.runs[id]
@@ -158,6 +198,10 @@ func (o *Orchestrator) rearm() {
 			o.markStep(s)
 		}
 	}
+	// A restart gives every credential a fresh lifetime: the closed-lease
+	// table's time bound runs from here too (closed.go, rule 4).
+	o.meta.RestoredAt = o.now
+	o.markMeta()
 	if o.meta.NextSweep.Before(o.now) {
 		o.meta.NextSweep = o.now.Add(o.cfg.SweepInterval)
 		o.markMeta()
@@ -165,7 +209,8 @@ func (o *Orchestrator) rearm() {
 }
 
 // Records returns every record of the current state, sorted by key: what a
-// store holding every batch so far would hold.
+// store holding every batch so far would hold, minus history (archived runs'
+// history records and log lines, which Restore does not read).
 func (o *Orchestrator) Records() []Record {
 	var recs []Record
 	add := func(key string, v any) { recs = append(recs, Record{Key: key, Value: encode(v)}) }
@@ -191,6 +236,7 @@ func (o *Orchestrator) Records() []Record {
 	for _, id := range sortedKeys(o.tokens) {
 		add(tokenKey(id), o.tokens[id])
 	}
+	recs = append(recs, o.closedRecords()...)
 	sort.Slice(recs, func(i, j int) bool { return recs[i].Key < recs[j].Key })
 	return recs
 }

@@ -59,8 +59,23 @@ func TestRestoreStoreOfFb9fc3a(t *testing.T) {
 	if r, _, _ := o.Run("run-1"); r.CancelReason != "" {
 		t.Fatalf("run-1 cancelled before its deadline: %s", r.CancelReason)
 	}
-	o.Step(t0.Add(100*time.Second), Tick{})
-	if s, _ := o.StepByID("run-1/b"); s.State != StateCancelled || s.Class != ClassRunTimeout {
+	// The cancelled run finishes and leaves the core in that batch (§7a):
+	// b is read from its history record.
+	rd = o.Step(t0.Add(100*time.Second), Tick{})
+	var hist *RunHistory
+	for _, r := range rd.Records {
+		if r.Key == HistoryKey("run-1") {
+			v, err := DecodeRecord(r)
+			if err != nil {
+				t.Fatal(err)
+			}
+			hist = v.(*RunHistory)
+		}
+	}
+	if hist == nil {
+		t.Fatal("run-1 finished at +100s but was not archived")
+	}
+	if s, _ := hist.Step("run-1/b"); s.State != StateCancelled || s.Class != ClassRunTimeout {
 		t.Errorf("b at +100s: %s %s, want cancelled run-timeout", s.State, s.Class)
 	}
 }

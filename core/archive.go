@@ -1,0 +1,179 @@
+package core
+
+import (
+	"sort"
+	"strconv"
+	"strings"
+)
+
+// Archival (SPEC §7a): a run whose steps are all terminal and none of whose
+// leases is current leaves the core in the batch that made it so. The
+// batch deletes its live records (run, steps, leases, events) and writes one
+// history record holding all of them as they were; its log records stay
+// where they are, named by lease, and the history record lists the leases.
+// The core keeps of it only what answering a late message about one of its
+// leases needs (closed.go).
+
+// KindHistory is the record kind of an archived run: key "history/<run>",
+// value the JSON of a RunHistory. The core writes it and never reads it back:
+// Restore skips it, and it is not among Records (it is history, not state).
+const KindHistory = "history"
+
+// HistoryKey is the key of run id's history record.
+func HistoryKey(id RunID) string { return KindHistory + "/" + string(id) }
+
+// IsHistoryKey reports whether key names a history record.
+func IsHistoryKey(key string) bool { return strings.HasPrefix(key, KindHistory+"/") }
+
+// RunHistory is an archived run: everything the operator API shows of it, as
+// it was in the batch that archived it. Steps are in the run's order, leases
+// and events in id and sequence order. Log lines are not in it: they stay in
+// their own records ("log/<lease>/<index>") for the leases listed here.
+type RunHistory struct {
+	Run    RunRecord
+	Status string // the derived status: success, failed, cancelled
+	Steps  []StepRecord
+	Leases []LeaseRecord
+	Events []ServerEvent
+}
+
+// Step returns the archived step with id, if the run has it.
+func (h *RunHistory) Step(id StepID) (StepRecord, bool) {
+	for _, s := range h.Steps {
+		if s.ID == id {
+			return s, true
+		}
+	}
+	return StepRecord{}, false
+}
+
+// archived reports whether id names a run that was submitted here and is no
+// longer in the core: run ids are "run-<n>", numbered from 1 (submit).
+func (o *Orchestrator) archived(id RunID) bool {
+	n, ok := strings.CutPrefix(string(id), "run-")
+	if !ok || o.runs[id] != nil {
+		return false
+	}
+	seq, err := strconv.ParseUint(n, 10, 64)
+	return err == nil && seq >= 1 && seq <= o.meta.RunSeq && "run-"+strconv.FormatUint(seq, 10) == string(id)
+}
+
+// queueArchive notes that run id may be archivable; finish decides.
+func (o *Orchestrator) queueArchive(id RunID) {
+	if o.archiveQ == nil {
+		o.archiveQ = map[RunID]bool{}
+	}
+	o.archiveQ[id] = true
+}
+
+// archivable reports whether run r may leave the core: finished, and no
+// lease of any of its steps current.
+func (o *Orchestrator) archivable(r *RunRecord) bool {
+	if r == nil || !r.Finished || o.open[r.ID] > 0 {
+		return false
+	}
+	for _, sid := range r.Steps {
+		for _, lid := range o.stepLeases[sid] {
+			if l := o.leases[lid]; l != nil && l.Current {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+// archiveQueued archives every queued run that is archivable, in id order
+// (the order of a batch's records never depends on map order).
+func (o *Orchestrator) archiveQueued() {
+	if len(o.archiveQ) == 0 {
+		return
+	}
+	ids := sortedKeys(o.archiveQ)
+	clear(o.archiveQ)
+	for _, id := range ids {
+		if r := o.runs[id]; o.archivable(r) {
+			o.archive(r)
+		}
+	}
+}
+
+// archive moves run r out of the core: its history record is written, its
+// live records deleted, and its leases enter the closed-lease table.
+func (o *Orchestrator) archive(r *RunRecord) {
+	h := RunHistory{Run: *r, Status: o.runStatus(r), Events: o.events[r.ID]}
+	h.Run.Steps = append([]StepID(nil), r.Steps...)
+	var leases []LeaseID
+	for _, sid := range r.Steps {
+		s := o.steps[sid]
+		h.Steps = append(h.Steps, copyStep(s))
+		leases = append(leases, o.stepLeases[sid]...)
+	}
+	sort.Slice(leases, func(i, j int) bool { return leases[i] < leases[j] })
+	for _, lid := range leases {
+		l := o.leases[lid]
+		h.Leases = append(h.Leases, *l)
+		o.closeLease(l)
+	}
+	o.history = append(o.history, Record{Key: HistoryKey(r.ID), Value: encode(&h)})
+
+	// Forget it: every live record is deleted, the log records are left
+	// where they are (dropped from the cache without a delete; finish does
+	// not cache those of this batch). Events recorded in this very batch
+	// are not written at all.
+	evPrefix := KindEvent + "/" + string(r.ID) + "/"
+	kept := o.appends[:0]
+	for _, a := range o.appends {
+		if !strings.HasPrefix(a.Key, evPrefix) {
+			kept = append(kept, a)
+		}
+	}
+	o.appends = kept
+	for _, ev := range o.events[r.ID] {
+		o.appends = append(o.appends, Record{Key: eventKey(r.ID, ev.Seq), Delete: true})
+	}
+	delete(o.events, r.ID)
+	for _, lid := range leases {
+		for _, ln := range o.logs[lid] {
+			o.uncache(logKey(lid, ln.Index))
+		}
+		delete(o.logs, lid)
+		delete(o.logSeen, lid)
+		delete(o.logMark, lid)
+		delete(o.leases, lid)
+		o.dirty[leaseKey(lid)] = true
+	}
+	for _, sid := range r.Steps {
+		s := o.steps[sid]
+		if len(s.MissedBy) > 0 {
+			for _, w := range s.MissedBy {
+				if m := o.missed[w]; m != nil {
+					delete(m, sid)
+					if len(m) == 0 {
+						delete(o.missed, w)
+					}
+				}
+			}
+		}
+		delete(o.steps, sid)
+		delete(o.ready, sid)
+		delete(o.specOf, sid)
+		delete(o.dependents, sid)
+		delete(o.depsOK, sid)
+		delete(o.stepLeases, sid)
+		o.dirty[stepKey(sid)] = true
+	}
+	delete(o.runs, r.ID)
+	delete(o.open, r.ID)
+	o.dirty[runKey(r.ID)] = true
+}
+
+// uncache drops a record from the cache (and the fingerprint) without
+// emitting anything: the record stays in the store, outside the state.
+func (o *Orchestrator) uncache(key string) {
+	if e, ok := o.enc[key]; ok {
+		if e.hashed {
+			o.fp -= e.hash
+		}
+		delete(o.enc, key)
+	}
+}
