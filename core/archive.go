@@ -4,6 +4,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"time"
 )
 
 // Archival (SPEC §7a): a run whose steps are all terminal and none of whose
@@ -175,5 +176,47 @@ func (o *Orchestrator) uncache(key string) {
 			o.fp -= e.hash
 		}
 		delete(o.enc, key)
+	}
+}
+
+// pruneGone deletes the workers that can never come back and the tokens
+// that can never be used again, once the retention has passed (SPEC §7a):
+// a worker not connected, holding no current lease and no closed-lease
+// entry, revoked or with its credential expired, gone (disconnected, and
+// its credential expired) for at least the retention; a token revoked,
+// used or expired, past its expiry by the retention, whose worker (if any)
+// is gone from the records.
+func (o *Orchestrator) pruneGone() {
+	for _, id := range sortedKeys(o.workers) {
+		w := o.workers[id]
+		if o.connected(id) || len(o.workerLeases[id]) > 0 || len(o.closedFor(id)) > 0 || w.DisconnectedAt.IsZero() {
+			continue
+		}
+		if !w.Revoked && o.now.Before(w.CredExpiry) {
+			continue // it may still reconnect
+		}
+		since := w.DisconnectedAt
+		if !w.Revoked && w.CredExpiry.After(since) {
+			since = w.CredExpiry
+		}
+		if o.now.Before(since.Add(o.cfg.Retention)) {
+			continue
+		}
+		delete(o.workers, id)
+		delete(o.workerLeases, id)
+		o.markWorker(w)
+		o.logf("info", "worker pruned", "worker_id", string(id), "gone_since", since.UTC().Format(time.RFC3339))
+	}
+	for _, name := range sortedKeys(o.tokens) {
+		t := o.tokens[name]
+		if !(t.Revoked || t.Consumed || !o.now.Before(t.ExpiresAt)) || o.now.Before(t.ExpiresAt.Add(o.cfg.Retention)) {
+			continue
+		}
+		if t.Worker != "" && o.workers[t.Worker] != nil {
+			continue
+		}
+		delete(o.tokens, name)
+		o.markToken(t)
+		o.logf("info", "enrollment token pruned", "token", name)
 	}
 }

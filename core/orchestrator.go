@@ -880,6 +880,9 @@ func (o *Orchestrator) revokeToken(in RevokeToken) {
 		if w := o.workers[t.Worker]; w != nil && !w.Revoked {
 			w.Revoked, w.Active = true, false
 			w.GraceUntil = time.Time{}
+			if o.connected(w.ID) {
+				w.DisconnectedAt = o.now // gone from now on: retention runs from here
+			}
 			o.markWorker(w)
 			o.triageAll(w, CauseRevoked)
 			if c, ok := o.connOf[w.ID]; ok {

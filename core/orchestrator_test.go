@@ -397,6 +397,7 @@ func (h *harness) command(d *datadriven.TestData) []string {
 		h.cfg.UnmatchedTimeout = h.dur(d, "unmatched", h.cfg.UnmatchedTimeout)
 		h.cfg.SweepInterval = h.dur(d, "sweep", h.cfg.SweepInterval)
 		h.cfg.CredentialTTL = h.dur(d, "credential-ttl", h.cfg.CredentialTTL)
+		h.cfg.Retention = h.dur(d, "retention", h.cfg.Retention)
 		if n := h.num(d, "env-bytes", 0); n > 0 { // the orchestrator's own environment snapshot
 			h.cfg.Env = map[string]string{"SNAPSHOT": strings.Repeat("s", int(n))}
 		}
@@ -609,6 +610,20 @@ func (h *harness) command(d *datadriven.TestData) []string {
 		}
 		sort.Strings(runs)
 		return append(out, runs...)
+
+	case "tokens":
+		var out []string
+		for _, t := range h.o.Tokens() {
+			line := fmt.Sprintf("token %s expires=%s", t.Name, DescribeAt(t.ExpiresAt, t0))
+			if t.Consumed {
+				line += " used-by=" + string(t.Worker)
+			}
+			if t.Revoked {
+				line += " revoked"
+			}
+			out = append(out, line)
+		}
+		return out
 
 	case "closed":
 		// The closed-lease table (SPEC §7a), one entry per line, then the

@@ -901,8 +901,10 @@ func (o *Orchestrator) sweep() {
 		o.logf("warn", "worker marked inactive: no heartbeat", "worker_id", string(w.ID))
 		o.triageAll(w, CauseStaleWorker)
 	}
-	// 2. Entries of the closed-lease table nobody can present any more.
+	// 2. Entries of the closed-lease table nobody can present any more,
+	// then workers and tokens gone for longer than the retention.
 	o.expireClosed()
+	o.pruneGone()
 	// 3. Unmatched steps.
 	for _, id := range sortedKeys(o.ready) {
 		s := o.steps[id]

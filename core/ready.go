@@ -14,6 +14,10 @@ type Config struct {
 	KillGrace         time.Duration // worker's SIGTERM→SIGKILL; must be < ForceCancel; default 10s
 	CredentialTTL     time.Duration // session credential validity, slid by each refresh; default 15m
 	MaxAttempts       int           // lease grants per step; default 5
+	// Retention is how long a worker that can never come back, and an
+	// enrollment token that can never be used again, are kept (SPEC §7a);
+	// default 720h (30 days). The store prunes history by the same figure.
+	Retention time.Duration
 	// Env is the orchestrator's environment snapshot shipped with every
 	// dispatch, minus the denylist (the driver fills it; the core filters).
 	Env map[string]string
@@ -31,6 +35,7 @@ func DefaultConfig() Config {
 		KillGrace:         10 * time.Second,
 		CredentialTTL:     15 * time.Minute,
 		MaxAttempts:       5,
+		Retention:         720 * time.Hour,
 	}
 }
 
@@ -49,6 +54,7 @@ func (c Config) withDefaults() Config {
 	set(&c.ForceCancel, d.ForceCancel)
 	set(&c.KillGrace, d.KillGrace)
 	set(&c.CredentialTTL, d.CredentialTTL)
+	set(&c.Retention, d.Retention)
 	if c.MaxAttempts <= 0 {
 		c.MaxAttempts = d.MaxAttempts
 	}
