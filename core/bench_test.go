@@ -6,8 +6,9 @@ import (
 	"time"
 )
 
-// benchThroughput pushes steps no-op steps through the pure core: submit one
-// run of independent steps, then answer every Dispatch with Start and a
+// benchThroughput pushes steps no-op steps through the pure core: submit
+// runs of 500 independent steps (a run holds at most MaxStepsPerRun), then
+// answer every Dispatch with Start and a
 // success Report, until all steps are done. It measures the core alone: no
 // disk, no sockets.
 func benchThroughput(b *testing.B, steps, workers, slots int) {
@@ -25,12 +26,17 @@ func benchThroughput(b *testing.B, steps, workers, slots int) {
 				Worker: conns[c], Slots: slots, MaxDelay: time.Minute}})
 			queue = append(queue, rd.Messages...)
 		}
-		spec := RunSpec{Name: "bench"}
-		for s := 0; s < steps; s++ {
-			spec.Steps = append(spec.Steps, StepSpec{Name: fmt.Sprintf("s%d", s), Command: "true"})
+		for r := 0; r*benchRunSteps < steps; r++ {
+			spec := RunSpec{Name: "bench"}
+			for s := r * benchRunSteps; s < min(steps, (r+1)*benchRunSteps); s++ {
+				spec.Steps = append(spec.Steps, StepSpec{Name: fmt.Sprintf("s%d", s), Command: "true"})
+			}
+			rd := o.Step(now, Submit{Call: CallID(1000 + r), Spec: spec})
+			if len(rd.Answers) != 1 || rd.Answers[0].Err != "" {
+				b.Fatalf("submit refused: %v", rd.Answers)
+			}
+			queue = append(queue, rd.Messages...)
 		}
-		rd := o.Step(now, Submit{Call: 1000, Spec: spec})
-		queue = append(queue, rd.Messages...)
 		done := 0
 		var req uint64
 		for len(queue) > 0 {
@@ -53,6 +59,8 @@ func benchThroughput(b *testing.B, steps, workers, slots int) {
 	}
 	b.ReportMetric(float64(steps*b.N)/b.Elapsed().Seconds(), "steps/s")
 }
+
+const benchRunSteps = 500
 
 func BenchmarkCoreThroughput2000x4x16(b *testing.B) { benchThroughput(b, 2000, 4, 16) }
 func BenchmarkCoreThroughput2000x4x1(b *testing.B)  { benchThroughput(b, 2000, 4, 1) }

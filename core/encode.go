@@ -41,6 +41,8 @@ func encodeScratch(scratch *[]byte, v any) []byte {
 		e.logLine(&v)
 	case *StepLogLine:
 		e.logLine(v)
+	case *RunHistory:
+		e.history(v)
 	default:
 		e.bad = true
 	}
@@ -320,4 +322,42 @@ func (e *recEncoder) logLine(l *StepLogLine) {
 	e.str(l.Line.Text)
 	e.end()
 	e.end()
+}
+
+// history renders an archived run: the run through encoding/json (its spec
+// is arbitrary), the rest by hand. Steps, leases and events are nil-free
+// slices when the run has any (a run has at least one step).
+func (e *recEncoder) history(h *RunHistory) {
+	run, err := json.Marshal(&h.Run)
+	if err != nil {
+		e.bad = true
+		return
+	}
+	e.key(true, "Run")
+	e.b = append(e.b, run...)
+	e.key(false, "Status")
+	e.str(h.Status)
+	e.key(false, "Steps")
+	encSlice(e, h.Steps, func(s *StepRecord) { e.step(s) })
+	e.key(false, "Leases")
+	encSlice(e, h.Leases, func(l *LeaseRecord) { e.lease(l) })
+	e.key(false, "Events")
+	encSlice(e, h.Events, func(ev *ServerEvent) { e.event(ev) })
+	e.end()
+}
+
+// encSlice renders a slice of records as encoding/json does (nil is null).
+func encSlice[T any](e *recEncoder, xs []T, one func(*T)) {
+	if xs == nil {
+		e.b = append(e.b, "null"...)
+		return
+	}
+	e.b = append(e.b, '[')
+	for i := range xs {
+		if i > 0 {
+			e.b = append(e.b, ',')
+		}
+		one(&xs[i])
+	}
+	e.b = append(e.b, ']')
 }

@@ -68,7 +68,8 @@ func checkEncode(t *rapid.T, v any) {
 
 func TestEncodeMatchesEncodingJSON(t *testing.T) {
 	t.Run("meta", rapid.MakeCheck(func(t *rapid.T) {
-		checkEncode(t, MetaRecord{RunSeq: rapid.Uint64().Draw(t, "runs"), LeaseSeq: rapid.Uint64().Draw(t, "leases"), NextSweep: genTime().Draw(t, "sweep")})
+		checkEncode(t, MetaRecord{RunSeq: rapid.Uint64().Draw(t, "runs"), LeaseSeq: rapid.Uint64().Draw(t, "leases"), NextSweep: genTime().Draw(t, "sweep"),
+			RestoredAt: rapid.SampledFrom([]time.Time{{}, genTime().Draw(t, "restored")}).Draw(t, "restoredOf")})
 	}))
 	t.Run("step", rapid.MakeCheck(func(t *rapid.T) {
 		s := &StepRecord{
@@ -123,6 +124,25 @@ func TestEncodeMatchesEncodingJSON(t *testing.T) {
 			Cause:  Cause(rapid.SampledFrom([]string{"", "grace-expired", genString().Draw(t, "cause")}).Draw(t, "causeOf")),
 			Worker: WorkerID(rapid.SampledFrom([]string{"", genString().Draw(t, "worker")}).Draw(t, "workerOf")),
 			Lease:  LeaseID(rapid.SampledFrom([]uint64{0, rapid.Uint64().Draw(t, "lease")}).Draw(t, "leaseOf"))})
+	}))
+	t.Run("history", rapid.MakeCheck(func(t *rapid.T) {
+		h := &RunHistory{Run: RunRecord{ID: RunID(genString().Draw(t, "run")), Spec: RunSpec{Name: genString().Draw(t, "name"),
+			Steps: []StepSpec{{Name: genString().Draw(t, "spec"), Command: genString().Draw(t, "cmd")}}},
+			SubmittedAt: genTime().Draw(t, "submitted"), Finished: true, FinishedAt: genTime().Draw(t, "finished")},
+			Status: genString().Draw(t, "status")}
+		n := rapid.IntRange(-1, 3).Draw(t, "n") // -1: nil slices
+		if n >= 0 {
+			h.Steps, h.Leases, h.Events = []StepRecord{}, []LeaseRecord{}, []ServerEvent{}
+		}
+		for i := 0; i < n; i++ {
+			h.Steps = append(h.Steps, StepRecord{ID: StepID(genString().Draw(t, "sid")), State: State(rapid.Uint8().Draw(t, "state")),
+				FinishedAt: genTime().Draw(t, "sfin"), Outcome: &Outcome{Status: OutcomeSuccess, Message: genString().Draw(t, "msg")}})
+			h.Leases = append(h.Leases, LeaseRecord{ID: LeaseID(rapid.Uint64().Draw(t, "lid")), Step: h.Steps[i].ID,
+				EndReason: genString().Draw(t, "end"), Committed: rapid.Bool().Draw(t, "committed"),
+				Answers: []AnsweredReport{{Request: rapid.Uint64().Draw(t, "req"), Outcome: genOutcome().Draw(t, "outcome")}}})
+			h.Events = append(h.Events, ServerEvent{Run: h.Run.ID, Seq: i + 1, At: genTime().Draw(t, "at"), Kind: genString().Draw(t, "kind")})
+		}
+		checkEncode(t, h)
 	}))
 	t.Run("log", rapid.MakeCheck(func(t *rapid.T) {
 		checkEncode(t, StepLogLine{Step: StepID(genString().Draw(t, "step")), Lease: LeaseID(rapid.Uint64().Draw(t, "lease")),
