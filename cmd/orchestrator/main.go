@@ -40,6 +40,7 @@ type options struct {
 	// serve
 	addr, config, tlsCert, tlsKey string
 	maxSubmitBody                 int64
+	retain                        string
 	// serve: control-plane admission (SPEC §12)
 	maxConns, maxUnauthConns, maxUnauthConnsPerAddr int
 	helloTimeout                                    time.Duration

@@ -63,6 +63,7 @@ worker connections (SPEC §12):
 
   addr: 127.0.0.1:7420
   data_dir: ./tether-data
+  retention: 720h                     # finished runs, gone workers, used tokens (SPEC §7a); --retain
   tls:                                # optional; paths relative to the file's directory
     cert_file: tls/server.crt
     key_file: tls/server.key
@@ -119,6 +120,7 @@ next start within their grace window. SIGHUP is ignored.`,
 		fs.StringVar(&o.config, "config", defaultConfigFile, "server config `file` (YAML); optional unless given explicitly")
 		fs.StringVar(&o.tlsCert, "tls-cert", "", "serve TLS with this certificate `file` (PEM, the chain); needs --tls-key")
 		fs.StringVar(&o.tlsKey, "tls-key", "", "the TLS private key `file` (PEM)")
+		fs.StringVar(&o.retain, "retain", "720h", "keep finished runs, gone workers and used tokens this long (`duration`: 720h, 30d, 1m; SPEC §7a)")
 		fs.Int64Var(&o.maxSubmitBody, "max-submit-body", orchestrator.DefaultMaxSubmitBody, "largest workflow definition accepted by POST /api/runs, in `bytes` (at most 1048576)")
 		fs.IntVar(&o.maxConns, "max-conns", defaultMaxConns, "worker connections that sent a Hello, at most (`n`, not per address)")
 		fs.IntVar(&o.maxUnauthConns, "max-unauth-conns", orchestrator.DefaultMaxUnauthConns, "connections without an accepted Hello, at most (`n`)")
@@ -140,7 +142,8 @@ type serverConfig struct {
 	UnmatchedTimeout  time.Duration
 	HeartbeatInterval time.Duration
 	DispatchAck       time.Duration
-	MaxSubmitBody     int64 // limits: max_submit_body_bytes
+	MaxSubmitBody     int64         // limits: max_submit_body_bytes
+	Retention         time.Duration // retention: (SPEC §7a)
 	// Control-plane admission (control: keys, SPEC §12).
 	MaxConns, MaxUnauthConns, MaxUnauthConnsPerAddr int
 	HelloTimeout                                    time.Duration
@@ -225,8 +228,8 @@ func defaultServerConfig() serverConfig {
 		Addr: defaultAddr, DataDir: defaultDataDir,
 		HeartbeatTimeout: d.HeartbeatTimeout, SweepInterval: d.SweepInterval, UnmatchedTimeout: d.UnmatchedTimeout,
 		HeartbeatInterval: d.HeartbeatInterval, DispatchAck: d.DispatchAck,
-		MaxSubmitBody: orchestrator.DefaultMaxSubmitBody,
-		MaxConns:      defaultMaxConns, MaxUnauthConns: orchestrator.DefaultMaxUnauthConns,
+		MaxSubmitBody: orchestrator.DefaultMaxSubmitBody, Retention: d.Retention,
+		MaxConns: defaultMaxConns, MaxUnauthConns: orchestrator.DefaultMaxUnauthConns,
 		MaxUnauthConnsPerAddr: orchestrator.DefaultMaxUnauthConnsPerAddr, HelloTimeout: orchestrator.DefaultHelloTimeout,
 	}
 }
@@ -282,8 +285,14 @@ func loadServerConfig(path string, src []byte) (serverConfig, error) {
 		}
 		return v
 	}
-	mapping(doc.Content[0], "server config", []string{"addr", "data_dir", "tls", "recovery", "limits", "control", "data", "http"}, errf, func(key string, v *yaml.Node) {
+	mapping(doc.Content[0], "server config", []string{"addr", "data_dir", "tls", "retention", "recovery", "limits", "control", "data", "http"}, errf, func(key string, v *yaml.Node) {
 		switch key {
+		case "retention":
+			d, err := parseRetention(v.Value)
+			if v.Kind != yaml.ScalarNode || err != nil {
+				errf(v, "retention: %v", err)
+			}
+			cfg.Retention = d
 		case "addr":
 			cfg.Addr = str(v, key)
 		case "data_dir":
@@ -487,6 +496,13 @@ func resolveServeConfig(e *env) (serverConfig, error) {
 	if set["tls-key"] {
 		cfg.TLSKey = e.opts.tlsKey
 	}
+	if set["retain"] {
+		d, err := parseRetention(e.opts.retain)
+		if err != nil {
+			return cfg, usageErrorf("--retain: %v", err)
+		}
+		cfg.Retention = d
+	}
 	if set["max-submit-body"] {
 		if e.opts.maxSubmitBody <= 0 || e.opts.maxSubmitBody > orchestrator.DefaultMaxSubmitBody {
 			return cfg, usageErrorf("--max-submit-body %d: want 1 to %d bytes", e.opts.maxSubmitBody, orchestrator.DefaultMaxSubmitBody)
@@ -619,6 +635,7 @@ func serve(ctx context.Context, e *env, _ []string) error {
 			UnmatchedTimeout:  cfg.UnmatchedTimeout,
 			HeartbeatInterval: cfg.HeartbeatInterval,
 			DispatchAck:       cfg.DispatchAck,
+			Retention:         cfg.Retention,
 			Env:               orchestrator.EnvSnapshot(),
 		},
 		Logger:        log,
@@ -647,7 +664,7 @@ func serve(ctx context.Context, e *env, _ []string) error {
 	}
 	log.Info("recovery sweeper", "heartbeat_timeout", cfg.HeartbeatTimeout.String(), "sweep_interval", cfg.SweepInterval.String(),
 		"unmatched_step_timeout", cfg.UnmatchedTimeout.String(), "heartbeat_interval", cfg.HeartbeatInterval.String(),
-		"dispatch_ack", cfg.DispatchAck.String())
+		"dispatch_ack", cfg.DispatchAck.String(), "retention", cfg.Retention.String())
 	fmt.Fprintf(e.stdout, "Tether orchestrator listening on %s (store %s)\n  workers connect to: %s\n  operator API:       %s\n  data plane:         %s\n",
 		d.Addr(), storePath, d.URL(), d.APIURL(), d.DataURL())
 	select {
@@ -721,4 +738,30 @@ func readAdminToken(path string) (string, error) {
 		return "", fmt.Errorf("admin token file %s is empty", path)
 	}
 	return tok, nil
+}
+
+// minRetention is the shortest retention serve accepts: shorter would prune
+// a run's history before an operator could look at it.
+const minRetention = time.Minute
+
+// parseRetention reads a retention: a Go duration (720h, 90m) or a whole
+// number of days (30d), at least a minute.
+func parseRetention(s string) (time.Duration, error) {
+	var d time.Duration
+	if n, ok := strings.CutSuffix(s, "d"); ok {
+		days, err := strconv.Atoi(n)
+		if err != nil || days <= 0 || days > 100*365 {
+			return 0, fmt.Errorf("%q: want a duration like 720h or a number of days like 30d", s)
+		}
+		d = time.Duration(days) * 24 * time.Hour
+	} else {
+		var err error
+		if d, err = time.ParseDuration(s); err != nil {
+			return 0, fmt.Errorf("%q: want a duration like 720h or a number of days like 30d", s)
+		}
+	}
+	if d < minRetention {
+		return 0, fmt.Errorf("%q: at least %s", s, minRetention)
+	}
+	return d, nil
 }

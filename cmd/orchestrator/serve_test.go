@@ -7,6 +7,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"net"
 	"os"
 	"path/filepath"
@@ -135,4 +136,30 @@ func TestServeStoreLocked(t *testing.T) {
 	}
 	var ws struct{ Workers []any }
 	apiClient{t: t, ctx: ctx, base: "http://" + first.addr + "/api", token: strings.TrimSpace(string(admin))}.call("GET", "/workers", nil, 200, &ws)
+}
+
+// TestRetentionSetting: --retain and the config file's retention: take a Go
+// duration or whole days, at least a minute; anything else is refused with
+// the value named.
+func TestRetentionSetting(t *testing.T) {
+	for in, want := range map[string]time.Duration{"720h": 720 * time.Hour, "30d": 30 * 24 * time.Hour, "1m": time.Minute, "90m": 90 * time.Minute} {
+		if got, err := parseRetention(in); err != nil || got != want {
+			t.Errorf("parseRetention(%q) = %v, %v; want %v", in, got, err, want)
+		}
+	}
+	for _, bad := range []string{"", "59s", "0d", "-1h", "30 days", "d", "1.5d"} {
+		if _, err := parseRetention(bad); err == nil || !strings.Contains(err.Error(), fmt.Sprintf("%q", bad)) {
+			t.Errorf("parseRetention(%q): err %v, want a refusal naming it", bad, err)
+		}
+	}
+	cfg, err := loadServerConfig("c.yaml", []byte("retention: 14d\n"))
+	if err != nil || cfg.Retention != 14*24*time.Hour {
+		t.Fatalf("retention: 14d → %v, %v", cfg.Retention, err)
+	}
+	if _, err := loadServerConfig("c.yaml", []byte("retention: 10s\n")); err == nil || !strings.Contains(err.Error(), "c.yaml:1: retention:") {
+		t.Fatalf("retention: 10s accepted or badly refused: %v", err)
+	}
+	if cfg := defaultServerConfig(); cfg.Retention != 720*time.Hour {
+		t.Fatalf("default retention %v, want 720h", cfg.Retention)
+	}
 }
