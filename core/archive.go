@@ -189,7 +189,7 @@ func (o *Orchestrator) uncache(key string) {
 func (o *Orchestrator) pruneGone() {
 	for _, id := range sortedKeys(o.workers) {
 		w := o.workers[id]
-		if o.connected(id) || len(o.workerLeases[id]) > 0 || len(o.closedFor(id)) > 0 || w.DisconnectedAt.IsZero() {
+		if o.connected(id) || len(o.workerLeases[id]) > 0 || o.closedHeldBy(id) || w.DisconnectedAt.IsZero() {
 			continue
 		}
 		if !w.Revoked && o.now.Before(w.CredExpiry) {
@@ -204,6 +204,7 @@ func (o *Orchestrator) pruneGone() {
 		}
 		delete(o.workers, id)
 		delete(o.workerLeases, id)
+		delete(o.closedBy, id) // only dropped slots are left
 		o.markWorker(w)
 		o.logf("info", "worker pruned", "worker_id", string(id), "gone_since", since.UTC().Format(time.RFC3339))
 	}

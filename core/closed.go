@@ -81,6 +81,58 @@ const maxClosedPerRecord = 4096
 // closedCompactMin is how long the log must be before the sweep rewrites it.
 const closedCompactMin = 16
 
+// closedLogSlack is how many entries the log may hold beyond twice the live
+// ones before a batch rewrites it (each rewrite writes the live entries
+// once, and comes after at least that many more: linear in all).
+const closedLogSlack = 4096
+
+// closedEntry is a ClosedLease in memory, kept in its worker's list: a
+// report, START, listing or write is looked up only among its own worker's
+// entries (another worker's archived lease is unknown to it: REJECTED all
+// the same). 40 bytes.
+type closedEntry struct {
+	lease    LeaseID
+	request  uint64
+	outcome  uint64
+	closedAt int64
+	step     uint32
+	flags    uint8
+}
+
+const (
+	cHeld uint8 = 1 << iota
+	cCommitted
+	cAnswered
+	cDropped // in memory only: the entry is gone, its slot not yet reclaimed
+)
+
+// closedList is one worker's entries, in the order they were made; dropped
+// ones are reclaimed once they are half of it. The order never shows: what
+// the table writes is sorted by lease.
+type closedList struct {
+	e    []closedEntry
+	dead int
+}
+
+func (c *closedEntry) public(w WorkerID) ClosedLease {
+	return ClosedLease{Lease: c.lease, Worker: w, Step: c.step, Held: c.flags&cHeld != 0, Committed: c.flags&cCommitted != 0,
+		Answered: c.flags&cAnswered != 0, Request: c.request, Outcome: c.outcome, ClosedAt: c.closedAt}
+}
+
+func entryOf(c ClosedLease) closedEntry {
+	e := closedEntry{lease: c.Lease, request: c.Request, outcome: c.Outcome, closedAt: c.ClosedAt, step: c.Step}
+	if c.Held {
+		e.flags |= cHeld
+	}
+	if c.Committed {
+		e.flags |= cCommitted
+	}
+	if c.Answered {
+		e.flags |= cAnswered
+	}
+	return e
+}
+
 // closeLease makes an entry for a lease of a run being archived.
 func (o *Orchestrator) closeLease(l *LeaseRecord) {
 	c := ClosedLease{Lease: l.ID, Worker: l.Worker, Step: StepHash(l.Step), Held: l.Started || len(l.Answers) > 0,
@@ -90,135 +142,191 @@ func (o *Orchestrator) closeLease(l *LeaseRecord) {
 			c.Answered, c.Request, c.Outcome = true, a.Request, OutcomeHash(a.Outcome)
 		}
 	}
-	o.addClosed(c)
-}
-
-// addClosed puts an entry in the table and in this batch's log record.
-func (o *Orchestrator) addClosed(c ClosedLease) {
-	if _, ok := o.closed[c.Lease]; ok {
-		o.closedDead++ // superseded
-	} else {
-		o.closedBy[c.Worker] = append(o.closedBy[c.Worker], c.Lease)
+	list := o.closedBy[c.Worker]
+	if list == nil {
+		list = &closedList{}
+		o.closedBy[c.Worker] = list
 	}
-	o.closed[c.Lease] = c
+	list.e = append(list.e, entryOf(c))
+	o.closedLive++
 	o.closedAdds = append(o.closedAdds, c)
 }
 
-// dropClosed removes an entry from the table (closedBy is pruned by the
-// caller or lazily) and logs the drop.
-func (o *Orchestrator) dropClosed(id LeaseID) {
-	if _, ok := o.closed[id]; !ok {
-		return
+// closedFind returns worker w's entry for lease id, if it has one.
+func (o *Orchestrator) closedFind(w WorkerID, id LeaseID) *closedEntry {
+	list := o.closedBy[w]
+	if list == nil {
+		return nil
 	}
-	delete(o.closed, id)
-	o.closedDead++
-	o.closedDrops = append(o.closedDrops, id)
+	for i := len(list.e) - 1; i >= 0; i-- {
+		if e := &list.e[i]; e.lease == id && e.flags&cDropped == 0 {
+			return e
+		}
+	}
+	return nil
 }
 
-// closedFor returns worker w's entries that are still in the table, pruning
-// its index of those that are not.
-func (o *Orchestrator) closedFor(w WorkerID) []LeaseID {
-	ids := o.closedBy[w]
-	kept := ids[:0]
-	for _, id := range ids {
-		if c, ok := o.closed[id]; ok && c.Worker == w {
-			kept = append(kept, id)
+// closedHold marks an entry held (the worker showed it holds the lease) and
+// logs it again.
+func (o *Orchestrator) closedHold(w WorkerID, e *closedEntry) {
+	if e.flags&cHeld != 0 {
+		return
+	}
+	e.flags |= cHeld
+	o.closedDead++ // its earlier add is superseded
+	o.closedAdds = append(o.closedAdds, e.public(w))
+}
+
+// closedDrop removes an entry from the table and logs the drop.
+func (o *Orchestrator) closedDrop(list *closedList, e *closedEntry) {
+	if e.flags&cDropped != 0 {
+		return
+	}
+	e.flags |= cDropped
+	list.dead++
+	o.closedLive--
+	o.closedDead++
+	o.closedDrops = append(o.closedDrops, e.lease)
+}
+
+// closedReclaim drops the slots of dropped entries once they are half of a
+// list, and the list once it is empty.
+func (o *Orchestrator) closedReclaim(w WorkerID) {
+	list := o.closedBy[w]
+	if list == nil || list.dead*2 < len(list.e) {
+		return
+	}
+	kept := list.e[:0]
+	for _, e := range list.e {
+		if e.flags&cDropped == 0 {
+			kept = append(kept, e)
 		}
 	}
 	if len(kept) == 0 {
 		delete(o.closedBy, w)
-		return nil
+		return
 	}
-	o.closedBy[w] = kept
-	return kept
+	list.e = append([]closedEntry(nil), kept...) // let a long list's array go
+	list.dead = 0
+}
+
+// closedHeldBy reports whether worker w has entries in the table.
+func (o *Orchestrator) closedHeldBy(w WorkerID) bool {
+	list := o.closedBy[w]
+	return list != nil && list.dead < len(list.e)
 }
 
 // closedListed applies rules 1 and 2 to an in-flight list of worker w: on a
 // Hello (fresh) every entry it does not list goes, on a heartbeat every held
 // one. A listed entry is held from now on.
 func (o *Orchestrator) closedListed(w WorkerID, inflight []LeaseRef, fresh bool) {
-	ids := o.closedFor(w)
-	if len(ids) == 0 {
+	list := o.closedBy[w]
+	if list == nil {
 		return
 	}
 	listed := make(map[LeaseID]bool, len(inflight))
 	for _, r := range inflight {
 		listed[r.Lease] = true
 	}
-	for _, id := range ids {
-		c := o.closed[id]
+	for i := range list.e {
+		e := &list.e[i]
+		if e.flags&cDropped != 0 {
+			continue
+		}
 		switch {
-		case listed[id] && !c.Held:
-			c.Held = true
-			o.addClosed(c)
-		case !listed[id] && (fresh || c.Held):
-			o.dropClosed(id)
+		case listed[e.lease]:
+			o.closedHold(w, e)
+		case fresh || e.flags&cHeld != 0:
+			o.closedDrop(list, e)
 		}
 	}
+	o.closedReclaim(w)
 }
 
 // expireClosed applies rules 3 and 4 (at every sweep), then decides whether
 // the log is due for a rewrite.
 func (o *Orchestrator) expireClosed() {
-	if len(o.closed) > 0 {
-		ids := make([]LeaseID, 0, len(o.closed))
-		for id := range o.closed {
-			ids = append(ids, id)
-		}
-		sort.Slice(ids, func(i, j int) bool { return ids[i] < ids[j] })
-		base := o.meta.RestoredAt.Unix()
-		for _, id := range ids {
-			c := o.closed[id]
-			w := o.workers[c.Worker]
-			if w == nil || w.Revoked {
-				o.dropClosed(id)
+	base := o.meta.RestoredAt.Unix()
+	for _, wid := range sortedKeys(o.closedBy) {
+		list := o.closedBy[wid]
+		w := o.workers[wid]
+		for i := range list.e {
+			e := &list.e[i]
+			if e.flags&cDropped != 0 {
 				continue
 			}
-			from := max(c.ClosedAt, base)
+			if w == nil || w.Revoked {
+				o.closedDrop(list, e)
+				continue
+			}
+			from := max(e.closedAt, base)
 			window := o.cfg.CredentialTTL + o.cfg.HeartbeatTimeout + w.Grace
 			if !o.now.Before(time.Unix(from, 0).Add(window)) {
-				o.dropClosed(id)
+				o.closedDrop(list, e)
 			}
 		}
+		o.closedReclaim(wid)
 	}
-	if o.closedHi-o.closedLo >= closedCompactMin && o.closedDead >= len(o.closed) {
+	if o.closedHi-o.closedLo >= closedCompactMin && o.closedDead >= o.closedLive {
 		o.closedCompact = true
 	}
-	if o.closedHi > o.closedLo && len(o.closed) == 0 {
+	if o.closedHi > o.closedLo && o.closedLive == 0 {
 		o.closedCompact = true
 	}
 }
 
+// closedAll returns every live entry, sorted by lease.
+func (o *Orchestrator) closedAll() []ClosedLease {
+	out := make([]ClosedLease, 0, o.closedLive)
+	for _, w := range sortedKeys(o.closedBy) {
+		for i := range o.closedBy[w].e {
+			if e := &o.closedBy[w].e[i]; e.flags&cDropped == 0 {
+				out = append(out, e.public(w))
+			}
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Lease < out[j].Lease })
+	return out
+}
+
 // flushClosed writes this batch's changes to the table's log: an add record
 // and a drop record, or, when the sweep asked for it, a rewrite: every
-// record of the log deleted and the live entries written afresh.
+// record of the log deleted and the live entries written afresh. Both are
+// sorted by lease, so the log never depends on the order entries were made.
 func (o *Orchestrator) flushClosed() {
+	o.closedLogged += len(o.closedAdds) + len(o.closedDrops)
+	if o.closedLogged > 2*o.closedLive+closedLogSlack {
+		o.closedCompact = true
+	}
 	if o.closedCompact {
 		o.closedCompact = false
 		for seq := o.closedLo; seq < o.closedHi; seq++ {
 			o.appends = append(o.appends, Record{Key: closedKey(seq), Delete: true})
 		}
 		o.closedLo = o.closedHi
-		ids := make([]LeaseID, 0, len(o.closed))
-		for id := range o.closed {
-			ids = append(ids, id)
-		}
-		sort.Slice(ids, func(i, j int) bool { return ids[i] < ids[j] })
-		for len(ids) > 0 {
-			n := min(len(ids), maxClosedPerRecord)
-			var ch ClosedChunk
-			for _, id := range ids[:n] {
-				ch.Adds = append(ch.Adds, o.closed[id])
-			}
-			ids = ids[n:]
-			o.writeClosed(ch)
+		all := o.closedAll()
+		for len(all) > 0 {
+			n := min(len(all), maxClosedPerRecord)
+			o.writeClosed(ClosedChunk{Adds: all[:n]})
+			all = all[n:]
 		}
 		o.closedDead = 0
-		o.closedAdds, o.closedDrops = o.closedAdds[:0], o.closedDrops[:0]
+		o.closedLogged = o.closedLive
+		o.closedAdds, o.closedDrops = nil, nil
 		return
 	}
 	if len(o.closedAdds) > 0 {
-		o.writeClosed(ClosedChunk{Adds: o.closedAdds})
+		adds := o.closedAdds
+		sort.SliceStable(adds, func(i, j int) bool { return adds[i].Lease < adds[j].Lease })
+		// A lease added twice in one batch: the later add stands.
+		kept := adds[:0]
+		for i, c := range adds {
+			if i+1 < len(adds) && adds[i+1].Lease == c.Lease {
+				continue
+			}
+			kept = append(kept, c)
+		}
+		o.writeClosed(ClosedChunk{Adds: kept})
 		o.closedAdds = nil
 	}
 	if len(o.closedDrops) > 0 {
@@ -237,6 +345,7 @@ func (o *Orchestrator) writeClosed(ch ClosedChunk) {
 func (o *Orchestrator) loadClosed(recs []Record) error {
 	sort.Slice(recs, func(i, j int) bool { return recs[i].Key < recs[j].Key })
 	added := 0
+	table := map[LeaseID]ClosedLease{}
 	for i, r := range recs {
 		seq, err := parseClosedKey(r.Key)
 		if err != nil {
@@ -251,22 +360,24 @@ func (o *Orchestrator) loadClosed(recs []Record) error {
 			return fmt.Errorf("%w: key %q: %v", ErrBadRecord, r.Key, err)
 		}
 		for _, c := range ch.Adds {
-			o.closed[c.Lease] = c
+			table[c.Lease] = c
 			added++
 		}
 		for _, id := range ch.Drops {
-			delete(o.closed, id)
+			delete(table, id)
 		}
 	}
-	o.closedDead = added - len(o.closed)
-	ids := make([]LeaseID, 0, len(o.closed))
-	for id := range o.closed {
-		ids = append(ids, id)
-	}
-	sort.Slice(ids, func(i, j int) bool { return ids[i] < ids[j] })
-	for _, id := range ids {
-		w := o.closed[id].Worker
-		o.closedBy[w] = append(o.closedBy[w], id)
+	o.closedLive = len(table)
+	o.closedDead = added - len(table)
+	o.closedLogged = added
+	for _, id := range sortedKeys(table) {
+		c := table[id]
+		list := o.closedBy[c.Worker]
+		if list == nil {
+			list = &closedList{}
+			o.closedBy[c.Worker] = list
+		}
+		list.e = append(list.e, entryOf(c))
 	}
 	return nil
 }
@@ -416,8 +527,8 @@ func (o *Orchestrator) committedTo(id LeaseID, w WorkerID, s StepID) bool {
 	if l := o.leases[id]; l != nil {
 		return l.Committed && l.Worker == w && l.Step == s
 	}
-	c, ok := o.closed[id]
-	return ok && c.Committed && c.Worker == w && c.Step == StepHash(s)
+	e := o.closedFind(w, id)
+	return e != nil && e.flags&cCommitted != 0 && e.step == StepHash(s)
 }
 
 // reportClosed answers a report on a lease of an archived run exactly as
@@ -426,26 +537,20 @@ func (o *Orchestrator) committedTo(id LeaseID, w WorkerID, s StepID) bool {
 // duplicate or any other report on a committed lease REJECTED, and any
 // other report of the lease's worker on its step CANCELLED (the lease lost
 // its authority before its run finished).
-func (o *Orchestrator) reportClosed(w *WorkerRecord, c ClosedLease, m Report, reply func(Verdict, string)) {
-	switch {
-	case c.Worker != w.ID:
-		reply(Rejected, fmt.Sprintf("lease %d belongs to another worker", c.Lease))
-		return
-	case c.Step != StepHash(m.Step):
-		reply(Rejected, fmt.Sprintf("lease %d is not a lease of step %s", c.Lease, m.Step))
+func (o *Orchestrator) reportClosed(w *WorkerRecord, e *closedEntry, m Report, reply func(Verdict, string)) {
+	if e.step != StepHash(m.Step) {
+		reply(Rejected, fmt.Sprintf("lease %d is not a lease of step %s", e.lease, m.Step))
 		return
 	}
-	if !c.Held {
-		c.Held = true
-		o.addClosed(c)
-	}
-	sameRequest := c.Answered && c.Request == m.Request
+	o.closedHold(w.ID, e)
+	sameRequest := e.flags&cAnswered != 0 && e.request == m.Request
+	committed := e.flags&cCommitted != 0
 	switch {
-	case sameRequest && c.Outcome != OutcomeHash(m.Outcome):
+	case sameRequest && e.outcome != OutcomeHash(m.Outcome):
 		reply(Rejected, "conflicting duplicate: request already answered with a different outcome")
-	case c.Committed && sameRequest:
+	case committed && sameRequest:
 		reply(Committed, "")
-	case c.Committed:
+	case committed:
 		reply(Rejected, "a different completion for this lease was already committed")
 	default:
 		reply(Cancelled, "lease lost authority: it ended before its run finished")

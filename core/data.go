@@ -159,7 +159,7 @@ func (o *Orchestrator) authenticate(now time.Time, credential string) (*WorkerRe
 func (o *Orchestrator) fence(w WorkerID, l LeaseID) (WriteRefusal, string) {
 	lr := o.leases[l]
 	if lr == nil {
-		if c, ok := o.closed[l]; ok && c.Worker == w {
+		if o.closedFind(w, l) != nil {
 			return RefusedLeaseNotCurrent, "its run finished" // archived (SPEC §7a)
 		}
 	}

@@ -67,16 +67,17 @@ type Orchestrator struct {
 	scratch []byte // encoding buffer, reused
 
 	// Archival (archive.go) and the closed-lease table (closed.go).
-	stepLeases    map[StepID][]LeaseID // every lease of a step, in grant order (derived)
-	archiveQ      map[RunID]bool       // runs that may have become archivable in this batch
-	history       []Record             // this batch's history records (never cached)
-	closed        map[LeaseID]ClosedLease
-	closedBy      map[WorkerID][]LeaseID // entries by worker, ascending (pruned lazily)
-	closedAdds    []ClosedLease          // this batch's additions to the log
-	closedDrops   []LeaseID              // this batch's drops
-	closedLo      uint64                 // the log's records are closed/<closedLo..closedHi-1>
+	stepLeases    map[StepID][]LeaseID     // every lease of a step, in grant order (derived)
+	archiveQ      map[RunID]bool           // runs that may have become archivable in this batch
+	history       []Record                 // this batch's history records (never cached)
+	closedBy      map[WorkerID]*closedList // the table's entries, by worker
+	closedLive    int                      // entries in the table
+	closedAdds    []ClosedLease            // this batch's additions to the log
+	closedDrops   []LeaseID                // this batch's drops
+	closedLo      uint64                   // the log's records are closed/<closedLo..closedHi-1>
 	closedHi      uint64
 	closedDead    int  // entries dropped or superseded since the log was last rewritten
+	closedLogged  int  // adds and drops in the log
 	closedCompact bool // the sweep asked for a rewrite
 
 	// depsOK[s] = n: s.Deps[:n] are known to have succeeded (a terminal
@@ -117,8 +118,7 @@ func (o *Orchestrator) init() {
 	o.dirty = map[string]bool{}
 	o.stepLeases = map[StepID][]LeaseID{}
 	o.archiveQ = map[RunID]bool{}
-	o.closed = map[LeaseID]ClosedLease{}
-	o.closedBy = map[WorkerID][]LeaseID{}
+	o.closedBy = map[WorkerID]*closedList{}
 	o.enc = map[string]encEntry{}
 	o.fp = 0
 	o.unhashed = nil
@@ -144,7 +144,27 @@ func (o *Orchestrator) cache(r Record) {
 	o.enc[r.Key] = encEntry{value: r.Value}
 	if !ok || old.hashed {
 		o.unhashed = append(o.unhashed, r.Key)
+		if len(o.unhashed) > 2*len(o.enc)+1024 {
+			o.trimUnhashed()
+		}
 	}
+}
+
+// trimUnhashed keeps unhashed in proportion to the state: a driver that
+// never asks for a Fingerprint would otherwise hold the key of every record
+// ever written. Only the keys still cached and not hashed stay, once each,
+// in the order they came.
+func (o *Orchestrator) trimUnhashed() {
+	seen := make(map[string]bool, len(o.enc))
+	kept := o.unhashed[:0]
+	for _, k := range o.unhashed {
+		if e, ok := o.enc[k]; ok && !e.hashed && !seen[k] {
+			seen[k] = true
+			kept = append(kept, k)
+		}
+	}
+	clear(o.unhashed[len(kept):])
+	o.unhashed = kept
 }
 
 // hashPending adds the hashes of the records changed since the last call

@@ -483,12 +483,9 @@ func (o *Orchestrator) leaseFor(w *WorkerRecord, id LeaseID) (*LeaseRecord, stri
 func (o *Orchestrator) start(w *WorkerRecord, c ConnID, m Start) {
 	l, why := o.leaseFor(w, m.Lease)
 	if l == nil {
-		if cl, ok := o.closed[m.Lease]; ok && cl.Worker == w.ID {
+		if e := o.closedFind(w.ID, m.Lease); e != nil {
 			why = "lease is no longer current: its run finished"
-			if !cl.Held {
-				cl.Held = true
-				o.addClosed(cl)
-			}
+			o.closedHold(w.ID, e)
 		}
 		o.send(c, StartAck{Lease: m.Lease, Request: m.Request, Reason: why})
 		return
@@ -551,8 +548,8 @@ func (o *Orchestrator) report(w *WorkerRecord, c ConnID, m Report) {
 	}
 	l, why := o.leaseFor(w, m.Lease)
 	if l == nil {
-		if c, ok := o.closed[m.Lease]; ok {
-			o.reportClosed(w, c, m, reply)
+		if e := o.closedFind(w.ID, m.Lease); e != nil {
+			o.reportClosed(w, e, m, reply)
 			return
 		}
 		reply(Rejected, why)

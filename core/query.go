@@ -174,15 +174,13 @@ func (o *Orchestrator) StepLogs(step StepID) []StepLogLine {
 
 // ClosedLeases returns the closed-lease table (SPEC §7a), sorted by lease.
 func (o *Orchestrator) ClosedLeases() []ClosedLease {
-	out := make([]ClosedLease, 0, len(o.closed))
-	for _, id := range sortedKeys(o.closed) {
-		out = append(out, o.closed[id])
-	}
-	return out
+	return o.closedAll()
 }
 
-// ClosedLease returns the closed-lease table's entry for a lease.
-func (o *Orchestrator) ClosedLease(id LeaseID) (ClosedLease, bool) {
-	c, ok := o.closed[id]
-	return c, ok
+// ClosedLease returns worker w's entry of the closed-lease table for a lease.
+func (o *Orchestrator) ClosedLease(w WorkerID, id LeaseID) (ClosedLease, bool) {
+	if e := o.closedFind(w, id); e != nil {
+		return e.public(w), true
+	}
+	return ClosedLease{}, false
 }
