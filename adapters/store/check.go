@@ -1,7 +1,7 @@
 package store
 
 // Check reads a store file (offline, or a backup) and cross-checks what it
-// holds (SPEC §15). It is a list of small named checks, each reading the
+// holds (SPEC §7). It is a list of small named checks, each reading the
 // buckets it knows; a bucket no check reads and a record kind the core
 // does not decode are reported, not failed, so a store written by a newer
 // orchestrator can still be checked. Adding a check for a new bucket is one

@@ -1,6 +1,6 @@
 package store
 
-// The store tools (SPEC §15): a backup taken while the orchestrator serves,
+// The store tools (SPEC §7): a backup taken while the orchestrator serves,
 // an offline compaction, and a read-only consistency check (check.go).
 //
 // A backup is a tar stream: the entry "store" is the bbolt file as one read
