@@ -233,8 +233,8 @@ func checkRecordValues(c *checker) {
 		if err != nil {
 			if knownKinds[kind] {
 				c.problem(core.Quote(key), "does not decode: %v", err)
-			} else if kinds[kind]++; kinds[kind] == 1 {
-				c.warn(core.Quote(key), "record kind %s is unknown to this check: its records are not checked", core.Quote(kind))
+			} else {
+				kinds[kind]++
 			}
 			return
 		}
@@ -261,6 +261,9 @@ func checkRecordValues(c *checker) {
 			c.problem(core.Quote(key), "holds %s %s under another key", kind, core.Quote(want))
 		}
 	})
+	for _, kind := range sortedKeys(kinds) {
+		c.warn("kind "+core.Quote(kind), "%d records of a kind this check does not know: not checked", kinds[kind])
+	}
 	c.count("run", len(c.runs))
 	c.count("step", len(c.steps))
 	c.count("lease", len(c.leases))

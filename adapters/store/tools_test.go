@@ -119,7 +119,8 @@ func TestCheckFindsPlantedInconsistencies(t *testing.T) {
 		}, "bundles", "bundle " + bundleFP, true, "says 2 files"},
 		{"an unknown record kind (warning)", func(t *testing.T, tx *bolt.Tx, _ string) {
 			putRaw(t, tx, bucket, "newkind/x", "\x00\x01binary")
-		}, "records", `"newkind/x"`, false, "unknown"},
+			putRaw(t, tx, bucket, "newkind/y", "\x00\x02binary")
+		}, "records", `kind "newkind"`, false, "2 records"},
 		{"an unknown bucket (warning)", func(t *testing.T, tx *bolt.Tx, _ string) {
 			if _, err := tx.CreateBucket([]byte("history")); err != nil {
 				t.Fatal(err)
