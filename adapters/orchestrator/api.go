@@ -251,6 +251,10 @@ func (a *api) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusUnauthorized, APIError{Error: "missing or wrong admin token (send Authorization: Bearer <admin token>)"})
 		return
 	}
+	if r.URL.Path == "/api/store/backup" {
+		a.backup(w, r) // a stream without the answer deadline
+		return
+	}
 	ctx, cancel := context.WithTimeout(r.Context(), apiTimeout)
 	defer cancel()
 	r = r.WithContext(ctx)

@@ -207,9 +207,10 @@ func (s *Store) OpenBlob(sha string) (io.ReadSeekCloser, error) { return s.blobs
 
 // collectLocked removes the released blobs no record names, unless a
 // Create is under way (its blob may be one of them, named but not yet
-// pinned): then they wait for the next call.
+// pinned) or a Backup (its snapshot may name one): then they wait for the
+// next call.
 func (s *Store) collectLocked() {
-	if s.creating > 0 || len(s.unsure) == 0 {
+	if s.creating > 0 || s.holds > 0 || len(s.unsure) == 0 {
 		return
 	}
 	for sha := range s.unsure {
@@ -246,7 +247,7 @@ func (s *Store) blobNamed(sha string) (bool, error) {
 func (s *Store) CollectBlobs() (int, error) {
 	s.blobMu.Lock()
 	defer s.blobMu.Unlock()
-	if s.creating > 0 || len(s.pins) > 0 {
+	if s.creating > 0 || s.holds > 0 || len(s.pins) > 0 {
 		return 0, nil
 	}
 	all, err := s.blobs.List()

@@ -52,6 +52,7 @@ type Store struct {
 	pins     map[string]int  // blobs written and not yet released, by SHA-256
 	unsure   map[string]bool // released blobs to collect unless a record names them
 	creating int             // WriteBlobs under way
+	holds    int             // Backups under way: no blob is collected (tools.go)
 }
 
 // Open opens (creating if needed) the store file at path, and its blob

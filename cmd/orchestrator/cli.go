@@ -16,6 +16,7 @@ const (
 	exitError   = 1 // something went wrong: unreachable orchestrator, I/O, a store that cannot open
 	exitUsage   = 2 // bad flags or arguments, a bad config file, no admin token
 	exitRefused = 3 // the orchestrator refused the request (HTTP 4xx: bad admin token, invalid workflow, unknown id, wrong state)
+	exitUnsound = 4 // store check found a problem: the store is unsound
 )
 
 const exitCodesHelp = `Exit codes:
@@ -23,7 +24,8 @@ const exitCodesHelp = `Exit codes:
   1  error (the orchestrator cannot be reached, I/O, the store cannot be opened)
   2  usage (bad flags or arguments, a bad config file, no admin token found)
   3  refused by the orchestrator (wrong admin token, invalid workflow, unknown
-     run/step/token, a request the current state does not allow)`
+     run/step/token, a request the current state does not allow)
+  4  unsound store (store check found a problem)`
 
 // exitErr carries an exit code with its error.
 type exitErr struct {

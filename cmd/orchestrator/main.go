@@ -52,6 +52,8 @@ type options struct {
 	step   string
 	reason string
 	out    string
+	// store backup
+	offline bool
 }
 
 // env is what a command runs with.
@@ -79,6 +81,7 @@ var commands []*command
 func init() {
 	commands = []*command{serveCmd}
 	commands = append(commands, clientCommands()...)
+	commands = append(commands, storeCommands()...)
 }
 
 const topHelp = `orchestrator — Tether's orchestrator, and the operator's client for it.
@@ -169,7 +172,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 
 // boolFlags are the flags that take no value; findCommand must know them to
 // tell "--json run" from "--url URL".
-var boolFlags = map[string]bool{"json": true, "h": true, "help": true}
+var boolFlags = map[string]bool{"json": true, "h": true, "help": true, "offline": true}
 
 // findCommand finds the longest command whose words are the first words of
 // the arguments that are not flags (flags may come first: "orchestrator

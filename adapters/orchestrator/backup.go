@@ -1,0 +1,54 @@
+package orchestrator
+
+import (
+	"fmt"
+	"io"
+	"net/http"
+)
+
+// Backuper is a Store that writes a consistent backup of itself while it is
+// in use; *store.Store is one (a tar stream, see store.Backup).
+type Backuper interface {
+	Backup(w io.Writer) error
+}
+
+// backup answers GET /api/store/backup (SPEC §7): the store's backup as
+// application/x-tar. It has no answer deadline (a large store takes as
+// long as it takes; the per-write timeout still cuts a reader that stops
+// reading). An error before the first byte is a JSON error; after it, the
+// stream is cut, so the client never mistakes it for a whole backup.
+func (a *api) backup(w http.ResponseWriter, r *http.Request) {
+	if r.Method != http.MethodGet {
+		w.Header().Set("Allow", "GET")
+		writeJSON(w, http.StatusMethodNotAllowed, APIError{Error: fmt.Sprintf("method %s is not allowed on /api/store/backup (allowed: GET)", r.Method)})
+		return
+	}
+	b, ok := a.d.st.(Backuper)
+	if !ok {
+		writeJSON(w, http.StatusNotImplemented, APIError{Error: "this orchestrator's store cannot be backed up while it serves"})
+		return
+	}
+	cw := &countingWriter{w: w}
+	w.Header().Set("Content-Type", "application/x-tar")
+	w.Header().Set("Cache-Control", "no-store")
+	if err := b.Backup(cw); err != nil {
+		a.d.log.Warn("store backup failed", "err", err, "bytes_sent", cw.n)
+		if cw.n == 0 {
+			writeJSON(w, http.StatusInternalServerError, APIError{Error: err.Error()})
+			return
+		}
+		panic(http.ErrAbortHandler)
+	}
+	a.d.log.Info("store backup sent", "bytes", cw.n)
+}
+
+type countingWriter struct {
+	w io.Writer
+	n int64
+}
+
+func (c *countingWriter) Write(p []byte) (int, error) {
+	n, err := c.w.Write(p)
+	c.n += int64(n)
+	return n, err
+}
