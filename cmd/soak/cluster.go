@@ -38,7 +38,7 @@ const (
 type bins struct{ orchestrator, worker string }
 
 // buildBins builds both binaries into dir, or takes them from binDir.
-func buildBins(ctx context.Context, binDir, dir string) (bins, error) {
+func buildBins(ctx context.Context, binDir, dir string, race bool) (bins, error) {
 	if binDir != "" {
 		b := bins{filepath.Join(binDir, "orchestrator"), filepath.Join(binDir, "worker")}
 		for _, p := range []string{b.orchestrator, b.worker} {
@@ -53,7 +53,11 @@ func buildBins(ctx context.Context, binDir, dir string) (bins, error) {
 		goBin = filepath.Join(runtime.GOROOT(), "bin", "go")
 	}
 	out := filepath.Join(dir, "bin")
-	cmd := exec.CommandContext(ctx, goBin, "build", "-o", out+string(filepath.Separator), orchestratorPkg, workerPkg)
+	args := []string{"build", "-o", out + string(filepath.Separator)}
+	if race {
+		args = append(args, "-race")
+	}
+	cmd := exec.CommandContext(ctx, goBin, append(args, orchestratorPkg, workerPkg)...)
 	if b, err := cmd.CombinedOutput(); err != nil {
 		return bins{}, fmt.Errorf("go build (run soak inside the module, or give -bin): %v\n%s", err, b)
 	}
@@ -135,6 +139,26 @@ func (p *proc) tail(n int) string {
 		lines = lines[len(lines)-n:]
 	}
 	return p.name + " (" + p.log + "):\n  " + strings.Join(lines, "\n  ")
+}
+
+// races names the log files under dir in which a binary built with -race
+// reported a race.
+func races(dir string) ([]string, error) {
+	logs, err := filepath.Glob(filepath.Join(dir, "*", "*.log"))
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	for _, l := range logs {
+		b, err := os.ReadFile(l)
+		if err != nil {
+			return nil, err
+		}
+		if bytes.Contains(b, []byte("WARNING: DATA RACE")) {
+			out = append(out, l)
+		}
+	}
+	return out, nil
 }
 
 // memory is a process's resident set now and at its peak (VmRSS, VmHWM).

@@ -60,6 +60,7 @@ type config struct {
 	poll                  time.Duration // shortest wait between reads of an unfinished run
 	keep                  bool
 	binDir                string // prebuilt orchestrator and worker; "" builds them
+	race                  bool   // build them with -race; a race they report is an error
 	timeout               time.Duration
 }
 
@@ -121,6 +122,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.DurationVar(&cfg.poll, "poll", cfg.poll, "shortest wait between two reads of a run that has not finished")
 	fs.BoolVar(&cfg.keep, "keep", false, "keep the temp dir (stores, logs, binaries) and print its path")
 	fs.StringVar(&cfg.binDir, "bin", "", "`directory` holding prebuilt orchestrator and worker binaries (default: go build them)")
+	fs.BoolVar(&cfg.race, "race", false, "build the binaries with the race detector (figures then mean little); a race they report is an error")
 	fs.DurationVar(&cfg.timeout, "timeout", cfg.timeout, "give up after this long")
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "Usage: soak [flags]   (go doc ./cmd/soak for what it measures)")

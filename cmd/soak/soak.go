@@ -57,12 +57,29 @@ func soak(ctx context.Context, cfg config, out io.Writer) (res result, err error
 	} else {
 		defer os.RemoveAll(dir)
 	}
-	b, err := buildBins(ctx, cfg.binDir, dir)
+	b, err := buildBins(ctx, cfg.binDir, dir, cfg.race)
 	if err != nil {
 		return res, err
 	}
-	fmt.Fprintf(out, "soak: steps=%d runsize=%d workers=%d slots=%d inflight=%d cpus=%d orchestrator=%s\n",
-		cfg.steps, cfg.runSize, cfg.workers, cfg.slots, cfg.inFlight, runtime.NumCPU(), b.orchestrator)
+	if cfg.race {
+		defer func() {
+			if bad, rerr := races(dir); rerr != nil || len(bad) > 0 {
+				err = errors.Join(err, rerr, fmt.Errorf("a binary reported a data race: see %s", strings.Join(bad, ", ")))
+				if !cfg.keep {
+					for _, l := range bad {
+						b, _ := os.ReadFile(l)
+						fmt.Fprintf(out, "%s:\n%s\n", l, b)
+					}
+				}
+			}
+		}()
+	}
+	race := ""
+	if cfg.race {
+		race = " race=true (binaries built with -race: the figures mean little)"
+	}
+	fmt.Fprintf(out, "soak: steps=%d runsize=%d workers=%d slots=%d inflight=%d cpus=%d orchestrator=%s%s\n",
+		cfg.steps, cfg.runSize, cfg.workers, cfg.slots, cfg.inFlight, runtime.NumCPU(), b.orchestrator, race)
 
 	c, err := newCluster(b, filepath.Join(dir, "load"))
 	if err != nil {

@@ -11,8 +11,8 @@ import (
 )
 
 // TestSoakSmall keeps the harness from rotting under `make test`: the whole
-// of it at a tiny size (the binaries built, 2,000 steps, the restart, the
-// retention phase for two seconds or its skip). It asserts that every run
+// of it at a tiny size (the binaries built, with -race under -race, 2,000
+// steps, the restart, the retention phase for two seconds or its skip). It asserts that every run
 // succeeded and each line was printed — never a figure or a threshold: the
 // verdict's PASS or FAIL is `make soak`'s to give, at full size.
 func TestSoakSmall(t *testing.T) {
@@ -22,6 +22,7 @@ func TestSoakSmall(t *testing.T) {
 	cfg := defaultConfig()
 	cfg.steps, cfg.every, cfg.workers, cfg.slots = 2000, 1000, 2, 4
 	cfg.retainFor, cfg.retainEvery = 2*time.Second, time.Second
+	cfg.race = raceBuild
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	var out bytes.Buffer
