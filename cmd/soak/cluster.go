@@ -28,9 +28,10 @@ import (
 const (
 	orchestratorPkg = "github.com/tether-run/tether/cmd/orchestrator"
 	workerPkg       = "github.com/tether-run/tether/cmd/worker"
-	storeFile       = "tether.db"   // serve's store, in its --data-dir
-	adminTokenFile  = "admin-token" // serve's admin token, in its --data-dir
-	startTimeout    = time.Minute   // a process must be serving within this
+	storeFile       = "tether.db"      // serve's store, in its --data-dir
+	adminTokenFile  = "admin-token"    // serve's admin token, in its --data-dir
+	startTimeout    = time.Minute      // a process must be serving within this
+	restartTimeout  = 10 * time.Minute // a restart, restoring a long history, within this
 	stopTimeout     = 30 * time.Second
 )
 

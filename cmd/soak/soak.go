@@ -63,13 +63,13 @@ func soak(ctx context.Context, cfg config, out io.Writer) (res result, err error
 	}
 	if cfg.race {
 		defer func() {
-			if bad, rerr := races(dir); rerr != nil || len(bad) > 0 {
-				err = errors.Join(err, rerr, fmt.Errorf("a binary reported a data race: see %s", strings.Join(bad, ", ")))
-				if !cfg.keep {
-					for _, l := range bad {
-						b, _ := os.ReadFile(l)
-						fmt.Fprintf(out, "%s:\n%s\n", l, b)
-					}
+			bad, rerr := races(dir)
+			err = errors.Join(err, rerr)
+			if len(bad) > 0 {
+				err = errors.Join(err, fmt.Errorf("a binary reported a data race: see %s", strings.Join(bad, ", ")))
+				for _, l := range bad {
+					b, _ := os.ReadFile(l)
+					fmt.Fprintf(out, "%s:\n%s\n", l, b)
 				}
 			}
 		}()
@@ -239,12 +239,19 @@ func (l *loader) wait() time.Duration {
 // checkRun says whether a run finished; a run that did not (or will not)
 // succeed with every step is an error naming its steps that did not.
 func checkRun(d runDetail, size int) (bool, error) {
+	succeeded := d.Run.States["success"]
+	if n := countState(d, "success"); n > succeeded {
+		succeeded = n // the steps listed, should a summary leave its counts out
+	}
 	switch d.Run.Status {
-	case "running":
-		return false, nil
 	case "success":
-		if d.Run.Steps == size && d.Run.States["success"] == size {
+		if succeeded == size && max(d.Run.Steps, len(d.Steps)) == size {
 			return true, nil
+		}
+	case "failed", "cancelled", "failing", "cancelling":
+	default: // running, or a status of a later tree that is not final
+		if d.Run.Finished.IsZero() {
+			return false, nil
 		}
 	}
 	var bad []string
@@ -255,6 +262,16 @@ func checkRun(d runDetail, size int) (bool, error) {
 	}
 	return false, fmt.Errorf("run %s did not succeed: status %s, %d steps (want %d), states %v; e.g. %s",
 		d.Run.ID, d.Run.Status, d.Run.Steps, size, d.Run.States, strings.Join(bad, "; "))
+}
+
+func countState(d runDetail, state string) int {
+	n := 0
+	for _, s := range d.Steps {
+		if s.State == state {
+			n++
+		}
+	}
+	return n
 }
 
 // failure adds the orchestrator's log tail to an error of a request.
@@ -281,7 +298,7 @@ func restart(ctx context.Context, c *cluster, lastRun string, cfg config, out io
 	shutdown := time.Since(t)
 	store := c.storeSize()
 
-	pctx, cancel := context.WithTimeout(ctx, startTimeout)
+	pctx, cancel := context.WithTimeout(ctx, restartTimeout)
 	defer cancel()
 	type probe struct {
 		at  time.Time
@@ -338,7 +355,7 @@ func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond)
 // enrols it) until its Hello is answered with a Welcome. Until the process
 // listens a dial is refused; while it restores, the dial waits.
 func helloProbe(ctx context.Context, addr, token string) error {
-	dialer := websocket.Dialer{HandshakeTimeout: startTimeout}
+	dialer := websocket.Dialer{HandshakeTimeout: restartTimeout}
 	hello, err := wire.Encode(core.Hello{Version: core.ProtocolVersion, Token: token, Worker: "soak-probe-1", Name: "soak-probe",
 		Slots: 1, MaxDelay: time.Second})
 	if err != nil {

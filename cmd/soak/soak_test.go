@@ -66,3 +66,35 @@ func TestSoakFlags(t *testing.T) {
 		t.Errorf("-steps 2000 -retain '': %+v, %v", cfg, err)
 	}
 }
+
+// TestCheckRun: a run is done only when it succeeded with every step; one
+// that failed, or finished short of its steps, is an error.
+func TestCheckRun(t *testing.T) {
+	detail := func(status string, success, steps int, finished bool) runDetail {
+		var d runDetail
+		d.Run.ID, d.Run.Status, d.Run.Steps = "run-1", status, steps
+		d.Run.States = map[string]int{"success": success, "failed": steps - success}
+		if finished {
+			d.Run.Finished = time.Unix(1, 0)
+		}
+		return d
+	}
+	for _, c := range []struct {
+		name      string
+		d         runDetail
+		done, bad bool
+	}{
+		{"running", detail("running", 3, 5, false), false, false},
+		{"succeeded", detail("success", 5, 5, true), true, false},
+		{"failing", detail("failing", 3, 5, false), false, true},
+		{"failed", detail("failed", 4, 5, true), false, true},
+		{"cancelled", detail("cancelled", 0, 5, true), false, true},
+		{"success short of its steps", detail("success", 4, 4, true), false, true},
+		{"an unknown final status", detail("archived", 5, 5, true), false, true},
+	} {
+		done, err := checkRun(c.d, 5)
+		if done != c.done || (err != nil) != c.bad {
+			t.Errorf("%s: done %v, err %v; want done %v, an error %v", c.name, done, err, c.done, c.bad)
+		}
+	}
+}
