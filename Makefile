@@ -4,7 +4,7 @@ GOFLAGS ?=
 SHELL := /bin/bash
 PKGS := ./...
 
-.PHONY: test test-short check fmt vet bench demo clean fuzz mutants explore
+.PHONY: test test-short check fmt vet bench soak demo clean fuzz mutants explore
 
 ## test: formatting, vet, then every test (purity check, scenarios, determinism, …);
 ## the adapters and the binaries (the code with goroutines) under the race detector;
@@ -39,6 +39,16 @@ BENCHCOUNT ?= 1
 bench:
 	$(GO) test -run '^$$' -bench . -skip EndToEnd -benchmem $(PKGS)
 	$(GO) test -run '^$$' -bench EndToEnd -benchtime 1x -count $(BENCHCOUNT) ./adapters/orchestrator
+
+## soak: the soak (cmd/soak): 1,000,000 no-op steps through the orchestrator binary and 4
+## worker processes, a line per 100,000 (RSS, peak RSS, store size, steps/s), the restart
+## (time to serving, RSS after), then 10 minutes under serve --retain 1m (store size over
+## time; skipped, saying so, by a binary without --retain); a verdict line per threshold,
+## exit 1 on a FAIL or a failed run. SOAKFLAGS passes flags: SOAKFLAGS='-steps 200000'.
+## make test runs it at 2,000 steps (TestSoakSmall), without judging the figures.
+SOAKFLAGS ?=
+soak:
+	$(GO) run ./cmd/soak $(SOAKFLAGS)
 
 ## demo: run Tether for real on loopback with a bbolt file in a temp dir
 demo:
