@@ -106,6 +106,7 @@ func init() {
 		{"buckets", nil, checkBuckets},
 		{"records", [][]byte{bucket}, checkRecordValues},
 		{"runs", nil, checkRuns},
+		{"archived", nil, checkArchived},
 		{"steps", nil, checkSteps},
 		{"leases", nil, checkLeases},
 		{"data", [][]byte{bktData, bktDataChunk}, checkData},
@@ -128,6 +129,8 @@ type checker struct {
 	leases  map[core.LeaseID]*core.LeaseRecord
 	workers map[core.WorkerID]*core.WorkerRecord
 	blobs   map[string]int64 // the blob index: sha256 → size
+	// archived holds the runs with a history record (SPEC §7a).
+	archived map[core.RunID]bool
 }
 
 func (c *checker) problem(where, format string, args ...any) {
@@ -169,7 +172,7 @@ func Check(path string) (*Report, error) {
 			tx: tx, blobDir: path + ".blobs", rep: rep,
 			runs: map[core.RunID]*core.RunRecord{}, steps: map[core.StepID]*core.StepRecord{},
 			leases: map[core.LeaseID]*core.LeaseRecord{}, workers: map[core.WorkerID]*core.WorkerRecord{},
-			blobs: map[string]int64{},
+			blobs: map[string]int64{}, archived: map[core.RunID]bool{},
 		}
 		for _, ck := range checks {
 			c.name = ck.name
@@ -219,6 +222,7 @@ func checkBuckets(c *checker) {
 var knownKinds = map[string]bool{
 	core.KindMeta: true, core.KindRun: true, core.KindStep: true, core.KindLease: true,
 	core.KindWorker: true, core.KindToken: true, core.KindEvent: true, core.KindLog: true,
+	core.KindHistory: true, core.KindClosed: true,
 }
 
 // checkRecordValues: every record decodes as the core decodes it at
@@ -256,6 +260,9 @@ func checkRecordValues(c *checker) {
 			want = r.Name
 		case *core.StepLogLine:
 			want = fmt.Sprintf("%020d/%010d", uint64(r.Lease), r.Index)
+		case *core.RunHistory:
+			c.archived[r.Run.ID] = true
+			want = string(r.Run.ID)
 		}
 		if id != want {
 			c.problem(core.Quote(key), "holds %s %s under another key", kind, core.Quote(want))
@@ -277,6 +284,17 @@ func sortedKeys[K ~string | ~uint64, V any](m map[K]V) []K {
 	}
 	slices.Sort(keys)
 	return keys
+}
+
+// checkArchived: a run is live or archived, never both (SPEC §7a: one
+// transaction deletes its live records and writes its history).
+func checkArchived(c *checker) {
+	for _, id := range sortedKeys(c.runs) {
+		if c.archived[id] {
+			c.problem("run/"+string(id), "is both live and archived (history/%s)", id)
+		}
+	}
+	c.count("archived run", len(c.archived))
 }
 
 // checkRuns: a run's steps exist and belong to it.

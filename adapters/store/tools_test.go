@@ -91,6 +91,9 @@ func TestCheckFindsPlantedInconsistencies(t *testing.T) {
 		{"a current lease naming a missing worker", func(t *testing.T, tx *bolt.Tx, _ string) {
 			delRaw(t, tx, bucket, "worker/w1")
 		}, "leases", "lease/00000000000000000002", true, "worker"},
+		{"a run both live and archived", func(t *testing.T, tx *bolt.Tx, _ string) {
+			putRaw(t, tx, bucket, "history/run-1", `{"Run": {"ID": "run-1"}, "Status": "success"}`)
+		}, "archived", "run/run-1", true, "both live and archived"},
 		{"a corrupt value", func(t *testing.T, tx *bolt.Tx, _ string) {
 			putRaw(t, tx, bucket, "step/run-1/b", `{"ID": "run-1/b", "State": `)
 		}, "records", `"step/run-1/b"`, true, "does not decode"},
