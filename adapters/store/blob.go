@@ -270,9 +270,9 @@ func (s *Store) CollectBlobs() (int, error) {
 	return removed, nil
 }
 
-// nameBlob marks a pinned blob referenced, inside the transaction that
-// commits the record naming it.
-func (s *Store) nameBlob(tx *bolt.Tx, ref BlobRef) error {
+// nameBlob marks a pinned blob referenced by the record owner (blobOwner),
+// inside the transaction that commits the record.
+func (s *Store) nameBlob(tx *bolt.Tx, ref BlobRef, owner []byte) error {
 	if err := ValidateFingerprint(ref.SHA256); err != nil {
 		return err
 	}
@@ -281,6 +281,9 @@ func (s *Store) nameBlob(tx *bolt.Tx, ref BlobRef) error {
 	s.blobMu.Unlock()
 	if !pinned {
 		return fmt.Errorf("%w: %s", ErrNoBlob, ref.SHA256)
+	}
+	if err := tx.Bucket(bktBlobBy).Put(blobByKey(ref.SHA256, owner), nil); err != nil {
+		return err
 	}
 	return tx.Bucket(bktBlob).Put([]byte(ref.SHA256), binary.BigEndian.AppendUint64(nil, uint64(ref.Size)))
 }

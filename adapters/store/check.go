@@ -113,6 +113,7 @@ func init() {
 		{"streams", [][]byte{bktStream, bktStreamChunk}, checkStreams},
 		{"bundles", [][]byte{bktBundle, bktBundleChunk, bktBundleFile}, checkBundles},
 		{"blobs", [][]byte{bktBlob}, checkBlobIndex},
+		{"blob owners", [][]byte{bktBlobBy}, checkBlobBy},
 		{"blob files", nil, checkBlobFiles},
 	}
 }
@@ -376,6 +377,13 @@ func (c *checker) namedOrChunked(where, sha string, size int64, chunks []byte, p
 		if n != size {
 			c.problem(where, "is %d bytes, its blob %s %d", size, sha, n)
 		}
+		owner := append([]byte("b"), prefix...)
+		if string(chunks) == string(bktDataChunk) {
+			owner = append([]byte("d"), prefix...)
+		}
+		if b := c.tx.Bucket(bktBlobBy); b != nil && b.Get(blobByKey(sha, owner)) == nil {
+			c.problem(where, "is missing from the reverse blob index (blob.by): pruning could take its blob")
+		}
 		return
 	}
 	if size == 0 {
@@ -528,6 +536,40 @@ func checkBlobIndex(c *checker) {
 		}
 	})
 	c.loadBlobIndex()
+}
+
+// checkBlobBy: every entry of the reverse blob index names a record that
+// names that blob, and every blob it lists is in the blob index (the
+// pruner unnames a blob by it: a stale entry would keep a blob forever, a
+// missing one would let it go while named).
+func checkBlobBy(c *checker) {
+	c.each(bktBlobBy, func(k, _ []byte) {
+		c.count("blob owners", 1)
+		i := bytes.IndexByte(k, 0)
+		if i < 0 || i+1 >= len(k) {
+			c.problem(fmt.Sprintf("blob.by %q", k), "malformed entry")
+			return
+		}
+		sha, owner := string(k[:i]), k[i+1:]
+		where := fmt.Sprintf("blob.by %s", sha)
+		if _, ok := c.blobs[sha]; !ok {
+			c.problem(where, "lists a blob the index does not name")
+		}
+		switch owner[0] {
+		case 'd':
+			var m DataMeta
+			v := c.tx.Bucket(bktData).Get(owner[1:])
+			if v == nil || json.Unmarshal(v, &m) != nil || m.SHA256 != sha {
+				c.problem(where, "names a data version that does not name it")
+			}
+		case 'b':
+			if string(owner[1:]) != sha || c.tx.Bucket(bktBundle).Get(owner[1:]) == nil {
+				c.problem(where, "names a bundle that does not exist or is another")
+			}
+		default:
+			c.problem(where, "names an owner of unknown kind %q", owner[:1])
+		}
+	})
 }
 
 // checkBlobFiles: every blob the index names is a file of its size in the

@@ -376,7 +376,7 @@ func (s *Store) putVersion(tx *bolt.Tx, op DataOp) (DataMeta, error) {
 		ID: op.ID, Version: latest.Version + 1, Size: op.Blob.Size, SHA256: op.Blob.SHA256,
 		Created: op.At.UTC(), Worker: op.Worker, Lease: op.Lease,
 	}
-	if err := s.nameBlob(tx, op.Blob); err != nil {
+	if err := s.nameBlob(tx, op.Blob, dataOwner(op.ID, m.Version)); err != nil {
 		return DataMeta{}, err
 	}
 	return m, putJSON(tx.Bucket(bktData), versionKey(op.ID, m.Version), m)
@@ -422,7 +422,7 @@ func (s *Store) putBundle(tx *bolt.Tx, op DataOp) (BundleMeta, error) {
 		return m, nil
 	}
 	m := BundleMeta{Fingerprint: fp, Size: op.Blob.Size, Created: op.At.UTC(), Tar: op.Files != nil, Files: len(op.Files)}
-	if err := s.nameBlob(tx, op.Blob); err != nil {
+	if err := s.nameBlob(tx, op.Blob, bundleOwner(fp)); err != nil {
 		return BundleMeta{}, err
 	}
 	fb := tx.Bucket(bktBundleFile)

@@ -73,7 +73,7 @@ func Open(path string) (*Store, error) {
 				return fmt.Errorf("bucket %s: %w", b, err)
 			}
 		}
-		return nil
+		return ensureBlobBy(tx)
 	})
 	if err != nil {
 		db.Close()
