@@ -415,6 +415,10 @@ func Start(opts Options) (*Driver, error) {
 	d.arm(rd.Deadline)
 
 	go d.run()
+	if p, ok := st.(Pruner); ok {
+		d.wg.Add(1)
+		go d.pruner(p, o.Config().Retention)
+	}
 	go func() {
 		var err error
 		if opts.TLS != nil {
