@@ -51,6 +51,9 @@ type options struct {
 	step   string
 	reason string
 	out    string
+	// run list
+	limit               int
+	status, name, since string
 }
 
 // env is what a command runs with.
