@@ -9,6 +9,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/http"
 	"path/filepath"
@@ -588,4 +589,91 @@ func TestRestoreOldLayoutStore(t *testing.T) {
 			return nil
 		})
 	})
+}
+
+// TestHistorySizeOf500Steps archives a run of 500 steps, each with a lease,
+// a START, a log line and a committed report, and reports its history
+// record's size as the core wrote it (JSON) and as the store keeps it
+// (flate, BestSpeed).
+func TestHistorySizeOf500Steps(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "tether.db")
+	bst, err := store.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := &sizeStore{Store: bst}
+	ctx, cancel := context.WithTimeout(t.Context(), testTimeout)
+	defer cancel()
+	d, err := orchestrator.Start(orchestrator.Options{Addr: "127.0.0.1:0", Store: st, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	r := &archRig{apiRig: &apiRig{t: t, ctx: ctx, d: d, path: path}}
+	tok, err := d.CreateToken(ctx, "w1", time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := r.dialRaw()
+	w.send(core.Hello{Version: core.ProtocolVersion, Token: tok, Worker: "w1-0001", Name: "w1", Slots: 500, MaxDelay: time.Second})
+	next[core.Welcome](w)
+	spec := core.RunSpec{Name: "big"}
+	for i := range 500 {
+		spec.Steps = append(spec.Steps, core.StepSpec{Name: fmt.Sprintf("step-%03d", i), Command: "make -C build target-" + fmt.Sprint(i)})
+	}
+	run := r.submit(spec)
+	var ds []core.Dispatch
+	for len(ds) < 500 {
+		ds = append(ds, next[core.Dispatch](w))
+	}
+	for i, dp := range ds {
+		w.send(core.Start{Lease: dp.Lease, Request: uint64(3 * i)})
+		w.send(core.Logs{Lease: dp.Lease, Lines: []core.LogLine{{Seq: 1, At: time.Now(), Text: "built " + string(dp.Step)}}})
+	}
+	for range ds {
+		next[core.LogAck](w)
+	}
+	for i, dp := range ds {
+		w.send(core.Report{Step: dp.Step, Lease: dp.Lease, Request: uint64(3*i + 1), Outcome: core.Outcome{Status: core.OutcomeSuccess}})
+	}
+	for range ds {
+		next[core.Answer](w)
+	}
+	w.ws.Close()
+	if err := d.Close(); err != nil {
+		t.Fatal(err)
+	}
+	db, err := bolt.Open(path, 0o600, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	var stored int
+	db.View(func(tx *bolt.Tx) error {
+		stored = len(tx.Bucket([]byte("history")).Get([]byte(run)))
+		return nil
+	})
+	if st.json == 0 || stored == 0 {
+		t.Fatalf("no history of %s: JSON %d bytes, stored %d", run, st.json, stored)
+	}
+	t.Logf("500-step run's history: JSON %d bytes, stored %d bytes (%.1f%%, %d bytes per step)", st.json, stored, 100*float64(stored)/float64(st.json), stored/500)
+	if stored >= st.json/2 {
+		t.Fatalf("stored %d of %d bytes", stored, st.json)
+	}
+}
+
+// sizeStore notes the size of the history records it applies.
+type sizeStore struct {
+	*store.Store
+	json int
+}
+
+func (s *sizeStore) Apply(recs []core.Record) error {
+	for _, r := range recs {
+		if core.IsHistoryKey(r.Key) {
+			s.json += len(r.Value)
+		}
+	}
+	return s.Store.Apply(recs)
 }
