@@ -361,7 +361,13 @@ func (r *benchRig) latencies(tb testing.TB, n int) []latency {
 			}
 		}
 		for _, rec := range recs {
-			if _, ok := finishedRun(rec); ok && !current.started.IsZero() {
+			if _, ok := finishedRun(rec); ok && !current.dispatched.IsZero() {
+				if current.started.IsZero() {
+					// START and report in one batch: the run left the
+					// core in it, so its step record was deleted, not
+					// written with its start.
+					current.started = at
+				}
 				current.finished = at
 				armed = false
 				done <- current
