@@ -28,6 +28,11 @@ type HistoryStore interface {
 	ListRuns(f store.RunFilter, cursor uint64, limit int) ([]store.RunSummary, uint64, error)
 }
 
+// History is the store's history of archived runs, read without the loop
+// (each call a short read transaction of its own); nil when the store keeps
+// none the API can read.
+func (d *Driver) History() HistoryStore { return d.hs }
+
 // Listing limits of GET /api/runs.
 const (
 	DefaultRunsLimit = 100
