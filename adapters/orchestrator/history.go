@@ -52,19 +52,34 @@ type runSource struct {
 	events []core.ServerEvent
 }
 
-// liveSource reads a live run from the core; false if it is not there.
-func liveSource(o *core.Orchestrator, id core.RunID) (runSource, bool) {
+// liveRun reads a live run and its steps from the core (what a listing
+// needs); false if it is not there.
+func liveRun(o *core.Orchestrator, id core.RunID) (runSource, bool) {
 	r, st, ok := o.Run(id)
 	if !ok {
 		return runSource{}, false
 	}
-	src := runSource{run: r, status: st, writes: map[string]bool{}, events: o.Events(id)}
-	inRun := map[core.StepID]bool{}
+	src := runSource{run: r, status: st}
 	for _, sid := range r.Steps {
 		if s, ok := o.StepByID(sid); ok {
 			src.steps = append(src.steps, s)
-			inRun[sid] = true
 		}
+	}
+	return src, true
+}
+
+// liveSource reads a live run from the core, all the API shows of it;
+// false if it is not there.
+func liveSource(o *core.Orchestrator, id core.RunID) (runSource, bool) {
+	src, ok := liveRun(o, id)
+	if !ok {
+		return runSource{}, false
+	}
+	r := src.run
+	src.writes, src.events = map[string]bool{}, o.Events(id)
+	inRun := map[core.StepID]bool{}
+	for _, s := range src.steps {
+		inRun[s.ID] = true
 	}
 	for i := range r.Spec.Steps {
 		src.writes[r.Spec.Steps[i].Name] = r.Spec.Steps[i].Writes
@@ -300,7 +315,7 @@ func (a *api) listRuns(r *http.Request) (int, any, error) {
 			if !ok || (rq.cursor != 0 && seq >= rq.cursor) {
 				continue
 			}
-			src, ok := liveSource(o, id)
+			src, ok := liveRun(o, id)
 			if ok && rq.filter.Match(src.status, src.run.Spec.Name, src.run.SubmittedAt) {
 				live = append(live, entry{seq, src.summary()})
 			}
