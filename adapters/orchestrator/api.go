@@ -5,8 +5,9 @@ package orchestrator
 // "Authorization: Bearer <admin token>", compared in constant time.
 //
 //	POST   /api/runs                    body: workflow YAML (?file=NAME names it in errors) → 201 {"run": "run-1"}
-//	GET    /api/runs                    → {"runs": [...]}
-//	GET    /api/runs/{id}               → {"run", "status", "steps", "events"}
+//	GET    /api/runs[?limit=&cursor=&status=&name=&since=]
+//	                                    → {"runs": [...], "next_cursor"} newest first, live and archived
+//	GET    /api/runs/{id}               → {"run", "status", "steps", "events"} (live or archived, one shape)
 //	POST   /api/runs/{id}/cancel        optional body {"reason": "..."} → {"run": "run-1"}
 //	GET    /api/runs/{id}/logs[?step=N] → {"run", "step", "lines": [...]} (gap markers included)
 //	POST   /api/steps/{id}/approve      {id} is "run-1/name" or "run-1/name[i]" → {"step": ...}
@@ -26,8 +27,10 @@ package orchestrator
 // Options.MaxBundleBody), 503 (the orchestrator is
 // stopping or did not answer in time).
 //
-// Reads go through Driver.Snapshot, so they see only durable state; writes
-// go through the Driver's calls, answered only once their batch is durable.
+// Reads of live state go through Driver.Snapshot, so they see only durable
+// state; archived runs (SPEC §7a) are read from the store's history in
+// short read transactions (history.go). Writes go through the Driver's
+// calls, answered only once their batch is durable.
 
 import (
 	"bytes"
@@ -89,9 +92,11 @@ type APIRun struct {
 	States       map[string]int `json:"states"` // steps per state
 }
 
-// APIRunList answers GET /api/runs.
+// APIRunList answers GET /api/runs: a page of runs, newest first.
+// NextCursor, when set, asks for the next page (?cursor=).
 type APIRunList struct {
-	Runs []APIRun `json:"runs"`
+	Runs       []APIRun `json:"runs"`
+	NextCursor string   `json:"next_cursor,omitempty"`
 }
 
 // APIStep is one step of a run.
@@ -362,7 +367,7 @@ func (a *api) route(r *http.Request) (int, any, error) {
 		if r.Method == http.MethodPost {
 			return a.submit(r)
 		}
-		return a.listRuns(ctx)
+		return a.listRuns(r)
 	case segs[0] == "runs" && len(segs) == 2:
 		if err := method(http.MethodGet); err != nil {
 			return 0, nil, err
@@ -482,95 +487,33 @@ func (a *api) submit(r *http.Request) (int, any, error) {
 	return http.StatusCreated, APISubmitted{Run: string(run)}, nil
 }
 
-func runView(o *core.Orchestrator, r core.RunRecord, status string) APIRun {
-	v := APIRun{
-		ID: string(r.ID), Name: r.Spec.Name, Status: status, Parent: string(r.Parent),
-		SubmittedAt: r.SubmittedAt, Deadline: r.Deadline, CancelReason: r.CancelReason,
-		Steps: len(r.Steps), States: map[string]int{},
-	}
-	if r.Finished {
-		v.FinishedAt = r.FinishedAt
-	}
-	for _, id := range r.Steps {
-		if s, ok := o.StepByID(id); ok {
-			v.States[s.State.String()]++
-		}
-	}
-	return v
-}
-
-func (a *api) listRuns(ctx context.Context) (int, any, error) {
-	out := APIRunList{Runs: []APIRun{}}
-	err := a.d.Snapshot(ctx, func(o *core.Orchestrator) {
-		for _, id := range o.RunIDs() {
-			if r, st, ok := o.Run(id); ok {
-				out.Runs = append(out.Runs, runView(o, r, st))
-			}
-		}
-	})
-	if err != nil {
-		return 0, nil, err
-	}
-	return http.StatusOK, out, nil
-}
-
 func (a *api) showRun(ctx context.Context, id core.RunID) (int, any, error) {
-	var out APIRunDetail
+	var src runSource
+	var names map[core.WorkerID]string
 	found := false
 	err := a.d.Snapshot(ctx, func(o *core.Orchestrator) {
-		r, st, ok := o.Run(id)
-		if !ok {
-			return
-		}
-		found = true
-		out = APIRunDetail{Run: runView(o, r, st), Status: st, Steps: []APIStep{}, Events: []APIEvent{}}
-		names := map[core.WorkerID]string{}
+		src, found = liveSource(o, id)
+		names = map[core.WorkerID]string{}
 		for _, w := range o.Workers() {
 			names[w.ID] = w.Name
-		}
-		inRun := map[core.StepID]bool{}
-		for _, sid := range r.Steps {
-			inRun[sid] = true
-		}
-		last := map[core.StepID]core.LeaseRecord{} // leases are sorted by id: the last one wins
-		for _, l := range o.Leases() {
-			if inRun[l.Step] {
-				last[l.Step] = l
-			}
-		}
-		for _, sid := range r.Steps {
-			s, ok := o.StepByID(sid)
-			if !ok {
-				continue
-			}
-			v := APIStep{
-				ID: string(s.ID), Name: s.Name, Item: s.Item, State: s.State.String(),
-				Class: string(s.Class), Message: s.Message, SkippedBy: string(s.SkippedBy),
-				Attempts: s.Attempts, QueuedAt: s.QueuedAt, StartedAt: s.StartedAt, FinishedAt: s.FinishedAt,
-			}
-			if sp, ok := o.StepSpecOf(sid); ok {
-				v.Writes = sp.Writes
-			}
-			if l, ok := last[sid]; ok {
-				v.Lease, v.WorkerID, v.Worker = uint64(l.ID), string(l.Worker), names[l.Worker]
-			}
-			if s.Outcome != nil && (s.Outcome.Status == core.OutcomeSuccess || s.Outcome.Status == core.OutcomeFailure) {
-				code := s.Outcome.ExitCode
-				v.ExitCode = &code
-			}
-			out.Steps = append(out.Steps, v)
-		}
-		for _, ev := range o.Events(id) {
-			out.Events = append(out.Events, APIEvent{Seq: ev.Seq, At: ev.At, Step: string(ev.Step), Kind: ev.Kind, Message: ev.Message})
 		}
 	})
 	if err != nil {
 		return 0, nil, err
 	}
 	if !found {
-		return 0, nil, errorf(http.StatusNotFound, "unknown run %q", id)
+		// Not in the core: archived (the store has it: the batch that
+		// archived it was durable before the snapshot ran), or unknown.
+		h, ok, err := a.history(id)
+		if err != nil {
+			return 0, nil, err
+		}
+		if !ok {
+			return 0, nil, errorf(http.StatusNotFound, "unknown run %q", id)
+		}
+		src = archivedSource(h)
 	}
-	return http.StatusOK, out, nil
+	return http.StatusOK, src.detail(names), nil
 }
 
 func (a *api) cancelRun(r *http.Request, id core.RunID) (int, any, error) {
@@ -585,6 +528,11 @@ func (a *api) cancelRun(r *http.Request, id core.RunID) (int, any, error) {
 		return 0, nil, err
 	}
 	if !ok {
+		if _, archived, err := a.history(id); err != nil {
+			return 0, nil, err
+		} else if archived {
+			return 0, nil, archivedErr(id)
+		}
 		return 0, nil, errorf(http.StatusNotFound, "unknown run %q", id)
 	}
 	if err := a.d.CancelRun(r.Context(), id, body.Reason); err != nil {
@@ -595,29 +543,17 @@ func (a *api) cancelRun(r *http.Request, id core.RunID) (int, any, error) {
 
 func (a *api) logs(ctx context.Context, id core.RunID, step string) (int, any, error) {
 	out := APILogs{Run: string(id), Step: step, Lines: []APILogLine{}}
+	var src runSource
 	found, matched := false, false
 	err := a.d.Snapshot(ctx, func(o *core.Orchestrator) {
-		r, _, ok := o.Run(id)
-		if !ok {
+		if src, found = liveSource(o, id); !found {
 			return
 		}
-		found = true
-		for _, sid := range r.Steps {
-			s, ok := o.StepByID(sid)
-			if !ok {
-				continue
-			}
-			// ?step= names a step ("build", every forEach instance) or one
-			// instance ("build[1]"), or gives its full id.
-			if step != "" && s.Name != step && string(sid) != string(id)+"/"+step && string(sid) != step {
-				continue
-			}
-			matched = true
+		steps := src.matchSteps(step)
+		matched = len(steps) > 0
+		for _, sid := range steps {
 			for _, l := range o.StepLogs(sid) {
-				out.Lines = append(out.Lines, APILogLine{
-					Step: string(l.Step), Lease: uint64(l.Lease), Seq: l.Line.Seq, At: l.Line.At,
-					Text: l.Line.Text, Event: l.Event, Gap: l.Line.Seq == 0 && !l.Event,
-				})
+				out.Lines = append(out.Lines, logLine(l))
 			}
 		}
 	})
@@ -625,7 +561,21 @@ func (a *api) logs(ctx context.Context, id core.RunID, step string) (int, any, e
 		return 0, nil, err
 	}
 	if !found {
-		return 0, nil, errorf(http.StatusNotFound, "unknown run %q", id)
+		h, ok, err := a.history(id)
+		if err != nil {
+			return 0, nil, err
+		}
+		if !ok {
+			return 0, nil, errorf(http.StatusNotFound, "unknown run %q", id)
+		}
+		src = archivedSource(h)
+		steps := src.matchSteps(step)
+		matched = len(steps) > 0
+		if matched {
+			if out.Lines, err = a.archivedLogs(&src, steps); err != nil {
+				return 0, nil, err
+			}
+		}
 	}
 	if !matched {
 		return 0, nil, errorf(http.StatusNotFound, "run %s has no step %q", id, step)
@@ -639,6 +589,11 @@ func (a *api) gate(ctx context.Context, id core.StepID, approve bool) (int, any,
 		return 0, nil, err
 	}
 	if !ok {
+		if h, archived, err := a.history(runOfStep(id)); err != nil {
+			return 0, nil, err
+		} else if _, has := h.Step(id); archived && has {
+			return 0, nil, errorf(http.StatusConflict, "step %s: run %s already finished (archived)", id, h.Run.ID)
+		}
 		return 0, nil, errorf(http.StatusNotFound, "unknown step %q (a step id reads run-1/name or run-1/name[i])", id)
 	}
 	if approve {

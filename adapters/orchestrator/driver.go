@@ -201,8 +201,9 @@ type Driver struct {
 	opts Options
 	log  *slog.Logger
 	st   Store
-	ds   DataStore  // nil: the store has no data plane
-	dp   *dataPlane // its HTTP side
+	ds   DataStore    // nil: the store has no data plane
+	hs   HistoryStore // nil: the store keeps no history the API can read
+	dp   *dataPlane   // its HTTP side
 	ln   *capListener
 	srv  *http.Server
 
@@ -344,6 +345,7 @@ func Start(opts Options) (*Driver, error) {
 	}
 	d.st = st
 	d.ds, _ = st.(DataStore)
+	d.hs, _ = st.(HistoryStore)
 	recs, err := st.Load()
 	if err != nil {
 		st.Close()
@@ -362,7 +364,14 @@ func Start(opts Options) (*Driver, error) {
 		return nil, fmt.Errorf("orchestrator: persist restore batch: %w", err)
 	}
 	d.emitLogs(rd)
-	d.log.Info("orchestrator restored", "store", opts.StorePath, "records", len(recs), "runs", len(o.RunIDs()))
+	archived := -1 // unknown: the store does not count them
+	if c, ok := st.(interface{ ArchivedRuns() (int, error) }); ok {
+		if archived, err = c.ArchivedRuns(); err != nil {
+			st.Close()
+			return nil, fmt.Errorf("orchestrator: %w", err)
+		}
+	}
+	d.log.Info("orchestrator restored", "store", opts.StorePath, "records", len(recs), "live_runs", len(o.RunIDs()), "archived_runs", archived)
 
 	ln := opts.Listener
 	if ln == nil {

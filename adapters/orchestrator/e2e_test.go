@@ -88,11 +88,11 @@ func (f *fleet) stop(t *testing.T) {
 }
 
 // waitFor polls the orchestrator until cond holds or ctx ends.
-func waitFor(t *testing.T, ctx context.Context, d *orchestrator.Driver, what string, cond func(o *core.Orchestrator) bool) {
+func waitFor(t *testing.T, ctx context.Context, d *orchestrator.Driver, what string, cond func(o view) bool) {
 	t.Helper()
 	for {
 		ok := false
-		if err := d.Snapshot(ctx, func(o *core.Orchestrator) { ok = cond(o) }); err != nil {
+		if err := (viewer{d}).Snapshot(ctx, func(o view) { ok = cond(o) }); err != nil {
 			t.Fatalf("waiting for %s: %v", what, err)
 		}
 		if ok {
@@ -106,20 +106,20 @@ func waitFor(t *testing.T, ctx context.Context, d *orchestrator.Driver, what str
 	}
 }
 
-func runStatus(o *core.Orchestrator, id core.RunID) string {
+func runStatus(o view, id core.RunID) string {
 	_, st, _ := o.Run(id)
 	return st
 }
 
-func finished(id core.RunID) func(o *core.Orchestrator) bool {
-	return func(o *core.Orchestrator) bool {
+func finished(id core.RunID) func(o view) bool {
+	return func(o view) bool {
 		r, _, ok := o.Run(id)
 		return ok && r.Finished
 	}
 }
 
 // describeSteps renders every step of a run for failure messages.
-func describeSteps(o *core.Orchestrator, id core.RunID) string {
+func describeSteps(o view, id core.RunID) string {
 	var b strings.Builder
 	r, st, _ := o.Run(id)
 	fmt.Fprintf(&b, "run %s %s", id, st)
@@ -133,7 +133,8 @@ func describeSteps(o *core.Orchestrator, id core.RunID) string {
 	return b.String()
 }
 
-// storedSteps loads the store file and decodes its step records.
+// storedSteps loads the store file and decodes its step records, live and
+// archived (SPEC §7a).
 func storedSteps(t *testing.T, path string) map[core.StepID]core.StepRecord {
 	t.Helper()
 	st, err := store.Open(path)
@@ -146,6 +147,11 @@ func storedSteps(t *testing.T, path string) map[core.StepID]core.StepRecord {
 		t.Fatal(err)
 	}
 	out := map[core.StepID]core.StepRecord{}
+	for _, h := range (view{h: st}).archived() {
+		for _, s := range h.Steps {
+			out[s.ID] = s
+		}
+	}
 	for _, r := range recs {
 		if !strings.HasPrefix(r.Key, core.KindStep+"/") {
 			continue
@@ -189,7 +195,7 @@ func TestEndToEnd(t *testing.T) {
 
 	var status, detail string
 	var logs []string
-	d.Snapshot(ctx, func(o *core.Orchestrator) {
+	viewer{d}.Snapshot(ctx, func(o view) {
 		status, detail = runStatus(o, run), describeSteps(o, run)
 		for _, l := range o.StepLogs(core.StepID(run + "/fetch")) {
 			logs = append(logs, l.Line.Text)
@@ -242,7 +248,7 @@ func TestRestart(t *testing.T) {
 	}
 	id := func(name string) core.StepID { return core.StepID(string(run) + "/" + name) }
 	var before core.StepRecord
-	waitFor(t, ctx, d1, "first committed, slow and write running", func(o *core.Orchestrator) bool {
+	waitFor(t, ctx, d1, "first committed, slow and write running", func(o view) bool {
 		first, _ := o.StepByID(id("first"))
 		slow, _ := o.StepByID(id("slow"))
 		write, _ := o.StepByID(id("write"))
@@ -265,7 +271,7 @@ func TestRestart(t *testing.T) {
 	var status, detail string
 	var after core.StepRecord
 	var writeLeases int
-	d2.Snapshot(ctx, func(o *core.Orchestrator) {
+	viewer{d2}.Snapshot(ctx, func(o view) {
 		status, detail = runStatus(o, run), describeSteps(o, run)
 		after, _ = o.StepByID(id("first"))
 		for _, l := range o.Leases() {
@@ -284,7 +290,7 @@ func TestRestart(t *testing.T) {
 		t.Errorf("write-bearing step got %d leases, want exactly 1 (never re-dispatched)", writeLeases)
 	}
 	var reclaimed bool
-	d2.Snapshot(ctx, func(o *core.Orchestrator) {
+	viewer{d2}.Snapshot(ctx, func(o view) {
 		for _, ev := range o.Events(run) {
 			reclaimed = reclaimed || ev.Kind == "step-reclaimed"
 		}
@@ -377,7 +383,7 @@ func TestCancelAndRevoke(t *testing.T) {
 		t.Fatal(err)
 	}
 	step := core.StepID(string(run) + "/forever")
-	waitFor(t, ctx, d, "the step to run and log", func(o *core.Orchestrator) bool {
+	waitFor(t, ctx, d, "the step to run and log", func(o view) bool {
 		s, _ := o.StepByID(step)
 		return s.State == core.StateRunning && len(o.StepLogs(step)) > 0
 	})
@@ -386,7 +392,7 @@ func TestCancelAndRevoke(t *testing.T) {
 	}
 	waitFor(t, ctx, d, "the run to finish cancelled", finished(run))
 	var s core.StepRecord
-	d.Snapshot(ctx, func(o *core.Orchestrator) { s, _ = o.StepByID(step) })
+	viewer{d}.Snapshot(ctx, func(o view) { s, _ = o.StepByID(step) })
 	if s.State != core.StateCancelled || s.Outcome != nil {
 		t.Fatalf("step is %s (outcome %v), want cancelled by the worker's ack", s.State, s.Outcome)
 	}

@@ -90,7 +90,7 @@ func (r *faultRig) submit(spec core.RunSpec) (core.RunID, []core.StepID) {
 		r.t.Fatal(err)
 	}
 	var steps []core.StepID
-	r.d.Snapshot(r.ctx, func(o *core.Orchestrator) {
+	viewer{r.d}.Snapshot(r.ctx, func(o view) {
 		rr, _, _ := o.Run(run)
 		steps = rr.Steps
 	})
@@ -103,7 +103,7 @@ func (r *faultRig) query(steps ...core.StepID) map[core.StepID]core.StepRecord {
 	r.t.Helper()
 	out := map[core.StepID]core.StepRecord{}
 	call := time.Now()
-	if err := r.d.Snapshot(r.ctx, func(o *core.Orchestrator) {
+	if err := (viewer{r.d}).Snapshot(r.ctx, func(o view) {
 		for _, id := range steps {
 			out[id], _ = o.StepByID(id)
 		}
@@ -134,7 +134,7 @@ func checkHistory(t *testing.T, rec *netfault.Recorder) {
 	}
 }
 
-func (r *faultRig) waitFor(what string, cond func(o *core.Orchestrator) bool) {
+func (r *faultRig) waitFor(what string, cond func(o view) bool) {
 	r.t.Helper()
 	waitFor(r.t, r.ctx, r.d, what, cond)
 }
@@ -159,7 +159,7 @@ func touch(t *testing.T, path string) {
 
 func exists(path string) bool { _, err := os.Stat(path); return err == nil }
 
-func hasEvent(o *core.Orchestrator, run core.RunID, step core.StepID, kind string) bool {
+func hasEvent(o view, run core.RunID, step core.StepID, kind string) bool {
 	for _, ev := range o.Events(run) {
 		if ev.Step == step && ev.Kind == kind {
 			return true
@@ -201,7 +201,7 @@ echo after`, gate1, gate2, ack, during)
 	step := steps[0]
 
 	var lease core.LeaseID
-	r.waitFor("the step to run and its first line to arrive", func(o *core.Orchestrator) bool {
+	r.waitFor("the step to run and its first line to arrive", func(o view) bool {
 		s, _ := o.StepByID(step)
 		lease = s.Lease
 		return s.State == core.StateRunning && slices.ContainsFunc(o.StepLogs(step), func(l core.StepLogLine) bool { return l.Line.Text == "before" })
@@ -212,14 +212,14 @@ echo after`, gate1, gate2, ack, during)
 	// The worker dialing again (refused) shows that it noticed the cut, so
 	// what the step prints from now on is buffered.
 	r.poll("the worker to redial", func() bool { return r.p.Refused() > 0 })
-	r.waitFor("the orchestrator to hold the step for the worker", func(o *core.Orchestrator) bool {
+	r.waitFor("the orchestrator to hold the step for the worker", func(o view) bool {
 		s, _ := o.StepByID(step)
 		return s.State == core.StateRecovering && hasEvent(o, run, step, "step-recovering")
 	})
 	touch(t, gate1)
 	r.poll("the step's output while cut", func() bool { return exists(ack) })
 	r.p.Restore()
-	r.waitFor("the step to be reclaimed", func(o *core.Orchestrator) bool {
+	r.waitFor("the step to be reclaimed", func(o view) bool {
 		s, _ := o.StepByID(step)
 		return s.State == core.StateRunning && hasEvent(o, run, step, "step-reclaimed")
 	})
@@ -232,7 +232,7 @@ echo after`, gate1, gate2, ack, during)
 		logs   []core.StepLogLine
 		status string
 	)
-	r.d.Snapshot(r.ctx, func(o *core.Orchestrator) {
+	viewer{r.d}.Snapshot(r.ctx, func(o view) {
 		s, _ = o.StepByID(step)
 		status = describeSteps(o, run)
 		logs = o.StepLogs(step)
@@ -341,7 +341,7 @@ type stateOf struct {
 func (r *faultRig) stateOf(run core.RunID, step core.StepID) stateOf {
 	r.t.Helper()
 	var s stateOf
-	r.d.Snapshot(r.ctx, func(o *core.Orchestrator) {
+	viewer{r.d}.Snapshot(r.ctx, func(o view) {
 		s.Step, _ = o.StepByID(step)
 		s.Leases = o.Leases()
 		s.Events = o.Events(run)
@@ -364,7 +364,7 @@ func TestFaultReportForAnotherWorkersLease(t *testing.T) {
 		Command: "echo started; while [ ! -e " + gate + " ]; do sleep 0.01; done; echo done"}}})
 	step := steps[0]
 	var lease core.LeaseID
-	r.waitFor("the step to run on w1", func(o *core.Orchestrator) bool {
+	r.waitFor("the step to run on w1", func(o view) bool {
 		s, _ := o.StepByID(step)
 		lease = s.Lease
 		return s.State == core.StateRunning
@@ -425,7 +425,7 @@ func TestFaultReportForAnotherWorkersLease(t *testing.T) {
 		t.Errorf("another worker's copy of the committed report: answered %s, want REJECTED", a.Verdict)
 	}
 	var l core.LeaseRecord
-	r.d.Snapshot(r.ctx, func(o *core.Orchestrator) { l = o.Leases()[0] })
+	viewer{r.d}.Snapshot(r.ctx, func(o view) { l = o.Leases()[0] })
 	if len(l.Answers) != 1 || l.Answers[0].Verdict != core.Committed || l.Worker != w1.ID() {
 		t.Errorf("lease %d answers %+v: want only w1's COMMITTED", l.ID, l.Answers)
 	}
@@ -455,7 +455,7 @@ func TestFaultMalformedFramesKeepServing(t *testing.T) {
 	run, steps := r.submit(core.RunSpec{Name: "bad-frames", Steps: []core.StepSpec{{Name: "s", Tags: []string{"real"},
 		Command: "while [ ! -e " + gate + " ]; do sleep 0.01; done; echo done"}}})
 	step := steps[0]
-	r.waitFor("the step to run", func(o *core.Orchestrator) bool {
+	r.waitFor("the step to run", func(o view) bool {
 		s, _ := o.StepByID(step)
 		return s.State == core.StateRunning
 	})
@@ -529,7 +529,7 @@ func TestFaultMalformedFramesKeepServing(t *testing.T) {
 		t.Fatalf("orchestrator unusable after malformed frames: %v", err)
 	}
 	rogue.send(core.Heartbeat{})
-	r.waitFor("the reconnected worker to be connected", func(o *core.Orchestrator) bool {
+	r.waitFor("the reconnected worker to be connected", func(o view) bool {
 		for _, w := range o.Workers() {
 			if w.ID == "other-instance" {
 				return w.Connected
@@ -570,7 +570,7 @@ func TestFaultAnswerLostInCut(t *testing.T) {
 	r.poll("the cut", cut.Load)
 	r.poll("the worker to redial", func() bool { return r.p.Refused() > 0 })
 	r.p.Restore()
-	r.waitFor("the worker to reconnect", func(o *core.Orchestrator) bool {
+	r.waitFor("the worker to reconnect", func(o view) bool {
 		ws := o.Workers()
 		return len(ws) == 1 && ws[0].Connected
 	})
@@ -580,7 +580,7 @@ func TestFaultAnswerLostInCut(t *testing.T) {
 	step := steps1[0]
 	got := r.query(step)[step]
 	var leases []core.LeaseRecord
-	r.d.Snapshot(r.ctx, func(o *core.Orchestrator) { leases = o.Leases() })
+	viewer{r.d}.Snapshot(r.ctx, func(o view) { leases = o.Leases() })
 	if got.State != core.StateSuccess || got.Attempts != 1 || len(leases) != 1 || uint64(leases[0].ID) != lostLease.Load() ||
 		!leases[0].Committed || len(leases[0].Answers) != 1 || leases[0].Answers[0].Verdict != core.Committed {
 		t.Fatalf("after the lost answer: step %s (attempts %d), leases %+v; want one committed lease with one answer", got.State, got.Attempts, leases)
@@ -589,7 +589,7 @@ func TestFaultAnswerLostInCut(t *testing.T) {
 	run2, _ := r.submit(core.RunSpec{Name: "after", Steps: []core.StepSpec{{Name: "t", Command: "echo again"}}})
 	r.waitFor("the second run to finish", finished(run2))
 	var status string
-	r.d.Snapshot(r.ctx, func(o *core.Orchestrator) { status = runStatus(o, run2) })
+	viewer{r.d}.Snapshot(r.ctx, func(o view) { status = runStatus(o, run2) })
 	if status != "success" {
 		t.Fatalf("the second run finished %s", status)
 	}

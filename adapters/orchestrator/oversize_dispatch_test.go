@@ -58,7 +58,7 @@ func TestUndeliverableDispatchClosesWithReason(t *testing.T) {
 		t.Fatalf("the connection ended with %v; want a close frame 1011 naming the dispatch and the frame limit", err)
 	}
 	t.Logf("closed: %d %q", ce.Code, ce.Text)
-	waitFor(t, ctx, d, "the worker to be disconnected", func(o *core.Orchestrator) bool {
+	waitFor(t, ctx, d, "the worker to be disconnected", func(o view) bool {
 		for _, wr := range o.Workers() {
 			if wr.Name == "w" {
 				return !wr.Connected

@@ -90,3 +90,5 @@ func (d *Driver) pruneOnce(p Pruner, cutoff time.Time) (store.PruneStats, error)
 	}
 	return st, nil
 }
+
+var _ Pruner = (*store.Store)(nil)

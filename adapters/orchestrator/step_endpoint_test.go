@@ -96,7 +96,7 @@ func TestStepEndpoint(t *testing.T) {
 		lines  []string
 		lease  core.LeaseID
 	)
-	r.d.Snapshot(r.ctx, func(o *core.Orchestrator) {
+	viewer{r.d}.Snapshot(r.ctx, func(o view) {
 		status = runStatus(o, run)
 		for _, l := range o.StepLogs(core.StepID(string(run) + "/s")) {
 			lines = append(lines, l.Line.Text)

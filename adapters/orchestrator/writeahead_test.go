@@ -193,7 +193,11 @@ func TestWriteAhead(t *testing.T) {
 	if m, ok := w.recv().(core.Answer); !ok || m.Verdict != core.Committed {
 		t.Fatalf("want Answer COMMITTED, got %s", core.DescribeMsg(m))
 	}
-	if s, _ := st.get(t, stepKey).(*core.StepRecord); s == nil || s.State != core.StateSuccess {
+	// The run finished with that report: it left the core in the same
+	// batch (SPEC §7a), so its step is durable in the run's history record.
+	if h, _ := st.get(t, core.HistoryKey(dm.Run)).(*core.RunHistory); h == nil {
+		t.Fatal("COMMITTED answered before the run's history was durable")
+	} else if s, ok := h.Step(dm.Step); !ok || s.State != core.StateSuccess {
 		t.Fatal("COMMITTED answered before the step's success was durable")
 	}
 

@@ -1,16 +1,23 @@
 // Package store is the orchestrator's durable record store on bbolt, and
 // the data plane's (data.go).
 //
-// A Store holds core.Records, keyed snapshots of entities, in one bucket. Apply
-// writes a batch of upserts and deletes in a single bbolt transaction, which
-// bbolt fsyncs on commit: when Apply returns nil the whole batch is on stable
-// storage, and after a crash either all of it or none of it is there. Load
-// returns every record sorted by key, which is what core.Restore wants.
+// A Store holds core.Records, keyed snapshots of entities. Apply writes a
+// batch of upserts and deletes in a single bbolt transaction, which bbolt
+// fsyncs on commit: when Apply returns nil the whole batch is on stable
+// storage, and after a crash either all of it or none of it is there.
+//
+// Records go to a bucket by their key's kind (history.go): live state to
+// "records", log lines to "logs", archived runs (SPEC §7a) to "history" with
+// their indexes. Load returns the live records and the log lines of live
+// leases, sorted by key, which is what core.Restore wants; history is read
+// by History, HistoryLogs and ListRuns, each in a short read transaction.
 package store
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
+	"sort"
 	"sync"
 	"time"
 
@@ -20,7 +27,8 @@ import (
 	"github.com/tether-run/tether/core"
 )
 
-// bucket holds every record, keyed by core.Record.Key.
+// bucket holds the live records, keyed by core.Record.Key (history.go holds
+// the other kinds' buckets).
 var bucket = []byte("records")
 
 // openTimeout bounds the wait for bbolt's file lock, held by another process
@@ -68,7 +76,7 @@ func Open(path string) (*Store, error) {
 		return nil, fmt.Errorf("store: open %s: %w", path, err)
 	}
 	err = db.Update(func(tx *bolt.Tx) error {
-		for _, b := range append([][]byte{bucket, bktBlob}, dataBuckets...) {
+		for _, b := range append([][]byte{bucket, bktBlob, bktLogs, bktHistory, bktRunsBySeq, bktRunsByFinish, bktHistoryStats, bktPruning}, dataBuckets...) {
 			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
 				return fmt.Errorf("bucket %s: %w", b, err)
 			}
@@ -78,6 +86,11 @@ func Open(path string) (*Store, error) {
 	if err != nil {
 		db.Close()
 		return nil, fmt.Errorf("store: create bucket in %s: %w", path, err)
+	}
+	// A store of the layout before archival kept every kind in "records".
+	if err := migrate(db); err != nil {
+		db.Close()
+		return nil, fmt.Errorf("store: migrate %s: %w", path, err)
 	}
 	blobs, err := openDirBlobs(path + ".blobs")
 	if err != nil {
@@ -127,15 +140,18 @@ func checkRecords(recs []core.Record) error {
 	return nil
 }
 
-// putRecords writes a batch of records inside tx.
+// putRecords writes a batch of records inside tx, each to its kind's bucket.
 func putRecords(tx *bolt.Tx, recs []core.Record) error {
-	b := tx.Bucket(bucket)
+	live, logs := tx.Bucket(bucket), tx.Bucket(bktLogs)
 	for _, r := range recs {
 		var err error
-		if r.Delete {
-			err = b.Delete([]byte(r.Key))
-		} else {
-			err = b.Put([]byte(r.Key), r.Value)
+		switch {
+		case core.IsHistoryKey(r.Key):
+			err = putHistory(tx, r)
+		case isLogKey(r.Key):
+			err = putIn(logs, r)
+		default:
+			err = putIn(live, r)
 		}
 		if err != nil {
 			return fmt.Errorf("record %q: %w", r.Key, err)
@@ -144,20 +160,45 @@ func putRecords(tx *bolt.Tx, recs []core.Record) error {
 	return nil
 }
 
-// Load returns every record, sorted by key (bbolt's byte order, which is Go's
-// string order).
+func putIn(b *bolt.Bucket, r core.Record) error {
+	if r.Delete {
+		return b.Delete([]byte(r.Key))
+	}
+	return b.Put([]byte(r.Key), r.Value)
+}
+
+// Load returns the live records and the log lines of the live leases, sorted
+// by key (bbolt's byte order, which is Go's string order). Its cost is that
+// of the live state: the log lines are sought lease by lease, and history is
+// not read (SPEC §7a: Restore loads live state only).
 func (s *Store) Load() ([]core.Record, error) {
 	var recs []core.Record
 	err := s.db.View(func(tx *bolt.Tx) error {
-		return tx.Bucket(bucket).ForEach(func(k, v []byte) error {
+		var leases [][]byte
+		err := tx.Bucket(bucket).ForEach(func(k, v []byte) error {
 			// bbolt's slices are valid only inside the transaction.
 			recs = append(recs, core.Record{Key: string(k), Value: append([]byte{}, v...)})
+			if id, ok := bytes.CutPrefix(k, leasePrefix); ok {
+				leases = append(leases, id)
+			}
 			return nil
 		})
+		if err != nil {
+			return err
+		}
+		c := tx.Bucket(bktLogs).Cursor()
+		for _, id := range leases {
+			prefix := logPrefix(id)
+			for k, v := c.Seek(prefix); k != nil && bytes.HasPrefix(k, prefix); k, v = c.Next() {
+				recs = append(recs, core.Record{Key: string(k), Value: append([]byte{}, v...)})
+			}
+		}
+		return nil
 	})
 	if err != nil {
 		return nil, fmt.Errorf("store: load: %w", s.mapErr(err))
 	}
+	sort.Slice(recs, func(i, j int) bool { return recs[i].Key < recs[j].Key })
 	return recs, nil
 }
 

@@ -16,6 +16,7 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -103,11 +104,22 @@ problem. See cmd/orchestrator/examples/ for definitions.` + clientHelp,
 		},
 		{
 			path: "run list", nargs: 0,
-			short:   "list runs with their status",
-			long:    `List every run in submission order with its status and step counts.` + clientHelp,
-			example: "  orchestrator run list\n  orchestrator run list --json",
-			flags:   clientFlags(nil),
-			run:     runList,
+			short: "list runs with their status, newest first",
+			long: `List runs, newest first, with their status and step counts: live runs and
+finished (archived) ones alike. --limit says how many (default 100); more
+than a page of the API (1000) is fetched page by page. --status keeps the
+runs of one status (running, cancelling, failing, success, failed,
+cancelled), --name those of one workflow, --since those submitted at or
+after a time (RFC 3339) or within a duration (24h). With --json the answer
+is the API's, its next_cursor continuing the listing.` + clientHelp,
+			example: "  orchestrator run list\n  orchestrator run list --status failed --since 24h\n  orchestrator run list --name release --limit 5000 --json",
+			flags: clientFlags(func(fs *flag.FlagSet, o *options) {
+				fs.IntVar(&o.limit, "limit", orchestrator.DefaultRunsLimit, "list at most `N` runs")
+				fs.StringVar(&o.status, "status", "", "only runs of this `status`")
+				fs.StringVar(&o.name, "name", "", "only runs of the workflow of this `name`")
+				fs.StringVar(&o.since, "since", "", "only runs submitted since this `time` (RFC 3339) or within this duration (24h)")
+			}),
+			run: runList,
 		},
 		{
 			path: "run show", args: "RUN", nargs: 1,
@@ -454,11 +466,32 @@ func runSubmit(ctx context.Context, e *env, args []string) error {
 	})
 }
 
+// runList pages through GET /api/runs (SPEC §12) until --limit runs or the
+// last page.
 func runList(ctx context.Context, e *env, _ []string) error {
+	if e.opts.limit < 1 {
+		return usageErrorf("--limit %d: list at least 1 run", e.opts.limit)
+	}
 	return withClient(ctx, e, func(ctx context.Context, c *client) error {
-		var out orchestrator.APIRunList
-		if err := c.call(ctx, http.MethodGet, "/runs", nil, "", &out); err != nil {
-			return err
+		out := orchestrator.APIRunList{Runs: []orchestrator.APIRun{}}
+		q := url.Values{}
+		for k, v := range map[string]string{"status": e.opts.status, "name": e.opts.name, "since": e.opts.since} {
+			if v != "" {
+				q.Set(k, v)
+			}
+		}
+		for len(out.Runs) < e.opts.limit {
+			q.Set("limit", strconv.Itoa(min(e.opts.limit-len(out.Runs), orchestrator.MaxRunsLimit)))
+			var page orchestrator.APIRunList
+			if err := c.call(ctx, http.MethodGet, "/runs?"+q.Encode(), nil, "", &page); err != nil {
+				return err
+			}
+			out.Runs = append(out.Runs, page.Runs...)
+			out.NextCursor = page.NextCursor
+			if page.NextCursor == "" {
+				break
+			}
+			q.Set("cursor", page.NextCursor)
 		}
 		if e.opts.json {
 			return printJSON(e.stdout, out)

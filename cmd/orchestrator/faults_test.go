@@ -562,8 +562,9 @@ func apiStep(det orchestrator.APIRunDetail, name string) orchestrator.APIStep {
 	return orchestrator.APIStep{}
 }
 
-// readStore reads the steps and leases of a stopped orchestrator's store;
-// the read of every step is recorded as a query.
+// readStore reads the steps and leases of a stopped orchestrator's store,
+// live and archived (SPEC §7a); the read of every step is recorded as a
+// query.
 func readStore(t *testing.T, path string, rec *netfault.Recorder) (map[core.StepID]core.StepRecord, []core.LeaseRecord) {
 	t.Helper()
 	call := time.Now()
@@ -571,14 +572,39 @@ func readStore(t *testing.T, path string, rec *netfault.Recorder) (map[core.Step
 	if err != nil {
 		t.Fatal(err)
 	}
+	defer st.Close()
 	recs, err := st.Load()
-	st.Close()
 	if err != nil {
 		t.Fatal(err)
+	}
+	var hist []core.RunHistory
+	for cursor := uint64(0); ; {
+		runs, next, err := st.ListRuns(store.RunFilter{}, cursor, 1000)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, r := range runs {
+			h, err := st.History(r.ID)
+			if err != nil {
+				t.Fatal(err)
+			}
+			hist = append(hist, h)
+		}
+		if next == 0 {
+			break
+		}
+		cursor = next
 	}
 	ret := time.Now()
 	steps := map[core.StepID]core.StepRecord{}
 	var leases []core.LeaseRecord
+	for _, h := range hist {
+		for _, s := range h.Steps {
+			steps[s.ID] = s
+			rec.Query(call, ret, s.ID, s.State, s.Outcome)
+		}
+		leases = append(leases, h.Leases...)
+	}
 	for _, r := range recs {
 		if !strings.HasPrefix(r.Key, core.KindStep+"/") && !strings.HasPrefix(r.Key, core.KindLease+"/") {
 			continue

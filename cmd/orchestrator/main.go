@@ -54,6 +54,9 @@ type options struct {
 	out    string
 	// store backup
 	offline bool
+	// run list
+	limit               int
+	status, name, since string
 }
 
 // env is what a command runs with.
