@@ -106,7 +106,9 @@ func init() {
 		{"buckets", nil, checkBuckets},
 		{"records", [][]byte{bucket}, checkRecordValues},
 		{"runs", nil, checkRuns},
+		{"history", [][]byte{bktHistory, bktRunsBySeq, bktRunsByFinish, bktHistoryStats}, checkHistory},
 		{"archived", nil, checkArchived},
+		{"log lines", [][]byte{bktLogs, bktPruning}, checkLogs},
 		{"steps", nil, checkSteps},
 		{"leases", nil, checkLeases},
 		{"data", [][]byte{bktData, bktDataChunk}, checkData},
@@ -130,8 +132,10 @@ type checker struct {
 	leases  map[core.LeaseID]*core.LeaseRecord
 	workers map[core.WorkerID]*core.WorkerRecord
 	blobs   map[string]int64 // the blob index: sha256 → size
-	// archived holds the runs with a history record (SPEC §7a).
-	archived map[core.RunID]bool
+	// archived holds the runs with a history record (SPEC §7a), and
+	// archivedLeases their leases.
+	archived       map[core.RunID]bool
+	archivedLeases map[core.LeaseID]bool
 }
 
 func (c *checker) problem(where, format string, args ...any) {
@@ -173,7 +177,7 @@ func Check(path string) (*Report, error) {
 			tx: tx, blobDir: path + ".blobs", rep: rep,
 			runs: map[core.RunID]*core.RunRecord{}, steps: map[core.StepID]*core.StepRecord{},
 			leases: map[core.LeaseID]*core.LeaseRecord{}, workers: map[core.WorkerID]*core.WorkerRecord{},
-			blobs: map[string]int64{}, archived: map[core.RunID]bool{},
+			blobs: map[string]int64{}, archived: map[core.RunID]bool{}, archivedLeases: map[core.LeaseID]bool{},
 		}
 		for _, ck := range checks {
 			c.name = ck.name
@@ -285,6 +289,93 @@ func sortedKeys[K ~string | ~uint64, V any](m map[K]V) []K {
 	}
 	slices.Sort(keys)
 	return keys
+}
+
+// checkHistory: every history record decodes and holds the run its key
+// names, finished; both indexes list it (the listing's summary says its
+// status), list nothing else, and the count of archived runs is right.
+func checkHistory(c *checker) {
+	bySeq, byFinish := map[uint64]bool{}, map[string]bool{}
+	c.each(bktHistory, func(k, v []byte) {
+		id := core.RunID(k)
+		where := "history/" + core.Quote(string(k))
+		h, err := decodeHistory(v)
+		if err != nil {
+			c.problem(where, "does not decode: %v", err)
+			return
+		}
+		if h.Run.ID != id {
+			c.problem(where, "holds run %s", core.Quote(string(h.Run.ID)))
+		}
+		if !h.Run.Finished {
+			c.problem(where, "holds a run that did not finish")
+		}
+		c.archived[id] = true
+		for _, l := range h.Leases {
+			c.archivedLeases[l.ID] = true
+		}
+		seq, ok := RunSeq(id)
+		if !ok {
+			c.problem(where, "names no run number")
+			return
+		}
+		bySeq[seq] = true
+		byFinish[string(finishKey(h.Run.FinishedAt, id))] = true
+		var sum RunSummary
+		if sv := c.tx.Bucket(bktRunsBySeq).Get(be64(seq)); sv == nil || json.Unmarshal(sv, &sum) != nil || sum.ID != id || sum.Status != h.Status {
+			c.problem(where, "is missing from runs_by_seq, or listed there as another run or status")
+		}
+		if c.tx.Bucket(bktRunsByFinish).Get(finishKey(h.Run.FinishedAt, id)) == nil {
+			c.problem(where, "is missing from runs_by_finish: retention would never prune it")
+		}
+	})
+	c.each(bktRunsBySeq, func(k, _ []byte) {
+		if len(k) != 8 || !bySeq[binary.BigEndian.Uint64(k)] {
+			c.problem(fmt.Sprintf("runs_by_seq %x", k), "lists a run with no history")
+		}
+	})
+	c.each(bktRunsByFinish, func(k, _ []byte) {
+		if !byFinish[string(k)] {
+			c.problem(fmt.Sprintf("runs_by_finish %x", k), "lists a run with no history")
+		}
+	})
+	if b := c.tx.Bucket(bktHistoryStats); b != nil {
+		if v := b.Get(statRuns); v != nil && (len(v) != 8 || int(binary.BigEndian.Uint64(v)) != len(c.archived)) {
+			c.problem("history_stats", "counts %x archived runs, the history holds %d", v, len(c.archived))
+		}
+	}
+	c.count("archived run", len(c.archived))
+}
+
+// checkLogs: every log line decodes under its own key and is a line of a
+// live lease, of an archived run's, or of one the pruner noted (a run it is
+// deleting); a pruning note is a list of lease ids.
+func checkLogs(c *checker) {
+	noted := map[core.LeaseID]bool{}
+	c.each(bktPruning, func(k, v []byte) {
+		if len(v)%8 != 0 {
+			c.problem("pruning/"+core.Quote(string(k)), "malformed note (%d bytes)", len(v))
+			return
+		}
+		for ; len(v) >= 8; v = v[8:] {
+			noted[core.LeaseID(binary.BigEndian.Uint64(v))] = true
+		}
+	})
+	c.each(bktLogs, func(k, v []byte) {
+		c.count("log lines", 1)
+		dec, err := core.DecodeRecord(core.Record{Key: string(k), Value: v})
+		ln, ok := dec.(*core.StepLogLine)
+		if err != nil || !ok {
+			c.problem(core.Quote(string(k)), "does not decode as a log line: %v", err)
+			return
+		}
+		if want := fmt.Sprintf("%s/%020d/%010d", core.KindLog, uint64(ln.Lease), ln.Index); string(k) != want {
+			c.problem(core.Quote(string(k)), "holds the line of %s", core.Quote(want))
+		}
+		if c.leases[ln.Lease] == nil && !c.archivedLeases[ln.Lease] && !noted[ln.Lease] {
+			c.problem(core.Quote(string(k)), "is a line of lease %d, which is neither live nor archived", ln.Lease)
+		}
+	})
 }
 
 // checkArchived: a run is live or archived, never both (SPEC §7a: one

@@ -2,11 +2,18 @@ package store
 
 import (
 	"bytes"
+	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
+
+	bolt "go.etcd.io/bbolt"
+
+	"github.com/tether-run/tether/core"
 )
 
 // put stores body as the next version of id at time when, releasing its
@@ -105,4 +112,119 @@ func TestPruneData(t *testing.T) {
 			t.Fatalf("stream chunks of the pruned stream left behind: %s", rep.Summary())
 		}
 	}
+}
+
+// archivedRun is the history record of a run finished at when, with one
+// lease and its log lines.
+func archivedRun(t *testing.T, n int, lease core.LeaseID, when time.Time, lines int) []core.Record {
+	t.Helper()
+	id := core.RunID(fmt.Sprintf("run-%d", n))
+	h := core.RunHistory{Run: core.RunRecord{ID: id, Finished: true, FinishedAt: when, SubmittedAt: when},
+		Status: "success", Leases: []core.LeaseRecord{{ID: lease, Step: core.StepID(string(id) + "/a")}}}
+	v, err := json.Marshal(h)
+	if err != nil {
+		t.Fatal(err)
+	}
+	recs := []core.Record{{Key: core.HistoryKey(id), Value: v}}
+	for i := 0; i < lines; i++ {
+		ln := core.StepLogLine{Step: core.StepID(string(id) + "/a"), Lease: lease, Index: i}
+		lv, _ := json.Marshal(ln)
+		recs = append(recs, core.Record{Key: fmt.Sprintf("log/%020d/%010d", uint64(lease), i), Value: lv})
+	}
+	return recs
+}
+
+// TestPruneHistory: the runs that finished before the cutoff leave the
+// history, its indexes and its count, with every log line of their leases,
+// whatever the budget; a later run and a live lease's lines stay; a note
+// left by a pass cut short (a crash) is finished by the next.
+func TestPruneHistory(t *testing.T) {
+	for _, budget := range []int{1, 7, PruneBudget} {
+		path := filepath.Join(t.TempDir(), "tether.db")
+		s := open(t, path)
+		old, cutoff, recent := at, at.Add(time.Hour), at.Add(2*time.Hour)
+		var recs []core.Record
+		recs = append(recs, archivedRun(t, 1, 1, old, 25)...)
+		recs = append(recs, archivedRun(t, 2, 2, old, 3)...)
+		recs = append(recs, archivedRun(t, 3, 3, recent, 4)...)
+		// a live run's lease, with lines
+		recs = append(recs, rec(t, "lease/00000000000000000009", core.LeaseRecord{ID: 9, Step: "run-4/a", Worker: "w1"}))
+		for i := 0; i < 2; i++ {
+			lv, _ := json.Marshal(core.StepLogLine{Step: "run-4/a", Lease: 9, Index: i})
+			recs = append(recs, core.Record{Key: fmt.Sprintf("log/%020d/%010d", 9, i), Value: lv})
+		}
+		if err := s.Apply(recs); err != nil {
+			t.Fatal(err)
+		}
+		st, err := s.PruneHistory(cutoff, budget)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.Runs != 2 || st.LogLines != 28 {
+			t.Fatalf("budget %d: pruned %+v, want 2 runs and 28 lines", budget, st)
+		}
+		for _, id := range []core.RunID{"run-1", "run-2"} {
+			if _, err := s.History(id); !errors.Is(err, ErrNotFound) {
+				t.Fatalf("%s survived: %v", id, err)
+			}
+		}
+		if _, err := s.History("run-3"); err != nil {
+			t.Fatalf("run-3 pruned: %v", err)
+		}
+		if n, _ := s.ArchivedRuns(); n != 1 {
+			t.Fatalf("%d archived runs counted, want 1", n)
+		}
+		if lines, _, _ := s.HistoryLogs([]core.LeaseID{1, 2, 3}, "", 0); len(lines) != 4 {
+			t.Fatalf("%d lines left of leases 1-3, want run-3's 4", len(lines))
+		}
+		live, err := s.Load()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if nlog := countPrefix(live, "log/"); nlog != 2 {
+			t.Fatalf("the live lease's lines: %d, want 2", nlog)
+		}
+		runs, _, _ := s.ListRuns(RunFilter{}, 0, 10)
+		if len(runs) != 1 || runs[0].ID != "run-3" {
+			t.Fatalf("listing after pruning: %v", runs)
+		}
+		s.Close()
+		if rep := mustCheck(t, path); !rep.Sound() {
+			t.Fatalf("after pruning: %s %v", rep.Summary(), rep.Findings)
+		}
+	}
+
+	// A pass cut short after run-1 left the history: its note finishes.
+	path := filepath.Join(t.TempDir(), "tether.db")
+	s := open(t, path)
+	if err := s.Apply(archivedRun(t, 1, 1, at, 5)); err != nil {
+		t.Fatal(err)
+	}
+	err := s.db.Update(func(tx *bolt.Tx) error {
+		_, err := pruneRuns(tx, &pruneTx{left: 10}, at.Add(time.Hour))
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Close()
+	if rep := mustCheck(t, path); !rep.Sound() {
+		t.Fatalf("a store with a pruning note is sound: %s %v", rep.Summary(), rep.Findings)
+	}
+	s = open(t, path)
+	st, err := s.PruneHistory(at.Add(time.Hour), 2)
+	if err != nil || st.LogLines != 5 || st.Runs != 0 {
+		t.Fatalf("the next pass: %+v %v, want the 5 noted lines", st, err)
+	}
+	s.Close()
+}
+
+func countPrefix(recs []core.Record, prefix string) int {
+	n := 0
+	for _, r := range recs {
+		if strings.HasPrefix(r.Key, prefix) {
+			n++
+		}
+	}
+	return n
 }

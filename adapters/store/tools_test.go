@@ -10,6 +10,7 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+	"time"
 
 	bolt "go.etcd.io/bbolt"
 
@@ -92,8 +93,23 @@ func TestCheckFindsPlantedInconsistencies(t *testing.T) {
 			delRaw(t, tx, bucket, "worker/w1")
 		}, "leases", "lease/00000000000000000002", true, "worker"},
 		{"a run both live and archived", func(t *testing.T, tx *bolt.Tx, _ string) {
-			putRaw(t, tx, bucket, "history/run-1", `{"Run": {"ID": "run-1"}, "Status": "success"}`)
+			hist := `{"Run": {"ID": "run-1", "Finished": true}, "Status": "success"}`
+			if err := putRecords(tx, []core.Record{{Key: "history/run-1", Value: []byte(hist)}}); err != nil {
+				t.Fatal(err)
+			}
 		}, "archived", "run/run-1", true, "both live and archived"},
+		{"a history record retention cannot find", func(t *testing.T, tx *bolt.Tx, _ string) {
+			hist := `{"Run": {"ID": "run-9", "Finished": true}, "Status": "success"}`
+			if err := putRecords(tx, []core.Record{{Key: "history/run-9", Value: []byte(hist)}}); err != nil {
+				t.Fatal(err)
+			}
+			if err := tx.Bucket(bktRunsByFinish).Delete(finishKey(time.Time{}, "run-9")); err != nil {
+				t.Fatal(err)
+			}
+		}, "history", `history/"run-9"`, true, "runs_by_finish"},
+		{"a log line of no lease", func(t *testing.T, tx *bolt.Tx, _ string) {
+			putRaw(t, tx, bktLogs, "log/00000000000000000077/0000000000", `{"Step": "run-3/x", "Lease": 77, "Index": 0}`)
+		}, "log lines", `"log/00000000000000000077/0000000000"`, true, "neither live nor archived"},
 		{"a corrupt value", func(t *testing.T, tx *bolt.Tx, _ string) {
 			putRaw(t, tx, bucket, "step/run-1/b", `{"ID": "run-1/b", "State": `)
 		}, "records", `"step/run-1/b"`, true, "does not decode"},
@@ -125,10 +141,10 @@ func TestCheckFindsPlantedInconsistencies(t *testing.T) {
 			putRaw(t, tx, bucket, "newkind/y", "\x00\x02binary")
 		}, "records", `kind "newkind"`, false, "2 records"},
 		{"an unknown bucket (warning)", func(t *testing.T, tx *bolt.Tx, _ string) {
-			if _, err := tx.CreateBucket([]byte("history")); err != nil {
+			if _, err := tx.CreateBucket([]byte("newbucket")); err != nil {
 				t.Fatal(err)
 			}
-		}, "buckets", `bucket "history"`, false, "no check"},
+		}, "buckets", `bucket "newbucket"`, false, "no check"},
 		{"a blob nobody names (warning)", func(t *testing.T, tx *bolt.Tx, path string) {
 			if err := os.WriteFile(filepath.Join(path+".blobs", sumOf([]byte("x"))), []byte("x"), 0o600); err != nil {
 				t.Fatal(err)
