@@ -209,6 +209,7 @@ type Driver struct {
 
 	inputs chan input
 	quit   chan struct{} // closed by Close
+	ended  chan struct{} // closed when the loop has stopped (Close, or a store failure)
 	done   chan struct{} // closed when everything has stopped
 	err    error         // why the loop stopped; read after done
 	once   sync.Once
@@ -320,6 +321,7 @@ func Start(opts Options) (*Driver, error) {
 		log:        opts.Logger,
 		inputs:     make(chan input, inputQueue),
 		quit:       make(chan struct{}),
+		ended:      make(chan struct{}),
 		done:       make(chan struct{}),
 		live:       map[*conn]bool{},
 		unauthFrom: map[string]int{},
@@ -542,6 +544,7 @@ func (d *Driver) Shutdown(ctx context.Context) error {
 // run is the loop goroutine; when the loop ends it tears everything down.
 func (d *Driver) run() {
 	err := d.loop()
+	close(d.ended)
 	if err != nil {
 		d.log.Error("orchestrator loop stopped", "err", err)
 	}
@@ -886,7 +889,7 @@ func (d *Driver) push(ctx context.Context, in input) error {
 		return ctx.Err()
 	case <-d.quit:
 		return ErrClosed
-	case <-d.done:
+	case <-d.ended:
 		return ErrClosed
 	}
 }
@@ -989,7 +992,7 @@ func (d *Driver) Snapshot(ctx context.Context, f func(o *core.Orchestrator)) err
 	select {
 	case <-q.done:
 		return nil
-	case <-d.done:
+	case <-d.ended:
 		select {
 		case <-q.done: // ran just before the loop stopped
 			return nil

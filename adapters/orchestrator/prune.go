@@ -34,9 +34,7 @@ func (d *Driver) pruner(p Pruner, retention time.Duration) {
 	defer t.Stop()
 	for {
 		select {
-		case <-d.quit:
-			return
-		case <-d.done:
+		case <-d.ended:
 			return
 		case <-t.C:
 		}
