@@ -15,8 +15,8 @@ import (
 )
 
 // draining says whether the named worker is draining.
-func draining(name string) func(o *core.Orchestrator) bool {
-	return func(o *core.Orchestrator) bool {
+func draining(name string) func(o coreView) bool {
+	return func(o coreView) bool {
 		for _, wv := range o.Workers() {
 			if wv.Name == name && wv.Draining {
 				return true
@@ -38,7 +38,7 @@ func TestWorkerDrainsOnSIGTERM(t *testing.T) {
 		{Name: "slow", Writes: true, Command: fmt.Sprintf("touch %s/started; sleep 3; echo done", dir)},
 	}})
 	slow := stepID(run, "slow")
-	r.waitFor("the write-bearing step to run", func(o *core.Orchestrator) bool {
+	r.waitFor("the write-bearing step to run", func(o coreView) bool {
 		return stepIs(slow, core.StateRunning)(o) && exists(filepath.Join(dir, "started"))
 	})
 	w1.signal(t, syscall.SIGTERM)
@@ -85,7 +85,7 @@ func TestWorkerStoppedBySecondSIGTERM(t *testing.T) {
 	}})
 	long := stepID(run, "long")
 	var name string
-	r.waitFor("the write-bearing step to run", func(o *core.Orchestrator) bool {
+	r.waitFor("the write-bearing step to run", func(o coreView) bool {
 		name = holder(o, long)
 		return stepIs(long, core.StateRunning)(o) && exists(filepath.Join(dir, "started"))
 	})
@@ -116,7 +116,7 @@ func TestWorkerIgnoresSIGHUP(t *testing.T) {
 		{Name: "a", Writes: true, Command: fmt.Sprintf("touch %s/started; sleep 1", dir)},
 		{Name: "b", DependsOn: []string{"a"}, Command: "echo b"},
 	}})
-	r.waitFor("the first step to run", func(o *core.Orchestrator) bool { return exists(filepath.Join(dir, "started")) })
+	r.waitFor("the first step to run", func(o coreView) bool { return exists(filepath.Join(dir, "started")) })
 	w1.signal(t, syscall.SIGHUP)
 	r.waitFor("the run to finish", runFinished(run))
 	if v := r.view(run); v.status != "success" {
@@ -127,7 +127,7 @@ func TestWorkerIgnoresSIGHUP(t *testing.T) {
 		t.Fatalf("the worker exited %d on SIGHUP", w1.code)
 	default:
 	}
-	r.waitFor("w1 still connected and not draining", func(o *core.Orchestrator) bool {
+	r.waitFor("w1 still connected and not draining", func(o coreView) bool {
 		for _, wv := range o.Workers() {
 			if wv.Name == "w1" {
 				return wv.Connected && !wv.Draining
@@ -148,7 +148,7 @@ func TestWorkerKilledTakesItsStepTreeDown(t *testing.T) {
 	run := r.submit(core.RunSpec{Name: "tree", Steps: []core.StepSpec{
 		{Name: "tree", Command: fmt.Sprintf("echo $$ > %s/sh.pid; sleep 60 & sleep 60; wait", dir)},
 	}})
-	r.waitFor("the step to run", func(o *core.Orchestrator) bool {
+	r.waitFor("the step to run", func(o coreView) bool {
 		return stepIs(stepID(run, "tree"), core.StateRunning)(o) && exists(filepath.Join(dir, "sh.pid"))
 	})
 	pid := readPID(t, filepath.Join(dir, "sh.pid"))

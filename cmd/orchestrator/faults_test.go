@@ -192,7 +192,7 @@ func (r *binRig) startWorker(name string, extra ...string) *proc {
 	w := start(r.t, r.ctx, "worker "+name, r.workerBin, append([]string{"connect", "--url", "ws://" + r.p.Addr() + "/control", "--token", tok,
 		"--max-reconnect-delay", maxReconnectDelay.String()}, extra...)...)
 	r.workers[name] = w
-	r.waitFor("worker "+name+" to connect", func(o *core.Orchestrator) bool {
+	r.waitFor("worker "+name+" to connect", func(o coreView) bool {
 		for _, wv := range o.Workers() {
 			if wv.Name == name && wv.Connected {
 				return true
@@ -203,11 +203,11 @@ func (r *binRig) startWorker(name string, extra ...string) *proc {
 	return w
 }
 
-func (r *binRig) waitFor(what string, cond func(o *core.Orchestrator) bool) {
+func (r *binRig) waitFor(what string, cond func(o coreView) bool) {
 	r.t.Helper()
 	poll(r.t, r.ctx, what, func() bool {
 		ok := false
-		if err := r.d.Snapshot(r.ctx, func(o *core.Orchestrator) { ok = cond(o) }); err != nil {
+		if err := (coreViewer{r.d}).Snapshot(r.ctx, func(o coreView) { ok = cond(o) }); err != nil {
 			r.t.Fatalf("waiting for %s: %v", what, err)
 		}
 		return ok
@@ -246,7 +246,7 @@ func (r *binRig) view(run core.RunID) view {
 	r.t.Helper()
 	v := view{steps: map[core.StepID]core.StepRecord{}, names: map[core.WorkerID]string{}}
 	call := time.Now()
-	err := r.d.Snapshot(r.ctx, func(o *core.Orchestrator) {
+	err := (coreViewer{r.d}).Snapshot(r.ctx, func(o coreView) {
 		rr, st, _ := o.Run(run)
 		v.status = st
 		for _, id := range rr.Steps {
@@ -306,22 +306,22 @@ func (v view) String() string {
 	return b.String()
 }
 
-func stepIs(step core.StepID, st core.State) func(o *core.Orchestrator) bool {
-	return func(o *core.Orchestrator) bool {
+func stepIs(step core.StepID, st core.State) func(o coreView) bool {
+	return func(o coreView) bool {
 		s, _ := o.StepByID(step)
 		return s.State == st
 	}
 }
 
-func runFinished(run core.RunID) func(o *core.Orchestrator) bool {
-	return func(o *core.Orchestrator) bool {
+func runFinished(run core.RunID) func(o coreView) bool {
+	return func(o coreView) bool {
 		r, _, ok := o.Run(run)
 		return ok && r.Finished
 	}
 }
 
 // holder returns the name of the worker holding a step's current lease.
-func holder(o *core.Orchestrator, step core.StepID) string {
+func holder(o coreView, step core.StepID) string {
 	s, _ := o.StepByID(step)
 	for _, l := range o.Leases() {
 		if l.ID == s.Lease {
@@ -382,7 +382,7 @@ func TestFaultWorkerKilledMidWriteStep(t *testing.T) {
 	}})
 	write := stepID(run, "write")
 	var name string
-	r.waitFor("the write-bearing step to run", func(o *core.Orchestrator) bool {
+	r.waitFor("the write-bearing step to run", func(o coreView) bool {
 		name = holder(o, write)
 		return stepIs(write, core.StateRunning)(o) && exists(filepath.Join(dir, "write.pid"))
 	})
@@ -443,7 +443,7 @@ fi`, dir, stop)
 	}})
 	step := stepID(run, "nowrite")
 	var name string
-	r.waitFor("the no-write step to run", func(o *core.Orchestrator) bool {
+	r.waitFor("the no-write step to run", func(o coreView) bool {
 		name = holder(o, step)
 		return stepIs(step, core.StateRunning)(o) && exists(filepath.Join(dir, "first.pid"))
 	})
@@ -470,7 +470,7 @@ fi`, dir, stop)
 		t.Errorf("step-requeued says %q", ev.Message)
 	}
 	var logs []string
-	r.d.Snapshot(r.ctx, func(o *core.Orchestrator) {
+	(coreViewer{r.d}).Snapshot(r.ctx, func(o coreView) {
 		for _, l := range o.StepLogs(step) {
 			if l.Lease == ls[1].ID {
 				logs = append(logs, l.Line.Text)

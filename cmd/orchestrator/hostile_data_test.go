@@ -309,7 +309,7 @@ func TestHostileStalledPuts(t *testing.T) {
 	step := stepID(run, "hold")
 	r.waitFor("the step to run", stepIs(step, core.StateRunning))
 	var lease core.LeaseID
-	if err := d.Snapshot(ctx, func(o *core.Orchestrator) { s, _ := o.StepByID(step); lease = s.Lease }); err != nil {
+	if err := (coreViewer{d}).Snapshot(ctx, func(o coreView) { s, _ := o.StepByID(step); lease = s.Lease }); err != nil {
 		t.Fatal(err)
 	}
 

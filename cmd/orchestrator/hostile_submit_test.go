@@ -20,7 +20,6 @@ import (
 	"time"
 
 	"github.com/tether-run/tether/adapters/orchestrator"
-	"github.com/tether-run/tether/core"
 )
 
 // maxRefusalBytes bounds an error answer to any submission (SPEC §12: lists
@@ -217,7 +216,7 @@ func TestHostileSubmissions(t *testing.T) {
 	if sub.Run != "run-1" {
 		t.Errorf("the genuine run is %s", sub.Run)
 	}
-	if err := d.Snapshot(ctx, func(o *core.Orchestrator) {
+	if err := (coreViewer{d}).Snapshot(ctx, func(o coreView) {
 		if n := len(o.Steps()); n != 3 {
 			t.Errorf("%d steps exist, want the genuine run's 3", n)
 		}

@@ -71,7 +71,7 @@ func TestWorkflowErrorsAtTheSocket(t *testing.T) {
 	if v := r.view(run); v.status != "success" {
 		t.Errorf("the genuine run ended %s:\n%s", v.status, v)
 	}
-	if err := r.d.Snapshot(r.ctx, func(o *core.Orchestrator) {
+	if err := (coreViewer{r.d}).Snapshot(r.ctx, func(o coreView) {
 		if n := len(o.Steps()); n != 2 {
 			t.Errorf("%d steps exist, want the genuine run's 2: a refused workflow created steps", n)
 		}

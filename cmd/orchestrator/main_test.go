@@ -93,6 +93,7 @@ func TestServerConfigFile(t *testing.T) {
 		HeartbeatInterval: 2 * time.Second, DispatchAck: 3 * time.Second,
 		MaxSubmitBody: 65536}
 	want.MaxConns, want.MaxUnauthConns, want.MaxUnauthConnsPerAddr, want.HelloTimeout = def.MaxConns, def.MaxUnauthConns, def.MaxUnauthConnsPerAddr, def.HelloTimeout
+	want.Retention = def.Retention // the file says none: the default (SPEC §7a)
 	if err != nil || !reflect.DeepEqual(cfg, want) {
 		t.Errorf("full file: %+v, %v; want %+v", cfg, err, want)
 	}

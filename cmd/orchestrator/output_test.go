@@ -19,7 +19,7 @@ import (
 func (r *binRig) lines(step core.StepID) []core.LogLine {
 	r.t.Helper()
 	var out []core.LogLine
-	if err := r.d.Snapshot(r.ctx, func(o *core.Orchestrator) {
+	if err := (coreViewer{r.d}).Snapshot(r.ctx, func(o coreView) {
 		for _, l := range o.StepLogs(step) {
 			if !l.Event {
 				out = append(out, l.Line)
@@ -146,7 +146,7 @@ func TestOutputCutMidFlood(t *testing.T) {
 	const n = 200000
 	run := r.submit(core.RunSpec{Name: "cut", Steps: []core.StepSpec{{Name: "seq", Command: fmt.Sprintf("seq 1 %d", n)}}})
 	step := stepID(run, "seq")
-	r.waitFor("some of the flood to be stored", func(o *core.Orchestrator) bool { return len(o.StepLogs(step)) > 1000 })
+	r.waitFor("some of the flood to be stored", func(o coreView) bool { return len(o.StepLogs(step)) > 1000 })
 	if got := r.p.Cut(); got != 1 {
 		t.Fatalf("Cut severed %d links, want the worker's one", got)
 	}
