@@ -558,10 +558,10 @@ func TestLiveness(t *testing.T) {
 	r := newRig(t)
 	r.enroll("w1", 1)
 	run := r.submit(noWrite("a"), writeStep("b", "a"))
-	if v := r.c.CheckLiveness(r.o); v == nil || v.Invariant != "RunsFinish" {
+	if v := r.c.CheckLiveness(r.c.View(r.o)); v == nil || v.Invariant != "RunsFinish" {
 		t.Fatalf("an unfinished run passed: %v", v)
 	}
-	if v := NoWriteStepsSurviveWorkerLoss(r.o); v == nil {
+	if v := NoWriteStepsSurviveWorkerLoss(r.c.View(r.o)); v == nil {
 		t.Fatal("a running no-write step passed invariant 9")
 	}
 	// The worker keeps dying: the no-write step is re-dispatched, then the
@@ -580,7 +580,7 @@ func TestLiveness(t *testing.T) {
 	r.step(r.msg("w1", core.Start{Lease: lb, Request: 2}))
 	r.disconnect("w1")
 	r.advance(3 * time.Minute)
-	if v := r.c.CheckLiveness(r.o); v != nil {
+	if v := r.c.CheckLiveness(r.c.View(r.o)); v != nil {
 		t.Fatalf("liveness: %v", v)
 	}
 	if st, _ := r.o.StepByID(sid(run, "b")); st.Class != core.ClassDisconnect {

@@ -1096,9 +1096,9 @@ func (b *builder) restartOrch() {
 // current (PropInFlightHonoured), and the orchestrator itself (CheckRecords).
 func (b *builder) heldReported(in core.Input) *PreBatch {
 	if b.completing && b.s.cOwnO {
-		return BeforeCopy(b.s.o, in) // stepped in place next
+		return BeforeCopy(b.s.chk.View(b.s.o), in) // stepped in place next
 	}
-	return Before(b.s.o, in)
+	return Before(b.s.chk.View(b.s.o), in)
 }
 
 // observe runs the simulator's extra properties over a batch (nil pre: a
@@ -1106,6 +1106,7 @@ func (b *builder) heldReported(in core.Input) *PreBatch {
 func (b *builder) observe(rd core.Ready, pre *PreBatch) {
 	held := pre.HeldOf()
 	s := b.s
+	ov := s.chk.View(s.o) // the batch's history is in the checker's archive already
 	entered, left := RecoveryChanges(rd)
 	if len(entered) > 0 {
 		b.mutRecov()
@@ -1131,7 +1132,7 @@ func (b *builder) observe(rd core.Ready, pre *PreBatch) {
 			b.hit(SomeCascadeSkip)
 		}
 		if t.To == core.StateFailed {
-			if st, ok := s.o.StepByID(t.Step); ok {
+			if st, ok := ov.StepByID(t.Step); ok {
 				switch st.Class {
 				case core.ClassUnmatched:
 					b.hit(SomeStepFailedUnmatched)
@@ -1144,14 +1145,14 @@ func (b *builder) observe(rd core.Ready, pre *PreBatch) {
 			b.hit(SomeCancelForced)
 		}
 		if t.To == core.StateFailed && b.x.writesOf(t.Step) {
-			if st, ok := s.o.StepByID(t.Step); ok && st.EverStarted {
+			if st, ok := ov.StepByID(t.Step); ok && st.EverStarted {
 				if workerLost(st.Class) {
 					b.hit(SomeWriteStepFailedByTriage)
 				}
 			}
 		}
 	}
-	if runSucceeded(s.o, rd) {
+	if runSucceeded(ov, rd) {
 		b.hit(SomeRunSucceeded)
 	}
 	if _, tick := b.in.(core.Tick); tick && b.x.wantExpiry {
@@ -1164,11 +1165,11 @@ func (b *builder) observe(rd core.Ready, pre *PreBatch) {
 	if v := CheckProps(rd, s.now, b.x.grace, s.recoverAt, held); v != nil {
 		b.fail(v.Invariant, "%s", v.Detail)
 	}
-	if v := CheckNoWriteFailures(s.o, rd); v != nil {
+	if v := CheckNoWriteFailures(ov, rd); v != nil {
 		b.fail(v.Invariant, "%s", v.Detail)
 	}
 	b.checkGrants(rd)
-	if v := CheckRecords(pre, s.o, s.now, rd); v != nil {
+	if v := CheckRecords(pre, ov, s.now, rd); v != nil {
 		b.fail(v.Invariant, "%s", v.Detail)
 	}
 	if r, ok := b.in.(core.Received); ok {
@@ -1197,7 +1198,7 @@ func (b *builder) observe(rd core.Ready, pre *PreBatch) {
 			}
 		case core.Dispatch:
 			if !m.Writes {
-				if st, ok := s.o.StepByID(m.Step); ok && st.EverStarted {
+				if st, ok := ov.StepByID(m.Step); ok && st.EverStarted {
 					b.hit(SomeNoWriteStepRedispatched)
 				}
 			}

@@ -49,13 +49,32 @@ func (p *Idempotency) Clone() *Idempotency {
 // whether the input was an exact duplicate of a report already answered
 // (a sometimes property).
 func (p *Idempotency) Check(in core.Input, from core.WorkerID, rd core.Ready) (dup bool, v *Violation) {
+	dup, first, v := p.Judge(in, from, rd)
+	if first != nil {
+		p.Record(*first)
+	}
+	return dup, v
+}
+
+// IdemAnswer is a report's identity and the verdict of its first answer.
+type IdemAnswer struct {
+	key     idemKey
+	verdict core.Verdict
+}
+
+// Judge is Check without recording: it returns, for a report answered for
+// the first time, what Record must remember. A world whose batches can be
+// lost to a crash records an answer only once its batch is durable (an
+// answer that never left may differ from the one a restarted orchestrator
+// gives, and SPEC §3 promises the recorded answer, not a lost one).
+func (p *Idempotency) Judge(in core.Input, from core.WorkerID, rd core.Ready) (dup bool, first *IdemAnswer, v *Violation) {
 	r, ok := in.(core.Received)
 	if !ok || from == "" {
-		return false, nil
+		return false, nil, nil
 	}
 	m, ok := r.Msg.(core.Report)
 	if !ok {
-		return false, nil
+		return false, nil, nil
 	}
 	var got core.Verdict
 	answered := false
@@ -66,20 +85,26 @@ func (p *Idempotency) Check(in core.Input, from core.WorkerID, rd core.Ready) (d
 		}
 	}
 	if !answered {
-		return false, nil
+		return false, nil, nil
 	}
 	k := idemKey{worker: from, lease: m.Lease, request: m.Request, step: m.Step, outcome: m.Outcome}
-	first, seen := p.answers[k]
+	prev, seen := p.answers[k]
 	if !seen {
-		p.answers[k] = got
-		return false, nil
+		return false, &IdemAnswer{k, got}, nil
 	}
-	if got != first {
-		return true, &Violation{Invariant: PropIdempotentReport, Detail: fmt.Sprintf(
+	if got != prev {
+		return true, nil, &Violation{Invariant: PropIdempotentReport, Detail: fmt.Sprintf(
 			"worker %s's report of step %s under lease %d (request %d, outcome %v) was answered %s, and an exact duplicate of it %s",
-			from, m.Step, m.Lease, m.Request, m.Outcome.Status, first, got)}
+			from, m.Step, m.Lease, m.Request, m.Outcome.Status, prev, got)}
 	}
-	return true, nil
+	return true, nil, nil
+}
+
+// Record remembers a first answer Judge returned (the first recorded stays).
+func (p *Idempotency) Record(a IdemAnswer) {
+	if _, seen := p.answers[a.key]; !seen {
+		p.answers[a.key] = a.verdict
+	}
 }
 
 // hash is an order-independent hash of the memory (the explorer's state).

@@ -362,7 +362,7 @@ func TestCheckerQuietOnRandomWorlds(t *testing.T) {
 				w.randomEvent()
 			}
 			w.heal()
-			if v := w.c.CheckLiveness(w.o); v != nil {
+			if v := w.c.CheckLiveness(w.c.View(w.o)); v != nil {
 				t.Fatalf("liveness after healing: %v", v)
 			}
 			for i := range counts {
