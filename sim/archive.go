@@ -35,8 +35,8 @@ func (s *ArchiveStats) add(o ArchiveStats) {
 // archiveState is what the world keeps of archival.
 type archiveState struct {
 	stats ArchiveStats
-	epoch map[core.LeaseID]int // a lease of an archived run → the incarnation that archived it
-	idem  *spec.Idempotency    // spec.PropIdempotentReport's memory of durable answers
+	epoch map[core.LeaseID]int                // a lease of an archived run → the incarnation that archived it
+	idem  *spec.Idempotency                   // spec.PropIdempotentReport's memory of durable answers
 	logs  map[core.LeaseID][]core.StepLogLine // the disk's log lines by lease, read once at the end
 }
 

@@ -105,7 +105,7 @@ type Result struct {
 	WorkerLogs map[string]int // the workers' own log lines by level
 	Output     OutputStats
 	Archive    ArchiveStats // archival and late reports (archive.go)
-	Data       DataStats // the data plane's writes (sim/data.go)
+	Data       DataStats    // the data plane's writes (sim/data.go)
 	// Inconclusive, if set, says why the end-of-run linearizability check
 	// could not judge the history (spec.CheckSteps): the seed neither
 	// passed nor violated it. Failure is nil then.
