@@ -45,6 +45,7 @@ type ClosedLease struct {
 	Held      bool   // the worker showed it held the lease (rule 2 applies)
 	Committed bool
 	Answered  bool   // Request and Outcome are set
+	Rejected  bool   // that answer was REJECTED: its exact duplicate is answered REJECTED again (§3)
 	Request   uint64 // the first answered report's request id (the committed one when Committed)
 	Outcome   uint64 // OutcomeHash of that report's outcome
 	ClosedAt  int64  // Unix seconds of the batch that archived the lease
@@ -88,6 +89,7 @@ func (o *Orchestrator) closeLease(l *LeaseRecord) {
 	for _, a := range l.Answers {
 		if !c.Answered || (l.Committed && a.Verdict == Committed) {
 			c.Answered, c.Request, c.Outcome = true, a.Request, OutcomeHash(a.Outcome)
+			c.Rejected = a.Verdict == Rejected
 		}
 	}
 	o.addClosed(c)
@@ -316,6 +318,9 @@ func encodeClosed(ch ClosedChunk) []byte {
 		if c.Answered {
 			f |= 4
 		}
+		if c.Rejected {
+			f |= 8
+		}
 		b = append(b, f)
 		b = binary.AppendUvarint(b, c.Request)
 		b = binary.LittleEndian.AppendUint64(b, c.Outcome)
@@ -369,7 +374,7 @@ func decodeClosed(b []byte) (ClosedChunk, error) {
 		c.Step = binary.LittleEndian.Uint32(b)
 		f := b[4]
 		b = b[5:]
-		c.Held, c.Committed, c.Answered = f&1 != 0, f&2 != 0, f&4 != 0
+		c.Held, c.Committed, c.Answered, c.Rejected = f&1 != 0, f&2 != 0, f&4 != 0, f&8 != 0
 		if c.Request, err = uv(); err != nil {
 			return ch, err
 		}
@@ -422,7 +427,9 @@ func (o *Orchestrator) committedTo(id LeaseID, w WorkerID, s StepID) bool {
 
 // reportClosed answers a report on a lease of an archived run exactly as
 // report answers it on a lease in the core (SPEC §3): the worker's exact
-// duplicate of its committed report gets COMMITTED again, a conflicting
+// duplicate of its committed report gets COMMITTED again, of the report the
+// entry keeps answered REJECTED (a write-bearing step reported without a
+// recorded START) REJECTED again, a conflicting
 // duplicate or any other report on a committed lease REJECTED, and any
 // other report of the lease's worker on its step CANCELLED (the lease lost
 // its authority before its run finished).
@@ -445,6 +452,8 @@ func (o *Orchestrator) reportClosed(w *WorkerRecord, c ClosedLease, m Report, re
 		reply(Rejected, "conflicting duplicate: request already answered with a different outcome")
 	case c.Committed && sameRequest:
 		reply(Committed, "")
+	case c.Rejected && sameRequest:
+		reply(Rejected, "exact duplicate of a report answered REJECTED")
 	case c.Committed:
 		reply(Rejected, "a different completion for this lease was already committed")
 	default:

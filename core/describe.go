@@ -312,6 +312,9 @@ func DescribeClosed(c ClosedLease, t0 time.Time) string {
 	if c.Answered {
 		out += fmt.Sprintf(" answered=req%d", c.Request)
 	}
+	if c.Rejected {
+		out += " rejected"
+	}
 	return out
 }
 
