@@ -153,6 +153,7 @@ func (x *explorer) hashWith(s *xstate, used uint64) uint64 {
 		rec += entry(func(h *hz) { h.s(string(id)); h.t(at) })
 	}
 	h.u(rec, used, uint64(s.revoked)|uint64(s.used.identityRestarts)<<32)
+	h.b(s.archRestart)
 	h.u(s.idem.hash())
 	return h.v
 }

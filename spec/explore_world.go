@@ -225,6 +225,9 @@ type xstate struct {
 	cOwnW          uint64
 	used           budget
 	revoked        uint32 // token indexes revoked
+	// archRestart: the orchestrator was restored after a run was archived
+	// (SomeReportAfterArchiveRestart).
+	archRestart bool
 }
 
 // ---- actions ----
@@ -421,6 +424,7 @@ type builder struct {
 	completing                                bool          // a completion's step: see xstate.cOwnO
 	in                                        core.Input    // the orchestrator's input being observed (nil: a restore)
 	from                                      core.WorkerID // the worker whose connection the delivered message came on
+	late                                      bool          // the input is a report of a lease in the closed-lease table (SPEC §7a)
 }
 
 func (b *builder) mutChk() {
@@ -976,6 +980,12 @@ func (b *builder) orch(in core.Input) core.Ready {
 	s := b.s
 	b.mutChk()
 	held := b.heldReported(in)
+	b.late = false
+	if r, ok := in.(core.Received); ok {
+		if m, ok := r.Msg.(core.Report); ok {
+			_, b.late = s.o.ClosedLease(m.Lease)
+		}
+	}
 	s.chk.Input(s.now, in)
 	// The orchestrator is a deterministic function of (state, now, input):
 	// a transition already computed from an equal orchestrator is reused,
@@ -1085,6 +1095,9 @@ func (b *builder) restartOrch() {
 	b.mutChk()
 	s.chk.Restored(s.now, o, rd)
 	s.chk.Persisted(s.now, rd)
+	if s.chk.Archive().Len() > 0 {
+		s.archRestart = true
+	}
 	s.oDL = rd.Deadline
 	b.hit(SomeOrchestratorRestored)
 	b.observe(rd, nil)
@@ -1154,6 +1167,17 @@ func (b *builder) observe(rd core.Ready, pre *PreBatch) {
 	}
 	if runSucceeded(ov, rd) {
 		b.hit(SomeRunSucceeded)
+	}
+	for _, r := range rd.Records {
+		if core.IsHistoryKey(r.Key) {
+			b.hit(SomeRunArchived)
+		}
+	}
+	if b.late && b.in != nil {
+		b.hit(SomeReportAfterArchive)
+		if s.archRestart {
+			b.hit(SomeReportAfterArchiveRestart)
+		}
 	}
 	if _, tick := b.in.(core.Tick); tick && b.x.wantExpiry {
 		for _, w := range s.o.Workers() {

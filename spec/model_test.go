@@ -280,7 +280,7 @@ func TestModelAcceptsTheRealCore(t *testing.T) {
 		query(s)
 	}
 	lb := r.leaseOf(steps[1])
-	r.reconnect(r.holder[lb], lb) // it still holds lb: its run is archived, the closed-lease table answers (SPEC §7a)
+	r.reconnect(r.holder[lb], lb)                                                        // it still holds lb: its run is archived, the closed-lease table answers (SPEC §7a)
 	if a := report(r.holder[lb], lb, core.OutcomeSuccess); a.Verdict != core.Cancelled { // stale
 		t.Fatalf("b: %v", a)
 	}
