@@ -92,9 +92,27 @@ func (w *world) maybePersist() {
 		}
 		group := n.persisting
 		n.persisting = nil
+		if archives(group) && w.buggify(SiteCrashAfterArchive) {
+			// Synced, and the process dies before anything of it leaves.
+			w.persist(group)
+			w.crashOrchAt("orchestrator-crash-after-archive")
+			return
+		}
 		w.commit(group)
 		w.maybePersist()
 	}).on(0, live).folded()
+}
+
+// archives says whether a group archives a run (SPEC §7a).
+func archives(group []*pendingBatch) bool {
+	for _, pb := range group {
+		for _, r := range pb.rd.Records {
+			if core.IsHistoryKey(r.Key) {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // persist makes a group's records durable (one atomic transaction).
