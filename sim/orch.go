@@ -46,6 +46,8 @@ func (w *world) orchInput(in core.Input) core.Ready {
 	held := w.heldReported(in)
 	from := w.inputFrom(in)
 	w.noteLate(in)
+	arch := w.chk.Archive() // the history seen before this input
+	w.idem().Listing(in, from, func(l core.LeaseID) bool { _, ok := arch.Lease(l); return ok })
 	rd := n.o.Step(w.now, in)
 	w.doctor(&rd)
 	w.chk.Batch(w.now, n.o, rd)

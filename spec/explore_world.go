@@ -985,6 +985,14 @@ func (b *builder) orch(in core.Input) core.Ready {
 		if m, ok := r.Msg.(core.Report); ok {
 			_, b.late = s.o.ClosedLease(m.Lease)
 		}
+		switch r.Msg.(type) {
+		case core.Hello, core.Heartbeat:
+			if b.from != "" {
+				b.mutIdem()
+				arch := s.chk.Archive()
+				s.idem.Listing(in, b.from, func(l core.LeaseID) bool { _, ok := arch.Lease(l); return ok })
+			}
+		}
 	}
 	s.chk.Input(s.now, in)
 	// The orchestrator is a deterministic function of (state, now, input):
