@@ -31,8 +31,8 @@ type harness struct {
 	nextCall CallID
 	secrets  int
 	prev     map[StepID]State
-	tokens   map[string]string // token name → full token, as the API answered
-	creds    map[string]string // worker → session credential from its Welcome
+	tokens   map[string]string     // token name → full token, as the API answered
+	creds    map[string]string     // worker → session credential from its Welcome
 	archive  map[RunID]*RunHistory // runs archived so far, from their history records
 }
 
