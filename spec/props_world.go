@@ -492,7 +492,7 @@ func welcomeCancel(h core.Hello, wel *core.Welcome, before, after *leaseView) *V
 // which of those no worker that may be active matches.
 func (p *Pool) track(o View, now time.Time) {
 	ready := map[core.StepID]bool{}
-	for _, st := range o.Steps() {
+	for _, st := range o.Orchestrator.Steps() { // a queued step is live: only finished runs are archived
 		if st.State != core.StateQueued {
 			continue
 		}
