@@ -35,7 +35,7 @@ func (s *ArchiveStats) add(o ArchiveStats) {
 // archiveState is what the world keeps of archival.
 type archiveState struct {
 	stats ArchiveStats
-	epoch map[core.LeaseID]int                // a lease of an archived run → the incarnation that archived it
+	epoch map[core.LeaseID]int                // a lease of an archived run → the incarnation in which its archival became durable
 	idem  *spec.Idempotency                   // spec.PropIdempotentReport's memory of durable answers
 	logs  map[core.LeaseID][]core.StepLogLine // the disk's log lines by lease, read once at the end
 }
@@ -77,12 +77,14 @@ func (w *world) noteLate(in core.Input) {
 	}
 }
 
-// noteArchived learns the leases a batch archived.
-func (w *world) noteArchived(rd core.Ready) {
+// persistedArchive counts a durable batch's history records and notes the
+// incarnation that made each of its leases' archival durable.
+func (w *world) persistedArchive(rd core.Ready) {
 	for _, r := range rd.Records {
 		if !core.IsHistoryKey(r.Key) {
 			continue
 		}
+		w.arch.stats.Archived++
 		v, err := core.DecodeRecord(r)
 		h, ok := v.(*core.RunHistory)
 		if err != nil || !ok {
@@ -92,18 +94,7 @@ func (w *world) noteArchived(rd core.Ready) {
 			w.arch.epoch = map[core.LeaseID]int{}
 		}
 		for _, l := range h.Leases {
-			if _, ok := w.arch.epoch[l.ID]; !ok {
-				w.arch.epoch[l.ID] = w.orch.epoch
-			}
-		}
-	}
-}
-
-// persistedArchive counts a durable batch's history records.
-func (w *world) persistedArchive(rd core.Ready) {
-	for _, r := range rd.Records {
-		if core.IsHistoryKey(r.Key) {
-			w.arch.stats.Archived++
+			w.arch.epoch[l.ID] = w.orch.epoch
 		}
 	}
 }

@@ -51,7 +51,6 @@ func (w *world) orchInput(in core.Input) core.Ready {
 	rd := n.o.Step(w.now, in)
 	w.doctor(&rd)
 	w.chk.Batch(w.now, n.o, rd)
-	w.noteArchived(rd)
 	w.checkBatch(held, from, rd)
 	pb := &pendingBatch{rd: rd}
 	w.checkIdempotent(in, from, pb)
@@ -253,7 +252,6 @@ func (w *world) restartOrch() {
 	n.up = true
 	w.doctor(&rd)
 	w.chk.Restored(w.now, o, rd)
-	w.noteArchived(rd)
 	w.props.timeouts.Reset(w.view(), w.now)
 	w.props.poolView(w).Restored(w.now)
 	w.grants.restored = true
