@@ -448,6 +448,10 @@ func encodeClosed(ch ClosedChunk) []byte {
 	return b
 }
 
+// EncodeClosed is the value of a closed-lease record (for tools and tests;
+// DecodeRecord reads it back).
+func EncodeClosed(ch ClosedChunk) []byte { return encodeClosed(ch) }
+
 func decodeClosed(b []byte) (ClosedChunk, error) {
 	var ch ClosedChunk
 	if len(b) == 0 || b[0] != closedVersion {

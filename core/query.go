@@ -184,3 +184,9 @@ func (o *Orchestrator) ClosedLease(w WorkerID, id LeaseID) (ClosedLease, bool) {
 	}
 	return ClosedLease{}, false
 }
+
+// ConnWorker returns the worker a connection speaks for (after its Hello).
+func (o *Orchestrator) ConnWorker(c ConnID) (WorkerID, bool) {
+	w, ok := o.conns[c]
+	return w, ok
+}

@@ -154,7 +154,7 @@ var dropRe = regexp.MustCompile(`^--- Output dropped: (\d+) log lines \((\d+) by
 // the drop markers among them they are what the execution printed, except
 // what those markers account for, exactly, in lines and in bytes. Logs are acknowledged, so nothing
 // may be missing for having been lost on the wire or in a crash.
-func (h *history) checkLogs(o *core.Orchestrator) (string, int, bool) {
+func (h *history) checkLogs(o spec.View, linesOf func(core.LeaseRecord) []core.StepLogLine) (string, int, bool) {
 	markers := 0
 	for _, l := range o.Leases() {
 		if !l.Committed {
@@ -165,7 +165,7 @@ func (h *history) checkLogs(o *core.Orchestrator) (string, int, bool) {
 		seen := map[uint64]bool{}
 		var numbered, stored, droppedN int
 		var storedB, droppedB int64
-		for _, ln := range o.StepLogs(l.Step) {
+		for _, ln := range linesOf(l) {
 			if ln.Lease != l.ID || ln.Event || ln.Line.Seq == 0 {
 				continue // events, and offline gap markers (they report no loss)
 			}

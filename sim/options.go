@@ -164,8 +164,22 @@ func Swarm(seed uint64) Options {
 	o.WorkerRestartEvery = maybe(0.4, dur(10*time.Minute, 60*time.Minute))
 	// Drawn last, so the options above are what they were before it.
 	o.CredentialTTL = maybe(0.3, dur(time.Minute, 5*time.Minute))
+	// Drawn last, so the options above are what they were before it: the
+	// archival site (SPEC §7a), active like the others for a quarter of
+	// the seeds.
+	if r.Float64() < 0.25 {
+		o.Buggify[SiteCrashAfterArchive] = true
+	}
 	return o
 }
+
+// SiteCrashAfterArchive is a buggify site drawn apart from BuggifySites
+// (after every other option, so that adding it changed no other draw): the
+// orchestrator dies right after the fsync of a group that archived a run,
+// before any of its messages leave, so the answers to the reports that
+// finished the run are lost, and their workers re-send them to a restarted
+// orchestrator, which answers them from the closed-lease table.
+const SiteCrashAfterArchive = "crash-after-archive"
 
 // BuggifySites are the edge paths worth stressing. A site is active for a
 // seed with p=0.25 and then fires with p=0.25 each time it is reached.

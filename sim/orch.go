@@ -8,6 +8,7 @@ import (
 
 	"github.com/tether-run/tether/adapters/commit"
 	"github.com/tether-run/tether/core"
+	"github.com/tether-run/tether/spec"
 )
 
 // orchNode is the orchestrator process: the real core machine behind the same
@@ -31,6 +32,7 @@ type orchNode struct {
 type pendingBatch struct {
 	rd   core.Ready
 	read func()
+	idem *spec.IdemAnswer // a report's first answer, remembered once durable
 }
 
 // orchInput steps one input through the orchestrator and returns its batch
@@ -43,11 +45,16 @@ func (w *world) orchInput(in core.Input) core.Ready {
 	w.chk.Input(w.now, in)
 	held := w.heldReported(in)
 	from := w.inputFrom(in)
+	w.noteLate(in)
+	arch := w.chk.Archive() // the history seen before this input
+	w.idem().Listing(in, from, func(l core.LeaseID) bool { _, ok := arch.Lease(l); return ok })
 	rd := n.o.Step(w.now, in)
 	w.doctor(&rd)
 	w.chk.Batch(w.now, n.o, rd)
 	w.checkBatch(held, from, rd)
-	w.queueBatch(&pendingBatch{rd: rd})
+	pb := &pendingBatch{rd: rd}
+	w.checkIdempotent(in, from, pb)
+	w.queueBatch(pb)
 	return rd
 }
 
@@ -86,9 +93,27 @@ func (w *world) maybePersist() {
 		}
 		group := n.persisting
 		n.persisting = nil
+		if archives(group) && w.buggify(SiteCrashAfterArchive) {
+			// Synced, and the process dies before anything of it leaves.
+			w.persist(group)
+			w.crashOrchAt("orchestrator-crash-after-archive")
+			return
+		}
 		w.commit(group)
 		w.maybePersist()
 	}).on(0, live).folded()
+}
+
+// archives says whether a group archives a run (SPEC §7a).
+func archives(group []*pendingBatch) bool {
+	for _, pb := range group {
+		for _, r := range pb.rd.Records {
+			if core.IsHistoryKey(r.Key) {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // persist makes a group's records durable (one atomic transaction).
@@ -107,6 +132,10 @@ func (w *world) persist(group []*pendingBatch) {
 		}
 		w.chk.Persisted(w.now, pb.rd)
 		w.props.poolView(w).Persisted()
+		w.persistedArchive(pb.rd)
+		if pb.idem != nil {
+			w.idem().Record(*pb.idem)
+		}
 	}
 }
 
@@ -223,7 +252,7 @@ func (w *world) restartOrch() {
 	n.up = true
 	w.doctor(&rd)
 	w.chk.Restored(w.now, o, rd)
-	w.props.timeouts.Reset(o, w.now)
+	w.props.timeouts.Reset(w.view(), w.now)
 	w.props.poolView(w).Restored(w.now)
 	w.grants.restored = true
 	w.checkBatch(nil, "", rd)

@@ -44,10 +44,10 @@ func (w *world) checkBatch(held map[core.StepID]core.LeaseID, from core.WorkerID
 	if v := spec.CheckProps(rd, w.now, 2*w.opt.MaxDelayWork, p.recoverAt, held); v != nil {
 		w.fail(v.Invariant, v.Detail)
 	}
-	if v := spec.CheckNoWriteFailures(w.orch.o, rd); v != nil {
+	if v := spec.CheckNoWriteFailures(w.view(), rd); v != nil {
 		w.fail(v.Invariant, v.Detail)
 	}
-	if v := p.timeouts.Check(w.orch.o, rd, w.now); v != nil {
+	if v := p.timeouts.Check(w.view(), rd, w.now); v != nil {
 		w.fail(v.Invariant, v.Detail)
 	}
 	if p.dispatch == nil {
@@ -57,7 +57,7 @@ func (w *world) checkBatch(held map[core.StepID]core.LeaseID, from core.WorkerID
 		w.fail(v.Invariant, v.Detail)
 	}
 	w.checkGrants(rd)
-	if v := p.poolView(w).Check(w.orch.o, w.now, p.in, rd); v != nil {
+	if v := p.poolView(w).Check(w.view(), w.now, p.in, rd); v != nil {
 		w.fail(v.Invariant, v.Detail)
 	}
 	p.in = nil

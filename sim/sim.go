@@ -41,12 +41,15 @@ func Simulate(seed uint64, opt Options, cfg Config) Result {
 	res.Failure = w.failure
 	res.Output = w.out
 	res.Data = w.dataStats()
+	res.Archive = w.arch.stats
 	if w.orch.up {
-		for _, id := range w.orch.o.RunIDs() {
-			if r, _, _ := w.orch.o.Run(id); r.Finished {
+		v := w.view()
+		for _, id := range v.RunIDs() {
+			r, _, _ := v.Run(id)
+			if r.Finished {
 				res.RunsDone++
 			}
-			res.StepsTotal += len(func() []core.StepID { r, _, _ := w.orch.o.Run(id); return r.Steps }())
+			res.StepsTotal += len(r.Steps)
 		}
 	}
 	return res
@@ -59,22 +62,23 @@ func (w *world) finalChecks() {
 	}
 	if !w.finished() {
 		var open []string
-		for _, id := range w.orch.o.RunIDs() {
-			if r, st, _ := w.orch.o.Run(id); !r.Finished {
+		v := w.view()
+		for _, id := range v.RunIDs() {
+			if r, st, _ := v.Run(id); !r.Finished {
 				open = append(open, fmt.Sprintf("%s (%s)", id, st))
 			}
 		}
 		w.fail("8 every-run-terminates", fmt.Sprintf("runs not finished %s after healing: %v", w.now.Sub(w.faultEnd), open))
 		return
 	}
-	if v := w.chk.CheckLiveness(w.orch.o); v != nil {
+	if v := w.chk.CheckLiveness(w.view()); v != nil {
 		w.fail(v.Invariant, v.Detail)
 		return
 	}
 	if w.checkStoredWrites(); w.failure != nil {
 		return
 	}
-	msg, markers, ok := w.hist.checkLogs(w.orch.o)
+	msg, markers, ok := w.hist.checkLogs(w.view(), w.storedLogs)
 	w.out.DropMarkers = markers
 	if !ok {
 		w.fail("log-continuity", msg)

@@ -130,7 +130,7 @@ func (w *world) startOperator() {
 			w.hist.runs = append(w.hist.runs, a.Run)
 			w.hist.submitted(a.Run, spec)
 			// One submit operation per step, for the linearizability check.
-			if r, _, ok := w.orch.o.Run(a.Run); ok {
+			if r, _, ok := w.view().Run(a.Run); ok {
 				for _, s := range r.Steps {
 					op := w.hist.begin(called, opClientOperator, spec2input(s))
 					w.hist.end(op, w.now, specOutputOK())
@@ -230,8 +230,11 @@ func tokenName(tok string) string {
 // cancelRun cancels a run; for the linearizability check it is one cancel
 // operation on each of the run's steps.
 func (w *world) cancelRun(run core.RunID) {
-	r, _, ok := w.orch.o.Run(run)
-	if !w.orch.up || !ok {
+	if !w.orch.up {
+		return
+	}
+	r, _, ok := w.view().Run(run)
+	if !ok {
 		return
 	}
 	ops := make([]int, len(r.Steps))
@@ -248,12 +251,13 @@ func (w *world) cancelRun(run core.RunID) {
 // queryRandomStep reads a step as a client would: the answer reflects only
 // durable state and is returned once that state is synced.
 func (w *world) queryRandomStep() {
-	steps := w.orch.o.Steps()
+	v := w.view() // an archived step is read as a live one (SPEC §7a)
+	steps := v.Steps()
 	if len(steps) == 0 {
 		return
 	}
 	s := steps[w.r.IntN(len(steps))]
-	if sp, _ := w.orch.o.StepSpecOf(s.ID); sp.Type == "task" {
+	if sp, _ := v.StepSpecOf(s.ID); sp.Type == "task" {
 		return // task steps commit without a report: not in the model
 	}
 	op := w.hist.begin(w.now, opClientOperator, spec.StepInput{Kind: spec.OpQuery, Step: s.ID})
@@ -428,8 +432,9 @@ func (w *world) finished() bool {
 	if !w.orch.up || !w.healed {
 		return false
 	}
-	for _, id := range w.orch.o.RunIDs() {
-		if r, _, _ := w.orch.o.Run(id); !r.Finished {
+	v := w.view()
+	for _, id := range v.RunIDs() {
+		if r, _, _ := v.Run(id); !r.Finished {
 			return false
 		}
 	}

@@ -104,7 +104,8 @@ type Result struct {
 	StepsTotal int
 	WorkerLogs map[string]int // the workers' own log lines by level
 	Output     OutputStats
-	Data       DataStats // the data plane's writes (sim/data.go)
+	Archive    ArchiveStats // archival and late reports (archive.go)
+	Data       DataStats    // the data plane's writes (sim/data.go)
 	// Inconclusive, if set, says why the end-of-run linearizability check
 	// could not judge the history (spec.CheckSteps): the seed neither
 	// passed nor violated it. Failure is nil then.
@@ -248,6 +249,7 @@ type world struct {
 	inconclusive string
 	batchText    strings.Builder // with Config.sums: this event's batch digests
 	grants       grantProps      // spec.Grants and what it needs (grants.go)
+	arch         archiveState    // archival's counters and memories (archive.go)
 }
 
 func newWorld(seed uint64, opt Options, cfg Config) *world {

@@ -126,6 +126,13 @@ type Checker struct {
 	writer   map[core.StepID]core.LeaseID
 	procs    map[core.LeaseID]core.WorkerID // processes running now
 
+	// Archival (SPEC §7a): the history records of the batches seen
+	// (journaled: a lost batch's history is forgotten with it), and
+	// ArchivedWhenDone's verdict and count.
+	arch      *Archive
+	archFound *Violation
+	archEvals uint64
+
 	b batchScratch
 }
 
@@ -207,6 +214,9 @@ func (c *Checker) Checks() uint64 { return c.checks }
 // evaluated on, so a driver can show that none of them was vacuous (Check
 // calls themselves are not counted here).
 func (c *Checker) ChecksOf(name string) uint64 {
+	if name == PropArchivedWhenDone {
+		return c.archEvals
+	}
 	for i, n := range invNames {
 		if n == name {
 			return c.counts[i]
@@ -228,16 +238,26 @@ func (c *Checker) fail(i int, format string, args ...any) {
 	}
 }
 
-// Check evaluates every invariant now and returns the first violation, or
-// nil when all hold.
+// Check evaluates every invariant now, then ArchivedWhenDone, and returns
+// the first violation, or nil when all hold.
 func (c *Checker) Check() *Violation {
 	for _, inv := range Invariants {
 		if v := inv.Check(c); v != nil {
 			return v
 		}
 	}
-	return nil
+	return ArchivedWhenDone(c)
 }
+
+// Archive returns the history records of the batches seen so far that a
+// crash has not taken back (SPEC §7a).
+func (c *Checker) Archive() *Archive { return c.arch }
+
+// View merges o's live state with the checker's archive.
+func (c *Checker) View(o *core.Orchestrator) View { return View{Orchestrator: o, A: c.arch} }
+
+// view is the checker's own orchestrator merged with its archive.
+func (c *Checker) view() View { return c.View(c.o) }
 
 // verifyDue reports whether invariant i's Verify cross-check should run now
 // (Verify is on, there is a live orchestrator, and a batch came since).
@@ -344,6 +364,10 @@ func (c *Checker) Restored(now time.Time, o *core.Orchestrator, rd core.Ready) {
 	}
 	seen := make(map[core.StepID]bool, len(c.steps))
 	for _, s := range o.Steps() {
+		c.eval(invTable)
+		if h, ok := c.arch.Run(s.Run); ok {
+			c.failArch("restore: step %s of run %s is live again after the restore, but its run was archived (%s)", s.ID, s.Run, h.Status)
+		}
 		st, ok := loaded[s.ID]
 		if !ok {
 			st = s.State
@@ -356,13 +380,20 @@ func (c *Checker) Restored(now time.Time, o *core.Orchestrator, rd core.Ready) {
 		}
 	}
 	for _, id := range slices.Sorted(maps.Keys(c.steps)) {
-		if !seen[id] {
-			c.fail(invTable, "restore: step %s (durably %s) is missing after the restore", id, c.steps[id])
+		if seen[id] {
+			continue
 		}
+		if a, ok := c.arch.Step(id); ok {
+			if a.State != c.steps[id] {
+				c.fail(invTable, "restore: step %s was durably %s but its history record says %s", id, c.steps[id], a.State)
+			}
+			continue
+		}
+		c.fail(invTable, "restore: step %s (durably %s) is missing after the restore and from history", id, c.steps[id])
 	}
 	for _, id := range slices.Sorted(maps.Keys(c.commits)) {
 		c.eval(invCommit)
-		s, _ := o.StepByID(id)
+		s, _ := c.View(o).StepByID(id)
 		f := c.commits[id]
 		when := "after a restore"
 		if f.delivered {
@@ -418,6 +449,9 @@ func (c *Checker) Restored(now time.Time, o *core.Orchestrator, rd core.Ready) {
 		c.tokens[t.Name] = tokenInfo{expires: t.ExpiresAt, consumed: t.Consumed, revoked: t.Revoked}
 	}
 	c.batch(o, rd)
+	// Every run the restore left in the core is judged (a store written
+	// before archival has its finished runs archived by this batch).
+	c.judgeRuns(o, o.RunIDs())
 }
 
 func infoOf(w core.WorkerRecord) workerInfo {
@@ -515,11 +549,12 @@ func (c *Checker) ExternalWrite(now time.Time, w core.WorkerID, l core.LeaseID, 
 func AtMostOneCommit(c *Checker) *Violation {
 	c.checks++
 	if c.verifyDue(invCommit) {
-		for _, s := range c.o.Steps() {
+		v := c.view()
+		for _, s := range v.Steps() {
 			if s.Outcome == nil {
 				continue
 			}
-			if sp, _ := c.o.StepSpecOf(s.ID); sp.Type == "task" {
+			if sp, _ := v.StepSpecOf(s.ID); sp.Type == "task" {
 				continue // a task step's outcome is the orchestrator's own
 			}
 			if f, ok := c.commits[s.ID]; !ok {
@@ -529,8 +564,8 @@ func AtMostOneCommit(c *Checker) *Violation {
 			}
 		}
 		for _, id := range slices.Sorted(maps.Keys(c.commits)) {
-			if _, ok := c.o.StepByID(id); !ok {
-				c.fail(invCommit, "committed step %s vanished", id)
+			if _, ok := v.StepByID(id); !ok {
+				c.fail(invCommit, "committed step %s vanished (neither live nor in history)", id)
 			}
 		}
 	}
@@ -546,7 +581,7 @@ func AtMostOneCommit(c *Checker) *Violation {
 func WriteStepRunsOnce(c *Checker) *Violation {
 	c.checks++
 	if c.verifyDue(invWriteOnce) && len(c.wstarted) > 0 {
-		for _, l := range c.o.Leases() {
+		for _, l := range c.view().Leases() {
 			if p, ok := c.wstarted[l.Step]; ok && l.ID > p.lease {
 				c.fail(invWriteOnce, "write-bearing step %s, whose process started under lease %d, was granted lease %d", l.Step, p.lease, l.ID)
 			}
@@ -590,14 +625,14 @@ func NoStaleCommit(c *Checker) *Violation {
 func TransitionsFollowTable(c *Checker) *Violation {
 	c.checks++
 	if c.verifyDue(invTable) {
-		steps := c.o.Steps()
+		steps := c.view().Steps()
 		for _, s := range steps {
 			if cur, ok := c.steps[s.ID]; !ok || cur != s.State {
 				c.fail(invTable, "step %s is %s, but its transitions lead to %s", s.ID, s.State, cur)
 			}
 		}
 		if len(steps) != len(c.steps) {
-			c.fail(invTable, "the orchestrator holds %d steps, the checker saw %d", len(steps), len(c.steps))
+			c.fail(invTable, "the orchestrator holds %d steps (live and archived), the checker saw %d", len(steps), len(c.steps))
 		}
 	}
 	return c.found[invTable]
@@ -611,7 +646,7 @@ func TransitionsFollowTable(c *Checker) *Violation {
 func CancelledNeverCommitted(c *Checker) *Violation {
 	c.checks++
 	if c.verifyDue(invCancelled) {
-		for _, s := range c.o.Steps() {
+		for _, s := range c.view().Steps() {
 			if (s.State == core.StateCancelled || s.State == core.StateCancelling) && !c.cancel[s.ID] {
 				c.fail(invCancelled, "step %s is %s but no transition cancelled it", s.ID, s.State)
 			}
@@ -678,7 +713,7 @@ func TokensAndRevocation(c *Checker) *Violation {
 // CheckLiveness checks invariants 8 and 9 once faults have stopped, the
 // network has healed and time has passed: every run finished, and no
 // no-write step was failed by a lost worker.
-func (c *Checker) CheckLiveness(o *core.Orchestrator) *Violation {
+func (c *Checker) CheckLiveness(o View) *Violation {
 	c.checks += 2
 	if v := RunsFinish(o); v != nil {
 		return v
@@ -689,7 +724,10 @@ func (c *Checker) CheckLiveness(o *core.Orchestrator) *Violation {
 // RunsFinish is invariant 8: every run reaches a terminal state within a
 // bound derived from the timeouts (the caller allows the time; this checks
 // that every run is finished).
-func RunsFinish(o *core.Orchestrator) *Violation {
+func RunsFinish(o View) *Violation {
+	if o.Orchestrator == nil {
+		return nil
+	}
 	for _, id := range o.RunIDs() {
 		r, status, _ := o.Run(id)
 		if r.Finished {
@@ -713,7 +751,10 @@ func RunsFinish(o *core.Orchestrator) *Violation {
 // step-timeout, attempts-exhausted, unmatched, …) but never for a lost worker
 // (disconnect, stale-worker, revoked); cancelled and skipped are outcomes
 // imposed from outside the step and are accepted.
-func NoWriteStepsSurviveWorkerLoss(o *core.Orchestrator) *Violation {
+func NoWriteStepsSurviveWorkerLoss(o View) *Violation {
+	if o.Orchestrator == nil {
+		return nil
+	}
 	for _, s := range o.Steps() {
 		sp, _ := o.StepSpecOf(s.ID)
 		if sp.Writes {

@@ -245,23 +245,26 @@ var SometimesProperties = []string{
 
 // The sometimes properties (and informational ones, reported but not required).
 const (
-	SomeWriteStepFailedByTriage = "write-step-failed-by-triage"  // a started write-bearing step failed for a lost/revoked worker
-	SomeNoWriteStepRedispatched = "no-write-step-redispatched"   // a started no-write step was dispatched again (a new lease)
-	SomeReportCancelled         = "report-cancelled"             // a report was answered CANCELLED
-	SomeRunSucceeded            = "run-succeeded"                // the run finished with success
-	SomeStepReclaimed           = "step-reclaimed"               // a recovering step was reclaimed by its reconnecting worker
-	SomeOrchestratorRestored    = "orchestrator-restored"        // the orchestrator was rebuilt by Restore
-	SomeCancelForced            = "cancel-forced"                // a cancelling step was forced
-	SomeDispatchRejected        = "dispatch-rejected"            // a worker rejected a dispatch
-	SomeWorkerRefused           = "worker-refused"               // a Hello was refused
-	SomeLeaseCancelledOnWelcome = "lease-cancelled-on-reconnect" // a Welcome told a worker to drop a lease
-	SomeStepFailedUnmatched     = "step-failed-unmatched"        // a step failed as unmatched (SPEC §5)
-	SomeCredentialRefreshed     = "credential-refreshed"         // a Refresh was answered Refreshed (SPEC §7)
-	SomeCredentialExpired       = "credential-expired"           // an enrolled worker's session credential lapsed (SPEC §7)
-	SomeStaleWorker             = "stale-worker"                 // a step failed because its worker went stale (SPEC §8)
-	SomeCascadeSkip             = "cascade-skip"                 // a step was skipped because a dependency did not succeed
-	SomeScalerLeaseTriaged      = "scaler-lease-triaged"         // a started lease triaged in the very batch of its worker's disconnect (no grace: SPEC §4)
-	SomeDuplicateReport         = "duplicate-report"             // an exact duplicate report reached the orchestrator (PropIdempotentReport)
+	SomeWriteStepFailedByTriage   = "write-step-failed-by-triage"  // a started write-bearing step failed for a lost/revoked worker
+	SomeNoWriteStepRedispatched   = "no-write-step-redispatched"   // a started no-write step was dispatched again (a new lease)
+	SomeReportCancelled           = "report-cancelled"             // a report was answered CANCELLED
+	SomeRunSucceeded              = "run-succeeded"                // the run finished with success
+	SomeStepReclaimed             = "step-reclaimed"               // a recovering step was reclaimed by its reconnecting worker
+	SomeOrchestratorRestored      = "orchestrator-restored"        // the orchestrator was rebuilt by Restore
+	SomeCancelForced              = "cancel-forced"                // a cancelling step was forced
+	SomeDispatchRejected          = "dispatch-rejected"            // a worker rejected a dispatch
+	SomeWorkerRefused             = "worker-refused"               // a Hello was refused
+	SomeLeaseCancelledOnWelcome   = "lease-cancelled-on-reconnect" // a Welcome told a worker to drop a lease
+	SomeStepFailedUnmatched       = "step-failed-unmatched"        // a step failed as unmatched (SPEC §5)
+	SomeCredentialRefreshed       = "credential-refreshed"         // a Refresh was answered Refreshed (SPEC §7)
+	SomeCredentialExpired         = "credential-expired"           // an enrolled worker's session credential lapsed (SPEC §7)
+	SomeStaleWorker               = "stale-worker"                 // a step failed because its worker went stale (SPEC §8)
+	SomeCascadeSkip               = "cascade-skip"                 // a step was skipped because a dependency did not succeed
+	SomeScalerLeaseTriaged        = "scaler-lease-triaged"         // a started lease triaged in the very batch of its worker's disconnect (no grace: SPEC §4)
+	SomeDuplicateReport           = "duplicate-report"             // an exact duplicate report reached the orchestrator (PropIdempotentReport)
+	SomeRunArchived               = "run-archived"                 // a run left the core as a history record (SPEC §7a)
+	SomeReportAfterArchive        = "report-after-archive"         // a report of an archived run's lease was answered from the closed-lease table (SPEC §7a)
+	SomeReportAfterArchiveRestart = "report-after-archive-restart" // the same, the orchestrator restarted since the run was archived
 )
 
 var sometimesAll = []string{
@@ -269,6 +272,7 @@ var sometimesAll = []string{
 	SomeStepReclaimed, SomeOrchestratorRestored, SomeCancelForced, SomeDispatchRejected,
 	SomeWorkerRefused, SomeLeaseCancelledOnWelcome, SomeStepFailedUnmatched, SomeCredentialRefreshed,
 	SomeCredentialExpired, SomeStaleWorker, SomeCascadeSkip, SomeScalerLeaseTriaged, SomeDuplicateReport,
+	SomeRunArchived, SomeReportAfterArchive, SomeReportAfterArchiveRestart,
 }
 
 func sometimesBit(name string) uint32 {
@@ -510,8 +514,31 @@ func ScalerScope() Scope {
 	return sc
 }
 
+// ArchiveScope is archival and late reports (SPEC §7a): one worker with
+// two slots, a run of a write-bearing step a and a no-write step b, so that
+// the run leaves the core in the batch of its last report; 1 disconnect and
+// 1 orchestrator crash, either of which can lose that report's answer, and
+// 1 operator cancel (a report answered CANCELLED); after a lost answer
+// the worker reconnects listing the lease and re-sends the report,
+// answered from the closed-lease table (the crash: after a restore that
+// replayed the table). It must show the run archived, and a report after
+// the archival answered from the table, with and without a restart between.
+func ArchiveScope() Scope {
+	sc := DefaultScope()
+	sc.Name = "archive"
+	sc.Workers = 1
+	sc.Slots = 2
+	sc.Steps = []core.StepSpec{
+		{Name: "a", Command: "write a", Writes: true},
+		{Name: "b", Command: "read b"},
+	}
+	sc.MaxDepth = 14
+	sc.Require = []string{SomeRunArchived, SomeReportAfterArchive, SomeReportAfterArchiveRestart}
+	return sc
+}
+
 // ScopeNames lists every named scope, in the order the tests run them.
-var ScopeNames = []string{"default", "faults", "identity", "slow", "multiset", "timers", "tags", "chain", "scaler", "large"}
+var ScopeNames = []string{"default", "faults", "identity", "slow", "multiset", "timers", "tags", "chain", "scaler", "archive", "large"}
 
 // ScopeByName returns a named scope (ScopeNames).
 func ScopeByName(name string) (Scope, bool) {
@@ -536,6 +563,8 @@ func ScopeByName(name string) (Scope, bool) {
 		return ChainScope(), true
 	case "scaler":
 		return ScalerScope(), true
+	case "archive":
+		return ArchiveScope(), true
 	}
 	return Scope{}, false
 }

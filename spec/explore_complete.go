@@ -164,7 +164,7 @@ func (x *explorer) runFinished(s *xstate) bool {
 	if s.o == nil {
 		return false
 	}
-	r, _, ok := s.o.Run(x.run)
+	r, _, ok := s.chk.View(s.o).Run(x.run)
 	return ok && r.Finished
 }
 
@@ -185,11 +185,11 @@ func (x *explorer) complete(s *xstate) completion {
 		a, tick, ok := x.completionNext(cur)
 		finished := x.runFinished(cur)
 		if finished && (tick || !ok) {
-			if v := RunsFinish(cur.o); v != nil {
+			if v := RunsFinish(cur.chk.View(cur.o)); v != nil {
 				c.viol = v
 				return c
 			}
-			if v := NoWriteStepsSurviveWorkerLoss(cur.o); v != nil {
+			if v := NoWriteStepsSurviveWorkerLoss(cur.chk.View(cur.o)); v != nil {
 				c.viol = v
 				return c
 			}
@@ -200,7 +200,7 @@ func (x *explorer) complete(s *xstate) completion {
 			if ok {
 				detail = fmt.Sprintf("%d fault-free actions and %s of abstract time later", c.acts, cur.now.Sub(start))
 			}
-			v := RunsFinish(cur.o)
+			v := RunsFinish(cur.chk.View(cur.o))
 			if v == nil {
 				v = &Violation{Invariant: "RunsFinish", Detail: fmt.Sprintf("run %s: the orchestrator is down", x.run)}
 			}

@@ -153,6 +153,7 @@ func (x *explorer) hashWith(s *xstate, used uint64) uint64 {
 		rec += entry(func(h *hz) { h.s(string(id)); h.t(at) })
 	}
 	h.u(rec, used, uint64(s.revoked)|uint64(s.used.identityRestarts)<<32)
+	h.b(s.archRestart)
 	h.u(s.idem.hash())
 	return h.v
 }
@@ -246,5 +247,12 @@ func (c *Checker) stateHash() uint64 {
 		sum += entry(func(h *hz) { h.u(uint64(l)); h.s(string(w)) })
 	}
 	h.u(sum, uint64(len(c.pending)), uint64(len(c.journal)))
+	// The archive: which history records were written, and what they hold.
+	if c.arch != nil {
+		h.u(uint64(len(c.arch.runs)), c.arch.sum)
+	}
+	if c.archFound != nil {
+		h.s(c.archFound.Invariant, c.archFound.Detail)
+	}
 	return h.v
 }

@@ -16,6 +16,9 @@ type checkerPack struct {
 	live     uint64
 	checked  [numInv]uint64
 	maxLease core.LeaseID
+	arch     *Archive // immutable: shared with the checker it was packed from
+	archF    *Violation
+	archE    uint64
 
 	steps    []kv[core.StepID, core.State]
 	cancel   []core.StepID
@@ -62,7 +65,7 @@ func packChecker(c *Checker) *checkerPack {
 		panic("spec: explorer: packing a checker with batches pending")
 	}
 	p := &checkerPack{verify: c.Verify, found: c.found, counts: c.counts, checks: c.checks, live: c.live,
-		checked: c.checked, maxLease: c.maxLease}
+		checked: c.checked, maxLease: c.maxLease, arch: c.arch, archF: c.archFound, archE: c.archEvals}
 	p.steps = packMap(c.steps)
 	for id, v := range c.cancel {
 		if v {
@@ -87,7 +90,7 @@ func packChecker(c *Checker) *checkerPack {
 // while it is down), which is the one the checker saw last.
 func (p *checkerPack) unpack(o *core.Orchestrator) *Checker {
 	c := &Checker{Verify: p.verify, found: p.found, counts: p.counts, checks: p.checks, live: p.live,
-		checked: p.checked, maxLease: p.maxLease, o: o}
+		checked: p.checked, maxLease: p.maxLease, o: o, arch: p.arch, archFound: p.archF, archEvals: p.archE}
 	c.steps = unpackMap(p.steps)
 	c.cancel = make(map[core.StepID]bool, len(p.cancel))
 	for _, id := range p.cancel {

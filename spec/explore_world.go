@@ -225,6 +225,9 @@ type xstate struct {
 	cOwnW          uint64
 	used           budget
 	revoked        uint32 // token indexes revoked
+	// archRestart: the orchestrator was restored after a run was archived
+	// (SomeReportAfterArchiveRestart).
+	archRestart bool
 }
 
 // ---- actions ----
@@ -421,6 +424,7 @@ type builder struct {
 	completing                                bool          // a completion's step: see xstate.cOwnO
 	in                                        core.Input    // the orchestrator's input being observed (nil: a restore)
 	from                                      core.WorkerID // the worker whose connection the delivered message came on
+	late                                      bool          // the input is a report of a lease in the closed-lease table (SPEC §7a)
 }
 
 func (b *builder) mutChk() {
@@ -976,6 +980,20 @@ func (b *builder) orch(in core.Input) core.Ready {
 	s := b.s
 	b.mutChk()
 	held := b.heldReported(in)
+	b.late = false
+	if r, ok := in.(core.Received); ok {
+		if m, ok := r.Msg.(core.Report); ok {
+			_, b.late = s.o.ClosedLease(b.from, m.Lease)
+		}
+		switch r.Msg.(type) {
+		case core.Hello, core.Heartbeat:
+			if b.from != "" {
+				b.mutIdem()
+				arch := s.chk.Archive()
+				s.idem.Listing(in, b.from, func(l core.LeaseID) bool { _, ok := arch.Lease(l); return ok })
+			}
+		}
+	}
 	s.chk.Input(s.now, in)
 	// The orchestrator is a deterministic function of (state, now, input):
 	// a transition already computed from an equal orchestrator is reused,
@@ -1085,6 +1103,9 @@ func (b *builder) restartOrch() {
 	b.mutChk()
 	s.chk.Restored(s.now, o, rd)
 	s.chk.Persisted(s.now, rd)
+	if s.chk.Archive().Len() > 0 {
+		s.archRestart = true
+	}
 	s.oDL = rd.Deadline
 	b.hit(SomeOrchestratorRestored)
 	b.observe(rd, nil)
@@ -1096,9 +1117,9 @@ func (b *builder) restartOrch() {
 // current (PropInFlightHonoured), and the orchestrator itself (CheckRecords).
 func (b *builder) heldReported(in core.Input) *PreBatch {
 	if b.completing && b.s.cOwnO {
-		return BeforeCopy(b.s.o, in) // stepped in place next
+		return BeforeCopy(b.s.chk.View(b.s.o), in) // stepped in place next
 	}
-	return Before(b.s.o, in)
+	return Before(b.s.chk.View(b.s.o), in)
 }
 
 // observe runs the simulator's extra properties over a batch (nil pre: a
@@ -1106,6 +1127,7 @@ func (b *builder) heldReported(in core.Input) *PreBatch {
 func (b *builder) observe(rd core.Ready, pre *PreBatch) {
 	held := pre.HeldOf()
 	s := b.s
+	ov := s.chk.View(s.o) // the batch's history is in the checker's archive already
 	entered, left := RecoveryChanges(rd)
 	if len(entered) > 0 {
 		b.mutRecov()
@@ -1131,7 +1153,7 @@ func (b *builder) observe(rd core.Ready, pre *PreBatch) {
 			b.hit(SomeCascadeSkip)
 		}
 		if t.To == core.StateFailed {
-			if st, ok := s.o.StepByID(t.Step); ok {
+			if st, ok := ov.StepByID(t.Step); ok {
 				switch st.Class {
 				case core.ClassUnmatched:
 					b.hit(SomeStepFailedUnmatched)
@@ -1144,15 +1166,26 @@ func (b *builder) observe(rd core.Ready, pre *PreBatch) {
 			b.hit(SomeCancelForced)
 		}
 		if t.To == core.StateFailed && b.x.writesOf(t.Step) {
-			if st, ok := s.o.StepByID(t.Step); ok && st.EverStarted {
+			if st, ok := ov.StepByID(t.Step); ok && st.EverStarted {
 				if workerLost(st.Class) {
 					b.hit(SomeWriteStepFailedByTriage)
 				}
 			}
 		}
 	}
-	if runSucceeded(s.o, rd) {
+	if runSucceeded(ov, rd) {
 		b.hit(SomeRunSucceeded)
+	}
+	for _, r := range rd.Records {
+		if core.IsHistoryKey(r.Key) {
+			b.hit(SomeRunArchived)
+		}
+	}
+	if b.late && b.in != nil {
+		b.hit(SomeReportAfterArchive)
+		if s.archRestart {
+			b.hit(SomeReportAfterArchiveRestart)
+		}
 	}
 	if _, tick := b.in.(core.Tick); tick && b.x.wantExpiry {
 		for _, w := range s.o.Workers() {
@@ -1164,11 +1197,11 @@ func (b *builder) observe(rd core.Ready, pre *PreBatch) {
 	if v := CheckProps(rd, s.now, b.x.grace, s.recoverAt, held); v != nil {
 		b.fail(v.Invariant, "%s", v.Detail)
 	}
-	if v := CheckNoWriteFailures(s.o, rd); v != nil {
+	if v := CheckNoWriteFailures(ov, rd); v != nil {
 		b.fail(v.Invariant, "%s", v.Detail)
 	}
 	b.checkGrants(rd)
-	if v := CheckRecords(pre, s.o, s.now, rd); v != nil {
+	if v := CheckRecords(pre, ov, s.now, rd); v != nil {
 		b.fail(v.Invariant, "%s", v.Detail)
 	}
 	if r, ok := b.in.(core.Received); ok {
@@ -1197,7 +1230,7 @@ func (b *builder) observe(rd core.Ready, pre *PreBatch) {
 			}
 		case core.Dispatch:
 			if !m.Writes {
-				if st, ok := s.o.StepByID(m.Step); ok && st.EverStarted {
+				if st, ok := ov.StepByID(m.Step); ok && st.EverStarted {
 					b.hit(SomeNoWriteStepRedispatched)
 				}
 			}

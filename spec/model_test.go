@@ -240,7 +240,7 @@ func TestModelAcceptsTheRealCore(t *testing.T) {
 		ops = append(ops, porcupine.Operation{Input: in, Call: clock - 1, Output: out, Return: clock})
 	}
 	query := func(s core.StepID) {
-		st, _ := r.o.StepByID(s)
+		st, _ := r.c.View(r.o).StepByID(s)
 		rec(StepInput{Kind: OpQuery, Step: s}, StepOutput{State: st.State, Outcome: st.Outcome})
 	}
 	r.enroll("w1", 2)
@@ -280,7 +280,7 @@ func TestModelAcceptsTheRealCore(t *testing.T) {
 		query(s)
 	}
 	lb := r.leaseOf(steps[1])
-	r.reconnect(r.holder[lb])
+	r.reconnect(r.holder[lb], lb)                                                        // it still holds lb: its run is archived, the closed-lease table answers (SPEC §7a)
 	if a := report(r.holder[lb], lb, core.OutcomeSuccess); a.Verdict != core.Cancelled { // stale
 		t.Fatalf("b: %v", a)
 	}

@@ -27,6 +27,7 @@ const (
 	uMax
 	uWorker
 	uToken
+	uArch
 )
 
 type undo struct {
@@ -40,6 +41,7 @@ type undo struct {
 	owner  leaseOwner
 	worker workerInfo
 	token  tokenInfo
+	arch   *Archive
 }
 
 type pendingBatch struct {
@@ -145,10 +147,19 @@ func (c *Checker) setToken(name string, t tokenInfo) {
 	c.tokens[name] = t
 }
 
+// setArch replaces the archive (journaled: an Archive is immutable, so the
+// old pointer is the undo).
+func (c *Checker) setArch(a *Archive) {
+	c.journal = append(c.journal, undo{kind: uArch, arch: c.arch})
+	c.arch = a
+}
+
 func (c *Checker) rollback() {
 	for i := len(c.journal) - 1; i >= 0; i-- {
 		u := &c.journal[i]
 		switch u.kind {
+		case uArch:
+			c.arch = u.arch
 		case uStep:
 			if u.had {
 				c.steps[u.step] = u.state
@@ -207,6 +218,8 @@ type batchScratch struct {
 	wlist      []core.WorkerID // workers, likewise
 	grants     []leaseRec
 	dispatches []dispatchAt
+	history    []core.Record // the batch's history records (SPEC §7a)
+	ended      []core.StepID // steps of leases the batch's records made not current
 }
 
 func (b *batchScratch) touch(s core.StepID) {
@@ -240,6 +253,8 @@ func (b *batchScratch) reset() {
 	b.wlist = b.wlist[:0]
 	b.grants = b.grants[:0]
 	b.dispatches = b.dispatches[:0]
+	b.history = b.history[:0]
+	b.ended = b.ended[:0]
 }
 
 // The fields of the records the checker reads (json ignores the rest).
@@ -330,12 +345,18 @@ func (c *Checker) batch(o *core.Orchestrator, rd core.Ready) {
 			c.applyToken(r)
 		case core.KindStep:
 			b.touch(core.StepID(id))
+		case core.KindHistory:
+			b.history = append(b.history, r)
 		}
 	}
 	for _, t := range rd.Transitions {
 		c.observeTransition(t)
 	}
+	for _, r := range b.history {
+		c.observeHistory(r)
+	}
 	c.afterBatch(o)
+	c.checkArchived(o)
 	if !pb.id.empty() {
 		c.pending = append(c.pending, pb)
 	}
@@ -399,7 +420,7 @@ func (c *Checker) observeCommitted(conn core.ConnID, a core.Answer, pb *pendingB
 		status := core.OutcomeStatus(0)
 		if rep != nil {
 			status = rep.Outcome.Status
-		} else if st, ok := c.o.StepByID(step); ok && st.Outcome != nil {
+		} else if st, ok := c.view().StepByID(step); ok && st.Outcome != nil {
 			status = st.Outcome.Status // no report seen: the core's own record
 		}
 		cleanup := status == core.OutcomeCleanupFailed && c.steps[step] == core.StateCancelling
@@ -500,6 +521,9 @@ func (c *Checker) applyLease(r core.Record) {
 	if lr.Current {
 		c.b.touchWorker(lr.Worker)
 	}
+	if was && !lr.Current {
+		c.b.ended = append(c.b.ended, old.step)
+	}
 	if was != lr.Current || old.step != lr.Step || old.worker != lr.Worker {
 		c.setCurrent(id, leaseOwner{lr.Step, lr.Worker}, lr.Current)
 	}
@@ -592,8 +616,18 @@ func (c *Checker) afterBatch(o *core.Orchestrator) {
 		cur, known := c.steps[s]
 		switch {
 		case !ok:
-			if known {
-				c.fail(invTable, "step %s (%s) vanished", s, cur)
+			// A step leaves the core only into its run's history record,
+			// in the state its transitions led to (SPEC §7a).
+			a, archived := c.arch.Step(s)
+			switch {
+			case known && !archived:
+				c.fail(invTable, "step %s (%s) vanished: it is neither live nor in a history record", s, cur)
+			case known && a.State != cur:
+				c.fail(invTable, "step %s (%s) was archived as %s", s, cur, a.State)
+			}
+			if f, ok := c.commits[s]; ok && archived {
+				c.eval(invCommit)
+				c.checkShown(s, f, a, "in its run's history record")
 			}
 			continue
 		case !known:

@@ -106,7 +106,7 @@ func CheckProps(rd core.Ready, now time.Time, grace time.Duration, recoverAt map
 // never changes, so this is what NoWriteStepsSurviveWorkerLoss finds at the
 // end of a run, found at the batch that did it. o is the orchestrator after
 // the batch rd.
-func CheckNoWriteFailures(o *core.Orchestrator, rd core.Ready) *Violation {
+func CheckNoWriteFailures(o View, rd core.Ready) *Violation {
 	for _, t := range rd.Transitions {
 		if t.To != core.StateFailed {
 			continue
@@ -159,7 +159,7 @@ func NewTimeouts() *Timeouts {
 
 // Reset forgets everything and learns the deadlines of o, just restored at
 // now: a deadline already past counts from now (the orchestrator was down).
-func (t *Timeouts) Reset(o *core.Orchestrator, now time.Time) {
+func (t *Timeouts) Reset(o View, now time.Time) {
 	clear(t.steps)
 	clear(t.runs)
 	for _, s := range o.Steps() {
@@ -181,7 +181,7 @@ func latest(a, b time.Time) time.Time {
 	return b
 }
 
-func (t *Timeouts) learnStep(o *core.Orchestrator, id core.StepID, now time.Time) {
+func (t *Timeouts) learnStep(o View, id core.StepID, now time.Time) {
 	s, ok1 := o.StepByID(id)
 	sp, ok2 := o.StepSpecOf(id)
 	if ok1 && ok2 && sp.Timeout > 0 && s.State == core.StateRunning {
@@ -193,7 +193,7 @@ func (t *Timeouts) learnStep(o *core.Orchestrator, id core.StepID, now time.Time
 // tracked before the batch may be overdue by more than TimeoutSlack at now
 // (it was running, or uncancelled, all along since the last batch); then it
 // learns the batch's transitions and events.
-func (t *Timeouts) Check(o *core.Orchestrator, rd core.Ready, now time.Time) *Violation {
+func (t *Timeouts) Check(o View, rd core.Ready, now time.Time) *Violation {
 	for _, id := range sortedIDs(t.steps) {
 		if d := t.steps[id]; now.Sub(d) > TimeoutSlack {
 			sp, _ := o.StepSpecOf(id)
@@ -309,7 +309,7 @@ func (d *Dispatches) Check(rd core.Ready, now time.Time, from core.WorkerID, wor
 // runSucceeded says whether batch rd finished a run whose every step
 // ended well (none failed or was cancelled), judged from the steps' states, not from the event's text. o is
 // the orchestrator after the batch.
-func runSucceeded(o *core.Orchestrator, rd core.Ready) bool {
+func runSucceeded(o View, rd core.Ready) bool {
 	for _, t := range rd.Transitions {
 		if !t.To.Terminal() {
 			continue

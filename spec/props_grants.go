@@ -51,8 +51,8 @@ const (
 // GrantView is what a world tells Grants.Check about one batch besides the
 // batch itself.
 type GrantView struct {
-	O   *core.Orchestrator // the orchestrator as the batch left it (its spec, its config)
-	Now time.Time          // when the batch was made
+	O   View      // the orchestrator as the batch left it, with the archive (its spec, its config)
+	Now time.Time // when the batch was made
 	// Restored says the batch is a Restore's (SPEC §7): the credentials of
 	// the workers still in the pool slide to now + TTL, and grants of
 	// batches a crash took back (never persisted, so never sent) are
@@ -287,7 +287,7 @@ func (b *builder) checkGrants(rd core.Ready) {
 	case s.grants.Touches(rd, restored):
 		s.grants = s.grants.Clone()
 	}
-	v := s.grants.Check(rd, GrantView{O: s.o, Now: s.now, Restored: restored, WorkerOf: b.workerOfConn, TagsOf: b.declaredTags})
+	v := s.grants.Check(rd, GrantView{O: s.chk.View(s.o), Now: s.now, Restored: restored, WorkerOf: b.workerOfConn, TagsOf: b.declaredTags})
 	if v != nil {
 		b.fail(v.Invariant, "%s", v.Detail)
 	}

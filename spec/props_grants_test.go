@@ -94,7 +94,7 @@ func (r *grantsRig) batch(at time.Duration, restored bool, msgs ...core.Msg) *Vi
 	for _, m := range msgs {
 		rd.Messages = append(rd.Messages, core.Envelope{Conn: 1, Msg: m})
 	}
-	return r.g.Check(rd, GrantView{O: r.o, Now: r.now.Add(at), Restored: restored, LostBatches: true,
+	return r.g.Check(rd, GrantView{O: View{Orchestrator: r.o}, Now: r.now.Add(at), Restored: restored, LostBatches: true,
 		WorkerOf: func(core.ConnID) core.WorkerID { return "w1" },
 		TagsOf:   func(core.WorkerID) ([]string, bool) { return []string{"docker"}, true }})
 }

@@ -226,7 +226,7 @@ func (p *Pool) sortedWorkers() []core.WorkerID {
 }
 
 // activeMatches lists the workers surely active at now that match step.
-func (p *Pool) activeMatches(o *core.Orchestrator, step core.StepID, now time.Time) map[core.WorkerID]bool {
+func (p *Pool) activeMatches(o View, step core.StepID, now time.Time) map[core.WorkerID]bool {
 	sp, ok := o.StepSpecOf(step)
 	if !ok {
 		return nil
@@ -242,7 +242,7 @@ func (p *Pool) activeMatches(o *core.Orchestrator, step core.StepID, now time.Ti
 
 // Check checks batch rd, made at now by o (o as the batch left it) for
 // input in (nil for a restore's batch), and learns from it.
-func (p *Pool) Check(o *core.Orchestrator, now time.Time, in core.Input, rd core.Ready) *Violation {
+func (p *Pool) Check(o View, now time.Time, in core.Input, rd core.Ready) *Violation {
 	p.cfg = o.Config() // its settings with defaults filled in
 	// Before the batch: unmatched steps that waited too long.
 	if v := p.checkStuck(now); v != nil {
@@ -417,7 +417,7 @@ func (p *Pool) learn(now time.Time, in core.Input, rd core.Ready) []core.WorkerI
 
 // checkScaler: after the batch, no lease of a scaler whose connection it
 // dropped is left, and no step is recovering on a scaler's lease.
-func (p *Pool) checkScaler(o *core.Orchestrator, dropped []core.WorkerID) *Violation {
+func (p *Pool) checkScaler(o View, dropped []core.WorkerID) *Violation {
 	gone := map[core.WorkerID]bool{}
 	for _, id := range dropped {
 		gone[id] = true
@@ -490,9 +490,9 @@ func welcomeCancel(h core.Hello, wel *core.Welcome, before, after *leaseView) *V
 
 // track learns, after a batch, which steps are queued and unleased, and
 // which of those no worker that may be active matches.
-func (p *Pool) track(o *core.Orchestrator, now time.Time) {
+func (p *Pool) track(o View, now time.Time) {
 	ready := map[core.StepID]bool{}
-	for _, st := range o.Steps() {
+	for _, st := range o.Orchestrator.Steps() { // a queued step is live: only finished runs are archived
 		if st.State != core.StateQueued {
 			continue
 		}
@@ -568,19 +568,19 @@ type preOrch interface {
 
 // Before records what CheckRecords needs from o, about to handle in; o must
 // not be stepped in place afterwards (see BeforeCopy).
-func Before(o *core.Orchestrator, in core.Input) *PreBatch {
-	return &PreBatch{Held: HeldReported(o, in), o: o, in: in}
+func Before(o View, in core.Input) *PreBatch {
+	return &PreBatch{Held: HeldReported(o.Orchestrator, in), o: o, in: in}
 }
 
 // BeforeCopy is Before for an orchestrator about to be stepped in place (an
 // explorer completion's own copy): it keeps a copy of the step, worker and
 // lease records CheckRecords reads instead of o itself.
-func BeforeCopy(o *core.Orchestrator, in core.Input) *PreBatch {
+func BeforeCopy(o View, in core.Input) *PreBatch {
 	snap := &preSnapshot{steps: map[core.StepID]core.StepRecord{}, workers: o.Workers(), leases: o.Leases()}
 	for _, st := range o.Steps() {
 		snap.steps[st.ID] = st
 	}
-	return &PreBatch{Held: HeldReported(o, in), o: snap, in: in}
+	return &PreBatch{Held: HeldReported(o.Orchestrator, in), o: snap, in: in}
 }
 
 // preSnapshot is the records of an orchestrator as they were (BeforeCopy).
@@ -630,7 +630,7 @@ func leaseMap(o preOrch) map[core.LeaseID]core.LeaseRecord {
 
 // CheckRecords checks batch rd, made at now, that took pre.o to o (a nil
 // pre is a restore's batch: nothing to compare with).
-func CheckRecords(pre *PreBatch, o *core.Orchestrator, now time.Time, rd core.Ready) *Violation {
+func CheckRecords(pre *PreBatch, o View, now time.Time, rd core.Ready) *Violation {
 	if pre == nil {
 		return nil
 	}

@@ -110,10 +110,11 @@ func (s *rapidStats) String() string {
 
 // refModel is the step register and lease table as SPEC §1-4 define them.
 type refModel struct {
-	cfg      core.Config
-	steps    map[core.StepID]*mStep
-	leases   map[core.LeaseID]*mLease
-	maxLease core.LeaseID
+	cfg        core.Config
+	steps      map[core.StepID]*mStep
+	leases     map[core.LeaseID]*mLease
+	maxLease   core.LeaseID
+	restoredAt time.Time // the last restart (SPEC §7a: the closed-lease table's time bound)
 }
 
 type mStep struct {
@@ -142,6 +143,23 @@ type mLease struct {
 	// holdUntil: a recovering lease whose worker is away keeps its authority
 	// until then (its grace window): no timer may end it earlier.
 	holdUntil time.Time
+	// Archival (SPEC §7a): the lease's run left the core; its entry in the
+	// closed-lease table answers for it until dropped. held: the worker
+	// showed it held the lease (a START, a report, a listing).
+	archived, held, dropped bool
+	closedAt                time.Time
+}
+
+// firstAnswer is the answer the closed-lease table keeps of an archived
+// lease (SPEC §7a): the committed one when it committed, else the first.
+func (l *mLease) firstAnswer() *mAnswer {
+	var first *mAnswer
+	for i := range l.answers {
+		if first == nil || (l.committed && l.answers[i].verdict == core.Committed) {
+			first = &l.answers[i]
+		}
+	}
+	return first
 }
 
 type mAnswer struct {
@@ -175,10 +193,26 @@ func (m *refModel) predictReport(w core.WorkerID, r core.Report) reportPredictio
 	switch {
 	case l == nil:
 		return reportPrediction{verdict: core.Rejected, why: "unknown lease"}
+	case l.dropped:
+		return reportPrediction{verdict: core.Rejected, why: "unknown lease (dropped from the closed-lease table)"}
 	case l.worker != w:
 		return reportPrediction{verdict: core.Rejected, why: "another worker's lease"}
 	case l.step != r.Step:
 		return reportPrediction{verdict: core.Rejected, why: "a lease of another step"}
+	}
+	if l.archived {
+		// SPEC §7a: as §3 answers it, from the one report the table keeps;
+		// nothing more is recorded.
+		if a := l.firstAnswer(); a != nil && a.request == r.Request {
+			if a.outcome == r.Outcome {
+				return reportPrediction{verdict: a.verdict, why: "exact duplicate (archived)"}
+			}
+			return reportPrediction{verdict: core.Rejected, why: "conflicting duplicate (archived)"}
+		}
+		if l.committed {
+			return reportPrediction{verdict: core.Rejected, why: "a different completion after the commit (archived)"}
+		}
+		return reportPrediction{verdict: core.Cancelled, why: "lease lost authority (archived)"}
 	}
 	for _, a := range l.answers {
 		if a.request == r.Request {
@@ -384,6 +418,9 @@ type expect struct {
 	end   []core.LeaseID // must have lost authority after the batch
 	stay  []core.LeaseID // must still be current after the batch
 	learn bool           // timers may fire: other ends are learned, not judged
+	// listing: the in-flight list of an accepted Hello or heartbeat, which
+	// drops the worker's closed-lease entries it does not list (SPEC §7a).
+	listing *listing
 }
 
 // timersDue reports whether a timer is due at now, so that a batch stepped
@@ -447,7 +484,7 @@ func (h *harness) observe(rd core.Ready, ex expect) {
 		s.state = tr.To
 		h.stats.add("→" + tr.To.String())
 		if tr.To == core.StateFailed {
-			if st, ok := h.o.StepByID(tr.Step); ok {
+			if st, ok := h.chk.View(h.o).StepByID(tr.Step); ok {
 				h.stats.add("failed " + string(st.Class))
 			}
 		}
@@ -481,14 +518,24 @@ func (h *harness) observe(rd core.Ready, ex expect) {
 		if !strings.HasPrefix(r.Key, core.KindLease+"/") {
 			continue
 		}
+		var lr core.LeaseRecord
 		if r.Delete {
-			h.fatalf("lease record %s was deleted", r.Key)
+			// Only archival deletes a lease (SPEC §7a): its last state is
+			// in its run's history record, written by the same batch.
+			var id core.LeaseID
+			fmt.Sscanf(strings.TrimPrefix(r.Key, core.KindLease+"/"), "%d", &id)
+			al, ok := h.chk.Archive().Lease(id)
+			if !ok {
+				h.fatalf("lease record %s was deleted, and no history record of the batch holds it", r.Key)
+			}
+			lr = al
+		} else {
+			v, err := core.DecodeRecord(r)
+			if err != nil {
+				h.fatalf("lease record %s does not decode: %v", r.Key, err)
+			}
+			lr = *v.(*core.LeaseRecord)
 		}
-		v, err := core.DecodeRecord(r)
-		if err != nil {
-			h.fatalf("lease record %s does not decode: %v", r.Key, err)
-		}
-		lr := *v.(*core.LeaseRecord)
 		recs[lr.ID] = lr
 		if ml := m.leases[lr.ID]; ml != nil && ml.current && !lr.Current {
 			if !ex.learn {
@@ -561,6 +608,103 @@ func (h *harness) observe(rd core.Ready, ex expect) {
 			}
 		}
 	}
+	h.observeClosed(rd, ex)
+}
+
+// observeClosed follows archival and the closed-lease table (SPEC §7a): a
+// history record's leases enter the table; every drop the table's log
+// records is one a rule allows (a Hello of the worker not listing the lease,
+// a heartbeat not listing a lease it showed it held, in a batch where the
+// sweep may run: its worker revoked or the time bound past), and the
+// listing's drops all happen.
+func (h *harness) observeClosed(rd core.Ready, ex expect) {
+	m := h.m
+	now := map[core.LeaseID]bool{} // archived by this batch: after its input was handled
+	for _, r := range rd.Records {
+		if !core.IsHistoryKey(r.Key) || r.Delete {
+			continue
+		}
+		v, err := core.DecodeRecord(r)
+		hist, ok := v.(*core.RunHistory)
+		if err != nil || !ok {
+			h.fatalf("history record %s does not decode: %v", r.Key, err)
+		}
+		h.stats.add("run archived")
+		for _, l := range hist.Leases {
+			ml := m.leases[l.ID]
+			if ml == nil || ml.current || ml.archived {
+				h.fatalf("run %s archived lease %d, which the model holds as %+v", hist.Run.ID, l.ID, ml)
+			}
+			ml.archived, ml.held, ml.closedAt = true, ml.started || len(ml.answers) > 0, h.now
+			now[l.ID] = true
+		}
+	}
+	listed := map[core.LeaseID]bool{}
+	if ex.listing != nil {
+		for _, r := range ex.listing.inflight {
+			listed[r.Lease] = true
+		}
+	}
+	for _, r := range rd.Records {
+		if !strings.HasPrefix(r.Key, core.KindClosed+"/") || r.Delete {
+			continue
+		}
+		v, err := core.DecodeRecord(r)
+		ch, ok := v.(*core.ClosedChunk)
+		if err != nil || !ok {
+			h.fatalf("closed-lease record %s does not decode: %v", r.Key, err)
+		}
+		for _, id := range ch.Drops {
+			ml := m.leases[id]
+			if ml == nil || !ml.archived || ml.dropped {
+				h.fatalf("the closed-lease table dropped lease %d, which the model holds as %+v", id, ml)
+			}
+			byListing := ex.listing != nil && ex.listing.worker == ml.worker && !listed[id] && (ex.listing.fresh || ml.held)
+			var w *hWorker
+			for _, hw := range h.ws {
+				if hw.id == ml.worker {
+					w = hw
+				}
+			}
+			from := time.Unix(max(ml.closedAt.Unix(), m.restoredAt.Unix()), 0)
+			bySweep := ex.learn && (w == nil || w.revoked || h.action == "RevokeToken" ||
+				!h.now.Before(from.Add(h.cfg.CredentialTTL+h.cfg.HeartbeatTimeout+h.graceOf(ml.worker))))
+			if !byListing && !bySweep {
+				h.fatalf("the closed-lease table dropped lease %d of worker %s (held=%v), which no rule of SPEC §7a allows now", id, ml.worker, ml.held)
+			}
+			ml.dropped = true
+			h.stats.add("closed-lease entry dropped")
+		}
+	}
+	if ex.listing == nil {
+		return
+	}
+	for _, id := range slices.Sorted(maps.Keys(m.leases)) {
+		ml := m.leases[id]
+		if !ml.archived || ml.dropped || ml.worker != ex.listing.worker || now[id] {
+			continue
+		}
+		switch {
+		case listed[id]:
+			ml.held = true
+		case ex.listing.fresh || ml.held:
+			h.fatalf("worker %s's %s does not list lease %d (held=%v), yet its closed-lease entry was kept", ml.worker, ex.listing.kind(), id, ml.held)
+		}
+	}
+}
+
+// listing is a Hello (fresh) or heartbeat's in-flight list.
+type listing struct {
+	worker   core.WorkerID
+	inflight []core.LeaseRef
+	fresh    bool
+}
+
+func (l *listing) kind() string {
+	if l.fresh {
+		return "Hello"
+	}
+	return "heartbeat"
 }
 
 func (h *harness) graceOf(id core.WorkerID) time.Duration {
@@ -646,7 +790,8 @@ func (h *harness) check(t *rapid.T) {
 	m := h.m
 	perStep := map[core.StepID]core.LeaseID{}
 	seen := 0
-	for _, l := range h.o.Leases() {
+	v := h.chk.View(h.o) // live and archived (SPEC §7a): the model keeps every lease and step
+	for _, l := range v.Leases() {
 		ml := m.leases[l.ID]
 		if ml == nil {
 			h.fatalf("the orchestrator holds lease %d (step %s), which was never dispatched", l.ID, l.Step)
@@ -668,7 +813,7 @@ func (h *harness) check(t *rapid.T) {
 	}
 	for _, id := range slices.Sorted(maps.Keys(m.steps)) {
 		ms := m.steps[id]
-		s, ok := h.o.StepByID(id)
+		s, ok := v.StepByID(id)
 		switch {
 		case !ok:
 			h.fatalf("step %s vanished", id)
@@ -820,7 +965,7 @@ func (h *harness) submit(t *rapid.T) {
 		specs = append(specs, core.StepSpec{Name: specs[0].Name, Command: "again"})
 	}
 	h.t.Logf("submit %s", describeSpecs(specs))
-	before := len(h.o.RunIDs())
+	before := len(h.chk.View(h.o).RunIDs()) // live and archived: a due timer may archive a run in the batch
 	// Runs are numbered in submission order (SPEC §2): the model knows the
 	// id, and so the steps, before the batch.
 	run := core.RunID(fmt.Sprintf("run-%d", len(h.runs)+1))
@@ -840,7 +985,7 @@ func (h *harness) submit(t *rapid.T) {
 	}
 	a := rd.Answers[0]
 	if invalid {
-		if a.Err == "" || a.Run != "" || len(h.o.RunIDs()) != before {
+		if a.Err == "" || a.Run != "" || len(h.chk.View(h.o).RunIDs()) != before {
 			h.fatalf("an invalid run was accepted: %+v", a)
 		}
 		return
@@ -983,10 +1128,10 @@ func (h *harness) reconnect(t *rapid.T) {
 	reported := map[core.LeaseID]bool{}
 	for _, r := range inflight {
 		ml := m.leases[r.Lease]
-		if ml != nil && ml.committed && ml.worker == w.id && ml.step == r.Step {
+		if ml != nil && ml.committed && !ml.dropped && ml.worker == w.id && ml.step == r.Step {
 			continue // its answer was lost: the re-sent report gets COMMITTED again
 		}
-		if ml == nil || ml.worker != w.id || ml.step != r.Step || !ml.current || gone[r.Lease] {
+		if ml == nil || ml.dropped || ml.worker != w.id || ml.step != r.Step || !ml.current || gone[r.Lease] {
 			wantCancel = append(wantCancel, r.Lease)
 			continue
 		}
@@ -1035,7 +1180,7 @@ func (h *harness) reconnect(t *rapid.T) {
 	}
 	// Welcomed: a no-grace supersede and the leases it did not report end;
 	// the reported current ones stay.
-	h.land(rd, expect{end: append(ex.end, lost...), stay: stay})
+	h.land(rd, expect{end: append(ex.end, lost...), stay: stay, listing: &listing{worker: w.id, inflight: inflight, fresh: true}})
 	if w.revoked || w.scaler {
 		h.fatalf("worker %s (revoked=%v scaler=%v) was welcomed back", w.id, w.revoked, w.scaler)
 	}
@@ -1097,6 +1242,9 @@ func (h *harness) startLease(w *hWorker, l core.LeaseID) {
 	}
 	if got.OK != want {
 		h.fatalf("Start of lease %d by %s: StartAck ok=%v (%q), the model says %v", l, w.id, got.OK, got.Reason, want)
+	}
+	if ml := h.m.leases[l]; ml != nil && ml.archived && !ml.dropped && ml.worker == w.id {
+		ml.held = true
 	}
 	if got.OK {
 		h.stats.add("StartAck ok")
@@ -1273,6 +1421,10 @@ func (h *harness) report(w *hWorker, r core.Report) {
 	}
 	h.sent = append(h.sent, sentReport{w: w, r: r})
 	ml := m.leases[r.Lease]
+	if ml != nil && ml.archived && !ml.dropped && ml.worker == w.id && ml.step == r.Step && p.why != "malformed" {
+		ml.held = true
+		h.stats.add("report answered from the closed-lease table: " + a.Verdict.String())
+	}
 	if p.record {
 		ml.answers = append(ml.answers, mAnswer{request: r.Request, outcome: r.Outcome, verdict: a.Verdict})
 	}
@@ -1323,16 +1475,17 @@ func (h *harness) beat(w *hWorker, stray []core.LeaseID) {
 	}
 	var want []core.LeaseID
 	for _, r := range refs {
-		if ml := h.m.leases[r.Lease]; ml != nil && ml.committed && ml.worker == w.id && ml.step == r.Step {
+		if ml := h.m.leases[r.Lease]; ml != nil && ml.committed && !ml.dropped && ml.worker == w.id && ml.step == r.Step {
 			continue // its answer is on its way, or will be again
-		} else if ml == nil || ml.worker != w.id || !ml.current {
+		} else if ml == nil || ml.dropped || ml.worker != w.id || !ml.current {
 			want = append(want, r.Lease)
 		}
 	}
 	h.t.Logf("%s: Heartbeat %v", w.id, refs)
 	conn := w.conn
 	due := h.timersDue()
-	rd := h.step(core.Received{Conn: conn, Msg: core.Heartbeat{InFlight: refs}}, expect{stay: h.m.leasesOf(w.id)})
+	rd := h.step(core.Received{Conn: conn, Msg: core.Heartbeat{InFlight: refs}}, expect{stay: h.m.leasesOf(w.id),
+		listing: &listing{worker: w.id, inflight: refs}})
 	if due {
 		return
 	}
@@ -1543,6 +1696,7 @@ func (h *harness) restart(t *rapid.T) {
 		h.fatalf("Restore: %v", err)
 	}
 	h.o = o
+	h.m.restoredAt = h.now
 	for _, w := range h.ws {
 		w.conn = 0
 	}

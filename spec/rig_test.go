@@ -236,7 +236,7 @@ func (r *rig) leaseOf(s core.StepID) core.LeaseID {
 }
 
 func (r *rig) state(s core.StepID) core.State {
-	st, ok := r.o.StepByID(s)
+	st, ok := r.c.View(r.o).StepByID(s)
 	if !ok {
 		r.t.Fatalf("no step %s", s)
 	}

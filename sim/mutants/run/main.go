@@ -1,8 +1,8 @@
 // Command run is the mutation harness: it applies each planted bug in
 // sim/mutants/*.patch to a fresh copy of the repository and runs every
 // checker against it — the seeded simulator, the explorer (the default
-// scope, then the faults, identity, slow, multiset, timers, tags, chain and
-// scaler scopes for what the default one does not reach), the rapid suites
+// scope, then the faults, identity, slow, multiset, timers, tags, chain,
+// scaler and archive scopes for what the default one does not reach), the rapid suites
 // and the fuzz corpora — and prints, per
 // mutant, which of them caught it and with which invariant.
 //
@@ -316,10 +316,11 @@ var (
 // worker restarted keeping its identity), the slow scope (a message
 // in flight while a timer fires), the multiset network, the timers scope
 // (short sweep, heartbeat, unmatched and credential timers), the tags
-// scope (required tags), the chain scope (a → b → c) and the scaler scope
-// (a scaler-managed worker).
+// scope (required tags), the chain scope (a → b → c), the scaler scope
+// (a scaler-managed worker) and the archive scope (late reports after
+// archival, SPEC §7a).
 func runExplorer(ctx context.Context, dir string) verdict {
-	for _, scope := range []string{"default", "faults", "identity", "slow", "multiset", "timers", "tags", "chain", "scaler"} {
+	for _, scope := range []string{"default", "faults", "identity", "slow", "multiset", "timers", "tags", "chain", "scaler", "archive"} {
 		out, err := goTest(ctx, dir, "test", "./spec", "-run", "^TestExplore$", "-explore.scope="+scope, "-count=1", "-timeout=30m", "-v")
 		if ctx.Err() != nil {
 			return verdict{ran: true, err: ctx.Err()}
