@@ -131,21 +131,51 @@ func demo(ctx context.Context, out io.Writer, log *slog.Logger) (err error) {
 	var status string
 	for {
 		var lines []string
-		done := false
+		done, live := false, false
 		err := orch.Snapshot(ctx, func(o *core.Orchestrator) {
-			r, st, _ := o.Run(runID)
+			r, st, ok := o.Run(runID)
+			if !ok {
+				return // finished: the run left the core for the history (SPEC §7a)
+			}
+			live = true
+			names := workerNames(o)
 			for _, id := range r.Steps {
 				s, _ := o.StepByID(id)
 				if !s.State.Terminal() || printed[id] {
 					continue
 				}
 				printed[id] = true
-				lines = append(lines, describeStep(o, s, s.FinishedAt.Sub(submitted)))
+				lines = append(lines, describeStep(s, s.FinishedAt.Sub(submitted), lastWorker(o.Leases(), s.ID, names), o.StepLogs(s.ID)))
 			}
 			done, status = r.Finished, st
 		})
 		if err != nil {
 			return err
+		}
+		if !live {
+			// The run finished and is in the store's history: print the
+			// steps not printed yet from there.
+			hist, err := orch.History().History(runID)
+			if err != nil {
+				return fmt.Errorf("run %s: %w", runID, err)
+			}
+			var names map[core.WorkerID]string
+			orch.Snapshot(ctx, func(o *core.Orchestrator) { names = workerNames(o) })
+			for _, s := range hist.Steps {
+				if printed[s.ID] {
+					continue
+				}
+				printed[s.ID] = true
+				var leases []core.LeaseID
+				for _, l := range hist.Leases {
+					if l.Step == s.ID {
+						leases = append(leases, l.ID)
+					}
+				}
+				logs, _, _ := orch.History().HistoryLogs(leases, "", 1)
+				lines = append(lines, describeStep(s, s.FinishedAt.Sub(submitted), lastWorker(hist.Leases, s.ID, names), logs))
+			}
+			done, status = true, hist.Status
 		}
 		for _, l := range lines {
 			fmt.Fprintln(out, l)
@@ -166,20 +196,31 @@ func demo(ctx context.Context, out io.Writer, log *slog.Logger) (err error) {
 	return nil
 }
 
-// describeStep is one line: time since submit, step, state, worker, attempt,
-// and the first line of its output.
-func describeStep(o *core.Orchestrator, s core.StepRecord, at time.Duration) string {
-	workerName, names := "-", map[core.WorkerID]string{}
+func workerNames(o *core.Orchestrator) map[core.WorkerID]string {
+	names := map[core.WorkerID]string{}
 	for _, w := range o.Workers() {
 		names[w.ID] = w.Name
 	}
-	for _, l := range o.Leases() { // the step's last lease ran it
-		if l.Step == s.ID {
-			workerName = names[l.Worker]
+	return names
+}
+
+// lastWorker names the worker of the step's last lease (the one that ran
+// it), or "-".
+func lastWorker(leases []core.LeaseRecord, step core.StepID, names map[core.WorkerID]string) string {
+	name := "-"
+	for _, l := range leases { // sorted by id: the last one wins
+		if l.Step == step {
+			name = names[l.Worker]
 		}
 	}
+	return name
+}
+
+// describeStep is one line: time since submit, step, state, worker, attempt,
+// and the first line of its output.
+func describeStep(s core.StepRecord, at time.Duration, workerName string, logs []core.StepLogLine) string {
 	first := ""
-	if logs := o.StepLogs(s.ID); len(logs) > 0 {
+	if len(logs) > 0 {
 		first = fmt.Sprintf("%q", logs[0].Line.Text)
 	}
 	if s.Message != "" {
