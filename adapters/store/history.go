@@ -124,6 +124,39 @@ func Summarize(h *core.RunHistory) RunSummary {
 	return s
 }
 
+// slimHistory is the part of a core.RunHistory that Summarize reads.
+type slimHistory struct {
+	Run struct {
+		ID   core.RunID
+		Spec struct {
+			Name string
+		}
+		Parent       core.RunID
+		SubmittedAt  time.Time
+		Deadline     time.Time
+		CancelReason string
+		Steps        []core.StepID
+		Finished     bool
+		FinishedAt   time.Time
+	}
+	Status string
+	Steps  []struct {
+		State core.State
+	}
+}
+
+// summary is Summarize of the whole history this is part of.
+func (h *slimHistory) summary() RunSummary {
+	full := core.RunHistory{Status: h.Status, Steps: make([]core.StepRecord, len(h.Steps))}
+	full.Run.ID, full.Run.Spec.Name, full.Run.Parent = h.Run.ID, h.Run.Spec.Name, h.Run.Parent
+	full.Run.SubmittedAt, full.Run.Deadline, full.Run.CancelReason = h.Run.SubmittedAt, h.Run.Deadline, h.Run.CancelReason
+	full.Run.Steps, full.Run.Finished, full.Run.FinishedAt = h.Run.Steps, h.Run.Finished, h.Run.FinishedAt
+	for i, s := range h.Steps {
+		full.Steps[i].State = s.State
+	}
+	return Summarize(&full)
+}
+
 func be64(n uint64) []byte { return binary.BigEndian.AppendUint64(nil, n) }
 
 func finishKey(t time.Time, id core.RunID) []byte {
@@ -203,14 +236,17 @@ func putHistory(tx *bolt.Tx, r core.Record) error {
 			return err
 		}
 	}
-	var h core.RunHistory
+	// Only what the summary shows is decoded (this runs on the loop's
+	// commit path): the run's own fields and each step's state, not the
+	// steps' declarations, the leases or the events.
+	var h slimHistory
 	if err := json.Unmarshal(r.Value, &h); err != nil {
 		return fmt.Errorf("history value: %w", err)
 	}
 	if h.Run.ID != id {
 		return fmt.Errorf("history record of %s holds run %q", id, h.Run.ID)
 	}
-	sum := Summarize(&h)
+	sum := h.summary()
 	sj, err := json.Marshal(sum)
 	if err != nil {
 		return err

@@ -228,3 +228,27 @@ func countPrefix(recs []core.Record, prefix string) int {
 	}
 	return n
 }
+
+// TestSlimSummary: the summary built from the slim decode on the commit
+// path is the one Summarize builds from the whole history.
+func TestSlimSummary(t *testing.T) {
+	h := core.RunHistory{Status: "failed", Run: core.RunRecord{ID: "run-7", Parent: "run-2", Spec: core.RunSpec{Name: "nightly",
+		Steps: []core.StepSpec{{Name: "a", Command: "make"}, {Name: "b", Command: "make test"}}},
+		SubmittedAt: at, Deadline: at.Add(time.Hour), CancelReason: "operator", Steps: []core.StepID{"run-7/a", "run-7/b"},
+		Finished: true, FinishedAt: at.Add(time.Minute)},
+		Steps:  []core.StepRecord{{ID: "run-7/a", State: core.StateSuccess}, {ID: "run-7/b", State: core.StateFailed, Message: "exit 2"}},
+		Leases: []core.LeaseRecord{{ID: 3, Step: "run-7/a"}}, Events: []core.ServerEvent{{Run: "run-7", Seq: 1, Kind: "run-submitted"}}}
+	v, err := json.Marshal(h)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var slim slimHistory
+	if err := json.Unmarshal(v, &slim); err != nil {
+		t.Fatal(err)
+	}
+	a, _ := json.Marshal(slim.summary())
+	b, _ := json.Marshal(Summarize(&h))
+	if !bytes.Equal(a, b) {
+		t.Fatalf("slim summary\n%s\nwhole\n%s", a, b)
+	}
+}
