@@ -60,12 +60,7 @@ func (o *Orchestrator) archived(id RunID) bool {
 }
 
 // queueArchive notes that run id may be archivable; finish decides.
-func (o *Orchestrator) queueArchive(id RunID) {
-	if o.archiveQ == nil {
-		o.archiveQ = map[RunID]bool{}
-	}
-	o.archiveQ[id] = true
-}
+func (o *Orchestrator) queueArchive(id RunID) { o.archiveQ[id] = true }
 
 // archivable reports whether run r may leave the core: finished, and no
 // lease of any of its steps current.

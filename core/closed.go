@@ -29,8 +29,9 @@ import (
 //     (a restart gives every credential a fresh lifetime), whichever is later.
 //
 // Durably, the table is a log of records "closed/<seq>", each adding entries
-// or dropping leases, replayed in order by Restore; the sweep rewrites it as
-// a snapshot once more of it is dead than alive.
+// or dropping leases, replayed in order by Restore. It is rewritten as a
+// snapshot by the sweep once more of it is dead than alive, and by any batch
+// once it holds more than twice the live entries plus closedLogSlack.
 
 // KindClosed is the record kind of the closed-lease table's log.
 const KindClosed = "closed"

@@ -177,51 +177,62 @@ func (s *Store) prune(budget int, steps []pruneStep) (PruneStats, error) {
 	return st, nil
 }
 
-// pruneVersions deletes the versions created before cutoff that are not
-// their id's newest.
-func pruneVersions(tx *bolt.Tx, p *pruneTx, from *[]byte, cutoff time.Time) (bool, error) {
-	type victim struct {
-		key []byte
-		m   DataMeta
-	}
-	var victims []victim
-	c := tx.Bucket(bktData).Cursor()
+// pick scans bucket from *from (nil: its start) and returns, up to p's
+// budget, the entries go says are to be deleted (copies: they outlive the
+// cursor), leaving *from at the first entry it did not examine when the
+// budget stopped it.
+func pick(tx *bolt.Tx, bucket []byte, p *pruneTx, from *[]byte, goes func(k, v []byte) bool) (victims [][2][]byte, more bool) {
+	c := tx.Bucket(bucket).Cursor()
 	k, v := c.First()
 	if *from != nil {
 		k, v = c.Seek(*from)
 	}
-	more := false
 	for ; k != nil; k, v = c.Next() {
 		if len(victims) >= p.left {
-			more = true
 			*from = append([]byte(nil), k...)
-			break
+			return victims, true
 		}
+		if goes(k, v) {
+			victims = append(victims, [2][]byte{append([]byte(nil), k...), append([]byte(nil), v...)})
+		}
+	}
+	return victims, false
+}
+
+// unname removes owner's naming of a blob, and collects the blob if that
+// was the last (unnameBlob).
+func (p *pruneTx) unname(tx *bolt.Tx, sha string, owner []byte) error {
+	orphan, err := unnameBlob(tx, sha, owner)
+	if orphan {
+		p.orphans = append(p.orphans, sha)
+	}
+	return err
+}
+
+// pruneVersions deletes the versions created before cutoff that are not
+// their id's newest.
+func pruneVersions(tx *bolt.Tx, p *pruneTx, from *[]byte, cutoff time.Time) (bool, error) {
+	victims, more := pick(tx, bktData, p, from, func(k, v []byte) bool {
 		var m DataMeta
 		if len(k) < 9 || json.Unmarshal(v, &m) != nil || !m.Created.Before(cutoff) {
-			continue
+			return false
 		}
-		if newest, err := latestVersion(tx, m.ID); err != nil || newest.Version <= m.Version {
-			continue // the newest version of its id (what "latest" names)
-		}
-		victims = append(victims, victim{append([]byte(nil), k...), m})
-	}
-	for _, vi := range victims {
-		if err := tx.Bucket(bktData).Delete(vi.key); err != nil {
+		newest, err := latestVersion(tx, m.ID)
+		return err == nil && newest.Version > m.Version // the newest is what "latest" names
+	})
+	for _, kv := range victims {
+		if err := tx.Bucket(bktData).Delete(kv[0]); err != nil {
 			return false, err
 		}
 		p.spend(1)
 		p.Versions++
-		if err := deletePrefix(tx.Bucket(bktDataChunk), vi.key); err != nil { // a version from before blobs
+		if err := deletePrefix(tx.Bucket(bktDataChunk), kv[0]); err != nil { // a version from before blobs
 			return false, err
 		}
-		if vi.m.SHA256 != "" {
-			orphan, err := unnameBlob(tx, vi.m.SHA256, append([]byte("d"), vi.key...))
-			if err != nil {
+		var m DataMeta
+		if json.Unmarshal(kv[1], &m) == nil && m.SHA256 != "" {
+			if err := p.unname(tx, m.SHA256, append([]byte("d"), kv[0]...)); err != nil {
 				return false, err
-			}
-			if orphan {
-				p.orphans = append(p.orphans, vi.m.SHA256)
 			}
 		}
 	}
@@ -231,26 +242,12 @@ func pruneVersions(tx *bolt.Tx, p *pruneTx, from *[]byte, cutoff time.Time) (boo
 // pruneStreams deletes the streams last appended before cutoff; their
 // chunks go after (pruneOrphans).
 func pruneStreams(tx *bolt.Tx, p *pruneTx, from *[]byte, cutoff time.Time) (bool, error) {
-	var victims [][]byte
-	c := tx.Bucket(bktStream).Cursor()
-	k, v := c.First()
-	if *from != nil {
-		k, v = c.Seek(*from)
-	}
-	more := false
-	for ; k != nil; k, v = c.Next() {
-		if len(victims) >= p.left {
-			more = true
-			*from = append([]byte(nil), k...)
-			break
-		}
+	victims, more := pick(tx, bktStream, p, from, func(_, v []byte) bool {
 		var m StreamMeta
-		if json.Unmarshal(v, &m) == nil && m.Updated.Before(cutoff) {
-			victims = append(victims, append([]byte(nil), k...))
-		}
-	}
-	for _, k := range victims {
-		if err := tx.Bucket(bktStream).Delete(k); err != nil {
+		return json.Unmarshal(v, &m) == nil && m.Updated.Before(cutoff)
+	})
+	for _, kv := range victims {
+		if err := tx.Bucket(bktStream).Delete(kv[0]); err != nil {
 			return false, err
 		}
 		p.spend(1)
@@ -262,36 +259,19 @@ func pruneStreams(tx *bolt.Tx, p *pruneTx, from *[]byte, cutoff time.Time) (bool
 // pruneBundles deletes the bundles uploaded before cutoff that no live run
 // names; their file index and chunks go after (pruneOrphans).
 func pruneBundles(tx *bolt.Tx, p *pruneTx, from *[]byte, cutoff time.Time, keep func(string) bool) (bool, error) {
-	var victims [][]byte
-	c := tx.Bucket(bktBundle).Cursor()
-	k, v := c.First()
-	if *from != nil {
-		k, v = c.Seek(*from)
-	}
-	more := false
-	for ; k != nil; k, v = c.Next() {
-		if len(victims) >= p.left {
-			more = true
-			*from = append([]byte(nil), k...)
-			break
-		}
+	victims, more := pick(tx, bktBundle, p, from, func(k, v []byte) bool {
 		var m BundleMeta
-		if json.Unmarshal(v, &m) == nil && m.Created.Before(cutoff) && !keep(string(k)) {
-			victims = append(victims, append([]byte(nil), k...))
-		}
-	}
-	for _, k := range victims {
-		if err := tx.Bucket(bktBundle).Delete(k); err != nil {
+		return json.Unmarshal(v, &m) == nil && m.Created.Before(cutoff) && !keep(string(k))
+	})
+	for _, kv := range victims {
+		fp := string(kv[0])
+		if err := tx.Bucket(bktBundle).Delete(kv[0]); err != nil {
 			return false, err
 		}
 		p.spend(1)
 		p.Bundles++
-		orphan, err := unnameBlob(tx, string(k), bundleOwner(string(k)))
-		if err != nil {
+		if err := p.unname(tx, fp, bundleOwner(fp)); err != nil {
 			return false, err
-		}
-		if orphan {
-			p.orphans = append(p.orphans, string(k))
 		}
 	}
 	return more, nil
