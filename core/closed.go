@@ -38,6 +38,10 @@ const KindClosed = "closed"
 
 func closedKey(seq uint64) string { return fmt.Sprintf("%s/%020d", KindClosed, seq) }
 
+func isClosedKey(k string) bool {
+	return len(k) > len(KindClosed) && k[len(KindClosed)] == '/' && k[:len(KindClosed)] == KindClosed
+}
+
 // ClosedLease is one entry of the closed-lease table.
 type ClosedLease struct {
 	Lease     LeaseID
@@ -397,15 +401,38 @@ func parseClosedKey(key string) (uint64, error) {
 	return seq, nil
 }
 
-// closedRecords returns the table's log records as last emitted.
+// closedRecords returns the table as a log of its own: its live entries,
+// sorted by lease, in records of at most maxClosedPerRecord from
+// closed/<closedLo>. The log as emitted is not kept in memory (only its
+// records' hashes, for the fingerprint): this is what a rewrite would write,
+// and Restore builds the same table from it.
 func (o *Orchestrator) closedRecords() []Record {
 	var recs []Record
-	for seq := o.closedLo; seq < o.closedHi; seq++ {
-		if e, ok := o.enc[closedKey(seq)]; ok {
-			recs = append(recs, Record{Key: closedKey(seq), Value: e.value})
-		}
+	all := o.closedAll()
+	for seq := o.closedLo; len(all) > 0; seq++ {
+		n := min(len(all), maxClosedPerRecord)
+		recs = append(recs, Record{Key: closedKey(seq), Value: encodeClosed(ClosedChunk{Adds: all[:n]})})
+		all = all[n:]
 	}
 	return recs
+}
+
+// cloneClosed makes c's closed-lease table, and the hashes of its log, a
+// copy of o's.
+func (c *Orchestrator) cloneClosed(o *Orchestrator) {
+	for w, list := range o.closedBy {
+		c.closedBy[w] = &closedList{e: append([]closedEntry(nil), list.e...), dead: list.dead}
+	}
+	c.closedLive, c.closedLo, c.closedHi = o.closedLive, o.closedLo, o.closedHi
+	c.closedDead, c.closedLogged, c.closedCompact = o.closedDead, o.closedLogged, o.closedCompact
+	c.closedAdds = append([]ClosedLease(nil), o.closedAdds...)
+	c.closedDrops = append([]LeaseID(nil), o.closedDrops...)
+	for k, e := range o.enc {
+		if isClosedKey(k) {
+			c.enc[k] = e
+			c.fp += e.hash
+		}
+	}
 }
 
 // The log's binary encoding: a version byte, the number of adds and each

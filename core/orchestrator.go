@@ -141,6 +141,15 @@ func (o *Orchestrator) cache(r Record) {
 		delete(o.enc, r.Key)
 		return
 	}
+	if isClosedKey(r.Key) {
+		// The closed-lease log is hashed at once and its value not kept:
+		// it is as long as the table, which the core holds compactly
+		// (closed.go), and nothing reads it back but Restore.
+		h := recordHash(r.Key, r.Value)
+		o.enc[r.Key] = encEntry{hash: h, hashed: true}
+		o.fp += h
+		return
+	}
 	o.enc[r.Key] = encEntry{value: r.Value}
 	if !ok || old.hashed {
 		o.unhashed = append(o.unhashed, r.Key)

@@ -144,9 +144,14 @@ func (h *harness) checkDisk() {
 	for _, l := range h.o.Leases() {
 		live[l.ID] = true
 	}
-	state := 0 // the disk's records that are state: not history, not an archived lease's log
+	state := 0 // the disk's records that are state: not history, not an archived lease's log, not the closed-lease log
+	var closedKeys []string
 	for k, v := range h.disk {
 		if IsHistoryKey(k) {
+			continue
+		}
+		if isClosedKey(k) {
+			closedKeys = append(closedKeys, k)
 			continue
 		}
 		if strings.HasPrefix(k, KindLog+"/") {
@@ -160,6 +165,38 @@ func (h *harness) checkDisk() {
 		}
 		state++
 	}
+	// The closed-lease log on disk, replayed, is the machine's table (the
+	// machine does not keep the log as written, only the table).
+	sort.Strings(closedKeys)
+	table := map[LeaseID]ClosedLease{}
+	for _, k := range closedKeys {
+		ch, err := decodeClosed(h.disk[k])
+		if err != nil {
+			h.t.Fatalf("closed-lease record %s: %v", k, err)
+		}
+		for _, c := range ch.Adds {
+			table[c.Lease] = c
+		}
+		for _, id := range ch.Drops {
+			delete(table, id)
+		}
+	}
+	mem := h.o.ClosedLeases()
+	if len(mem) != len(table) {
+		h.t.Fatalf("closed-lease log on disk holds %d entries, the machine's table %d", len(table), len(mem))
+	}
+	for _, c := range mem {
+		if table[c.Lease] != c {
+			h.t.Fatalf("closed lease %d: disk %+v, machine %+v", c.Lease, table[c.Lease], c)
+		}
+	}
+	var kept []Record
+	for _, r := range recs {
+		if !isClosedKey(r.Key) {
+			kept = append(kept, r)
+		}
+	}
+	recs = kept
 	if len(recs) != state {
 		keys := make([]string, 0, len(h.disk))
 		for k := range h.disk {

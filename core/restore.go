@@ -49,7 +49,7 @@ func (o *Orchestrator) load(recs []Record) error {
 		if r.Delete || IsHistoryKey(r.Key) {
 			continue // history is not state (archive.go)
 		}
-		if len(r.Key) > len(KindClosed) && r.Key[:len(KindClosed)+1] == KindClosed+"/" {
+		if isClosedKey(r.Key) {
 			o.cache(r)
 			closed = append(closed, r)
 			continue
@@ -248,6 +248,7 @@ func (o *Orchestrator) Clone() *Orchestrator {
 	if err := c.load(o.cachedRecords()); err != nil {
 		panic("core: clone: " + err.Error())
 	}
+	c.cloneClosed(o)
 	c.cfg.Env = copyMap(o.cfg.Env)
 	c.now = o.now
 	for k, v := range o.conns {
@@ -263,11 +264,15 @@ func (o *Orchestrator) Clone() *Orchestrator {
 	return c
 }
 
-// cachedRecords returns the records as last emitted, sorted by key.
+// cachedRecords returns the records as last emitted, sorted by key, but
+// for the closed-lease log, whose values are not kept (cloneClosed copies
+// the table itself).
 func (o *Orchestrator) cachedRecords() []Record {
 	recs := make([]Record, 0, len(o.enc))
 	for k, e := range o.enc {
-		recs = append(recs, Record{Key: k, Value: e.value})
+		if !isClosedKey(k) {
+			recs = append(recs, Record{Key: k, Value: e.value})
+		}
 	}
 	sort.Slice(recs, func(i, j int) bool { return recs[i].Key < recs[j].Key })
 	return recs

@@ -390,6 +390,7 @@ type Worker struct {
 	refreshAt   time.Time     // phaseReady, credTTL > 0, no Refresh pending: next Refresh
 	heartbeat   time.Duration // Heartbeat interval from the last Welcome
 	heartbeatAt time.Time     // phaseReady: next Heartbeat
+	letGo       int           // leases released since the last Heartbeat or Hello
 
 	nextRequest uint64    // id of the next request; ids start at 1 and only grow
 	requests    []request // unanswered requests, sorted by id
@@ -512,6 +513,7 @@ func (w *Worker) Step(now time.Time, in WorkerInput) WorkerReady {
 		if w.phase == phaseDialing {
 			w.phase, w.conn = phaseHello, in.Conn
 			w.connDeadline = now.Add(w.cfg.DialTimeout)
+			w.letGo = 0 // the Hello lists what it holds (SPEC §7a, rule 1)
 			w.send(w.hello())
 		}
 	case WDialFailed:
@@ -538,6 +540,9 @@ func (w *Worker) Step(now time.Time, in WorkerInput) WorkerReady {
 		w.tick()
 	default:
 		panic(fmt.Sprintf("core.Worker: unknown input %T", in))
+	}
+	if w.phase == phaseReady && w.letGo >= heartbeatAfterReleases {
+		w.sendHeartbeat()
 	}
 	if w.draining && !w.exited && len(w.leases) == 0 {
 		w.logf("drained: no lease is held; exiting")
@@ -906,11 +911,27 @@ func (w *Worker) stop(e *execution) {
 	}
 }
 
+// heartbeatAfterReleases is how many leases a worker lets go of before it
+// sends a Heartbeat early: the orchestrator keeps an entry for each lease
+// of an archived run until a Heartbeat shows the worker no longer holds it
+// (SPEC §7a, rule 2), so under load the table holds about this many entries
+// per worker rather than a heartbeat interval's worth of steps.
+const heartbeatAfterReleases = 1024
+
+// sendHeartbeat sends a Heartbeat listing the held leases, and schedules
+// the next one an interval from now.
+func (w *Worker) sendHeartbeat() {
+	w.heartbeatAt = w.now.Add(w.heartbeat)
+	w.letGo = 0
+	w.send(Heartbeat{InFlight: w.InFlight()})
+}
+
 // release finishes a lease: it frees its slot, forgets its requests and
 // buffered output, and stops its process if it still runs.
 func (w *Worker) release(e *execution) {
 	l := e.ref.Lease
 	e.released = true
+	w.letGo++
 	w.dropRequests(func(r *request) bool { return r.ref.Lease == l && r.kind != reqRefresh })
 	e.lines, e.events, e.lineBytes, e.outDue = nil, nil, 0, time.Time{}
 	e.dropLines, e.dropBytes, e.dropEvents = 0, 0, 0
@@ -1274,8 +1295,7 @@ func (w *Worker) readyTimers() {
 		}
 	}
 	if !w.now.Before(w.heartbeatAt) {
-		w.heartbeatAt = w.now.Add(w.heartbeat)
-		w.send(Heartbeat{InFlight: w.InFlight()})
+		w.sendHeartbeat()
 	}
 	if !w.refreshAt.IsZero() && !w.now.Before(w.refreshAt) {
 		w.refreshAt = time.Time{} // rescheduled by Refreshed
@@ -1440,6 +1460,7 @@ func (w *Worker) Fingerprint() uint64 {
 	e.time(w.connDeadline, w.dialAt, w.offlineSince, w.credExpiry, w.refreshAt, w.heartbeatAt)
 	e.str(w.credential)
 	e.dur(w.credTTL, w.heartbeat)
+	e.int(w.letGo)
 
 	e.u64(uint64(len(w.requests)))
 	for _, r := range w.requests {

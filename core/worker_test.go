@@ -594,7 +594,7 @@ func TestWorkerExitIsFinal(t *testing.T) {
 // field fail this test until it is covered here (and in Fingerprint).
 func TestWorkerFingerprintCoversState(t *testing.T) {
 	for typ, want := range map[reflect.Type]int{
-		reflect.TypeFor[Worker](): 25, reflect.TypeFor[execution](): 24,
+		reflect.TypeFor[Worker](): 26, reflect.TypeFor[execution](): 24,
 		reflect.TypeFor[request](): 6, reflect.TypeFor[WorkerConfig](): 23,
 	} {
 		if typ.NumField() != want {
@@ -635,6 +635,7 @@ func TestWorkerFingerprintCoversState(t *testing.T) {
 		"refreshAt": func(c *Worker) { c.refreshAt = now }, "heartbeat": func(c *Worker) { c.heartbeat += d },
 		"heartbeatAt": func(c *Worker) { c.heartbeatAt = now }, "nextRequest": func(c *Worker) { c.nextRequest++ },
 		"maxLease":        func(c *Worker) { c.maxLease++ },
+		"letGo":           func(c *Worker) { c.letGo++ },
 		"requests":        func(c *Worker) { c.requests = c.requests[1:] },
 		"request.id":      func(c *Worker) { c.requests[0].id-- },
 		"request.kind":    func(c *Worker) { c.requests[0].kind = reqRefresh },
@@ -677,6 +678,53 @@ func TestWorkerFingerprintCoversState(t *testing.T) {
 		}
 		if w.Fingerprint() != base {
 			t.Fatalf("perturbing %s on a clone changed the original", name)
+		}
+	}
+}
+
+// TestWorkerEarlyHeartbeat checks the early Heartbeat (SPEC §7a, rule 2):
+// a worker that lets go of heartbeatAfterReleases leases sends one at once,
+// listing what it still holds, long before its interval is up; and not
+// before.
+func TestWorkerEarlyHeartbeat(t *testing.T) {
+	w := NewWorker(WorkerConfig{ID: "w", Slots: 2})
+	now := workerEpoch
+	step := func(in WorkerInput) WorkerReady {
+		now = now.Add(time.Millisecond)
+		return w.Step(now, in)
+	}
+	heartbeats := func(rd WorkerReady) (n int, listed int) {
+		for _, m := range rd.Send {
+			if h, ok := m.(Heartbeat); ok {
+				n, listed = n+1, len(h.InFlight)
+			}
+		}
+		return n, listed
+	}
+	step(WBoot{})
+	step(WConnected{Conn: 1})
+	step(WReceived{Msg: Welcome{Worker: "w", Heartbeat: time.Hour}})
+	step(WReceived{Msg: Dispatch{Lease: 1, Step: "r/held"}}) // held throughout (lease ids only grow)
+	for l := LeaseID(2); l <= heartbeatAfterReleases+1; l++ {
+		step(WReceived{Msg: Dispatch{Lease: l, Step: "r/s"}})
+		var req uint64
+		reported := false
+		for _, m := range step(WExecExited{Lease: l}).Send {
+			if r, ok := m.(Report); ok {
+				req, reported = r.Request, true
+			}
+		}
+		if !reported {
+			t.Fatalf("lease %d: no Report after its process exited", l)
+		}
+		n, listed := heartbeats(step(WReceived{Msg: Answer{Lease: l, Request: req, Verdict: Committed}}))
+		switch released := int(l - 1); {
+		case released < heartbeatAfterReleases && n != 0:
+			t.Fatalf("a Heartbeat after %d released leases, before %d", released, heartbeatAfterReleases)
+		case released == heartbeatAfterReleases && n != 1:
+			t.Fatalf("%d leases released within %v of an hour's interval: %d Heartbeats, want 1 at once", released, now.Sub(workerEpoch), n)
+		case released == heartbeatAfterReleases && listed != 1:
+			t.Fatalf("the early Heartbeat lists %d leases, want the 1 still held", listed)
 		}
 	}
 }

@@ -430,6 +430,10 @@ func Start(opts Options) (*Driver, error) {
 		d.wg.Add(1)
 		go d.pruner(p, o.Config().Retention)
 	}
+	if r, ok := st.(Releaser); ok {
+		d.wg.Add(1)
+		go d.releaser(r)
+	}
 	go func() {
 		var err error
 		if opts.TLS != nil {

@@ -41,6 +41,7 @@ type options struct {
 	addr, config, tlsCert, tlsKey string
 	maxSubmitBody                 int64
 	retain                        string
+	pprof                         string
 	// serve: control-plane admission (SPEC §12)
 	maxConns, maxUnauthConns, maxUnauthConnsPerAddr int
 	helloTimeout                                    time.Duration

@@ -121,6 +121,7 @@ next start within their grace window. SIGHUP is ignored.`,
 		fs.StringVar(&o.tlsCert, "tls-cert", "", "serve TLS with this certificate `file` (PEM, the chain); needs --tls-key")
 		fs.StringVar(&o.tlsKey, "tls-key", "", "the TLS private key `file` (PEM)")
 		fs.StringVar(&o.retain, "retain", "720h", "keep finished runs, gone workers and used tokens this long (`duration`: 720h, 30d, 1m; SPEC §7a)")
+		fs.StringVar(&o.pprof, "pprof", "", "serve Go's runtime profiles (/debug/pprof/) on this loopback `address`; off by default")
 		fs.Int64Var(&o.maxSubmitBody, "max-submit-body", orchestrator.DefaultMaxSubmitBody, "largest workflow definition accepted by POST /api/runs, in `bytes` (at most 1048576)")
 		fs.IntVar(&o.maxConns, "max-conns", defaultMaxConns, "worker connections that sent a Hello, at most (`n`, not per address)")
 		fs.IntVar(&o.maxUnauthConns, "max-unauth-conns", orchestrator.DefaultMaxUnauthConns, "connections without an accepted Hello, at most (`n`)")
@@ -657,6 +658,14 @@ func serve(ctx context.Context, e *env, _ []string) error {
 		RefusalsPerSec:  cfg.HTTP.RefusalsPerSec,
 	}
 	cfg.Data.apply(&opts)
+	if e.opts.pprof != "" {
+		at, stop, err := servePprof(e.opts.pprof, log)
+		if err != nil {
+			return err
+		}
+		defer stop()
+		log.Info("runtime profiles", "url", "http://"+at+"/debug/pprof/")
+	}
 	d, err := orchestrator.Start(opts)
 	started = true // Start closed the listener if it failed
 	if err != nil {

@@ -162,8 +162,11 @@ func races(dir string) ([]string, error) {
 	return out, nil
 }
 
-// memory is a process's resident set now and at its peak (VmRSS, VmHWM).
-type memory struct{ rss, peak int64 } // bytes
+// memory is a process's resident set now and at its peak (VmRSS, VmHWM),
+// and the two parts of the resident set now: anonymous memory (the Go heap
+// and runtime, RssAnon) and pages of mapped files (the store's mmap,
+// RssFile).
+type memory struct{ rss, peak, anon, file int64 } // bytes
 
 func readMemory(pid int) (memory, error) {
 	f, err := os.Open(fmt.Sprintf("/proc/%d/status", pid))
@@ -181,6 +184,10 @@ func readMemory(pid int) (memory, error) {
 			dst = &m.rss
 		case "VmHWM":
 			dst = &m.peak
+		case "RssAnon":
+			dst = &m.anon
+		case "RssFile":
+			dst = &m.file
 		default:
 			continue
 		}

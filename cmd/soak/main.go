@@ -55,6 +55,7 @@ type config struct {
 	inFlight              int
 	restart               bool
 	retain                string // "" skips the retention phase
+	pprof                 string // the load phase's orchestrator serves runtime profiles here
 	retainFor             time.Duration
 	retainEvery           time.Duration
 	poll                  time.Duration // shortest wait between reads of an unfinished run
@@ -120,6 +121,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.DurationVar(&cfg.retainFor, "retainfor", cfg.retainFor, "how long the retention phase's load runs")
 	fs.DurationVar(&cfg.retainEvery, "retainevery", cfg.retainEvery, "print the store's size this often in the retention phase")
 	fs.DurationVar(&cfg.poll, "poll", cfg.poll, "shortest wait between two reads of a run that has not finished")
+	fs.StringVar(&cfg.pprof, "pprof", "", "the load phase's orchestrator serves runtime profiles (serve --pprof) on this loopback `address`")
 	fs.BoolVar(&cfg.keep, "keep", false, "keep the temp dir (stores, logs, binaries) and print its path")
 	fs.StringVar(&cfg.binDir, "bin", "", "`directory` holding prebuilt orchestrator and worker binaries (default: go build them)")
 	fs.BoolVar(&cfg.race, "race", false, "build the binaries with the race detector (figures then mean little); a race they report is an error")

@@ -81,7 +81,11 @@ func soak(ctx context.Context, cfg config, out io.Writer) (res result, err error
 	fmt.Fprintf(out, "soak: steps=%d runsize=%d workers=%d slots=%d inflight=%d cpus=%d orchestrator=%s%s\n",
 		cfg.steps, cfg.runSize, cfg.workers, cfg.slots, cfg.inFlight, runtime.NumCPU(), b.orchestrator, race)
 
-	c, err := newCluster(b, filepath.Join(dir, "load"))
+	var extra []string
+	if cfg.pprof != "" {
+		extra = []string{"--pprof", cfg.pprof}
+	}
+	c, err := newCluster(b, filepath.Join(dir, "load"), extra...)
 	if err != nil {
 		return res, err
 	}
@@ -124,8 +128,8 @@ func soak(ctx context.Context, cfg config, out io.Writer) (res result, err error
 		now := time.Now()
 		s := sample{steps: l.steps, mem: m, store: c.storeSize()}
 		res.samples = append(res.samples, s)
-		fmt.Fprintf(out, "steps=%d rss_mib=%.1f peak_rss_mib=%.1f store_mib=%.1f steps_per_s=%.0f runs=%d elapsed_s=%.1f\n",
-			s.steps, mib(m.rss), mib(m.peak), mib(s.store), float64(l.steps-last.steps)/now.Sub(last.at).Seconds(), l.runs, now.Sub(t0).Seconds())
+		fmt.Fprintf(out, "steps=%d rss_mib=%.1f peak_rss_mib=%.1f anon_mib=%.1f file_mib=%.1f store_mib=%.1f steps_per_s=%.0f runs=%d elapsed_s=%.1f\n",
+			s.steps, mib(m.rss), mib(m.peak), mib(m.anon), mib(m.file), mib(s.store), float64(l.steps-last.steps)/now.Sub(last.at).Seconds(), l.runs, now.Sub(t0).Seconds())
 		last.steps, last.at = l.steps, now
 		return nil
 	})
@@ -334,8 +338,8 @@ func restart(ctx context.Context, c *cluster, lastRun string, cfg config, out io
 		return err
 	}
 	res.restarted, res.restartReady, res.restartMem = true, ready, m
-	fmt.Fprintf(out, "restart: ready_ms=%.0f hello_ms=%.0f api_ms=%.0f rss_mib=%.1f peak_rss_mib=%.1f store_mib=%.1f shutdown_ms=%.0f (steps in the store: %d)\n",
-		ms(ready), ms(h.at.Sub(t0)), ms(a.at.Sub(t0)), mib(m.rss), mib(m.peak), mib(store), ms(shutdown), cfg.steps)
+	fmt.Fprintf(out, "restart: ready_ms=%.0f hello_ms=%.0f api_ms=%.0f rss_mib=%.1f peak_rss_mib=%.1f anon_mib=%.1f file_mib=%.1f store_mib=%.1f shutdown_ms=%.0f (steps in the store: %d)\n",
+		ms(ready), ms(h.at.Sub(t0)), ms(a.at.Sub(t0)), mib(m.rss), mib(m.peak), mib(m.anon), mib(m.file), mib(store), ms(shutdown), cfg.steps)
 
 	c.api = probeAPI
 	d, err := c.api.run(ctx, lastRun)
@@ -448,8 +452,8 @@ func retention(ctx context.Context, b bins, dir string, cfg config, out io.Write
 			res.retainMid = size
 		}
 		res.retainEnd = size
-		fmt.Fprintf(out, "retain: t=%.0fs steps=%d store_mib=%.1f rss_mib=%.1f peak_rss_mib=%.1f\n",
-			now.Sub(t0).Seconds(), l.steps, mib(size), mib(m.rss), mib(m.peak))
+		fmt.Fprintf(out, "retain: t=%.0fs steps=%d store_mib=%.1f rss_mib=%.1f peak_rss_mib=%.1f anon_mib=%.1f file_mib=%.1f\n",
+			now.Sub(t0).Seconds(), l.steps, mib(size), mib(m.rss), mib(m.peak), mib(m.anon), mib(m.file))
 		return nil
 	}
 	fmt.Fprintf(out, "retain: serve --retain %s, the load for %s, the store's size every %s\n", cfg.retain, cfg.retainFor, cfg.retainEvery)

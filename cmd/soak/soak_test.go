@@ -31,7 +31,7 @@ func TestSoakSmall(t *testing.T) {
 	}
 	t.Logf("\n%s", out.String())
 	for _, want := range []string{
-		`(?m)^steps=1000 rss_mib=[0-9.]+ peak_rss_mib=[0-9.]+ store_mib=[0-9.]+ steps_per_s=[0-9]+ `,
+		`(?m)^steps=1000 rss_mib=[0-9.]+ peak_rss_mib=[0-9.]+ anon_mib=[0-9.]+ file_mib=[0-9.]+ store_mib=[0-9.]+ steps_per_s=[0-9]+ `,
 		`(?m)^steps=2000 rss_mib=`,
 		`(?m)^load: 2000 steps in 4 runs, every run succeeded`,
 		`(?m)^restart: ready_ms=[0-9]+ hello_ms=[0-9]+ api_ms=[0-9]+ rss_mib=[0-9.]+ peak_rss_mib=`,

@@ -1,0 +1,31 @@
+package orchestrator
+
+import "time"
+
+// Releaser is a store whose reads map its file into memory and that can
+// let go of those pages (*store.Store is one: ReleaseMapped).
+type Releaser interface {
+	ReleaseMapped() error
+}
+
+// releaseEvery is how often the driver lets go of the store's mapped pages:
+// the resident set then holds at most the pages read in the last interval,
+// not every page of the file ever read (SPEC §7a: memory follows live work).
+const releaseEvery = 5 * time.Second
+
+// releaser calls ReleaseMapped every releaseEvery until the driver stops.
+func (d *Driver) releaser(r Releaser) {
+	defer d.wg.Done()
+	t := time.NewTicker(releaseEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-d.ended:
+			return
+		case <-t.C:
+		}
+		if err := r.ReleaseMapped(); err != nil {
+			d.log.Warn("releasing the store's mapped pages", "err", err)
+		}
+	}
+}

@@ -1,0 +1,5 @@
+//go:build !linux
+
+package store
+
+func releaseMapped(addr uintptr, n int64) error { return nil }
