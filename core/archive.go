@@ -31,11 +31,41 @@ func IsHistoryKey(key string) bool { return strings.HasPrefix(key, KindHistory+"
 // and events in id and sequence order. Log lines are not in it: they stay in
 // their own records ("log/<lease>/<index>") for the leases listed here.
 type RunHistory struct {
+	Head   HistoryHead // first, so that a reader that needs only a listing's line stops after it
 	Run    RunRecord
 	Status string // the derived status: success, failed, cancelled
 	Steps  []StepRecord
 	Leases []LeaseRecord
 	Events []ServerEvent
+}
+
+// HistoryHead is what a listing shows of an archived run, derived from the
+// rest of its RunHistory when it is archived (the store indexes it without
+// reading the steps, leases and events).
+type HistoryHead struct {
+	Run          RunID
+	Name         string
+	Status       string
+	Parent       RunID `json:",omitempty"`
+	SubmittedAt  time.Time
+	FinishedAt   time.Time `json:",omitzero"`
+	Deadline     time.Time `json:",omitzero"`
+	CancelReason string    `json:",omitempty"`
+	Steps        int
+	States       map[string]int // steps per state (State.String)
+}
+
+// head derives h.Head from the rest of h.
+func (h *RunHistory) head() HistoryHead {
+	hd := HistoryHead{Run: h.Run.ID, Name: h.Run.Spec.Name, Status: h.Status, Parent: h.Run.Parent, SubmittedAt: h.Run.SubmittedAt,
+		Deadline: h.Run.Deadline, CancelReason: h.Run.CancelReason, Steps: len(h.Run.Steps), States: map[string]int{}}
+	if h.Run.Finished {
+		hd.FinishedAt = h.Run.FinishedAt
+	}
+	for _, s := range h.Steps {
+		hd.States[s.State.String()]++
+	}
+	return hd
 }
 
 // Step returns the archived step with id, if the run has it.
@@ -110,7 +140,8 @@ func (o *Orchestrator) archive(r *RunRecord) {
 		h.Leases = append(h.Leases, *l)
 		o.closeLease(l)
 	}
-	o.history = append(o.history, Record{Key: HistoryKey(r.ID), Value: encode(&h)})
+	h.Head = h.head()
+	o.history = append(o.history, Record{Key: HistoryKey(r.ID), Value: encodeScratch(&o.scratch, &h)})
 
 	// Forget it: every live record is deleted, the log records are left
 	// where they are (dropped from the cache without a delete; finish does

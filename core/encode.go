@@ -333,7 +333,9 @@ func (e *recEncoder) history(h *RunHistory) {
 		e.bad = true
 		return
 	}
-	e.key(true, "Run")
+	e.key(true, "Head")
+	e.historyHead(&h.Head)
+	e.key(false, "Run")
 	e.b = append(e.b, run...)
 	e.key(false, "Status")
 	e.str(h.Status)
@@ -343,6 +345,51 @@ func (e *recEncoder) history(h *RunHistory) {
 	encSlice(e, h.Leases, func(l *LeaseRecord) { e.lease(l) })
 	e.key(false, "Events")
 	encSlice(e, h.Events, func(ev *ServerEvent) { e.event(ev) })
+	e.end()
+}
+
+func (e *recEncoder) historyHead(h *HistoryHead) {
+	e.key(true, "Run")
+	e.str(string(h.Run))
+	e.key(false, "Name")
+	e.str(h.Name)
+	e.key(false, "Status")
+	e.str(h.Status)
+	if h.Parent != "" {
+		e.key(false, "Parent")
+		e.str(string(h.Parent))
+	}
+	e.key(false, "SubmittedAt")
+	e.time(h.SubmittedAt)
+	if !h.FinishedAt.IsZero() {
+		e.key(false, "FinishedAt")
+		e.time(h.FinishedAt)
+	}
+	if !h.Deadline.IsZero() {
+		e.key(false, "Deadline")
+		e.time(h.Deadline)
+	}
+	if h.CancelReason != "" {
+		e.key(false, "CancelReason")
+		e.str(h.CancelReason)
+	}
+	e.key(false, "Steps")
+	e.int(h.Steps)
+	e.key(false, "States")
+	if h.States == nil {
+		e.b = append(e.b, "null"...)
+	} else {
+		e.b = append(e.b, '{')
+		for i, k := range sortedKeys(h.States) { // encoding/json sorts a map's keys
+			if i > 0 {
+				e.b = append(e.b, ',')
+			}
+			e.str(k)
+			e.b = append(e.b, ':')
+			e.int(h.States[k])
+		}
+		e.b = append(e.b, '}')
+	}
 	e.end()
 }
 

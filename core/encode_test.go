@@ -142,6 +142,22 @@ func TestEncodeMatchesEncodingJSON(t *testing.T) {
 				Answers: []AnsweredReport{{Request: rapid.Uint64().Draw(t, "req"), Outcome: genOutcome().Draw(t, "outcome")}}})
 			h.Events = append(h.Events, ServerEvent{Run: h.Run.ID, Seq: i + 1, At: genTime().Draw(t, "at"), Kind: genString().Draw(t, "kind")})
 		}
+		if rapid.Bool().Draw(t, "derived") {
+			h.Head = h.head()
+		} else {
+			h.Head = HistoryHead{Run: RunID(genString().Draw(t, "hrun")), Name: genString().Draw(t, "hname"), Status: genString().Draw(t, "hstatus"),
+				Parent:      RunID(rapid.SampledFrom([]string{"", genString().Draw(t, "hparent")}).Draw(t, "hparentOf")),
+				SubmittedAt: genTime().Draw(t, "hsub"), FinishedAt: rapid.SampledFrom([]time.Time{{}, genTime().Draw(t, "hfin")}).Draw(t, "hfinOf"),
+				Deadline:     rapid.SampledFrom([]time.Time{{}, genTime().Draw(t, "hdl")}).Draw(t, "hdlOf"),
+				CancelReason: rapid.SampledFrom([]string{"", genString().Draw(t, "hcancel")}).Draw(t, "hcancelOf"),
+				Steps:        rapid.Int().Draw(t, "hsteps")}
+			if m := rapid.IntRange(-1, 3).Draw(t, "hstates"); m >= 0 {
+				h.Head.States = map[string]int{}
+				for j := 0; j < m; j++ {
+					h.Head.States[genString().Draw(t, "hstate")] = rapid.Int().Draw(t, "hcount")
+				}
+			}
+		}
 		checkEncode(t, h)
 	}))
 	t.Run("log", rapid.MakeCheck(func(t *rapid.T) {

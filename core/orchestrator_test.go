@@ -3,6 +3,7 @@ package core
 import (
 	"bytes"
 	"fmt"
+	"reflect"
 	"sort"
 	"strconv"
 	"strings"
@@ -113,6 +114,9 @@ func (h *harness) absorb(rd Ready) []string {
 				h.t.Fatalf("history record %s: %v", r.Key, err)
 			}
 			hist := v.(*RunHistory)
+			if want := hist.head(); !reflect.DeepEqual(hist.Head, want) {
+				h.t.Fatalf("history record %s: head %+v, the rest of the record says %+v", r.Key, hist.Head, want)
+			}
 			if _, _, ok := h.o.Run(hist.Run.ID); ok {
 				h.t.Fatalf("run %s archived but still in the core", hist.Run.ID)
 			}

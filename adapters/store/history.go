@@ -145,6 +145,47 @@ type slimHistory struct {
 	}
 }
 
+// summaryOf is Summarize of the history a record's value holds, read on
+// the loop's commit path: from its head alone, the first field, when it has
+// one (the decoder stops after it); else (a history written before heads,
+// or a zero head) from a slim decode of the run's own fields and each
+// step's state.
+func summaryOf(v []byte) (RunSummary, error) {
+	if sum, ok, err := headSummary(v); ok || err != nil {
+		return sum, err
+	}
+	var h slimHistory
+	if err := json.Unmarshal(v, &h); err != nil {
+		return RunSummary{}, err
+	}
+	return h.summary(), nil
+}
+
+// headSummary is the summary from a history value's head; false when it
+// has none (or a zero one: the record was not made by archiving).
+func headSummary(v []byte) (RunSummary, bool, error) {
+	dec := json.NewDecoder(bytes.NewReader(v))
+	if t, err := dec.Token(); err != nil || t != json.Delim('{') {
+		return RunSummary{}, false, fmt.Errorf("not a JSON object")
+	}
+	if t, err := dec.Token(); err != nil || t != "Head" {
+		return RunSummary{}, false, nil
+	}
+	var hd core.HistoryHead
+	if err := dec.Decode(&hd); err != nil {
+		return RunSummary{}, false, fmt.Errorf("head: %w", err)
+	}
+	if hd.Run == "" {
+		return RunSummary{}, false, nil
+	}
+	if hd.States == nil {
+		hd.States = map[string]int{}
+	}
+	seq, _ := RunSeq(hd.Run)
+	return RunSummary{ID: hd.Run, Seq: seq, Name: hd.Name, Status: hd.Status, Parent: hd.Parent, SubmittedAt: hd.SubmittedAt,
+		FinishedAt: hd.FinishedAt, Deadline: hd.Deadline, CancelReason: hd.CancelReason, Steps: hd.Steps, States: hd.States, Archived: true}, true, nil
+}
+
 // summary is Summarize of the whole history this is part of.
 func (h *slimHistory) summary() RunSummary {
 	full := core.RunHistory{Status: h.Status, Steps: make([]core.StepRecord, len(h.Steps))}
@@ -167,20 +208,27 @@ func finishKey(t time.Time, id core.RunID) []byte {
 	return append(be64(uint64(ns)), id...)
 }
 
-var flaters = sync.Pool{New: func() any {
-	w, _ := flate.NewWriter(nil, flate.BestSpeed)
-	return w
-}}
+// flater is the one flate writer history is compressed with: history is
+// written by the store's write transactions, one at a time, and a writer
+// is large (a sync.Pool would lose it at every garbage collection, and
+// under load make a new one for nearly every run archived).
+var flater struct {
+	sync.Mutex
+	w *flate.Writer
+}
 
 func compressHistory(js []byte) []byte {
 	var buf bytes.Buffer
 	buf.Grow(len(js)/4 + 16)
 	buf.WriteByte(historyFlate)
-	w := flaters.Get().(*flate.Writer)
-	w.Reset(&buf)
-	w.Write(js) // a bytes.Buffer does not fail
-	w.Close()
-	flaters.Put(w)
+	flater.Lock()
+	defer flater.Unlock()
+	if flater.w == nil {
+		flater.w, _ = flate.NewWriter(nil, flate.BestSpeed) // BestSpeed is a valid level
+	}
+	flater.w.Reset(&buf)
+	flater.w.Write(js) // a bytes.Buffer does not fail
+	flater.w.Close()
 	return buf.Bytes()
 }
 
@@ -236,17 +284,13 @@ func putHistory(tx *bolt.Tx, r core.Record) error {
 			return err
 		}
 	}
-	// Only what the summary shows is decoded (this runs on the loop's
-	// commit path): the run's own fields and each step's state, not the
-	// steps' declarations, the leases or the events.
-	var h slimHistory
-	if err := json.Unmarshal(r.Value, &h); err != nil {
+	sum, err := summaryOf(r.Value)
+	if err != nil {
 		return fmt.Errorf("history value: %w", err)
 	}
-	if h.Run.ID != id {
-		return fmt.Errorf("history record of %s holds run %q", id, h.Run.ID)
+	if sum.ID != id {
+		return fmt.Errorf("history record of %s holds run %q", id, sum.ID)
 	}
-	sum := h.summary()
 	sj, err := json.Marshal(sum)
 	if err != nil {
 		return err

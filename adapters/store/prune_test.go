@@ -252,3 +252,34 @@ func TestSlimSummary(t *testing.T) {
 		t.Fatalf("slim summary\n%s\nwhole\n%s", a, b)
 	}
 }
+
+// TestSummaryFromHead: a history record with a head (what the core writes,
+// SPEC §7a) is summarized from the head alone, as Summarize summarizes the
+// whole, and the reader stops after the head: what follows it is not read.
+func TestSummaryFromHead(t *testing.T) {
+	h := core.RunHistory{Status: "failed", Run: core.RunRecord{ID: "run-7", Parent: "run-2", Spec: core.RunSpec{Name: "nightly"},
+		SubmittedAt: at, Deadline: at.Add(time.Hour), CancelReason: "operator", Steps: []core.StepID{"run-7/a", "run-7/b"},
+		Finished: true, FinishedAt: at.Add(time.Minute)},
+		Steps: []core.StepRecord{{ID: "run-7/a", State: core.StateSuccess}, {ID: "run-7/b", State: core.StateFailed}}}
+	h.Head = core.HistoryHead{Run: "run-7", Name: "nightly", Status: "failed", Parent: "run-2", SubmittedAt: at, FinishedAt: at.Add(time.Minute),
+		Deadline: at.Add(time.Hour), CancelReason: "operator", Steps: 2, States: map[string]int{"success": 1, "failed": 1}}
+	v, err := json.Marshal(h)
+	if err != nil {
+		t.Fatal(err)
+	}
+	head, _, ok := bytes.Cut(v, []byte(`,"Run":`))
+	if !ok {
+		t.Fatalf("no Run after the head in %s", v)
+	}
+	for name, val := range map[string][]byte{"whole": v, "head then garbage": append(head, `,"Run":{"ID":[[[`...)} {
+		sum, err := summaryOf(val)
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		a, _ := json.Marshal(sum)
+		b, _ := json.Marshal(Summarize(&h))
+		if !bytes.Equal(a, b) {
+			t.Fatalf("%s: summary from the head\n%s\nfrom the whole\n%s", name, a, b)
+		}
+	}
+}
