@@ -49,6 +49,8 @@ type Orchestrator struct {
 	connV1 map[ConnID]bool // connections whose Hello declared protocol version 1 (§9)
 
 	timers timerHeap
+	// timersKept is len(timers) after its last compaction (timers.go).
+	timersKept int
 
 	// enc caches every record's encoding (the last value emitted) and fp is
 	// the order-independent sum of their hashes: Fingerprint costs only the
@@ -210,6 +212,7 @@ func (o *Orchestrator) Step(now time.Time, in Input) Ready {
 		now = o.now
 	}
 	o.now = now
+	o.compactTimers()
 	if o.meta.NextSweep.IsZero() {
 		o.meta.NextSweep = now.Add(o.cfg.SweepInterval)
 		o.arm(o.meta.NextSweep, tSweep, "")

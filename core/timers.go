@@ -53,6 +53,7 @@ func (h *timerHeap) Push(x any)        { *h = append(*h, x.(timer)) }
 func (h *timerHeap) Pop() any {
 	old := *h
 	t := old[len(old)-1]
+	old[len(old)-1] = timer{} // let its key go
 	*h = old[:len(old)-1]
 	return t
 }
@@ -124,6 +125,38 @@ func (o *Orchestrator) fireTimers(limit time.Time, strict bool) {
 	}
 }
 
+// timerSlack is how many entries the heap may hold beyond twice what its
+// last compaction kept before the next one.
+const timerSlack = 64
+
+// compactTimers drops the heap's stale entries once it has more than
+// doubled since the last compaction. An entry goes stale when its entity
+// moves on (a lease's dispatch-ack deadline once its START arrives, 10 s
+// later in the heap: under load most entries are stale), and is otherwise
+// dropped only when it reaches the top: the heap would hold a deadline's
+// worth of every lease granted. An entity that needs a timer again is armed
+// again, so dropping an entry that is stale now changes nothing (rebuilding
+// the heap after a Restore or a Clone relies on the same). Called between
+// inputs, when every entity is consistent; amortized O(1) per arm.
+func (o *Orchestrator) compactTimers() {
+	if len(o.timers) <= 2*o.timersKept+timerSlack {
+		return
+	}
+	kept := o.timers[:0]
+	for _, t := range o.timers {
+		if o.timerValid(t) {
+			kept = append(kept, t)
+		}
+	}
+	clear(o.timers[len(kept):]) // let the keys go
+	if cap(kept) > 4*len(kept)+timerSlack {
+		kept = append(make(timerHeap, 0, 2*len(kept)+timerSlack), kept...) // and a burst's array
+	}
+	o.timers = kept
+	heap.Init(&o.timers)
+	o.timersKept = len(o.timers)
+}
+
 // rebuildTimers re-arms the heap from the entities (after load).
 func (o *Orchestrator) rebuildTimers() {
 	o.timers = o.timers[:0]
@@ -151,6 +184,7 @@ func (o *Orchestrator) rebuildTimers() {
 		}
 	}
 	heap.Init(&o.timers)
+	o.timersKept = len(o.timers)
 }
 
 // stepDeadline is when a started step with a timeout times out: START +
