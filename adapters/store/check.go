@@ -104,7 +104,7 @@ func init() {
 	checks = []check{
 		{"bbolt", nil, checkBolt},
 		{"buckets", nil, checkBuckets},
-		{"records", [][]byte{bucket}, checkRecordValues},
+		{"records", liveBuckets, checkRecordValues},
 		{"runs", nil, checkRuns},
 		{"history", [][]byte{bktHistory, bktRunsBySeq, bktRunsByFinish, bktHistoryStats}, checkHistory},
 		{"archived", nil, checkArchived},
@@ -161,6 +161,13 @@ func (c *checker) each(name []byte, f func(k, v []byte)) {
 	})
 }
 
+// eachOf is each over several buckets, naming the bucket.
+func (c *checker) eachOf(names [][]byte, f func(name, k, v []byte)) {
+	for _, name := range names {
+		c.each(name, func(k, v []byte) { f(name, k, v) })
+	}
+}
+
 // Check reads the store file at path and its blob directory, read-only (a
 // store an orchestrator serves is ErrLocked: check a backup of it). The
 // error is for a store that cannot be read at all; everything else is a
@@ -208,7 +215,7 @@ func checkBuckets(c *checker) {
 			known[string(b)] = true
 		}
 	}
-	for _, b := range append([][]byte{bucket, bktBlob}, dataBuckets...) {
+	for _, b := range append([][]byte{bucket, bktRuns, bktMeta, bktBlob}, dataBuckets...) {
 		if c.tx.Bucket(b) == nil {
 			// A store written by an older version: its next start creates it.
 			c.warn("bucket "+string(b), "missing (the next start creates it)")
@@ -234,9 +241,12 @@ var knownKinds = map[string]bool{
 // restart, under the key of the entity it holds.
 func checkRecordValues(c *checker) {
 	kinds := map[string]int{}
-	c.each(bucket, func(k, v []byte) {
+	c.eachOf(liveBuckets, func(name, k, v []byte) {
 		c.count("records", 1)
 		key := string(k)
+		if want := liveBucket(key); !bytes.Equal(want, name) {
+			c.problem(core.Quote(key), "is in bucket %s, not %s", name, want)
+		}
 		kind, id, _ := strings.Cut(key, "/")
 		dec, err := core.DecodeRecord(core.Record{Key: key, Value: v})
 		if err != nil {

@@ -473,12 +473,14 @@ func (s *Store) ArchivedRuns() (int, error) {
 }
 
 // migrate moves the log and history records of a store written before
-// archival (every kind in "records") to their buckets, migrateBatch records
+// archival (every kind in "records"), and the live runs and the meta record
+// of one written before they had buckets of their own, to their buckets,
+// migrateBatch records
 // per transaction. Each transaction moves its records whole, so a crash
 // leaves a store that the next Open finishes migrating; on a migrated store
 // it is two seeks.
 func migrate(db *bolt.DB) error {
-	for _, prefix := range []string{core.KindLog + "/", core.KindHistory + "/"} {
+	for _, prefix := range []string{core.KindLog + "/", core.KindHistory + "/", core.KindMeta, core.KindRun + "/"} {
 		for {
 			moved := 0
 			err := db.Update(func(tx *bolt.Tx) error {

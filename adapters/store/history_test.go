@@ -241,10 +241,13 @@ func TestMigrateOldLayout(t *testing.T) {
 		}
 		err = s.db.View(func(tx *bolt.Tx) error {
 			c := tx.Bucket(bucket).Cursor()
-			for _, p := range []string{"log/", "history/"} {
+			for _, p := range []string{"log/", "history/", "meta", "run/"} {
 				if k, _ := c.Seek([]byte(p)); k != nil && strings.HasPrefix(string(k), p) {
 					t.Errorf("round %d: %s left in records", round, k)
 				}
+			}
+			if tx.Bucket(bktMeta).Get([]byte("meta")) == nil {
+				t.Errorf("round %d: meta not moved to its bucket", round)
 			}
 			return nil
 		})

@@ -87,7 +87,7 @@ func TestCheckFindsPlantedInconsistencies(t *testing.T) {
 		wantWhat string
 	}{
 		{"a step whose run is missing", func(t *testing.T, tx *bolt.Tx, _ string) {
-			delRaw(t, tx, bucket, "run/run-1")
+			delRaw(t, tx, bktRuns, "run/run-1")
 		}, "steps", "step/run-1/a", true, "names run"},
 		{"a current lease naming a missing worker", func(t *testing.T, tx *bolt.Tx, _ string) {
 			delRaw(t, tx, bucket, "worker/w1")
@@ -140,6 +140,11 @@ func TestCheckFindsPlantedInconsistencies(t *testing.T) {
 			putRaw(t, tx, bucket, "newkind/x", "\x00\x01binary")
 			putRaw(t, tx, bucket, "newkind/y", "\x00\x02binary")
 		}, "records", `kind "newkind"`, false, "2 records"},
+		{"a live run outside its bucket", func(t *testing.T, tx *bolt.Tx, _ string) {
+			v := tx.Bucket(bktRuns).Get([]byte("run/run-1"))
+			putRaw(t, tx, bucket, "run/run-1", string(v))
+			delRaw(t, tx, bktRuns, "run/run-1")
+		}, "records", `"run/run-1"`, true, "is in bucket records, not runs"},
 		{"an unknown bucket (warning)", func(t *testing.T, tx *bolt.Tx, _ string) {
 			if _, err := tx.CreateBucket([]byte("newbucket")); err != nil {
 				t.Fatal(err)
