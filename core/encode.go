@@ -348,6 +348,22 @@ func (e *recEncoder) history(h *RunHistory) {
 	e.end()
 }
 
+// optStr renders field name unless s is empty (omitempty).
+func (e *recEncoder) optStr(name, s string) {
+	if s != "" {
+		e.key(false, name)
+		e.str(s)
+	}
+}
+
+// optTime renders field name unless t is zero (omitzero).
+func (e *recEncoder) optTime(name string, t time.Time) {
+	if !t.IsZero() {
+		e.key(false, name)
+		e.time(t)
+	}
+}
+
 func (e *recEncoder) historyHead(h *HistoryHead) {
 	e.key(true, "Run")
 	e.str(string(h.Run))
@@ -355,24 +371,12 @@ func (e *recEncoder) historyHead(h *HistoryHead) {
 	e.str(h.Name)
 	e.key(false, "Status")
 	e.str(h.Status)
-	if h.Parent != "" {
-		e.key(false, "Parent")
-		e.str(string(h.Parent))
-	}
+	e.optStr("Parent", string(h.Parent))
 	e.key(false, "SubmittedAt")
 	e.time(h.SubmittedAt)
-	if !h.FinishedAt.IsZero() {
-		e.key(false, "FinishedAt")
-		e.time(h.FinishedAt)
-	}
-	if !h.Deadline.IsZero() {
-		e.key(false, "Deadline")
-		e.time(h.Deadline)
-	}
-	if h.CancelReason != "" {
-		e.key(false, "CancelReason")
-		e.str(h.CancelReason)
-	}
+	e.optTime("FinishedAt", h.FinishedAt)
+	e.optTime("Deadline", h.Deadline)
+	e.optStr("CancelReason", h.CancelReason)
 	e.key(false, "Steps")
 	e.int(h.Steps)
 	e.key(false, "States")

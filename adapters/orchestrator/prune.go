@@ -29,17 +29,7 @@ func pruneEvery(retention time.Duration) time.Duration {
 // the loop never waits for it long. The core prunes workers and tokens
 // itself, at its sweeps.
 func (d *Driver) pruner(p Pruner, retention time.Duration) {
-	defer d.wg.Done()
-	t := time.NewTicker(pruneEvery(retention))
-	defer t.Stop()
-	for {
-		select {
-		case <-d.ended:
-			return
-		case <-t.C:
-		}
-		d.pruneOnce(p, time.Now().Add(-retention))
-	}
+	d.every(pruneEvery(retention), func() { d.pruneOnce(p, time.Now().Add(-retention)) })
 }
 
 // pruneOnce is one pass at cutoff.

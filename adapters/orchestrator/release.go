@@ -15,8 +15,18 @@ const releaseEvery = 5 * time.Second
 
 // releaser calls ReleaseMapped every releaseEvery until the driver stops.
 func (d *Driver) releaser(r Releaser) {
+	d.every(releaseEvery, func() {
+		if err := r.ReleaseMapped(); err != nil {
+			d.log.Warn("releasing the store's mapped pages", "err", err)
+		}
+	})
+}
+
+// every calls f every period until the driver's loop has stopped, then
+// marks its goroutine done (d.wg).
+func (d *Driver) every(period time.Duration, f func()) {
 	defer d.wg.Done()
-	t := time.NewTicker(releaseEvery)
+	t := time.NewTicker(period)
 	defer t.Stop()
 	for {
 		select {
@@ -24,8 +34,6 @@ func (d *Driver) releaser(r Releaser) {
 			return
 		case <-t.C:
 		}
-		if err := r.ReleaseMapped(); err != nil {
-			d.log.Warn("releasing the store's mapped pages", "err", err)
-		}
+		f()
 	}
 }
