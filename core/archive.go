@@ -55,8 +55,8 @@ type HistoryHead struct {
 	States       map[string]int // steps per state (State.String)
 }
 
-// head derives h.Head from the rest of h.
-func (h *RunHistory) head() HistoryHead {
+// DeriveHead derives h.Head from the rest of h.
+func (h *RunHistory) DeriveHead() HistoryHead {
 	hd := HistoryHead{Run: h.Run.ID, Name: h.Run.Spec.Name, Status: h.Status, Parent: h.Run.Parent, SubmittedAt: h.Run.SubmittedAt,
 		Deadline: h.Run.Deadline, CancelReason: h.Run.CancelReason, Steps: len(h.Run.Steps), States: map[string]int{}}
 	if h.Run.Finished {
@@ -140,7 +140,7 @@ func (o *Orchestrator) archive(r *RunRecord) {
 		h.Leases = append(h.Leases, *l)
 		o.closeLease(l)
 	}
-	h.Head = h.head()
+	h.Head = h.DeriveHead()
 	o.history = append(o.history, Record{Key: HistoryKey(r.ID), Value: encodeScratch(&o.scratch, &h)})
 
 	// Forget it: every live record is deleted, the log records are left

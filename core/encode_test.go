@@ -143,7 +143,7 @@ func TestEncodeMatchesEncodingJSON(t *testing.T) {
 			h.Events = append(h.Events, ServerEvent{Run: h.Run.ID, Seq: i + 1, At: genTime().Draw(t, "at"), Kind: genString().Draw(t, "kind")})
 		}
 		if rapid.Bool().Draw(t, "derived") {
-			h.Head = h.head()
+			h.Head = h.DeriveHead()
 		} else {
 			h.Head = HistoryHead{Run: RunID(genString().Draw(t, "hrun")), Name: genString().Draw(t, "hname"), Status: genString().Draw(t, "hstatus"),
 				Parent:      RunID(rapid.SampledFrom([]string{"", genString().Draw(t, "hparent")}).Draw(t, "hparentOf")),

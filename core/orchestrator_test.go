@@ -114,7 +114,7 @@ func (h *harness) absorb(rd Ready) []string {
 				h.t.Fatalf("history record %s: %v", r.Key, err)
 			}
 			hist := v.(*RunHistory)
-			if want := hist.head(); !reflect.DeepEqual(hist.Head, want) {
+			if want := hist.DeriveHead(); !reflect.DeepEqual(hist.Head, want) {
 				h.t.Fatalf("history record %s: head %+v, the rest of the record says %+v", r.Key, hist.Head, want)
 			}
 			if _, _, ok := h.o.Run(hist.Run.ID); ok {

@@ -140,7 +140,7 @@ func TestArchiveLateReportOverSockets(t *testing.T) {
 	w.send(rep)
 	w.ws.Close() // the answer is lost with the socket
 
-	det := r.waitRun(run, "the run to succeed", func(d orchestrator.APIRunDetail) bool { return d.Status == "success" })
+	r.waitRun(run, "the run to succeed", func(d orchestrator.APIRunDetail) bool { return d.Status == "success" })
 	if r.inCore(run) {
 		t.Fatalf("%s succeeded and is still in the core", run)
 	}
@@ -168,7 +168,6 @@ func TestArchiveLateReportOverSockets(t *testing.T) {
 		w.ws.Close()
 	}
 	resend(r, "after archival")
-	_ = det
 
 	r = r.restart()
 	if n := r.liveRuns(); n != 0 {

@@ -147,7 +147,7 @@ func storedSteps(t *testing.T, path string) map[core.StepID]core.StepRecord {
 		t.Fatal(err)
 	}
 	out := map[core.StepID]core.StepRecord{}
-	for _, h := range (view{h: st}).archived() {
+	for _, h := range (view{H: st}).Archived() {
 		for _, s := range h.Steps {
 			out[s.ID] = s
 		}

@@ -107,21 +107,17 @@ func RunSeq(id core.RunID) (uint64, bool) {
 	return seq, true
 }
 
-// Summarize is a history's summary.
-func Summarize(h *core.RunHistory) RunSummary {
-	seq, _ := RunSeq(h.Run.ID)
-	s := RunSummary{
-		ID: h.Run.ID, Seq: seq, Name: h.Run.Spec.Name, Status: h.Status, Parent: h.Run.Parent,
-		SubmittedAt: h.Run.SubmittedAt, Deadline: h.Run.Deadline, CancelReason: h.Run.CancelReason,
-		Steps: len(h.Run.Steps), States: map[string]int{}, Archived: true,
+// Summarize is a history's summary: its head, derived from the rest of it.
+func Summarize(h *core.RunHistory) RunSummary { return summaryOfHead(h.DeriveHead()) }
+
+// summaryOfHead is the summary a history's head says.
+func summaryOfHead(hd core.HistoryHead) RunSummary {
+	if hd.States == nil {
+		hd.States = map[string]int{}
 	}
-	if h.Run.Finished {
-		s.FinishedAt = h.Run.FinishedAt
-	}
-	for _, st := range h.Steps {
-		s.States[st.State.String()]++
-	}
-	return s
+	seq, _ := RunSeq(hd.Run)
+	return RunSummary{ID: hd.Run, Seq: seq, Name: hd.Name, Status: hd.Status, Parent: hd.Parent, SubmittedAt: hd.SubmittedAt,
+		FinishedAt: hd.FinishedAt, Deadline: hd.Deadline, CancelReason: hd.CancelReason, Steps: hd.Steps, States: hd.States, Archived: true}
 }
 
 // slimHistory is the part of a core.RunHistory that Summarize reads.
@@ -178,12 +174,7 @@ func headSummary(v []byte) (RunSummary, bool, error) {
 	if hd.Run == "" {
 		return RunSummary{}, false, nil
 	}
-	if hd.States == nil {
-		hd.States = map[string]int{}
-	}
-	seq, _ := RunSeq(hd.Run)
-	return RunSummary{ID: hd.Run, Seq: seq, Name: hd.Name, Status: hd.Status, Parent: hd.Parent, SubmittedAt: hd.SubmittedAt,
-		FinishedAt: hd.FinishedAt, Deadline: hd.Deadline, CancelReason: hd.CancelReason, Steps: hd.Steps, States: hd.States, Archived: true}, true, nil
+	return summaryOfHead(hd), true, nil
 }
 
 // summary is Summarize of the whole history this is part of.

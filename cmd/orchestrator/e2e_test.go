@@ -209,16 +209,7 @@ func TestEndToEndBinaries(t *testing.T) {
 	// cli runs a client command against this orchestrator.
 	cli := func(args ...string) (stdout, stderr string, code int) {
 		t.Helper()
-		cmd := exec.CommandContext(ctx, orchBin, append(args, "--url", httpURL, "--data-dir", dataDir)...)
-		cmd.Env = append(os.Environ(), "TETHER_ADMIN_TOKEN=")
-		var o, e bytes.Buffer
-		cmd.Stdout, cmd.Stderr = &o, &e
-		err := cmd.Run()
-		var xe *exec.ExitError
-		if err != nil && !errors.As(err, &xe) {
-			t.Fatalf("orchestrator %q: %v", args, err)
-		}
-		return o.String(), e.String(), cmd.ProcessState.ExitCode()
+		return orchCLI(t, ctx, orchBin, append(args, "--url", httpURL, "--data-dir", dataDir)...)
 	}
 	mustCLI := func(args ...string) string {
 		t.Helper()
