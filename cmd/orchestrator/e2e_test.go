@@ -12,7 +12,6 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"encoding/pem"
-	"errors"
 	"fmt"
 	"math/big"
 	"net"
@@ -386,16 +385,7 @@ func tlsPhase(t *testing.T, ctx context.Context, orchBin, workerBin, dataDir str
 	}
 	cli := func(args ...string) (string, string, int) {
 		t.Helper()
-		cmd := exec.CommandContext(ctx, orchBin, append(args, "--url", httpsURL, "--data-dir", dataDir, "--ca", certPath)...)
-		cmd.Env = append(os.Environ(), "TETHER_ADMIN_TOKEN=")
-		var o, e bytes.Buffer
-		cmd.Stdout, cmd.Stderr = &o, &e
-		err := cmd.Run()
-		var xe *exec.ExitError
-		if err != nil && !errors.As(err, &xe) {
-			t.Fatalf("orchestrator %q: %v", args, err)
-		}
-		return o.String(), e.String(), cmd.ProcessState.ExitCode()
+		return orchCLI(t, ctx, orchBin, append(args, "--url", httpsURL, "--data-dir", dataDir, "--ca", certPath)...)
 	}
 	mustCLI := func(args ...string) string {
 		t.Helper()
