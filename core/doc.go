@@ -28,6 +28,10 @@
 //  4. Only then send the batch's Messages in order, each on its connection;
 //     after a Close or Refused message, close that connection and do not
 //     report its Disconnected. Then return the Answers to their callers.
+//     Steps 3 and 4 may overlap the stepping of later inputs (a pipeline)
+//     as long as batches become durable, and then leave, in the order they
+//     were stepped, and nothing answers from the state before the state it
+//     reads is durable.
 //  5. Arrange a Tick no later than Deadline. When several inputs were merged
 //     into one batch, the last Ready's Deadline is the machine's earliest
 //     timer (each Ready's Deadline is computed from the whole state).

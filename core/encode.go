@@ -41,6 +41,8 @@ func encodeScratch(scratch *[]byte, v any) []byte {
 		e.logLine(&v)
 	case *StepLogLine:
 		e.logLine(v)
+	case *RunRecord:
+		e.run(v)
 	case *RunHistory:
 		e.history(v)
 	default:
@@ -328,15 +330,10 @@ func (e *recEncoder) logLine(l *StepLogLine) {
 // is arbitrary), the rest by hand. Steps, leases and events are nil-free
 // slices when the run has any (a run has at least one step).
 func (e *recEncoder) history(h *RunHistory) {
-	run, err := json.Marshal(&h.Run)
-	if err != nil {
-		e.bad = true
-		return
-	}
 	e.key(true, "Head")
 	e.historyHead(&h.Head)
 	e.key(false, "Run")
-	e.b = append(e.b, run...)
+	e.run(&h.Run)
 	e.key(false, "Status")
 	e.str(h.Status)
 	e.key(false, "Steps")
@@ -346,6 +343,106 @@ func (e *recEncoder) history(h *RunHistory) {
 	e.key(false, "Events")
 	encSlice(e, h.Events, func(ev *ServerEvent) { e.event(ev) })
 	e.end()
+}
+
+func (e *recEncoder) run(r *RunRecord) {
+	e.key(true, "ID")
+	e.str(string(r.ID))
+	e.key(false, "Spec")
+	e.runSpec(&r.Spec)
+	e.optStr("Parent", string(r.Parent))
+	e.key(false, "SubmittedAt")
+	e.time(r.SubmittedAt)
+	e.optTime("Deadline", r.Deadline)
+	e.optStr("CancelReason", r.CancelReason)
+	e.key(false, "CancelClass")
+	e.str(string(r.CancelClass))
+	e.key(false, "Steps")
+	encStrings(e, r.Steps)
+	e.key(false, "Failed")
+	e.bool(r.Failed)
+	e.key(false, "Finished")
+	e.bool(r.Finished)
+	e.optTime("FinishedAt", r.FinishedAt)
+	e.end()
+}
+
+// runSpec renders a RunSpec, whose optional fields are omitzero.
+func (e *recEncoder) runSpec(s *RunSpec) {
+	e.key(true, "Name")
+	e.str(s.Name)
+	e.optInt("Timeout", int64(s.Timeout))
+	e.optMap("Env", s.Env)
+	e.key(false, "Steps")
+	encSlice(e, s.Steps, func(st *StepSpec) { e.stepSpec(st) })
+	e.end()
+}
+
+func (e *recEncoder) stepSpec(s *StepSpec) {
+	e.key(true, "Name")
+	e.str(s.Name)
+	e.key(false, "Command")
+	e.str(s.Command)
+	e.optStrings("DependsOn", s.DependsOn)
+	e.optBool("Writes", s.Writes)
+	e.optStr("Type", s.Type)
+	e.optStr("Runner", s.Runner)
+	e.optStrings("Tags", s.Tags)
+	e.optMap("Labels", s.Labels)
+	e.optStr("Target", s.Target)
+	e.optStr("Platform", s.Platform)
+	e.optInt("Timeout", int64(s.Timeout))
+	e.optMap("Env", s.Env)
+	e.optStrings("ForEach", s.ForEach)
+	e.optInt("Concurrency", int64(s.Concurrency))
+	e.optBool("Hold", s.Hold)
+	e.optInt("HoldExpiry", int64(s.HoldExpiry))
+	e.optInt("Wait", int64(s.Wait))
+	e.end()
+}
+
+// optInt renders field name unless n is zero (omitzero).
+func (e *recEncoder) optInt(name string, n int64) {
+	if n != 0 {
+		e.key(false, name)
+		e.b = strconv.AppendInt(e.b, n, 10)
+	}
+}
+
+// optBool renders field name unless v is false (omitzero).
+func (e *recEncoder) optBool(name string, v bool) {
+	if v {
+		e.key(false, name)
+		e.bool(v)
+	}
+}
+
+// optStrings renders field name unless ss is nil (omitzero: an empty
+// slice is not zero).
+func (e *recEncoder) optStrings(name string, ss []string) {
+	if ss != nil {
+		e.key(false, name)
+		encStrings(e, ss)
+	}
+}
+
+// optMap renders field name unless m is nil (omitzero), its keys sorted
+// as encoding/json sorts them.
+func (e *recEncoder) optMap(name string, m map[string]string) {
+	if m == nil {
+		return
+	}
+	e.key(false, name)
+	e.b = append(e.b, '{')
+	for i, k := range sortedKeys(m) {
+		if i > 0 {
+			e.b = append(e.b, ',')
+		}
+		e.str(k)
+		e.b = append(e.b, ':')
+		e.str(m[k])
+	}
+	e.b = append(e.b, '}')
 }
 
 // optStr renders field name unless s is empty (omitempty).

@@ -56,6 +56,52 @@ func genStrings(label string) *rapid.Generator[[]string] {
 	})
 }
 
+func genEnv(label string) *rapid.Generator[map[string]string] {
+	return rapid.Custom(func(t *rapid.T) map[string]string {
+		switch rapid.IntRange(0, 2).Draw(t, label+"-kind") {
+		case 0:
+			return nil
+		case 1:
+			return map[string]string{}
+		}
+		return rapid.MapOfN(genString(), genString(), 1, 4).Draw(t, label)
+	})
+}
+
+// genRunRecord draws a run whose spec sets each optional field or leaves
+// it zero (nil, or empty but not nil).
+func genRunRecord() *rapid.Generator[RunRecord] {
+	return rapid.Custom(func(t *rapid.T) RunRecord {
+		dur := func(label string) time.Duration {
+			return rapid.SampledFrom([]time.Duration{0, time.Duration(rapid.Int64().Draw(t, label))}).Draw(t, label+"Of")
+		}
+		r := RunRecord{ID: RunID(genString().Draw(t, "id")), Parent: RunID(genString().Draw(t, "parent")),
+			Spec:        RunSpec{Name: genString().Draw(t, "name"), Timeout: dur("timeout"), Env: genEnv("env").Draw(t, "env")},
+			SubmittedAt: genTime().Draw(t, "submitted"), Deadline: genTime().Draw(t, "deadline"),
+			CancelReason: genString().Draw(t, "reason"), CancelClass: FailureClass(genString().Draw(t, "class")),
+			Failed: rapid.Bool().Draw(t, "failed"), Finished: rapid.Bool().Draw(t, "finished"), FinishedAt: genTime().Draw(t, "finishedAt")}
+		if ids := genStrings("steps").Draw(t, "steps"); ids != nil {
+			r.Steps = make([]StepID, len(ids))
+			for i, id := range ids {
+				r.Steps[i] = StepID(id)
+			}
+		}
+		if n := rapid.IntRange(-1, 3).Draw(t, "specs"); n >= 0 {
+			r.Spec.Steps = []StepSpec{}
+			for range n {
+				r.Spec.Steps = append(r.Spec.Steps, StepSpec{Name: genString().Draw(t, "sname"), Command: genString().Draw(t, "cmd"),
+					DependsOn: genStrings("deps").Draw(t, "deps"), Writes: rapid.Bool().Draw(t, "writes"), Type: genString().Draw(t, "type"),
+					Runner: genString().Draw(t, "runner"), Tags: genStrings("tags").Draw(t, "tags"), Labels: genEnv("labels").Draw(t, "labels"),
+					Target: genString().Draw(t, "target"), Platform: genString().Draw(t, "platform"), Timeout: dur("stimeout"),
+					Env: genEnv("senv").Draw(t, "senv"), ForEach: genStrings("items").Draw(t, "items"),
+					Concurrency: rapid.SampledFrom([]int{0, rapid.Int().Draw(t, "conc")}).Draw(t, "concOf"), Hold: rapid.Bool().Draw(t, "hold"),
+					HoldExpiry: dur("expiry"), Wait: dur("wait")})
+			}
+		}
+		return r
+	})
+}
+
 func checkEncode(t *rapid.T, v any) {
 	want, err := json.Marshal(v)
 	if err != nil {
@@ -125,11 +171,12 @@ func TestEncodeMatchesEncodingJSON(t *testing.T) {
 			Worker: WorkerID(rapid.SampledFrom([]string{"", genString().Draw(t, "worker")}).Draw(t, "workerOf")),
 			Lease:  LeaseID(rapid.SampledFrom([]uint64{0, rapid.Uint64().Draw(t, "lease")}).Draw(t, "leaseOf"))})
 	}))
+	t.Run("run", rapid.MakeCheck(func(t *rapid.T) {
+		r := genRunRecord().Draw(t, "run")
+		checkEncode(t, &r)
+	}))
 	t.Run("history", rapid.MakeCheck(func(t *rapid.T) {
-		h := &RunHistory{Run: RunRecord{ID: RunID(genString().Draw(t, "run")), Spec: RunSpec{Name: genString().Draw(t, "name"),
-			Steps: []StepSpec{{Name: genString().Draw(t, "spec"), Command: genString().Draw(t, "cmd")}}},
-			SubmittedAt: genTime().Draw(t, "submitted"), Finished: true, FinishedAt: genTime().Draw(t, "finished")},
-			Status: genString().Draw(t, "status")}
+		h := &RunHistory{Run: genRunRecord().Draw(t, "run"), Status: genString().Draw(t, "status")}
 		n := rapid.IntRange(-1, 3).Draw(t, "n") // -1: nil slices
 		if n >= 0 {
 			h.Steps, h.Leases, h.Events = []StepRecord{}, []LeaseRecord{}, []ServerEvent{}

@@ -12,8 +12,8 @@ import (
 // parser produces; the core validates it again on submit.
 type RunSpec struct {
 	Name    string
-	Timeout time.Duration // run timeout; 0 = none
-	Env     map[string]string
+	Timeout time.Duration     `json:",omitzero"` // run timeout; 0 = none
+	Env     map[string]string `json:",omitzero"`
 	Steps   []StepSpec
 }
 
@@ -21,27 +21,27 @@ type RunSpec struct {
 type StepSpec struct {
 	Name      string
 	Command   string
-	DependsOn []string
+	DependsOn []string `json:",omitzero"`
 	// Writes declares the step write-bearing: it is never re-dispatched once
 	// started, and its process starts only after START is durably recorded.
-	Writes   bool
-	Type     string // "", script, docker, pod, task
-	Runner   string // with type script: local, docker, pod
-	Tags     []string
-	Labels   map[string]string // selector: the worker must carry every pair
-	Target   string            // a worker name
-	Platform string
-	Timeout  time.Duration // step timeout; 0 = none
-	Env      map[string]string
+	Writes   bool              `json:",omitzero"`
+	Type     string            `json:",omitzero"` // "", script, docker, pod, task
+	Runner   string            `json:",omitzero"` // with type script: local, docker, pod
+	Tags     []string          `json:",omitzero"`
+	Labels   map[string]string `json:",omitzero"` // selector: the worker must carry every pair
+	Target   string            `json:",omitzero"` // a worker name
+	Platform string            `json:",omitzero"`
+	Timeout  time.Duration     `json:",omitzero"` // step timeout; 0 = none
+	Env      map[string]string `json:",omitzero"`
 	// ForEach fans the step out into one instance per item ("name[i]"), with
 	// TETHER_ITEM set to the item; Concurrency caps the instances in flight.
-	ForEach     []string
-	Concurrency int
+	ForEach     []string `json:",omitzero"`
+	Concurrency int      `json:",omitzero"`
 	// Gates: Hold requires an operator approval (expiring after HoldExpiry if
 	// set); Wait delays the step by a timer once its dependencies succeeded.
-	Hold       bool
-	HoldExpiry time.Duration
-	Wait       time.Duration
+	Hold       bool          `json:",omitzero"`
+	HoldExpiry time.Duration `json:",omitzero"`
+	Wait       time.Duration `json:",omitzero"`
 }
 
 // Limits on a submitted run (SPEC §2, §12). Validate checks every one

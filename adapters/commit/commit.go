@@ -67,9 +67,24 @@ func (g *Group) Reset() {
 // less to write. A step that is granted, started and reported within one
 // group writes its step and lease records three times.
 func (g *Group) Commit(persist func([]core.Record) error, send func(core.Envelope), answer func(core.APIAnswer)) error {
-	if err := persist(g.records()); err != nil {
+	if err := g.Persist(persist); err != nil {
 		return err
 	}
+	g.Release(send, answer)
+	return nil
+}
+
+// Persist is Commit's first half: it hands every record of the group to
+// persist in one call. It reads only the group, so it may run on another
+// goroutine while the caller steps the next group into another Group (a
+// pipelined driver, SPEC §12).
+func (g *Group) Persist(persist func([]core.Record) error) error {
+	return persist(g.records())
+}
+
+// Release is Commit's second half, to be called only after Persist returned
+// nil: the group's messages in order, then its answers.
+func (g *Group) Release(send func(core.Envelope), answer func(core.APIAnswer)) {
 	for _, rd := range g.readys {
 		for _, e := range rd.Messages {
 			send(e)
@@ -80,5 +95,4 @@ func (g *Group) Commit(persist func([]core.Record) error, send func(core.Envelop
 			answer(a)
 		}
 	}
-	return nil
 }

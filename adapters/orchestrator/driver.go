@@ -7,12 +7,14 @@
 //
 // The Driver follows core/doc.go's duties to the letter. One goroutine owns
 // the Orchestrator. It blocks for one input, drains whatever else is queued
-// (group commit, at most maxBatch inputs), steps each with a fresh time.Now,
-// saves every record of the merged batch in ONE store transaction (with the
-// data-plane writes fenced among its inputs), and only then sends the batch's
+// (at most maxBatch inputs), steps each with a fresh time.Now into a group,
+// and arms a timer for the Deadline. The group is saved in ONE store
+// transaction (with the data-plane writes fenced among its inputs) on a
+// goroutine of its own while the loop steps what comes next into the next
+// group (a pipeline, SPEC §11); once it is durable, the loop sends its
 // messages (each connection has its own buffered writer), closes the
-// connections the core closed, answers the API calls and the data writes, and
-// runs the queued read-only queries. Then it arms a timer for the Deadline.
+// connections the core closed, answers the API calls and the data writes,
+// runs the queued read-only queries, and hands the next group to the store.
 package orchestrator
 
 import (
@@ -234,6 +236,8 @@ type Driver struct {
 	calls      map[core.CallID]chan core.APIAnswer
 	timer      *time.Timer
 	deadline   time.Time // the core's next deadline, as armed
+	inFlight   *flight   // the group being made durable, if any (process)
+	next       *flight   // the group stepped since, waiting for the store
 
 	stats loopStats // how long each batch held the loop (SPEC §12)
 }
@@ -548,6 +552,15 @@ func (d *Driver) Shutdown(ctx context.Context) error {
 // run is the loop goroutine; when the loop ends it tears everything down.
 func (d *Driver) run() {
 	err := d.loop()
+	if lerr := d.land(); err == nil { // a group still in flight after an error ends as any other
+		err = lerr
+	}
+	if d.next != nil { // stepped after an error: never durable, so nobody may hear "written"
+		for _, pw := range d.next.writes {
+			close(pw.reply)
+		}
+		d.next = nil
+	}
 	close(d.ended)
 	if err != nil {
 		d.log.Error("orchestrator loop stopped", "err", err)
@@ -606,16 +619,36 @@ func (d *Driver) flushQueued() error {
 			return err
 		}
 	}
-	return nil
+	return d.settle()
 }
 
 func (d *Driver) loop() error {
 	batch := make([]input, 0, maxBatch)
 	for {
 		batch = batch[:0]
+		var landed <-chan struct{} // nil (never ready) when nothing is in flight
+		if d.inFlight != nil {
+			landed = d.inFlight.done
+		}
 		select {
 		case <-d.quit:
+			if err := d.settle(); err != nil {
+				return err
+			}
 			return d.flushQueued()
+		case <-landed:
+			// The store is free: release what it made durable, and hand it
+			// what was stepped meanwhile.
+			t0 := time.Now()
+			err := d.land()
+			if err == nil {
+				d.launchNext()
+			}
+			d.stats.add(time.Since(t0), 0)
+			if err != nil {
+				return err
+			}
+			continue
 		case <-d.timer.C:
 			batch = append(batch, tick{})
 		case in := <-d.inputs:
@@ -639,39 +672,143 @@ func (d *Driver) loop() error {
 	}
 }
 
-// process steps a batch of inputs and handles the merged Ready: persist,
-// then send, then answer (core/doc.go, duties 2-5).
-func (d *Driver) process(batch []input) error {
-	var (
-		group   commit.Group // the same write-ahead code the simulator runs
-		queries []query
-		stepped bool
-		dl      = d.deadline
-		ops     []store.DataOp     // fenced data writes, persisted with the group
-		writes  []pendingWrite     // their answers, and the refused ones', in order
-		results []store.DataResult // ops' outcomes, once durable
-	)
-	step := func(in core.Input) core.Ready {
-		rd := d.o.Step(time.Now(), in)
-		group.Add(rd)
-		stepped, dl = true, rd.Deadline // the last Ready's Deadline is the core's earliest timer now
-		return rd
-	}
-	answered := false
-	defer func() {
-		if !answered { // the group was not made durable: nobody may hear "written"
-			for _, pw := range writes {
-				close(pw.reply)
+// flight is a group of stepped batches on its way to the store. Its commit
+// runs on its own goroutine while the loop steps the next batches into the
+// next group (SPEC §12). At most one is in flight, and the loop releases it
+// (land) before it starts the next one's commit, so groups become durable,
+// and leave, in the order they were stepped.
+type flight struct {
+	group   commit.Group       // the same write-ahead code the simulator runs
+	ops     []store.DataOp     // fenced data writes, persisted with the group
+	writes  []pendingWrite     // their answers, and the refused ones', in order
+	queries []query            // run once the group is durable
+	inputs  int                // inputs stepped into the group
+	results []store.DataResult // written by the commit goroutine: ops' outcomes
+	err     error              // written by the commit goroutine
+	done    chan struct{}      // closed when results and err are set
+}
+
+// launch starts f's commit on its own goroutine.
+func (d *Driver) launch(f *flight) {
+	f.done = make(chan struct{})
+	d.inFlight = f
+	go func() {
+		defer close(f.done)
+		f.err = f.group.Persist(func(recs []core.Record) error {
+			if len(f.ops) > 0 {
+				var err error
+				if f.results, err = d.ds.ApplyWithData(recs, f.ops); err != nil {
+					return fmt.Errorf("persist batch of %d records and %d data writes: %w", len(recs), len(f.ops), err)
+				}
+				return nil
 			}
-		}
+			if err := d.st.Apply(recs); err != nil {
+				return fmt.Errorf("persist batch of %d records: %w", len(recs), err)
+			}
+			return nil
+		})
 	}()
+}
+
+// land waits for the group in flight, if any, to be durable, then releases
+// it (core/doc.go, duty 4): its messages in order (closing what the core
+// closed), its API answers, its data writes' answers, its queries. If its
+// commit failed nothing of it leaves, and the error is returned.
+func (d *Driver) land() error {
+	f := d.inFlight
+	if f == nil {
+		return nil
+	}
+	<-f.done
+	d.inFlight = nil
+	if f.err != nil {
+		for _, pw := range f.writes { // nobody may hear "written"
+			close(pw.reply)
+		}
+		return f.err
+	}
+	f.group.Release(d.deliver, func(a core.APIAnswer) {
+		if reply, ok := d.calls[a.Call]; ok {
+			reply <- a // buffered: never blocks
+			delete(d.calls, a.Call)
+		}
+	})
+	for _, pw := range f.writes {
+		if pw.err != nil {
+			pw.reply <- dataAnswer{err: pw.err} // buffered: never blocks
+		} else {
+			pw.reply <- dataAnswer{res: f.results[pw.op]}
+		}
+	}
+	for _, q := range f.queries {
+		q.f(d.o)
+		close(q.done)
+	}
+	for _, rd := range f.group.Readys() {
+		d.emitLogs(rd)
+	}
+	return nil
+}
+
+// launchNext puts the next group in flight, if it holds anything (the
+// store is free: nothing is in flight).
+func (d *Driver) launchNext() {
+	f := d.next
+	d.next = nil
+	if f == nil || (f.group.Len() == 0 && len(f.writes) == 0 && len(f.queries) == 0) {
+		return
+	}
+	d.launch(f)
+}
+
+// settle makes everything stepped durable and released: the group in
+// flight, then the next one. Afterwards the core's state is durable.
+func (d *Driver) settle() error {
+	if err := d.land(); err != nil {
+		return err
+	}
+	d.launchNext()
+	return d.land()
+}
+
+// process steps a batch of inputs into the next group (core/doc.go, duties
+// 2 and 5), and puts that group in flight at once if the store is free or
+// the group is full; otherwise it waits for the group in flight to land
+// (the loop's select), gathering more batches meanwhile (group commit). What
+// reads the state for an answer needs it durable: the data plane's early
+// checks are answered, and a batch's queries run, only after settle.
+func (d *Driver) process(batch []input) error {
+	reads := false // a precheck or a query
+	for _, in := range batch {
+		switch in.(type) {
+		case precheck, query:
+			reads = true
+		}
+	}
+	if reads {
+		if err := d.settle(); err != nil {
+			return err
+		}
+	}
 	// The data plane's early checks see the state as the last batch left
-	// it, which is durable: they are answered at once, before this batch
-	// is stepped, so they never wait for its commit (SPEC §14).
+	// it, which is durable (settled): they are answered at once, before
+	// this batch is stepped, so they never wait for its commit (SPEC §14).
 	for _, in := range batch {
 		if pc, ok := in.(precheck); ok {
 			pc.reply <- d.precheck(pc) // buffered: never blocks
 		}
+	}
+	if d.next == nil {
+		d.next = &flight{}
+	}
+	f := d.next
+	f.inputs += len(batch)
+	stepped, dl := false, d.deadline
+	step := func(in core.Input) core.Ready {
+		rd := d.o.Step(time.Now(), in)
+		f.group.Add(rd)
+		stepped, dl = true, rd.Deadline // the last Ready's Deadline is the core's earliest timer now
+		return rd
 	}
 	for _, in := range batch {
 		switch in := in.(type) {
@@ -709,61 +846,33 @@ func (d *Driver) process(batch []input) error {
 			d.calls[callID(in.in)] = in.reply
 			step(in.in)
 		case query:
-			queries = append(queries, in)
+			f.queries = append(f.queries, in)
 		case dataWrite:
 			// The core decides the write here, between the group's inputs
 			// (after every timer due by now), and the write is made durable
 			// with the group: no lease change can come between.
 			if err := d.admitWrite(&in, step); err != nil {
-				writes = append(writes, pendingWrite{reply: in.reply, err: err})
+				f.writes = append(f.writes, pendingWrite{reply: in.reply, err: err})
 				continue
 			}
-			writes = append(writes, pendingWrite{reply: in.reply, op: len(ops)})
-			ops = append(ops, in.op)
+			f.writes = append(f.writes, pendingWrite{reply: in.reply, op: len(f.ops)})
+			f.ops = append(f.ops, in.op)
 		}
-	}
-	// Duties 3 and 4: the whole group durable in one transaction before
-	// anything leaves; then messages in order (closing what the core
-	// closed), then answers.
-	err := group.Commit(func(recs []core.Record) error {
-		if len(ops) > 0 {
-			var err error
-			if results, err = d.ds.ApplyWithData(recs, ops); err != nil {
-				return fmt.Errorf("persist batch of %d records and %d data writes: %w", len(recs), len(ops), err)
-			}
-			return nil
-		}
-		if err := d.st.Apply(recs); err != nil {
-			return fmt.Errorf("persist batch of %d records: %w", len(recs), err)
-		}
-		return nil
-	}, d.deliver, func(a core.APIAnswer) {
-		if reply, ok := d.calls[a.Call]; ok {
-			reply <- a // buffered: never blocks
-			delete(d.calls, a.Call)
-		}
-	})
-	if err != nil {
-		return err
-	}
-	answered = true
-	for _, pw := range writes {
-		if pw.err != nil {
-			pw.reply <- dataAnswer{err: pw.err} // buffered: never blocks
-		} else {
-			pw.reply <- dataAnswer{res: results[pw.op]}
-		}
-	}
-	for _, q := range queries {
-		q.f(d.o)
-		close(q.done)
-	}
-	for _, rd := range group.Readys() {
-		d.emitLogs(rd)
 	}
 	// Duty 5.
 	if stepped {
 		d.arm(dl)
+	}
+	// Duties 3 and 4, in land and launch: a group is released only once
+	// durable, and only after the group before it.
+	if reads {
+		return d.settle()
+	}
+	if d.inFlight == nil || f.inputs >= maxBatch {
+		if err := d.land(); err != nil {
+			return err
+		}
+		d.launchNext()
 	}
 	return nil
 }

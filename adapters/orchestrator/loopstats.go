@@ -9,10 +9,12 @@ import (
 // LoopStats says how long batches held the driver's loop (SPEC §12). One
 // measurement is one batch: from the moment the loop has gathered the batch
 // of inputs (after waiting for the first) to the moment process returns:
-// every input stepped, the group's records made durable (the loop waits for
-// the store's fsync'd commit), every message handed to its connection's
-// writer, every API call answered and every queued snapshot query run. The
-// idle wait for input is not counted. Quantiles are read from a histogram
+// every input stepped and, if the group before had landed (or had to: the
+// group is full, or the batch reads the state), that group released —
+// every message handed to its connection's writer, every API call answered
+// and every queued snapshot query run — and the next group handed to the
+// store. A group that lands while the loop is idle is released as a batch
+// of no inputs. The idle wait for input is not counted. Quantiles are read from a histogram
 // with power-of-two microsecond buckets, so a quantile is an upper bound
 // at most twice the true value; Max is exact.
 type LoopStats struct {

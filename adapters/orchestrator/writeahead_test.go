@@ -220,3 +220,81 @@ func TestWriteAhead(t *testing.T) {
 		t.Fatalf("after the store failure the worker still received %s", strings.TrimSpace(string(b)))
 	}
 }
+
+// overlapStore is slowStore that also notices two commits at once.
+type overlapStore struct {
+	*slowStore
+	active, overlaps atomic.Int32
+	applies          atomic.Int32
+}
+
+func (s *overlapStore) Apply(recs []core.Record) error {
+	if s.active.Add(1) > 1 {
+		s.overlaps.Add(1)
+	}
+	defer s.active.Add(-1)
+	s.applies.Add(1)
+	return s.slowStore.Apply(recs)
+}
+
+// TestPipelinedWriteAhead checks the pipeline of SPEC §11 under load: with
+// a commit taking 20 ms and submissions arriving all the while, at most one
+// commit runs at a time, every Submit is answered only once its run record
+// is durable, a read through the loop sees only durable runs, and what
+// arrives while a commit is under way shares the next one (fewer commits
+// than submissions).
+func TestPipelinedWriteAhead(t *testing.T) {
+	ctx, cancel := context.WithTimeout(t.Context(), testTimeout)
+	defer cancel()
+	bst, err := store.Open(filepath.Join(t.TempDir(), "tether.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := &overlapStore{slowStore: &slowStore{Store: bst, delay: 20 * time.Millisecond, durable: map[string][]byte{}}}
+	d, err := orchestrator.Start(orchestrator.Options{Addr: "127.0.0.1:0", Store: st, Logger: testLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	st.applies.Store(0)
+
+	const submitters, each = 8, 10
+	var wg sync.WaitGroup
+	errs := make(chan error, submitters*each*2)
+	spec := core.RunSpec{Name: "p", Steps: []core.StepSpec{{Name: "a", Command: "true"}}}
+	for range submitters {
+		wg.Go(func() {
+			for range each {
+				id, err := d.Submit(ctx, spec)
+				if err != nil {
+					errs <- err
+					return
+				}
+				if st.get(t, "run/"+string(id)) == nil {
+					errs <- fmt.Errorf("Submit answered %s before its run record was durable", id)
+				}
+				err = d.Snapshot(ctx, func(o *core.Orchestrator) {
+					for _, r := range o.RunIDs() {
+						if st.get(t, "run/"+string(r)) == nil {
+							errs <- fmt.Errorf("a read through the loop saw %s before its run record was durable", r)
+						}
+					}
+				})
+				if err != nil {
+					errs <- err
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	if n := st.overlaps.Load(); n > 0 {
+		t.Errorf("%d commits began while another was under way; at most one may be in flight", n)
+	}
+	if n := st.applies.Load(); n >= submitters*each {
+		t.Errorf("%d commits for %d submissions: nothing gathered while a commit was under way", n, submitters*each)
+	}
+}
