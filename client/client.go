@@ -151,8 +151,7 @@ func jsonBody(v any) io.Reader {
 	return bytes.NewReader(b)
 }
 
-// stepPath is a step id's path: "run-1/name[i]" → "run-1/name%5Bi%5D", a
-// slash in the name escaped (SPEC §12).
+// stepPath is a step id's path: "run-1/name[i]" → "run-1/name%5Bi%5D".
 func stepPath(id string) string {
 	run, name, _ := strings.Cut(id, "/")
 	return url.PathEscape(run) + "/" + url.PathEscape(name)

@@ -136,7 +136,7 @@ var apiRoutes = []apiRoute{
 			return a.logs(r.Context(), core.RunID(r.PathValue("id")), r.URL.Query().Get("step"))
 		},
 		query: []docParam{{"step", "only this step NAME (all its forEach instances) or NAME[i]"}}, answer: client.Logs{}},
-	{method: "POST", path: "/api/steps/{run}/{step}/approve", summary: "Approve a held step; {step} is its name or name[i], a slash in it escaped as %2F",
+	{method: "POST", path: "/api/steps/{run}/{step}/approve", summary: "Approve a held step: it is queued; {step} is its name, or name[i] of a forEach instance",
 		serve: func(a *api, r *http.Request) (int, any, error) { return a.gate(r.Context(), pathStep(r), true) }, answer: client.StepAnswer{}},
 	{method: "POST", path: "/api/steps/{run}/{step}/reject", summary: "Reject a held step: it is cancelled, its dependents skipped",
 		serve: func(a *api, r *http.Request) (int, any, error) { return a.gate(r.Context(), pathStep(r), false) }, answer: client.StepAnswer{}},
