@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/tether-run/tether/adapters/orchestrator"
+	"github.com/tether-run/tether/client"
 	"github.com/tether-run/tether/core"
 )
 
@@ -90,8 +91,8 @@ func (r *apiRig) expect(method, path string, body []byte, want int, out any) []b
 	}
 	if code >= 400 {
 		var e orchestrator.APIError
-		if err := json.Unmarshal(b, &e); err != nil || e.Error == "" {
-			r.t.Fatalf("%s %s: error body %q is not {\"error\": ...}", method, path, b)
+		if err := json.Unmarshal(b, &e); err != nil || e.Code != client.CodeFor(code) || e.Message == "" || e.Error != e.Message {
+			r.t.Fatalf("%s %s: error body %q is not {\"code\": %q, \"message\", \"error\"}", method, path, b, client.CodeFor(code))
 		}
 	}
 	if out != nil {
@@ -102,18 +103,45 @@ func (r *apiRig) expect(method, path string, body []byte, want int, out any) []b
 	return b
 }
 
+// client is the operator's client (package client) of the rig's
+// orchestrator.
+func (r *apiRig) client() *client.Client {
+	r.t.Helper()
+	c, err := client.New(r.d.DataURL(), adminToken)
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	return c
+}
+
+// ok fails the test on a client error.
+func (r *apiRig) ok(what string, err error) {
+	r.t.Helper()
+	if err != nil {
+		r.t.Fatalf("%s: %v", what, err)
+	}
+}
+
+// wantCode fails the test unless err is an error answer with code.
+func (r *apiRig) wantCode(what string, err error, code client.Code) {
+	r.t.Helper()
+	if got := client.ErrorCode(err); got != code {
+		r.t.Fatalf("%s: %v, want an error with code %s", what, err, code)
+	}
+}
+
 // waitRun polls GET /api/runs/{id} until cond holds.
 func (r *apiRig) waitRun(id string, what string, cond func(orchestrator.APIRunDetail) bool) orchestrator.APIRunDetail {
 	r.t.Helper()
 	for {
-		var det orchestrator.APIRunDetail
-		r.expect("GET", "/runs/"+id, nil, http.StatusOK, &det)
-		if cond(det) {
-			return det
+		det, err := r.client().Run(r.ctx, id)
+		r.ok("run "+id, err)
+		if cond(*det) {
+			return *det
 		}
 		select {
 		case <-r.ctx.Done():
-			r.t.Fatalf("waiting for %s: %v; last: %+v", what, r.ctx.Err(), det)
+			r.t.Fatalf("waiting for %s: %v; last: %+v", what, r.ctx.Err(), *det)
 		case <-time.After(20 * time.Millisecond):
 		}
 	}
@@ -128,8 +156,8 @@ func TestAPIAuth(t *testing.T) {
 				t.Errorf("%s %s with Authorization %q: HTTP %d, want 401: %s", ep.method, ep.path, auth, code, b)
 			}
 			var e orchestrator.APIError
-			if json.Unmarshal(b, &e) != nil || e.Error == "" {
-				t.Errorf("401 body %q is not a JSON error", b)
+			if json.Unmarshal(b, &e) != nil || e.Code != client.CodeUnauthorized || e.Message == "" {
+				t.Errorf("401 body %q is not a JSON error with code unauthorized", b)
 			}
 		}
 	}
