@@ -1,4 +1,4 @@
-// Package client is a Go client of Tether's operator API (SPEC §12): typed
+// Package client is a Go client of Tether's operator API (SPEC §15): typed
 // methods for its routes, its request and answer types, and a typed *Error
 // for every error answer.
 //

@@ -2,11 +2,11 @@ package client
 
 import "time"
 
-// The operator API's request and answer bodies (SPEC §12). The orchestrator
+// The operator API's request and answer bodies (SPEC §15). The orchestrator
 // encodes these very types (adapters/orchestrator aliases them), so the
 // client and the server cannot disagree on a field.
 
-// Code is the stable, machine-readable kind of an error answer (SPEC §12).
+// Code is the stable, machine-readable kind of an error answer (SPEC §15).
 // The set is closed: a client may switch on it; the message is for people.
 type Code string
 

@@ -7,7 +7,7 @@ package orchestrator
 // answers are the table apiRoutes below; GET /api/openapi.json describes
 // them (openapi.go).
 //
-// Every error answer is {"code", "message", "error"} (SPEC §12): code is
+// Every error answer is {"code", "message", "error"} (SPEC §15): code is
 // one of a closed set (client.Code), one per status: invalid 400,
 // unauthorized 401, not_found 404 (an unknown path too), method_not_allowed
 // 405 (with Allow), timeout 408, conflict 409 (the orchestrator refused:
@@ -114,7 +114,7 @@ type apiRoute struct {
 // docParam is a documented query parameter.
 type docParam struct{ name, desc string }
 
-// apiRoutes is the operator API (SPEC §12), in the order of the document.
+// apiRoutes is the operator API (SPEC §15; limits §12), in the order of the document.
 var apiRoutes = []apiRoute{
 	{method: "POST", path: "/api/runs", summary: "Submit a workflow definition (YAML); ?file=NAME names it in errors",
 		serve: (*api).submit, limit: func(o *Options) int64 { return min(o.MaxSubmitBody, workflow.MaxSize) },

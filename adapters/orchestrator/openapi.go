@@ -1,7 +1,7 @@
 package orchestrator
 
 // The operator API's OpenAPI 3 description, served at GET /api/openapi.json
-// (SPEC §12). It is built from apiRoutes, the table that also registers the
+// (SPEC §15). It is built from apiRoutes, the table that also registers the
 // handlers, and its schemas from the Go types the handlers encode (package
 // client), so neither a route nor a field can be documented differently
 // from what is served; openapi_test.go holds it against the server's mux.
@@ -50,7 +50,7 @@ func openAPIDocument(routes []apiRoute) []byte {
 		responses := map[string]any{
 			strconv.Itoa(status): map[string]any{"description": http.StatusText(status), "content": g.content(rt.answer)},
 			"default": map[string]any{
-				"description": "an error: its code is one of a closed set (SPEC §12)",
+				"description": "an error: its code is one of a closed set (SPEC §15)",
 				"content":     map[string]any{"application/json": map[string]any{"schema": errRef}},
 			},
 		}
@@ -71,7 +71,7 @@ func openAPIDocument(routes []apiRoute) []byte {
 		"info": map[string]any{
 			"title":       "Tether operator API",
 			"version":     "1",
-			"description": "The orchestrator's operator API (SPEC §12). Every route but this document needs the admin token as a bearer credential.",
+			"description": "The orchestrator's operator API (SPEC §15). Every route but this document needs the admin token as a bearer credential.",
 		},
 		"security": []any{map[string]any{"adminToken": []any{}}},
 		"paths":    paths,
