@@ -109,6 +109,7 @@ type apiRoute struct {
 	request any
 	status  int
 	answer  any
+	also200 string // when status is 201: a 200 answer of the same body too, meaning this
 }
 
 // docParam is a documented query parameter.
@@ -157,7 +158,7 @@ var apiRoutes = []apiRoute{
 				return o.MaxBundleBody
 			}
 			return MaxAPIBody
-		}, request: "application/octet-stream", status: http.StatusCreated, answer: client.Bundle{}},
+		}, request: "application/octet-stream", status: http.StatusCreated, answer: client.Bundle{}, also200: "the bundle was already stored"},
 	{method: "GET", path: "/api/bundles/{fingerprint}", summary: "A bundle's description",
 		serve: func(a *api, r *http.Request) (int, any, error) { return a.showBundle(r.PathValue("fingerprint")) }, answer: client.Bundle{}},
 	{method: "GET", path: "/api/data/{id}", summary: "A data item's versions and append stream (the data plane's read, for operators)",

@@ -424,15 +424,42 @@ func TestAPINotFoundAndMethods(t *testing.T) {
 		{"DELETE", "/runs", http.StatusMethodNotAllowed},
 		{"PUT", "/workers", http.StatusMethodNotAllowed},
 		{"POST", "/runs/run-1", http.StatusMethodNotAllowed},
+		{"GET", "/runs/run-1/cancel", http.StatusMethodNotAllowed},
+		{"GET", "/steps/run-1/x/approve", http.StatusMethodNotAllowed},
+		{"POST", "/data/x", http.StatusMethodNotAllowed},
+		{"PUT", "/data/x/append", http.StatusMethodNotAllowed},
+		{"POST", "/store/backup", http.StatusMethodNotAllowed},
+		{"POST", "/openapi.json", http.StatusMethodNotAllowed},
 	} {
 		code, b := r.do(c.method, c.path, nil, nil)
 		if code != c.want {
 			t.Errorf("%s %s: HTTP %d, want %d: %s", c.method, c.path, code, c.want, b)
 		}
 		var e orchestrator.APIError
-		if json.Unmarshal(b, &e) != nil || e.Error == "" {
-			t.Errorf("%s %s: body %q is not a JSON error", c.method, c.path, b)
+		if json.Unmarshal(b, &e) != nil || e.Code != client.CodeFor(c.want) || e.Message == "" {
+			t.Errorf("%s %s: body %q is not a JSON error with code %s", c.method, c.path, b, client.CodeFor(c.want))
 		}
+	}
+	// A 405's Allow lists what the path serves; a wrong method without the
+	// token is refused as unauthorized before anything is said of the path.
+	for path, allow := range map[string]string{
+		"/runs": "GET, HEAD, POST", "/runs/run-1/cancel": "POST", "/tokens/x": "DELETE", "/data/x": "GET, HEAD",
+		"/bundles": "PUT", "/store/backup": "GET, HEAD",
+	} {
+		req, _ := http.NewRequestWithContext(r.ctx, "PATCH", r.d.APIURL()+path, nil)
+		req.Header.Set("Authorization", "Bearer "+adminToken)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusMethodNotAllowed || resp.Header.Get("Allow") != allow {
+			t.Errorf("PATCH %s: HTTP %d, Allow %q; want 405, Allow %q", path, resp.StatusCode, resp.Header.Get("Allow"), allow)
+		}
+	}
+	none := ""
+	if code, _ := r.do("DELETE", "/runs", nil, &none); code != http.StatusUnauthorized {
+		t.Errorf("DELETE /api/runs without the token: HTTP %d, want 401", code)
 	}
 }
 

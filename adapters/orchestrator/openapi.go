@@ -54,8 +54,8 @@ func openAPIDocument(routes []apiRoute) []byte {
 				"content":     map[string]any{"application/json": map[string]any{"schema": errRef}},
 			},
 		}
-		if rt.status == http.StatusCreated && rt.path == "/api/bundles" {
-			responses["200"] = map[string]any{"description": "the bundle was already stored", "content": g.content(rt.answer)}
+		if rt.also200 != "" {
+			responses["200"] = map[string]any{"description": rt.also200, "content": g.content(rt.answer)}
 		}
 		op["responses"] = responses
 		if rt.public {
