@@ -264,7 +264,7 @@ func checkRun(d runDetail, size int) (bool, error) {
 		}
 	case "failed", "cancelled", "failing", "cancelling":
 	default: // running, or a status of a later tree that is not final
-		if d.Run.Finished.IsZero() {
+		if d.Run.FinishedAt.IsZero() {
 			return false, nil
 		}
 	}

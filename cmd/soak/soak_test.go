@@ -82,7 +82,7 @@ func TestCheckRun(t *testing.T) {
 		d.Run.ID, d.Run.Status, d.Run.Steps = "run-1", status, steps
 		d.Run.States = map[string]int{"success": success, "failed": steps - success}
 		if finished {
-			d.Run.Finished = time.Unix(1, 0)
+			d.Run.FinishedAt = time.Unix(1, 0)
 		}
 		return d
 	}
