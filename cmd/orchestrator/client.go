@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"crypto/tls"
-	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -23,6 +22,7 @@ import (
 
 	"github.com/tether-run/tether/adapters/orchestrator"
 	"github.com/tether-run/tether/adapters/store"
+	"github.com/tether-run/tether/adapters/tlsconf"
 )
 
 const (
@@ -261,7 +261,7 @@ func newClient(e *env) (*client, error) {
 	}
 	hc := &http.Client{Timeout: o.timeout}
 	if o.ca != "" {
-		pool, err := loadCA(o.ca)
+		pool, err := tlsconf.LoadCA(o.ca)
 		if err != nil {
 			return nil, usageErrorf("--ca: %v", err)
 		}
@@ -270,19 +270,6 @@ func newClient(e *env) (*client, error) {
 		hc.Transport = tr
 	}
 	return &client{base: base, token: tok, http: hc}, nil
-}
-
-// loadCA reads a PEM file of CA certificates into a pool.
-func loadCA(path string) (*x509.CertPool, error) {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return nil, err
-	}
-	pool := x509.NewCertPool()
-	if !pool.AppendCertsFromPEM(b) {
-		return nil, fmt.Errorf("%s holds no PEM certificate", path)
-	}
-	return pool, nil
 }
 
 // send sends one request and returns a 2xx answer, whose body the caller

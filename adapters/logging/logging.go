@@ -1,0 +1,37 @@
+// Package logging builds the structured logger both binaries write to
+// stderr (--log-format, --log-level), and names the fields that tie a log
+// line to what it concerns (SPEC §15).
+package logging
+
+import (
+	"fmt"
+	"io"
+	"log/slog"
+)
+
+// The fields a log line carries when it concerns a worker, a lease, a step
+// or a run (SPEC §15): the same keys on both binaries, in both formats.
+const (
+	Worker = "worker_id"
+	Lease  = "lease"
+	Step   = "step"
+	Run    = "run"
+)
+
+// New returns a logger writing to w in format "text" (the default, also
+// for "") or "json", at level "debug", "info", "warn" or "error". The error
+// names the flag at fault.
+func New(w io.Writer, format, level string) (*slog.Logger, error) {
+	var lv slog.Level
+	if err := lv.UnmarshalText([]byte(level)); err != nil {
+		return nil, fmt.Errorf("--log-level %q: want debug, info, warn or error", level)
+	}
+	opts := &slog.HandlerOptions{Level: lv}
+	switch format {
+	case "text", "":
+		return slog.New(slog.NewTextHandler(w, opts)), nil
+	case "json":
+		return slog.New(slog.NewJSONHandler(w, opts)), nil
+	}
+	return nil, fmt.Errorf("--log-format %q: want text or json", format)
+}
