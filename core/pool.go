@@ -322,7 +322,7 @@ func (o *Orchestrator) reconcile(w *WorkerRecord, inflight []LeaseRef, offline t
 			done()
 			o.logf("info", "Job recovered from agent reconnection", "recovery_duration", fmt.Sprint(offline.Milliseconds()),
 				"worker_id", string(w.ID), "step_id", string(s.ID), "run_id", string(s.Run),
-				"buffered_messages_count", fmt.Sprint(buffered))
+				"buffered_messages_count", fmt.Sprint(buffered), "lease", fmt.Sprint(l.ID), "step", string(s.ID), "run", string(s.Run))
 		}
 	}
 	for _, id := range o.sortedLeases(w.ID) {
@@ -728,6 +728,20 @@ type lineID struct {
 	text  string
 }
 
+// stepOf returns a lease's step, nil if either is unknown.
+func (o *Orchestrator) stepOf(l *LeaseRecord) *StepRecord {
+	if l == nil {
+		return nil
+	}
+	return o.steps[l.Step]
+}
+
+// LogLinesRefused is the message of the orchestrator's log line for log
+// lines it refused (a lease without authority, or too many in one message):
+// its fields "lines" and "bytes" count them, and the driver's metrics do too
+// (SPEC §15).
+const LogLinesRefused = "log lines refused"
+
 func idOf(ln LogLine, event bool) lineID {
 	if ln.Seq != 0 {
 		return lineID{event: event, seq: ln.Seq}
@@ -750,7 +764,15 @@ func idOf(ln LogLine, event bool) lineID {
 func (o *Orchestrator) storeLogs(w *WorkerRecord, c ConnID, id LeaseID, lines []LogLine, event bool) {
 	l, _ := o.leaseFor(w, id)
 	if l == nil || !(l.Current || l.Committed) || len(lines) > MaxLogLinesPerMessage {
-		o.logf("warn", "log lines refused", "worker_id", string(w.ID), "lease", fmt.Sprint(id), "lines", fmt.Sprint(len(lines)))
+		var size int
+		for _, ln := range lines {
+			size += LineBytes(ln.Text)
+		}
+		kv := []string{"worker_id", string(w.ID), "lease", fmt.Sprint(id)}
+		if s := o.stepOf(l); s != nil {
+			kv = append(kv, "step", string(s.ID), "run", string(s.Run))
+		}
+		o.logf("warn", LogLinesRefused, append(kv, "lines", fmt.Sprint(len(lines)), "bytes", fmt.Sprint(size))...)
 		var top uint64
 		for _, ln := range lines {
 			top = max(top, ln.Seq)

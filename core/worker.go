@@ -1395,6 +1395,20 @@ func DropMarker(lines, bytes, events, capBytes int64) string {
 	return s + " ---"
 }
 
+// ParseDropMarker reads the counts back from a DropMarker line: the log
+// lines and bytes dropped, and whether over the output cap (else beyond the
+// bound of unacknowledged output). ok is false for any other line.
+func ParseDropMarker(text string) (lines, bytes int64, overCap, ok bool) {
+	rest, found := strings.CutPrefix(text, "--- Output dropped: ")
+	if !found || !strings.HasSuffix(text, " ---") {
+		return 0, 0, false, false
+	}
+	if n, err := fmt.Sscanf(rest, "%d log lines (%d bytes)", &lines, &bytes); n != 2 || err != nil {
+		return 0, 0, false, false
+	}
+	return lines, bytes, strings.Contains(rest, ") over the output cap of "), true
+}
+
 // batches yields s in chunks of at most maxReplayBatch (copies, so a message
 // never aliases another).
 func batches(s []LogLine) iter.Seq[[]LogLine] {

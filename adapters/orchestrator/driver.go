@@ -139,6 +139,9 @@ type Options struct {
 	// HelloTimeout is how long a new control connection has to send its
 	// Hello before it is closed (1008); zero means 5 s.
 	HelloTimeout time.Duration
+	// MetricsToken, if set, is the bearer token /metrics asks for; empty
+	// serves /metrics to anyone who can reach the listener (SPEC §15).
+	MetricsToken string
 	// AdminToken, if set, mounts the operator HTTP API (APIHandler) under
 	// /api/ on the control plane's server, authenticated with this token.
 	AdminToken string
@@ -240,6 +243,10 @@ type Driver struct {
 	next       *flight   // the group stepped since, waiting for the store
 
 	stats loopStats // how long each batch held the loop (SPEC §12)
+
+	m        *metrics    // Prometheus metrics (SPEC §15)
+	ready    atomic.Bool // restored and serving (/readyz)
+	stopping atomic.Bool // Shutdown or Close began (/readyz)
 }
 
 // Inputs of the loop.
@@ -394,6 +401,10 @@ func Start(opts Options) (*Driver, error) {
 	if opts.AdminToken != "" {
 		mux.Handle("/api/", d.APIHandler(opts.AdminToken))
 	}
+	d.m = newMetrics(d)
+	mux.HandleFunc("/livez", d.livez)
+	mux.HandleFunc("/readyz", d.readyz)
+	mux.Handle("/metrics", d.m.handler(opts.MetricsToken))
 	mux.Handle("/data/", d.dp)
 	mux.Handle("/bundle/", d.dp)
 	protocols := new(http.Protocols)
@@ -449,6 +460,7 @@ func Start(opts Options) (*Driver, error) {
 			d.log.Error("control plane stopped", "err", err)
 		}
 	}()
+	d.ready.Store(true)
 	d.log.Info("control plane listening", "url", d.URL(), "data_plane", d.DataURL(), "tls", opts.TLS != nil, "data_store", d.ds != nil)
 	started = true
 	return d, nil
@@ -529,6 +541,7 @@ func (d *Driver) Done() <-chan struct{} { return d.done }
 // theirs has left the process. It returns the error that stopped the loop,
 // if one did.
 func (d *Driver) Close() error {
+	d.stopping.Store(true)
 	d.once.Do(func() { close(d.quit) })
 	<-d.done
 	return d.err
@@ -539,6 +552,7 @@ func (d *Driver) Close() error {
 // Control connections are hijacked, so Shutdown does not wait for them; they
 // are dropped by Close and their workers reconnect to the next start.
 func (d *Driver) Shutdown(ctx context.Context) error {
+	d.stopping.Store(true)
 	serr := d.srv.Shutdown(ctx)
 	if err := d.Close(); err != nil {
 		return err
@@ -685,6 +699,8 @@ type flight struct {
 	inputs  int                // inputs stepped into the group
 	results []store.DataResult // written by the commit goroutine: ops' outcomes
 	err     error              // written by the commit goroutine
+	records int                // written by the commit goroutine: records persisted
+	took    time.Duration      // written by the commit goroutine: the store's time
 	done    chan struct{}      // closed when results and err are set
 }
 
@@ -695,6 +711,8 @@ func (d *Driver) launch(f *flight) {
 	go func() {
 		defer close(f.done)
 		f.err = f.group.Persist(func(recs []core.Record) error {
+			t0 := time.Now()
+			defer func() { f.records, f.took = len(recs), time.Since(t0) }()
 			if len(f.ops) > 0 {
 				var err error
 				if f.results, err = d.ds.ApplyWithData(recs, f.ops); err != nil {
@@ -747,6 +765,7 @@ func (d *Driver) land() error {
 	for _, rd := range f.group.Readys() {
 		d.emitLogs(rd)
 	}
+	d.m.landed(d, f)
 	return nil
 }
 
