@@ -93,6 +93,9 @@ func newMetrics(d *Driver) *metrics {
 	}
 	m.dataBytes.WithLabelValues("in")
 	m.dataBytes.WithLabelValues("out")
+	for _, code := range []int{400, 401, 404, 405, 408, 409, 413, 429, 503, 500, 418} {
+		m.dataRefusals.WithLabelValues(refusalReason(code)) // every reason has a series from the start
+	}
 	m.reg.MustRegister(m.grants, m.dispatchLatency, m.submitToStart, m.commitRecords, m.commitDuration,
 		m.linesDropped, m.bytesDropped, m.dataBytes, m.dataRefusals,
 		&stateCollector{d: d},
