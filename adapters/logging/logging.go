@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+
+	"github.com/tether-run/tether/core"
 )
 
 // The fields a log line carries when it concerns a worker, a lease, a step
@@ -34,4 +36,13 @@ func New(w io.Writer, format, level string) (*slog.Logger, error) {
 		return slog.New(slog.NewJSONHandler(w, opts)), nil
 	}
 	return nil, fmt.Errorf("--log-format %q: want text or json", format)
+}
+
+// LeaseAttrs are the fields of a line about a lease: the lease, and its
+// step and run when the step is known.
+func LeaseAttrs(lease core.LeaseID, step core.StepID) []any {
+	if step == "" {
+		return []any{Lease, uint64(lease)}
+	}
+	return []any{Lease, uint64(lease), Step, string(step), Run, string(step.Run())}
 }

@@ -35,6 +35,7 @@ import (
 	"time"
 
 	"github.com/tether-run/tether/adapters/commit"
+	"github.com/tether-run/tether/adapters/logging"
 	"github.com/tether-run/tether/adapters/store"
 	"github.com/tether-run/tether/adapters/wire"
 	"github.com/tether-run/tether/core"
@@ -853,7 +854,7 @@ func (d *Driver) process(batch []input) error {
 				delete(d.coreClosed, in.conn) // closed by the core: not a Disconnected
 				continue
 			}
-			d.log.Info("control connection dropped", "conn", uint64(in.conn), "reason", in.reason)
+			d.log.Info("control connection dropped", d.connAttrs(in.conn, "reason", in.reason)...)
 			step(core.Disconnected{Conn: in.conn})
 		case call:
 			if ct, ok := in.in.(core.CreateToken); ok {
@@ -947,7 +948,11 @@ func (d *Driver) deliver(e core.Envelope) {
 		// worker is told why in the close frame (1011), so its log says it
 		// too. Submit refuses a step whose dispatch could not fit (SPEC
 		// §12), so this is a bug or an environment grown since the submit.
-		d.log.Error("cannot encode message; closing the connection", "conn", uint64(c.id), "kind", e.Msg.Kind(), "err", err)
+		attrs := d.connAttrs(c.id, "kind", e.Msg.Kind(), "err", err)
+		if m, ok := e.Msg.(core.Dispatch); ok {
+			attrs = append(attrs, logging.LeaseAttrs(m.Lease, m.Step)...)
+		}
+		d.log.Error("cannot encode message; closing the connection", attrs...)
 		reason := strings.TrimPrefix(err.Error(), wire.ErrFrameTooLarge.Error()+": ") // fits a close frame's 120 bytes
 		c.hangUp(closeInternal, fmt.Sprintf("orchestrator cannot send a %s: %s", e.Msg.Kind(), reason))
 		return
@@ -984,6 +989,17 @@ func (d *Driver) emitLogs(rd core.Ready) {
 	for _, ev := range rd.Events {
 		d.log.Info("server event", "run", string(ev.Run), "seq", ev.Seq, "step", string(ev.Step), "kind", ev.Kind, "message", ev.Message)
 	}
+}
+
+// connAttrs are a log line's fields about a control connection: its id
+// and, once its Hello was accepted, its worker's (SPEC §15); then more
+// (loop goroutine).
+func (d *Driver) connAttrs(c core.ConnID, more ...any) []any {
+	attrs := []any{"conn", uint64(c)}
+	if w, ok := d.o.ConnWorker(c); ok {
+		attrs = append(attrs, logging.Worker, string(w))
+	}
+	return append(attrs, more...)
 }
 
 // numericFields are core log fields that are numbers (the recovery log

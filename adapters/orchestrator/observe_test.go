@@ -3,14 +3,18 @@ package orchestrator_test
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"io"
+	"maps"
 	"net/http"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/tether-run/tether/adapters/logging"
 	"github.com/tether-run/tether/adapters/orchestrator"
 	"github.com/tether-run/tether/adapters/worker"
 	"github.com/tether-run/tether/core"
@@ -184,5 +188,113 @@ func TestMetricsAfterARun(t *testing.T) {
 	}
 	if _, ok := m["process_resident_memory_bytes"]; !ok {
 		t.Errorf("the process collector's process_resident_memory_bytes is not exposed")
+	}
+}
+
+// jsonLines decodes a JSON log, one object per line; a line that is not
+// JSON fails the test.
+func jsonLines(t *testing.T, who, text string) []map[string]any {
+	t.Helper()
+	var out []map[string]any
+	for _, line := range strings.Split(strings.TrimSpace(text), "\n") {
+		var m map[string]any
+		if err := json.Unmarshal([]byte(line), &m); err != nil {
+			t.Fatalf("%s: log line %q is not JSON: %v", who, line, err)
+		}
+		out = append(out, m)
+	}
+	return out
+}
+
+// TestLogFieldsJSON: with the JSON logger both binaries use (--log-format
+// json), the lines about a lease carry "lease", "step" and "run" (the
+// worker's, its "worker_id" too) on both sides, with the right values
+// (SPEC §15): a step that runs, and one the orchestrator cancels.
+func TestLogFieldsJSON(t *testing.T) {
+	ctx, cancel := context.WithTimeout(t.Context(), testTimeout)
+	defer cancel()
+	var olog, wlog lockedBuffer
+	ol, err := logging.New(&olog, "json", "info")
+	if err != nil {
+		t.Fatal(err)
+	}
+	wl, _ := logging.New(&wlog, "json", "info")
+	d, err := orchestrator.Start(orchestrator.Options{Addr: "127.0.0.1:0", StorePath: filepath.Join(t.TempDir(), "tether.db"), Logger: ol})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	tok, err := d.CreateToken(ctx, "w1", time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := worker.New(worker.Options{URL: d.URL(), Logger: wl, Config: core.WorkerConfig{Name: "w1", Token: tok}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wctx, wcancel := context.WithCancel(ctx)
+	wdone := make(chan struct{})
+	go func() { defer close(wdone); w.Run(wctx) }()
+
+	run, err := d.Submit(ctx, core.RunSpec{Name: "logs", Steps: []core.StepSpec{
+		{Name: "a", Command: "echo a"},
+		{Name: "slow", Command: "sleep 30", DependsOn: []string{"a"}},
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	slow := core.StepID(run + "/slow")
+	waitFor(t, ctx, d, "slow running", func(o view) bool { s, _ := o.StepByID(slow); return s.State == core.StateRunning })
+	if err := d.CancelRun(ctx, run, "test over"); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, ctx, d, "run finished", finished(run))
+	wcancel()
+	<-wdone
+
+	var workerID string
+	seen := map[string]bool{}
+	for _, m := range jsonLines(t, "worker", wlog.String()) {
+		msg, _ := m["msg"].(string)
+		if id, ok := m["worker_id"].(string); !ok || id == "" {
+			t.Errorf("worker line %v has no worker_id", m)
+		} else {
+			workerID = id
+		}
+		_, hasLease := m["lease"]
+		if strings.Contains(msg, "lease ") && !hasLease {
+			t.Errorf("worker line about a lease lacks the lease field: %v", m)
+		}
+		if !hasLease {
+			continue
+		}
+		step, _ := m["step"].(string)
+		if (step != string(run)+"/a" && step != string(slow)) || m["run"] != string(run) {
+			t.Errorf("worker line %v: step %q run %v, want a step of %s", m, step, m["run"], run)
+		}
+		seen[msg] = true
+	}
+	for _, msg := range []string{"step process started", "step process exited", "signalling step"} {
+		if !seen[msg] {
+			t.Errorf("no worker line %q with a lease's fields", msg)
+		}
+	}
+	if !slices.ContainsFunc(slices.Collect(maps.Keys(seen)), func(s string) bool { return strings.Contains(s, "cancelled by orchestrator") }) {
+		t.Errorf("the core's line about the cancelled lease lacks its fields; lines with them: %v", seen)
+	}
+
+	enrolled := false
+	for _, m := range jsonLines(t, "orchestrator", olog.String()) {
+		switch m["msg"] {
+		case "worker enrolled":
+			enrolled = m["worker_id"] == workerID
+		case "server event":
+			if m["run"] != string(run) {
+				t.Errorf("server event %v lacks its run", m)
+			}
+		}
+	}
+	if !enrolled {
+		t.Errorf("no orchestrator line \"worker enrolled\" with worker_id %q", workerID)
 	}
 }
