@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"strconv"
 
 	"github.com/tether-run/tether/core"
 )
@@ -45,4 +46,20 @@ func LeaseAttrs(lease core.LeaseID, step core.StepID) []any {
 		return []any{Lease, uint64(lease)}
 	}
 	return []any{Lease, uint64(lease), Step, string(step), Run, string(step.Run())}
+}
+
+// numericFields are core log fields that are numbers: the core's fields are
+// strings, so they are logged as numbers here, for dashboards that
+// aggregate them (the recovery log line's, SPEC §4) and so that "lease" has
+// one type on every line of both binaries (SPEC §15).
+var numericFields = map[string]bool{"recovery_duration": true, "buffered_messages_count": true, Lease: true, "lines": true, "bytes": true}
+
+// CoreAttr turns one of the core's log fields into an attribute.
+func CoreAttr(f core.Field) slog.Attr {
+	if numericFields[f.Key] {
+		if n, err := strconv.ParseInt(f.Value, 10, 64); err == nil {
+			return slog.Int64(f.Key, n)
+		}
+	}
+	return slog.String(f.Key, f.Value)
 }

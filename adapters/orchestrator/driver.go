@@ -28,7 +28,6 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -982,7 +981,7 @@ func (d *Driver) emitLogs(rd core.Ready) {
 	for _, e := range rd.Logs {
 		attrs := make([]any, 0, 2*len(e.Fields))
 		for _, f := range e.Fields {
-			attrs = append(attrs, logAttr(f))
+			attrs = append(attrs, logging.CoreAttr(f))
 		}
 		d.log.Log(context.Background(), level(e.Level), e.Msg, attrs...)
 	}
@@ -1000,20 +999,6 @@ func (d *Driver) connAttrs(c core.ConnID, more ...any) []any {
 		attrs = append(attrs, logging.Worker, string(w))
 	}
 	return append(attrs, more...)
-}
-
-// numericFields are core log fields that are numbers (the recovery log
-// line's fields, SPEC §4); the core's fields are strings, so they are logged
-// as numbers here, for dashboards that aggregate them.
-var numericFields = map[string]bool{"recovery_duration": true, "buffered_messages_count": true}
-
-func logAttr(f core.Field) slog.Attr {
-	if numericFields[f.Key] {
-		if n, err := strconv.ParseInt(f.Value, 10, 64); err == nil {
-			return slog.Int64(f.Key, n)
-		}
-	}
-	return slog.String(f.Key, f.Value)
 }
 
 func level(s string) slog.Level {

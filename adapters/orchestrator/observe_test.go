@@ -268,6 +268,9 @@ func TestLogFieldsJSON(t *testing.T) {
 		if !hasLease {
 			continue
 		}
+		if _, ok := m["lease"].(float64); !ok {
+			t.Errorf("worker line %v: lease is not a number", m)
+		}
 		step, _ := m["step"].(string)
 		if (step != string(run)+"/a" && step != string(slow)) || m["run"] != string(run) {
 			t.Errorf("worker line %v: step %q run %v, want a step of %s", m, step, m["run"], run)
@@ -285,6 +288,11 @@ func TestLogFieldsJSON(t *testing.T) {
 
 	enrolled := false
 	for _, m := range jsonLines(t, "orchestrator", olog.String()) {
+		if l, ok := m["lease"]; ok {
+			if _, ok := l.(float64); !ok {
+				t.Errorf("orchestrator line %v: lease is not a number", m)
+			}
+		}
 		switch m["msg"] {
 		case "worker enrolled":
 			enrolled = m["worker_id"] == workerID

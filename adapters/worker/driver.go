@@ -28,6 +28,7 @@ import (
 
 	"github.com/gorilla/websocket"
 
+	"github.com/tether-run/tether/adapters/logging"
 	"github.com/tether-run/tether/adapters/wire"
 	"github.com/tether-run/tether/core"
 )
@@ -372,7 +373,7 @@ func (d *Driver) apply(rd core.WorkerReady) (*core.WorkerExit, error) {
 		}
 		attrs := make([]any, 0, len(l.Fields))
 		for _, f := range l.Fields { // the core's fields (SPEC §15: lease, step, run)
-			attrs = append(attrs, slog.String(f.Key, f.Value))
+			attrs = append(attrs, logging.CoreAttr(f))
 		}
 		d.log.Log(d.ctx, lv, l.Msg, attrs...)
 	}
