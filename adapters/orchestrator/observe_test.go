@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"io"
+	"log/slog"
 	"maps"
 	"net/http"
 	"path/filepath"
@@ -41,6 +42,25 @@ func get(t *testing.T, ctx context.Context, url, token string) (int, string) {
 		t.Fatal(err)
 	}
 	return resp.StatusCode, string(b)
+}
+
+// runWorker enrolls and runs one worker (cfg with a fresh token named
+// after it) until the returned function stops it.
+func runWorker(t *testing.T, ctx context.Context, d *orchestrator.Driver, log *slog.Logger, cfg core.WorkerConfig) (stop func()) {
+	t.Helper()
+	tok, err := d.CreateToken(ctx, cfg.Name, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Token = tok
+	w, err := worker.New(worker.Options{URL: d.URL(), Logger: log, Config: cfg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { defer close(done); w.Run(wctx) }()
+	return func() { cancel(); <-done }
 }
 
 // TestHealthProbes: /livez and /readyz answer 200 in plain text while the
@@ -112,19 +132,7 @@ func TestMetricsAfterARun(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer d.Close()
-	tok, err := d.CreateToken(ctx, "w1", time.Minute)
-	if err != nil {
-		t.Fatal(err)
-	}
-	w, err := worker.New(worker.Options{URL: d.URL(), Logger: testLogger(t).With("side", "worker"),
-		Config: core.WorkerConfig{Name: "w1", Token: tok, OutputCapBytes: 100}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	wctx, wcancel := context.WithCancel(ctx)
-	wdone := make(chan struct{})
-	go func() { defer close(wdone); w.Run(wctx) }()
-	defer func() { wcancel(); <-wdone }()
+	defer runWorker(t, ctx, d, testLogger(t).With("side", "worker"), core.WorkerConfig{Name: "w1", OutputCapBytes: 100})()
 
 	run, err := d.Submit(ctx, core.RunSpec{Name: "metrics", Steps: []core.StepSpec{
 		{Name: "a", Command: "echo a"},
@@ -224,17 +232,7 @@ func TestLogFieldsJSON(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer d.Close()
-	tok, err := d.CreateToken(ctx, "w1", time.Minute)
-	if err != nil {
-		t.Fatal(err)
-	}
-	w, err := worker.New(worker.Options{URL: d.URL(), Logger: wl, Config: core.WorkerConfig{Name: "w1", Token: tok}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	wctx, wcancel := context.WithCancel(ctx)
-	wdone := make(chan struct{})
-	go func() { defer close(wdone); w.Run(wctx) }()
+	stopWorker := runWorker(t, ctx, d, wl, core.WorkerConfig{Name: "w1"})
 
 	run, err := d.Submit(ctx, core.RunSpec{Name: "logs", Steps: []core.StepSpec{
 		{Name: "a", Command: "echo a"},
@@ -249,8 +247,7 @@ func TestLogFieldsJSON(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitFor(t, ctx, d, "run finished", finished(run))
-	wcancel()
-	<-wdone
+	stopWorker()
 
 	var workerID string
 	seen := map[string]bool{}
