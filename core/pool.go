@@ -199,7 +199,7 @@ func (o *Orchestrator) hello(c ConnID, h Hello, entropy [16]byte) {
 	o.markWorker(w)
 	o.heard(w)
 	if wasInactive {
-		o.logf("info", "worker reactivated", "worker_id", string(w.ID))
+		o.logf("info", "worker reactivated", FieldWorker, string(w.ID))
 	}
 	cancel, lost := o.reconcile(w, h.InFlight, offline, h.Buffered)
 	o.closedListed(w.ID, h.InFlight, true)
@@ -262,7 +262,7 @@ func (o *Orchestrator) enroll(c ConnID, h Hello, entropy [16]byte) {
 	o.workers[w.ID] = w
 	o.markWorker(w)
 	o.attach(c, w, h.Version)
-	o.logf("info", "worker enrolled", "worker_id", string(w.ID), "name", w.Name, "token", name)
+	o.logf("info", "worker enrolled", FieldWorker, string(w.ID), "name", w.Name, "token", name)
 	cancel := make([]LeaseID, 0, len(h.InFlight))
 	for _, r := range h.InFlight {
 		cancel = append(cancel, r.Lease)
@@ -321,8 +321,8 @@ func (o *Orchestrator) reconcile(w *WorkerRecord, inflight []LeaseRef, offline t
 			o.event(s.Run, s.ID, "step-reclaimed", msg)
 			done()
 			o.logf("info", "Job recovered from agent reconnection", "recovery_duration", fmt.Sprint(offline.Milliseconds()),
-				"worker_id", string(w.ID), "step_id", string(s.ID), "run_id", string(s.Run),
-				"buffered_messages_count", fmt.Sprint(buffered), "lease", fmt.Sprint(l.ID), "step", string(s.ID), "run", string(s.Run))
+				FieldWorker, string(w.ID), "step_id", string(s.ID), "run_id", string(s.Run),
+				"buffered_messages_count", fmt.Sprint(buffered), FieldLease, fmt.Sprint(l.ID), FieldStep, string(s.ID), FieldRun, string(s.Run))
 		}
 	}
 	for _, id := range o.sortedLeases(w.ID) {
@@ -353,7 +353,7 @@ func (o *Orchestrator) disconnect(wid WorkerID, reason string) {
 	w := o.workers[wid]
 	w.DisconnectedAt = o.now
 	o.markWorker(w)
-	o.logf("info", "worker disconnected", "worker_id", string(wid), "reason", reason)
+	o.logf("info", "worker disconnected", FieldWorker, string(wid), "reason", reason)
 	if w.Scaler || w.Grace <= 0 {
 		o.triageAll(w, CauseNoGrace)
 		w.Active = false
@@ -451,7 +451,7 @@ func (o *Orchestrator) heartbeat(w *WorkerRecord, h Heartbeat) {
 	w.LastHeartbeat = o.now
 	if !w.Active {
 		w.Active = true
-		o.logf("info", "worker reactivated", "worker_id", string(w.ID))
+		o.logf("info", "worker reactivated", FieldWorker, string(w.ID))
 	}
 	o.markWorker(w)
 	for _, r := range h.InFlight {
@@ -709,7 +709,7 @@ func (o *Orchestrator) drain(w *WorkerRecord) {
 	}
 	w.Draining = true
 	o.markWorker(w)
-	o.logf("info", "worker draining", "worker_id", string(w.ID), "leases", fmt.Sprint(len(o.workerLeases[w.ID])))
+	o.logf("info", "worker draining", FieldWorker, string(w.ID), "leases", fmt.Sprint(len(o.workerLeases[w.ID])))
 }
 
 // MaxAnswersPerLease bounds the answers remembered for one lease.
@@ -768,9 +768,9 @@ func (o *Orchestrator) storeLogs(w *WorkerRecord, c ConnID, id LeaseID, lines []
 		for _, ln := range lines {
 			size += LineBytes(ln.Text)
 		}
-		kv := []string{"worker_id", string(w.ID), "lease", fmt.Sprint(id)}
+		kv := []string{FieldWorker, string(w.ID), FieldLease, fmt.Sprint(id)}
 		if s := o.stepOf(l); s != nil {
-			kv = append(kv, "step", string(s.ID), "run", string(s.Run))
+			kv = append(kv, FieldStep, string(s.ID), FieldRun, string(s.Run))
 		}
 		o.logf("warn", LogLinesRefused, append(kv, "lines", fmt.Sprint(len(lines)), "bytes", fmt.Sprint(size))...)
 		var top uint64
@@ -864,7 +864,7 @@ func (o *Orchestrator) fire(t timer) {
 		w.Active = false
 		w.GraceUntil = time.Time{}
 		o.markWorker(w)
-		o.logf("info", "worker deregistered: grace window expired", "worker_id", string(w.ID))
+		o.logf("info", "worker deregistered: grace window expired", FieldWorker, string(w.ID))
 		o.triageAll(w, CauseGraceExpired)
 	case tCred:
 		w := o.workers[WorkerID(t.key)]
@@ -917,7 +917,7 @@ func (o *Orchestrator) sweep() {
 		}
 		w.Active = false
 		o.markWorker(w)
-		o.logf("warn", "worker marked inactive: no heartbeat", "worker_id", string(w.ID))
+		o.logf("warn", "worker marked inactive: no heartbeat", FieldWorker, string(w.ID))
 		o.triageAll(w, CauseStaleWorker)
 	}
 	// 2. Entries of the closed-lease table nobody can present any more,

@@ -590,9 +590,9 @@ func (w *Worker) leaseLog(level string, ref LeaseRef, format string, args ...any
 	if e := w.leases[ref.Lease]; ref.Step == "" && e != nil {
 		ref.Step = e.ref.Step
 	}
-	fields := []Field{{"lease", fmt.Sprint(ref.Lease)}}
+	fields := []Field{{FieldLease, fmt.Sprint(ref.Lease)}}
 	if ref.Step != "" {
-		fields = append(fields, Field{"step", string(ref.Step)}, Field{"run", string(ref.Step.Run())})
+		fields = append(fields, Field{FieldStep, string(ref.Step)}, Field{FieldRun, string(ref.Step.Run())})
 	}
 	w.out.Logs = append(w.out.Logs, LogEntry{Level: level, Msg: fmt.Sprintf(format, args...), Fields: fields})
 }

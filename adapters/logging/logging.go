@@ -15,10 +15,10 @@ import (
 // The fields a log line carries when it concerns a worker, a lease, a step
 // or a run (SPEC §15): the same keys on both binaries, in both formats.
 const (
-	Worker = "worker_id"
-	Lease  = "lease"
-	Step   = "step"
-	Run    = "run"
+	Worker = core.FieldWorker
+	Lease  = core.FieldLease
+	Step   = core.FieldStep
+	Run    = core.FieldRun
 )
 
 // New returns a logger writing to w in format "text" (the default, also

@@ -986,7 +986,7 @@ func (d *Driver) emitLogs(rd core.Ready) {
 		d.log.Log(context.Background(), level(e.Level), e.Msg, attrs...)
 	}
 	for _, ev := range rd.Events {
-		d.log.Info("server event", "run", string(ev.Run), "seq", ev.Seq, "step", string(ev.Step), "kind", ev.Kind, "message", ev.Message)
+		d.log.Info("server event", logging.Run, string(ev.Run), "seq", ev.Seq, logging.Step, string(ev.Step), "kind", ev.Kind, "message", ev.Message)
 	}
 }
 
