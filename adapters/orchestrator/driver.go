@@ -1,6 +1,7 @@
 // Package orchestrator drives one core.Orchestrator in the real world: a bbolt
 // store, the WebSocket control plane at /control, the HTTP/2 data plane at
-// /data/ and /bundle/ (data.go), the real clock, and a Go API for operators.
+// /data/ and /bundle/ (data.go), the real clock, a Go API for operators, and
+// the probes and Prometheus metrics (health.go, metrics.go; SPEC §15).
 // One listener serves them all: HTTP/1.1 (the WebSocket upgrade) and
 // cleartext HTTP/2 (h2c, prior knowledge) by default, or TLS with ALPN
 // choosing h2 or http/1.1 when Options.TLS is set.
