@@ -20,6 +20,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/tether-run/tether/adapters/dataplane"
 )
 
 // DefaultMaxAnswer bounds a JSON answer read into memory (a run's logs can
@@ -335,7 +337,7 @@ func (c *Client) Data(ctx context.Context, id, version string) (*DataBody, error
 	if err != nil {
 		return nil, err
 	}
-	return &DataBody{ReadCloser: resp.Body, Version: resp.Header.Get("Tether-Version"), Size: resp.ContentLength}, nil
+	return &DataBody{ReadCloser: resp.Body, Version: resp.Header.Get(dataplane.VersionHeader), Size: resp.ContentLength}, nil
 }
 
 // Backup opens a consistent backup of the store, a tar stream (store.Unpack

@@ -1,6 +1,10 @@
 package client
 
-import "time"
+import (
+	"time"
+
+	"github.com/tether-run/tether/adapters/dataplane"
+)
 
 // The operator API's request and answer bodies (SPEC §15). The orchestrator
 // encodes these very types (adapters/orchestrator aliases them), so the
@@ -220,39 +224,16 @@ type WorkerList struct {
 	Workers []Worker `json:"workers"`
 }
 
-// Bundle answers PUT /api/bundles and GET /api/bundles/{fingerprint}: a
-// content-addressed bundle (the store's BundleMeta, field for field).
-type Bundle struct {
-	Fingerprint string    `json:"fingerprint"`
-	Size        int64     `json:"size"`
-	Created     time.Time `json:"created"`
-	Tar         bool      `json:"tar"`             // files can be fetched one by one
-	Files       int       `json:"files,omitempty"` // how many (Tar)
-	Existed     bool      `json:"existed,omitempty"`
-}
-
-// DataVersion is one version of a data item (the store's DataMeta).
-type DataVersion struct {
-	ID      string    `json:"id"`
-	Version uint64    `json:"version"`
-	Size    int64     `json:"size"`
-	SHA256  string    `json:"sha256"`
-	Created time.Time `json:"created"`
-	Worker  string    `json:"worker,omitempty"`
-	Lease   uint64    `json:"lease,omitempty"`
-}
-
-// DataStream is a data item's append stream (the store's StreamMeta).
-type DataStream struct {
-	ID      string    `json:"id"`
-	Length  int64     `json:"length"`
-	Appends uint64    `json:"appends"`
-	Updated time.Time `json:"updated"`
-}
-
-// DataVersions answers GET /api/data/{id}.
-type DataVersions struct {
-	ID       string        `json:"id"`
-	Versions []DataVersion `json:"versions"`
-	Stream   *DataStream   `json:"stream,omitempty"`
-}
+// The data plane's answers (SPEC §14) are its protocol's types, defined
+// once in adapters/dataplane.
+type (
+	// Bundle answers PUT /api/bundles and GET /api/bundles/{fingerprint}: a
+	// content-addressed bundle.
+	Bundle = dataplane.Bundle
+	// DataVersion is one version of a data item.
+	DataVersion = dataplane.Version
+	// DataStream is a data item's append stream.
+	DataStream = dataplane.Stream
+	// DataVersions answers GET /api/data/{id}.
+	DataVersions = dataplane.Versions
+)

@@ -46,6 +46,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/tether-run/tether/adapters/dataplane"
 	"github.com/tether-run/tether/adapters/store"
 	"github.com/tether-run/tether/core"
 )
@@ -61,7 +62,7 @@ const (
 	// byte for this long and the request is answered 408 (SPEC §14).
 	DefaultBodyIdleTimeout = 30 * time.Second
 	// LeaseHeader names the lease a write is made under.
-	LeaseHeader = "Tether-Lease"
+	LeaseHeader = dataplane.LeaseHeader
 	// dataTimeout bounds one data-plane request (reading its body, waiting
 	// for the loop and the disk).
 	dataTimeout = 5 * time.Minute
@@ -118,13 +119,6 @@ type (
 		err error
 	}
 )
-
-// APIDataVersions answers GET /data/{id}.
-type APIDataVersions struct {
-	ID       string            `json:"id"`
-	Versions []store.DataMeta  `json:"versions"`
-	Stream   *store.StreamMeta `json:"stream,omitempty"`
-}
 
 // ---- routing ----
 
@@ -504,7 +498,7 @@ func serveRead(w http.ResponseWriter, r *http.Request, ds DataStore, rt dataRout
 		if err != nil {
 			return err
 		}
-		out := APIDataVersions{ID: rt.id, Versions: vs}
+		out := dataplane.Versions{ID: rt.id, Versions: vs}
 		if m, err := ds.Stream(rt.id); err == nil {
 			out.Stream = &m
 		} else if !errors.Is(err, store.ErrNotFound) {
@@ -525,8 +519,8 @@ func serveRead(w http.ResponseWriter, r *http.Request, ds DataStore, rt dataRout
 		}
 		h := w.Header()
 		h.Set("ETag", `"`+m.SHA256+`"`)
-		h.Set("Tether-Version", strconv.FormatUint(m.Version, 10))
-		h.Set("Tether-SHA256", m.SHA256)
+		h.Set(dataplane.VersionHeader, strconv.FormatUint(m.Version, 10))
+		h.Set(dataplane.SHA256Header, m.SHA256)
 		if rt.version == 0 {
 			h.Set("Cache-Control", "no-cache") // latest moves; a numbered version never changes
 			h.Set("Content-Location", fmt.Sprintf("/data/%s/%d", m.ID, m.Version))
@@ -553,7 +547,7 @@ func serveRead(w http.ResponseWriter, r *http.Request, ds DataStore, rt dataRout
 		if off > m.Length {
 			return &httpError{code: http.StatusRequestedRangeNotSatisfiable, msg: fmt.Sprintf("offset %d is past the end of stream %q (%d bytes)", off, rt.id, m.Length)}
 		}
-		w.Header().Set("Tether-Stream-Length", strconv.FormatInt(m.Length, 10))
+		w.Header().Set(dataplane.StreamLengthHeader, strconv.FormatInt(m.Length, 10))
 		w.Header().Set("Cache-Control", "no-cache")
 		return sendBytes(w, r, m.Length-off, ds.StreamReader(rt.id, off, m.Length))
 	case routeBundle, routeBundleFile:

@@ -31,6 +31,7 @@ import (
 	"golang.org/x/net/http2"
 	"golang.org/x/net/http2/hpack"
 
+	"github.com/tether-run/tether/adapters/dataplane"
 	"github.com/tether-run/tether/adapters/orchestrator"
 	"github.com/tether-run/tether/adapters/store"
 	"github.com/tether-run/tether/adapters/worker"
@@ -305,7 +306,7 @@ func TestDataPlaneRoundTripH2C(t *testing.T) {
 	if len(a.body) != 0 || a.header.Get("Content-Length") != strconv.Itoa(len(bodies[1])) {
 		t.Fatalf("HEAD: %d body bytes, Content-Length %q", len(a.body), a.header.Get("Content-Length"))
 	}
-	var list orchestrator.APIDataVersions
+	var list dataplane.Versions
 	a = r.expect("GET", "/data/build.out", nil, w.cred, 0, http.StatusOK)
 	if err := json.Unmarshal(a.body, &list); err != nil || len(list.Versions) != 3 || list.Versions[2].Version != 3 || list.Stream != nil {
 		t.Fatalf("list: %s (%v)", a.body, err)
@@ -615,7 +616,7 @@ func TestDataPlaneLimitsAndBadInput(t *testing.T) {
 		t.Fatalf("an oversize PUT stored %d versions", len(vs))
 	}
 	a = r.expect("GET", "/data/log", nil, w.cred, 0, http.StatusOK)
-	var list orchestrator.APIDataVersions
+	var list dataplane.Versions
 	if json.Unmarshal(a.body, &list) != nil || list.Stream == nil || list.Stream.Length != 200 || list.Stream.Appends != 2 {
 		t.Fatalf("stream after refused appends: %s", a.body)
 	}

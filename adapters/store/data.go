@@ -41,6 +41,7 @@ import (
 
 	bolt "go.etcd.io/bbolt"
 
+	"github.com/tether-run/tether/adapters/dataplane"
 	"github.com/tether-run/tether/core"
 )
 
@@ -135,42 +136,18 @@ type DataResult struct {
 	Bundle BundleMeta   // OpBundle
 }
 
-// DataMeta describes one immutable version of a data item.
-type DataMeta struct {
-	ID      string    `json:"id"`
-	Version uint64    `json:"version"`
-	Size    int64     `json:"size"`
-	SHA256  string    `json:"sha256"`
-	Created time.Time `json:"created"`
-	Worker  string    `json:"worker,omitempty"`
-	Lease   uint64    `json:"lease,omitempty"`
-}
-
-// StreamMeta describes a data item's append stream.
-type StreamMeta struct {
-	ID      string    `json:"id"`
-	Length  int64     `json:"length"`
-	Appends uint64    `json:"appends"`
-	Updated time.Time `json:"updated"`
-}
-
-// AppendResult is where one append landed.
-type AppendResult struct {
-	ID     string `json:"id"`
-	Offset int64  `json:"offset"` // where the appended bytes start
-	Size   int64  `json:"size"`   // how many were appended
-	Length int64  `json:"length"` // the stream's length after the append
-}
-
-// BundleMeta describes a stored bundle.
-type BundleMeta struct {
-	Fingerprint string    `json:"fingerprint"`
-	Size        int64     `json:"size"`
-	Created     time.Time `json:"created"`
-	Tar         bool      `json:"tar"`             // files can be fetched one by one
-	Files       int       `json:"files,omitempty"` // how many (Tar)
-	Existed     bool      `json:"existed,omitempty"`
-}
+// The data plane's answers are its protocol's types (adapters/dataplane),
+// kept as they are answered: a record is the JSON of one of these.
+type (
+	// DataMeta describes one immutable version of a data item.
+	DataMeta = dataplane.Version
+	// StreamMeta describes a data item's append stream.
+	StreamMeta = dataplane.Stream
+	// AppendResult is where one append landed.
+	AppendResult = dataplane.Appended
+	// BundleMeta describes a stored bundle.
+	BundleMeta = dataplane.Bundle
+)
 
 // FileSpan is where a file's bytes lie inside a tar bundle.
 type FileSpan struct {

@@ -37,6 +37,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/tether-run/tether/adapters/dataplane"
 	"github.com/tether-run/tether/core"
 )
 
@@ -48,9 +49,8 @@ const (
 )
 
 const (
-	leaseHeader   = "Tether-Lease" // orchestrator.LeaseHeader
-	maxErrorBody  = 64 << 10       // of an error answer, read for its message
-	maxAnswerBody = 1 << 20        // of a JSON answer
+	maxErrorBody  = 64 << 10 // of an error answer, read for its message
+	maxAnswerBody = 1 << 20  // of a JSON answer
 )
 
 var (
@@ -101,25 +101,6 @@ func (e *DataError) Is(target error) bool {
 		return target == ErrDataTooLarge
 	}
 	return target == ErrDataRefused && e.Status/100 == 4
-}
-
-// DataVersion describes one immutable version (the answer to a PUT).
-type DataVersion struct {
-	ID      string    `json:"id"`
-	Version uint64    `json:"version"`
-	Size    int64     `json:"size"`
-	SHA256  string    `json:"sha256"`
-	Created time.Time `json:"created"`
-	Worker  string    `json:"worker,omitempty"`
-	Lease   uint64    `json:"lease,omitempty"`
-}
-
-// DataAppended is where an append landed.
-type DataAppended struct {
-	ID     string `json:"id"`
-	Offset int64  `json:"offset"`
-	Size   int64  `json:"size"`
-	Length int64  `json:"length"`
 }
 
 // DataClient is the worker's client of the data plane. It is safe for
@@ -183,7 +164,7 @@ func (c *DataClient) do(ctx context.Context, method, path, rawQuery string, leas
 	}
 	req.Header.Set("Authorization", "Bearer "+cred)
 	if lease != 0 {
-		req.Header.Set(leaseHeader, strconv.FormatUint(uint64(lease), 10))
+		req.Header.Set(dataplane.LeaseHeader, strconv.FormatUint(uint64(lease), 10))
 	}
 	resp, err := c.hc.Do(req)
 	if err != nil {
@@ -231,39 +212,39 @@ func dataPath(id string, rest ...string) string {
 // Put stores body (size bytes, or -1 if unknown) as the next version of id
 // under lease, and returns the version once the orchestrator made it
 // durable. A fenced lease gets ErrDataFenced and nothing is written.
-func (c *DataClient) Put(ctx context.Context, lease core.LeaseID, id string, body io.Reader, size int64) (DataVersion, error) {
+func (c *DataClient) Put(ctx context.Context, lease core.LeaseID, id string, body io.Reader, size int64) (dataplane.Version, error) {
 	resp, err := c.do(ctx, http.MethodPut, dataPath(id), "", lease, body, size)
 	if err != nil {
-		return DataVersion{}, err
+		return dataplane.Version{}, err
 	}
-	var v DataVersion
+	var v dataplane.Version
 	return v, decodeAnswer(resp, &v)
 }
 
 // Append appends b to id's stream under lease; it returns once durable.
-func (c *DataClient) Append(ctx context.Context, lease core.LeaseID, id string, b []byte) (DataAppended, error) {
+func (c *DataClient) Append(ctx context.Context, lease core.LeaseID, id string, b []byte) (dataplane.Appended, error) {
 	resp, err := c.do(ctx, http.MethodPost, dataPath(id, "append"), "", lease, bytes.NewReader(b), int64(len(b)))
 	if err != nil {
-		return DataAppended{}, err
+		return dataplane.Appended{}, err
 	}
-	var a DataAppended
+	var a dataplane.Appended
 	return a, decodeAnswer(resp, &a)
 }
 
 // Get opens a version of id (0: the latest). The reader checks the bytes
 // against the version's SHA-256 and fails with ErrDataCorrupt at the end if
 // they differ. The caller closes it.
-func (c *DataClient) Get(ctx context.Context, id string, version uint64) (io.ReadCloser, DataVersion, error) {
+func (c *DataClient) Get(ctx context.Context, id string, version uint64) (io.ReadCloser, dataplane.Version, error) {
 	v := "latest"
 	if version != 0 {
 		v = strconv.FormatUint(version, 10)
 	}
 	resp, err := c.do(ctx, http.MethodGet, dataPath(id, v), "", 0, nil, 0)
 	if err != nil {
-		return nil, DataVersion{}, err
+		return nil, dataplane.Version{}, err
 	}
-	n, _ := strconv.ParseUint(resp.Header.Get("Tether-Version"), 10, 64)
-	meta := DataVersion{ID: id, Version: n, Size: resp.ContentLength, SHA256: resp.Header.Get("Tether-SHA256")}
+	n, _ := strconv.ParseUint(resp.Header.Get(dataplane.VersionHeader), 10, 64)
+	meta := dataplane.Version{ID: id, Version: n, Size: resp.ContentLength, SHA256: resp.Header.Get(dataplane.SHA256Header)}
 	return &verifyingReader{rc: resp.Body, h: sha256.New(), want: meta.SHA256}, meta, nil
 }
 
@@ -274,7 +255,7 @@ func (c *DataClient) ReadStream(ctx context.Context, id string, offset int64) (r
 	if err != nil {
 		return nil, 0, err
 	}
-	length, _ = strconv.ParseInt(resp.Header.Get("Tether-Stream-Length"), 10, 64)
+	length, _ = strconv.ParseInt(resp.Header.Get(dataplane.StreamLengthHeader), 10, 64)
 	return resp.Body, length, nil
 }
 
@@ -387,7 +368,7 @@ func (e *stepEndpoint) close() {
 
 // forwarded are the answer headers passed back to the step.
 var forwarded = []string{"Content-Type", "Content-Length", "ETag", "Location", "Content-Location", "Cache-Control", "Allow",
-	"Tether-Version", "Tether-SHA256", "Tether-Stream-Length"}
+	dataplane.VersionHeader, dataplane.SHA256Header, dataplane.StreamLengthHeader}
 
 func (e *stepEndpoint) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	fail := func(code int, msg string) {

@@ -12,6 +12,8 @@ import (
 	"sync"
 	"testing"
 	"unicode"
+
+	"github.com/tether-run/tether/adapters/dataplane"
 )
 
 // FuzzStepEndpoint: the worker's step endpoint (SPEC §14) parses a step
@@ -50,7 +52,7 @@ func FuzzStepEndpoint(f *testing.F) {
 	upstream := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		io.Copy(io.Discard, r.Body)
 		mu.Lock()
-		got = append(got, seen{r.Header.Get("Authorization"), r.Header.Get(leaseHeader), r.URL.RawQuery})
+		got = append(got, seen{r.Header.Get("Authorization"), r.Header.Get(dataplane.LeaseHeader), r.URL.RawQuery})
 		mu.Unlock()
 		w.Header().Set("Content-Type", "application/json")
 		w.Write([]byte(`{}`))

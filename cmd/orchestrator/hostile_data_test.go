@@ -25,6 +25,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tether-run/tether/adapters/dataplane"
 	"github.com/tether-run/tether/adapters/netfault"
 	"github.com/tether-run/tether/adapters/orchestrator"
 	"github.com/tether-run/tether/client"
@@ -350,7 +351,7 @@ func TestHostileStalledPuts(t *testing.T) {
 }
 
 // dataVersionsOf lists an id's versions through the data plane.
-func dataVersionsOf(t *testing.T, ctx context.Context, addr, cred, id string) orchestrator.APIDataVersions {
+func dataVersionsOf(t *testing.T, ctx context.Context, addr, cred, id string) dataplane.Versions {
 	t.Helper()
 	hc := h2cClient(nil)
 	defer hc.CloseIdleConnections()
@@ -364,7 +365,7 @@ func dataVersionsOf(t *testing.T, ctx context.Context, addr, cred, id string) or
 		t.Fatal(err)
 	}
 	defer resp.Body.Close()
-	var out orchestrator.APIDataVersions
+	var out dataplane.Versions
 	if err := json.NewDecoder(resp.Body).Decode(&out); err != nil || resp.StatusCode != http.StatusOK {
 		t.Fatalf("GET /data/%s: HTTP %d %v", id, resp.StatusCode, err)
 	}
