@@ -25,7 +25,7 @@ type harness struct {
 	cfg      Config
 	o        *Orchestrator
 	now      time.Time
-	disk     map[string][]byte
+	disk     Disk
 	conns    map[string]ConnID // worker → current connection
 	connName map[ConnID]string
 	nextConn ConnID
@@ -38,7 +38,7 @@ type harness struct {
 }
 
 func newHarness(t *testing.T) *harness {
-	h := &harness{t: t, cfg: DefaultConfig(), now: t0, disk: map[string][]byte{},
+	h := &harness{t: t, cfg: DefaultConfig(), now: t0, disk: Disk{},
 		conns: map[string]ConnID{}, connName: map[ConnID]string{}}
 	h.o = NewOrchestrator(h.cfg)
 	h.prev = map[StepID]State{}
@@ -102,12 +102,8 @@ func (h *harness) step(in Input) []string {
 }
 
 func (h *harness) absorb(rd Ready) []string {
+	h.disk.Apply(rd.Records)
 	for _, r := range rd.Records {
-		if r.Delete {
-			delete(h.disk, r.Key)
-		} else {
-			h.disk[r.Key] = r.Value
-		}
 		if IsHistoryKey(r.Key) {
 			v, err := DecodeRecord(r)
 			if err != nil {
@@ -617,13 +613,8 @@ func (h *harness) command(d *datadriven.TestData) []string {
 
 	case "restart":
 		// The process dies: connections and memory are gone; the disk stays.
-		recs := make([]Record, 0, len(h.disk))
-		for k, v := range h.disk {
-			recs = append(recs, Record{Key: k, Value: v})
-		}
-		sort.Slice(recs, func(i, j int) bool { return recs[i].Key < recs[j].Key })
 		h.conns = map[string]ConnID{}
-		o, rd, err := Restore(h.cfg, h.now, recs)
+		o, rd, err := Restore(h.cfg, h.now, h.disk.Records())
 		if err != nil {
 			return []string{"restore error: " + err.Error()}
 		}

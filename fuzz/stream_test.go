@@ -127,7 +127,7 @@ type stream struct {
 	cfg      core.Config
 	o        *core.Orchestrator
 	chk      *spec.Checker
-	disk     map[string][]byte
+	disk     core.Disk
 	deadline time.Time // the orchestrator's last Deadline
 
 	conns    map[core.ConnID]*sConn
@@ -157,7 +157,7 @@ type sentMsg struct {
 }
 
 func newStream(t testing.TB, in []byte) *stream {
-	s := &stream{t: t, in: in, now: streamT0, chk: spec.NewChecker(), disk: map[string][]byte{},
+	s := &stream{t: t, in: in, now: streamT0, chk: spec.NewChecker(), disk: core.Disk{},
 		conns: map[core.ConnID]*sConn{}, tokenStr: map[string]string{}, disp: map[core.LeaseID]core.Dispatch{},
 		stats: map[string]int{}}
 	// The first byte picks the configuration: default timers, or short
@@ -231,14 +231,8 @@ func (s *stream) orch(in core.Input) core.Ready {
 }
 
 func (s *stream) persist(rd core.Ready) {
-	for _, r := range rd.Records {
-		if r.Delete {
-			delete(s.disk, r.Key)
-		} else {
-			s.disk[r.Key] = r.Value
-		}
-		s.records = append(s.records, r)
-	}
+	s.disk.Apply(rd.Records)
+	s.records = append(s.records, rd.Records...)
 	s.chk.Persisted(s.now, rd)
 	s.deadline = rd.Deadline
 }
@@ -286,12 +280,7 @@ func (s *stream) nextCall() core.CallID { s.call++; return s.call }
 // connection is gone.
 func (s *stream) restart() {
 	s.chk.Crash(s.now)
-	keys := slices.Sorted(maps.Keys(s.disk))
-	recs := make([]core.Record, len(keys))
-	for i, k := range keys {
-		recs[i] = core.Record{Key: k, Value: s.disk[k]}
-	}
-	o, rd, err := core.Restore(s.cfg, s.now, recs)
+	o, rd, err := core.Restore(s.cfg, s.now, s.disk.Records())
 	if err != nil {
 		s.t.Fatalf("restore from the orchestrator's own records: %v", err)
 	}

@@ -2,7 +2,6 @@ package sim
 
 import (
 	"fmt"
-	"math"
 	"regexp"
 	"strconv"
 	"strings"
@@ -25,8 +24,7 @@ type leaseKey struct {
 // client-visible operations for porcupine, and what every execution printed
 // for the log continuity check.
 type history struct {
-	ops       []porcupine.Operation
-	open      []bool
+	steps     spec.History
 	reports   map[[2]uint64]int // (lease, request) → op index
 	runs      []core.RunID
 	dispatch  map[core.LeaseID]core.Dispatch
@@ -45,18 +43,11 @@ func newHistory() *history {
 func nanos(t time.Time) int64 { return t.Sub(t0).Nanoseconds() }
 
 func (h *history) begin(now time.Time, client int, in spec.StepInput) int {
-	h.ops = append(h.ops, porcupine.Operation{ClientId: client, Input: in, Call: nanos(now)})
-	h.open = append(h.open, true)
-	return len(h.ops) - 1
+	return h.steps.Begin(client, in, nanos(now))
 }
 
 func (h *history) end(i int, now time.Time, out spec.StepOutput) {
-	if !h.open[i] {
-		return
-	}
-	h.open[i] = false
-	h.ops[i].Output = out
-	h.ops[i].Return = nanos(now)
+	h.steps.End(i, out, nanos(now))
 }
 
 func (h *history) reportSent(now time.Time, wid core.WorkerID, m core.Report) {
@@ -123,24 +114,16 @@ func markerDrops(text string) (lines int, bytes int64) {
 	return 0, 0
 }
 
-// finish closes every operation that never returned: unknown, Return = max.
-func (h *history) finish() []porcupine.Operation {
-	for i := range h.ops {
-		if h.open[i] {
-			h.open[i] = false
-			h.ops[i].Output = spec.StepOutput{Unknown: true}
-			h.ops[i].Return = math.MaxInt64
-		}
-	}
-	return h.ops
-}
+// finish is the history, every operation that never returned closed as
+// unknown, returning never.
+func (h *history) finish() []porcupine.Operation { return h.steps.Ops() }
 
 // largestStep is the most operations one step's history holds.
 func (h *history) largestStep() int {
 	n := map[core.StepID]int{}
 	most := 0
-	for _, op := range h.ops {
-		s := op.Input.(spec.StepInput).Step
+	for i := range h.steps.Len() {
+		s := h.steps.Input(i).Step
 		n[s]++
 		most = max(most, n[s])
 	}

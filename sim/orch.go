@@ -20,7 +20,7 @@ type orchNode struct {
 	o     *core.Orchestrator
 	up    bool
 	epoch int // incarnation; a crash makes every older event moot
-	disk  map[string][]byte
+	disk  core.Disk
 
 	pending    []*pendingBatch // stepped, not yet being persisted
 	persisting []*pendingBatch // in the fsync now
@@ -123,13 +123,7 @@ func (w *world) persist(group []*pendingBatch) {
 		if pb.read != nil {
 			continue
 		}
-		for _, r := range pb.rd.Records {
-			if r.Delete {
-				delete(n.disk, r.Key)
-			} else {
-				n.disk[r.Key] = r.Value
-			}
-		}
+		n.disk.Apply(pb.rd.Records)
 		w.chk.Persisted(w.now, pb.rd)
 		w.props.poolView(w).Persisted()
 		w.persistedArchive(pb.rd)
@@ -234,16 +228,7 @@ func (w *world) restartOrch() {
 	if n.up {
 		return
 	}
-	keys := make([]string, 0, len(n.disk))
-	for k := range n.disk {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	recs := make([]core.Record, len(keys))
-	for i, k := range keys {
-		recs[i] = core.Record{Key: k, Value: n.disk[k]}
-	}
-	o, rd, err := core.Restore(w.coreConfig(), w.now, recs)
+	o, rd, err := core.Restore(w.coreConfig(), w.now, n.disk.Records())
 	if err != nil {
 		w.fail("restore", err.Error())
 		return

@@ -18,7 +18,7 @@ import (
 func Simulate(seed uint64, opt Options, cfg Config) Result {
 	w := newWorld(seed, opt, cfg)
 	w.orchCfg.CredentialTTL = opt.CredentialTTL // 0: the core's default
-	w.orch = &orchNode{o: core.NewOrchestrator(w.coreConfig()), up: true, disk: map[string][]byte{}}
+	w.orch = &orchNode{o: core.NewOrchestrator(w.coreConfig()), up: true, disk: core.Disk{}}
 	for i := 0; i < opt.Workers; i++ {
 		allTags := i == 0
 		w.requestToken(func(tok string) { w.spawnWorker(tok, false, allTags) })
@@ -35,7 +35,7 @@ func Simulate(seed uint64, opt Options, cfg Config) Result {
 	if w.failure == nil {
 		w.finalChecks()
 	}
-	res.PorcOps = len(w.hist.ops)
+	res.PorcOps = w.hist.steps.Len()
 	res.LargestStep = w.hist.largestStep()
 	res.Inconclusive = w.inconclusive
 	res.Failure = w.failure

@@ -315,7 +315,7 @@ type harness struct {
 	o        *core.Orchestrator
 	chk      *spec.Checker
 	now      time.Time
-	disk     map[string][]byte
+	disk     core.Disk
 	deadline time.Time // the last batch's Deadline
 	call     core.CallID
 	conn     core.ConnID
@@ -337,7 +337,7 @@ type harness struct {
 func newHarness(rt *rapid.T, cfg core.Config, stats *rapidStats) *harness {
 	o := core.NewOrchestrator(cfg)
 	h := &harness{t: rt, cfg: o.Config(), stats: stats, o: o, chk: spec.NewChecker(), now: rapidT0,
-		disk: map[string][]byte{}, byConn: map[core.ConnID]*hWorker{}, disp: map[core.LeaseID]core.Dispatch{}}
+		disk: core.Disk{}, byConn: map[core.ConnID]*hWorker{}, disp: map[core.LeaseID]core.Dispatch{}}
 	h.chk.Verify = true
 	h.m = newRefModel(h.cfg)
 	return h
@@ -455,13 +455,7 @@ func (h *harness) land(rd core.Ready, ex expect) core.Ready {
 }
 
 func (h *harness) persist(rd core.Ready) {
-	for _, r := range rd.Records {
-		if r.Delete {
-			delete(h.disk, r.Key)
-		} else {
-			h.disk[r.Key] = r.Value
-		}
-	}
+	h.disk.Apply(rd.Records)
 	h.chk.Persisted(h.now, rd)
 }
 
@@ -1687,11 +1681,7 @@ func (h *harness) restart(t *rapid.T) {
 	h.t.Logf("restart")
 	h.stats.add("restart")
 	h.chk.Crash(h.now)
-	recs := make([]core.Record, 0, len(h.disk))
-	for _, k := range slices.Sorted(maps.Keys(h.disk)) {
-		recs = append(recs, core.Record{Key: k, Value: h.disk[k]})
-	}
-	o, rd, err := core.Restore(h.cfg, h.now, recs)
+	o, rd, err := core.Restore(h.cfg, h.now, h.disk.Records())
 	if err != nil {
 		h.fatalf("Restore: %v", err)
 	}

@@ -2,7 +2,6 @@ package spec
 
 import (
 	"fmt"
-	"sort"
 	"strings"
 	"testing"
 	"time"
@@ -32,7 +31,7 @@ type rig struct {
 	leases   map[core.LeaseID]core.Dispatch
 	holder   map[core.LeaseID]core.WorkerID
 	answers  map[core.LeaseID]core.Answer
-	disk     map[string][]byte
+	disk     core.Disk
 	lastRun  core.RunID
 	// onDeliver, if set, sees every delivered message after the rig did.
 	onDeliver func(w core.WorkerID, m core.Msg)
@@ -47,7 +46,7 @@ func newRig(t testing.TB) *rig {
 		conn: map[core.WorkerID]core.ConnID{}, connW: map[core.ConnID]core.WorkerID{},
 		tokens: map[string]string{}, creds: map[core.WorkerID]string{},
 		leases: map[core.LeaseID]core.Dispatch{}, holder: map[core.LeaseID]core.WorkerID{},
-		answers: map[core.LeaseID]core.Answer{}, disk: map[string][]byte{}}
+		answers: map[core.LeaseID]core.Answer{}, disk: core.Disk{}}
 	r.c.Verify = true
 	return r
 }
@@ -69,13 +68,8 @@ func (r *rig) land(rd core.Ready) core.Ready {
 
 func (r *rig) persist(rd core.Ready) {
 	for _, rec := range rd.Records {
-		if r.keep != nil && !r.keep(rec) {
-			continue
-		}
-		if rec.Delete {
-			delete(r.disk, rec.Key)
-		} else {
-			r.disk[rec.Key] = rec.Value
+		if r.keep == nil || r.keep(rec) {
+			r.disk.Apply([]core.Record{rec})
 		}
 	}
 	r.c.Persisted(r.now, rd)
@@ -252,12 +246,7 @@ func (r *rig) crash() {
 
 func (r *rig) restore() {
 	r.t.Helper()
-	recs := make([]core.Record, 0, len(r.disk))
-	for k, v := range r.disk {
-		recs = append(recs, core.Record{Key: k, Value: v})
-	}
-	sort.Slice(recs, func(i, j int) bool { return recs[i].Key < recs[j].Key })
-	o, rd, err := core.Restore(r.o.Config(), r.now, recs)
+	o, rd, err := core.Restore(r.o.Config(), r.now, r.disk.Records())
 	if err != nil {
 		r.t.Fatal(err)
 	}

@@ -39,8 +39,7 @@ type Recorder struct {
 	t0  time.Time
 
 	mu          sync.Mutex
-	ops         []porcupine.Operation
-	open        []bool
+	steps       spec.History
 	workerOf    map[uint64]core.WorkerID // link → the worker its Hello named
 	client      map[core.WorkerID]int    // porcupine client ids, for the visualization
 	frames      []Frame
@@ -115,8 +114,8 @@ func (r *Recorder) record(m Frame) {
 		}
 		in := spec.StepInput{Kind: spec.OpReport, Step: msg.Step, Worker: r.workerOf[m.Link],
 			Lease: msg.Lease, Request: msg.Request, Outcome: msg.Outcome}
-		for i, op := range r.ops {
-			if r.open[i] && op.Input == in {
+		for i := range r.steps.Len() {
+			if r.steps.Open(i) && r.steps.Input(i) == in {
 				return // a retransmission of an open report: the same operation
 			}
 		}
@@ -126,9 +125,9 @@ func (r *Recorder) record(m Frame) {
 			return
 		}
 		w := r.workerOf[m.Link]
-		for i, op := range r.ops {
-			in := op.Input.(spec.StepInput)
-			if r.open[i] && in.Kind == spec.OpReport && in.Worker == w && in.Lease == msg.Lease && in.Request == msg.Request {
+		for i := range r.steps.Len() {
+			in := r.steps.Input(i)
+			if r.steps.Open(i) && in.Kind == spec.OpReport && in.Worker == w && in.Lease == msg.Lease && in.Request == msg.Request {
 				r.end(i, spec.StepOutput{Verdict: msg.Verdict}, m.At)
 				return
 			}
@@ -146,15 +145,11 @@ func (r *Recorder) clientOf(w core.WorkerID) int {
 }
 
 func (r *Recorder) begin(client int, in spec.StepInput, at time.Time) int {
-	r.ops = append(r.ops, porcupine.Operation{ClientId: client, Input: in, Call: r.nanos(at)})
-	r.open = append(r.open, true)
-	return len(r.ops) - 1
+	return r.steps.Begin(client, in, r.nanos(at))
 }
 
 func (r *Recorder) end(i int, out spec.StepOutput, at time.Time) {
-	r.open[i] = false
-	r.ops[i].Output = out
-	r.ops[i].Return = r.nanos(at)
+	r.steps.End(i, out, r.nanos(at))
 }
 
 func (r *Recorder) operator(kind spec.OpKind, call, ret time.Time, steps []core.StepID, out spec.StepOutput) {
@@ -192,14 +187,7 @@ func (r *Recorder) Query(call, ret time.Time, step core.StepID, state core.State
 func (r *Recorder) Ops() []porcupine.Operation {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	out := append([]porcupine.Operation(nil), r.ops...)
-	for i := range out {
-		if r.open[i] {
-			out[i].Output = spec.StepOutput{Unknown: true}
-			out[i].Return = math.MaxInt64
-		}
-	}
-	return out
+	return r.steps.Ops()
 }
 
 // Pending is how many recorded operations still await their return (a
@@ -208,13 +196,7 @@ func (r *Recorder) Ops() []porcupine.Operation {
 func (r *Recorder) Pending() int {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	n := 0
-	for _, o := range r.open {
-		if o {
-			n++
-		}
-	}
-	return n
+	return r.steps.Pending()
 }
 
 // Frames returns every decoded frame so far, in the order they were seen.

@@ -985,7 +985,7 @@ func TestDataWriteAhead(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	st := &slowStore{Store: bst, delay: 30 * time.Millisecond, durable: map[string][]byte{}}
+	st := &slowStore{Store: bst, delay: 30 * time.Millisecond, durable: core.Disk{}}
 	r := startData(t, orchestrator.Options{Store: st})
 	w := r.enroll("w1")
 	dm := r.lease(w, "s")

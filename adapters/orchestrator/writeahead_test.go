@@ -31,7 +31,7 @@ type slowStore struct {
 	dataOps atomic.Int64 // data writes made durable
 
 	mu      sync.Mutex
-	durable map[string][]byte
+	durable core.Disk
 }
 
 func (s *slowStore) Apply(recs []core.Record) error {
@@ -44,13 +44,7 @@ func (s *slowStore) Apply(recs []core.Record) error {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	for _, r := range recs {
-		if r.Delete {
-			delete(s.durable, r.Key)
-		} else {
-			s.durable[r.Key] = r.Value
-		}
-	}
+	s.durable.Apply(recs)
 	return nil
 }
 
@@ -68,13 +62,7 @@ func (s *slowStore) ApplyWithData(recs []core.Record, ops []store.DataOp) ([]sto
 	s.dataOps.Add(int64(len(ops)))
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	for _, r := range recs {
-		if r.Delete {
-			delete(s.durable, r.Key)
-		} else {
-			s.durable[r.Key] = r.Value
-		}
-	}
+	s.durable.Apply(recs)
 	return res, nil
 }
 
@@ -136,7 +124,7 @@ func TestWriteAhead(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	st := &slowStore{Store: bst, delay: 50 * time.Millisecond, durable: map[string][]byte{}}
+	st := &slowStore{Store: bst, delay: 50 * time.Millisecond, durable: core.Disk{}}
 	d, err := orchestrator.Start(orchestrator.Options{Addr: "127.0.0.1:0", Store: st, Logger: testLogger(t)})
 	if err != nil {
 		t.Fatal(err)
@@ -250,7 +238,7 @@ func TestPipelinedWriteAhead(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	st := &overlapStore{slowStore: &slowStore{Store: bst, delay: 20 * time.Millisecond, durable: map[string][]byte{}}}
+	st := &overlapStore{slowStore: &slowStore{Store: bst, delay: 20 * time.Millisecond, durable: core.Disk{}}}
 	d, err := orchestrator.Start(orchestrator.Options{Addr: "127.0.0.1:0", Store: st, Logger: testLogger(t)})
 	if err != nil {
 		t.Fatal(err)
