@@ -17,6 +17,7 @@ import (
 	"github.com/gorilla/websocket"
 
 	"github.com/tether-run/tether/adapters/orchestrator"
+	"github.com/tether-run/tether/adapters/store"
 	"github.com/tether-run/tether/core"
 )
 
@@ -543,5 +544,48 @@ func TestStreamSlowClientDropped(t *testing.T) {
 	}
 	if !strings.Contains(string(b), "event: log\n") {
 		t.Fatalf("the stalled stream holds no line at all: %.200q", b)
+	}
+}
+
+// What a stream says is durable when the client hears it (SPEC §11): the
+// step's state, the log line, the run's history.
+func TestStreamWriteAhead(t *testing.T) {
+	ctx, cancel := context.WithTimeout(t.Context(), testTimeout)
+	defer cancel()
+	bst, err := store.Open(filepath.Join(t.TempDir(), "tether.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := &slowStore{Store: bst, delay: 50 * time.Millisecond, durable: map[string][]byte{}}
+	d, err := orchestrator.Start(orchestrator.Options{Addr: "127.0.0.1:0", Store: st, Logger: testLogger(t), AdminToken: adminToken})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	w := rawFleetWorker(t, ctx, d, "raw-wa")
+	run, err := d.Submit(ctx, core.RunSpec{Name: "wa", Steps: []core.StepSpec{{Name: "a", Command: "x", Writes: true}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := openStream(t, ctx, d, "/runs/"+string(run)+"/events", "")
+	s.until("the snapshot", func(e sseEvent) bool { return e.kind == "run" })
+	dm := recvMsg[core.Dispatch](w)
+	// One thing at a time, each checked the moment the stream tells it.
+	w.send(core.Start{Lease: dm.Lease, Request: 1})
+	s.until("running", func(e sseEvent) bool {
+		return e.kind == "step" && decode[orchestrator.StreamStep](t, e).State == "running"
+	})
+	if rec, _ := st.get(t, "step/"+string(dm.Step)).(*core.StepRecord); rec == nil || rec.State != core.StateRunning {
+		t.Fatalf("the stream said %s is running before that was durable", dm.Step)
+	}
+	w.send(core.Logs{Lease: dm.Lease, Lines: lines(1, "hello")})
+	ev := s.until("the line", func(e sseEvent) bool { return e.kind == "log" })
+	if v := decode[orchestrator.StreamLine](t, ev[len(ev)-1]); st.get(t, fmt.Sprintf("%s/%020d/%010d", core.KindLog, v.Lease, v.Index)) == nil {
+		t.Fatalf("the stream sent line %q before it was durable", v.Text)
+	}
+	w.send(core.Report{Step: dm.Step, Lease: dm.Lease, Request: 2, Outcome: core.Outcome{Status: core.OutcomeSuccess}})
+	s.until("the end", func(e sseEvent) bool { return e.kind == "end" })
+	if st.get(t, core.HistoryKey(run)) == nil {
+		t.Fatal("the stream ended the run before its history was durable")
 	}
 }
