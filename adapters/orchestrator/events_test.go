@@ -46,6 +46,12 @@ func openStream(t *testing.T, ctx context.Context, d *orchestrator.Driver, path,
 // tryStream is openStream that returns a refusal's status and body.
 func tryStream(t *testing.T, ctx context.Context, d *orchestrator.Driver, path, lastID string) (int, string, *sseStream) {
 	t.Helper()
+	return tryStreamWith(t, ctx, http.DefaultClient, d, path, lastID)
+}
+
+// tryStreamWith is tryStream with a client of the caller's (HTTP/2).
+func tryStreamWith(t *testing.T, ctx context.Context, hc *http.Client, d *orchestrator.Driver, path, lastID string) (int, string, *sseStream) {
+	t.Helper()
 	sctx, cancel := context.WithCancel(ctx)
 	req, err := http.NewRequestWithContext(sctx, "GET", d.APIURL()+path, nil)
 	if err != nil {
@@ -55,7 +61,7 @@ func tryStream(t *testing.T, ctx context.Context, d *orchestrator.Driver, path, 
 	if lastID != "" {
 		req.Header.Set("Last-Event-ID", lastID)
 	}
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := hc.Do(req)
 	if err != nil {
 		cancel()
 		t.Fatal(err)
@@ -588,4 +594,35 @@ func TestStreamWriteAhead(t *testing.T) {
 	if st.get(t, core.HistoryKey(run)) == nil {
 		t.Fatal("the stream ended the run before its history was durable")
 	}
+}
+
+// A stream over HTTP/2 (h2c) carries events as they happen, and a graceful
+// Shutdown ends it rather than waiting for it.
+func TestStreamH2AndShutdown(t *testing.T) {
+	ctx, cancel := context.WithTimeout(t.Context(), testTimeout)
+	defer cancel()
+	d, err := orchestrator.Start(orchestrator.Options{Addr: "127.0.0.1:0", StorePath: filepath.Join(t.TempDir(), "tether.db"),
+		Logger: testLogger(t), AdminToken: adminToken})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	tr := &http.Transport{Protocols: new(http.Protocols)}
+	tr.Protocols.SetUnencryptedHTTP2(true)
+	code, body, s := tryStreamWith(t, ctx, &http.Client{Transport: tr}, d, "/events", "")
+	if code != http.StatusOK {
+		t.Fatalf("h2c stream: HTTP %d %s", code, body)
+	}
+	run, err := d.Submit(ctx, core.RunSpec{Name: "h2", Steps: []core.StepSpec{{Name: "a", Command: "x"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := s.until("the run", func(e sseEvent) bool { return e.kind == "run" })
+	if v := decode[orchestrator.StreamRun](t, got[len(got)-1]); v.Run != string(run) || v.Status != "running" {
+		t.Errorf("run event %+v", v)
+	}
+	if err := d.Shutdown(ctx); err != nil {
+		t.Fatalf("Shutdown with a stream open: %v", err)
+	}
+	s.rest() // the stream ends
 }
