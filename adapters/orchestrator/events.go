@@ -45,11 +45,13 @@ const (
 	// ServerEventRing is how many of the latest server events the server
 	// stream can resume from (they are kept in memory, numbered).
 	ServerEventRing = 4096
-	// streamHeartbeat is the period of the ": ping" comment lines.
-	streamHeartbeat = 15 * time.Second
 	// streamRetryMillis is the reconnection delay a stream suggests.
 	streamRetryMillis = 2000
 )
+
+// streamHeartbeat is the period of the ": ping" comment lines (a variable
+// for a test).
+var streamHeartbeat = 15 * time.Second
 
 // ---- event data (the "data:" JSON of each event type) ----
 
