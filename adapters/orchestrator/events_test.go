@@ -617,3 +617,55 @@ func TestStreamH2AndShutdown(t *testing.T) {
 	}
 	s.rest() // the stream ends
 }
+
+// A run stream's id names durable data, so it resumes across a restart of
+// the orchestrator: the lines and server events after it, none before.
+func TestRunStreamResumesAcrossRestart(t *testing.T) {
+	ctx, cancel := context.WithTimeout(t.Context(), testTimeout)
+	defer cancel()
+	path := filepath.Join(t.TempDir(), "tether.db")
+	start := func() *orchestrator.Driver {
+		d, err := orchestrator.Start(orchestrator.Options{Addr: "127.0.0.1:0", StorePath: path, Logger: testLogger(t), AdminToken: adminToken})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return d
+	}
+	d1 := start()
+	defer d1.Close()
+	w := rawFleetWorker(t, ctx, d1, "raw-r")
+	run, err := d1.Submit(ctx, core.RunSpec{Name: "restart", Steps: []core.StepSpec{{Name: "a", Command: "x", Writes: true}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dm := recvMsg[core.Dispatch](w)
+	w.send(core.Start{Lease: dm.Lease, Request: 1})
+	recvMsg[core.StartAck](w)
+	s1 := openStream(t, ctx, d1, "/runs/"+string(run)+"/events", "")
+	w.send(core.Logs{Lease: dm.Lease, Lines: lines(1, "one")})
+	got := s1.until("one", func(e sseEvent) bool { return e.kind == "log" })
+	seen := 0
+	for _, e := range got {
+		if e.kind == "server" {
+			seen = max(seen, decode[orchestrator.StreamServerEvent](t, e).Seq)
+		}
+	}
+	w.send(core.Logs{Lease: dm.Lease, Lines: lines(2, "two")})
+	for recvMsg[core.LogAck](w).Lines < 2 { // until "two" is durable
+	}
+	if err := d1.Close(); err != nil {
+		t.Fatal(err)
+	}
+	d2 := start()
+	defer d2.Close()
+	s2 := openStream(t, ctx, d2, "/runs/"+string(run)+"/events", got[len(got)-1].id)
+	got2 := s2.until("a line", func(e sseEvent) bool { return e.kind == "log" })
+	if v := decode[orchestrator.StreamLine](t, got2[len(got2)-1]); v.Text != "two" {
+		t.Errorf("after the restart the stream resumed with %q, want two", v.Text)
+	}
+	for _, e := range got2 {
+		if e.kind == "server" && decode[orchestrator.StreamServerEvent](t, e).Seq <= seen {
+			t.Errorf("after the restart the stream repeated server event %s", e.data)
+		}
+	}
+}
