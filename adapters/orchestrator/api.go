@@ -1,33 +1,21 @@
 package orchestrator
 
-// The operator HTTP JSON API, mounted under /api/ on the control plane's
-// server (Options.AdminToken). Every request carries
-// "Authorization: Bearer <admin token>", compared in constant time.
+// The operator HTTP JSON API under /api/ on the control plane's server
+// (Options.AdminToken), routed by ServeMux method-and-path patterns. Every
+// request but GET /api/openapi.json carries "Authorization: Bearer <admin
+// token>", compared in constant time. The routes, their limits and their
+// answers are the table apiRoutes below; GET /api/openapi.json describes
+// them (openapi.go).
 //
-//	POST   /api/runs                    body: workflow YAML (?file=NAME names it in errors) → 201 {"run": "run-1"}
-//	GET    /api/runs[?limit=&cursor=&status=&name=&since=]
-//	                                    → {"runs": [...], "next_cursor"} newest first, live and archived
-//	GET    /api/runs/{id}               → {"run", "status", "steps", "events"} (live or archived, one shape)
-//	POST   /api/runs/{id}/cancel        optional body {"reason": "..."} → {"run": "run-1"}
-//	GET    /api/runs/{id}/logs[?step=N] → {"run", "step", "lines": [...]} (gap markers included)
-//	POST   /api/steps/{id}/approve      {id} is "run-1/name" or "run-1/name[i]" → {"step": ...}
-//	POST   /api/steps/{id}/reject
-//	POST   /api/tokens                  body {"name", "ttl": "24h"} → 201 {"name", "token", "expires"} (shown once)
-//	GET    /api/tokens                  → {"tokens": [...]} (never a secret or a hash)
-//	DELETE /api/tokens/{name}           → {"revoked": name}
-//	GET    /api/workers                 → {"workers": [...]}
-//	PUT    /api/bundles                 body: the bundle (a tar is indexed) → 201 {"fingerprint", "size", "tar", "files"} (200 if it existed)
-//	GET    /api/bundles/{fingerprint}   → {"fingerprint", "size", "tar", "files", "created"}
-//	GET    /api/data/{id}[/{version}|/latest|/append]  the data plane's reads (data.go), for operators
-//	GET    /api/runs/{id}/events        text/event-stream: the run live (events.go, SPEC §15)
-//	GET    /api/events                  text/event-stream: the whole server live
-//
-// Errors are {"error": "..."} with 400 (bad request or definition), 401
-// (admin token), 404 (unknown path, run, step or token), 405 (method), 409
-// (the orchestrator refused: wrong state, duplicate name), 413 (body over
-// 1 MiB; a workflow over Options.MaxSubmitBody; a bundle over
-// Options.MaxBundleBody), 503 (the orchestrator is
-// stopping or did not answer in time).
+// Every error answer is {"code", "message", "error"} (SPEC §15): code is
+// one of a closed set (client.Code), one per status: invalid 400,
+// unauthorized 401, not_found 404 (an unknown path too), method_not_allowed
+// 405 (with Allow), timeout 408, conflict 409 (the orchestrator refused:
+// wrong state, duplicate name), too_large 413 (body over 1 MiB; a workflow
+// over Options.MaxSubmitBody; a bundle over Options.MaxBundleBody),
+// out_of_range 416, internal 500, unsupported 501, unavailable 503 (the
+// orchestrator is stopping or did not answer in time). error repeats
+// message for clients older than the codes.
 //
 // Reads of live state go through Driver.Snapshot, so they see only durable
 // state; archived runs (SPEC §7a) are read from the store's history in
@@ -50,6 +38,7 @@ import (
 
 	"github.com/tether-run/tether/adapters/store"
 	"github.com/tether-run/tether/adapters/workflow"
+	"github.com/tether-run/tether/client"
 	"github.com/tether-run/tether/core"
 )
 
@@ -68,171 +57,192 @@ const (
 	apiTimeout = 30 * time.Second
 )
 
-// ---- response bodies (shared with the command-line client) ----
+// ---- request and answer bodies ----
 
-// APIError is every error answer.
-type APIError struct {
-	Error string `json:"error"`
+// The bodies are package client's types (one definition for the server and
+// its client); these names keep the orchestrator's callers unchanged.
+type (
+	APIError        = client.ErrorBody
+	APISubmitted    = client.Submitted
+	APIRun          = client.Run
+	APIRunList      = client.RunList
+	APIStep         = client.Step
+	APIEvent        = client.Event
+	APIRunDetail    = client.RunDetail
+	APILogLine      = client.LogLine
+	APILogs         = client.Logs
+	APIStepAnswer   = client.StepAnswer
+	APITokenRequest = client.TokenRequest
+	APICreatedToken = client.CreatedToken
+	APIToken        = client.Token
+	APITokenList    = client.TokenList
+	APIWorker       = client.Worker
+	APIWorkerList   = client.WorkerList
+)
+
+// ---- routes ----
+
+// apiRoute is one operator API endpoint: the method and path of its
+// ServeMux pattern, its handler, and what the OpenAPI document
+// (openapi.go) says of it. Adding an endpoint is adding one entry here.
+type apiRoute struct {
+	method, path string
+	summary      string
+	// serve answers with JSON: a success status and body, or an error.
+	serve func(a *api, r *http.Request) (int, any, error)
+	// raw, instead of serve, writes its own answer (a stream of bytes).
+	raw func(a *api, w http.ResponseWriter, r *http.Request)
+	// public routes need no admin token.
+	public bool
+	// noDeadline: no answer deadline (apiTimeout); the per-write timeout
+	// still cuts a reader that stops reading.
+	noDeadline bool
+	// limit bounds the body (nil: MaxAPIBody); slowBody gives it the
+	// bundle's read deadline and cuts it when it stops arriving.
+	limit    func(o *Options) int64
+	slowBody bool
+
+	// For the document: query parameters, the request body (a Go value
+	// for JSON, or a media type), the success status (0: 200) and body
+	// (a Go value for JSON, or a media type).
+	query   []docParam
+	request any
+	status  int
+	answer  any
+	also200 string // when status is 201: a 200 answer of the same body too, meaning this
 }
 
-// APISubmitted answers POST /api/runs and POST /api/runs/{id}/cancel.
-type APISubmitted struct {
-	Run string `json:"run"`
+// docParam is a documented query parameter.
+type docParam struct{ name, desc string }
+
+// apiRoutes is the operator API (SPEC §15; limits §12), in the order of the document.
+var apiRoutes = []apiRoute{
+	{method: "POST", path: "/api/runs", summary: "Submit a workflow definition (YAML); ?file=NAME names it in errors",
+		serve: (*api).submit, limit: func(o *Options) int64 { return min(o.MaxSubmitBody, workflow.MaxSize) },
+		query: []docParam{{"file", "the definition's file name, prefixing each error"}}, request: "application/yaml", status: http.StatusCreated, answer: client.Submitted{}},
+	{method: "GET", path: "/api/runs", summary: "List runs, newest first, live and archived; next_cursor continues",
+		serve: (*api).listRuns,
+		query: []docParam{{"limit", "at most this many runs (1 to 1000, default 100)"}, {"cursor", "next_cursor of the previous page"},
+			{"status", "only runs of this status"}, {"name", "only runs of this workflow"}, {"since", "submitted at or after an RFC 3339 time, or within a duration (24h)"}},
+		answer: client.RunList{}},
+	{method: "GET", path: "/api/runs/{id}", summary: "A run: status, steps, server events (live or archived, one shape)",
+		serve: func(a *api, r *http.Request) (int, any, error) {
+			return a.showRun(r.Context(), core.RunID(r.PathValue("id")))
+		}, answer: client.RunDetail{}},
+	{method: "POST", path: "/api/runs/{id}/cancel", summary: "Cancel a run (optional body {\"reason\": ...})",
+		serve:   func(a *api, r *http.Request) (int, any, error) { return a.cancelRun(r, core.RunID(r.PathValue("id"))) },
+		request: client.CancelRequest{}, answer: client.Submitted{}},
+	{method: "GET", path: "/api/runs/{id}/logs", summary: "A run's stored log lines, gap markers included; ?step= keeps one step",
+		serve: func(a *api, r *http.Request) (int, any, error) {
+			return a.logs(r.Context(), core.RunID(r.PathValue("id")), r.URL.Query().Get("step"))
+		},
+		query: []docParam{{"step", "only this step NAME (all its forEach instances) or NAME[i]"}}, answer: client.Logs{}},
+	{method: "POST", path: "/api/steps/{run}/{step}/approve", summary: "Approve a held step: it is queued; {step} is its name, or name[i] of a forEach instance",
+		serve: func(a *api, r *http.Request) (int, any, error) { return a.gate(r.Context(), pathStep(r), true) }, answer: client.StepAnswer{}},
+	{method: "POST", path: "/api/steps/{run}/{step}/reject", summary: "Reject a held step: it is cancelled, its dependents skipped",
+		serve: func(a *api, r *http.Request) (int, any, error) { return a.gate(r.Context(), pathStep(r), false) }, answer: client.StepAnswer{}},
+	{method: "POST", path: "/api/tokens", summary: "Create an enrollment token; its secret is shown only in this answer",
+		serve: (*api).createToken, request: client.TokenRequest{}, status: http.StatusCreated, answer: client.CreatedToken{}},
+	{method: "GET", path: "/api/tokens", summary: "List enrollment tokens (never a secret or a hash)",
+		serve: func(a *api, r *http.Request) (int, any, error) { return a.listTokens(r.Context()) }, answer: client.TokenList{}},
+	{method: "DELETE", path: "/api/tokens/{name}", summary: "Revoke a token; its worker is disconnected for good",
+		serve: func(a *api, r *http.Request) (int, any, error) {
+			return a.revokeToken(r.Context(), r.PathValue("name"))
+		},
+		answer: client.RevokedToken{}},
+	{method: "GET", path: "/api/workers", summary: "List enrolled worker instances",
+		serve: func(a *api, r *http.Request) (int, any, error) { return a.listWorkers(r.Context()) }, answer: client.WorkerList{}},
+	{method: "PUT", path: "/api/bundles", summary: "Upload a bundle (a tar is indexed); 201 when new, 200 when it existed",
+		serve: (*api).putBundle, slowBody: true, limit: func(o *Options) int64 {
+			if o.MaxBundleBody > 0 {
+				return o.MaxBundleBody
+			}
+			return MaxAPIBody
+		}, request: "application/octet-stream", status: http.StatusCreated, answer: client.Bundle{}, also200: "the bundle was already stored"},
+	{method: "GET", path: "/api/bundles/{fingerprint}", summary: "A bundle's description",
+		serve: func(a *api, r *http.Request) (int, any, error) { return a.showBundle(r.PathValue("fingerprint")) }, answer: client.Bundle{}},
+	{method: "GET", path: "/api/data/{id}", summary: "A data item's versions and append stream (the data plane's read, for operators)",
+		raw: (*api).dataRead, answer: client.DataVersions{}},
+	{method: "GET", path: "/api/data/{id}/{version}", summary: "A data item's bytes: {version} is a number, latest, or append (its stream; ?offset=)",
+		raw: (*api).dataRead, query: []docParam{{"offset", "append stream: start at this byte"}}, answer: "application/octet-stream"},
+	{method: "GET", path: "/api/runs/{id}/events", summary: "A run live (Server-Sent Events): its steps' states, server events, log lines and gap markers, then end; resumes by Last-Event-ID (SPEC §16)",
+		raw: (*api).runEvents, noDeadline: true, answer: "text/event-stream"},
+	{method: "GET", path: "/api/events", summary: "The whole server live (Server-Sent Events): runs' states, server events, workers; resumes by Last-Event-ID (SPEC §16)",
+		raw: (*api).serverEvents, noDeadline: true, answer: "text/event-stream"},
+	{method: "GET", path: "/api/store/backup", summary: "A consistent backup of the store, its blobs included (no answer deadline)",
+		raw: (*api).backup, noDeadline: true, answer: "application/x-tar"},
+	{method: "GET", path: "/api/openapi.json", summary: "This document (no admin token needed)",
+		raw: (*api).openAPI, public: true, answer: "application/json"},
 }
 
-// APIRun is a run's summary.
-type APIRun struct {
-	ID           string         `json:"id"`
-	Name         string         `json:"name"`
-	Status       string         `json:"status"`
-	Parent       string         `json:"parent,omitempty"`
-	SubmittedAt  time.Time      `json:"submitted"`
-	FinishedAt   time.Time      `json:"finished,omitzero"`
-	Deadline     time.Time      `json:"deadline,omitzero"`
-	CancelReason string         `json:"cancel_reason,omitempty"`
-	Steps        int            `json:"steps"`
-	States       map[string]int `json:"states"` // steps per state
+// pathStep is the step id of /api/steps/{run}/{step}/...: "run-1/name".
+func pathStep(r *http.Request) core.StepID {
+	return core.StepID(r.PathValue("run") + "/" + r.PathValue("step"))
 }
 
-// APIRunList answers GET /api/runs: a page of runs, newest first.
-// NextCursor, when set, asks for the next page (?cursor=).
-type APIRunList struct {
-	Runs       []APIRun `json:"runs"`
-	NextCursor string   `json:"next_cursor,omitempty"`
+// routeMux is the server's ServeMux, remembering its patterns so that a
+// test can hold them against the OpenAPI document.
+type routeMux struct {
+	*http.ServeMux
+	patterns []string
 }
 
-// APIStep is one step of a run.
-type APIStep struct {
-	ID         string    `json:"id"`
-	Name       string    `json:"name"`
-	Item       string    `json:"item,omitempty"` // forEach item
-	State      string    `json:"state"`
-	Class      string    `json:"class,omitempty"`
-	Message    string    `json:"message,omitempty"`
-	SkippedBy  string    `json:"skipped_by,omitempty"`
-	Attempts   int       `json:"attempts"`
-	Writes     bool      `json:"writes"`
-	Worker     string    `json:"worker,omitempty"`    // name of the worker of its latest lease
-	WorkerID   string    `json:"worker_id,omitempty"` // its instance id
-	Lease      uint64    `json:"lease,omitempty"`     // latest lease
-	ExitCode   *int      `json:"exit_code,omitempty"` // of a committed outcome
-	QueuedAt   time.Time `json:"queued,omitzero"`
-	StartedAt  time.Time `json:"started,omitzero"`
-	FinishedAt time.Time `json:"finished,omitzero"`
+func newRouteMux() *routeMux { return &routeMux{ServeMux: http.NewServeMux()} }
+
+func (m *routeMux) Handle(pattern string, h http.Handler) {
+	m.patterns = append(m.patterns, pattern)
+	m.ServeMux.Handle(pattern, h)
 }
 
-// APIEvent is one server event of a run.
-type APIEvent struct {
-	Seq     int       `json:"seq"`
-	At      time.Time `json:"at"`
-	Step    string    `json:"step,omitempty"`
-	Kind    string    `json:"kind"`
-	Message string    `json:"message"`
+func (m *routeMux) HandleFunc(pattern string, h func(http.ResponseWriter, *http.Request)) {
+	m.Handle(pattern, http.HandlerFunc(h))
 }
 
-// APIRunDetail answers GET /api/runs/{id}.
-type APIRunDetail struct {
-	Run    APIRun     `json:"run"`
-	Status string     `json:"status"`
-	Steps  []APIStep  `json:"steps"`
-	Events []APIEvent `json:"events"`
-}
-
-// APILogLine is one stored line of a step's log. At is the worker's
-// timestamp. A gap marker (Gap) has sequence 0; an Event is a protocol event
-// of the step rather than a line of its output.
-type APILogLine struct {
-	Step  string    `json:"step"`
-	Lease uint64    `json:"lease"`
-	Seq   uint64    `json:"seq"`
-	At    time.Time `json:"at"`
-	Text  string    `json:"text"`
-	Event bool      `json:"event,omitempty"`
-	Gap   bool      `json:"gap,omitempty"`
-}
-
-// APILogs answers GET /api/runs/{id}/logs.
-type APILogs struct {
-	Run   string       `json:"run"`
-	Step  string       `json:"step,omitempty"`
-	Lines []APILogLine `json:"lines"`
-}
-
-// APIStepAnswer answers POST /api/steps/{id}/approve and /reject.
-type APIStepAnswer struct {
-	Step  string `json:"step"`
-	State string `json:"state"`
-}
-
-// APITokenRequest is the body of POST /api/tokens.
-type APITokenRequest struct {
-	Name string `json:"name"`
-	TTL  string `json:"ttl,omitempty"` // a Go duration ("24h", "90m"); default 24h
-}
-
-// APICreatedToken answers POST /api/tokens; Token is shown only here.
-type APICreatedToken struct {
-	Name      string    `json:"name"`
-	Token     string    `json:"token"`
-	ExpiresAt time.Time `json:"expires"`
-}
-
-// APIToken is one enrollment token, without its secret.
-type APIToken struct {
-	Name       string    `json:"name"`
-	State      string    `json:"state"` // unused, consumed, expired, revoked
-	CreatedAt  time.Time `json:"created"`
-	ExpiresAt  time.Time `json:"expires"`
-	ConsumedBy string    `json:"consumed_by,omitempty"` // worker instance id
-	WorkerName string    `json:"worker_name,omitempty"`
-	Revoked    bool      `json:"revoked"`
-}
-
-// APITokenList answers GET /api/tokens.
-type APITokenList struct {
-	Tokens []APIToken `json:"tokens"`
-}
-
-// APIWorker is one enrolled worker instance.
-type APIWorker struct {
-	ID             string            `json:"id"`
-	Name           string            `json:"name"`
-	State          string            `json:"state"` // connected, disconnected, inactive, revoked
-	Connected      bool              `json:"connected"`
-	Token          string            `json:"token"`
-	Tags           []string          `json:"tags"`
-	Labels         map[string]string `json:"labels,omitempty"`
-	Platform       string            `json:"platform,omitempty"`
-	Slots          int               `json:"slots"`
-	Leases         int               `json:"leases"`
-	Scaler         bool              `json:"scaler,omitempty"`
-	LastHeartbeat  time.Time         `json:"last_heartbeat"`
-	EnrolledAt     time.Time         `json:"enrolled"`
-	DisconnectedAt time.Time         `json:"disconnected,omitzero"`
-	GraceUntil     time.Time         `json:"grace_until,omitzero"`
-}
-
-// APIWorkerList answers GET /api/workers.
-type APIWorkerList struct {
-	Workers []APIWorker `json:"workers"`
-}
+// apiCatchAll is the pattern of every /api/ path no route serves: a JSON
+// 401, 405 (with Allow) or 404.
+const apiCatchAll = "/api/"
 
 // ---- handler ----
 
 type api struct {
 	d    *Driver
+	mux  *routeMux
 	hash [32]byte // of the admin token; an empty token admits nobody
 	open bool
+	doc  []byte // the OpenAPI document (openapi.go)
 }
 
-// APIHandler returns the operator API, authenticated with adminToken (an
-// empty token refuses every request). Start mounts it under /api/ when
+// APIHandler returns the operator API on a ServeMux of its own,
+// authenticated with adminToken (an empty token refuses every request).
+// Start registers the same routes on its server's mux (routes) when
 // Options.AdminToken is set.
 func (d *Driver) APIHandler(adminToken string) http.Handler {
-	return &api{d: d, hash: sha256.Sum256([]byte(adminToken)), open: adminToken != ""}
+	mux := newRouteMux()
+	d.registerAPI(mux, adminToken)
+	return mux
 }
 
-// httpError is an error with its status code.
+// routes registers the operator API on the server's mux when
+// Options.AdminToken is set (Start).
+func (d *Driver) routes(mux *routeMux) {
+	if d.opts.AdminToken != "" {
+		d.registerAPI(mux, d.opts.AdminToken)
+	}
+}
+
+// registerAPI registers the operator API on mux: each apiRoutes entry as a
+// method-and-path pattern, and the catch-all.
+func (d *Driver) registerAPI(mux *routeMux, adminToken string) {
+	a := &api{d: d, mux: mux, hash: sha256.Sum256([]byte(adminToken)), open: adminToken != ""}
+	a.doc = openAPIDocument(apiRoutes)
+	for _, rt := range apiRoutes {
+		mux.Handle(rt.method+" "+rt.path, a.handler(rt))
+	}
+	mux.HandleFunc(apiCatchAll, a.unrouted)
+}
+
+// httpError is an error with its status code; its answer's Code is
+// client.CodeFor(code).
 type httpError struct {
 	code  int
 	msg   string
@@ -245,6 +255,17 @@ func errorf(code int, format string, args ...any) error {
 	return &httpError{code: code, msg: fmt.Sprintf(format, args...)}
 }
 
+// writeError answers he as {"code", "message", "error"}.
+func writeError(w http.ResponseWriter, he *httpError, realm string) {
+	if he.allow != "" {
+		w.Header().Set("Allow", he.allow)
+	}
+	if he.code == http.StatusUnauthorized {
+		w.Header().Set("WWW-Authenticate", `Bearer realm="`+realm+`"`)
+	}
+	writeJSON(w, he.code, APIError{Code: client.CodeFor(he.code), Message: he.msg, Error: he.msg})
+}
+
 func (a *api) authorized(r *http.Request) bool {
 	tok := bearer(r)
 	// Hashing first makes the comparison constant-time in the length too.
@@ -252,71 +273,96 @@ func (a *api) authorized(r *http.Request) bool {
 	return subtle.ConstantTimeCompare(got[:], a.hash[:]) == 1 && a.open && tok != ""
 }
 
-func (a *api) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	if !a.authorized(r) {
-		w.Header().Set("WWW-Authenticate", `Bearer realm="tether"`)
-		writeJSON(w, http.StatusUnauthorized, APIError{Error: "missing or wrong admin token (send Authorization: Bearer <admin token>)"})
-		return
+var errUnauthorized = &httpError{code: http.StatusUnauthorized, msg: "missing or wrong admin token (send Authorization: Bearer <admin token>)"}
+
+// fail answers an error of a request.
+func (a *api) fail(w http.ResponseWriter, r *http.Request, err error) {
+	var he *httpError
+	if !errors.As(err, &he) {
+		he = a.classify(err)
 	}
-	if r.URL.Path == "/api/store/backup" {
-		a.backup(w, r) // a stream without the answer deadline
-		return
+	if he.code >= 500 {
+		a.d.log.Warn("operator API request failed", "method", r.Method, "path", r.URL.Path, "status", he.code, "err", he.msg)
 	}
-	if a.serveStream(w, r) { // live streams (events.go): no answer deadline either
-		return
-	}
-	ctx, cancel := context.WithTimeout(r.Context(), apiTimeout)
-	defer cancel()
-	r = r.WithContext(ctx)
-	if strings.HasPrefix(r.URL.Path, "/api/data/") {
-		// The data plane's reads, for operators: the same routes and
-		// answers, with the admin token instead of a session credential.
-		if r.Method != http.MethodGet && r.Method != http.MethodHead {
-			w.Header().Set("Allow", "GET, HEAD")
-			writeJSON(w, http.StatusMethodNotAllowed, APIError{Error: fmt.Sprintf("method %s is not allowed on %s: operators read data, steps write it (allowed: GET, HEAD)", r.Method, core.Quote(r.URL.Path))})
+	writeError(w, he, "tether")
+}
+
+// handler wraps a route: the admin token, the answer deadline, the body's
+// limit and deadlines, and the JSON answer.
+func (a *api) handler(rt apiRoute) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !rt.public && !a.authorized(r) {
+			a.fail(w, r, errUnauthorized)
 			return
 		}
-		(&dataPlane{d: a.d}).serveOperator(w, r, strings.TrimPrefix(r.URL.Path, "/api"))
+		if !rt.noDeadline {
+			ctx, cancel := context.WithTimeout(r.Context(), apiTimeout)
+			defer cancel()
+			r = r.WithContext(ctx)
+		}
+		if rt.raw != nil {
+			rt.raw(a, w, r)
+			return
+		}
+		limit := int64(MaxAPIBody)
+		if rt.limit != nil {
+			limit = rt.limit(&a.d.opts)
+		}
+		if rt.slowBody && r.Body != http.NoBody {
+			// A bundle may take longer to arrive than the body deadline
+			// every request got (Driver.bodyDeadline, SPEC §12); only an
+			// operator's request gets this far.
+			_ = http.NewResponseController(w).SetReadDeadline(time.Now().Add(bundleBodyTimeout))
+		}
+		if r.ContentLength > limit {
+			a.fail(w, r, tooLarge(r.ContentLength, limit))
+			return
+		}
+		r.Body = http.MaxBytesReader(w, r.Body, limit)
+		if rt.slowBody {
+			// A bundle's body must keep arriving, like a data write's (SPEC §14).
+			r.Body = &idleBody{r: r.Body, rc: http.NewResponseController(w), idle: a.d.opts.BodyIdleTimeout, end: time.Now().Add(apiTimeout)}
+		}
+		status, body, err := rt.serve(a, r)
+		if err != nil {
+			a.fail(w, r, err)
+			return
+		}
+		writeJSON(w, status, body)
+	})
+}
+
+// probeMethods are the methods unrouted tries for a 405's Allow.
+var probeMethods = []string{http.MethodGet, http.MethodHead, http.MethodPost, http.MethodPut, http.MethodPatch, http.MethodDelete}
+
+// unrouted answers an /api/ request no route matched: 401 without the admin
+// token, 405 with Allow when the path is served for other methods, else 404.
+func (a *api) unrouted(w http.ResponseWriter, r *http.Request) {
+	if !a.authorized(r) {
+		a.fail(w, r, errUnauthorized)
 		return
 	}
-	limit := int64(MaxAPIBody)
-	if r.URL.Path == "/api/bundles" && a.d.opts.MaxBundleBody > 0 {
-		limit = a.d.opts.MaxBundleBody
+	var allow []string
+	for _, m := range probeMethods {
+		probe := r.Clone(r.Context())
+		probe.Method = m
+		if _, pat := a.mux.Handler(probe); pat != "" && pat != apiCatchAll {
+			allow = append(allow, m)
+		}
 	}
-	if strings.Trim(r.URL.Path, "/") == "api/runs" && r.Method == http.MethodPost {
-		limit = min(a.d.opts.MaxSubmitBody, workflow.MaxSize)
-	}
-	if r.URL.Path == "/api/bundles" && r.Body != http.NoBody {
-		// A bundle may take longer to arrive than the body deadline every
-		// request got (Driver.bodyDeadline, SPEC §12); only an operator's
-		// request gets this far.
-		_ = http.NewResponseController(w).SetReadDeadline(time.Now().Add(bundleBodyTimeout))
-	}
-	if r.ContentLength > limit {
-		writeJSON(w, http.StatusRequestEntityTooLarge, APIError{Error: fmt.Sprintf("request body of %d bytes is larger than the limit of %d bytes", r.ContentLength, limit)})
+	if len(allow) > 0 {
+		list := strings.Join(allow, ", ")
+		a.fail(w, r, &httpError{code: http.StatusMethodNotAllowed, msg: fmt.Sprintf("method %s is not allowed on %s (allowed: %s)", r.Method, core.Quote(r.URL.Path), list), allow: list})
 		return
 	}
-	r.Body = http.MaxBytesReader(w, r.Body, limit)
-	if r.URL.Path == "/api/bundles" {
-		// A bundle's body must keep arriving, like a data write's (SPEC §14).
-		r.Body = &idleBody{r: r.Body, rc: http.NewResponseController(w), idle: a.d.opts.BodyIdleTimeout, end: time.Now().Add(apiTimeout)}
-	}
-	status, body, err := a.route(r)
-	if err != nil {
-		var he *httpError
-		if !errors.As(err, &he) {
-			he = a.classify(err)
-		}
-		if he.allow != "" {
-			w.Header().Set("Allow", he.allow)
-		}
-		if he.code >= 500 {
-			a.d.log.Warn("operator API request failed", "method", r.Method, "path", r.URL.Path, "status", he.code, "err", he.msg)
-		}
-		writeJSON(w, he.code, APIError{Error: he.msg})
-		return
-	}
-	writeJSON(w, status, body)
+	a.fail(w, r, errorf(http.StatusNotFound, "no such endpoint: %s %s (GET /api/openapi.json lists them)", r.Method, core.Quote(r.URL.Path)))
+}
+
+// dataRead answers the data plane's reads for operators: the same routes
+// and answers (data.go), with the admin token instead of a session
+// credential.
+func (a *api) dataRead(w http.ResponseWriter, r *http.Request) {
+	(&dataPlane{d: a.d}).serveOperator(w, r, strings.TrimPrefix(r.URL.Path, "/api"))
 }
 
 // classify maps an error of the driver to a status.
@@ -340,90 +386,13 @@ func (a *api) classify(err error) *httpError {
 func writeJSON(w http.ResponseWriter, code int, v any) {
 	b, err := json.MarshalIndent(v, "", "  ")
 	if err != nil {
-		code, b = http.StatusInternalServerError, []byte(`{"error": "cannot encode the answer"}`)
+		code, b = http.StatusInternalServerError, []byte(`{"code": "internal", "message": "cannot encode the answer", "error": "cannot encode the answer"}`)
 	}
 	w.Header().Set("Content-Type", "application/json; charset=utf-8")
 	w.Header().Set("Cache-Control", "no-store")
 	w.Header().Set("X-Content-Type-Options", "nosniff")
 	w.WriteHeader(code)
 	w.Write(append(b, '\n'))
-}
-
-// route dispatches by path and method; it returns the status and body of a
-// success, or an error.
-func (a *api) route(r *http.Request) (int, any, error) {
-	path := strings.Trim(strings.TrimPrefix(r.URL.Path, "/api/"), "/")
-	segs := strings.Split(path, "/")
-	method := func(allowed ...string) error {
-		for _, m := range allowed {
-			if r.Method == m {
-				return nil
-			}
-		}
-		allow := strings.Join(allowed, ", ")
-		return &httpError{code: http.StatusMethodNotAllowed, msg: fmt.Sprintf("method %s is not allowed on %s (allowed: %s)", r.Method, core.Quote(r.URL.Path), allow), allow: allow}
-	}
-	ctx := r.Context()
-	switch {
-	case path == "runs":
-		if err := method(http.MethodGet, http.MethodPost); err != nil {
-			return 0, nil, err
-		}
-		if r.Method == http.MethodPost {
-			return a.submit(r)
-		}
-		return a.listRuns(r)
-	case segs[0] == "runs" && len(segs) == 2:
-		if err := method(http.MethodGet); err != nil {
-			return 0, nil, err
-		}
-		return a.showRun(ctx, core.RunID(segs[1]))
-	case segs[0] == "runs" && len(segs) == 3 && segs[2] == "cancel":
-		if err := method(http.MethodPost); err != nil {
-			return 0, nil, err
-		}
-		return a.cancelRun(r, core.RunID(segs[1]))
-	case segs[0] == "runs" && len(segs) == 3 && segs[2] == "logs":
-		if err := method(http.MethodGet); err != nil {
-			return 0, nil, err
-		}
-		return a.logs(ctx, core.RunID(segs[1]), r.URL.Query().Get("step"))
-	case segs[0] == "steps" && len(segs) >= 4 && (segs[len(segs)-1] == "approve" || segs[len(segs)-1] == "reject"):
-		// A step id is "run-1/name" (forEach: "run-1/name[i]"), so it spans segments.
-		if err := method(http.MethodPost); err != nil {
-			return 0, nil, err
-		}
-		return a.gate(ctx, core.StepID(strings.Join(segs[1:len(segs)-1], "/")), segs[len(segs)-1] == "approve")
-	case path == "tokens":
-		if err := method(http.MethodGet, http.MethodPost); err != nil {
-			return 0, nil, err
-		}
-		if r.Method == http.MethodPost {
-			return a.createToken(r)
-		}
-		return a.listTokens(ctx)
-	case segs[0] == "tokens" && len(segs) == 2:
-		if err := method(http.MethodDelete); err != nil {
-			return 0, nil, err
-		}
-		return a.revokeToken(ctx, segs[1])
-	case path == "workers":
-		if err := method(http.MethodGet); err != nil {
-			return 0, nil, err
-		}
-		return a.listWorkers(ctx)
-	case path == "bundles":
-		if err := method(http.MethodPut); err != nil {
-			return 0, nil, err
-		}
-		return a.putBundle(r)
-	case segs[0] == "bundles" && len(segs) == 2:
-		if err := method(http.MethodGet); err != nil {
-			return 0, nil, err
-		}
-		return a.showBundle(segs[1])
-	}
-	return 0, nil, errorf(http.StatusNotFound, "no such endpoint: %s %s", r.Method, core.Quote(r.URL.Path))
 }
 
 // readBody reads the whole (size-limited) body.
@@ -719,7 +688,7 @@ func (a *api) revokeToken(ctx context.Context, name string) (int, any, error) {
 	if err := a.d.RevokeToken(ctx, name); err != nil {
 		return 0, nil, err
 	}
-	return http.StatusOK, map[string]string{"revoked": name}, nil
+	return http.StatusOK, client.RevokedToken{Revoked: name}, nil
 }
 
 func (a *api) listWorkers(ctx context.Context) (int, any, error) {

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/tether-run/tether/adapters/orchestrator"
+	"github.com/tether-run/tether/client"
 	"github.com/tether-run/tether/core"
 )
 
@@ -90,8 +91,8 @@ func (r *apiRig) expect(method, path string, body []byte, want int, out any) []b
 	}
 	if code >= 400 {
 		var e orchestrator.APIError
-		if err := json.Unmarshal(b, &e); err != nil || e.Error == "" {
-			r.t.Fatalf("%s %s: error body %q is not {\"error\": ...}", method, path, b)
+		if err := json.Unmarshal(b, &e); err != nil || e.Code != client.CodeFor(code) || e.Message == "" || e.Error != e.Message {
+			r.t.Fatalf("%s %s: error body %q is not {\"code\": %q, \"message\", \"error\"}", method, path, b, client.CodeFor(code))
 		}
 	}
 	if out != nil {
@@ -102,18 +103,45 @@ func (r *apiRig) expect(method, path string, body []byte, want int, out any) []b
 	return b
 }
 
+// client is the operator's client (package client) of the rig's
+// orchestrator.
+func (r *apiRig) client() *client.Client {
+	r.t.Helper()
+	c, err := client.New(r.d.DataURL(), adminToken)
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	return c
+}
+
+// ok fails the test on a client error.
+func (r *apiRig) ok(what string, err error) {
+	r.t.Helper()
+	if err != nil {
+		r.t.Fatalf("%s: %v", what, err)
+	}
+}
+
+// wantCode fails the test unless err is an error answer with code.
+func (r *apiRig) wantCode(what string, err error, code client.Code) {
+	r.t.Helper()
+	if got := client.ErrorCode(err); got != code {
+		r.t.Fatalf("%s: %v, want an error with code %s", what, err, code)
+	}
+}
+
 // waitRun polls GET /api/runs/{id} until cond holds.
 func (r *apiRig) waitRun(id string, what string, cond func(orchestrator.APIRunDetail) bool) orchestrator.APIRunDetail {
 	r.t.Helper()
 	for {
-		var det orchestrator.APIRunDetail
-		r.expect("GET", "/runs/"+id, nil, http.StatusOK, &det)
-		if cond(det) {
-			return det
+		det, err := r.client().Run(r.ctx, id)
+		r.ok("run "+id, err)
+		if cond(*det) {
+			return *det
 		}
 		select {
 		case <-r.ctx.Done():
-			r.t.Fatalf("waiting for %s: %v; last: %+v", what, r.ctx.Err(), det)
+			r.t.Fatalf("waiting for %s: %v; last: %+v", what, r.ctx.Err(), *det)
 		case <-time.After(20 * time.Millisecond):
 		}
 	}
@@ -128,8 +156,8 @@ func TestAPIAuth(t *testing.T) {
 				t.Errorf("%s %s with Authorization %q: HTTP %d, want 401: %s", ep.method, ep.path, auth, code, b)
 			}
 			var e orchestrator.APIError
-			if json.Unmarshal(b, &e) != nil || e.Error == "" {
-				t.Errorf("401 body %q is not a JSON error", b)
+			if json.Unmarshal(b, &e) != nil || e.Code != client.CodeUnauthorized || e.Message == "" {
+				t.Errorf("401 body %q is not a JSON error with code unauthorized", b)
 			}
 		}
 	}
@@ -396,15 +424,42 @@ func TestAPINotFoundAndMethods(t *testing.T) {
 		{"DELETE", "/runs", http.StatusMethodNotAllowed},
 		{"PUT", "/workers", http.StatusMethodNotAllowed},
 		{"POST", "/runs/run-1", http.StatusMethodNotAllowed},
+		{"GET", "/runs/run-1/cancel", http.StatusMethodNotAllowed},
+		{"GET", "/steps/run-1/x/approve", http.StatusMethodNotAllowed},
+		{"POST", "/data/x", http.StatusMethodNotAllowed},
+		{"PUT", "/data/x/append", http.StatusMethodNotAllowed},
+		{"POST", "/store/backup", http.StatusMethodNotAllowed},
+		{"POST", "/openapi.json", http.StatusMethodNotAllowed},
 	} {
 		code, b := r.do(c.method, c.path, nil, nil)
 		if code != c.want {
 			t.Errorf("%s %s: HTTP %d, want %d: %s", c.method, c.path, code, c.want, b)
 		}
 		var e orchestrator.APIError
-		if json.Unmarshal(b, &e) != nil || e.Error == "" {
-			t.Errorf("%s %s: body %q is not a JSON error", c.method, c.path, b)
+		if json.Unmarshal(b, &e) != nil || e.Code != client.CodeFor(c.want) || e.Message == "" {
+			t.Errorf("%s %s: body %q is not a JSON error with code %s", c.method, c.path, b, client.CodeFor(c.want))
 		}
+	}
+	// A 405's Allow lists what the path serves; a wrong method without the
+	// token is refused as unauthorized before anything is said of the path.
+	for path, allow := range map[string]string{
+		"/runs": "GET, HEAD, POST", "/runs/run-1/cancel": "POST", "/tokens/x": "DELETE", "/data/x": "GET, HEAD",
+		"/bundles": "PUT", "/store/backup": "GET, HEAD",
+	} {
+		req, _ := http.NewRequestWithContext(r.ctx, "PATCH", r.d.APIURL()+path, nil)
+		req.Header.Set("Authorization", "Bearer "+adminToken)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusMethodNotAllowed || resp.Header.Get("Allow") != allow {
+			t.Errorf("PATCH %s: HTTP %d, Allow %q; want 405, Allow %q", path, resp.StatusCode, resp.Header.Get("Allow"), allow)
+		}
+	}
+	none := ""
+	if code, _ := r.do("DELETE", "/runs", nil, &none); code != http.StatusUnauthorized {
+		t.Errorf("DELETE /api/runs without the token: HTTP %d, want 401", code)
 	}
 }
 

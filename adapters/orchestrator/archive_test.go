@@ -12,6 +12,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"net/url"
 	"path/filepath"
 	"reflect"
 	"slices"
@@ -25,6 +26,7 @@ import (
 
 	"github.com/tether-run/tether/adapters/orchestrator"
 	"github.com/tether-run/tether/adapters/store"
+	"github.com/tether-run/tether/client"
 	"github.com/tether-run/tether/core"
 )
 
@@ -144,8 +146,8 @@ func TestArchiveLateReportOverSockets(t *testing.T) {
 	if r.inCore(run) {
 		t.Fatalf("%s succeeded and is still in the core", run)
 	}
-	var logs orchestrator.APILogs
-	r.expect("GET", "/runs/"+run+"/logs", nil, http.StatusOK, &logs)
+	logs, err := r.client().Logs(r.ctx, run, "")
+	r.ok("logs", err)
 	if len(logs.Lines) != 1 || logs.Lines[0].Text != "hi" {
 		t.Fatalf("archived run's logs: %+v", logs)
 	}
@@ -269,11 +271,14 @@ func TestAPIArchivedRunSameShape(t *testing.T) {
 	if len(lg.Lines) != 2 || lg.Lines[0].Step != run+"/a" || lg.Lines[1].Step != run+"/b" {
 		t.Fatalf("archived logs: %s", logsAll)
 	}
-	r.expect("GET", "/runs/"+run+"/logs?step=zzz", nil, http.StatusNotFound, nil)
+	c := r.client()
+	_, err = c.Logs(r.ctx, run, "zzz")
+	r.wantCode("logs of an unknown step", err, client.CodeNotFound)
 	// Changes of an archived run are refused as of a finished one.
-	r.expect("POST", "/runs/"+run+"/cancel", nil, http.StatusConflict, nil)
-	r.expect("POST", "/steps/"+run+"/a/approve", nil, http.StatusConflict, nil)
-	r.expect("POST", "/runs/run-99/cancel", nil, http.StatusNotFound, nil)
+	r.wantCode("cancel of an archived run", c.Cancel(r.ctx, run, ""), client.CodeConflict)
+	_, err = c.Approve(r.ctx, run+"/a")
+	r.wantCode("approve in an archived run", err, client.CodeConflict)
+	r.wantCode("cancel of an unknown run", c.Cancel(r.ctx, "run-99", ""), client.CodeNotFound)
 	w.ws.Close()
 
 	r = r.restart()
@@ -338,8 +343,10 @@ func (r *archRig) listAll(q string, limit int) []orchestrator.APIRun {
 		if pages > 200 {
 			r.t.Fatal("GET /api/runs does not stop paging")
 		}
-		var page orchestrator.APIRunList
-		r.expect("GET", fmt.Sprintf("/runs?limit=%d&cursor=%s%s", limit, cursor, q), nil, http.StatusOK, &page)
+		v, err := url.ParseQuery(strings.TrimPrefix(q, "&"))
+		r.ok("query", err)
+		page, err := r.client().Runs(r.ctx, client.RunsOptions{Limit: limit, Cursor: cursor, Status: v.Get("status"), Name: v.Get("name"), Since: v.Get("since")})
+		r.ok("runs", err)
 		if len(page.Runs) > limit {
 			r.t.Fatalf("a page of %d runs, limit %d", len(page.Runs), limit)
 		}
@@ -378,7 +385,7 @@ func TestAPIRunsListing(t *testing.T) {
 	}
 	cancel := func(run string) {
 		t.Helper()
-		r.expect("POST", "/runs/"+run+"/cancel", nil, http.StatusOK, nil)
+		r.ok("cancel "+run, r.client().Cancel(r.ctx, run, ""))
 	}
 	for i := 3; i <= n; i += 3 { // 10 runs archived, cancelled
 		cancel(fmt.Sprintf("run-%d", i))
@@ -391,8 +398,8 @@ func TestAPIRunsListing(t *testing.T) {
 			t.Fatalf("limit %d: %v\nwant %v", limit, got, want)
 		}
 	}
-	var def orchestrator.APIRunList
-	r.expect("GET", "/runs", nil, http.StatusOK, &def)
+	def, err := r.client().Runs(r.ctx, client.RunsOptions{})
+	r.ok("runs", err)
 	if len(def.Runs) != n || def.NextCursor != "" {
 		t.Fatalf("default page: %d runs, next %q", len(def.Runs), def.NextCursor)
 	}
@@ -426,14 +433,15 @@ func TestAPIRunsListing(t *testing.T) {
 	}
 
 	// A run archived between two page reads is listed once.
-	var p1, p2 orchestrator.APIRunList
-	r.expect("GET", "/runs?limit=5", nil, http.StatusOK, &p1)
+	p1, err := r.client().Runs(r.ctx, client.RunsOptions{Limit: 5})
+	r.ok("runs", err)
 	if ids(p1.Runs)[4] != "run-26" || p1.NextCursor == "" {
 		t.Fatalf("first page %v next %q", ids(p1.Runs), p1.NextCursor)
 	}
 	cancel("run-29") // on page 1, live → archived
 	cancel("run-25") // on page 2
-	r.expect("GET", "/runs?limit=5&cursor="+p1.NextCursor, nil, http.StatusOK, &p2)
+	p2, err := r.client().Runs(r.ctx, client.RunsOptions{Limit: 5, Cursor: p1.NextCursor})
+	r.ok("runs", err)
 	if got, w := ids(p2.Runs), want[5:10]; !reflect.DeepEqual(got, w) {
 		t.Fatalf("second page %v, want %v", got, w)
 	}

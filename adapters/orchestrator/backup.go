@@ -1,7 +1,6 @@
 package orchestrator
 
 import (
-	"fmt"
 	"io"
 	"net/http"
 )
@@ -18,14 +17,9 @@ type Backuper interface {
 // reading). An error before the first byte is a JSON error; after it, the
 // stream is cut, so the client never mistakes it for a whole backup.
 func (a *api) backup(w http.ResponseWriter, r *http.Request) {
-	if r.Method != http.MethodGet {
-		w.Header().Set("Allow", "GET")
-		writeJSON(w, http.StatusMethodNotAllowed, APIError{Error: fmt.Sprintf("method %s is not allowed on /api/store/backup (allowed: GET)", r.Method)})
-		return
-	}
 	b, ok := a.d.st.(Backuper)
 	if !ok {
-		writeJSON(w, http.StatusNotImplemented, APIError{Error: "this orchestrator's store cannot be backed up while it serves"})
+		a.fail(w, r, errorf(http.StatusNotImplemented, "this orchestrator's store cannot be backed up while it serves"))
 		return
 	}
 	cw := &countingWriter{w: w}
@@ -34,7 +28,7 @@ func (a *api) backup(w http.ResponseWriter, r *http.Request) {
 	if err := b.Backup(cw); err != nil {
 		a.d.log.Warn("store backup failed", "err", err, "bytes_sent", cw.n)
 		if cw.n == 0 {
-			writeJSON(w, http.StatusInternalServerError, APIError{Error: err.Error()})
+			a.fail(w, r, errorf(http.StatusInternalServerError, "%v", err))
 			return
 		}
 		panic(http.ErrAbortHandler)

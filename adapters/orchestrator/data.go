@@ -310,16 +310,10 @@ func (p *dataPlane) fail(w http.ResponseWriter, r *http.Request, err error) {
 	if !errors.As(err, &he) {
 		he = p.classify(err)
 	}
-	if he.allow != "" {
-		w.Header().Set("Allow", he.allow)
-	}
-	if he.code == http.StatusUnauthorized {
-		w.Header().Set("WWW-Authenticate", `Bearer realm="tether-data"`)
-	}
 	if he.code >= 500 {
 		p.d.log.Warn("data-plane request failed", "method", r.Method, "path", r.URL.Path, "status", he.code, "err", he.msg)
 	}
-	writeJSON(w, he.code, APIError{Error: he.msg})
+	writeError(w, he, "tether-data")
 }
 
 func (p *dataPlane) classify(err error) *httpError {

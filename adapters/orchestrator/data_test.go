@@ -34,6 +34,7 @@ import (
 	"github.com/tether-run/tether/adapters/orchestrator"
 	"github.com/tether-run/tether/adapters/store"
 	"github.com/tether-run/tether/adapters/worker"
+	"github.com/tether-run/tether/client"
 	"github.com/tether-run/tether/core"
 )
 
@@ -104,10 +105,10 @@ type answer struct {
 func (a answer) errorText(t testing.TB) string {
 	t.Helper()
 	var e orchestrator.APIError
-	if err := json.Unmarshal(a.body, &e); err != nil || e.Error == "" {
-		t.Fatalf("HTTP %d answer is not a JSON error: %q", a.status, a.body)
+	if err := json.Unmarshal(a.body, &e); err != nil || e.Code != client.CodeFor(a.status) || e.Message == "" || e.Error != e.Message {
+		t.Fatalf("HTTP %d answer is not a JSON error with code %s: %q", a.status, client.CodeFor(a.status), a.body)
 	}
-	return e.Error
+	return e.Message
 }
 
 // do sends one request; lease 0 sends no lease header. It checks that the
@@ -315,14 +316,12 @@ func TestDataPlaneRoundTripH2C(t *testing.T) {
 	}
 
 	// Operators read the same data through the API with the admin token.
-	req, _ = http.NewRequestWithContext(r.ctx, "GET", r.d.APIURL()+"/data/build.out/1", nil)
-	req.Header.Set("Authorization", "Bearer "+adminToken)
-	resp, err = r.hc.Do(req)
+	body, err := r.operator().Data(r.ctx, "build.out", "1")
 	if err != nil {
-		t.Fatal(err)
+		t.Fatalf("operator read: %v", err)
 	}
-	if got := readAll(t, resp.Body); resp.StatusCode != http.StatusOK || string(got) != "first" {
-		t.Fatalf("operator read: HTTP %d %q", resp.StatusCode, got)
+	if got := readAll(t, body); string(got) != "first" || body.Version != "1" {
+		t.Fatalf("operator read: version %q %q", body.Version, got)
 	}
 }
 
@@ -460,23 +459,26 @@ func TestDataPlaneCredentials(t *testing.T) {
 }
 
 // storedVersions lists a data item's versions through the operator API.
-func storedVersions(t testing.TB, r *dataRig, id string) []store.DataMeta {
+func storedVersions(t testing.TB, r *dataRig, id string) []client.DataVersion {
 	t.Helper()
-	req, _ := http.NewRequestWithContext(r.ctx, "GET", r.d.APIURL()+"/data/"+id, nil)
-	req.Header.Set("Authorization", "Bearer "+adminToken)
-	resp, err := r.hc.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	b := readAll(t, resp.Body)
-	if resp.StatusCode == http.StatusNotFound {
+	list, err := r.operator().DataVersions(r.ctx, id)
+	if client.ErrorCode(err) == client.CodeNotFound {
 		return nil
 	}
-	var list orchestrator.APIDataVersions
-	if err := json.Unmarshal(b, &list); err != nil || resp.StatusCode != http.StatusOK {
-		t.Fatalf("list %s: HTTP %d %s", id, resp.StatusCode, b)
+	if err != nil {
+		t.Fatalf("list %s: %v", id, err)
 	}
 	return list.Versions
+}
+
+// operator is the operator's client (package client), over the rig's
+// HTTP/2 transport.
+func (r *dataRig) operator() *client.Client {
+	c, err := client.New(r.d.DataURL(), adminToken, client.WithHTTPClient(r.hc))
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	return c
 }
 
 func TestDataPlaneFencing(t *testing.T) {

@@ -178,7 +178,7 @@ type Options struct {
 	// budget off (tests that refuse on purpose as fast as they can).
 	RefusalsPerSec int
 	// MaxEventStreams caps the live event streams open at once (GET
-	// /api/events and /api/runs/{id}/events, SPEC §15); zero means
+	// /api/events and /api/runs/{id}/events, SPEC §16); zero means
 	// DefaultMaxEventStreams.
 	MaxEventStreams int
 }
@@ -209,6 +209,7 @@ type Driver struct {
 	st      Store
 	ds      DataStore    // nil: the store has no data plane
 	hs      HistoryStore // nil: the store keeps no history the API can read
+	mux     *routeMux    // the server's routes
 	dp      *dataPlane   // its HTTP side
 	streams *broker      // the live event streams (events.go)
 	ln      *capListener
@@ -397,12 +398,11 @@ func Start(opts Options) (*Driver, error) {
 		return nil, fmt.Errorf("orchestrator: listen on %s: %w", opts.Addr, err)
 	}
 	d.ln = newCapListener(ln, opts.MaxTCPConns, opts.MaxConnsPerAddr, opts.WriteTimeout, d.log)
-	mux := http.NewServeMux()
+	mux := newRouteMux()
+	d.mux = mux
 	mux.HandleFunc("/control", d.serveControl)
 	d.dp = &dataPlane{d: d, mem: newBudget(opts.MaxDataInFlight)}
-	if opts.AdminToken != "" {
-		mux.Handle("/api/", d.APIHandler(opts.AdminToken))
-	}
+	d.routes(mux) // the operator API (api.go)
 	mux.Handle("/data/", d.dp)
 	mux.Handle("/bundle/", d.dp)
 	protocols := new(http.Protocols)

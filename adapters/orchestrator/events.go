@@ -1,6 +1,6 @@
 package orchestrator
 
-// Live streams (SPEC §15): Server-Sent Events of one run
+// Live streams (SPEC §16): Server-Sent Events of one run
 // (GET /api/runs/{id}/events) and of the whole server (GET /api/events).
 //
 // The loop publishes what each group carried only once the group is durable
@@ -8,8 +8,9 @@ package orchestrator
 // subscriber with a bounded queue; one that falls behind is dropped (its
 // stream is closed and its client resumes by Last-Event-ID), so the loop
 // never waits for a client. With nobody subscribed the loop only numbers
-// the batch's server events; a record is decoded only when a stream wants
-// it (a run stream: its own run's records, found by key).
+// the batch's server events and runs' ends (the server stream resumes from
+// them); any other record is decoded only when a stream wants it (a run
+// stream: its own run's records, found by key).
 //
 // A stream subscribes inside a Driver.Snapshot: it reads the state it
 // starts from and joins the broker in the same step of the loop, so the
@@ -29,10 +30,11 @@ import (
 	"time"
 
 	"github.com/tether-run/tether/adapters/store"
+	"github.com/tether-run/tether/client"
 	"github.com/tether-run/tether/core"
 )
 
-// Limits of the live streams (SPEC §15).
+// Limits of the live streams (SPEC §16).
 const (
 	// DefaultMaxEventStreams caps the live streams open at once, of both
 	// kinds, when Options.MaxEventStreams is zero; beyond it a new stream
@@ -55,74 +57,17 @@ var streamHeartbeat = 15 * time.Second
 
 // ---- event data (the "data:" JSON of each event type) ----
 
-// StreamStep is a run stream's "step" event: the step's state after a
-// commit. Worker is the worker instance id of the step's latest lease
-// (empty before the first); Lease is that lease (0 before the first).
-type StreamStep struct {
-	Run        string    `json:"run"`
-	Step       string    `json:"step"`
-	State      string    `json:"state"`
-	Attempts   int       `json:"attempts"`
-	Worker     string    `json:"worker"`
-	Lease      uint64    `json:"lease"`
-	Exit       *int      `json:"exit,omitempty"`
-	StartedAt  time.Time `json:"started_at,omitzero"`
-	FinishedAt time.Time `json:"finished_at,omitzero"`
-}
-
-// StreamRun is a "run" event: the run's status as GET /api/runs/{id} shows
-// it; Finished once it is archived (success, failed, cancelled).
-type StreamRun struct {
-	Run      string `json:"run"`
-	Status   string `json:"status"`
-	Finished bool   `json:"finished"`
-}
-
-// StreamServerEvent is a "server" event: a server event of a run, in the
-// API's shape (APIEvent) with the run.
-type StreamServerEvent struct {
-	Run string `json:"run"`
-	APIEvent
-}
-
-// StreamLine is a "log" event, or a "gap" event for a gap marker (a line
-// of sequence 0, as GET /api/runs/{id}/logs flags it). Index is the line's
-// place in its lease's log (0, 1, ...); Seq the worker's sequence number;
-// Event marks a protocol event of the step rather than its output.
-type StreamLine struct {
-	Run   string    `json:"run"`
-	Step  string    `json:"step"`
-	Lease uint64    `json:"lease"`
-	Index int       `json:"index"`
-	Seq   uint64    `json:"seq"`
-	At    time.Time `json:"at"`
-	Text  string    `json:"text"`
-	Event bool      `json:"event,omitempty"`
-}
-
-// StreamWorker is a "worker" event of the server stream. State is as GET
-// /api/workers shows it (connected, disconnected, inactive, revoked), or
-// "removed" once the worker's record is pruned (SPEC §7a).
-type StreamWorker struct {
-	Worker string `json:"worker"`
-	Name   string `json:"name"`
-	State  string `json:"state"`
-	Slots  int    `json:"slots"`
-	Leases int    `json:"leases"`
-}
-
-// StreamEnd is the run stream's last event, once the run is archived.
-type StreamEnd struct {
-	Run    string `json:"run"`
-	Status string `json:"status"`
-}
-
-// StreamLost is the server stream's "lost" event: it could not resume
-// from the client's Last-Event-ID, so server events may be missing before
-// this point (the states that follow are whole again).
-type StreamLost struct {
-	Reason string `json:"reason"`
-}
+// The events' data are package client's types (one definition for the
+// server and its clients).
+type (
+	StreamStep        = client.StreamStep
+	StreamRun         = client.StreamRun
+	StreamServerEvent = client.StreamServerEvent
+	StreamLine        = client.StreamLine
+	StreamWorker      = client.StreamWorker
+	StreamEnd         = client.StreamEnd
+	StreamLost        = client.StreamLost
+)
 
 // ---- the broker ----
 
@@ -514,7 +459,7 @@ func (t *runTopic) step(s core.StepRecord) StreamStep {
 
 func serverEvent(ev core.ServerEvent, n uint64) streamEvent {
 	return streamEvent{kind: "server", seq: ev.Seq, n: n, data: StreamServerEvent{Run: string(ev.Run),
-		APIEvent: APIEvent{Seq: ev.Seq, At: ev.At, Step: string(ev.Step), Kind: ev.Kind, Message: ev.Message}}}
+		Event: APIEvent{Seq: ev.Seq, At: ev.At, Step: string(ev.Step), Kind: ev.Kind, Message: ev.Message}}}
 }
 
 // lineEvent is a stored line's event: a gap marker (sequence 0, not an
@@ -707,33 +652,17 @@ func parseServerCursor(s string) (boot string, n uint64, err error) {
 
 // ---- the handlers ----
 
-// streamPath reports whether r asks for a live stream, and which run's
-// ("" for the server stream).
-func streamPath(path string) (run core.RunID, ok bool) {
-	p := strings.Trim(path, "/")
-	if p == "api/events" {
-		return "", true
-	}
-	segs := strings.Split(p, "/")
-	if len(segs) == 4 && segs[0] == "api" && segs[1] == "runs" && segs[3] == "events" && segs[2] != "" {
-		return core.RunID(segs[2]), true
-	}
-	return "", false
+// runEvents answers GET /api/runs/{id}/events, serverEvents GET
+// /api/events. A stream has no answer deadline (its route says so); the
+// per-write deadlines still cut a client that stops reading (SPEC §12).
+func (a *api) runEvents(w http.ResponseWriter, r *http.Request) {
+	a.stream(w, r, core.RunID(r.PathValue("id")))
 }
 
-// serveStream answers a live stream request if r is one (ServeHTTP, after
-// authentication); false if it is not. A stream has no answer deadline;
-// the per-write deadlines still cut a client that stops reading (SPEC §12).
-func (a *api) serveStream(w http.ResponseWriter, r *http.Request) bool {
-	run, ok := streamPath(r.URL.Path)
-	if !ok {
-		return false
-	}
-	if r.Method != http.MethodGet {
-		w.Header().Set("Allow", "GET")
-		writeJSON(w, http.StatusMethodNotAllowed, APIError{Error: fmt.Sprintf("method %s is not allowed on %s (allowed: GET)", r.Method, core.Quote(r.URL.Path))})
-		return true
-	}
+func (a *api) serverEvents(w http.ResponseWriter, r *http.Request) { a.stream(w, r, "") }
+
+// stream answers a live stream: run's, or the server's when run is "".
+func (a *api) stream(w http.ResponseWriter, r *http.Request, run core.RunID) {
 	b := a.d.streams
 	last := r.Header.Get("Last-Event-ID")
 	var (
@@ -748,14 +677,14 @@ func (a *api) serveStream(w http.ResponseWriter, r *http.Request) bool {
 		boot, n, err = parseServerCursor(last)
 	}
 	if err != nil {
-		writeJSON(w, http.StatusBadRequest, APIError{Error: err.Error()})
-		return true
+		a.fail(w, r, errorf(http.StatusBadRequest, "%v", err))
+		return
 	}
 	sub := b.reserve(run)
 	if sub == nil {
 		w.Header().Set("Retry-After", "5")
-		writeJSON(w, http.StatusServiceUnavailable, APIError{Error: fmt.Sprintf("too many live event streams are open (the limit is %d); try again later", b.max)})
-		return true
+		a.fail(w, r, errorf(http.StatusServiceUnavailable, "too many live event streams are open (the limit is %d); try again later", b.max))
+		return
 	}
 	defer b.leave(sub)
 	if run != "" {
@@ -763,7 +692,6 @@ func (a *api) serveStream(w http.ResponseWriter, r *http.Request) bool {
 	} else {
 		a.serverStream(w, r, sub, boot, n)
 	}
-	return true
 }
 
 // sse writes events to one stream.
@@ -858,8 +786,7 @@ func (a *api) runStream(w http.ResponseWriter, r *http.Request, sub *subscriber,
 		a.d.streams.subscribeRun(sub, id, src.leases)
 	})
 	if err != nil {
-		he := a.classify(err)
-		writeJSON(w, he.code, APIError{Error: he.msg})
+		a.fail(w, r, err)
 		return
 	}
 	if !found {
@@ -869,12 +796,11 @@ func (a *api) runStream(w http.ResponseWriter, r *http.Request, sub *subscriber,
 			lines, err = a.archivedLines(&src, src.matchSteps(""))
 		}
 		if err != nil {
-			he := a.classify(err)
-			writeJSON(w, he.code, APIError{Error: he.msg})
+			a.fail(w, r, err)
 			return
 		}
 		if !ok {
-			writeJSON(w, http.StatusNotFound, APIError{Error: fmt.Sprintf("unknown run %q", id)})
+			a.fail(w, r, errorf(http.StatusNotFound, "unknown run %q", id))
 			return
 		}
 	}
@@ -925,8 +851,7 @@ func (a *api) serverStream(w http.ResponseWriter, r *http.Request, sub *subscrib
 		err = context.Canceled
 	}
 	if err != nil {
-		he := a.classify(err)
-		writeJSON(w, he.code, APIError{Error: he.msg})
+		a.fail(w, r, err)
 		return
 	}
 	pos := after // the client's position until the replay catches up

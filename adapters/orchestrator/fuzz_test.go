@@ -26,6 +26,7 @@ import (
 
 	"github.com/tether-run/tether/adapters/orchestrator"
 	"github.com/tether-run/tether/adapters/workflow"
+	"github.com/tether-run/tether/client"
 	"github.com/tether-run/tether/core"
 )
 
@@ -101,11 +102,11 @@ func FuzzAPIRequest(f *testing.F) {
 		}
 		if code >= 400 {
 			var e orchestrator.APIError
-			if err := json.Unmarshal(b, &e); err != nil || e.Error == "" {
-				t.Fatalf("%s %s: HTTP %d answer %q is not a JSON error", rt.method, req.URL, code, b)
+			if err := json.Unmarshal(b, &e); err != nil || e.Code != client.CodeFor(code) || e.Message == "" {
+				t.Fatalf("%s %s: HTTP %d answer %q is not a JSON error with code %s", rt.method, req.URL, code, b, client.CodeFor(code))
 			}
-			if rawControlIn(e.Error) {
-				t.Fatalf("%s %s: error %q holds a raw control character", rt.method, req.URL, e.Error)
+			if rawControlIn(e.Message) || rawControlIn(e.Error) {
+				t.Fatalf("%s %s: error %q holds a raw control character", rt.method, req.URL, e.Message)
 			}
 			return
 		}
@@ -183,7 +184,7 @@ func FuzzDataPlaneHeaders(f *testing.F) {
 		b, _ := io.ReadAll(resp.Body)
 		if resp.StatusCode >= 400 {
 			var e orchestrator.APIError
-			if err := json.Unmarshal(b, &e); err != nil || e.Error == "" || rawControlIn(e.Error) {
+			if err := json.Unmarshal(b, &e); err != nil || e.Code != client.CodeFor(resp.StatusCode) || e.Message == "" || rawControlIn(e.Message) {
 				t.Fatalf("%s %s: HTTP %d answer %q is not a clean JSON error", method, path, resp.StatusCode, b)
 			}
 		}

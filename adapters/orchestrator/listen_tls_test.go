@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/tether-run/tether/adapters/orchestrator"
+	"github.com/tether-run/tether/client"
 )
 
 // TestTLSConnDeadlines: over TLS (SPEC §12, §14), a connection that never
@@ -62,15 +63,12 @@ func TestTLSConnDeadlines(t *testing.T) {
 
 	// Meanwhile an operator is served.
 	hc := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: roots}, ForceAttemptHTTP2: true}}
-	req, _ := http.NewRequest("GET", d.APIURL()+"/workers", nil)
-	req.Header.Set("Authorization", "Bearer "+adminToken)
-	resp, err := hc.Do(req)
+	op, err := client.New(d.DataURL(), adminToken, client.WithHTTPClient(hc))
 	if err != nil {
 		t.Fatal(err)
 	}
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		t.Fatalf("API over TLS: %d", resp.StatusCode)
+	if _, err := op.Workers(t.Context()); err != nil {
+		t.Fatalf("API over TLS: %v", err)
 	}
 
 	closedWithin("a connection that never starts its TLS handshake", silent, silentFrom, header-500*time.Millisecond, header+slack)

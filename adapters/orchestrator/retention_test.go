@@ -5,13 +5,13 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"log/slog"
-	"net/http"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/tether-run/tether/adapters/orchestrator"
+	"github.com/tether-run/tether/client"
 	"github.com/tether-run/tether/core"
 )
 
@@ -36,7 +36,8 @@ func TestRetentionPrunesExactly(t *testing.T) {
 	r := &archRig{apiRig: &apiRig{t: t, ctx: ctx, d: d}, logs: logs}
 
 	upload := func(body string) string {
-		r.expect("PUT", "/bundles", []byte(body), http.StatusCreated, nil)
+		_, err := r.client().PutBundle(r.ctx, strings.NewReader(body))
+		r.ok("put bundle", err)
 		sum := sha256.Sum256([]byte(body))
 		return hex.EncodeToString(sum[:])
 	}
@@ -69,26 +70,31 @@ func TestRetentionPrunesExactly(t *testing.T) {
 	// Wait for a pass to prune the old run (the pruner looks every second).
 	deadline := time.Now().Add(testTimeout / 2)
 	for {
-		code, _ := r.do("GET", "/runs/"+old, nil, nil)
-		if code == http.StatusNotFound {
+		_, err := r.client().Run(ctx, old)
+		if client.ErrorCode(err) == client.CodeNotFound {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("%s was never pruned (GET answers %d); log:\n%s", old, code, logs.String())
+			t.Fatalf("%s was never pruned (GET answers %v); log:\n%s", old, err, logs.String())
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
 	recent := finish("recent") // finished after that pass's cutoff: read at once
 
-	var lg orchestrator.APILogs
-	r.expect("GET", "/runs/"+recent+"/logs", nil, http.StatusOK, &lg)
+	c := r.client()
+	lg, err := c.Logs(ctx, recent, "")
+	r.ok("logs", err)
 	if len(lg.Lines) != 1 || lg.Lines[0].Text != "recent" {
 		t.Fatalf("the recent run's logs: %+v", lg)
 	}
-	r.expect("GET", "/runs/"+old+"/logs", nil, http.StatusNotFound, nil)
-	r.expect("GET", "/runs/"+live, nil, http.StatusOK, nil)
-	r.expect("GET", "/bundles/"+named, nil, http.StatusOK, nil)
-	r.expect("GET", "/bundles/"+unnamed, nil, http.StatusNotFound, nil)
+	_, err = c.Logs(ctx, old, "")
+	r.wantCode("logs of the pruned run", err, client.CodeNotFound)
+	_, err = c.Run(ctx, live)
+	r.ok("the live run", err)
+	_, err = c.Bundle(ctx, named)
+	r.ok("the bundle the live run names", err)
+	_, err = c.Bundle(ctx, unnamed)
+	r.wantCode("the bundle nobody names", err, client.CodeNotFound)
 	if !strings.Contains(logs.String(), "msg=pruned") {
 		t.Fatalf("no pruning was logged:\n%s", logs.String())
 	}

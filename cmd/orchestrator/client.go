@@ -16,13 +16,12 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
-	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
 
 	"github.com/tether-run/tether/adapters/orchestrator"
-	"github.com/tether-run/tether/adapters/store"
+	"github.com/tether-run/tether/client"
 )
 
 const (
@@ -221,29 +220,16 @@ current leases and last heartbeat.` + clientHelp,
 	}
 }
 
-// ---- the HTTP client ----
+// ---- the HTTP client (package client) ----
 
-type client struct {
-	base  string // ".../api"
-	token string
-	http  *http.Client
-}
-
-// apiError is a non-2xx answer.
-type apiError struct {
-	status int
-	msg    string
-}
-
-func (e *apiError) Error() string { return e.msg }
-
-func newClient(e *env) (*client, error) {
+// newClient returns the API client of the command's flags; timeout bounds
+// each request (0: none).
+func newClient(e *env, timeout time.Duration) (*client.Client, error) {
 	o := e.opts
 	u, err := url.Parse(strings.TrimRight(o.url, "/"))
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 		return nil, usageErrorf("--url %q: want http://HOST:PORT", o.url)
 	}
-	base := strings.TrimSuffix(u.String(), "/api") + "/api"
 	tok := o.adminToken
 	if tok == "" {
 		tok = e.getenv(adminTokenEnv)
@@ -259,7 +245,7 @@ func newClient(e *env) (*client, error) {
 		}
 		tok = t
 	}
-	hc := &http.Client{Timeout: o.timeout}
+	hc := &http.Client{Timeout: timeout}
 	if o.ca != "" {
 		pool, err := loadCA(o.ca)
 		if err != nil {
@@ -269,7 +255,7 @@ func newClient(e *env) (*client, error) {
 		tr.TLSClientConfig = &tls.Config{RootCAs: pool}
 		hc.Transport = tr
 	}
-	return &client{base: base, token: tok, http: hc}, nil
+	return client.New(u.String(), tok, client.WithHTTPClient(hc), client.WithMaxAnswer(maxAnswerSize))
 }
 
 // loadCA reads a PEM file of CA certificates into a pool.
@@ -285,69 +271,19 @@ func loadCA(path string) (*x509.CertPool, error) {
 	return pool, nil
 }
 
-// send sends one request and returns a 2xx answer, whose body the caller
-// closes; any other answer is an error.
-func (c *client) send(ctx context.Context, method, path string, body []byte, contentType string) (*http.Response, error) {
-	var rd io.Reader
-	if body != nil {
-		rd = bytes.NewReader(body)
-	}
-	req, err := http.NewRequestWithContext(ctx, method, c.base+path, rd)
-	if err != nil {
-		return nil, err
-	}
-	req.Header.Set("Authorization", "Bearer "+c.token)
-	req.Header.Set("Accept", "application/json")
-	if contentType != "" {
-		req.Header.Set("Content-Type", contentType)
-	}
-	resp, err := c.http.Do(req)
-	if err != nil {
-		return nil, fmt.Errorf("cannot reach the orchestrator (is 'orchestrator serve' running there?): %w", err)
-	}
-	if resp.StatusCode/100 == 2 {
-		return resp, nil
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(io.LimitReader(resp.Body, maxAnswerSize))
-	if err != nil {
-		return nil, fmt.Errorf("reading the answer: %w", err)
-	}
-	var ae orchestrator.APIError
-	msg := strings.TrimSpace(string(b))
-	if json.Unmarshal(b, &ae) == nil && ae.Error != "" {
-		msg = ae.Error
-	}
-	aerr := &apiError{status: resp.StatusCode, msg: fmt.Sprintf("%s (HTTP %d)", escapeText(msg, true), resp.StatusCode)}
-	if resp.StatusCode/100 == 4 {
-		return nil, &exitErr{code: exitRefused, err: aerr}
-	}
-	return nil, aerr
-}
-
-// call sends one request and decodes a 2xx answer into out.
-func (c *client) call(ctx context.Context, method, path string, body []byte, contentType string, out any) error {
-	resp, err := c.send(ctx, method, path, body, contentType)
-	if err != nil {
+// answerErr turns a client error into the command's: an error answer
+// (escaped: its message may quote a hostile name) exits 3 when the
+// orchestrator refused (4xx), 1 otherwise.
+func answerErr(err error) error {
+	var ce *client.Error
+	if !errors.As(err, &ce) {
 		return err
 	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(io.LimitReader(resp.Body, maxAnswerSize))
-	if err != nil {
-		return fmt.Errorf("reading the answer: %w", err)
+	aerr := fmt.Errorf("%s (HTTP %d)", escapeText(ce.Message, true), ce.Status)
+	if ce.Status/100 == 4 {
+		return &exitErr{code: exitRefused, err: aerr}
 	}
-	if out == nil {
-		return nil
-	}
-	if err := json.Unmarshal(b, out); err != nil {
-		return fmt.Errorf("undecodable answer from the orchestrator: %w", err)
-	}
-	return nil
-}
-
-func jsonBody(v any) []byte {
-	b, _ := json.Marshal(v)
-	return b
+	return aerr
 }
 
 // printJSON prints v indented.
@@ -361,39 +297,29 @@ func printJSON(w io.Writer, v any) error {
 }
 
 // withClient runs f with a client and a context bounded by --timeout.
-func withClient(ctx context.Context, e *env, f func(ctx context.Context, c *client) error) error {
-	c, err := newClient(e)
+func withClient(ctx context.Context, e *env, f func(ctx context.Context, c *client.Client) error) error {
+	c, err := newClient(e, e.opts.timeout)
 	if err != nil {
 		return err
 	}
 	ctx, cancel := context.WithTimeout(ctx, e.opts.timeout)
 	defer cancel()
-	return f(ctx, c)
-}
-
-// escapeStepID escapes a step id for a URL path, keeping its "/".
-func escapeStepID(id string) string {
-	parts := strings.Split(id, "/")
-	for i, p := range parts {
-		parts[i] = url.PathEscape(p)
-	}
-	return strings.Join(parts, "/")
+	return answerErr(f(ctx, c))
 }
 
 // ---- commands ----
 
 func tokenCreate(ctx context.Context, e *env, args []string) error {
-	return withClient(ctx, e, func(ctx context.Context, c *client) error {
-		var out orchestrator.APICreatedToken
-		req := orchestrator.APITokenRequest{Name: args[0], TTL: e.opts.ttl.String()}
-		if err := c.call(ctx, http.MethodPost, "/tokens", jsonBody(req), "application/json", &out); err != nil {
+	return withClient(ctx, e, func(ctx context.Context, c *client.Client) error {
+		out, err := c.CreateToken(ctx, args[0], e.opts.ttl)
+		if err != nil {
 			return err
 		}
 		if e.opts.json {
 			return printJSON(e.stdout, out)
 		}
 		fmt.Fprintln(e.stdout, out.Token)
-		ws := strings.Replace(strings.TrimSuffix(c.base, "/api"), "http", "ws", 1) + "/control"
+		ws := strings.Replace(c.URL(), "http", "ws", 1) + "/control"
 		fmt.Fprintf(e.stderr, "Enrollment token %q expires %s. It is shown only this once and enrolls one worker:\n  worker connect --url %s --token %s\n",
 			out.Name, fmtTime(out.ExpiresAt), ws, out.Token)
 		return nil
@@ -401,9 +327,9 @@ func tokenCreate(ctx context.Context, e *env, args []string) error {
 }
 
 func tokenList(ctx context.Context, e *env, _ []string) error {
-	return withClient(ctx, e, func(ctx context.Context, c *client) error {
-		var out orchestrator.APITokenList
-		if err := c.call(ctx, http.MethodGet, "/tokens", nil, "", &out); err != nil {
+	return withClient(ctx, e, func(ctx context.Context, c *client.Client) error {
+		out, err := c.Tokens(ctx)
+		if err != nil {
 			return err
 		}
 		if e.opts.json {
@@ -426,13 +352,12 @@ func tokenList(ctx context.Context, e *env, _ []string) error {
 }
 
 func tokenRevoke(ctx context.Context, e *env, args []string) error {
-	return withClient(ctx, e, func(ctx context.Context, c *client) error {
-		var out map[string]string
-		if err := c.call(ctx, http.MethodDelete, "/tokens/"+url.PathEscape(args[0]), nil, "", &out); err != nil {
+	return withClient(ctx, e, func(ctx context.Context, c *client.Client) error {
+		if err := c.RevokeToken(ctx, args[0]); err != nil {
 			return err
 		}
 		if e.opts.json {
-			return printJSON(e.stdout, out)
+			return printJSON(e.stdout, client.RevokedToken{Revoked: args[0]})
 		}
 		fmt.Fprintf(e.stdout, "token %s revoked\n", cell(args[0]))
 		return nil
@@ -452,12 +377,12 @@ func runSubmit(ctx context.Context, e *env, args []string) error {
 	if err != nil {
 		return fmt.Errorf("read workflow: %w", err)
 	}
-	return withClient(ctx, e, func(ctx context.Context, c *client) error {
-		var out orchestrator.APISubmitted
-		path := "/runs?file=" + url.QueryEscape(filepath.Base(name))
-		if err := c.call(ctx, http.MethodPost, path, src, "application/yaml", &out); err != nil {
+	return withClient(ctx, e, func(ctx context.Context, c *client.Client) error {
+		run, err := c.Submit(ctx, filepath.Base(name), src)
+		if err != nil {
 			return err
 		}
+		out := client.Submitted{Run: run}
 		if e.opts.json {
 			return printJSON(e.stdout, out)
 		}
@@ -472,18 +397,13 @@ func runList(ctx context.Context, e *env, _ []string) error {
 	if e.opts.limit < 1 {
 		return usageErrorf("--limit %d: list at least 1 run", e.opts.limit)
 	}
-	return withClient(ctx, e, func(ctx context.Context, c *client) error {
-		out := orchestrator.APIRunList{Runs: []orchestrator.APIRun{}}
-		q := url.Values{}
-		for k, v := range map[string]string{"status": e.opts.status, "name": e.opts.name, "since": e.opts.since} {
-			if v != "" {
-				q.Set(k, v)
-			}
-		}
+	return withClient(ctx, e, func(ctx context.Context, c *client.Client) error {
+		out := client.RunList{Runs: []client.Run{}}
+		q := client.RunsOptions{Status: e.opts.status, Name: e.opts.name, Since: e.opts.since}
 		for len(out.Runs) < e.opts.limit {
-			q.Set("limit", strconv.Itoa(min(e.opts.limit-len(out.Runs), orchestrator.MaxRunsLimit)))
-			var page orchestrator.APIRunList
-			if err := c.call(ctx, http.MethodGet, "/runs?"+q.Encode(), nil, "", &page); err != nil {
+			q.Limit = min(e.opts.limit-len(out.Runs), orchestrator.MaxRunsLimit)
+			page, err := c.Runs(ctx, q)
+			if err != nil {
 				return err
 			}
 			out.Runs = append(out.Runs, page.Runs...)
@@ -491,7 +411,7 @@ func runList(ctx context.Context, e *env, _ []string) error {
 			if page.NextCursor == "" {
 				break
 			}
-			q.Set("cursor", page.NextCursor)
+			q.Cursor = page.NextCursor
 		}
 		if e.opts.json {
 			return printJSON(e.stdout, out)
@@ -506,7 +426,7 @@ func runList(ctx context.Context, e *env, _ []string) error {
 }
 
 // stateCounts renders "3/5 success, 1 running".
-func stateCounts(r orchestrator.APIRun) string {
+func stateCounts(r client.Run) string {
 	states := make([]string, 0, len(r.States))
 	for s := range r.States {
 		states = append(states, s)
@@ -520,9 +440,9 @@ func stateCounts(r orchestrator.APIRun) string {
 }
 
 func runShow(ctx context.Context, e *env, args []string) error {
-	return withClient(ctx, e, func(ctx context.Context, c *client) error {
-		var out orchestrator.APIRunDetail
-		if err := c.call(ctx, http.MethodGet, "/runs/"+url.PathEscape(args[0]), nil, "", &out); err != nil {
+	return withClient(ctx, e, func(ctx context.Context, c *client.Client) error {
+		out, err := c.Run(ctx, args[0])
+		if err != nil {
 			return err
 		}
 		if e.opts.json {
@@ -570,12 +490,11 @@ func runShow(ctx context.Context, e *env, args []string) error {
 }
 
 func runCancel(ctx context.Context, e *env, args []string) error {
-	return withClient(ctx, e, func(ctx context.Context, c *client) error {
-		var out orchestrator.APISubmitted
-		body := jsonBody(map[string]string{"reason": e.opts.reason})
-		if err := c.call(ctx, http.MethodPost, "/runs/"+url.PathEscape(args[0])+"/cancel", body, "application/json", &out); err != nil {
+	return withClient(ctx, e, func(ctx context.Context, c *client.Client) error {
+		if err := c.Cancel(ctx, args[0], e.opts.reason); err != nil {
 			return err
 		}
+		out := client.Submitted{Run: args[0]}
 		if e.opts.json {
 			return printJSON(e.stdout, out)
 		}
@@ -585,13 +504,9 @@ func runCancel(ctx context.Context, e *env, args []string) error {
 }
 
 func runLogs(ctx context.Context, e *env, args []string) error {
-	return withClient(ctx, e, func(ctx context.Context, c *client) error {
-		var out orchestrator.APILogs
-		path := "/runs/" + url.PathEscape(args[0]) + "/logs"
-		if e.opts.step != "" {
-			path += "?step=" + url.QueryEscape(e.opts.step)
-		}
-		if err := c.call(ctx, http.MethodGet, path, nil, "", &out); err != nil {
+	return withClient(ctx, e, func(ctx context.Context, c *client.Client) error {
+		out, err := c.Logs(ctx, args[0], e.opts.step)
+		if err != nil {
 			return err
 		}
 		if e.opts.json {
@@ -615,9 +530,13 @@ func stepGate(ctx context.Context, e *env, step string, approve bool) error {
 	if approve {
 		action = "approve"
 	}
-	return withClient(ctx, e, func(ctx context.Context, c *client) error {
-		var out orchestrator.APIStepAnswer
-		if err := c.call(ctx, http.MethodPost, "/steps/"+escapeStepID(step)+"/"+action, nil, "", &out); err != nil {
+	return withClient(ctx, e, func(ctx context.Context, c *client.Client) error {
+		gate := c.Reject
+		if approve {
+			gate = c.Approve
+		}
+		out, err := gate(ctx, step)
+		if err != nil {
 			return err
 		}
 		if e.opts.json {
@@ -629,9 +548,9 @@ func stepGate(ctx context.Context, e *env, step string, approve bool) error {
 }
 
 func workerList(ctx context.Context, e *env, _ []string) error {
-	return withClient(ctx, e, func(ctx context.Context, c *client) error {
-		var out orchestrator.APIWorkerList
-		if err := c.call(ctx, http.MethodGet, "/workers", nil, "", &out); err != nil {
+	return withClient(ctx, e, func(ctx context.Context, c *client.Client) error {
+		out, err := c.Workers(ctx)
+		if err != nil {
 			return err
 		}
 		if e.opts.json {
@@ -679,9 +598,9 @@ func bundlePut(ctx context.Context, e *env, args []string) error {
 	if err != nil {
 		return fmt.Errorf("read bundle: %w", err)
 	}
-	return withClient(ctx, e, func(ctx context.Context, c *client) error {
-		var out store.BundleMeta
-		if err := c.call(ctx, http.MethodPut, "/bundles", body, "application/octet-stream", &out); err != nil {
+	return withClient(ctx, e, func(ctx context.Context, c *client.Client) error {
+		out, err := c.PutBundle(ctx, bytes.NewReader(body))
+		if err != nil {
 			return err
 		}
 		if e.opts.json {
@@ -709,12 +628,12 @@ func dataGet(ctx context.Context, e *env, args []string) error {
 	if len(args) == 2 {
 		version = args[1]
 	}
-	return withClient(ctx, e, func(ctx context.Context, c *client) error {
-		resp, err := c.send(ctx, http.MethodGet, "/data/"+url.PathEscape(args[0])+"/"+url.PathEscape(version), nil, "")
+	return withClient(ctx, e, func(ctx context.Context, c *client.Client) error {
+		resp, err := c.Data(ctx, args[0], version)
 		if err != nil {
 			return err
 		}
-		defer resp.Body.Close()
+		defer resp.Close()
 		w := e.stdout
 		if e.opts.out != "" {
 			f, err := os.Create(e.opts.out)
@@ -724,24 +643,24 @@ func dataGet(ctx context.Context, e *env, args []string) error {
 			defer f.Close()
 			w = f
 		}
-		n, err := io.Copy(w, resp.Body)
-		if err == nil && resp.ContentLength >= 0 && n != resp.ContentLength {
-			err = fmt.Errorf("the answer was cut short: %d of %d bytes", n, resp.ContentLength)
+		n, err := io.Copy(w, resp)
+		if err == nil && resp.Size >= 0 && n != resp.Size {
+			err = fmt.Errorf("the answer was cut short: %d of %d bytes", n, resp.Size)
 		}
 		if err != nil {
 			return fmt.Errorf("reading %s: %w", args[0], err)
 		}
 		if e.opts.out != "" {
-			fmt.Fprintf(e.stderr, "%s version %s: %d bytes written to %s\n", args[0], resp.Header.Get("Tether-Version"), n, e.opts.out)
+			fmt.Fprintf(e.stderr, "%s version %s: %d bytes written to %s\n", args[0], resp.Version, n, e.opts.out)
 		}
 		return nil
 	})
 }
 
 func dataVersions(ctx context.Context, e *env, args []string) error {
-	return withClient(ctx, e, func(ctx context.Context, c *client) error {
-		var out orchestrator.APIDataVersions
-		if err := c.call(ctx, http.MethodGet, "/data/"+url.PathEscape(args[0]), nil, "", &out); err != nil {
+	return withClient(ctx, e, func(ctx context.Context, c *client.Client) error {
+		out, err := c.DataVersions(ctx, args[0])
+		if err != nil {
 			return err
 		}
 		if e.opts.json {

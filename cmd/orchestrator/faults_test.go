@@ -9,11 +9,8 @@ package main
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"fmt"
-	"io"
 	"log/slog"
-	"net/http"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -26,6 +23,7 @@ import (
 	"github.com/tether-run/tether/adapters/netfault"
 	"github.com/tether-run/tether/adapters/orchestrator"
 	"github.com/tether-run/tether/adapters/store"
+	"github.com/tether-run/tether/client"
 	"github.com/tether-run/tether/core"
 )
 
@@ -516,6 +514,8 @@ func startServe(t *testing.T, ctx context.Context, bin, name, addr, dataDir stri
 }
 
 // apiClient calls the operator API.
+// apiClient is the operator's API client (package client) for a test:
+// each call fails the test on an error.
 type apiClient struct {
 	t     *testing.T
 	ctx   context.Context
@@ -523,34 +523,63 @@ type apiClient struct {
 	token string
 }
 
-func (c apiClient) call(method, path string, body []byte, want int, out any) {
-	c.t.Helper()
-	req, err := http.NewRequestWithContext(c.ctx, method, c.base+path, bytes.NewReader(body))
+func (a apiClient) client() *client.Client {
+	a.t.Helper()
+	c, err := client.New(a.base, a.token)
 	if err != nil {
-		c.t.Fatal(err)
+		a.t.Fatal(err)
 	}
-	req.Header.Set("Authorization", "Bearer "+c.token)
-	resp, err := http.DefaultClient.Do(req)
+	return c
+}
+
+func (a apiClient) check(what string, err error) {
+	a.t.Helper()
 	if err != nil {
-		c.t.Fatalf("%s %s: %v", method, path, err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	if resp.StatusCode != want {
-		c.t.Fatalf("%s %s: %d %s, want %d", method, path, resp.StatusCode, b, want)
-	}
-	if out != nil {
-		if err := json.Unmarshal(b, out); err != nil {
-			c.t.Fatalf("%s %s: %v", method, path, err)
-		}
+		a.t.Fatalf("%s: %v", what, err)
 	}
 }
 
-func (c apiClient) run(id string) orchestrator.APIRunDetail {
-	c.t.Helper()
-	var det orchestrator.APIRunDetail
-	c.call("GET", "/runs/"+id, nil, http.StatusOK, &det)
-	return det
+// enroll creates an enrollment token valid for 10 minutes.
+func (a apiClient) enroll(name string) string {
+	a.t.Helper()
+	tok, err := a.client().CreateToken(a.ctx, name, 10*time.Minute)
+	a.check("create token "+name, err)
+	return tok.Token
+}
+
+func (a apiClient) submit(file, src string) string {
+	a.t.Helper()
+	run, err := a.client().Submit(a.ctx, file, []byte(src))
+	a.check("submit", err)
+	return run
+}
+
+func (a apiClient) run(id string) client.RunDetail {
+	a.t.Helper()
+	det, err := a.client().Run(a.ctx, id)
+	a.check("run "+id, err)
+	return *det
+}
+
+func (a apiClient) runs() client.RunList {
+	a.t.Helper()
+	l, err := a.client().Runs(a.ctx, client.RunsOptions{})
+	a.check("runs", err)
+	return *l
+}
+
+func (a apiClient) workers() []client.Worker {
+	a.t.Helper()
+	l, err := a.client().Workers(a.ctx)
+	a.check("workers", err)
+	return l.Workers
+}
+
+func (a apiClient) tokens() []client.Token {
+	a.t.Helper()
+	l, err := a.client().Tokens(a.ctx)
+	a.check("tokens", err)
+	return l.Tokens
 }
 
 func apiStep(det orchestrator.APIRunDetail, name string) orchestrator.APIStep {
@@ -692,16 +721,12 @@ func TestFaultOrchestratorKilledAndRestarted(t *testing.T) {
 	// Workers reconnect after at most 5 s; their grace is 10 s, ample for a
 	// restart that takes well under a second.
 	for _, name := range []string{"w1", "w2"} {
-		var tok orchestrator.APICreatedToken
-		api.call("POST", "/tokens", []byte(`{"name":"`+name+`","ttl":"10m"}`), http.StatusCreated, &tok)
-		start(t, ctx, "worker "+name, workerBin, "connect", "--url", "ws://"+p.Addr()+"/control", "--token", tok.Token,
+		start(t, ctx, "worker "+name, workerBin, "connect", "--url", "ws://"+p.Addr()+"/control", "--token", api.enroll(name),
 			"--max-reconnect-delay", "5s")
 	}
 	connected := func() bool {
-		var ws orchestrator.APIWorkerList
-		api.call("GET", "/workers", nil, http.StatusOK, &ws)
 		n := 0
-		for _, w := range ws.Workers {
+		for _, w := range api.workers() {
 			if w.Connected {
 				n++
 			}
@@ -728,10 +753,8 @@ steps:
     depends_on: [write, nowrite]
     run: echo last
 `, strconv.Quote(wait("write")), strconv.Quote(wait("nowrite")))
-	var sub orchestrator.APISubmitted
 	call := time.Now()
-	api.call("POST", "/runs", []byte(src), http.StatusCreated, &sub)
-	run := core.RunID(sub.Run)
+	run := core.RunID(api.submit("faults.yaml", src))
 	var steps []core.StepID
 	for _, n := range []string{"first", "write", "nowrite", "last"} {
 		steps = append(steps, stepID(run, n))
@@ -764,7 +787,7 @@ steps:
 	results := checkCommitted(t, "after kill 1", nil, stored)
 
 	serve = startServe(t, ctx, orchBin, "orchestrator serve (restart 1)", addr, dataDir)
-	if s := apiStep(api.run(sub.Run), "first"); s.State != "success" || s.ExitCode == nil || *s.ExitCode != results[steps[0]].outcome.ExitCode {
+	if s := apiStep(api.run(string(run)), "first"); s.State != "success" || s.ExitCode == nil || *s.ExitCode != results[steps[0]].outcome.ExitCode {
 		t.Errorf("after restart 1 the API shows first as %s (exit %v), want its committed success", s.State, s.ExitCode)
 	}
 
@@ -772,7 +795,7 @@ steps:
 	// durable state) and their processes started.
 	var events int // the run's events before kill 2
 	poll(t, ctx, "write and nowrite to run", func() bool {
-		det := api.run(sub.Run)
+		det := api.run(string(run))
 		events = len(det.Events)
 		return apiStep(det, "write").State == "running" && apiStep(det, "nowrite").State == "running" &&
 			exists(filepath.Join(dir, "write.runs")) && exists(filepath.Join(dir, "nowrite.runs"))
@@ -791,7 +814,7 @@ steps:
 	// Restart 2 holds both steps (recovering) until their workers come back
 	// and reclaim them (events after kill 2 only).
 	poll(t, ctx, "write and nowrite to be held and reclaimed", func() bool {
-		det := api.run(sub.Run)
+		det := api.run(string(run))
 		seen := map[string]bool{}
 		for _, ev := range det.Events {
 			if ev.Seq > events {
@@ -810,7 +833,7 @@ steps:
 	}
 	var det orchestrator.APIRunDetail
 	poll(t, ctx, "the run to finish", func() bool {
-		det = api.run(sub.Run)
+		det = api.run(string(run))
 		return !det.Run.FinishedAt.IsZero()
 	})
 	if det.Status != "success" {

@@ -63,11 +63,7 @@ func TestHostileAllAtOnce(t *testing.T) {
 	r := serveRig(t, ctx, orchBin, workerBin, dataDir, "--log-level", "info",
 		"--max-unauth-conns-per-addr", fmt.Sprint(allUnauthPerAddr), "--hello-timeout", allHelloTimeout.String())
 	addr := r.addr
-	token := func(name string) string {
-		var tok orchestrator.APICreatedToken
-		r.api.call("POST", "/tokens", []byte(`{"name":"`+name+`","ttl":"10m"}`), http.StatusCreated, &tok)
-		return tok.Token
-	}
+	token := r.api.enroll
 	bigHelloToken, floodToken, badFramesToken := token("stolen"), token("flooder"), token("bad-frames")
 
 	// The genuine worker carries a tag no attacker has, and every genuine
@@ -95,8 +91,7 @@ func TestHostileAllAtOnce(t *testing.T) {
 		var took []time.Duration
 		for len(took) < allOperatorCalls || !until() {
 			t0 := time.Now()
-			var runs orchestrator.APIRunList
-			r.api.call("GET", "/runs", nil, http.StatusOK, &runs)
+			r.api.runs()
 			took = append(took, time.Since(t0))
 			time.Sleep(allOperatorPause)
 		}

@@ -27,6 +27,7 @@ import (
 
 	"github.com/tether-run/tether/adapters/netfault"
 	"github.com/tether-run/tether/adapters/orchestrator"
+	"github.com/tether-run/tether/client"
 	"github.com/tether-run/tether/core"
 )
 
@@ -433,9 +434,11 @@ func TestHostileBigPuts(t *testing.T) {
 		t.Errorf("orchestrator peak RSS %d MiB, over the bound of %d MiB", peak>>20, bigPutsPeakRSSBytes>>20)
 	}
 	for i := range 4 {
-		var list orchestrator.APIDataVersions
-		r.api.call("GET", "/data/big-"+strconv.Itoa(i), nil, http.StatusNotFound, nil) // over the limit: nothing written
-		r.api.call("GET", "/data/big-"+strconv.Itoa(4+i), nil, http.StatusOK, &list)
+		if _, err := r.api.client().DataVersions(ctx, "big-"+strconv.Itoa(i)); client.ErrorCode(err) != client.CodeNotFound {
+			t.Errorf("big-%d, over the limit: %v, want nothing written (not_found)", i, err)
+		}
+		list, err := r.api.client().DataVersions(ctx, "big-"+strconv.Itoa(4+i))
+		r.api.check("data versions", err)
 		if len(list.Versions) != 1 || list.Versions[0].Size != limit {
 			t.Errorf("big-%d: versions %+v, want one of %d bytes", 4+i, list.Versions, limit)
 		}

@@ -13,7 +13,6 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"net/http"
 	"os"
 	"path/filepath"
 	"sort"
@@ -337,8 +336,7 @@ func TestHostileIdleConns(t *testing.T) {
 	if d := a.deadline(idleH2CNoWindow) + a.Slack + time.Second - time.Since(began); d > 0 {
 		time.Sleep(d)
 	}
-	var ws orchestrator.APIWorkerList
-	r.api.call("GET", "/workers", nil, http.StatusOK, &ws)
+	r.api.workers()
 	elapsed := time.Since(began)
 	stopAttack()
 	res := <-resc

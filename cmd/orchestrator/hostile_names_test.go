@@ -26,6 +26,7 @@ import (
 
 	"github.com/tether-run/tether/adapters/orchestrator"
 	"github.com/tether-run/tether/adapters/store"
+	"github.com/tether-run/tether/client"
 	"github.com/tether-run/tether/core"
 )
 
@@ -66,8 +67,8 @@ var badNameSamples = []string{
 // lookup) whose JSON error names the field and holds no raw control
 // character. workers requests run at once.
 func attackBadNames(ctx context.Context, t *testing.T, addr, adminToken string, workers int) attackBadNamesResult {
-	client := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{DialContext: badNamesDialer.DialContext, MaxIdleConnsPerHost: workers}}
-	defer client.CloseIdleConnections()
+	hc := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{DialContext: badNamesDialer.DialContext, MaxIdleConnsPerHost: workers}}
+	defer hc.CloseIdleConnections()
 	base := "http://" + addr + "/api"
 	type attempt struct {
 		kind, method, path, body string
@@ -109,7 +110,7 @@ func attackBadNames(ctx context.Context, t *testing.T, addr, adminToken string, 
 			return
 		}
 		req.Header.Set("Authorization", "Bearer "+adminToken)
-		resp, err := client.Do(req)
+		resp, err := hc.Do(req)
 		if err != nil {
 			if ctx.Err() == nil {
 				record(a.kind, fmt.Sprintf("%s %s: %v", a.method, a.path, err))
@@ -122,12 +123,12 @@ func attackBadNames(ctx context.Context, t *testing.T, addr, adminToken string, 
 		switch {
 		case resp.StatusCode != a.status:
 			record(a.kind, fmt.Sprintf("%s %s with a bad %s: %d %s, want %d", a.method, a.path, a.kind, resp.StatusCode, b, a.status))
-		case json.Unmarshal(b, &ae) != nil || ae.Error == "":
-			record(a.kind, fmt.Sprintf("%s %s: answer %q is not a JSON error", a.method, a.path, b))
-		case a.kind != "lookup" && !strings.Contains(ae.Error, a.kind+" "):
-			record(a.kind, fmt.Sprintf("%s %s: error %q does not name the field %q", a.method, a.path, ae.Error, a.kind))
-		case strings.ContainsFunc(ae.Error, func(r rune) bool { return r != '\n' && r != ' ' && !unicode.IsPrint(r) }):
-			record(a.kind, fmt.Sprintf("%s %s: error %q holds a raw control character", a.method, a.path, ae.Error))
+		case json.Unmarshal(b, &ae) != nil || ae.Code != client.CodeFor(a.status) || ae.Message == "":
+			record(a.kind, fmt.Sprintf("%s %s: answer %q is not a JSON error with code %s", a.method, a.path, b, client.CodeFor(a.status)))
+		case a.kind != "lookup" && !strings.Contains(ae.Message, a.kind+" "):
+			record(a.kind, fmt.Sprintf("%s %s: error %q does not name the field %q", a.method, a.path, ae.Message, a.kind))
+		case strings.ContainsFunc(ae.Message, func(r rune) bool { return r != '\n' && r != ' ' && !unicode.IsPrint(r) }):
+			record(a.kind, fmt.Sprintf("%s %s: error %q holds a raw control character", a.method, a.path, ae.Message))
 		default:
 			record(a.kind, "")
 		}
@@ -174,9 +175,7 @@ func TestHostileBadNames(t *testing.T) {
 	go func() { results <- attackBadNames(actx, t, sp.addr, admin, 4) }()
 
 	// The genuine operator and worker, on 127.0.0.1, during the attack.
-	var tok orchestrator.APICreatedToken
-	api.call("POST", "/tokens", []byte(`{"name":"builder-1","ttl":"10m"}`), http.StatusCreated, &tok)
-	start(t, ctx, "worker builder-1", workerBin, "connect", "--url", "ws://"+sp.addr+"/control", "--token", tok.Token)
+	start(t, ctx, "worker builder-1", workerBin, "connect", "--url", "ws://"+sp.addr+"/control", "--token", api.enroll("builder-1"))
 	var src strings.Builder
 	src.WriteString("name: genuine\nsteps:\n")
 	for i := 0; i < 20; i++ {
@@ -185,20 +184,18 @@ func TestHostileBadNames(t *testing.T) {
 			fmt.Fprintf(&src, "    depends_on: [s%d]\n", i-1)
 		}
 	}
-	var sub orchestrator.APISubmitted
-	api.call("POST", "/runs", []byte(src.String()), http.StatusCreated, &sub)
+	run := api.submit("genuine.yaml", src.String())
 	// It takes about a second alone; 30 s is generous on 2 busy cores.
-	var det orchestrator.APIRunDetail
+	var det client.RunDetail
 	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
-		if det = api.run(sub.Run); !det.Run.FinishedAt.IsZero() {
+		if det = api.run(run); !det.Run.FinishedAt.IsZero() {
 			break
 		}
 	}
 	if det.Status != "success" {
 		t.Errorf("the genuine run is %s after 30 s of the attack, want success: %+v", det.Status, det.Steps)
 	}
-	var runs orchestrator.APIRunList
-	api.call("GET", "/runs", nil, http.StatusOK, &runs)
+	runs := api.runs()
 	stop()
 	res := <-results
 
@@ -215,10 +212,8 @@ func TestHostileBadNames(t *testing.T) {
 	if len(runs.Runs) != 1 {
 		t.Errorf("%d runs exist, want only the genuine one", len(runs.Runs))
 	}
-	var toks orchestrator.APITokenList
-	api.call("GET", "/tokens", nil, http.StatusOK, &toks)
-	if len(toks.Tokens) != 1 || toks.Tokens[0].Name != "builder-1" {
-		t.Errorf("tokens %+v, want only builder-1", toks.Tokens)
+	if toks := api.tokens(); len(toks) != 1 || toks[0].Name != "builder-1" {
+		t.Errorf("tokens %+v, want only builder-1", toks)
 	}
 }
 

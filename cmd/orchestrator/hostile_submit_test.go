@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/tether-run/tether/adapters/orchestrator"
+	"github.com/tether-run/tether/client"
 )
 
 // maxRefusalBytes bounds an error answer to any submission (SPEC §12: lists
@@ -87,8 +88,8 @@ func bigSubmitAttacks() []struct {
 func attackBigSubmit(ctx context.Context, t *testing.T, addr, adminToken string) attackBigSubmitResult {
 	res := attackBigSubmitResult{Refused: map[string]int{}}
 	dialer := &net.Dialer{LocalAddr: &net.TCPAddr{IP: submitterIP}}
-	client := &http.Client{Transport: &http.Transport{DialContext: dialer.DialContext}, Timeout: 30 * time.Second}
-	defer client.CloseIdleConnections()
+	hc := &http.Client{Transport: &http.Transport{DialContext: dialer.DialContext}, Timeout: 30 * time.Second}
+	defer hc.CloseIdleConnections()
 	wrong := func(format string, args ...any) {
 		if len(res.Wrong) < 5 {
 			res.Wrong = append(res.Wrong, fmt.Sprintf(format, args...))
@@ -104,7 +105,7 @@ func attackBigSubmit(ctx context.Context, t *testing.T, addr, adminToken string)
 		}
 		req.Header.Set("Authorization", "Bearer "+adminToken)
 		t0 := time.Now()
-		resp, err := client.Do(req)
+		resp, err := hc.Do(req)
 		if err != nil {
 			if ctx.Err() == nil {
 				wrong("%s: %v", a.kind, err)
@@ -117,7 +118,7 @@ func attackBigSubmit(ctx context.Context, t *testing.T, addr, adminToken string)
 		res.MaxBody = max(res.MaxBody, len(body))
 		var ae orchestrator.APIError
 		json.Unmarshal(body, &ae)
-		if resp.StatusCode != a.status || !strings.Contains(ae.Error, a.phrase) {
+		if resp.StatusCode != a.status || ae.Code != client.CodeFor(a.status) || !strings.Contains(ae.Message, a.phrase) {
 			wrong("%s: %d %.300s (want %d with %q)", a.kind, resp.StatusCode, body, a.status, a.phrase)
 			continue
 		}
@@ -165,21 +166,19 @@ func TestHostileSubmissions(t *testing.T) {
 	// run succeeded and the attack has gone on for a few seconds (it goes
 	// round every payload many times in that).
 	op := apiClient{t: t, ctx: ctx, base: d.APIURL(), token: admin}
-	var sub orchestrator.APISubmitted
-	op.call(http.MethodPost, "/runs?file=genuine.yaml", []byte("steps:\n  - name: a\n    run: echo a\n  - name: b\n    run: echo b\n    depends_on: [a]\n"+
-		"  - name: c\n    run: echo c\n    depends_on: [b]\n"), http.StatusCreated, &sub)
+	run := op.submit("genuine.yaml", "steps:\n  - name: a\n    run: echo a\n  - name: b\n    run: echo b\n    depends_on: [a]\n"+
+		"  - name: c\n    run: echo c\n    depends_on: [b]\n")
 	var slowest time.Duration
 	lists, succeeded := 0, false
 	for !succeeded || time.Since(attackStart) < 4*time.Second {
 		t0 := time.Now()
-		var runs orchestrator.APIRunList
-		op.call(http.MethodGet, "/runs", nil, http.StatusOK, &runs)
+		runs := op.runs()
 		slowest = max(slowest, time.Since(t0))
 		lists++
 		if len(runs.Runs) != 1 {
 			t.Fatalf("runs listed: %+v; only the genuine one may exist", runs.Runs)
 		}
-		switch det := op.run(sub.Run); det.Status {
+		switch det := op.run(run); det.Status {
 		case "success":
 			succeeded = true
 		case "failed", "cancelled":
@@ -213,8 +212,8 @@ func TestHostileSubmissions(t *testing.T) {
 		t.Errorf("an error body of %d bytes: errors must be bounded (%d)", res.MaxBody, maxRefusalBytes)
 	}
 	// Nothing of the attack was created: the genuine run is run-1 and alone.
-	if sub.Run != "run-1" {
-		t.Errorf("the genuine run is %s", sub.Run)
+	if run != "run-1" {
+		t.Errorf("the genuine run is %s", run)
 	}
 	if err := (coreViewer{d}).Snapshot(ctx, func(o coreView) {
 		if n := len(o.Steps()); n != 3 {

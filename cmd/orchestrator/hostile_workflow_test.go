@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/tether-run/tether/adapters/orchestrator"
+	"github.com/tether-run/tether/client"
 	"github.com/tether-run/tether/core"
 )
 
@@ -50,8 +51,8 @@ func TestWorkflowErrorsAtTheSocket(t *testing.T) {
 		var e orchestrator.APIError
 		json.NewDecoder(resp.Body).Decode(&e)
 		resp.Body.Close()
-		if resp.StatusCode != http.StatusBadRequest || !strings.Contains(e.Error, "bad.yaml:"+w.want) {
-			t.Errorf("%s: POST /api/runs answered %d %q, want 400 with %q", w.name, resp.StatusCode, e.Error, "bad.yaml:"+w.want)
+		if resp.StatusCode != http.StatusBadRequest || e.Code != client.CodeInvalid || !strings.Contains(e.Message, "bad.yaml:"+w.want) {
+			t.Errorf("%s: POST /api/runs answered %d %q (%s), want 400 invalid with %q", w.name, resp.StatusCode, e.Message, e.Code, "bad.yaml:"+w.want)
 		}
 
 		file := filepath.Join(dir, w.name+".yaml")

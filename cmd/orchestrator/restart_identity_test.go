@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -60,11 +59,10 @@ func TestFaultWorkerRestartKeepsIdentity(t *testing.T) {
 	gate := filepath.Join(dir, "gate")
 	stateDir := filepath.Join(t.TempDir(), "state")
 
-	var tok orchestrator.APICreatedToken
-	api.call("POST", "/tokens", []byte(`{"name":"builder","ttl":"10m"}`), http.StatusCreated, &tok)
+	tok := api.enroll("builder")
 	// Grace is 10 s: the restart (well under a second) falls inside it, so
 	// the steps are triaged by the reconnect, not by the grace window.
-	args := []string{"connect", "--url", "ws://" + p.Addr() + "/control", "--token", tok.Token,
+	args := []string{"connect", "--url", "ws://" + p.Addr() + "/control", "--token", tok,
 		"--state-dir", stateDir, "--max-reconnect-delay", "5s", "--slots", "2"}
 
 	// workerList is `orchestrator worker list --json`.
@@ -128,10 +126,8 @@ steps:
     depends_on: [nowrite]
     run: echo last
 `, strconv.Quote(script("write")), strconv.Quote(script("nowrite")))
-	var sub orchestrator.APISubmitted
 	call := time.Now()
-	api.call("POST", "/runs", []byte(src), http.StatusCreated, &sub)
-	run := core.RunID(sub.Run)
+	run := core.RunID(api.submit("restart.yaml", src))
 	rec.Submit(call, time.Now(), []core.StepID{stepID(run, "write"), stepID(run, "nowrite"), stepID(run, "last")}, "")
 	runs := func(name string) string { return filepath.Join(dir, name+".runs") }
 	poll(t, ctx, "both steps to run", func() bool { return exists(runs("write")) && exists(runs("nowrite")) })
@@ -155,7 +151,7 @@ steps:
 	os.WriteFile(gate, nil, 0o600)
 	var det orchestrator.APIRunDetail
 	poll(t, ctx, "the run to finish", func() bool {
-		det = api.run(sub.Run)
+		det = api.run(string(run))
 		return !det.Run.FinishedAt.IsZero()
 	})
 	if s := apiStep(det, "write"); s.State != "failed" || s.Class != string(core.ClassDisconnect) ||
@@ -176,7 +172,7 @@ steps:
 	// A revoked token disables the saved identity (a stolen state file is
 	// revoked this way). The restarted process says so; its --token is the
 	// revoked one, so it cannot enroll anew either: exit 3.
-	api.call("DELETE", "/tokens/builder", nil, http.StatusOK, nil)
+	api.check("revoke builder", api.client().RevokeToken(ctx, "builder"))
 	w.wait(t, ctx) // closed by the revocation: refused on its reconnect
 	w = start(t, ctx, "worker builder (revoked)", workerBin, args...)
 	if code := w.wait(t, ctx); code != exitRefused {
@@ -186,9 +182,7 @@ steps:
 		t.Errorf("the refused restart does not say that the saved identity was refused, and why:\n%s", e)
 	}
 	// A new token enrolls a new instance, saved in the same directory.
-	var tok2 orchestrator.APICreatedToken
-	api.call("POST", "/tokens", []byte(`{"name":"builder-2","ttl":"10m"}`), http.StatusCreated, &tok2)
-	args[4] = tok2.Token
+	args[4] = api.enroll("builder-2")
 	start(t, ctx, "worker builder-2", workerBin, args...)
 	second := connectedAs("the new instance to enroll", func(w orchestrator.APIWorker) bool { return w.Name == "builder-2" })
 	b, _ := os.ReadFile(filepath.Join(stateDir, "worker.json"))

@@ -134,8 +134,7 @@ func TestServeStoreLocked(t *testing.T) {
 	if code != exitError || strings.Contains(second.stdout.String(), "Admin token") {
 		t.Errorf("second serve: exit %d, stdout %q; want exit %d, no admin token", code, second.stdout, exitError)
 	}
-	var ws struct{ Workers []any }
-	apiClient{t: t, ctx: ctx, base: "http://" + first.addr + "/api", token: strings.TrimSpace(string(admin))}.call("GET", "/workers", nil, 200, &ws)
+	apiClient{t: t, ctx: ctx, base: "http://" + first.addr + "/api", token: strings.TrimSpace(string(admin))}.workers()
 }
 
 // TestRetentionSetting: --retain and the config file's retention: take a Go

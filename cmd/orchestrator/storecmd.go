@@ -6,7 +6,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"net/http"
 	"os"
 	"path/filepath"
 	"time"
@@ -116,23 +115,22 @@ func storeBackup(ctx context.Context, e *env, args []string) error {
 		}
 		return reportBackup(e, dst)
 	}
-	c, err := newClient(e)
+	// --timeout bounds the wait for the answer to begin; the stream itself
+	// takes as long as the store is large.
+	c, err := newClient(e, 0)
 	if err != nil {
 		return err
 	}
-	// --timeout bounds the wait for the answer to begin; the stream itself
-	// takes as long as the store is large.
-	c.http.Timeout = 0
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	timer := time.AfterFunc(e.opts.timeout, cancel)
-	resp, err := c.send(ctx, http.MethodGet, "/store/backup", nil, "")
+	body, err := c.Backup(ctx)
 	timer.Stop()
 	if err != nil {
-		return err
+		return answerErr(err)
 	}
-	defer resp.Body.Close()
-	if err := store.Unpack(resp.Body, dst); err != nil {
+	defer body.Close()
+	if err := store.Unpack(body, dst); err != nil {
 		return fmt.Errorf("backup to %s: %w", dst, err)
 	}
 	return reportBackup(e, dst)

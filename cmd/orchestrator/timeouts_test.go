@@ -8,7 +8,6 @@ package main
 import (
 	"context"
 	"fmt"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -64,14 +63,10 @@ func serveRig(t *testing.T, ctx context.Context, orchBin, workerBin, dataDir str
 // worker enrolls and starts a worker process and waits until it is connected.
 func (r *hungRig) worker(name string, args ...string) *proc {
 	r.t.Helper()
-	var tok orchestrator.APICreatedToken
-	r.api.call("POST", "/tokens", []byte(`{"name":"`+name+`","ttl":"10m"}`), http.StatusCreated, &tok)
 	w := start(r.t, r.ctx, "worker "+name, r.workerBin, append([]string{"connect", "--url", "ws://" + r.addr + "/control",
-		"--token", tok.Token}, args...)...)
+		"--token", r.api.enroll(name)}, args...)...)
 	poll(r.t, r.ctx, "worker "+name+" to connect", func() bool {
-		var ws orchestrator.APIWorkerList
-		r.api.call("GET", "/workers", nil, http.StatusOK, &ws)
-		for _, wv := range ws.Workers {
+		for _, wv := range r.api.workers() {
 			if wv.Name == name && wv.Connected {
 				return true
 			}
@@ -83,9 +78,7 @@ func (r *hungRig) worker(name string, args ...string) *proc {
 
 func (r *hungRig) submit(src string) string {
 	r.t.Helper()
-	var sub orchestrator.APISubmitted
-	r.api.call("POST", "/runs", []byte(src), http.StatusCreated, &sub)
-	return sub.Run
+	return r.api.submit("workflow.yaml", src)
 }
 
 func (r *hungRig) waitFinished(run string) orchestrator.APIRunDetail {
@@ -156,9 +149,7 @@ func TestFaultStoppedWorkerBurnsNoAttempts(t *testing.T) {
 	continued := time.Now()
 	hung.signal(t, syscall.SIGCONT)
 	poll(t, r.ctx, "the continued worker to be heard from", func() bool {
-		var ws orchestrator.APIWorkerList
-		r.api.call("GET", "/workers", nil, http.StatusOK, &ws)
-		for _, w := range ws.Workers {
+		for _, w := range r.api.workers() {
 			if w.Name == "w2" && w.Connected && w.LastHeartbeat.After(continued) {
 				return true
 			}

@@ -8,10 +8,9 @@ import (
 	"bufio"
 	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
+	"github.com/tether-run/tether/client"
 	"net"
 	"net/http"
 	"os"
@@ -356,112 +355,60 @@ func (c *cluster) memory() (memory, error) { return readMemory(c.orch.cmd.Proces
 
 // ---- the operator API, only what the harness needs ----
 
+// apiClient is the harness's use of the operator API (package client).
 type apiClient struct {
 	base, token string
-	hc          *http.Client
+	c           *client.Client
 }
 
 func newAPIClient(base, token string) *apiClient {
-	return &apiClient{base: base, token: token, hc: &http.Client{
+	hc := &http.Client{
 		Timeout:   2 * time.Minute,
 		Transport: &http.Transport{MaxIdleConnsPerHost: 8, DisableCompression: true},
-	}}
-}
-
-// apiError is a non-2xx answer.
-type apiError struct {
-	code int
-	msg  string
-}
-
-func (e *apiError) Error() string { return fmt.Sprintf("HTTP %d: %s", e.code, e.msg) }
-
-func (a *apiClient) do(ctx context.Context, method, path, ctype string, body []byte, out any) error {
-	req, err := http.NewRequestWithContext(ctx, method, a.base+path, bytes.NewReader(body))
+	}
+	c, err := client.New(base, token, client.WithHTTPClient(hc))
 	if err != nil {
-		return err
+		panic(err) // base is the harness's own http://host:port
 	}
-	req.Header.Set("Authorization", "Bearer "+a.token)
-	if ctype != "" {
-		req.Header.Set("Content-Type", ctype)
-	}
-	resp, err := a.hc.Do(req)
-	if err != nil {
-		return err
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	if err != nil {
-		return err
-	}
-	if resp.StatusCode/100 != 2 {
-		var e struct {
-			Error string `json:"error"`
-		}
-		json.Unmarshal(b, &e)
-		return &apiError{code: resp.StatusCode, msg: e.Error}
-	}
-	return json.Unmarshal(b, out)
+	return &apiClient{base: base, token: token, c: c}
 }
 
-type apiWorker struct {
-	Name      string `json:"name"`
-	Connected bool   `json:"connected"`
-}
-
-func (a *apiClient) workers(ctx context.Context) ([]apiWorker, error) {
-	var out struct {
-		Workers []apiWorker `json:"workers"`
+func (a *apiClient) workers(ctx context.Context) ([]client.Worker, error) {
+	l, err := a.c.Workers(ctx)
+	if err != nil {
+		return nil, err
 	}
-	err := a.do(ctx, http.MethodGet, "/api/workers", "", nil, &out)
-	return out.Workers, err
+	return l.Workers, nil
 }
 
 func (a *apiClient) createToken(ctx context.Context, name string) (string, error) {
-	body, _ := json.Marshal(map[string]string{"name": name, "ttl": "24h"})
-	var out struct {
-		Token string `json:"token"`
-	}
-	if err := a.do(ctx, http.MethodPost, "/api/tokens", "application/json", body, &out); err != nil {
+	tok, err := a.c.CreateToken(ctx, name, 24*time.Hour)
+	if err != nil {
 		return "", fmt.Errorf("create token %s: %w", name, err)
 	}
-	return out.Token, nil
+	return tok.Token, nil
 }
 
 func (a *apiClient) submit(ctx context.Context, workflow []byte) (string, error) {
-	var out struct {
-		Run string `json:"run"`
-	}
-	if err := a.do(ctx, http.MethodPost, "/api/runs?file=soak.yaml", "application/yaml", workflow, &out); err != nil {
+	run, err := a.c.Submit(ctx, "soak.yaml", workflow)
+	if err != nil {
 		return "", fmt.Errorf("submit: %w", err)
 	}
-	if out.Run == "" {
+	if run == "" {
 		return "", errors.New("submit: the answer names no run")
 	}
-	return out.Run, nil
+	return run, nil
 }
 
-// runDetail is what the harness reads of GET /api/runs/{id}.
-type runDetail struct {
-	Run struct {
-		ID       string         `json:"id"`
-		Status   string         `json:"status"`
-		Steps    int            `json:"steps"`
-		States   map[string]int `json:"states"`
-		Finished time.Time      `json:"finished"`
-	} `json:"run"`
-	Steps []struct {
-		ID      string `json:"id"`
-		State   string `json:"state"`
-		Class   string `json:"class"`
-		Message string `json:"message"`
-	} `json:"steps"`
-}
+// runDetail is GET /api/runs/{id}'s answer.
+type runDetail = client.RunDetail
 
 func (a *apiClient) run(ctx context.Context, id string) (runDetail, error) {
-	var out runDetail
-	err := a.do(ctx, http.MethodGet, "/api/runs/"+id, "", nil, &out)
-	return out, err
+	d, err := a.c.Run(ctx, id)
+	if err != nil {
+		return runDetail{}, err
+	}
+	return *d, nil
 }
 
 // noopWorkflow is a run of n independent steps (the noop executor ignores

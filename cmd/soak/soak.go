@@ -35,6 +35,7 @@ type sample struct {
 
 // result is what the verdict judges.
 type result struct {
+	runs         int // runs that finished, every one a success
 	samples      []sample
 	restarted    bool
 	restartReady time.Duration
@@ -108,15 +109,20 @@ func soak(ctx context.Context, cfg config, out io.Writer) (res result, err error
 		steps int
 		at    time.Time
 	}{0, t0}
+	// Every line is taken in the same state: a run just finished and the
+	// others of the in-flight window still running. So submitting goes on
+	// past total, by the window less one, and those runs finish after the
+	// last line (they must succeed too); the memory once nothing is in
+	// flight is printed apart (drained).
 	err = l.load(ctx, func() bool {
-		if submitted < total {
+		if submitted < total+cfg.inFlight-1 {
 			submitted++
 			return true
 		}
 		return false
 	}, func() error {
-		if l.steps < next {
-			return nil
+		if l.steps < next || l.steps > cfg.steps {
+			return nil // the runs beyond the load keep the window full; no line
 		}
 		for next <= l.steps {
 			next += cfg.every
@@ -137,12 +143,16 @@ func soak(ctx context.Context, cfg config, out io.Writer) (res result, err error
 		return res, err
 	}
 	took := time.Since(t0)
-	fmt.Fprintf(out, "load: %d steps in %d runs, every run succeeded, %.1fs, steps_per_s=%.0f, reads of a run %.1f (GET /api/runs/{id} until it finished)\n",
-		l.steps, l.runs, took.Seconds(), float64(l.steps)/took.Seconds(), float64(l.polls)/float64(l.runs))
+	res.runs = l.runs
+	fmt.Fprintf(out, "load: %d steps in %d runs (the last %d after the last line), every run succeeded, %.1fs, steps_per_s=%.0f, reads of a run %.1f (GET /api/runs/{id} until it finished)\n",
+		l.steps, l.runs, l.runs-total, took.Seconds(), float64(l.steps)/took.Seconds(), float64(l.polls)/float64(l.runs))
+	if m, err := c.memory(); err == nil {
+		fmt.Fprintf(out, "drained: rss_mib=%.1f anon_mib=%.1f file_mib=%.1f (no run in flight)\n", mib(m.rss), mib(m.anon), mib(m.file))
+	}
 
 	// Restart.
 	if cfg.restart {
-		if err := restart(ctx, c, l.lastRun, cfg, out, &res); err != nil {
+		if err := restart(ctx, c, l.lastRun, l.steps, cfg, out, &res); err != nil {
 			return res, err
 		}
 	}
@@ -254,7 +264,7 @@ func checkRun(d runDetail, size int) (bool, error) {
 		}
 	case "failed", "cancelled", "failing", "cancelling":
 	default: // running, or a status of a later tree that is not final
-		if d.Run.Finished.IsZero() {
+		if d.Run.FinishedAt.IsZero() {
 			return false, nil
 		}
 	}
@@ -290,7 +300,7 @@ func (c *cluster) failure(err error) error {
 // data directory, timing from the process's start until a worker's Hello
 // is answered with a Welcome and the API answers; then the last run must
 // read back as it finished.
-func restart(ctx context.Context, c *cluster, lastRun string, cfg config, out io.Writer, res *result) error {
+func restart(ctx context.Context, c *cluster, lastRun string, storedSteps int, cfg config, out io.Writer, res *result) error {
 	probeToken, err := c.api.createToken(ctx, "soak-probe")
 	if err != nil {
 		return err
@@ -339,7 +349,7 @@ func restart(ctx context.Context, c *cluster, lastRun string, cfg config, out io
 	}
 	res.restarted, res.restartReady, res.restartMem = true, ready, m
 	fmt.Fprintf(out, "restart: ready_ms=%.0f hello_ms=%.0f api_ms=%.0f rss_mib=%.1f peak_rss_mib=%.1f anon_mib=%.1f file_mib=%.1f store_mib=%.1f shutdown_ms=%.0f (steps in the store: %d)\n",
-		ms(ready), ms(h.at.Sub(t0)), ms(a.at.Sub(t0)), mib(m.rss), mib(m.peak), mib(m.anon), mib(m.file), mib(store), ms(shutdown), cfg.steps)
+		ms(ready), ms(h.at.Sub(t0)), ms(a.at.Sub(t0)), mib(m.rss), mib(m.peak), mib(m.anon), mib(m.file), mib(store), ms(shutdown), storedSteps)
 
 	c.api = probeAPI
 	d, err := c.api.run(ctx, lastRun)
@@ -486,7 +496,7 @@ func printVerdict(out io.Writer, cfg config, res *result) (failed bool) {
 	}
 	skip := func(name, why string) { fmt.Fprintf(out, "verdict: %-12s SKIP  %s\n", name, why) }
 
-	fmt.Fprintf(out, "verdict: %-12s PASS  %d runs of %d steps, every one succeeded\n", "runs", cfg.steps/cfg.runSize, cfg.runSize)
+	fmt.Fprintf(out, "verdict: %-12s PASS  %d runs of %d steps, every one succeeded\n", "runs", res.runs, cfg.runSize)
 	if len(res.samples) == 0 {
 		skip("rss", "no line printed (-every > -steps)")
 	} else {

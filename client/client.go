@@ -1,0 +1,359 @@
+// Package client is a Go client of Tether's operator API (SPEC §15): typed
+// methods for its routes, its request and answer types, and a typed *Error
+// for every error answer.
+//
+//	c, err := client.New("http://127.0.0.1:7420", adminToken)
+//	run, err := c.Submit(ctx, "build.yaml", definition)
+//	det, err := c.Run(ctx, run)
+//	if client.ErrorCode(err) == client.CodeNotFound { ... }
+package client
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// DefaultMaxAnswer bounds a JSON answer read into memory (a run's logs can
+// be large).
+const DefaultMaxAnswer = 256 << 20
+
+// Client calls one orchestrator's operator API. It is safe for concurrent
+// use.
+type Client struct {
+	base      string // "http://host:port/api"
+	token     string
+	hc        *http.Client
+	maxAnswer int64
+}
+
+// Option configures a Client.
+type Option func(*Client)
+
+// WithHTTPClient sends the requests with hc (its transport's TLS settings,
+// its timeout); the default is http.DefaultClient.
+func WithHTTPClient(hc *http.Client) Option { return func(c *Client) { c.hc = hc } }
+
+// WithMaxAnswer bounds a JSON answer to n bytes.
+func WithMaxAnswer(n int64) Option { return func(c *Client) { c.maxAnswer = n } }
+
+// New returns a client of the orchestrator at baseURL (http:// or
+// https://HOST:PORT, with or without its /api suffix), authenticated with
+// the admin token.
+func New(baseURL, adminToken string, opts ...Option) (*Client, error) {
+	u, err := url.Parse(strings.TrimRight(baseURL, "/"))
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return nil, fmt.Errorf("client: URL %q: want http://HOST:PORT or https://HOST:PORT", baseURL)
+	}
+	c := &Client{base: strings.TrimSuffix(u.String(), "/api") + "/api", token: adminToken, hc: http.DefaultClient, maxAnswer: DefaultMaxAnswer}
+	for _, o := range opts {
+		o(c)
+	}
+	return c, nil
+}
+
+// URL returns the orchestrator's base URL (without /api).
+func (c *Client) URL() string { return strings.TrimSuffix(c.base, "/api") }
+
+// Error is an error answer of the API.
+type Error struct {
+	Status  int    // the HTTP status
+	Code    Code   // its stable code
+	Message string // for people
+}
+
+func (e *Error) Error() string { return fmt.Sprintf("%s (HTTP %d, %s)", e.Message, e.Status, e.Code) }
+
+// ErrorCode returns the code of an *Error in err's chain, "" if there is
+// none (the orchestrator was not reached, or its answer was not an error).
+func ErrorCode(err error) Code {
+	var e *Error
+	if errors.As(err, &e) {
+		return e.Code
+	}
+	return ""
+}
+
+// Do sends one request to the API (path below /api, query included) and
+// returns a 2xx answer, whose body the caller closes; any other answer is an
+// *Error. Typed methods cover every route; Do is for what they do not.
+func (c *Client) Do(ctx context.Context, method, path string, body io.Reader, contentType string) (*http.Response, error) {
+	req, err := http.NewRequestWithContext(ctx, method, c.base+path, body)
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set("Authorization", "Bearer "+c.token)
+	req.Header.Set("Accept", "application/json")
+	if contentType != "" {
+		req.Header.Set("Content-Type", contentType)
+	}
+	resp, err := c.hc.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("cannot reach the orchestrator at %s: %w", c.URL(), err)
+	}
+	if resp.StatusCode/100 == 2 {
+		return resp, nil
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	if err != nil {
+		return nil, fmt.Errorf("reading the answer: %w", err)
+	}
+	e := &Error{Status: resp.StatusCode, Code: CodeFor(resp.StatusCode), Message: strings.TrimSpace(string(b))}
+	var eb ErrorBody
+	if json.Unmarshal(b, &eb) == nil {
+		if eb.Code != "" {
+			e.Code = eb.Code
+		}
+		switch {
+		case eb.Message != "":
+			e.Message = eb.Message
+		case eb.Error != "":
+			e.Message = eb.Error
+		}
+	}
+	if e.Message == "" {
+		e.Message = http.StatusText(resp.StatusCode)
+	}
+	return nil, e
+}
+
+// call sends one request and decodes a 2xx JSON answer into out.
+func (c *Client) call(ctx context.Context, method, path string, body io.Reader, contentType string, out any) error {
+	resp, err := c.Do(ctx, method, path, body, contentType)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(io.LimitReader(resp.Body, c.maxAnswer+1))
+	if err != nil {
+		return fmt.Errorf("reading the answer: %w", err)
+	}
+	if int64(len(b)) > c.maxAnswer {
+		return fmt.Errorf("the answer is larger than %d bytes", c.maxAnswer)
+	}
+	if err := json.Unmarshal(b, out); err != nil {
+		return fmt.Errorf("undecodable answer from the orchestrator: %w", err)
+	}
+	return nil
+}
+
+func jsonBody(v any) io.Reader {
+	b, _ := json.Marshal(v)
+	return bytes.NewReader(b)
+}
+
+// stepPath is a step id's path: "run-1/name[i]" → "run-1/name%5Bi%5D".
+func stepPath(id string) string {
+	run, name, _ := strings.Cut(id, "/")
+	return url.PathEscape(run) + "/" + url.PathEscape(name)
+}
+
+// ---- runs ----
+
+// Submit submits a workflow definition (YAML); file names it in errors
+// (default "workflow"). It returns the new run's id.
+func (c *Client) Submit(ctx context.Context, file string, definition []byte) (string, error) {
+	path := "/runs"
+	if file != "" {
+		path += "?file=" + url.QueryEscape(file)
+	}
+	var out Submitted
+	err := c.call(ctx, http.MethodPost, path, bytes.NewReader(definition), "application/yaml", &out)
+	return out.Run, err
+}
+
+// RunsOptions selects a page of GET /api/runs; zero fields select nothing.
+type RunsOptions struct {
+	Limit  int    // runs in the page (the server's default, 100, when 0; at most 1000)
+	Cursor string // RunList.NextCursor of the previous page
+	Status string // only runs of this status
+	Name   string // only runs of this workflow
+	Since  string // submitted at or after an RFC 3339 time, or within a duration ("24h")
+}
+
+// Runs returns one page of runs, newest first, live and archived.
+func (c *Client) Runs(ctx context.Context, o RunsOptions) (*RunList, error) {
+	q := url.Values{}
+	for k, v := range map[string]string{"cursor": o.Cursor, "status": o.Status, "name": o.Name, "since": o.Since} {
+		if v != "" {
+			q.Set(k, v)
+		}
+	}
+	if o.Limit != 0 {
+		q.Set("limit", strconv.Itoa(o.Limit))
+	}
+	path := "/runs"
+	if len(q) > 0 {
+		path += "?" + q.Encode()
+	}
+	var out RunList
+	if err := c.call(ctx, http.MethodGet, path, nil, "", &out); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
+// Run returns a run: its status, steps and server events.
+func (c *Client) Run(ctx context.Context, id string) (*RunDetail, error) {
+	var out RunDetail
+	if err := c.call(ctx, http.MethodGet, "/runs/"+url.PathEscape(id), nil, "", &out); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
+// Cancel cancels a run; reason is recorded on it ("" for the default).
+func (c *Client) Cancel(ctx context.Context, id, reason string) error {
+	var out Submitted
+	return c.call(ctx, http.MethodPost, "/runs/"+url.PathEscape(id)+"/cancel", jsonBody(CancelRequest{Reason: reason}), "application/json", &out)
+}
+
+// Logs returns a run's stored log lines; step, if not "", keeps one step
+// (NAME, all its forEach instances, or NAME[i]).
+func (c *Client) Logs(ctx context.Context, id, step string) (*Logs, error) {
+	path := "/runs/" + url.PathEscape(id) + "/logs"
+	if step != "" {
+		path += "?step=" + url.QueryEscape(step)
+	}
+	var out Logs
+	if err := c.call(ctx, http.MethodGet, path, nil, "", &out); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
+// Approve opens the gate of a held step (its id, "run-1/name" or
+// "run-1/name[i]").
+func (c *Client) Approve(ctx context.Context, step string) (*StepAnswer, error) {
+	return c.gate(ctx, step, "approve")
+}
+
+// Reject rejects a held step: it is cancelled.
+func (c *Client) Reject(ctx context.Context, step string) (*StepAnswer, error) {
+	return c.gate(ctx, step, "reject")
+}
+
+func (c *Client) gate(ctx context.Context, step, action string) (*StepAnswer, error) {
+	var out StepAnswer
+	if err := c.call(ctx, http.MethodPost, "/steps/"+stepPath(step)+"/"+action, nil, "", &out); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
+// ---- tokens and workers ----
+
+// CreateToken creates an enrollment token valid for ttl (the server's
+// default, 24h, when 0). Its secret is in this answer only.
+func (c *Client) CreateToken(ctx context.Context, name string, ttl time.Duration) (*CreatedToken, error) {
+	req := TokenRequest{Name: name}
+	if ttl != 0 {
+		req.TTL = ttl.String()
+	}
+	var out CreatedToken
+	if err := c.call(ctx, http.MethodPost, "/tokens", jsonBody(req), "application/json", &out); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
+// Tokens lists the enrollment tokens, without their secrets.
+func (c *Client) Tokens(ctx context.Context) (*TokenList, error) {
+	var out TokenList
+	if err := c.call(ctx, http.MethodGet, "/tokens", nil, "", &out); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
+// RevokeToken revokes an enrollment token.
+func (c *Client) RevokeToken(ctx context.Context, name string) error {
+	var out RevokedToken
+	return c.call(ctx, http.MethodDelete, "/tokens/"+url.PathEscape(name), nil, "", &out)
+}
+
+// Workers lists the enrolled worker instances.
+func (c *Client) Workers(ctx context.Context) (*WorkerList, error) {
+	var out WorkerList
+	if err := c.call(ctx, http.MethodGet, "/workers", nil, "", &out); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
+// ---- bundles, data, backup ----
+
+// PutBundle uploads a bundle (a *bytes.Reader, *bytes.Buffer or
+// *strings.Reader is sent with its length); Existed tells whether it was
+// already stored.
+func (c *Client) PutBundle(ctx context.Context, body io.Reader) (*Bundle, error) {
+	var out Bundle
+	if err := c.call(ctx, http.MethodPut, "/bundles", body, "application/octet-stream", &out); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
+// Bundle describes a stored bundle.
+func (c *Client) Bundle(ctx context.Context, fingerprint string) (*Bundle, error) {
+	var out Bundle
+	if err := c.call(ctx, http.MethodGet, "/bundles/"+url.PathEscape(fingerprint), nil, "", &out); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
+// DataVersions lists a data item's versions and its append stream.
+func (c *Client) DataVersions(ctx context.Context, id string) (*DataVersions, error) {
+	var out DataVersions
+	if err := c.call(ctx, http.MethodGet, "/data/"+url.PathEscape(id), nil, "", &out); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
+// DataBody is the bytes of a data item; the caller closes it.
+type DataBody struct {
+	io.ReadCloser
+	Version string // the Tether-Version header: which version ("" for a stream)
+	Size    int64  // Content-Length, -1 when unknown
+}
+
+// Data opens a data item's bytes: version is a number, "latest", or
+// "append" for its append stream.
+func (c *Client) Data(ctx context.Context, id, version string) (*DataBody, error) {
+	resp, err := c.Do(ctx, http.MethodGet, "/data/"+url.PathEscape(id)+"/"+url.PathEscape(version), nil, "")
+	if err != nil {
+		return nil, err
+	}
+	return &DataBody{ReadCloser: resp.Body, Version: resp.Header.Get("Tether-Version"), Size: resp.ContentLength}, nil
+}
+
+// Backup opens a consistent backup of the store, a tar stream (store.Unpack
+// reads it); the caller closes it. The server sets no deadline on it: bound
+// it with ctx, and give this client an http.Client without a Timeout.
+func (c *Client) Backup(ctx context.Context) (io.ReadCloser, error) {
+	resp, err := c.Do(ctx, http.MethodGet, "/store/backup", nil, "")
+	if err != nil {
+		return nil, err
+	}
+	return resp.Body, nil
+}
+
+// OpenAPI returns the API's OpenAPI 3 document.
+func (c *Client) OpenAPI(ctx context.Context) ([]byte, error) {
+	var out json.RawMessage
+	if err := c.call(ctx, http.MethodGet, "/openapi.json", nil, "", &out); err != nil {
+		return nil, err
+	}
+	return out, nil
+}

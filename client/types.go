@@ -1,0 +1,329 @@
+package client
+
+import "time"
+
+// The operator API's request and answer bodies (SPEC §15). The orchestrator
+// encodes these very types (adapters/orchestrator aliases them), so the
+// client and the server cannot disagree on a field.
+
+// Code is the stable, machine-readable kind of an error answer (SPEC §15).
+// The set is closed: a client may switch on it; the message is for people.
+type Code string
+
+// The error codes, each with the one HTTP status it is answered with.
+const (
+	CodeInvalid          Code = "invalid"            // 400: a bad request, query, body or definition
+	CodeUnauthorized     Code = "unauthorized"       // 401: missing or wrong credential
+	CodeNotFound         Code = "not_found"          // 404: no such endpoint, run, step, token, bundle or data
+	CodeMethodNotAllowed Code = "method_not_allowed" // 405: see the Allow header
+	CodeTimeout          Code = "timeout"            // 408: the request body stopped arriving
+	CodeConflict         Code = "conflict"           // 409: refused in the current state (finished, not held, duplicate name, fenced)
+	CodeTooLarge         Code = "too_large"          // 413: a body over its limit
+	CodeOutOfRange       Code = "out_of_range"       // 416: an offset past the end of a stream
+	CodeInternal         Code = "internal"           // 500: a fault of the orchestrator
+	CodeUnsupported      Code = "unsupported"        // 501: this orchestrator cannot do it (a store without backup)
+	CodeUnavailable      Code = "unavailable"        // 503: stopping, not answering in time, or no data store
+)
+
+// Codes lists every Code, in status order.
+var Codes = []Code{CodeInvalid, CodeUnauthorized, CodeNotFound, CodeMethodNotAllowed, CodeTimeout, CodeConflict,
+	CodeTooLarge, CodeOutOfRange, CodeInternal, CodeUnsupported, CodeUnavailable}
+
+// CodeFor returns the code of an error answer's HTTP status; a status
+// outside the set is internal (5xx) or invalid (4xx).
+func CodeFor(status int) Code {
+	switch status {
+	case 400:
+		return CodeInvalid
+	case 401:
+		return CodeUnauthorized
+	case 404:
+		return CodeNotFound
+	case 405:
+		return CodeMethodNotAllowed
+	case 408:
+		return CodeTimeout
+	case 409:
+		return CodeConflict
+	case 413:
+		return CodeTooLarge
+	case 416:
+		return CodeOutOfRange
+	case 501:
+		return CodeUnsupported
+	case 503:
+		return CodeUnavailable
+	}
+	if status >= 400 && status < 500 {
+		return CodeInvalid
+	}
+	return CodeInternal
+}
+
+// ErrorBody is every error answer. Error repeats Message for clients
+// written before codes existed; new clients read Code and Message.
+type ErrorBody struct {
+	Code    Code   `json:"code"`
+	Message string `json:"message"`
+	Error   string `json:"error"`
+}
+
+// Submitted answers POST /api/runs and POST /api/runs/{id}/cancel.
+type Submitted struct {
+	Run string `json:"run"`
+}
+
+// Run is a run's summary.
+type Run struct {
+	ID           string         `json:"id"`
+	Name         string         `json:"name"`
+	Status       string         `json:"status"`
+	Parent       string         `json:"parent,omitempty"`
+	SubmittedAt  time.Time      `json:"submitted"`
+	FinishedAt   time.Time      `json:"finished,omitzero"`
+	Deadline     time.Time      `json:"deadline,omitzero"`
+	CancelReason string         `json:"cancel_reason,omitempty"`
+	Steps        int            `json:"steps"`
+	States       map[string]int `json:"states"` // steps per state
+}
+
+// RunList answers GET /api/runs: a page of runs, newest first.
+// NextCursor, when set, asks for the next page (RunsOptions.Cursor).
+type RunList struct {
+	Runs       []Run  `json:"runs"`
+	NextCursor string `json:"next_cursor,omitempty"`
+}
+
+// Step is one step of a run.
+type Step struct {
+	ID         string    `json:"id"`
+	Name       string    `json:"name"`
+	Item       string    `json:"item,omitempty"` // forEach item
+	State      string    `json:"state"`
+	Class      string    `json:"class,omitempty"`
+	Message    string    `json:"message,omitempty"`
+	SkippedBy  string    `json:"skipped_by,omitempty"`
+	Attempts   int       `json:"attempts"`
+	Writes     bool      `json:"writes"`
+	Worker     string    `json:"worker,omitempty"`    // name of the worker of its latest lease
+	WorkerID   string    `json:"worker_id,omitempty"` // its instance id
+	Lease      uint64    `json:"lease,omitempty"`     // latest lease
+	ExitCode   *int      `json:"exit_code,omitempty"` // of a committed outcome
+	QueuedAt   time.Time `json:"queued,omitzero"`
+	StartedAt  time.Time `json:"started,omitzero"`
+	FinishedAt time.Time `json:"finished,omitzero"`
+}
+
+// Event is one server event of a run.
+type Event struct {
+	Seq     int       `json:"seq"`
+	At      time.Time `json:"at"`
+	Step    string    `json:"step,omitempty"`
+	Kind    string    `json:"kind"`
+	Message string    `json:"message"`
+}
+
+// RunDetail answers GET /api/runs/{id}.
+type RunDetail struct {
+	Run    Run     `json:"run"`
+	Status string  `json:"status"`
+	Steps  []Step  `json:"steps"`
+	Events []Event `json:"events"`
+}
+
+// LogLine is one stored line of a step's log. At is the worker's
+// timestamp. A gap marker (Gap) has sequence 0; an Event is a protocol event
+// of the step rather than a line of its output.
+type LogLine struct {
+	Step  string    `json:"step"`
+	Lease uint64    `json:"lease"`
+	Seq   uint64    `json:"seq"`
+	At    time.Time `json:"at"`
+	Text  string    `json:"text"`
+	Event bool      `json:"event,omitempty"`
+	Gap   bool      `json:"gap,omitempty"`
+}
+
+// Logs answers GET /api/runs/{id}/logs.
+type Logs struct {
+	Run   string    `json:"run"`
+	Step  string    `json:"step,omitempty"`
+	Lines []LogLine `json:"lines"`
+}
+
+// StepAnswer answers POST /api/steps/{run}/{step}/approve and /reject.
+type StepAnswer struct {
+	Step  string `json:"step"`
+	State string `json:"state"`
+}
+
+// CancelRequest is the optional body of POST /api/runs/{id}/cancel.
+type CancelRequest struct {
+	Reason string `json:"reason,omitempty"`
+}
+
+// TokenRequest is the body of POST /api/tokens.
+type TokenRequest struct {
+	Name string `json:"name"`
+	TTL  string `json:"ttl,omitempty"` // a Go duration ("24h", "90m"); default 24h
+}
+
+// CreatedToken answers POST /api/tokens; Token is shown only here.
+type CreatedToken struct {
+	Name      string    `json:"name"`
+	Token     string    `json:"token"`
+	ExpiresAt time.Time `json:"expires"`
+}
+
+// Token is one enrollment token, without its secret.
+type Token struct {
+	Name       string    `json:"name"`
+	State      string    `json:"state"` // unused, consumed, expired, revoked
+	CreatedAt  time.Time `json:"created"`
+	ExpiresAt  time.Time `json:"expires"`
+	ConsumedBy string    `json:"consumed_by,omitempty"` // worker instance id
+	WorkerName string    `json:"worker_name,omitempty"`
+	Revoked    bool      `json:"revoked"`
+}
+
+// TokenList answers GET /api/tokens.
+type TokenList struct {
+	Tokens []Token `json:"tokens"`
+}
+
+// RevokedToken answers DELETE /api/tokens/{name}.
+type RevokedToken struct {
+	Revoked string `json:"revoked"`
+}
+
+// Worker is one enrolled worker instance.
+type Worker struct {
+	ID             string            `json:"id"`
+	Name           string            `json:"name"`
+	State          string            `json:"state"` // connected, disconnected, inactive, revoked
+	Connected      bool              `json:"connected"`
+	Token          string            `json:"token"`
+	Tags           []string          `json:"tags"`
+	Labels         map[string]string `json:"labels,omitempty"`
+	Platform       string            `json:"platform,omitempty"`
+	Slots          int               `json:"slots"`
+	Leases         int               `json:"leases"`
+	Scaler         bool              `json:"scaler,omitempty"`
+	LastHeartbeat  time.Time         `json:"last_heartbeat"`
+	EnrolledAt     time.Time         `json:"enrolled"`
+	DisconnectedAt time.Time         `json:"disconnected,omitzero"`
+	GraceUntil     time.Time         `json:"grace_until,omitzero"`
+}
+
+// WorkerList answers GET /api/workers.
+type WorkerList struct {
+	Workers []Worker `json:"workers"`
+}
+
+// Bundle answers PUT /api/bundles and GET /api/bundles/{fingerprint}: a
+// content-addressed bundle (the store's BundleMeta, field for field).
+type Bundle struct {
+	Fingerprint string    `json:"fingerprint"`
+	Size        int64     `json:"size"`
+	Created     time.Time `json:"created"`
+	Tar         bool      `json:"tar"`             // files can be fetched one by one
+	Files       int       `json:"files,omitempty"` // how many (Tar)
+	Existed     bool      `json:"existed,omitempty"`
+}
+
+// DataVersion is one version of a data item (the store's DataMeta).
+type DataVersion struct {
+	ID      string    `json:"id"`
+	Version uint64    `json:"version"`
+	Size    int64     `json:"size"`
+	SHA256  string    `json:"sha256"`
+	Created time.Time `json:"created"`
+	Worker  string    `json:"worker,omitempty"`
+	Lease   uint64    `json:"lease,omitempty"`
+}
+
+// DataStream is a data item's append stream (the store's StreamMeta).
+type DataStream struct {
+	ID      string    `json:"id"`
+	Length  int64     `json:"length"`
+	Appends uint64    `json:"appends"`
+	Updated time.Time `json:"updated"`
+}
+
+// DataVersions answers GET /api/data/{id}.
+type DataVersions struct {
+	ID       string        `json:"id"`
+	Versions []DataVersion `json:"versions"`
+	Stream   *DataStream   `json:"stream,omitempty"`
+}
+
+// ---- live streams (SPEC §16): the "data:" JSON of each event type ----
+
+// StreamStep is a run stream's "step" event: the step's state after a
+// commit. Worker is the worker instance id of the step's latest lease
+// (empty before the first); Lease is that lease (0 before the first).
+type StreamStep struct {
+	Run        string    `json:"run"`
+	Step       string    `json:"step"`
+	State      string    `json:"state"`
+	Attempts   int       `json:"attempts"`
+	Worker     string    `json:"worker"`
+	Lease      uint64    `json:"lease"`
+	Exit       *int      `json:"exit,omitempty"`
+	StartedAt  time.Time `json:"started_at,omitzero"`
+	FinishedAt time.Time `json:"finished_at,omitzero"`
+}
+
+// StreamRun is a "run" event: the run's status as GET /api/runs/{id} shows
+// it; Finished once it is archived (success, failed, cancelled).
+type StreamRun struct {
+	Run      string `json:"run"`
+	Status   string `json:"status"`
+	Finished bool   `json:"finished"`
+}
+
+// StreamServerEvent is a "server" event: a server event of a run, in the
+// API's shape (Event) with the run.
+type StreamServerEvent struct {
+	Run string `json:"run"`
+	Event
+}
+
+// StreamLine is a "log" event, or a "gap" event for a gap marker (a line
+// of sequence 0, as GET /api/runs/{id}/logs flags it). Index is the line's
+// place in its lease's log (0, 1, ...); Seq the worker's sequence number;
+// Event marks a protocol event of the step rather than its output.
+type StreamLine struct {
+	Run   string    `json:"run"`
+	Step  string    `json:"step"`
+	Lease uint64    `json:"lease"`
+	Index int       `json:"index"`
+	Seq   uint64    `json:"seq"`
+	At    time.Time `json:"at"`
+	Text  string    `json:"text"`
+	Event bool      `json:"event,omitempty"`
+}
+
+// StreamWorker is a "worker" event of the server stream. State is as GET
+// /api/workers shows it (connected, disconnected, inactive, revoked), or
+// "removed" once the worker's record is pruned (SPEC §7a).
+type StreamWorker struct {
+	Worker string `json:"worker"`
+	Name   string `json:"name"`
+	State  string `json:"state"`
+	Slots  int    `json:"slots"`
+	Leases int    `json:"leases"`
+}
+
+// StreamEnd is the run stream's last event, once the run is archived.
+type StreamEnd struct {
+	Run    string `json:"run"`
+	Status string `json:"status"`
+}
+
+// StreamLost is the server stream's "lost" event: it could not resume
+// from the client's Last-Event-ID, so server events may be missing before
+// this point (the states that follow are whole again).
+type StreamLost struct {
+	Reason string `json:"reason"`
+}
