@@ -1,9 +1,9 @@
 package orchestrator_test
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -17,6 +17,7 @@ import (
 	"github.com/gorilla/websocket"
 
 	"github.com/tether-run/tether/adapters/orchestrator"
+	"github.com/tether-run/tether/client"
 	"github.com/tether-run/tether/core"
 )
 
@@ -48,61 +49,43 @@ func tryStream(t *testing.T, ctx context.Context, d *orchestrator.Driver, path, 
 	return tryStreamWith(t, ctx, http.DefaultClient, d, path, lastID)
 }
 
-// tryStreamWith is tryStream with a client of the caller's (HTTP/2).
+// tryStreamWith is tryStream with an HTTP client of the caller's (HTTP/2);
+// it reads the stream with package client's reader.
 func tryStreamWith(t *testing.T, ctx context.Context, hc *http.Client, d *orchestrator.Driver, path, lastID string) (int, string, *sseStream) {
 	t.Helper()
+	c, err := client.New(d.APIURL(), adminToken, client.WithHTTPClient(hc))
+	if err != nil {
+		t.Fatal(err)
+	}
 	sctx, cancel := context.WithCancel(ctx)
-	req, err := http.NewRequestWithContext(sctx, "GET", d.APIURL()+path, nil)
-	if err != nil {
-		t.Fatal(err)
+	var es *client.EventStream
+	if path == "/events" {
+		es, err = c.Events(sctx, lastID)
+	} else {
+		es, err = c.RunEvents(sctx, strings.TrimSuffix(strings.TrimPrefix(path, "/runs/"), "/events"), lastID)
 	}
-	req.Header.Set("Authorization", "Bearer "+adminToken)
-	if lastID != "" {
-		req.Header.Set("Last-Event-ID", lastID)
-	}
-	resp, err := hc.Do(req)
 	if err != nil {
 		cancel()
-		t.Fatal(err)
-	}
-	if resp.StatusCode != http.StatusOK {
-		b, _ := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		cancel()
-		return resp.StatusCode, string(b), nil
-	}
-	if ct := resp.Header.Get("Content-Type"); !strings.HasPrefix(ct, "text/event-stream") {
-		t.Fatalf("GET %s: Content-Type %q, want text/event-stream", path, ct)
+		var ce *client.Error
+		if !errors.As(err, &ce) {
+			t.Fatalf("GET %s: %v", path, err)
+		}
+		return ce.Status, ce.Message, nil
 	}
 	s := &sseStream{t: t, ctx: ctx, cancel: cancel, ch: make(chan sseEvent, 1<<16)}
 	go func() {
 		defer close(s.ch)
-		defer resp.Body.Close()
-		br := bufio.NewReader(resp.Body)
-		var e sseEvent
+		defer es.Close()
 		for {
-			line, err := br.ReadString('\n')
+			e, err := es.Next()
 			if err != nil {
 				return
 			}
-			line = strings.TrimSuffix(line, "\n")
-			switch {
-			case line == "":
-				if e.kind != "" {
-					s.ch <- e
-				}
-				e = sseEvent{}
-			case strings.HasPrefix(line, "event: "):
-				e.kind = strings.TrimPrefix(line, "event: ")
-			case strings.HasPrefix(line, "id: "):
-				e.id = strings.TrimPrefix(line, "id: ")
-			case strings.HasPrefix(line, "data: "):
-				e.data = strings.TrimPrefix(line, "data: ")
-			}
+			s.ch <- sseEvent{kind: e.Kind, id: e.ID, data: string(e.Data)}
 		}
 	}()
 	t.Cleanup(cancel)
-	return resp.StatusCode, "", s
+	return http.StatusOK, "", s
 }
 
 // next returns the next event; false at the end of the stream.
