@@ -14,7 +14,7 @@ import (
 // MaxEventLine bounds one line of a live stream read by EventStream.
 const MaxEventLine = 16 << 20
 
-// StreamEvent is one event of a live stream (SPEC §16): its kind ("step",
+// StreamEvent is one event of a live stream (SPEC §17): its kind ("step",
 // "run", "server", "log", "gap", "worker", "end", "lost"), its id (the last
 // one resumes the stream), and its data, the JSON of the kind's type
 // (StreamStep, StreamRun, StreamServerEvent, StreamLine for log and gap,

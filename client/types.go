@@ -257,7 +257,7 @@ type DataVersions struct {
 	Stream   *DataStream   `json:"stream,omitempty"`
 }
 
-// ---- live streams (SPEC §16): the "data:" JSON of each event type ----
+// ---- live streams (SPEC §17): the "data:" JSON of each event type ----
 
 // StreamStep is a run stream's "step" event: the step's state after a
 // commit. Worker is the worker instance id of the step's latest lease

@@ -232,7 +232,7 @@ func (o *Orchestrator) pruneGone() {
 		delete(o.workerLeases, id)
 		delete(o.closedBy, id) // only dropped slots are left
 		o.markWorker(w)
-		o.logf("info", "worker pruned", "worker_id", string(id), "gone_since", since.UTC().Format(time.RFC3339))
+		o.logf("info", "worker pruned", FieldWorker, string(id), "gone_since", since.UTC().Format(time.RFC3339))
 	}
 	for _, name := range sortedKeys(o.tokens) {
 		t := o.tokens[name]

@@ -1,6 +1,9 @@
 package core
 
-import "time"
+import (
+	"strings"
+	"time"
+)
 
 // ProtocolVersion is the version a worker declares in its Hello (SPEC §9).
 // Version 2 adds LogAck; the orchestrator still accepts MinProtocolVersion
@@ -21,6 +24,13 @@ type LeaseID uint64
 // StepID names a step: "<run>/<step name>", with "[i]" appended for the i-th
 // instance of a forEach step.
 type StepID string
+
+// Run returns the run a step belongs to: step ids are "<run>/<name>"
+// (SPEC §2), and run ids hold no "/".
+func (s StepID) Run() RunID {
+	run, _, _ := strings.Cut(string(s), "/")
+	return RunID(run)
+}
 
 // RunID names a run: "run-<n>".
 type RunID string

@@ -199,7 +199,7 @@ func (o *Orchestrator) hello(c ConnID, h Hello, entropy [16]byte) {
 	o.markWorker(w)
 	o.heard(w)
 	if wasInactive {
-		o.logf("info", "worker reactivated", "worker_id", string(w.ID))
+		o.logf("info", "worker reactivated", FieldWorker, string(w.ID))
 	}
 	cancel, lost := o.reconcile(w, h.InFlight, offline, h.Buffered)
 	o.closedListed(w.ID, h.InFlight, true)
@@ -262,7 +262,7 @@ func (o *Orchestrator) enroll(c ConnID, h Hello, entropy [16]byte) {
 	o.workers[w.ID] = w
 	o.markWorker(w)
 	o.attach(c, w, h.Version)
-	o.logf("info", "worker enrolled", "worker_id", string(w.ID), "name", w.Name, "token", name)
+	o.logf("info", "worker enrolled", FieldWorker, string(w.ID), "name", w.Name, "token", name)
 	cancel := make([]LeaseID, 0, len(h.InFlight))
 	for _, r := range h.InFlight {
 		cancel = append(cancel, r.Lease)
@@ -321,8 +321,8 @@ func (o *Orchestrator) reconcile(w *WorkerRecord, inflight []LeaseRef, offline t
 			o.event(s.Run, s.ID, "step-reclaimed", msg)
 			done()
 			o.logf("info", "Job recovered from agent reconnection", "recovery_duration", fmt.Sprint(offline.Milliseconds()),
-				"worker_id", string(w.ID), "step_id", string(s.ID), "run_id", string(s.Run),
-				"buffered_messages_count", fmt.Sprint(buffered))
+				FieldWorker, string(w.ID), "step_id", string(s.ID), "run_id", string(s.Run),
+				"buffered_messages_count", fmt.Sprint(buffered), FieldLease, fmt.Sprint(l.ID), FieldStep, string(s.ID), FieldRun, string(s.Run))
 		}
 	}
 	for _, id := range o.sortedLeases(w.ID) {
@@ -353,7 +353,7 @@ func (o *Orchestrator) disconnect(wid WorkerID, reason string) {
 	w := o.workers[wid]
 	w.DisconnectedAt = o.now
 	o.markWorker(w)
-	o.logf("info", "worker disconnected", "worker_id", string(wid), "reason", reason)
+	o.logf("info", "worker disconnected", FieldWorker, string(wid), "reason", reason)
 	if w.Scaler || w.Grace <= 0 {
 		o.triageAll(w, CauseNoGrace)
 		w.Active = false
@@ -451,7 +451,7 @@ func (o *Orchestrator) heartbeat(w *WorkerRecord, h Heartbeat) {
 	w.LastHeartbeat = o.now
 	if !w.Active {
 		w.Active = true
-		o.logf("info", "worker reactivated", "worker_id", string(w.ID))
+		o.logf("info", "worker reactivated", FieldWorker, string(w.ID))
 	}
 	o.markWorker(w)
 	for _, r := range h.InFlight {
@@ -709,7 +709,7 @@ func (o *Orchestrator) drain(w *WorkerRecord) {
 	}
 	w.Draining = true
 	o.markWorker(w)
-	o.logf("info", "worker draining", "worker_id", string(w.ID), "leases", fmt.Sprint(len(o.workerLeases[w.ID])))
+	o.logf("info", "worker draining", FieldWorker, string(w.ID), "leases", fmt.Sprint(len(o.workerLeases[w.ID])))
 }
 
 // MaxAnswersPerLease bounds the answers remembered for one lease.
@@ -727,6 +727,20 @@ type lineID struct {
 	at    int64
 	text  string
 }
+
+// stepOf returns a lease's step, nil if either is unknown.
+func (o *Orchestrator) stepOf(l *LeaseRecord) *StepRecord {
+	if l == nil {
+		return nil
+	}
+	return o.steps[l.Step]
+}
+
+// LogLinesRefused is the message of the orchestrator's log line for log
+// lines it refused (a lease without authority, or too many in one message):
+// its fields "lines" and "bytes" count them, and the driver's metrics do too
+// (SPEC §16).
+const LogLinesRefused = "log lines refused"
 
 func idOf(ln LogLine, event bool) lineID {
 	if ln.Seq != 0 {
@@ -750,7 +764,15 @@ func idOf(ln LogLine, event bool) lineID {
 func (o *Orchestrator) storeLogs(w *WorkerRecord, c ConnID, id LeaseID, lines []LogLine, event bool) {
 	l, _ := o.leaseFor(w, id)
 	if l == nil || !(l.Current || l.Committed) || len(lines) > MaxLogLinesPerMessage {
-		o.logf("warn", "log lines refused", "worker_id", string(w.ID), "lease", fmt.Sprint(id), "lines", fmt.Sprint(len(lines)))
+		var size int
+		for _, ln := range lines {
+			size += LineBytes(ln.Text)
+		}
+		kv := []string{FieldWorker, string(w.ID), FieldLease, fmt.Sprint(id)}
+		if s := o.stepOf(l); s != nil {
+			kv = append(kv, FieldStep, string(s.ID), FieldRun, string(s.Run))
+		}
+		o.logf("warn", LogLinesRefused, append(kv, "lines", fmt.Sprint(len(lines)), "bytes", fmt.Sprint(size))...)
 		var top uint64
 		for _, ln := range lines {
 			top = max(top, ln.Seq)
@@ -842,7 +864,7 @@ func (o *Orchestrator) fire(t timer) {
 		w.Active = false
 		w.GraceUntil = time.Time{}
 		o.markWorker(w)
-		o.logf("info", "worker deregistered: grace window expired", "worker_id", string(w.ID))
+		o.logf("info", "worker deregistered: grace window expired", FieldWorker, string(w.ID))
 		o.triageAll(w, CauseGraceExpired)
 	case tCred:
 		w := o.workers[WorkerID(t.key)]
@@ -895,7 +917,7 @@ func (o *Orchestrator) sweep() {
 		}
 		w.Active = false
 		o.markWorker(w)
-		o.logf("warn", "worker marked inactive: no heartbeat", "worker_id", string(w.ID))
+		o.logf("warn", "worker marked inactive: no heartbeat", FieldWorker, string(w.ID))
 		o.triageAll(w, CauseStaleWorker)
 	}
 	// 2. Entries of the closed-lease table nobody can present any more,

@@ -208,3 +208,62 @@ func (o *Orchestrator) ConnWorker(c ConnID) (WorkerID, bool) {
 	w, ok := o.conns[c]
 	return w, ok
 }
+
+// Gauges are counts of the live state, for the orchestrator's metrics (SPEC
+// §16). Archived runs are not live, so they are not counted.
+type Gauges struct {
+	Runs  map[string]int // live runs by status (running, failing, cancelling, success, failed, cancelled)
+	Steps [numStates]int // live steps by state, indexed by State
+	// Queued is the queue depth: steps queued with no lease, waiting for a
+	// worker.
+	Queued int
+	// WorkersConnected counts workers with a control connection;
+	// WorkersRecovering those disconnected within their grace window (their
+	// leases wait for them, SPEC §4).
+	WorkersConnected, WorkersRecovering int
+	// LeasesInGrace counts current leases of recovering steps.
+	LeasesInGrace int
+}
+
+// Gauges counts the live state: O(live runs, steps and workers).
+func (o *Orchestrator) Gauges() Gauges {
+	g := Gauges{Runs: map[string]int{}, Queued: len(o.ready)}
+	for _, r := range o.runs {
+		g.Runs[o.runStatus(r)]++
+	}
+	for _, s := range o.steps {
+		if s.State < numStates {
+			g.Steps[s.State]++
+		}
+		if s.State == StateRecovering && s.Lease != 0 {
+			g.LeasesInGrace++
+		}
+	}
+	for id, w := range o.workers {
+		switch {
+		case o.connected(id):
+			g.WorkersConnected++
+		case w.Active && !w.GraceUntil.IsZero():
+			g.WorkersRecovering++
+		}
+	}
+	return g
+}
+
+// States lists every step state, in order (Gauges.Steps is indexed by it).
+func States() []State {
+	out := make([]State, numStates)
+	for i := range out {
+		out[i] = State(i)
+	}
+	return out
+}
+
+// SubmittedAt returns when a live run was submitted (it never changes).
+func (o *Orchestrator) SubmittedAt(run RunID) (time.Time, bool) {
+	r := o.runs[run]
+	if r == nil {
+		return time.Time{}, false
+	}
+	return r.SubmittedAt, true
+}

@@ -209,8 +209,8 @@ type ServerEvent struct {
 
 // LogEntry is one structured log line of either machine (Ready.Logs,
 // WorkerReady.Logs). Level is one of the Level* constants; drivers log the
-// line at that level. Fields are in a fixed order; the worker's lines have
-// none (its facts are in the message).
+// line at that level. Fields are in a fixed order; a line about a worker, a
+// lease, a step or a run has the Field* keys that name them (SPEC §16).
 type LogEntry struct {
 	Level  string
 	Msg    string
@@ -228,3 +228,12 @@ const (
 
 // Field is one key=value of a LogEntry.
 type Field struct{ Key, Value string }
+
+// The keys of the fields that name what a log line concerns (SPEC §16);
+// both binaries' drivers log with the same keys.
+const (
+	FieldWorker = "worker_id"
+	FieldLease  = "lease" // a number
+	FieldStep   = "step"
+	FieldRun    = "run"
+)

@@ -583,6 +583,20 @@ func (w *Worker) logAt(level, format string, args ...any) {
 	w.out.Logs = append(w.out.Logs, LogEntry{Level: level, Msg: fmt.Sprintf(format, args...)})
 }
 
+// leaseLog logs a line that concerns a lease with the fields "lease",
+// "step" and "run" (SPEC §16); the step is looked up when ref does not
+// name it and the worker holds the lease.
+func (w *Worker) leaseLog(level string, ref LeaseRef, format string, args ...any) {
+	if e := w.leases[ref.Lease]; ref.Step == "" && e != nil {
+		ref.Step = e.ref.Step
+	}
+	fields := []Field{{FieldLease, fmt.Sprint(ref.Lease)}}
+	if ref.Step != "" {
+		fields = append(fields, Field{FieldStep, string(ref.Step)}, Field{FieldRun, string(ref.Step.Run())})
+	}
+	w.out.Logs = append(w.out.Logs, LogEntry{Level: level, Msg: fmt.Sprintf(format, args...), Fields: fields})
+}
+
 func (w *Worker) hello() Hello {
 	h := Hello{
 		Version:  ProtocolVersion,
@@ -752,7 +766,7 @@ func (w *Worker) welcome(m Welcome) {
 	sort.Slice(cancel, func(i, j int) bool { return cancel[i] < cancel[j] })
 	for _, l := range cancel {
 		if e := w.held(l); e != nil {
-			w.warnf("lease %d is no longer current; stopping it", l)
+			w.leaseLog(LevelWarn, LeaseRef{Lease: l}, "lease %d is no longer current; stopping it", l)
 			w.release(e)
 		}
 	}
@@ -800,12 +814,12 @@ func (w *Worker) dispatch(m Dispatch) {
 	}
 	w.maxLease = m.Lease
 	if w.draining {
-		w.logf("rejecting lease %d: draining", m.Lease)
+		w.leaseLog(LevelInfo, LeaseRef{Step: m.Step, Lease: m.Lease}, "rejecting lease %d: draining", m.Lease)
 		w.send(RejectDispatch{Lease: m.Lease, Reason: "draining"})
 		return
 	}
 	if held := w.heldCount(); held >= w.cfg.Slots {
-		w.logf("rejecting lease %d: busy (%d of %d slots)", m.Lease, held, w.cfg.Slots)
+		w.leaseLog(LevelInfo, LeaseRef{Step: m.Step, Lease: m.Lease}, "rejecting lease %d: busy (%d of %d slots)", m.Lease, held, w.cfg.Slots)
 		w.send(RejectDispatch{Lease: m.Lease, Reason: "busy"})
 		return
 	}
@@ -829,7 +843,7 @@ func (w *Worker) startAck(m StartAck) {
 		return // unknown, finished, cancelled meanwhile, or a duplicate
 	}
 	if !m.OK {
-		w.warnf("start of lease %d refused: %s", m.Lease, m.Reason)
+		w.leaseLog(LevelWarn, e.ref, "start of lease %d refused: %s", m.Lease, m.Reason)
 		w.release(e)
 		return
 	}
@@ -844,7 +858,7 @@ func (w *Worker) cancel(m Cancel) {
 		return // a stopped lease that never started is already reported
 	}
 	e.cancelled = true
-	w.logf("lease %d cancelled by orchestrator: %s", m.Lease, m.Reason)
+	w.leaseLog(LevelInfo, LeaseRef{Lease: m.Lease}, "lease %d cancelled by orchestrator: %s", m.Lease, m.Reason)
 	switch e.proc {
 	case procRunning:
 		w.stop(e)
@@ -863,9 +877,9 @@ func (w *Worker) answer(m Answer) {
 	switch m.Verdict {
 	case Committed, Cancelled:
 	case Rejected:
-		w.errorf("report for lease %d rejected: %s", m.Lease, m.Reason)
+		w.leaseLog(LevelError, e.ref, "report for lease %d rejected: %s", m.Lease, m.Reason)
 	default:
-		w.errorf("ignoring answer for lease %d with invalid verdict %d", m.Lease, m.Verdict)
+		w.leaseLog(LevelError, e.ref, "ignoring answer for lease %d with invalid verdict %d", m.Lease, m.Verdict)
 		return
 	}
 	w.release(e)
@@ -1163,7 +1177,7 @@ func (w *Worker) stopAll() {
 		switch e.proc {
 		case procRunning:
 			e.stopped = true
-			w.logf("stopping lease %d: the worker is stopping", e.ref.Lease)
+			w.leaseLog(LevelInfo, e.ref, "stopping lease %d: the worker is stopping", e.ref.Lease)
 			w.stop(e)
 		case procNone:
 			e.stopped = true
@@ -1229,7 +1243,7 @@ func (w *Worker) tick() {
 			e.timeoutAt = time.Time{}
 			if e.proc == procRunning && !e.released {
 				e.timedOut = true
-				w.logf("lease %d exceeded its timeout of %v; stopping it", e.ref.Lease, e.timeout)
+				w.leaseLog(LevelInfo, e.ref, "lease %d exceeded its timeout of %v; stopping it", e.ref.Lease, e.timeout)
 				w.stop(e)
 			}
 		}
@@ -1290,7 +1304,7 @@ func (w *Worker) readyTimers() {
 	}
 	for _, e := range w.sortedExecutions() {
 		if !e.released && !e.outDue.IsZero() && !w.now.Before(e.outDue) {
-			w.warnf("lease %d: no ack for %v; re-sending %d events and %d log lines", e.ref.Lease, w.cfg.RequestTimeout, len(e.events), len(e.lines))
+			w.leaseLog(LevelWarn, e.ref, "lease %d: no ack for %v; re-sending %d events and %d log lines", e.ref.Lease, w.cfg.RequestTimeout, len(e.events), len(e.lines))
 			w.resendOutput(e)
 		}
 	}
@@ -1393,6 +1407,20 @@ func DropMarker(lines, bytes, events, capBytes int64) string {
 		s += fmt.Sprintf(" %d events dropped.", events)
 	}
 	return s + " ---"
+}
+
+// ParseDropMarker reads the counts back from a DropMarker line: the log
+// lines and bytes dropped, and whether over the output cap (else beyond the
+// bound of unacknowledged output). ok is false for any other line.
+func ParseDropMarker(text string) (lines, bytes int64, overCap, ok bool) {
+	rest, found := strings.CutPrefix(text, "--- Output dropped: ")
+	if !found || !strings.HasSuffix(text, " ---") {
+		return 0, 0, false, false
+	}
+	if n, err := fmt.Sscanf(rest, "%d log lines (%d bytes)", &lines, &bytes); n != 2 || err != nil {
+		return 0, 0, false, false
+	}
+	return lines, bytes, strings.Contains(rest, ") over the output cap of "), true
 }
 
 // batches yields s in chunks of at most maxReplayBatch (copies, so a message

@@ -258,6 +258,12 @@ func (p *dataPlane) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	// idleBody), and none is read before the request is authenticated.
 	body := &idleBody{r: r.Body, rc: http.NewResponseController(w), idle: p.d.opts.BodyIdleTimeout, end: time.Now().Add(dataTimeout)}
 	r.Body = body
+	cw := &countedResponse{ResponseWriter: w}
+	w = cw
+	defer func() { // SPEC §16: the data plane's bytes in and out
+		p.d.m.dataBytes.WithLabelValues("in").Add(float64(body.n))
+		p.d.m.dataBytes.WithLabelValues("out").Add(float64(cw.n))
+	}()
 	if err := p.serve(w, r); err != nil {
 		if r.ContentLength != 0 && !body.eof {
 			// The body was not read to its end: never wait for the rest of
@@ -282,6 +288,7 @@ type idleBody struct {
 	end      time.Time
 	deadline time.Time
 	eof      bool
+	n        int64 // bytes read
 }
 
 func (b *idleBody) Read(p []byte) (int, error) {
@@ -291,6 +298,7 @@ func (b *idleBody) Read(p []byte) (int, error) {
 	}
 	_ = b.rc.SetReadDeadline(b.deadline)
 	n, err := b.r.Read(p)
+	b.n += int64(n)
 	switch {
 	case errors.Is(err, io.EOF):
 		b.eof = true
@@ -310,6 +318,7 @@ func (p *dataPlane) fail(w http.ResponseWriter, r *http.Request, err error) {
 	if !errors.As(err, &he) {
 		he = p.classify(err)
 	}
+	p.d.m.dataRefusals.WithLabelValues(refusalReason(he.code)).Inc()
 	if he.code >= 500 {
 		p.d.log.Warn("data-plane request failed", "method", r.Method, "path", r.URL.Path, "status", he.code, "err", he.msg)
 	}

@@ -1,6 +1,7 @@
 // Package orchestrator drives one core.Orchestrator in the real world: a bbolt
 // store, the WebSocket control plane at /control, the HTTP/2 data plane at
-// /data/ and /bundle/ (data.go), the real clock, and a Go API for operators.
+// /data/ and /bundle/ (data.go), the real clock, a Go API for operators, and
+// the probes and Prometheus metrics (health.go, metrics.go; SPEC §16).
 // One listener serves them all: HTTP/1.1 (the WebSocket upgrade) and
 // cleartext HTTP/2 (h2c, prior knowledge) by default, or TLS with ALPN
 // choosing h2 or http/1.1 when Options.TLS is set.
@@ -28,13 +29,13 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/tether-run/tether/adapters/commit"
+	"github.com/tether-run/tether/adapters/logging"
 	"github.com/tether-run/tether/adapters/store"
 	"github.com/tether-run/tether/adapters/wire"
 	"github.com/tether-run/tether/core"
@@ -139,6 +140,9 @@ type Options struct {
 	// HelloTimeout is how long a new control connection has to send its
 	// Hello before it is closed (1008); zero means 5 s.
 	HelloTimeout time.Duration
+	// MetricsToken, if set, is the bearer token /metrics asks for; empty
+	// serves /metrics to anyone who can reach the listener (SPEC §16).
+	MetricsToken string
 	// AdminToken, if set, mounts the operator HTTP API (APIHandler) under
 	// /api/ on the control plane's server, authenticated with this token.
 	AdminToken string
@@ -178,7 +182,7 @@ type Options struct {
 	// budget off (tests that refuse on purpose as fast as they can).
 	RefusalsPerSec int
 	// MaxEventStreams caps the live event streams open at once (GET
-	// /api/events and /api/runs/{id}/events, SPEC §16); zero means
+	// /api/events and /api/runs/{id}/events, SPEC §17); zero means
 	// DefaultMaxEventStreams.
 	MaxEventStreams int
 }
@@ -246,6 +250,10 @@ type Driver struct {
 	next       *flight   // the group stepped since, waiting for the store
 
 	stats loopStats // how long each batch held the loop (SPEC §12)
+
+	m        *metrics    // Prometheus metrics (SPEC §16)
+	ready    atomic.Bool // restored and serving (/readyz)
+	stopping atomic.Bool // Shutdown or Close began (/readyz)
 }
 
 // Inputs of the loop.
@@ -402,6 +410,10 @@ func Start(opts Options) (*Driver, error) {
 	d.mux = mux
 	mux.HandleFunc("/control", d.serveControl)
 	d.dp = &dataPlane{d: d, mem: newBudget(opts.MaxDataInFlight)}
+	d.m = newMetrics(d)
+	mux.HandleFunc("/livez", d.livez)
+	mux.HandleFunc("/readyz", d.readyz)
+	mux.Handle("/metrics", d.m.handler(opts.MetricsToken))
 	d.routes(mux) // the operator API (api.go)
 	mux.Handle("/data/", d.dp)
 	mux.Handle("/bundle/", d.dp)
@@ -459,6 +471,7 @@ func Start(opts Options) (*Driver, error) {
 			d.log.Error("control plane stopped", "err", err)
 		}
 	}()
+	d.ready.Store(true)
 	d.log.Info("control plane listening", "url", d.URL(), "data_plane", d.DataURL(), "tls", opts.TLS != nil, "data_store", d.ds != nil)
 	started = true
 	return d, nil
@@ -539,6 +552,7 @@ func (d *Driver) Done() <-chan struct{} { return d.done }
 // theirs has left the process. It returns the error that stopped the loop,
 // if one did.
 func (d *Driver) Close() error {
+	d.stopping.Store(true)
 	d.once.Do(func() { close(d.quit) })
 	<-d.done
 	return d.err
@@ -549,6 +563,7 @@ func (d *Driver) Close() error {
 // Control connections are hijacked, so Shutdown does not wait for them; they
 // are dropped by Close and their workers reconnect to the next start.
 func (d *Driver) Shutdown(ctx context.Context) error {
+	d.stopping.Store(true)
 	serr := d.srv.Shutdown(ctx)
 	if err := d.Close(); err != nil {
 		return err
@@ -695,6 +710,8 @@ type flight struct {
 	inputs  int                // inputs stepped into the group
 	results []store.DataResult // written by the commit goroutine: ops' outcomes
 	err     error              // written by the commit goroutine
+	records int                // written by the commit goroutine: records persisted
+	took    time.Duration      // written by the commit goroutine: the store's time
 	done    chan struct{}      // closed when results and err are set
 }
 
@@ -705,6 +722,8 @@ func (d *Driver) launch(f *flight) {
 	go func() {
 		defer close(f.done)
 		f.err = f.group.Persist(func(recs []core.Record) error {
+			t0 := time.Now()
+			defer func() { f.records, f.took = len(recs), time.Since(t0) }()
 			if len(f.ops) > 0 {
 				var err error
 				if f.results, err = d.ds.ApplyWithData(recs, f.ops); err != nil {
@@ -763,6 +782,7 @@ func (d *Driver) land() error {
 	for _, rd := range f.group.Readys() {
 		d.emitLogs(rd)
 	}
+	d.m.landed(d, f)
 	return nil
 }
 
@@ -850,7 +870,7 @@ func (d *Driver) process(batch []input) error {
 				delete(d.coreClosed, in.conn) // closed by the core: not a Disconnected
 				continue
 			}
-			d.log.Info("control connection dropped", "conn", uint64(in.conn), "reason", in.reason)
+			d.log.Info("control connection dropped", d.connAttrs(in.conn, "reason", in.reason)...)
 			step(core.Disconnected{Conn: in.conn})
 		case call:
 			if ct, ok := in.in.(core.CreateToken); ok {
@@ -944,7 +964,11 @@ func (d *Driver) deliver(e core.Envelope) {
 		// worker is told why in the close frame (1011), so its log says it
 		// too. Submit refuses a step whose dispatch could not fit (SPEC
 		// §12), so this is a bug or an environment grown since the submit.
-		d.log.Error("cannot encode message; closing the connection", "conn", uint64(c.id), "kind", e.Msg.Kind(), "err", err)
+		attrs := d.connAttrs(c.id, "kind", e.Msg.Kind(), "err", err)
+		if m, ok := e.Msg.(core.Dispatch); ok {
+			attrs = append(attrs, logging.LeaseAttrs(m.Lease, m.Step)...)
+		}
+		d.log.Error("cannot encode message; closing the connection", attrs...)
 		reason := strings.TrimPrefix(err.Error(), wire.ErrFrameTooLarge.Error()+": ") // fits a close frame's 120 bytes
 		c.hangUp(closeInternal, fmt.Sprintf("orchestrator cannot send a %s: %s", e.Msg.Kind(), reason))
 		return
@@ -974,27 +998,24 @@ func (d *Driver) emitLogs(rd core.Ready) {
 	for _, e := range rd.Logs {
 		attrs := make([]any, 0, 2*len(e.Fields))
 		for _, f := range e.Fields {
-			attrs = append(attrs, logAttr(f))
+			attrs = append(attrs, logging.CoreAttr(f))
 		}
 		d.log.Log(context.Background(), level(e.Level), e.Msg, attrs...)
 	}
 	for _, ev := range rd.Events {
-		d.log.Info("server event", "run", string(ev.Run), "seq", ev.Seq, "step", string(ev.Step), "kind", ev.Kind, "message", ev.Message)
+		d.log.Info("server event", logging.Run, string(ev.Run), "seq", ev.Seq, logging.Step, string(ev.Step), "kind", ev.Kind, "message", ev.Message)
 	}
 }
 
-// numericFields are core log fields that are numbers (the recovery log
-// line's fields, SPEC §4); the core's fields are strings, so they are logged
-// as numbers here, for dashboards that aggregate them.
-var numericFields = map[string]bool{"recovery_duration": true, "buffered_messages_count": true}
-
-func logAttr(f core.Field) slog.Attr {
-	if numericFields[f.Key] {
-		if n, err := strconv.ParseInt(f.Value, 10, 64); err == nil {
-			return slog.Int64(f.Key, n)
-		}
+// connAttrs are a log line's fields about a control connection: its id
+// and, once its Hello was accepted, its worker's (SPEC §16); then more
+// (loop goroutine).
+func (d *Driver) connAttrs(c core.ConnID, more ...any) []any {
+	attrs := []any{"conn", uint64(c)}
+	if w, ok := d.o.ConnWorker(c); ok {
+		attrs = append(attrs, logging.Worker, string(w))
 	}
-	return slog.String(f.Key, f.Value)
+	return append(attrs, more...)
 }
 
 func level(s string) slog.Level {

@@ -1,6 +1,6 @@
 package orchestrator
 
-// Live streams (SPEC §16): Server-Sent Events of one run
+// Live streams (SPEC §17): Server-Sent Events of one run
 // (GET /api/runs/{id}/events) and of the whole server (GET /api/events).
 //
 // The loop publishes what each group carried only once the group is durable
@@ -34,7 +34,7 @@ import (
 	"github.com/tether-run/tether/core"
 )
 
-// Limits of the live streams (SPEC §16).
+// Limits of the live streams (SPEC §17).
 const (
 	// DefaultMaxEventStreams caps the live streams open at once, of both
 	// kinds, when Options.MaxEventStreams is zero; beyond it a new stream

@@ -24,7 +24,7 @@ import (
 // sseEvent is one event read from a live stream.
 type sseEvent struct{ kind, id, data string }
 
-// sseStream reads a live stream (SPEC §16) on a goroutine of its own.
+// sseStream reads a live stream (SPEC §17) on a goroutine of its own.
 type sseStream struct {
 	t      *testing.T
 	ctx    context.Context

@@ -18,6 +18,9 @@ var notDocumented = map[string]string{
 	"/data/":   "the workers' data plane, with session credentials (SPEC §14)",
 	"/bundle/": "the workers' data plane, with session credentials (SPEC §14)",
 	"/api/":    "the catch-all answering 401/404/405 for what no route serves",
+	"/livez":   "a Kubernetes probe, plain text (SPEC §16)",
+	"/readyz":  "a Kubernetes probe, plain text (SPEC §16)",
+	"/metrics": "Prometheus' text format, with its own optional token (SPEC §16)",
 }
 
 // TestOpenAPIMatchesRoutes holds GET /api/openapi.json (fetched without a

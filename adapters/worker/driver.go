@@ -28,6 +28,7 @@ import (
 
 	"github.com/gorilla/websocket"
 
+	"github.com/tether-run/tether/adapters/logging"
 	"github.com/tether-run/tether/adapters/wire"
 	"github.com/tether-run/tether/core"
 )
@@ -370,7 +371,11 @@ func (d *Driver) apply(rd core.WorkerReady) (*core.WorkerExit, error) {
 		case core.LevelError:
 			lv = slog.LevelError
 		}
-		d.log.Log(d.ctx, lv, l.Msg)
+		attrs := make([]any, 0, len(l.Fields))
+		for _, f := range l.Fields { // the core's fields (SPEC §16: lease, step, run)
+			attrs = append(attrs, logging.CoreAttr(f))
+		}
+		d.log.Log(d.ctx, lv, l.Msg, attrs...)
 	}
 	// Backpressure (SPEC §10): a lease whose unacknowledged lines fill its
 	// window is not read until acks free it.
@@ -499,8 +504,8 @@ func (d *Driver) push(in input) bool {
 // shutdown kills every step process group, closes the connection and waits
 // for every goroutine.
 func (d *Driver) shutdown() {
-	for lease, p := range d.procs {
-		p.signal(d.log, lease, killSignal)
+	for _, p := range d.procs {
+		p.signal(killSignal)
 	}
 	if d.cur != nil {
 		d.cur.closeAfterQueued()

@@ -16,6 +16,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/tether-run/tether/adapters/logging"
 	"github.com/tether-run/tether/core"
 )
 
@@ -36,6 +37,7 @@ const (
 // proc is a running step process: the leader of its own process group (the
 // shim, when there is one, or the shell).
 type proc struct {
+	log  *slog.Logger // with the lease's fields (SPEC §16)
 	pgid int
 	gate *outGate // its pipe reader's gate (SPEC §10 backpressure)
 	shim bool
@@ -106,13 +108,13 @@ func (g *outGate) acquire(done <-chan struct{}) bool {
 // signal sends sig to the step's process group. Under a shim, SIGTERM goes
 // to the shim alone, which passes it on to the whole group once and waits
 // for the shell (so every process gets exactly one, as without a shim).
-func (p *proc) signal(log *slog.Logger, lease core.LeaseID, sig syscall.Signal) {
+func (p *proc) signal(sig syscall.Signal) {
 	target := -p.pgid
 	if p.shim && sig == termSignal {
 		target = p.pgid
 	}
 	if err := syscall.Kill(target, sig); err != nil && !errors.Is(err, syscall.ESRCH) {
-		log.Warn("signal step process group", "lease", uint64(lease), "pgid", p.pgid, "signal", sig.String(), "err", err)
+		p.log.Warn("signal step process group", "pgid", p.pgid, "signal", sig.String(), "err", err)
 	}
 }
 
@@ -130,10 +132,10 @@ func (d *Driver) exec(c core.ExecCommand) {
 		if c.Op == core.ExecKill {
 			sig = killSignal
 		}
-		d.log.Info("signalling step", "lease", uint64(c.Lease), "signal", sig.String())
-		p.signal(d.log, c.Lease, sig)
+		p.log.Info("signalling step", "signal", sig.String())
+		p.signal(sig)
 	default:
-		d.log.Error("unknown executor command", "op", c.Op.String(), "lease", uint64(c.Lease))
+		d.log.Error("unknown executor command", append(logging.LeaseAttrs(c.Lease, c.Step), "op", c.Op.String())...)
 	}
 }
 
@@ -145,6 +147,7 @@ func (d *Driver) exec(c core.ExecCommand) {
 // failure to start, comes back as an exited input after all of its output.
 func (d *Driver) start(c core.ExecCommand) {
 	lease := c.Lease
+	log := d.log.With(logging.LeaseAttrs(lease, c.Step)...)
 	if d.opts.Noop {
 		d.local = append(d.local, exited{Lease: lease}) // the loop takes it next
 		return
@@ -177,7 +180,7 @@ func (d *Driver) start(c core.ExecCommand) {
 		}
 	}
 	if err != nil {
-		d.log.Warn("step process failed to start", "lease", uint64(lease), "step", string(c.Step), "err", err)
+		log.Warn("step process failed to start", "err", err)
 		d.wg.Add(1)
 		go func() { // never push from the loop goroutine: it is the only consumer
 			defer d.wg.Done()
@@ -185,9 +188,9 @@ func (d *Driver) start(c core.ExecCommand) {
 		}()
 		return
 	}
-	p := &proc{pgid: cmd.Process.Pid, gate: newOutGate(), shim: d.opts.Shim != ""}
+	p := &proc{log: log, pgid: cmd.Process.Pid, gate: newOutGate(), shim: d.opts.Shim != ""}
 	d.procs[lease] = p
-	d.log.Info("step process started", "lease", uint64(lease), "step", string(c.Step), "pid", p.pgid)
+	log.Info("step process started", "pid", p.pgid)
 	d.wg.Add(1)
 	go func() {
 		defer d.wg.Done()
@@ -202,7 +205,7 @@ func (d *Driver) start(c core.ExecCommand) {
 		// they do, so its id cannot have been reused) and stop reading. The
 		// moment is counted only while the reader reads: a reader held for
 		// acks still has the step's last output to deliver before its exit.
-		waitDrained(drained, p.gate, func() { p.signal(d.log, lease, killSignal) })
+		waitDrained(drained, p.gate, func() { p.signal(killSignal) })
 		pr.Close()
 		<-drained
 		x := exited{Lease: lease}
@@ -214,7 +217,7 @@ func (d *Driver) start(c core.ExecCommand) {
 		default:
 			x.ExitCode, x.Err = exitCodeErr, fmt.Sprintf("wait: %v", werr)
 		}
-		d.log.Info("step process exited", "lease", uint64(lease), "exit_code", x.ExitCode, "signaled", x.Signaled)
+		log.Info("step process exited", "exit_code", x.ExitCode, "signaled", x.Signaled)
 		d.push(x)
 	}()
 }

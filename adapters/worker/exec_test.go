@@ -104,8 +104,8 @@ func execDriver(t *testing.T) *Driver {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		for l, p := range d.procs {
-			p.signal(d.log, l, killSignal)
+		for _, p := range d.procs {
+			p.signal(killSignal)
 		}
 		close(d.done)
 		d.wg.Wait()

@@ -21,6 +21,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/tether-run/tether/adapters/logging"
 	"github.com/tether-run/tether/adapters/orchestrator"
 	"github.com/tether-run/tether/adapters/worker"
 	"github.com/tether-run/tether/core"
@@ -54,11 +55,15 @@ func main() { os.Exit(run()) }
 func run() int {
 	verbose := flag.Bool("v", false, "log at info level (default: warnings only)")
 	flag.Parse()
-	level := slog.LevelWarn
+	level := "warn"
 	if *verbose {
-		level = slog.LevelInfo
+		level = "info"
 	}
-	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+	log, err := logging.New(os.Stderr, "text", level)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "demo:", err)
+		return 2
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	ctx, cancel := context.WithTimeout(ctx, demoTimeout)

@@ -8,6 +8,8 @@ import (
 	"log/slog"
 	"strings"
 	"text/tabwriter"
+
+	"github.com/tether-run/tether/adapters/logging"
 )
 
 // Exit codes of the orchestrator binary.
@@ -94,18 +96,12 @@ func printFlags(w io.Writer, fs *flag.FlagSet) {
 	tw.Flush()
 }
 
-// newLogger returns the structured logger on stderr: text (default) or json.
+// newLogger returns the structured logger on stderr (adapters/logging); a
+// bad flag is a usage error.
 func newLogger(w io.Writer, format, level string) (*slog.Logger, error) {
-	var lv slog.Level
-	if err := lv.UnmarshalText([]byte(level)); err != nil {
-		return nil, usageErrorf("--log-level %q: want debug, info, warn or error", level)
+	log, err := logging.New(w, format, level)
+	if err != nil {
+		return nil, usageErrorf("%v", err)
 	}
-	opts := &slog.HandlerOptions{Level: lv}
-	switch format {
-	case "text", "":
-		return slog.New(slog.NewTextHandler(w, opts)), nil
-	case "json":
-		return slog.New(slog.NewJSONHandler(w, opts)), nil
-	}
-	return nil, usageErrorf("--log-format %q: want text or json", format)
+	return log, nil
 }

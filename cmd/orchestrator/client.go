@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"crypto/tls"
-	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -21,6 +20,7 @@ import (
 	"time"
 
 	"github.com/tether-run/tether/adapters/orchestrator"
+	"github.com/tether-run/tether/adapters/tlsconf"
 	"github.com/tether-run/tether/client"
 )
 
@@ -247,7 +247,7 @@ func newClient(e *env, timeout time.Duration) (*client.Client, error) {
 	}
 	hc := &http.Client{Timeout: timeout}
 	if o.ca != "" {
-		pool, err := loadCA(o.ca)
+		pool, err := tlsconf.LoadCA(o.ca)
 		if err != nil {
 			return nil, usageErrorf("--ca: %v", err)
 		}
@@ -256,19 +256,6 @@ func newClient(e *env, timeout time.Duration) (*client.Client, error) {
 		hc.Transport = tr
 	}
 	return client.New(u.String(), tok, client.WithHTTPClient(hc), client.WithMaxAnswer(maxAnswerSize))
-}
-
-// loadCA reads a PEM file of CA certificates into a pool.
-func loadCA(path string) (*x509.CertPool, error) {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return nil, err
-	}
-	pool := x509.NewCertPool()
-	if !pool.AppendCertsFromPEM(b) {
-		return nil, fmt.Errorf("%s holds no PEM certificate", path)
-	}
-	return pool, nil
 }
 
 // answerErr turns a client error into the command's: an error answer

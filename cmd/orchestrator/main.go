@@ -42,6 +42,7 @@ type options struct {
 	maxSubmitBody                 int64
 	retain                        string
 	pprof                         string
+	metricsToken                  string
 	// serve: control-plane admission (SPEC §12)
 	maxConns, maxUnauthConns, maxUnauthConnsPerAddr int
 	helloTimeout                                    time.Duration

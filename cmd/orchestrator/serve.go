@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"crypto/rand"
 	"crypto/tls"
@@ -31,6 +32,7 @@ const (
 	defaultDataDir    = "./tether-data"
 	defaultConfigFile = "server-config.yaml"
 	adminTokenFile    = "admin-token"
+	metricsTokenEnv   = "TETHER_METRICS_TOKEN" // rather than argv, which ps shows
 	storeFile         = "tether.db"
 	shutdownTimeout   = 10 * time.Second
 	maxConfigSize     = 1 << 20
@@ -47,7 +49,8 @@ var serveCmd = &command{
 It keeps all durable state in <data-dir>/tether.db (bbolt; an existing file is
 restored: in-flight steps wait for their workers to reconnect) and listens on
 --addr for workers (WebSocket at /control, the HTTP/2 data plane at /data/ and
-/bundle/) and operators (HTTP JSON API under /api/). On the first start it
+/bundle/) and operators (HTTP JSON API under /api/; probes at /livez and
+/readyz, Prometheus metrics at /metrics, SPEC §16). On the first start it
 creates an admin token in <data-dir>/admin-token (mode 0600) and prints it
 once; client commands read that file.
 
@@ -121,6 +124,7 @@ next start within their grace window. SIGHUP is ignored.`,
 		fs.StringVar(&o.tlsCert, "tls-cert", "", "serve TLS with this certificate `file` (PEM, the chain); needs --tls-key")
 		fs.StringVar(&o.tlsKey, "tls-key", "", "the TLS private key `file` (PEM)")
 		fs.StringVar(&o.retain, "retain", "720h", "keep finished runs, gone workers and used tokens this long (`duration`: 720h, 30d, 1m; SPEC §7a)")
+		fs.StringVar(&o.metricsToken, "metrics-token", "", "bearer `token` /metrics asks for (default: $"+metricsTokenEnv+"; neither: /metrics is open, SPEC §16)")
 		fs.StringVar(&o.pprof, "pprof", "", "serve Go's runtime profiles (/debug/pprof/) on this loopback `address`; off by default")
 		fs.Int64Var(&o.maxSubmitBody, "max-submit-body", orchestrator.DefaultMaxSubmitBody, "largest workflow definition accepted by POST /api/runs, in `bytes` (at most 1048576)")
 		fs.IntVar(&o.maxConns, "max-conns", defaultMaxConns, "worker connections that sent a Hello, at most (`n`, not per address)")
@@ -641,6 +645,7 @@ func serve(ctx context.Context, e *env, _ []string) error {
 		},
 		Logger:        log,
 		AdminToken:    token,
+		MetricsToken:  cmp.Or(e.opts.metricsToken, e.getenv(metricsTokenEnv)),
 		TLS:           tlsConf,
 		MaxSubmitBody: cfg.MaxSubmitBody,
 		// Control-plane admission (SPEC §12).

@@ -8,7 +8,6 @@ import (
 	"context"
 	"crypto/rand"
 	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"flag"
 	"fmt"
@@ -28,6 +27,8 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
+	"github.com/tether-run/tether/adapters/logging"
+	"github.com/tether-run/tether/adapters/tlsconf"
 	"github.com/tether-run/tether/adapters/worker"
 	"github.com/tether-run/tether/core"
 )
@@ -252,7 +253,7 @@ func runWith(ctx context.Context, stops <-chan os.Signal, args []string, stdout,
 	if err != nil {
 		return usage(stderr, err)
 	}
-	log, err := newLogger(stderr, logFormat, logLevel)
+	log, err := logging.New(stderr, logFormat, logLevel)
 	if err != nil {
 		return usage(stderr, err)
 	}
@@ -409,7 +410,7 @@ func usage(stderr io.Writer, err error) int {
 func connect(ctx context.Context, stops <-chan os.Signal, s settings, log *slog.Logger) int {
 	var tlsConf *tls.Config
 	if s.CA != "" {
-		pool, err := loadCA(s.CA)
+		pool, err := tlsconf.LoadCA(s.CA)
 		if err != nil {
 			log.Error("cannot read the CA file", "ca", s.CA, "err", err)
 			return exitUsage
@@ -558,19 +559,6 @@ func connectOnce(ctx context.Context, stops <-chan os.Signal, s settings, sd *wo
 		return 0, nil, err
 	}
 	return code, d.Exit(), nil
-}
-
-// loadCA reads a PEM file of CA certificates into a pool.
-func loadCA(path string) (*x509.CertPool, error) {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return nil, err
-	}
-	pool := x509.NewCertPool()
-	if !pool.AppendCertsFromPEM(b) {
-		return nil, fmt.Errorf("%s holds no PEM certificate", path)
-	}
-	return pool, nil
 }
 
 // newUUID returns a random (version 4, RFC 9562) UUID from crypto/rand.
@@ -815,20 +803,4 @@ func printFlags(w io.Writer, fs *flag.FlagSet) {
 		fmt.Fprintf(tw, "  %s\t%s\n", name, use)
 	}
 	tw.Flush()
-}
-
-// newLogger returns the structured logger on stderr: text (default) or json.
-func newLogger(w io.Writer, format, level string) (*slog.Logger, error) {
-	var lv slog.Level
-	if err := lv.UnmarshalText([]byte(level)); err != nil {
-		return nil, fmt.Errorf("--log-level %q: want debug, info, warn or error", level)
-	}
-	opts := &slog.HandlerOptions{Level: lv}
-	switch format {
-	case "text", "":
-		return slog.New(slog.NewTextHandler(w, opts)), nil
-	case "json":
-		return slog.New(slog.NewJSONHandler(w, opts)), nil
-	}
-	return nil, fmt.Errorf("--log-format %q: want text or json", format)
 }

@@ -1,0 +1,317 @@
+package orchestrator
+
+import (
+	"bytes"
+	"context"
+	"crypto/subtle"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/tether-run/tether/core"
+)
+
+// The metrics endpoint's limits (SPEC §16).
+const (
+	// metricsInFlight bounds concurrent scrapes; one more is answered 503.
+	metricsInFlight = 4
+	// metricsTimeout bounds one scrape, the loop query included.
+	metricsTimeout = 10 * time.Second
+)
+
+// metrics are the driver's Prometheus metrics, on a registry of their own
+// (never the process-global default). Counters and histograms are fed from
+// groups after they are durable (land), and from the data plane's
+// answers; the gauges of the core's state are read at scrape time on the
+// loop (stateCollector). No label takes a run id, a step id or a worker
+// name: every label set is bounded.
+type metrics struct {
+	reg *prometheus.Registry
+
+	grants          prometheus.Counter
+	dispatchLatency prometheus.Histogram
+	submitToStart   prometheus.Histogram
+	commitRecords   prometheus.Histogram
+	commitDuration  prometheus.Histogram
+	linesDropped    *prometheus.CounterVec // by reason
+	bytesDropped    *prometheus.CounterVec // by reason
+	dataBytes       *prometheus.CounterVec // by direction
+	dataRefusals    *prometheus.CounterVec // by reason
+}
+
+// Reasons of dropped log lines (SPEC §16): a worker dropped them over its
+// output cap, or beyond its bound of unacknowledged output (its drop
+// marker counts them), or the orchestrator refused them (a lease without
+// authority).
+const (
+	dropOutputCap    = "output_cap"
+	dropUnackedBound = "unacked_bound"
+	dropRefused      = "refused"
+)
+
+func newMetrics(d *Driver) *metrics {
+	latency := prometheus.ExponentialBuckets(0.005, 2, 16) // 5 ms to ~164 s
+	m := &metrics{
+		reg: prometheus.NewRegistry(),
+		grants: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "tether_lease_grants_total", Help: "Leases granted (steps dispatched to a worker), counted once durable.",
+		}),
+		dispatchLatency: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "tether_dispatch_latency_seconds", Help: "Time from a step being queued to its lease being granted.", Buckets: latency,
+		}),
+		submitToStart: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "tether_submit_to_start_seconds", Help: "Time from a run's submission to the start of each of its steps' attempts.", Buckets: latency,
+		}),
+		commitRecords: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "tether_commit_batch_records", Help: "Records written by one group commit.", Buckets: prometheus.ExponentialBuckets(1, 2, 14),
+		}),
+		commitDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "tether_commit_duration_seconds", Help: "Time one group commit took in the store (the write and its fsync).", Buckets: prometheus.ExponentialBuckets(0.0001, 2, 16),
+		}),
+		linesDropped: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tether_log_lines_dropped_total", Help: "Step log lines dropped: by a worker (output_cap, unacked_bound) or refused by the orchestrator (refused).",
+		}, []string{"reason"}),
+		bytesDropped: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tether_log_bytes_dropped_total", Help: "Bytes of the dropped step log lines (text plus newline), by the same reasons.",
+		}, []string{"reason"}),
+		dataBytes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tether_data_plane_bytes_total", Help: "Data-plane body bytes received (in) and sent (out).",
+		}, []string{"direction"}),
+		dataRefusals: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tether_data_plane_refusals_total", Help: "Data-plane requests refused, by reason.",
+		}, []string{"reason"}),
+	}
+	for _, r := range []string{dropOutputCap, dropUnackedBound, dropRefused} {
+		m.linesDropped.WithLabelValues(r)
+		m.bytesDropped.WithLabelValues(r)
+	}
+	m.dataBytes.WithLabelValues("in")
+	m.dataBytes.WithLabelValues("out")
+	for _, code := range []int{400, 401, 404, 405, 408, 409, 413, 429, 503, 500, 418} {
+		m.dataRefusals.WithLabelValues(refusalReason(code)) // every reason has a series from the start
+	}
+	m.reg.MustRegister(m.grants, m.dispatchLatency, m.submitToStart, m.commitRecords, m.commitDuration,
+		m.linesDropped, m.bytesDropped, m.dataBytes, m.dataRefusals,
+		&stateCollector{d: d},
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "tether_connections_refused_total", Help: "TCP connections the listener refused over its caps (SPEC §12).",
+		}, func() float64 {
+			if d.ln == nil {
+				return 0
+			}
+			total, perAddr := d.ln.Refused()
+			return float64(total + perAddr)
+		}),
+		collectors.NewGoCollector(),
+		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+	)
+	return m
+}
+
+// handler serves /metrics: open, or behind a bearer token when token is set.
+func (m *metrics) handler(token string) http.Handler {
+	h := promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{MaxRequestsInFlight: metricsInFlight, Timeout: metricsTimeout})
+	if token == "" {
+		return h
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		got := bearer(r)
+		if subtle.ConstantTimeCompare([]byte(got), []byte(token)) != 1 {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="tether-metrics"`)
+			http.Error(w, "metrics: missing or wrong bearer token", http.StatusUnauthorized)
+			return
+		}
+		h.ServeHTTP(w, r)
+	})
+}
+
+// landed counts what a durable group did: its grants, the latencies of its
+// grants and starts, the log lines dropped in it, and its commit (loop
+// goroutine, from land). Everything read is in the group's own records,
+// except a run's submission time, which never changes.
+func (m *metrics) landed(d *Driver, f *flight) {
+	m.commitRecords.Observe(float64(f.records))
+	m.commitDuration.Observe(f.took.Seconds())
+	for _, rd := range f.group.Readys() {
+		var grants []core.Dispatch
+		for _, e := range rd.Messages {
+			if g, ok := e.Msg.(core.Dispatch); ok {
+				grants = append(grants, g)
+			}
+		}
+		var starts []core.StepID
+		for _, t := range rd.Transitions {
+			if t.Event == core.EvStart && t.From == core.StateQueued {
+				starts = append(starts, t.Step)
+			}
+		}
+		m.grants.Add(float64(len(grants)))
+		var steps map[core.StepID]*core.StepRecord
+		var leases map[core.LeaseID]*core.LeaseRecord
+		if len(grants)+len(starts) > 0 {
+			steps, leases = map[core.StepID]*core.StepRecord{}, map[core.LeaseID]*core.LeaseRecord{}
+		}
+		for _, r := range rd.Records {
+			switch {
+			case r.Delete:
+			case steps != nil && strings.HasPrefix(r.Key, core.KindStep+"/"):
+				if v, err := core.DecodeRecord(r); err == nil {
+					s := v.(*core.StepRecord)
+					steps[s.ID] = s
+				}
+			case leases != nil && strings.HasPrefix(r.Key, core.KindLease+"/"):
+				if v, err := core.DecodeRecord(r); err == nil {
+					l := v.(*core.LeaseRecord)
+					leases[l.ID] = l
+				}
+			case strings.HasPrefix(r.Key, core.KindLog+"/") && bytes.Contains(r.Value, []byte("--- Output dropped: ")):
+				if v, err := core.DecodeRecord(r); err == nil {
+					if lines, n, overCap, ok := core.ParseDropMarker(v.(*core.StepLogLine).Line.Text); ok {
+						reason := dropUnackedBound
+						if overCap {
+							reason = dropOutputCap
+						}
+						m.linesDropped.WithLabelValues(reason).Add(float64(lines))
+						m.bytesDropped.WithLabelValues(reason).Add(float64(n))
+					}
+				}
+			}
+		}
+		for _, g := range grants {
+			s, l := steps[g.Step], leases[g.Lease]
+			if s != nil && l != nil && !s.QueuedAt.IsZero() {
+				m.dispatchLatency.Observe(max(l.GrantedAt.Sub(s.QueuedAt), 0).Seconds())
+			}
+		}
+		for _, id := range starts {
+			s := steps[id]
+			if s == nil || s.StartedAt.IsZero() {
+				continue
+			}
+			if at, ok := d.o.SubmittedAt(s.Run); ok {
+				m.submitToStart.Observe(max(s.StartedAt.Sub(at), 0).Seconds())
+			}
+		}
+		for _, e := range rd.Logs {
+			if e.Msg != core.LogLinesRefused {
+				continue
+			}
+			for _, fl := range e.Fields {
+				switch fl.Key {
+				case "lines":
+					m.linesDropped.WithLabelValues(dropRefused).Add(count(fl.Value))
+				case "bytes":
+					m.bytesDropped.WithLabelValues(dropRefused).Add(count(fl.Value))
+				}
+			}
+		}
+	}
+}
+
+// count reads a core log field that is a count; anything else is 0.
+func count(s string) float64 {
+	n, err := strconv.ParseUint(s, 10, 64)
+	if err != nil {
+		return 0
+	}
+	return float64(n)
+}
+
+// refusalReason names a data-plane refusal by its status: a bounded label.
+func refusalReason(code int) string {
+	switch code {
+	case http.StatusBadRequest:
+		return "bad_request"
+	case http.StatusUnauthorized:
+		return "unauthenticated"
+	case http.StatusNotFound:
+		return "not_found"
+	case http.StatusMethodNotAllowed:
+		return "method_not_allowed"
+	case http.StatusRequestTimeout:
+		return "body_stalled"
+	case http.StatusConflict:
+		return "fenced"
+	case http.StatusRequestEntityTooLarge:
+		return "too_large"
+	case http.StatusTooManyRequests:
+		return "throttled"
+	case http.StatusServiceUnavailable:
+		return "unavailable"
+	}
+	if code >= 500 {
+		return "server_error"
+	}
+	return "other"
+}
+
+// stateCollector reads the gauges of the core's live state at scrape time,
+// with one query on the loop (Driver.Snapshot): they describe the durable
+// state, since a query runs only once everything stepped before it is.
+type stateCollector struct{ d *Driver }
+
+var (
+	descRuns              = prometheus.NewDesc("tether_runs", "Live (not archived) runs by status.", []string{"state"}, nil)
+	descSteps             = prometheus.NewDesc("tether_steps", "Steps of live runs by state.", []string{"state"}, nil)
+	descQueueDepth        = prometheus.NewDesc("tether_queue_depth", "Steps queued and not leased: waiting for a worker.", nil, nil)
+	descWorkersConnected  = prometheus.NewDesc("tether_workers_connected", "Workers with a control connection.", nil, nil)
+	descWorkersRecovering = prometheus.NewDesc("tether_workers_recovering", "Workers disconnected within their grace window.", nil, nil)
+	descLeasesInGrace     = prometheus.NewDesc("tether_leases_in_grace", "Current leases of recovering steps, waiting for their worker.", nil, nil)
+)
+
+// runStates are the run statuses, so each has a series even at zero.
+var runStates = []string{"running", "failing", "cancelling", "success", "failed", "cancelled"}
+
+func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{descRuns, descSteps, descQueueDepth, descWorkersConnected, descWorkersRecovering, descLeasesInGrace} {
+		ch <- d
+	}
+}
+
+func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
+	ctx, cancel := context.WithTimeout(context.Background(), metricsTimeout)
+	defer cancel()
+	var g core.Gauges
+	if err := c.d.Snapshot(ctx, func(o *core.Orchestrator) { g = o.Gauges() }); err != nil {
+		ch <- prometheus.NewInvalidMetric(descRuns, err)
+		return
+	}
+	for _, s := range runStates {
+		ch <- prometheus.MustNewConstMetric(descRuns, prometheus.GaugeValue, float64(g.Runs[s]), s)
+	}
+	for _, s := range core.States() {
+		ch <- prometheus.MustNewConstMetric(descSteps, prometheus.GaugeValue, float64(g.Steps[s]), s.String())
+	}
+	ch <- prometheus.MustNewConstMetric(descQueueDepth, prometheus.GaugeValue, float64(g.Queued))
+	ch <- prometheus.MustNewConstMetric(descWorkersConnected, prometheus.GaugeValue, float64(g.WorkersConnected))
+	ch <- prometheus.MustNewConstMetric(descWorkersRecovering, prometheus.GaugeValue, float64(g.WorkersRecovering))
+	ch <- prometheus.MustNewConstMetric(descLeasesInGrace, prometheus.GaugeValue, float64(g.LeasesInGrace))
+}
+
+// countedResponse counts the response bytes a data-plane handler writes.
+type countedResponse struct {
+	http.ResponseWriter
+	n int64
+}
+
+func (w *countedResponse) Write(p []byte) (int, error) {
+	n, err := w.ResponseWriter.Write(p)
+	w.n += int64(n)
+	return n, err
+}
+
+// Unwrap lets http.ResponseController reach the connection's writer.
+func (w *countedResponse) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+// ReadFrom keeps the underlying writer's fast path (io.Copy from a file).
+func (w *countedResponse) ReadFrom(r io.Reader) (int64, error) {
+	n, err := io.Copy(w.ResponseWriter, r)
+	w.n += n
+	return n, err
+}
