@@ -206,6 +206,7 @@ type Driver struct {
 	ds   DataStore    // nil: the store has no data plane
 	hs   HistoryStore // nil: the store keeps no history the API can read
 	dp   *dataPlane   // its HTTP side
+	web  *web         // the status page (web.go); nil without an admin token
 	ln   *capListener
 	srv  *http.Server
 
@@ -393,6 +394,8 @@ func Start(opts Options) (*Driver, error) {
 	d.dp = &dataPlane{d: d, mem: newBudget(opts.MaxDataInFlight)}
 	if opts.AdminToken != "" {
 		mux.Handle("/api/", d.APIHandler(opts.AdminToken))
+		d.web = newWeb(d, opts.AdminToken, mux) // the status page calls the API in-process
+		mux.Handle("/", d.web)
 	}
 	mux.Handle("/data/", d.dp)
 	mux.Handle("/bundle/", d.dp)
