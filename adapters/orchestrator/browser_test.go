@@ -1,6 +1,6 @@
 package orchestrator_test
 
-// The status page in a real headless browser (SPEC §15): Debian's chromium
+// The status page in a real headless browser (SPEC §17): Debian's chromium
 // (make deps installs it; TETHER_CHROMIUM names another), driven with
 // chromedp against a real Driver and a real worker on loopback. It logs in,
 // watches a run's steps turn green live without a reload, cancels a run and

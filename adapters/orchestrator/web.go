@@ -1,6 +1,6 @@
 package orchestrator
 
-// The web status page (SPEC §15), mounted at / on the control plane's
+// The web status page (SPEC §17), mounted at / on the control plane's
 // server when Options.AdminToken is set: server-rendered pages
 // (html/template, embedded; no build step) and a little plain JavaScript
 // (web/app.js) that follows the live streams with EventSource.
@@ -467,8 +467,16 @@ type runData struct {
 	Detail   APIRunDetail
 	Finished bool
 	Layers   [][]dagStep
-	Logs     []APILogLine
+	Logs     []webLine
 	Names    map[string]string // step id → its name as shown
+}
+
+// webLine is a log line with its key: its lease and its place in that
+// lease's log, as the live stream numbers it (index), so the script does
+// not add a line the page already shows.
+type webLine struct {
+	APILogLine
+	Key string
 }
 
 func (w *web) run(r *http.Request) (string, any, error) {
@@ -481,7 +489,12 @@ func (w *web) run(r *http.Request) (string, any, error) {
 	if err := w.call(r.Context(), http.MethodGet, "/runs/"+url.PathEscape(id)+"/logs", nil, &logs); err != nil {
 		return "", nil, err
 	}
-	out := runData{Detail: det, Finished: !det.Run.FinishedAt.IsZero(), Logs: logs.Lines, Names: map[string]string{}}
+	out := runData{Detail: det, Finished: !det.Run.FinishedAt.IsZero(), Names: map[string]string{}}
+	index := map[uint64]int{}
+	for _, l := range logs.Lines {
+		out.Logs = append(out.Logs, webLine{APILogLine: l, Key: fmt.Sprintf("%d.%d", l.Lease, index[l.Lease])})
+		index[l.Lease]++
+	}
 	for _, s := range det.Steps {
 		out.Names[s.ID] = stepLabel(s)
 	}

@@ -1,7 +1,7 @@
 package orchestrator_test
 
 // The status page's sessions, CSRF and origin checks, redirects and
-// escaping, over HTTP without a browser (SPEC §15). The browser test is
+// escaping, over HTTP without a browser (SPEC §17). The browser test is
 // browser_test.go.
 
 import (

@@ -1,4 +1,4 @@
-// Tether's status page: live updates over Server-Sent Events (SPEC §15).
+// Tether's status page: live updates over Server-Sent Events (SPEC §17).
 // The page is complete without this script; it only follows the streams.
 // Every value from a stream is set as text (textContent), never as HTML.
 'use strict';
@@ -53,7 +53,14 @@
       el.querySelectorAll('.badge[data-field="state"]').forEach(function (b) { setClass(b, 's-', d.state); });
       field(el, 'state', d.state);
       if (d.attempts !== undefined) field(el, 'attempts', String(d.attempts));
-      if (d.worker !== undefined) field(el, 'worker', d.worker || '');
+      // The stream names a worker by its instance id; the page shows its
+      // name, which stays while the instance is the same.
+      el.querySelectorAll('.worker').forEach(function (c) {
+        if (d.worker && c.dataset.workerId !== d.worker) {
+          c.dataset.workerId = d.worker;
+          c.textContent = d.worker;
+        }
+      });
       if (d.exit !== undefined && d.exit !== null) field(el, 'exit', String(d.exit));
       if (d.started_at) field(el, 'started', when(d.started_at));
       if (d.finished_at) field(el, 'finished', when(d.finished_at));
@@ -79,13 +86,21 @@
       });
     });
   }
+  // shown says whether the page already holds the element of this key
+  // (a stream may start by sending what the page was rendered with).
+  function shown(root, key) {
+    return Array.from(root.querySelectorAll('[data-key]')).some(function (e) { return e.dataset.key === key; });
+  }
   function logLine(d, text, cls) {
     const log = document.getElementById('log');
     if (!log) return;
+    const key = d.lease + '.' + d.index;
+    if (d.index !== undefined && shown(log, key)) return;
     const empty = document.getElementById('log-empty');
     if (empty) empty.remove();
     const line = document.createElement('div');
     line.className = 'line' + (cls ? ' ' + cls : '');
+    if (d.index !== undefined) line.dataset.key = key;
     const s = document.createElement('span');
     s.className = 'step';
     s.textContent = stepName(stepID(d));
@@ -105,15 +120,17 @@
   function onServer(d) {
     if (page === 'run') {
       const body = document.querySelector('#events tbody');
-      if (!body) return;
+      if (!body || shown(body, String(d.seq))) return;
       const row = document.createElement('tr');
+      row.dataset.key = String(d.seq);
       cells(row, [String(d.seq), when(d.at), d.step ? stepName(stepID(d)) : '', d.kind, d.message]);
       body.append(row);
     } else if (page === 'events') {
       const body = document.querySelector('#server-events tbody');
-      if (!body) return;
+      if (!body || shown(body, d.run + '#' + d.seq)) return;
       body.querySelectorAll('tr.none').forEach(function (r) { r.remove(); });
       const row = document.createElement('tr');
+      row.dataset.key = d.run + '#' + d.seq;
       cells(row, [when(d.at), d.run, String(d.seq), d.step || '', d.kind, d.message]);
       body.prepend(row);
     }
@@ -140,10 +157,8 @@
   on('run', onRun);
   on('server', onServer);
   on('worker', onWorker);
-  on('log', function (d) { logLine(d, d.text, ''); });
-  on('gap', function (d) {
-    logLine(d, '[' + (d.missed !== undefined ? d.missed + ' lines' : 'lines') + ' missed here]', 'gap');
-  });
+  on('log', function (d) { logLine(d, d.text, d.event ? 'event' : ''); });
+  on('gap', function (d) { logLine(d, d.text || '[lines missed here]', 'gap'); });
   es.addEventListener('end', function () {
     es.close();
     if (live) live.classList.remove('on');
