@@ -120,10 +120,23 @@ func TestWebBrowser(t *testing.T) {
 			failed(what, err)
 		}
 	}
+	// poll waits, bounded by ctx, until expr is true on the page; the
+	// page may be navigating meanwhile (a form's answer is a redirect).
 	poll := func(what, expr string) {
 		t.Helper()
-		if _, err := chromedp.Run(b, chromedp.Poll[bool](expr, chromedp.WithPollingInterval(50*time.Millisecond), chromedp.WithPollingTimeout(60*time.Second))); err != nil {
-			failed(what, err)
+		for {
+			ok, err := chromedp.Run(b, chromedp.Evaluate[bool](expr))
+			if err == nil && ok {
+				return
+			}
+			select {
+			case <-ctx.Done():
+				if err == nil {
+					err = ctx.Err()
+				}
+				failed(what, err)
+			case <-time.After(50 * time.Millisecond):
+			}
 		}
 	}
 	evalString := func(expr string) string {

@@ -206,7 +206,6 @@ type Driver struct {
 	ds   DataStore    // nil: the store has no data plane
 	hs   HistoryStore // nil: the store keeps no history the API can read
 	dp   *dataPlane   // its HTTP side
-	web  *web         // the status page (web.go); nil without an admin token
 	ln   *capListener
 	srv  *http.Server
 
@@ -229,6 +228,8 @@ type Driver struct {
 	closed     bool           // no new connections once set
 	live       map[*conn]bool // every connection with running goroutines
 	wg         sync.WaitGroup // connection goroutines
+
+	web *web // the status page (web.go); nil without an admin token
 
 	// Owned by the loop goroutine.
 	o          *core.Orchestrator

@@ -469,6 +469,7 @@ type runData struct {
 	Layers   [][]dagStep
 	Logs     []webLine
 	Names    map[string]string // step id → its name as shown
+	Workers  []APIWorker       // for the script: a stream names workers by id
 }
 
 // webLine is a log line with its key: its lease and its place in that
@@ -499,6 +500,11 @@ func (w *web) run(r *http.Request) (string, any, error) {
 		out.Names[s.ID] = stepLabel(s)
 	}
 	out.Layers = layers(det.Steps, out.Names)
+	var ws APIWorkerList
+	if err := w.call(r.Context(), http.MethodGet, "/workers", nil, &ws); err != nil {
+		return "", nil, err
+	}
+	out.Workers = ws.Workers
 	return "run", out, nil
 }
 
@@ -570,8 +576,8 @@ func (w *web) events(r *http.Request) (string, any, error) {
 			}
 			return "", nil, err
 		}
-		for _, ev := range det.Events {
-			rows = append(rows, eventRow{Run: run.ID, APIEvent: ev})
+		for i := len(det.Events) - 1; i >= 0; i-- { // newest first within a run too
+			rows = append(rows, eventRow{Run: run.ID, APIEvent: det.Events[i]})
 		}
 	}
 	sort.SliceStable(rows, func(i, j int) bool { return rows[i].At.After(rows[j].At) })

@@ -28,6 +28,17 @@
     if (isNaN(d.getTime()) || d.getTime() <= 0) return '';
     return d.toISOString().replace('T', ' ').replace(/\.\d+Z$/, 'Z');
   }
+  function took(a, b) {
+    const ms = new Date(b).getTime() - new Date(a).getTime();
+    if (isNaN(ms) || ms < 0) return '';
+    return ms < 1000 ? ms + 'ms' : (ms / 1000).toFixed(3).replace(/\.?0+$/, '') + 's';
+  }
+  // workerName is the name of a worker instance the page was rendered
+  // with, else its id.
+  function workerName(id) {
+    const li = matching('data-id', id).find(function (e) { return e.tagName === 'LI'; });
+    return li ? li.textContent : id;
+  }
   function setClass(el, prefix, value) {
     Array.from(el.classList).forEach(function (c) {
       if (c.indexOf(prefix) === 0) el.classList.remove(c);
@@ -58,9 +69,10 @@
       el.querySelectorAll('.worker').forEach(function (c) {
         if (d.worker && c.dataset.workerId !== d.worker) {
           c.dataset.workerId = d.worker;
-          c.textContent = d.worker;
+          c.textContent = workerName(d.worker);
         }
       });
+      if (d.started_at && d.finished_at) field(el, 'took', took(d.started_at, d.finished_at));
       if (d.exit !== undefined && d.exit !== null) field(el, 'exit', String(d.exit));
       if (d.started_at) field(el, 'started', when(d.started_at));
       if (d.finished_at) field(el, 'finished', when(d.finished_at));
