@@ -19,6 +19,8 @@ package orchestrator
 //	PUT    /api/bundles                 body: the bundle (a tar is indexed) → 201 {"fingerprint", "size", "tar", "files"} (200 if it existed)
 //	GET    /api/bundles/{fingerprint}   → {"fingerprint", "size", "tar", "files", "created"}
 //	GET    /api/data/{id}[/{version}|/latest|/append]  the data plane's reads (data.go), for operators
+//	GET    /api/runs/{id}/events        text/event-stream: the run live (events.go, SPEC §15)
+//	GET    /api/events                  text/event-stream: the whole server live
 //
 // Errors are {"error": "..."} with 400 (bad request or definition), 401
 // (admin token), 404 (unknown path, run, step or token), 405 (method), 409
@@ -259,6 +261,9 @@ func (a *api) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	if r.URL.Path == "/api/store/backup" {
 		a.backup(w, r) // a stream without the answer deadline
+		return
+	}
+	if a.serveStream(w, r) { // live streams (events.go): no answer deadline either
 		return
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), apiTimeout)

@@ -177,6 +177,10 @@ type Options struct {
 	// requests wait. Zero means DefaultRefusalsPerSec; negative turns the
 	// budget off (tests that refuse on purpose as fast as they can).
 	RefusalsPerSec int
+	// MaxEventStreams caps the live event streams open at once (GET
+	// /api/events and /api/runs/{id}/events, SPEC §15); zero means
+	// DefaultMaxEventStreams.
+	MaxEventStreams int
 }
 
 // Store is what the driver needs of durable storage; *store.Store is one.
@@ -200,14 +204,15 @@ func EnvSnapshot() map[string]string {
 
 // Driver runs one orchestrator. Its methods are safe for concurrent use.
 type Driver struct {
-	opts Options
-	log  *slog.Logger
-	st   Store
-	ds   DataStore    // nil: the store has no data plane
-	hs   HistoryStore // nil: the store keeps no history the API can read
-	dp   *dataPlane   // its HTTP side
-	ln   *capListener
-	srv  *http.Server
+	opts    Options
+	log     *slog.Logger
+	st      Store
+	ds      DataStore    // nil: the store has no data plane
+	hs      HistoryStore // nil: the store keeps no history the API can read
+	dp      *dataPlane   // its HTTP side
+	streams *broker      // the live event streams (events.go)
+	ln      *capListener
+	srv     *http.Server
 
 	inputs chan input
 	quit   chan struct{} // closed by Close
@@ -312,6 +317,9 @@ func Start(opts Options) (*Driver, error) {
 			*l.v = l.def
 		}
 	}
+	if opts.MaxEventStreams <= 0 {
+		opts.MaxEventStreams = DefaultMaxEventStreams
+	}
 	if opts.RefusalsPerSec == 0 {
 		opts.RefusalsPerSec = DefaultRefusalsPerSec
 	}
@@ -336,6 +344,7 @@ func Start(opts Options) (*Driver, error) {
 		conns:      map[core.ConnID]*conn{},
 		coreClosed: map[core.ConnID]bool{},
 		calls:      map[core.CallID]chan core.APIAnswer{},
+		streams:    newBroker(opts.MaxEventStreams),
 	}
 	started := false
 	defer func() {
@@ -430,6 +439,7 @@ func Start(opts Options) (*Driver, error) {
 	if opts.TLS != nil {
 		d.srv.TLSConfig = opts.TLS.Clone()
 	}
+	d.srv.RegisterOnShutdown(d.streams.shutdown) // live streams end, so Shutdown need not wait for them
 	d.timer = time.NewTimer(time.Hour)
 	d.arm(rd.Deadline)
 
@@ -743,6 +753,12 @@ func (d *Driver) land() error {
 		} else {
 			pw.reply <- dataAnswer{res: f.results[pw.op]}
 		}
+	}
+	// The live streams get the group now that it is durable (SPEC §11),
+	// before the queries: a stream that subscribes in one of them starts
+	// from the state after this group, and hears the groups after it.
+	for _, rd := range f.group.Readys() {
+		d.streams.publish(rd)
 	}
 	for _, q := range f.queries {
 		q.f(d.o)
