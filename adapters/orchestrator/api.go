@@ -254,7 +254,7 @@ func (a *api) authorized(r *http.Request) bool {
 }
 
 func (a *api) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	if !a.authorized(r) {
+	if !a.authorized(r) && !a.streamSession(r) { // the streams also take the status page's session (web.go)
 		w.Header().Set("WWW-Authenticate", `Bearer realm="tether"`)
 		writeJSON(w, http.StatusUnauthorized, APIError{Error: "missing or wrong admin token (send Authorization: Bearer <admin token>)"})
 		return

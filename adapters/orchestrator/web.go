@@ -213,6 +213,13 @@ func (d *Driver) OperatorAuthorized(r *http.Request) bool {
 	return d.web.session(r) != nil
 }
 
+// streamSession says whether r reads a live stream (events.go) with the
+// cookie of a live session: the status page's EventSource sends no bearer.
+func (a *api) streamSession(r *http.Request) bool {
+	_, stream := streamPath(r.URL.Path)
+	return stream && r.Method == http.MethodGet && a.d.OperatorAuthorized(r)
+}
+
 func (w *web) adminToken(tok string) bool {
 	got := sha256.Sum256([]byte(tok))
 	return subtle.ConstantTimeCompare(got[:], w.hash[:]) == 1 && tok != "" && w.token != ""

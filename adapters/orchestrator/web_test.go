@@ -294,4 +294,28 @@ func TestOperatorAuthorized(t *testing.T) {
 		q.AddCookie(cookies[0])
 		q.Header.Set("Authorization", "Bearer x")
 	}, false)
+	// Over HTTP: the cookie opens the streams, and no other API route.
+	for _, c := range []struct {
+		method, path string
+		want         int
+	}{
+		{"GET", "/api/events", http.StatusOK}, {"GET", "/api/runs/run-1/events", http.StatusNotFound},
+		{"GET", "/api/runs", http.StatusUnauthorized}, {"POST", "/api/runs", http.StatusUnauthorized},
+		{"POST", "/api/tokens", http.StatusUnauthorized}, {"POST", "/api/events", http.StatusUnauthorized},
+	} {
+		req, _ := http.NewRequestWithContext(r.ctx, c.method, wc.base+c.path, strings.NewReader(`{"name": "x"}`))
+		resp, err := wc.c.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ct := resp.Header.Get("Content-Type")
+		resp.Body.Close()
+		if resp.StatusCode != c.want || (c.want == http.StatusOK && !strings.HasPrefix(ct, "text/event-stream")) {
+			t.Errorf("%s %s with the session cookie: HTTP %d %q, want %d", c.method, c.path, resp.StatusCode, ct, c.want)
+		}
+	}
+	anon := newWebClient(t, r)
+	if a := anon.do("GET", "/api/events", nil, nil); a.code != http.StatusUnauthorized {
+		t.Errorf("GET /api/events without a session: HTTP %d, want 401", a.code)
+	}
 }
