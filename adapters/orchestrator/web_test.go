@@ -5,11 +5,14 @@ package orchestrator_test
 // browser_test.go.
 
 import (
+	"crypto/tls"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/cookiejar"
 	"net/url"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
@@ -317,5 +320,72 @@ func TestOperatorAuthorized(t *testing.T) {
 	anon := newWebClient(t, r)
 	if a := anon.do("GET", "/api/events", nil, nil); a.code != http.StatusUnauthorized {
 		t.Errorf("GET /api/events without a session: HTTP %d, want 401", a.code)
+	}
+}
+
+// Over TLS the session cookie is Secure.
+func TestWebCookieSecureUnderTLS(t *testing.T) {
+	cert, roots := testCert(t)
+	d, err := orchestrator.Start(orchestrator.Options{Addr: "127.0.0.1:0", StorePath: filepath.Join(t.TempDir(), "t.db"),
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), AdminToken: adminToken,
+		TLS: &tls.Config{Certificates: []tls.Certificate{cert}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	hc := &http.Client{
+		Transport:     &http.Transport{TLSClientConfig: &tls.Config{RootCAs: roots}},
+		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
+	}
+	resp, err := hc.PostForm(d.DataURL()+"/login", url.Values{"token": {adminToken}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	cs := resp.Cookies()
+	if resp.StatusCode != http.StatusSeeOther || len(cs) != 1 || !cs[0].Secure || !cs[0].HttpOnly || cs[0].SameSite != http.SameSiteStrictMode {
+		t.Fatalf("login over TLS: HTTP %d, cookies %+v; want one Secure, HttpOnly, SameSite=Strict cookie", resp.StatusCode, cs)
+	}
+}
+
+// The runs page pages and filters through GET /api/runs, and shows its
+// refusals.
+func TestWebRunsPaged(t *testing.T) {
+	r := startAPI(t)
+	for i := range 3 {
+		r.expect("POST", "/runs", []byte(fmt.Sprintf("name: r%d\nsteps:\n  - name: a\n    run: echo a\n", i)), http.StatusCreated, nil)
+	}
+	wc := newWebClient(t, r)
+	wc.login(adminToken)
+	rows := regexp.MustCompile(`<tr data-run="(run-[0-9]+)">`)
+	list := func(path string) ([]string, string) {
+		t.Helper()
+		a := wc.do("GET", path, nil, nil)
+		if a.code != http.StatusOK {
+			t.Fatalf("GET %s: HTTP %d: %.300s", path, a.code, a.body)
+		}
+		var ids []string
+		for _, m := range rows.FindAllStringSubmatch(a.body, -1) {
+			ids = append(ids, m[1])
+		}
+		next := ""
+		if m := regexp.MustCompile(`href="([^"]+)" id="next-page"`).FindStringSubmatch(a.body); m != nil {
+			next = strings.ReplaceAll(m[1], "&amp;", "&")
+		}
+		return ids, next
+	}
+	first, next := list("/?limit=2")
+	if fmt.Sprint(first) != "[run-3 run-2]" || next == "" {
+		t.Fatalf("first page %v, next %q; want [run-3 run-2] and a next page", first, next)
+	}
+	second, next2 := list(next)
+	if fmt.Sprint(second) != "[run-1]" || next2 != "" {
+		t.Fatalf("second page (%s) %v, next %q; want [run-1] and no next page", next, second, next2)
+	}
+	if named, _ := list("/?name=r1"); fmt.Sprint(named) != "[run-2]" {
+		t.Errorf("?name=r1: %v, want [run-2]", named)
+	}
+	if a := wc.do("GET", "/?status=bogus", nil, nil); a.code != http.StatusBadRequest || !strings.Contains(a.body, "is not a run status") {
+		t.Errorf("?status=bogus: HTTP %d: %.300s; want the API's 400", a.code, a.body)
 	}
 }
