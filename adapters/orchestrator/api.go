@@ -2,7 +2,8 @@ package orchestrator
 
 // The operator HTTP JSON API, mounted under /api/ on the control plane's
 // server (Options.AdminToken). Every request carries
-// "Authorization: Bearer <admin token>", compared in constant time.
+// "Authorization: Bearer <admin token>", compared in constant time; the two
+// stream routes also take the status page's session cookie (web.go).
 //
 //	POST   /api/runs                    body: workflow YAML (?file=NAME names it in errors) → 201 {"run": "run-1"}
 //	GET    /api/runs[?limit=&cursor=&status=&name=&since=]
