@@ -17,6 +17,7 @@ import (
 	"github.com/gorilla/websocket"
 
 	"github.com/tether-run/tether/adapters/orchestrator"
+	"github.com/tether-run/tether/adapters/store"
 	"github.com/tether-run/tether/core"
 )
 
@@ -45,6 +46,12 @@ func openStream(t *testing.T, ctx context.Context, d *orchestrator.Driver, path,
 // tryStream is openStream that returns a refusal's status and body.
 func tryStream(t *testing.T, ctx context.Context, d *orchestrator.Driver, path, lastID string) (int, string, *sseStream) {
 	t.Helper()
+	return tryStreamWith(t, ctx, http.DefaultClient, d, path, lastID)
+}
+
+// tryStreamWith is tryStream with a client of the caller's (HTTP/2).
+func tryStreamWith(t *testing.T, ctx context.Context, hc *http.Client, d *orchestrator.Driver, path, lastID string) (int, string, *sseStream) {
+	t.Helper()
 	sctx, cancel := context.WithCancel(ctx)
 	req, err := http.NewRequestWithContext(sctx, "GET", d.APIURL()+path, nil)
 	if err != nil {
@@ -54,7 +61,7 @@ func tryStream(t *testing.T, ctx context.Context, d *orchestrator.Driver, path, 
 	if lastID != "" {
 		req.Header.Set("Last-Event-ID", lastID)
 	}
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := hc.Do(req)
 	if err != nil {
 		cancel()
 		t.Fatal(err)
@@ -544,4 +551,78 @@ func TestStreamSlowClientDropped(t *testing.T) {
 	if !strings.Contains(string(b), "event: log\n") {
 		t.Fatalf("the stalled stream holds no line at all: %.200q", b)
 	}
+}
+
+// What a stream says is durable when the client hears it (SPEC §11): the
+// step's state, the log line, the run's history.
+func TestStreamWriteAhead(t *testing.T) {
+	ctx, cancel := context.WithTimeout(t.Context(), testTimeout)
+	defer cancel()
+	bst, err := store.Open(filepath.Join(t.TempDir(), "tether.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := &slowStore{Store: bst, delay: 50 * time.Millisecond, durable: map[string][]byte{}}
+	d, err := orchestrator.Start(orchestrator.Options{Addr: "127.0.0.1:0", Store: st, Logger: testLogger(t), AdminToken: adminToken})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	w := rawFleetWorker(t, ctx, d, "raw-wa")
+	run, err := d.Submit(ctx, core.RunSpec{Name: "wa", Steps: []core.StepSpec{{Name: "a", Command: "x", Writes: true}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := openStream(t, ctx, d, "/runs/"+string(run)+"/events", "")
+	s.until("the snapshot", func(e sseEvent) bool { return e.kind == "run" })
+	dm := recvMsg[core.Dispatch](w)
+	// One thing at a time, each checked the moment the stream tells it.
+	w.send(core.Start{Lease: dm.Lease, Request: 1})
+	s.until("running", func(e sseEvent) bool {
+		return e.kind == "step" && decode[orchestrator.StreamStep](t, e).State == "running"
+	})
+	if rec, _ := st.get(t, "step/"+string(dm.Step)).(*core.StepRecord); rec == nil || rec.State != core.StateRunning {
+		t.Fatalf("the stream said %s is running before that was durable", dm.Step)
+	}
+	w.send(core.Logs{Lease: dm.Lease, Lines: lines(1, "hello")})
+	ev := s.until("the line", func(e sseEvent) bool { return e.kind == "log" })
+	if v := decode[orchestrator.StreamLine](t, ev[len(ev)-1]); st.get(t, fmt.Sprintf("%s/%020d/%010d", core.KindLog, v.Lease, v.Index)) == nil {
+		t.Fatalf("the stream sent line %q before it was durable", v.Text)
+	}
+	w.send(core.Report{Step: dm.Step, Lease: dm.Lease, Request: 2, Outcome: core.Outcome{Status: core.OutcomeSuccess}})
+	s.until("the end", func(e sseEvent) bool { return e.kind == "end" })
+	if st.get(t, core.HistoryKey(run)) == nil {
+		t.Fatal("the stream ended the run before its history was durable")
+	}
+}
+
+// A stream over HTTP/2 (h2c) carries events as they happen, and a graceful
+// Shutdown ends it rather than waiting for it.
+func TestStreamH2AndShutdown(t *testing.T) {
+	ctx, cancel := context.WithTimeout(t.Context(), testTimeout)
+	defer cancel()
+	d, err := orchestrator.Start(orchestrator.Options{Addr: "127.0.0.1:0", StorePath: filepath.Join(t.TempDir(), "tether.db"),
+		Logger: testLogger(t), AdminToken: adminToken})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	tr := &http.Transport{Protocols: new(http.Protocols)}
+	tr.Protocols.SetUnencryptedHTTP2(true)
+	code, body, s := tryStreamWith(t, ctx, &http.Client{Transport: tr}, d, "/events", "")
+	if code != http.StatusOK {
+		t.Fatalf("h2c stream: HTTP %d %s", code, body)
+	}
+	run, err := d.Submit(ctx, core.RunSpec{Name: "h2", Steps: []core.StepSpec{{Name: "a", Command: "x"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := s.until("the run", func(e sseEvent) bool { return e.kind == "run" })
+	if v := decode[orchestrator.StreamRun](t, got[len(got)-1]); v.Run != string(run) || v.Status != "running" {
+		t.Errorf("run event %+v", v)
+	}
+	if err := d.Shutdown(ctx); err != nil {
+		t.Fatalf("Shutdown with a stream open: %v", err)
+	}
+	s.rest() // the stream ends
 }
