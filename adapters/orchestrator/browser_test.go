@@ -199,6 +199,7 @@ func TestWebBrowser(t *testing.T) {
 	if shownRun != runName || shownStep != stepName || pwned {
 		t.Fatalf("hostile names: run shown as %q (want %q), step as %q (want %q), a script ran: %v", shownRun, runName, shownStep, stepName, pwned)
 	}
+	shoot("run-held")
 	// Approve its held step from the page; the run then finishes live.
 	run("approve the held step", chromedp.Click(chromedp.CSS(`#steps .gate:not([hidden]) button.approve`)))
 	poll("the approved run succeeds", `document.getElementById("run-status") !== null && document.getElementById("run-status").textContent === "success"`)
