@@ -189,7 +189,7 @@ func (w *web) session(r *http.Request) *webSession {
 	return s
 }
 
-// Sessions returns how many web sessions are held (for tests).
+// WebSessions returns how many status page sessions are held.
 func (d *Driver) WebSessions() int {
 	if d.web == nil {
 		return 0

@@ -214,6 +214,15 @@ func TestWebActionsNeedCSRF(t *testing.T) {
 	if a := wc.do("POST", "/runs/"+sub.Run+"/cancel", url.Values{"csrf": {tok}}, nil); a.code != http.StatusConflict {
 		t.Errorf("second cancel: HTTP %d, want the API's 409: %.300s", a.code, a.body)
 	}
+	// Reject, from a form, a held step of another run: it ends the run.
+	var sub2 orchestrator.APISubmitted
+	r.expect("POST", "/runs", []byte("name: gate\nsteps:\n  - name: g\n    hold: true\n    run: echo g\n"), http.StatusCreated, &sub2)
+	if a := wc.do("POST", "/steps/reject", url.Values{"csrf": {tok}, "step": {sub2.Run + "/g"}}, nil); a.code != http.StatusSeeOther || a.h.Get("Location") != "/runs/"+sub2.Run {
+		t.Fatalf("reject: HTTP %d Location %q: %.300s", a.code, a.h.Get("Location"), a.body)
+	}
+	r.waitRun(sub2.Run, "the rejected run ended", func(d orchestrator.APIRunDetail) bool {
+		return d.Status == "cancelled" && d.Steps[0].State == "cancelled"
+	})
 	if a := wc.do("POST", "/steps/approve", url.Values{"csrf": {tok}, "step": {"nonsense"}}, nil); a.code != http.StatusBadRequest {
 		t.Errorf("approve of a malformed step id: HTTP %d, want 400", a.code)
 	}
