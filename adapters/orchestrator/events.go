@@ -18,7 +18,6 @@ package orchestrator
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -29,6 +28,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/tether-run/tether/adapters/store"
 	"github.com/tether-run/tether/core"
 )
 
@@ -45,11 +45,13 @@ const (
 	// ServerEventRing is how many of the latest server events the server
 	// stream can resume from (they are kept in memory, numbered).
 	ServerEventRing = 4096
-	// streamHeartbeat is the period of the ": ping" comment lines.
-	streamHeartbeat = 15 * time.Second
 	// streamRetryMillis is the reconnection delay a stream suggests.
 	streamRetryMillis = 2000
 )
+
+// streamHeartbeat is the period of the ": ping" comment lines (a variable
+// for a test).
+var streamHeartbeat = 15 * time.Second
 
 // ---- event data (the "data:" JSON of each event type) ----
 
@@ -590,23 +592,13 @@ func (b *broker) publishServer(rd core.Ready, nums []numbered) {
 	}
 }
 
-// historyHead decodes only the head of a history record (it comes first).
+// historyHead decodes only the head of a history record.
 func historyHead(rec core.Record) (core.HistoryHead, bool) {
 	if rec.Delete {
 		return core.HistoryHead{}, false
 	}
-	dec := json.NewDecoder(bytes.NewReader(rec.Value))
-	if t, err := dec.Token(); err != nil || t != json.Delim('{') {
-		return core.HistoryHead{}, false
-	}
-	if t, err := dec.Token(); err != nil || t != "Head" {
-		return core.HistoryHead{}, false
-	}
-	var hd core.HistoryHead
-	if dec.Decode(&hd) != nil || hd.Run == "" {
-		return core.HistoryHead{}, false
-	}
-	return hd, true
+	hd, ok, err := store.DecodeHead(rec.Value)
+	return hd, ok && err == nil
 }
 
 // ---- cursors (the events' ids) ----

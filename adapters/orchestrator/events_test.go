@@ -17,7 +17,6 @@ import (
 	"github.com/gorilla/websocket"
 
 	"github.com/tether-run/tether/adapters/orchestrator"
-	"github.com/tether-run/tether/adapters/store"
 	"github.com/tether-run/tether/core"
 )
 
@@ -558,15 +557,7 @@ func TestStreamSlowClientDropped(t *testing.T) {
 func TestStreamWriteAhead(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), testTimeout)
 	defer cancel()
-	bst, err := store.Open(filepath.Join(t.TempDir(), "tether.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	st := &slowStore{Store: bst, delay: 50 * time.Millisecond, durable: map[string][]byte{}}
-	d, err := orchestrator.Start(orchestrator.Options{Addr: "127.0.0.1:0", Store: st, Logger: testLogger(t), AdminToken: adminToken})
-	if err != nil {
-		t.Fatal(err)
-	}
+	st, d := startSlow(t, adminToken)
 	defer d.Close()
 	w := rawFleetWorker(t, ctx, d, "raw-wa")
 	run, err := d.Submit(ctx, core.RunSpec{Name: "wa", Steps: []core.StepSpec{{Name: "a", Command: "x", Writes: true}}})
