@@ -105,6 +105,7 @@ type Step struct {
 	SkippedBy  string    `json:"skipped_by,omitempty"`
 	Attempts   int       `json:"attempts"`
 	Writes     bool      `json:"writes"`
+	Deps       []string  `json:"deps,omitempty"`      // the ids of the steps it depends on
 	Worker     string    `json:"worker,omitempty"`    // name of the worker of its latest lease
 	WorkerID   string    `json:"worker_id,omitempty"` // its instance id
 	Lease      uint64    `json:"lease,omitempty"`     // latest lease

@@ -239,6 +239,8 @@ type Driver struct {
 	live       map[*conn]bool // every connection with running goroutines
 	wg         sync.WaitGroup // connection goroutines
 
+	web *web // the status page (web.go); nil without an admin token
+
 	// Owned by the loop goroutine.
 	o          *core.Orchestrator
 	conns      map[core.ConnID]*conn
@@ -415,6 +417,10 @@ func Start(opts Options) (*Driver, error) {
 	mux.HandleFunc("/readyz", d.readyz)
 	mux.Handle("/metrics", d.m.handler(opts.MetricsToken))
 	d.routes(mux) // the operator API (api.go)
+	if opts.AdminToken != "" {
+		d.web = newWeb(d, opts.AdminToken, mux) // the status page calls the API in-process
+		mux.Handle("/", d.web)
+	}
 	mux.Handle("/data/", d.dp)
 	mux.Handle("/bundle/", d.dp)
 	protocols := new(http.Protocols)

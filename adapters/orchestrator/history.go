@@ -143,6 +143,9 @@ func (src *runSource) detail(names map[core.WorkerID]string) APIRunDetail {
 			Attempts: s.Attempts, QueuedAt: s.QueuedAt, StartedAt: s.StartedAt, FinishedAt: s.FinishedAt,
 			Writes: src.writes[s.Name],
 		}
+		for _, dep := range s.Deps {
+			v.Deps = append(v.Deps, string(dep))
+		}
 		if l, ok := last[s.ID]; ok {
 			v.Lease, v.WorkerID, v.Worker = uint64(l.ID), string(l.Worker), names[l.Worker]
 		}
