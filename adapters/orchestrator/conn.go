@@ -2,11 +2,9 @@ package orchestrator
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"net/http"
 	"strings"
@@ -229,7 +227,7 @@ func (d *Driver) readLoop(c *conn) string {
 		}
 		return c.ws.SetReadDeadline(time.Now().Add(readWait))
 	})
-	var buf bytes.Buffer // reused: decoding copies what it keeps
+	var frames wire.FrameBuffer
 	for {
 		typ, r, err := c.ws.NextReader()
 		if err != nil {
@@ -241,19 +239,15 @@ func (d *Driver) readLoop(c *conn) string {
 			}
 			return err.Error()
 		}
-		if buf.Cap() > 64<<10 {
-			buf = bytes.Buffer{} // do not keep a rare large frame's buffer
-		}
-		buf.Reset()
-		if _, err := buf.ReadFrom(io.LimitReader(r, wire.MaxFrame+1)); err != nil {
-			return err.Error()
-		}
-		if buf.Len() > wire.MaxFrame {
+		b, err := frames.Read(r)
+		if errors.Is(err, wire.ErrFrameTooLarge) {
 			why := fmt.Sprintf("frame larger than %d bytes", wire.MaxFrame)
 			c.hangUp(closeTooBig, why)
 			return why
 		}
-		b := buf.Bytes()
+		if err != nil {
+			return err.Error()
+		}
 		c.bytesIn += int64(len(b))
 		if c.lingering() {
 			continue // hung up (its send queue overflowed): discard
@@ -321,10 +315,7 @@ func (h *corkingHijacker) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 }
 
 // writeText writes one text frame within the write deadline.
-func (c *conn) writeText(b []byte) error {
-	c.ws.SetWriteDeadline(time.Now().Add(writeWait))
-	return c.ws.WriteMessage(websocket.TextMessage, b)
-}
+func (c *conn) writeText(b []byte) error { return wire.WriteText(c.ws, b, writeWait) }
 
 // writeLoop writes queued frames and pings until out is closed (then it
 // says goodbye with a close frame) or the connection is aborted or fails.

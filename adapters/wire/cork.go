@@ -109,3 +109,16 @@ func (c *CorkConn) WriteQueued(first []byte, out <-chan []byte, write func([]byt
 	}
 	return ok, c.Uncork()
 }
+
+// WriteAll writes frames, with write, as one corked write; it stops at the
+// first error. A nil CorkConn does not gather: write writes each frame.
+func (c *CorkConn) WriteAll(frames [][]byte, write func([]byte) error) error {
+	c.Cork()
+	for _, b := range frames {
+		if err := write(b); err != nil {
+			c.Uncork()
+			return err
+		}
+	}
+	return c.Uncork()
+}

@@ -1,7 +1,6 @@
 package worker
 
 import (
-	"bytes"
 	"sync"
 	"time"
 
@@ -64,20 +63,16 @@ func (d *Driver) readLoop(c *conn) string {
 		c.ws.WriteControl(websocket.PongMessage, []byte(data), time.Now().Add(writeWait)) // best effort
 		return nil
 	})
-	var buf bytes.Buffer // reused: decoding copies what it keeps
+	var frames wire.FrameBuffer
 	for {
 		typ, r, err := c.ws.NextReader()
 		if err != nil {
 			return err.Error()
 		}
-		if buf.Cap() > 64<<10 {
-			buf = bytes.Buffer{} // do not keep a rare large frame's buffer
-		}
-		buf.Reset()
-		if _, err := buf.ReadFrom(r); err != nil {
+		b, err := frames.Read(r) // the read limit has refused a longer frame
+		if err != nil {
 			return err.Error()
 		}
-		b := buf.Bytes()
 		c.ws.SetReadDeadline(time.Now().Add(readWait))
 		if typ != websocket.TextMessage {
 			c.hangUp(websocket.CloseUnsupportedData, "binary frame")
@@ -96,10 +91,7 @@ func (d *Driver) readLoop(c *conn) string {
 }
 
 // writeText writes one text frame within the write deadline.
-func (c *conn) writeText(b []byte) error {
-	c.ws.SetWriteDeadline(time.Now().Add(writeWait))
-	return c.ws.WriteMessage(websocket.TextMessage, b)
-}
+func (c *conn) writeText(b []byte) error { return wire.WriteText(c.ws, b, writeWait) }
 
 // writeLoop writes queued frames until the queue is closed (then it sends a
 // close frame) or the connection is aborted or fails. The frames queued at
@@ -112,15 +104,7 @@ func (c *conn) writeLoop() {
 		c.queue = nil
 		c.mu.Unlock()
 		if len(frames) > 0 {
-			c.cc.Cork()
-			for _, b := range frames {
-				if err := c.writeText(b); err != nil {
-					c.cc.Uncork()
-					c.abort()
-					return
-				}
-			}
-			if err := c.cc.Uncork(); err != nil {
+			if err := c.cc.WriteAll(frames, c.writeText); err != nil {
 				c.abort()
 				return
 			}
