@@ -4,7 +4,7 @@ GOFLAGS ?=
 SHELL := /bin/bash
 PKGS := ./...
 
-.PHONY: test test-short check fmt vet bench soak demo clean fuzz mutants explore deps
+.PHONY: test test-short check fmt vet bench soak demo clean fuzz mutants explore deps help
 
 ## test: formatting, vet, then every test (purity check, scenarios, determinism, …);
 ## the adapters and the binaries (the code with goroutines) under the race detector;
@@ -35,9 +35,11 @@ check:
 	if [ -n "$$out" ]; then echo "gofmt: not formatted:"; echo "$$out"; exit 1; fi
 	$(GO) vet $(PKGS)
 
+## fmt: gofmt every Go file in place
 fmt:
 	gofmt -w $$(git ls-files '*.go')
 
+## vet: go vet alone
 vet:
 	$(GO) vet $(PKGS)
 
@@ -77,6 +79,7 @@ explore:
 mutants:
 	$(GO) run ./sim/mutants/run
 
+## clean: forget cached test results
 clean:
 	$(GO) clean -testcache
 
@@ -98,3 +101,8 @@ fuzz:
 	  echo "== $$p $$t"; \
 	  $(GO) test $$p -run '^$$' -fuzz "^$$t\$$" -fuzztime $(FUZZTIME) -fuzzminimizetime $$min; \
 	done
+
+## help: this list: each target with its "## target: text" comment above
+help:
+	@awk '/^## [a-z-]+:/ { t = $$2; sub(/:$$/, "", t); sub(/^## [a-z-]+: */, ""); printf "%-11s %s\n", t, $$0; next } \
+	  /^## / && t != "" { sub(/^## /, ""); printf "%-11s %s\n", "", $$0; next } { t = "" }' $(firstword $(MAKEFILE_LIST))
