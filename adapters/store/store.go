@@ -101,10 +101,11 @@ func Open(path string) (*Store, error) {
 	// Archival deletes records and rewrites the live ones, so the file keeps
 	// a few thousand free pages; writing their list (tens of KB, and as much
 	// garbage) with every fsync'd commit: the end-to-end benchmark at 1
-	// slot, alternated with and without it (README, Performance), made
-	// 2,914 · 3,143 steps/s with it and 3,459 · 3,259 without. The walk at
-	// open is short (the soak's restart with 1,000,000 finished steps
-	// serves after 14 ms); the pages it touched are released below.
+	// slot (adapters/orchestrator/PERFORMANCE.md), alternated with and
+	// without it, made 2,914 · 3,143 steps/s with it and 3,459 · 3,259
+	// without. The walk at open is short (the soak's restart with
+	// 1,000,000 finished steps serves after 14 ms); the pages it touched
+	// are released below.
 	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: openTimeout, NoSync: false, NoFreelistSync: true})
 	if errors.Is(err, bolt.ErrTimeout) {
 		return nil, fmt.Errorf("%w: %s is held open by another process (another orchestrator serving this data directory?) "+
