@@ -29,8 +29,8 @@ type Orchestrator struct {
 	tokens  map[string]*TokenRecord
 	// operators are the operator tokens (operators.go).
 	operators map[string]*OperatorRecord
-	events  map[RunID][]ServerEvent
-	logs    map[LeaseID][]StepLogLine
+	events    map[RunID][]ServerEvent
+	logs      map[LeaseID][]StepLogLine
 
 	// Derived indexes, rebuilt by load.
 	specOf       map[StepID]*StepSpec
