@@ -247,11 +247,11 @@ type Driver struct {
 
 	stats loopStats // how long each batch held the loop (SPEC §12)
 
-	m        *metrics    // Prometheus metrics (SPEC §16)
-	ready    atomic.Bool // restored and serving (/readyz)
+	m     *metrics    // Prometheus metrics (SPEC §16)
+	ready atomic.Bool // restored and serving (/readyz)
 
 	operators atomic.Pointer[operatorView] // the operator tokens, for the HTTP side (operators.go)
-	stopping atomic.Bool // Shutdown or Close began (/readyz)
+	stopping  atomic.Bool                  // Shutdown or Close began (/readyz)
 }
 
 // Inputs of the loop.
@@ -1103,7 +1103,9 @@ func (d *Driver) Submit(ctx context.Context, spec core.RunSpec) (core.RunID, err
 
 // CancelRun cancels every non-terminal step of a run.
 func (d *Driver) CancelRun(ctx context.Context, run core.RunID, reason string) error {
-	_, err := d.do(ctx, func(id core.CallID) core.Input { return core.CancelRun{Call: id, Actor: actorOf(ctx), Run: run, Reason: reason} })
+	_, err := d.do(ctx, func(id core.CallID) core.Input {
+		return core.CancelRun{Call: id, Actor: actorOf(ctx), Run: run, Reason: reason}
+	})
 	if err != nil {
 		return fmt.Errorf("cancel %s: %w", run, err)
 	}
@@ -1113,7 +1115,9 @@ func (d *Driver) CancelRun(ctx context.Context, run core.RunID, reason string) e
 // CreateToken creates a named enrollment token valid for ttl and returns it
 // ("<name>.<secret>"); it is shown only once.
 func (d *Driver) CreateToken(ctx context.Context, name string, ttl time.Duration) (string, error) {
-	a, err := d.do(ctx, func(id core.CallID) core.Input { return core.CreateToken{Call: id, Actor: actorOf(ctx), Name: name, TTL: ttl} })
+	a, err := d.do(ctx, func(id core.CallID) core.Input {
+		return core.CreateToken{Call: id, Actor: actorOf(ctx), Name: name, TTL: ttl}
+	})
 	if err != nil {
 		return "", fmt.Errorf("create token %q: %w", name, err)
 	}
