@@ -382,7 +382,8 @@ func (c *Client) OperatorTokens(ctx context.Context) (*OperatorTokenList, error)
 // RevokeOperatorToken revokes an operator token for good: its next
 // request is answered 401.
 func (c *Client) RevokeOperatorToken(ctx context.Context, name string) error {
-	return c.call(ctx, http.MethodDelete, "/operator-tokens/"+url.PathEscape(name), nil, "", nil)
+	var out RevokedToken
+	return c.call(ctx, http.MethodDelete, "/operator-tokens/"+url.PathEscape(name), nil, "", &out)
 }
 
 // AuditOptions selects a page of GET /api/audit; zero fields select nothing.

@@ -93,6 +93,8 @@ type apiRoute struct {
 	raw func(a *api, w http.ResponseWriter, r *http.Request)
 	// public routes need no admin token.
 	public bool
+	// full: a GET that a read-only operator token may not call (SPEC §15a).
+	full bool
 	// noDeadline: no answer deadline (apiTimeout); the per-write timeout
 	// still cuts a reader that stops reading.
 	noDeadline bool
@@ -177,7 +179,7 @@ var apiRoutes = []apiRoute{
 	{method: "GET", path: "/api/data/{id}/{version}", summary: "A data item's bytes: {version} is a number, latest, or append (its stream; ?offset=)",
 		raw: (*api).dataRead, query: []docParam{{"offset", "append stream: start at this byte"}}, answer: "application/octet-stream"},
 	{method: "GET", path: "/api/store/backup", summary: "A consistent backup of the store, its blobs included (no answer deadline)",
-		raw: (*api).backup, noDeadline: true, answer: "application/x-tar"},
+		raw: (*api).backup, noDeadline: true, full: true, answer: "application/x-tar"},
 	{method: "GET", path: "/api/openapi.json", summary: "This document (no admin token needed)",
 		raw: (*api).openAPI, public: true, answer: "application/json"},
 }
@@ -297,7 +299,7 @@ func (a *api) fail(w http.ResponseWriter, r *http.Request, err error) {
 // handler wraps a route: the admin token, the answer deadline, the body's
 // limit and deadlines, and the JSON answer.
 func (a *api) handler(rt apiRoute) http.Handler {
-	changes := rt.method != http.MethodGet
+	changes := rt.method != http.MethodGet || rt.full
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		op, ok := a.authorized(r)
 		if !rt.public && !ok {

@@ -168,6 +168,8 @@ func auditAction(method, path string) string {
 		return core.ActionOperatorRevoke
 	case "PUT /api/bundles":
 		return "bundle.put"
+	case "GET /api/store/backup":
+		return "store.backup"
 	}
 	return strings.ToLower(method) + " " + path
 }
