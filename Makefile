@@ -4,7 +4,7 @@ GOFLAGS ?=
 SHELL := /bin/bash
 PKGS := ./...
 
-.PHONY: test test-short check fmt vet bench soak demo clean fuzz mutants explore
+.PHONY: test test-short check fmt vet bench soak demo clean fuzz mutants explore deps
 
 ## test: formatting, vet, then every test (purity check, scenarios, determinism, …);
 ## the adapters and the binaries (the code with goroutines) under the race detector;
@@ -16,6 +16,14 @@ test: check
 	@set -o pipefail; $(GO) test $(GOFLAGS) -count=1 -v -run . ./spec ./sim > .sim-test.log 2>&1 \
 	  && { grep -E '^(sim:|explore [a-z]+:|--- PASS: Test(Sim|Explore|Replay)|ok )' .sim-test.log; rm -f .sim-test.log; } \
 	  || { cat .sim-test.log; rm -f .sim-test.log; exit 1; }
+
+## deps: what make test needs beyond Go and make: Debian's chromium, which the status
+## page's browser test drives (adapters/orchestrator/browser_test.go; TETHER_CHROMIUM
+## names another browser, TETHER_SKIP_BROWSER=1 skips that test). Needs root or sudo.
+deps:
+	@command -v chromium >/dev/null && echo "chromium: $$(command -v chromium)" || { \
+	  sudo=$$([ "$$(id -u)" = 0 ] || echo sudo); \
+	  $$sudo apt-get update -qq && $$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; }
 
 ## test-short: the same with reduced seed budgets
 test-short: check

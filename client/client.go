@@ -86,15 +86,21 @@ func ErrorCode(err error) Code {
 // returns a 2xx answer, whose body the caller closes; any other answer is an
 // *Error. Typed methods cover every route; Do is for what they do not.
 func (c *Client) Do(ctx context.Context, method, path string, body io.Reader, contentType string) (*http.Response, error) {
+	h := http.Header{"Accept": {"application/json"}}
+	if contentType != "" {
+		h.Set("Content-Type", contentType)
+	}
+	return c.send(ctx, method, path, body, h)
+}
+
+// send is Do with the request's headers (the token is added).
+func (c *Client) send(ctx context.Context, method, path string, body io.Reader, h http.Header) (*http.Response, error) {
 	req, err := http.NewRequestWithContext(ctx, method, c.base+path, body)
 	if err != nil {
 		return nil, err
 	}
+	req.Header = h
 	req.Header.Set("Authorization", "Bearer "+c.token)
-	req.Header.Set("Accept", "application/json")
-	if contentType != "" {
-		req.Header.Set("Content-Type", contentType)
-	}
 	resp, err := c.hc.Do(req)
 	if err != nil {
 		return nil, fmt.Errorf("cannot reach the orchestrator at %s: %w", c.URL(), err)

@@ -108,6 +108,7 @@ type Step struct {
 	SkippedBy  string    `json:"skipped_by,omitempty"`
 	Attempts   int       `json:"attempts"`
 	Writes     bool      `json:"writes"`
+	Deps       []string  `json:"deps,omitempty"`      // the ids of the steps it depends on
 	Worker     string    `json:"worker,omitempty"`    // name of the worker of its latest lease
 	WorkerID   string    `json:"worker_id,omitempty"` // its instance id
 	Lease      uint64    `json:"lease,omitempty"`     // latest lease
@@ -306,4 +307,75 @@ type AuditEntry struct {
 type AuditList struct {
 	Entries    []AuditEntry `json:"entries"`
 	NextCursor string       `json:"next_cursor,omitempty"`
+}
+
+// ---- live streams (SPEC §17): the "data:" JSON of each event type ----
+
+// StreamStep is a run stream's "step" event: the step's state after a
+// commit. Worker is the worker instance id of the step's latest lease
+// (empty before the first); Lease is that lease (0 before the first).
+type StreamStep struct {
+	Run        string    `json:"run"`
+	Step       string    `json:"step"`
+	State      string    `json:"state"`
+	Attempts   int       `json:"attempts"`
+	Worker     string    `json:"worker"`
+	Lease      uint64    `json:"lease"`
+	Exit       *int      `json:"exit,omitempty"`
+	StartedAt  time.Time `json:"started_at,omitzero"`
+	FinishedAt time.Time `json:"finished_at,omitzero"`
+}
+
+// StreamRun is a "run" event: the run's status as GET /api/runs/{id} shows
+// it; Finished once it is archived (success, failed, cancelled).
+type StreamRun struct {
+	Run      string `json:"run"`
+	Status   string `json:"status"`
+	Finished bool   `json:"finished"`
+}
+
+// StreamServerEvent is a "server" event: a server event of a run, in the
+// API's shape (Event) with the run.
+type StreamServerEvent struct {
+	Run string `json:"run"`
+	Event
+}
+
+// StreamLine is a "log" event, or a "gap" event for a gap marker (a line
+// of sequence 0, as GET /api/runs/{id}/logs flags it). Index is the line's
+// place in its lease's log (0, 1, ...); Seq the worker's sequence number;
+// Event marks a protocol event of the step rather than its output.
+type StreamLine struct {
+	Run   string    `json:"run"`
+	Step  string    `json:"step"`
+	Lease uint64    `json:"lease"`
+	Index int       `json:"index"`
+	Seq   uint64    `json:"seq"`
+	At    time.Time `json:"at"`
+	Text  string    `json:"text"`
+	Event bool      `json:"event,omitempty"`
+}
+
+// StreamWorker is a "worker" event of the server stream. State is as GET
+// /api/workers shows it (connected, disconnected, inactive, revoked), or
+// "removed" once the worker's record is pruned (SPEC §7a).
+type StreamWorker struct {
+	Worker string `json:"worker"`
+	Name   string `json:"name"`
+	State  string `json:"state"`
+	Slots  int    `json:"slots"`
+	Leases int    `json:"leases"`
+}
+
+// StreamEnd is the run stream's last event, once the run is archived.
+type StreamEnd struct {
+	Run    string `json:"run"`
+	Status string `json:"status"`
+}
+
+// StreamLost is the server stream's "lost" event: it could not resume
+// from the client's Last-Event-ID, so server events may be missing before
+// this point (the states that follow are whole again).
+type StreamLost struct {
+	Reason string `json:"reason"`
 }

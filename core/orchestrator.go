@@ -967,13 +967,7 @@ func (o *Orchestrator) revokeToken(in RevokeToken) {
 // terminal, success, failed or cancelled.
 func (o *Orchestrator) runStatus(r *RunRecord) string {
 	if !r.Finished {
-		switch {
-		case r.CancelReason != "":
-			return "cancelling"
-		case r.Failed:
-			return "failing"
-		}
-		return "running"
+		return r.LiveStatus()
 	}
 	cancelled := false
 	for _, id := range r.Steps {

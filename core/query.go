@@ -79,6 +79,19 @@ func (o *Orchestrator) Run(id RunID) (RunRecord, string, bool) {
 	return c, o.runStatus(r), true
 }
 
+// LiveStatus is the derived status of a run that is not finished:
+// cancelling, failing or running. A finished run leaves the core in the
+// batch that finishes it (SPEC §7a); its status is in its RunHistory.
+func (r RunRecord) LiveStatus() string {
+	switch {
+	case r.CancelReason != "":
+		return "cancelling"
+	case r.Failed:
+		return "failing"
+	}
+	return "running"
+}
+
 // StepByID returns a copy of a step.
 func (o *Orchestrator) StepByID(id StepID) (StepRecord, bool) {
 	s := o.steps[id]
@@ -170,6 +183,11 @@ func (o *Orchestrator) StepLogs(step StepID) []StepLogLine {
 		}
 	}
 	return out
+}
+
+// LeaseLogs returns the stored log lines of one lease, in arrival order.
+func (o *Orchestrator) LeaseLogs(id LeaseID) []StepLogLine {
+	return append([]StepLogLine(nil), o.logs[id]...)
 }
 
 // ClosedLeases returns the closed-lease table (SPEC §7a), sorted by lease.

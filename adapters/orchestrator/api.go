@@ -4,7 +4,8 @@ package orchestrator
 // (Options.AdminToken), routed by ServeMux method-and-path patterns. Every
 // request but GET /api/openapi.json carries "Authorization: Bearer
 // <operator token>" (operators.go: the admin token is the operator token
-// "admin"; a read-only one may only GET, 403 otherwise). The routes, their limits and their
+// "admin"; a read-only one may only GET, 403 otherwise); the two stream
+// routes also take the status page's session cookie (web.go). The routes, their limits and their
 // answers are the table apiRoutes below; GET /api/openapi.json describes
 // them (openapi.go).
 //
@@ -91,8 +92,9 @@ type apiRoute struct {
 	serve func(a *api, r *http.Request) (int, any, error)
 	// raw, instead of serve, writes its own answer (a stream of bytes).
 	raw func(a *api, w http.ResponseWriter, r *http.Request)
-	// public routes need no admin token.
-	public bool
+	// public routes need no admin token; session routes (the read-only
+	// streams) also take the status page's session cookie (web.go).
+	public, session bool
 	// full: a GET that a read-only operator token may not call (SPEC §15a).
 	full bool
 	// noDeadline: no answer deadline (apiTimeout); the per-write timeout
@@ -178,6 +180,10 @@ var apiRoutes = []apiRoute{
 		raw: (*api).dataRead, answer: client.DataVersions{}},
 	{method: "GET", path: "/api/data/{id}/{version}", summary: "A data item's bytes: {version} is a number, latest, or append (its stream; ?offset=)",
 		raw: (*api).dataRead, query: []docParam{{"offset", "append stream: start at this byte"}}, answer: "application/octet-stream"},
+	{method: "GET", path: "/api/runs/{id}/events", summary: "A run live (Server-Sent Events): its steps' states, server events, log lines and gap markers, then end; resumes by Last-Event-ID (SPEC §17)",
+		raw: (*api).runEvents, noDeadline: true, session: true, answer: "text/event-stream"},
+	{method: "GET", path: "/api/events", summary: "The whole server live (Server-Sent Events): runs' states, server events, workers; resumes by Last-Event-ID (SPEC §17)",
+		raw: (*api).serverEvents, noDeadline: true, session: true, answer: "text/event-stream"},
 	{method: "GET", path: "/api/store/backup", summary: "A consistent backup of the store, its blobs included (no answer deadline)",
 		raw: (*api).backup, noDeadline: true, full: true, answer: "application/x-tar"},
 	{method: "GET", path: "/api/openapi.json", summary: "This document (no admin token needed)",
@@ -302,7 +308,7 @@ func (a *api) handler(rt apiRoute) http.Handler {
 	changes := rt.method != http.MethodGet || rt.full
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		op, ok := a.authorized(r)
-		if !rt.public && !ok {
+		if !rt.public && !ok && !(rt.session && a.d.OperatorAuthorized(r)) {
 			a.fail(w, r, errUnauthorized)
 			return
 		}

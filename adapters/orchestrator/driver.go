@@ -182,6 +182,10 @@ type Options struct {
 	// requests wait. Zero means DefaultRefusalsPerSec; negative turns the
 	// budget off (tests that refuse on purpose as fast as they can).
 	RefusalsPerSec int
+	// MaxEventStreams caps the live event streams open at once (GET
+	// /api/events and /api/runs/{id}/events, SPEC §17); zero means
+	// DefaultMaxEventStreams.
+	MaxEventStreams int
 }
 
 // Store is what the driver needs of durable storage; *store.Store is one.
@@ -205,15 +209,16 @@ func EnvSnapshot() map[string]string {
 
 // Driver runs one orchestrator. Its methods are safe for concurrent use.
 type Driver struct {
-	opts Options
-	log  *slog.Logger
-	st   Store
-	ds   DataStore    // nil: the store has no data plane
-	hs   HistoryStore // nil: the store keeps no history the API can read
-	mux  *routeMux    // the server's routes
-	dp   *dataPlane   // its HTTP side
-	ln   *capListener
-	srv  *http.Server
+	opts    Options
+	log     *slog.Logger
+	st      Store
+	ds      DataStore    // nil: the store has no data plane
+	hs      HistoryStore // nil: the store keeps no history the API can read
+	mux     *routeMux    // the server's routes
+	dp      *dataPlane   // its HTTP side
+	streams *broker      // the live event streams (events.go)
+	ln      *capListener
+	srv     *http.Server
 
 	inputs chan input
 	quit   chan struct{} // closed by Close
@@ -234,6 +239,8 @@ type Driver struct {
 	closed     bool           // no new connections once set
 	live       map[*conn]bool // every connection with running goroutines
 	wg         sync.WaitGroup // connection goroutines
+
+	web *web // the status page (web.go); nil without an admin token
 
 	// Owned by the loop goroutine.
 	o          *core.Orchestrator
@@ -322,6 +329,9 @@ func Start(opts Options) (*Driver, error) {
 			*l.v = l.def
 		}
 	}
+	if opts.MaxEventStreams <= 0 {
+		opts.MaxEventStreams = DefaultMaxEventStreams
+	}
 	if opts.RefusalsPerSec == 0 {
 		opts.RefusalsPerSec = DefaultRefusalsPerSec
 	}
@@ -346,6 +356,7 @@ func Start(opts Options) (*Driver, error) {
 		conns:      map[core.ConnID]*conn{},
 		coreClosed: map[core.ConnID]bool{},
 		calls:      map[core.CallID]chan core.APIAnswer{},
+		streams:    newBroker(opts.MaxEventStreams),
 	}
 	started := false
 	defer func() {
@@ -419,6 +430,10 @@ func Start(opts Options) (*Driver, error) {
 	mux.HandleFunc("/readyz", d.readyz)
 	mux.Handle("/metrics", d.m.handler(d, opts.MetricsToken))
 	d.routes(mux) // the operator API (api.go)
+	if opts.AdminToken != "" {
+		d.web = newWeb(d, opts.AdminToken, mux) // the status page calls the API in-process
+		mux.Handle("/", d.web)
+	}
 	mux.Handle("/data/", d.dp)
 	mux.Handle("/bundle/", d.dp)
 	protocols := new(http.Protocols)
@@ -451,6 +466,7 @@ func Start(opts Options) (*Driver, error) {
 	if opts.TLS != nil {
 		d.srv.TLSConfig = opts.TLS.Clone()
 	}
+	d.srv.RegisterOnShutdown(d.streams.shutdown) // live streams end, so Shutdown need not wait for them
 	d.timer = time.NewTimer(time.Hour)
 	d.arm(rd.Deadline)
 
@@ -777,6 +793,12 @@ func (d *Driver) land() error {
 		} else {
 			pw.reply <- dataAnswer{res: f.results[pw.op]}
 		}
+	}
+	// The live streams get the group now that it is durable (SPEC §11),
+	// before the queries: a stream that subscribes in one of them starts
+	// from the state after this group, and hears the groups after it.
+	for _, rd := range f.group.Readys() {
+		d.streams.publish(rd)
 	}
 	for _, q := range f.queries {
 		q.f(d.o)

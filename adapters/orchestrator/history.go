@@ -143,6 +143,9 @@ func (src *runSource) detail(names map[core.WorkerID]string) APIRunDetail {
 			Attempts: s.Attempts, QueuedAt: s.QueuedAt, StartedAt: s.StartedAt, FinishedAt: s.FinishedAt,
 			Writes: src.writes[s.Name],
 		}
+		for _, dep := range s.Deps {
+			v.Deps = append(v.Deps, string(dep))
+		}
 		if l, ok := last[s.ID]; ok {
 			v.Lease, v.WorkerID, v.Worker = uint64(l.ID), string(l.Worker), names[l.Worker]
 		}
@@ -208,6 +211,19 @@ func (a *api) history(id core.RunID) (core.RunHistory, bool, error) {
 // page (each page a short read transaction), in the order a live run's are
 // shown: step by step in the run's order, lease by lease, line by line.
 func (a *api) archivedLogs(src *runSource, steps []core.StepID) ([]APILogLine, error) {
+	lines, err := a.archivedLines(src, steps)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]APILogLine, 0, len(lines))
+	for _, l := range lines {
+		out = append(out, logLine(l))
+	}
+	return out, nil
+}
+
+// archivedLines is archivedLogs' lines as the store keeps them.
+func (a *api) archivedLines(src *runSource, steps []core.StepID) ([]core.StepLogLine, error) {
 	want := map[core.StepID]bool{}
 	for _, s := range steps {
 		want[s] = true
@@ -233,14 +249,11 @@ func (a *api) archivedLogs(src *runSource, steps []core.StepID) ([]APILogLine, e
 		}
 		after = next
 	}
-	out := []APILogLine{}
+	var out []core.StepLogLine
 	for _, sid := range steps {
 		for _, l := range src.leases {
-			if l.Step != sid {
-				continue
-			}
-			for _, ln := range byLease[l.ID] {
-				out = append(out, logLine(ln))
+			if l.Step == sid {
+				out = append(out, byLease[l.ID]...)
 			}
 		}
 	}

@@ -21,6 +21,7 @@ var notDocumented = map[string]string{
 	"/livez":   "a Kubernetes probe, plain text (SPEC §16)",
 	"/readyz":  "a Kubernetes probe, plain text (SPEC §16)",
 	"/metrics": "Prometheus' text format, with its own optional token (SPEC §16)",
+	"/":        "the web status page, HTML (SPEC §18)",
 }
 
 // TestOpenAPIMatchesRoutes holds GET /api/openapi.json (fetched without a

@@ -127,20 +127,28 @@ func (w rawWorker) recv() core.Msg {
 	return m
 }
 
-// TestWriteAhead checks duty 3-4 from the outside: at the moment an answer
-// or a message arrives, the batch that produced it is already durable.
-func TestWriteAhead(t *testing.T) {
-	ctx, cancel := context.WithTimeout(t.Context(), testTimeout)
-	defer cancel()
+// startSlow starts a Driver on a slowStore (50 ms per commit), with the
+// operator API if adminToken is set.
+func startSlow(t *testing.T, adminToken string) (*slowStore, *orchestrator.Driver) {
+	t.Helper()
 	bst, err := store.Open(filepath.Join(t.TempDir(), "tether.db"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	st := &slowStore{Store: bst, delay: 50 * time.Millisecond, durable: map[string][]byte{}}
-	d, err := orchestrator.Start(orchestrator.Options{Addr: "127.0.0.1:0", Store: st, Logger: testLogger(t)})
+	d, err := orchestrator.Start(orchestrator.Options{Addr: "127.0.0.1:0", Store: st, Logger: testLogger(t), AdminToken: adminToken})
 	if err != nil {
 		t.Fatal(err)
 	}
+	return st, d
+}
+
+// TestWriteAhead checks duty 3-4 from the outside: at the moment an answer
+// or a message arrives, the batch that produced it is already durable.
+func TestWriteAhead(t *testing.T) {
+	ctx, cancel := context.WithTimeout(t.Context(), testTimeout)
+	defer cancel()
+	st, d := startSlow(t, "")
 	defer d.Close()
 
 	tok, err := d.CreateToken(ctx, "raw", time.Minute)

@@ -160,21 +160,32 @@ func summaryOf(v []byte) (RunSummary, error) {
 // headSummary is the summary from a history value's head; false when it
 // has none (or a zero one: the record was not made by archiving).
 func headSummary(v []byte) (RunSummary, bool, error) {
+	hd, ok, err := DecodeHead(v)
+	if !ok || err != nil {
+		return RunSummary{}, false, err
+	}
+	return summaryOfHead(hd), true, nil
+}
+
+// DecodeHead reads only the head of a history record's value (it comes
+// first); false when it has none (or a zero one: the record was not made
+// by archiving).
+func DecodeHead(v []byte) (core.HistoryHead, bool, error) {
 	dec := json.NewDecoder(bytes.NewReader(v))
 	if t, err := dec.Token(); err != nil || t != json.Delim('{') {
-		return RunSummary{}, false, fmt.Errorf("not a JSON object")
+		return core.HistoryHead{}, false, fmt.Errorf("not a JSON object")
 	}
 	if t, err := dec.Token(); err != nil || t != "Head" {
-		return RunSummary{}, false, nil
+		return core.HistoryHead{}, false, nil
 	}
 	var hd core.HistoryHead
 	if err := dec.Decode(&hd); err != nil {
-		return RunSummary{}, false, fmt.Errorf("head: %w", err)
+		return core.HistoryHead{}, false, fmt.Errorf("head: %w", err)
 	}
 	if hd.Run == "" {
-		return RunSummary{}, false, nil
+		return core.HistoryHead{}, false, nil
 	}
-	return summaryOfHead(hd), true, nil
+	return hd, true, nil
 }
 
 // summary is Summarize of the whole history this is part of.

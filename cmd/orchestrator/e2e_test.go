@@ -383,6 +383,9 @@ func tlsPhase(t *testing.T, ctx context.Context, orchBin, workerBin, dataDir str
 	if !strings.Contains(serve.stdout.String(), "data plane:         "+httpsURL) {
 		t.Errorf("serve does not name its data plane:\n%s", serve.stdout)
 	}
+	if !strings.Contains(serve.stdout.String(), "status page:        "+httpsURL+"/ ") {
+		t.Errorf("serve does not name its status page:\n%s", serve.stdout)
+	}
 	cli := func(args ...string) (string, string, int) {
 		t.Helper()
 		return orchCLI(t, ctx, orchBin, append(args, "--url", httpsURL, "--data-dir", dataDir, "--ca", certPath)...)

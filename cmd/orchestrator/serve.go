@@ -681,6 +681,7 @@ func serve(ctx context.Context, e *env, _ []string) error {
 		"dispatch_ack", cfg.DispatchAck.String(), "retention", cfg.Retention.String())
 	fmt.Fprintf(e.stdout, "Tether orchestrator listening on %s (store %s)\n  workers connect to: %s\n  operator API:       %s\n  data plane:         %s\n",
 		d.Addr(), storePath, d.URL(), d.APIURL(), d.DataURL())
+	fmt.Fprintf(e.stdout, "  status page:        %s/ (log in with the admin token; SPEC §18)\n", d.DataURL())
 	select {
 	case <-ctx.Done():
 		log.Info("shutting down", "reason", "signal")

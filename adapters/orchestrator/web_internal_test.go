@@ -1,0 +1,59 @@
+package orchestrator
+
+import (
+	"net/http/httptest"
+	"strings"
+	"testing"
+)
+
+// The run page shows a log's gap marker as one (class "gap"), and the DAG
+// puts each step one column right of its deepest dependency.
+func TestWebRunPageGapsAndLayers(t *testing.T) {
+	w := newWeb(&Driver{}, "token", nil)
+	steps := []APIStep{
+		{ID: "run-1/a", Name: "a", State: "success"},
+		{ID: "run-1/b", Name: "b", State: "success", Deps: []string{"run-1/a"}},
+		{ID: "run-1/c", Name: "c", State: "running", Deps: []string{"run-1/a", "run-1/b"}},
+		{ID: "run-1/d", Name: "d", State: "queued"},
+	}
+	names := map[string]string{}
+	for _, s := range steps {
+		names[s.ID] = s.Name
+	}
+	ls := layers(steps, names)
+	var got []string
+	for _, l := range ls {
+		var col []string
+		for _, s := range l {
+			col = append(col, s.Name+"<"+strings.Join(s.After, ",")+">")
+		}
+		got = append(got, strings.Join(col, " "))
+	}
+	if want := "[a<> d<> | b<a> | c<a,b>]"; "["+strings.Join(got, " | ")+"]" != want {
+		t.Errorf("layers %v, want %s", got, want)
+	}
+	data := runData{
+		Detail: APIRunDetail{Run: APIRun{ID: "run-1", Name: "gaps"}, Status: "running", Steps: steps},
+		Layers: ls, Names: names,
+		Logs: []webLine{
+			{APILogLine: APILogLine{Step: "run-1/a", Lease: 1, Seq: 1, Text: "before"}, Key: "1.0"},
+			{APILogLine: APILogLine{Step: "run-1/a", Lease: 1, Text: "[12 lines lost: the worker's buffer overflowed]", Gap: true}, Key: "1.1"},
+		},
+	}
+	rec := httptest.NewRecorder()
+	w.render(rec, httptest.NewRequest("GET", "/runs/run-1", nil), 200, "run", &webSession{csrf: "c"}, data)
+	body := rec.Body.String()
+	for _, want := range []string{
+		`<div class="line gap" data-key="1.1"><span class="step">a</span> <span class="text">[12 lines lost: the worker&#39;s buffer overflowed]</span>`,
+		`<div class="line" data-key="1.0">`,
+		`data-step="run-1/c" data-state="running"`,
+		`after a, b`,
+	} {
+		if !strings.Contains(body, want) {
+			t.Errorf("the run page lacks %s", want)
+		}
+	}
+	if t.Failed() {
+		t.Log(body)
+	}
+}
