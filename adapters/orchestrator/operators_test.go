@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"net/http"
+	"net/url"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -355,5 +356,58 @@ func TestAuditRetention(t *testing.T) {
 	left := auditOf(t, ctx, admin, client.AuditOptions{})
 	if st.Audit != len(old) || len(left) != 1 || left[0].Target != "new" {
 		t.Fatalf("pruned %d of the %d old entries; left %+v, want only the token new's", st.Audit, len(old), left)
+	}
+}
+
+// TestWebSessionActsAsItsToken: a status page session acts with the
+// operator token it logged in with: its cancel is audited under that
+// token's name; a read-only session sees the pages but its actions are
+// refused 403 (audited) and change nothing; revoking the token ends the
+// session.
+func TestWebSessionActsAsItsToken(t *testing.T) {
+	r := startAPI(t)
+	admin := r.client()
+	ops, err := admin.CreateOperatorToken(r.ctx, "alice", false)
+	r.ok("create alice", err)
+	view, err := admin.CreateOperatorToken(r.ctx, "viewer", true)
+	r.ok("create viewer", err)
+	var sub orchestrator.APISubmitted
+	r.expect("POST", "/runs", []byte("name: held\nsteps:\n  - name: a\n    hold: true\n    run: echo a\n"), http.StatusCreated, &sub)
+
+	ro := newWebClient(t, r)
+	if a := ro.login(view.Token); a.code != http.StatusSeeOther {
+		t.Fatalf("read-only login: HTTP %d", a.code)
+	}
+	tok := ro.csrf("/runs/" + sub.Run) // the page is served
+	if a := ro.do("POST", "/runs/"+sub.Run+"/cancel", url.Values{"csrf": {tok}}, nil); a.code != http.StatusForbidden {
+		t.Errorf("a read-only session's cancel: HTTP %d, want 403: %.300s", a.code, a.body)
+	}
+	if a := ro.do("POST", "/steps/approve", url.Values{"csrf": {tok}, "step": {sub.Run + "/a"}}, nil); a.code != http.StatusForbidden {
+		t.Errorf("a read-only session's approve: HTTP %d, want 403", a.code)
+	}
+	if det := r.waitRun(sub.Run, "running", func(orchestrator.APIRunDetail) bool { return true }); det.Status != "running" || det.Steps[0].State != "held" {
+		t.Fatalf("a read-only session changed the run: %s, step %s", det.Status, det.Steps[0].State)
+	}
+
+	rw := newWebClient(t, r)
+	if a := rw.login(ops.Token); a.code != http.StatusSeeOther {
+		t.Fatalf("login: HTTP %d", a.code)
+	}
+	tok = rw.csrf("/runs/" + sub.Run)
+	if a := rw.do("POST", "/runs/"+sub.Run+"/cancel", url.Values{"csrf": {tok}}, nil); a.code != http.StatusSeeOther {
+		t.Fatalf("cancel: HTTP %d: %.300s", a.code, a.body)
+	}
+	got := auditOf(t, r.ctx, admin, client.AuditOptions{Action: core.ActionCancel})
+	if len(got) != 2 || got[0].Actor != "alice" || got[0].Outcome != core.OutcomeAccepted ||
+		got[1].Actor != "viewer" || got[1].Code != client.CodeForbidden {
+		t.Errorf("cancel entries %+v, want viewer's refused (forbidden), then alice's accepted", got)
+	}
+	if got := auditOf(t, r.ctx, admin, client.AuditOptions{Action: core.ActionApprove}); len(got) != 1 || got[0].Actor != "viewer" {
+		t.Errorf("approve entries %+v, want viewer's refusal", got)
+	}
+
+	r.ok("revoke alice", admin.RevokeOperatorToken(r.ctx, "alice"))
+	if a := rw.do("GET", "/", nil, nil); a.code != http.StatusSeeOther || !strings.HasPrefix(a.h.Get("Location"), "/login") {
+		t.Errorf("a revoked token's session: HTTP %d to %q, want a redirect to /login", a.code, a.h.Get("Location"))
 	}
 }
