@@ -227,7 +227,8 @@ type api struct {
 }
 
 // APIHandler returns the operator API on a ServeMux of its own,
-// authenticated with adminToken (an empty token refuses every request).
+// authenticated with the driver's operator tokens (an empty adminToken
+// refuses every request).
 // Start registers the same routes on its server's mux (routes) when
 // Options.AdminToken is set.
 func (d *Driver) APIHandler(adminToken string) http.Handler {

@@ -145,7 +145,9 @@ type Options struct {
 	// serves /metrics to anyone who can reach the listener (SPEC §16).
 	MetricsToken string
 	// AdminToken, if set, mounts the operator HTTP API (APIHandler) under
-	// /api/ on the control plane's server, authenticated with this token.
+	// /api/ on the control plane's server; the token is the operator token
+	// "admin" (SPEC §15a: created at the first start, given this hash when
+	// it changed), and the API takes every live operator token.
 	AdminToken string
 	// TLS, if set, serves everything over TLS (it needs a certificate);
 	// HTTP/2 is negotiated by ALPN and workers dial wss://. Nil serves
