@@ -378,7 +378,10 @@ func TestWebSessionActsAsItsToken(t *testing.T) {
 	if a := ro.login(view.Token); a.code != http.StatusSeeOther {
 		t.Fatalf("read-only login: HTTP %d", a.code)
 	}
-	tok := ro.csrf("/runs/" + sub.Run) // the page is served
+	tok := ro.csrf("/runs/" + sub.Run) // the page is served (the logout form carries the token)
+	if a := ro.do("GET", "/runs/"+sub.Run, nil, nil); strings.Contains(a.body, `id="cancel-form"`) || strings.Contains(a.body, `class="approve"`) {
+		t.Errorf("a read-only session's run page offers actions it may not take")
+	}
 	if a := ro.do("POST", "/runs/"+sub.Run+"/cancel", url.Values{"csrf": {tok}}, nil); a.code != http.StatusForbidden {
 		t.Errorf("a read-only session's cancel: HTTP %d, want 403: %.300s", a.code, a.body)
 	}
@@ -394,6 +397,9 @@ func TestWebSessionActsAsItsToken(t *testing.T) {
 		t.Fatalf("login: HTTP %d", a.code)
 	}
 	tok = rw.csrf("/runs/" + sub.Run)
+	if a := rw.do("GET", "/runs/"+sub.Run, nil, nil); !strings.Contains(a.body, `id="cancel-form"`) || !strings.Contains(a.body, `class="approve"`) {
+		t.Errorf("a full session's run page lacks the cancel form or the approve button")
+	}
 	if a := rw.do("POST", "/runs/"+sub.Run+"/cancel", url.Values{"csrf": {tok}}, nil); a.code != http.StatusSeeOther {
 		t.Fatalf("cancel: HTTP %d: %.300s", a.code, a.body)
 	}

@@ -357,16 +357,20 @@ func (w *web) fail(rw http.ResponseWriter, r *http.Request, s *webSession, err e
 }
 
 type layoutData struct {
-	Page   string
-	CSRF   string
-	Authed bool
-	Data   any
+	Page     string
+	CSRF     string
+	Authed   bool
+	ReadOnly bool // the session's token may view but not act: no action forms
+	Data     any
 }
 
 func (w *web) render(rw http.ResponseWriter, r *http.Request, code int, page string, s *webSession, data any) {
 	ld := layoutData{Page: page, Data: data}
 	if s != nil {
 		ld.CSRF, ld.Authed = s.csrf, true
+		if op, ok := w.d.operator(s.token); ok {
+			ld.ReadOnly = op.ReadOnly
+		}
 	}
 	var b bytes.Buffer
 	if err := w.pages[page].Execute(&b, ld); err != nil {
