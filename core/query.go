@@ -92,6 +92,26 @@ func (r RunRecord) LiveStatus() string {
 	return "running"
 }
 
+// StepTimes returns a step's run and when it was queued and started,
+// without copying the step: the driver reads it right after each Step for
+// its latency histograms (SPEC §16).
+func (o *Orchestrator) StepTimes(id StepID) (run RunID, queuedAt, startedAt time.Time, ok bool) {
+	s := o.steps[id]
+	if s == nil {
+		return "", time.Time{}, time.Time{}, false
+	}
+	return s.Run, s.QueuedAt, s.StartedAt, true
+}
+
+// LeaseGrantedAt returns when a live lease was granted.
+func (o *Orchestrator) LeaseGrantedAt(id LeaseID) (time.Time, bool) {
+	l := o.leases[id]
+	if l == nil {
+		return time.Time{}, false
+	}
+	return l.GrantedAt, true
+}
+
 // StepByID returns a copy of a step.
 func (o *Orchestrator) StepByID(id StepID) (StepRecord, bool) {
 	s := o.steps[id]

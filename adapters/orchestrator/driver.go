@@ -724,16 +724,20 @@ func (d *Driver) loop() error {
 // (land) before it starts the next one's commit, so groups become durable,
 // and leave, in the order they were stepped.
 type flight struct {
-	group   commit.Group       // the same write-ahead code the simulator runs
-	ops     []store.DataOp     // fenced data writes, persisted with the group
-	writes  []pendingWrite     // their answers, and the refused ones', in order
-	queries []query            // run once the group is durable
-	inputs  int                // inputs stepped into the group
-	results []store.DataResult // written by the commit goroutine: ops' outcomes
-	err     error              // written by the commit goroutine
-	records int                // written by the commit goroutine: records persisted
-	took    time.Duration      // written by the commit goroutine: the store's time
-	done    chan struct{}      // closed when results and err are set
+	group   commit.Group   // the same write-ahead code the simulator runs
+	ops     []store.DataOp // fenced data writes, persisted with the group
+	writes  []pendingWrite // their answers, and the refused ones', in order
+	queries []query        // run once the group is durable
+	inputs  int            // inputs stepped into the group
+
+	// For the metrics (metrics.go), taken at each Step, observed at land.
+	grants                         int
+	dispatchLatency, submitToStart []float64
+	results                        []store.DataResult // written by the commit goroutine: ops' outcomes
+	err                            error              // written by the commit goroutine
+	records                        int                // written by the commit goroutine: records persisted
+	took                           time.Duration      // written by the commit goroutine: the store's time
+	done                           chan struct{}      // closed when results and err are set
 }
 
 // launch starts f's commit on its own goroutine.
@@ -870,6 +874,7 @@ func (d *Driver) process(batch []input) error {
 	step := func(in core.Input) core.Ready {
 		rd := d.o.Step(time.Now(), in)
 		f.group.Add(rd)
+		d.m.stepped(d.o, rd, f)
 		stepped, dl = true, rd.Deadline // the last Ready's Deadline is the core's earliest timer now
 		return rd
 	}

@@ -138,67 +138,64 @@ func (m *metrics) handler(d *Driver, token string) http.Handler {
 // grants and starts, the log lines dropped in it, and its commit (loop
 // goroutine, from land). Everything read is in the group's own records,
 // except a run's submission time, which never changes.
+// stepped takes what one batch adds to the latency histograms from the
+// core's state right after its Step — map lookups, nothing decoded — and
+// keeps it in the batch's group, to be observed once the group landed
+// (write-ahead, SPEC §11).
+func (m *metrics) stepped(o *core.Orchestrator, rd core.Ready, f *flight) {
+	for _, e := range rd.Messages {
+		g, ok := e.Msg.(core.Dispatch)
+		if !ok {
+			continue
+		}
+		f.grants++
+		_, queued, _, ok := o.StepTimes(g.Step)
+		granted, gok := o.LeaseGrantedAt(g.Lease)
+		if ok && gok && !queued.IsZero() {
+			f.dispatchLatency = append(f.dispatchLatency, max(granted.Sub(queued), 0).Seconds())
+		}
+	}
+	for _, t := range rd.Transitions {
+		if t.Event != core.EvStart || t.From != core.StateQueued {
+			continue
+		}
+		run, _, started, ok := o.StepTimes(t.Step)
+		if !ok || started.IsZero() {
+			continue
+		}
+		if at, ok := o.SubmittedAt(run); ok {
+			f.submitToStart = append(f.submitToStart, max(started.Sub(at), 0).Seconds())
+		}
+	}
+}
+
+// landed observes a group that is durable: its commit, what stepped took
+// for it, and the log lines it dropped.
 func (m *metrics) landed(d *Driver, f *flight) {
 	m.commitRecords.Observe(float64(f.records))
 	m.commitDuration.Observe(f.took.Seconds())
+	m.grants.Add(float64(f.grants))
+	for _, v := range f.dispatchLatency {
+		m.dispatchLatency.Observe(v)
+	}
+	for _, v := range f.submitToStart {
+		m.submitToStart.Observe(v)
+	}
 	for _, rd := range f.group.Readys() {
-		var grants []core.Dispatch
-		for _, e := range rd.Messages {
-			if g, ok := e.Msg.(core.Dispatch); ok {
-				grants = append(grants, g)
-			}
-		}
-		var starts []core.StepID
-		for _, t := range rd.Transitions {
-			if t.Event == core.EvStart && t.From == core.StateQueued {
-				starts = append(starts, t.Step)
-			}
-		}
-		m.grants.Add(float64(len(grants)))
-		var steps map[core.StepID]*core.StepRecord
-		var leases map[core.LeaseID]*core.LeaseRecord
-		if len(grants)+len(starts) > 0 {
-			steps, leases = map[core.StepID]*core.StepRecord{}, map[core.LeaseID]*core.LeaseRecord{}
-		}
 		for _, r := range rd.Records {
-			switch {
-			case r.Delete:
-			case steps != nil && strings.HasPrefix(r.Key, core.KindStep+"/"):
-				if v, err := core.DecodeRecord(r); err == nil {
-					s := v.(*core.StepRecord)
-					steps[s.ID] = s
-				}
-			case leases != nil && strings.HasPrefix(r.Key, core.KindLease+"/"):
-				if v, err := core.DecodeRecord(r); err == nil {
-					l := v.(*core.LeaseRecord)
-					leases[l.ID] = l
-				}
-			case strings.HasPrefix(r.Key, core.KindLog+"/") && bytes.Contains(r.Value, []byte("--- Output dropped: ")):
-				if v, err := core.DecodeRecord(r); err == nil {
-					if lines, n, overCap, ok := core.ParseDropMarker(v.(*core.StepLogLine).Line.Text); ok {
-						reason := dropUnackedBound
-						if overCap {
-							reason = dropOutputCap
-						}
-						m.linesDropped.WithLabelValues(reason).Add(float64(lines))
-						m.bytesDropped.WithLabelValues(reason).Add(float64(n))
-					}
-				}
-			}
-		}
-		for _, g := range grants {
-			s, l := steps[g.Step], leases[g.Lease]
-			if s != nil && l != nil && !s.QueuedAt.IsZero() {
-				m.dispatchLatency.Observe(max(l.GrantedAt.Sub(s.QueuedAt), 0).Seconds())
-			}
-		}
-		for _, id := range starts {
-			s := steps[id]
-			if s == nil || s.StartedAt.IsZero() {
+			// A drop marker is rare: only its records are decoded.
+			if r.Delete || !strings.HasPrefix(r.Key, core.KindLog+"/") || !bytes.Contains(r.Value, []byte("--- Output dropped: ")) {
 				continue
 			}
-			if at, ok := d.o.SubmittedAt(s.Run); ok {
-				m.submitToStart.Observe(max(s.StartedAt.Sub(at), 0).Seconds())
+			if v, err := core.DecodeRecord(r); err == nil {
+				if lines, n, overCap, ok := core.ParseDropMarker(v.(*core.StepLogLine).Line.Text); ok {
+					reason := dropUnackedBound
+					if overCap {
+						reason = dropOutputCap
+					}
+					m.linesDropped.WithLabelValues(reason).Add(float64(lines))
+					m.bytesDropped.WithLabelValues(reason).Add(float64(n))
+				}
 			}
 		}
 		for _, e := range rd.Logs {
