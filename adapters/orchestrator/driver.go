@@ -263,6 +263,13 @@ type Driver struct {
 	stopping  atomic.Bool                  // Shutdown or Close began (/readyz)
 }
 
+// A query's claim (query.claim).
+const (
+	queryPending int32 = iota
+	queryRun
+	queryAbandoned
+)
+
 // Inputs of the loop.
 type (
 	input  interface{}
@@ -283,6 +290,10 @@ type (
 	query struct {
 		f    func(*core.Orchestrator)
 		done chan struct{}
+		// claim decides, once, who has the query: the loop (queryRun),
+		// which then runs f, or its caller giving up (queryAbandoned),
+		// after which f never runs and the caller may read what f writes.
+		claim *atomic.Int32
 	}
 	tick struct{}
 )
@@ -807,7 +818,9 @@ func (d *Driver) land() error {
 		d.streams.publish(rd)
 	}
 	for _, q := range f.queries {
-		q.f(d.o)
+		if q.claim.CompareAndSwap(queryPending, queryRun) {
+			q.f(d.o)
+		}
 		close(q.done)
 	}
 	for _, rd := range f.group.Readys() {
@@ -1184,9 +1197,19 @@ func (d *Driver) RevokeToken(ctx context.Context, name string) error {
 // earlier batch is durable and sent. f must only read o (the query methods
 // of core.Orchestrator return copies) and must not keep it.
 func (d *Driver) Snapshot(ctx context.Context, f func(o *core.Orchestrator)) error {
-	q := query{f: f, done: make(chan struct{})}
+	q := query{f: f, done: make(chan struct{}), claim: new(atomic.Int32)}
 	if err := d.push(ctx, q); err != nil {
 		return fmt.Errorf("snapshot: %w", err)
+	}
+	// giveUp returns err unless the loop already took the query, in which
+	// case f is running or ran: wait for it (it is short) and succeed, so
+	// the caller never reads what f writes while f writes it.
+	giveUp := func(err error) error {
+		if q.claim.CompareAndSwap(queryPending, queryAbandoned) {
+			return err
+		}
+		<-q.done
+		return nil
 	}
 	select {
 	case <-q.done:
@@ -1197,8 +1220,8 @@ func (d *Driver) Snapshot(ctx context.Context, f func(o *core.Orchestrator)) err
 			return nil
 		default:
 		}
-		return fmt.Errorf("snapshot: %w", ErrClosed)
+		return giveUp(fmt.Errorf("snapshot: %w", ErrClosed))
 	case <-ctx.Done():
-		return fmt.Errorf("snapshot: %w", ctx.Err())
+		return giveUp(fmt.Errorf("snapshot: %w", ctx.Err()))
 	}
 }

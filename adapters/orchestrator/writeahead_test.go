@@ -294,3 +294,43 @@ func TestPipelinedWriteAhead(t *testing.T) {
 		t.Errorf("%d commits for %d submissions: nothing gathered while a commit was under way", n, submitters*each)
 	}
 }
+
+// TestSnapshotAbandoned: a caller that gives up on Snapshot (its context
+// ends while the loop waits on a slow commit) may read what its function
+// writes at once: the function then never runs, or has run to its end.
+// Under -race (as make test runs it) a function the loop runs while the
+// caller reads is a reported race.
+func TestSnapshotAbandoned(t *testing.T) {
+	ctx, cancel := context.WithTimeout(t.Context(), testTimeout)
+	defer cancel()
+	bst, err := store.Open(filepath.Join(t.TempDir(), "tether.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := &slowStore{Store: bst, delay: 30 * time.Millisecond, durable: map[string][]byte{}}
+	d, err := orchestrator.Start(orchestrator.Options{Addr: "127.0.0.1:0", Store: st, Logger: testLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	spec := core.RunSpec{Name: "s", Steps: []core.StepSpec{{Name: "a", Command: "true"}}}
+	gaveUp := 0
+	for range 20 {
+		go d.Submit(ctx, spec) // a commit in flight: the query waits for it
+		qctx, qcancel := context.WithTimeout(ctx, time.Millisecond)
+		n := -1
+		err := d.Snapshot(qctx, func(o *core.Orchestrator) { n = len(o.RunIDs()) })
+		qcancel()
+		if err != nil {
+			gaveUp++
+			if n != -1 {
+				t.Fatalf("Snapshot gave up (%v) but its function ran", err)
+			}
+		} else if n < 0 {
+			t.Fatal("Snapshot succeeded without running its function")
+		}
+	}
+	if gaveUp == 0 {
+		t.Fatal("no Snapshot gave up: the test did not reach the case it is for")
+	}
+}
