@@ -6,7 +6,7 @@ import (
 	"crypto/tls"
 	"encoding/json"
 	"errors"
-	"flag"
+	flag "github.com/spf13/pflag"
 	"fmt"
 	"io"
 	"io/fs"
@@ -19,6 +19,8 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"go.yaml.in/yaml/v3"
+
 	"github.com/tether-run/tether/adapters/orchestrator"
 	"github.com/tether-run/tether/adapters/tlsconf"
 	"github.com/tether-run/tether/client"
@@ -27,24 +29,26 @@ import (
 const (
 	defaultURL     = "http://127.0.0.1:7420"
 	adminTokenEnv  = "TETHER_ADMIN_TOKEN"
+	urlEnv         = "TETHER_URL"
 	defaultTimeout = 30 * time.Second
 	maxAnswerSize  = 256 << 20 // a run's logs can be large
 )
 
 const clientHelp = `
 
-The orchestrator is found with --url; the admin token is --admin-token, else
-$TETHER_ADMIN_TOKEN, else the file <--data-dir>/admin-token. Output is a table
-for people; --json prints the API's JSON answer instead.`
+The orchestrator is found with --url, else $TETHER_URL; the admin token is
+--admin-token, else $TETHER_ADMIN_TOKEN, else the file
+<--data-dir>/admin-token. Output is a table for people; -o json prints the
+API's JSON answer instead, -o yaml the same as YAML.`
 
 // clientFlags registers the flags every client command takes.
 func clientFlags(extra func(fs *flag.FlagSet, o *options)) func(fs *flag.FlagSet, o *options) {
 	return func(fs *flag.FlagSet, o *options) {
-		fs.StringVar(&o.url, "url", defaultURL, "orchestrator `URL` (its operator API is under /api/); https:// when it serves TLS")
+		fs.StringVar(&o.url, "url", defaultURL, "orchestrator `URL` (its operator API is under /api/); https:// when it serves TLS; $"+urlEnv+" when not given")
 		fs.StringVar(&o.ca, "ca", "", "trust the orchestrator's TLS certificate if this CA `file` (PEM) signed it")
 		fs.StringVar(&o.adminToken, "admin-token", "", "admin `token` (default: $"+adminTokenEnv+", then <data-dir>/admin-token)")
 		fs.StringVar(&o.dataDir, "data-dir", defaultDataDir, "orchestrator data `directory` holding admin-token")
-		fs.BoolVar(&o.json, "json", false, "print JSON instead of a table")
+		outputFlags(fs, o)
 		fs.DurationVar(&o.timeout, "timeout", defaultTimeout, "give up on the orchestrator after this `duration`")
 		if extra != nil {
 			extra(fs, o)
@@ -226,9 +230,13 @@ current leases and last heartbeat.` + clientHelp,
 // each request (0: none).
 func newClient(e *env, timeout time.Duration) (*client.Client, error) {
 	o := e.opts
-	u, err := url.Parse(strings.TrimRight(o.url, "/"))
+	raw, from := o.url, "--url"
+	if v := e.getenv(urlEnv); v != "" && !e.flags.Changed("url") {
+		raw, from = v, "$"+urlEnv
+	}
+	u, err := url.Parse(strings.TrimRight(raw, "/"))
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return nil, usageErrorf("--url %q: want http://HOST:PORT", o.url)
+		return nil, usageErrorf("%s %q: want http://HOST:PORT", from, raw)
 	}
 	tok := o.adminToken
 	if tok == "" {
@@ -273,6 +281,69 @@ func answerErr(err error) error {
 	return aerr
 }
 
+// outputFlags registers -o (--output) and --json.
+func outputFlags(fs *flag.FlagSet, o *options) {
+	fs.StringVarP(&o.output, "output", "o", "table", "output `format`: table, json (the API's answer) or yaml (the same as YAML)")
+	fs.BoolVar(&o.json, "json", false, "the same as -o json")
+}
+
+// printStructured prints v, the API's answer, when -o asks for JSON or
+// YAML, and says so; with -o table it prints nothing (the command prints
+// its table).
+func (e *env) printStructured(v any) (bool, error) {
+	format := e.opts.output
+	if e.opts.json {
+		format = "json"
+	}
+	switch format {
+	case "json":
+		return true, printJSON(e.stdout, v)
+	case "yaml":
+		return true, printYAML(e.stdout, v)
+	case "table", "":
+		return false, nil
+	}
+	return true, usageErrorf("-o %q: want table, json or yaml", e.opts.output)
+}
+
+// print prints v as -o asks, table printing the table.
+func (e *env) print(v any, table func() error) error {
+	if ok, err := e.printStructured(v); ok {
+		return err
+	}
+	return table()
+}
+
+// printYAML prints v as YAML: its JSON (the API's answer, in its fields'
+// order) re-encoded in block style.
+func printYAML(w io.Writer, v any) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	var doc yaml.Node
+	if err := yaml.Unmarshal(b, &doc); err != nil {
+		return err
+	}
+	blockStyle(&doc)
+	enc := yaml.NewEncoder(w)
+	enc.SetIndent(2)
+	if err := enc.Encode(&doc); err != nil {
+		return err
+	}
+	return enc.Close()
+}
+
+// blockStyle drops the flow style JSON's braces gave the nodes; a string's
+// quotes are dropped too, the encoder quoting it again where YAML would
+// read it as another type.
+func blockStyle(n *yaml.Node) {
+	n.Style &^= yaml.FlowStyle | yaml.DoubleQuotedStyle
+	for _, c := range n.Content {
+		blockStyle(c)
+	}
+}
+
 // printJSON prints v indented.
 func printJSON(w io.Writer, v any) error {
 	b, err := json.MarshalIndent(v, "", "  ")
@@ -302,8 +373,8 @@ func tokenCreate(ctx context.Context, e *env, args []string) error {
 		if err != nil {
 			return err
 		}
-		if e.opts.json {
-			return printJSON(e.stdout, out)
+		if ok, err := e.printStructured(out); ok {
+			return err
 		}
 		fmt.Fprintln(e.stdout, out.Token)
 		ws := strings.Replace(c.URL(), "http", "ws", 1) + "/control"
@@ -319,8 +390,8 @@ func tokenList(ctx context.Context, e *env, _ []string) error {
 		if err != nil {
 			return err
 		}
-		if e.opts.json {
-			return printJSON(e.stdout, out)
+		if ok, err := e.printStructured(out); ok {
+			return err
 		}
 		tw := tabwriter.NewWriter(e.stdout, 0, 0, 2, ' ', 0)
 		fmt.Fprintln(tw, "NAME\tSTATE\tCREATED\tEXPIRES\tCONSUMED BY")
@@ -343,8 +414,8 @@ func tokenRevoke(ctx context.Context, e *env, args []string) error {
 		if err := c.RevokeToken(ctx, args[0]); err != nil {
 			return err
 		}
-		if e.opts.json {
-			return printJSON(e.stdout, client.RevokedToken{Revoked: args[0]})
+		if ok, err := e.printStructured(client.RevokedToken{Revoked: args[0]}); ok {
+			return err
 		}
 		fmt.Fprintf(e.stdout, "token %s revoked\n", cell(args[0]))
 		return nil
@@ -370,8 +441,8 @@ func runSubmit(ctx context.Context, e *env, args []string) error {
 			return err
 		}
 		out := client.Submitted{Run: run}
-		if e.opts.json {
-			return printJSON(e.stdout, out)
+		if ok, err := e.printStructured(out); ok {
+			return err
 		}
 		fmt.Fprintln(e.stdout, out.Run)
 		return nil
@@ -400,8 +471,8 @@ func runList(ctx context.Context, e *env, _ []string) error {
 			}
 			q.Cursor = page.NextCursor
 		}
-		if e.opts.json {
-			return printJSON(e.stdout, out)
+		if ok, err := e.printStructured(out); ok {
+			return err
 		}
 		tw := tabwriter.NewWriter(e.stdout, 0, 0, 2, ' ', 0)
 		fmt.Fprintln(tw, "RUN\tNAME\tSTATUS\tSTEPS\tSUBMITTED\tFINISHED")
@@ -432,8 +503,8 @@ func runShow(ctx context.Context, e *env, args []string) error {
 		if err != nil {
 			return err
 		}
-		if e.opts.json {
-			return printJSON(e.stdout, out)
+		if ok, err := e.printStructured(out); ok {
+			return err
 		}
 		r := out.Run
 		fmt.Fprintf(e.stdout, "Run %s %q: %s\n", cell(r.ID), r.Name, cell(out.Status))
@@ -482,8 +553,8 @@ func runCancel(ctx context.Context, e *env, args []string) error {
 			return err
 		}
 		out := client.Submitted{Run: args[0]}
-		if e.opts.json {
-			return printJSON(e.stdout, out)
+		if ok, err := e.printStructured(out); ok {
+			return err
 		}
 		fmt.Fprintf(e.stdout, "run %s cancelling\n", cell(out.Run))
 		return nil
@@ -496,8 +567,8 @@ func runLogs(ctx context.Context, e *env, args []string) error {
 		if err != nil {
 			return err
 		}
-		if e.opts.json {
-			return printJSON(e.stdout, out)
+		if ok, err := e.printStructured(out); ok {
+			return err
 		}
 		for _, l := range out.Lines {
 			text := l.Text
@@ -526,8 +597,8 @@ func stepGate(ctx context.Context, e *env, step string, approve bool) error {
 		if err != nil {
 			return err
 		}
-		if e.opts.json {
-			return printJSON(e.stdout, out)
+		if ok, err := e.printStructured(out); ok {
+			return err
 		}
 		fmt.Fprintf(e.stdout, "step %s %sd: now %s\n", cell(out.Step), action, cell(out.State))
 		return nil
@@ -540,8 +611,8 @@ func workerList(ctx context.Context, e *env, _ []string) error {
 		if err != nil {
 			return err
 		}
-		if e.opts.json {
-			return printJSON(e.stdout, out)
+		if ok, err := e.printStructured(out); ok {
+			return err
 		}
 		tw := tabwriter.NewWriter(e.stdout, 0, 0, 2, ' ', 0)
 		fmt.Fprintln(tw, "NAME\tID\tSTATE\tTAGS\tSLOTS\tLEASES\tLAST HEARTBEAT")
@@ -590,8 +661,8 @@ func bundlePut(ctx context.Context, e *env, args []string) error {
 		if err != nil {
 			return err
 		}
-		if e.opts.json {
-			return printJSON(e.stdout, out)
+		if ok, err := e.printStructured(out); ok {
+			return err
 		}
 		fmt.Fprintln(e.stdout, out.Fingerprint)
 		kind := "opaque (not an uncompressed tar: no per-file access)"
@@ -650,8 +721,8 @@ func dataVersions(ctx context.Context, e *env, args []string) error {
 		if err != nil {
 			return err
 		}
-		if e.opts.json {
-			return printJSON(e.stdout, out)
+		if ok, err := e.printStructured(out); ok {
+			return err
 		}
 		tw := tabwriter.NewWriter(e.stdout, 0, 0, 2, ' ', 0)
 		fmt.Fprintln(tw, "VERSION\tSIZE\tSHA256\tCREATED\tWORKER\tLEASE")

@@ -9,7 +9,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"flag"
+	flag "github.com/spf13/pflag"
 	"fmt"
 	"io"
 	"net"

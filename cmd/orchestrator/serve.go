@@ -8,7 +8,7 @@ import (
 	"crypto/tls"
 	"encoding/hex"
 	"errors"
-	"flag"
+	flag "github.com/spf13/pflag"
 	"fmt"
 	"io"
 	"io/fs"
