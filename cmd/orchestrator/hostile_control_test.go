@@ -13,8 +13,8 @@ package main
 import (
 	"context"
 	"errors"
-	flag "github.com/spf13/pflag"
 	"fmt"
+	flag "github.com/spf13/pflag"
 	"io"
 	"net"
 	"net/http"
