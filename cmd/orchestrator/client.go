@@ -99,10 +99,20 @@ steps fail with class "revoked").` + clientHelp,
 			short: "submit a workflow (YAML) and print the run id",
 			long: `Submit a workflow definition (YAML; FILE "-" reads stdin) and print the new
 run's id on stdout. An invalid definition is refused with the line of each
-problem. See cmd/orchestrator/examples/ for definitions.` + clientHelp,
-			example: `  orchestrator run submit examples/dag.yaml
-  RUN=$(orchestrator run submit release.yaml) && orchestrator run show "$RUN"`,
-			flags: clientFlags(nil),
+problem. A small DAG (save it as dag.yaml; a checkout has more in
+cmd/orchestrator/examples/):
+
+` + exampleWorkflow + `
+--wait then follows the run over its live stream (SPEC §17), printing each
+step's state as it changes on stderr, as 'run watch' does, and exits with
+the run's outcome: 0 success, 10 failed, 11 cancelled.` + clientHelp,
+			example: `  orchestrator run submit dag.yaml
+  orchestrator run submit - < dag.yaml
+  RUN=$(orchestrator run submit dag.yaml) && orchestrator run show "$RUN"
+  orchestrator run submit dag.yaml --wait && echo "the run succeeded"`,
+			flags: clientFlags(func(fs *flag.FlagSet, o *options) {
+				fs.BoolVar(&o.wait, "wait", false, "follow the run to its end; the exit code is its outcome")
+			}),
 			run:   runSubmit,
 		},
 		{
@@ -129,9 +139,13 @@ is the API's, its next_cursor continuing the listing.` + clientHelp,
 			short: "show a run: status, steps, server events",
 			long: `Show one run: its status; each step's state, attempts, worker, exit code,
 failure class and message; and the run's server events (recovery and
-lifecycle events, in order).` + clientHelp,
-			example: "  orchestrator run show run-1\n  orchestrator run show run-1 --json | jq -r .status",
-			flags:   clientFlags(nil),
+lifecycle events, in order). With --exit-status the exit code is the run's
+outcome: 0 success, 10 failed, 11 cancelled, and 12 while it has not ended
+(running, failing or cancelling; 'run watch' waits for the end).` + clientHelp,
+			example: "  orchestrator run show run-1\n  orchestrator run show run-1 -o json | jq -r .status\n  orchestrator run show run-1 --exit-status >/dev/null; echo $?",
+			flags: clientFlags(func(fs *flag.FlagSet, o *options) {
+				fs.BoolVar(&o.exitStatus, "exit-status", false, "exit with the run's outcome: 0 success, 10 failed, 11 cancelled, 12 not ended")
+			}),
 			run:     runShow,
 		},
 		{
@@ -152,12 +166,35 @@ is cancelled at once. Cancelling a finished run is refused (exit 3).` + clientHe
 			long: `Print the stored log lines of a run's steps, lease by lease, with the
 worker's timestamps. Gap markers ("--- Orchestrator offline for …") show where
 a worker buffered output while disconnected. --step NAME limits the output to
-one step (all its forEach instances) or one instance (NAME[i]).` + clientHelp,
-			example: "  orchestrator run logs run-1\n  orchestrator run logs run-1 --step build[2]",
+one step (all its forEach instances) or one instance (NAME[i]).
+
+--follow prints the lines stored so far, then each line as the orchestrator
+stores it, over the run's live stream (SPEC §17; a stream that breaks is
+reopened where it stopped), until the run ends; the exit code is then the
+run's outcome: 0 success, 10 failed, 11 cancelled. With -o json each event
+of the stream is one line, {"kind","id","data"}.` + clientHelp,
+			example: "  orchestrator run logs run-1\n  orchestrator run logs run-1 --step build[2]\n  orchestrator run logs run-1 --follow",
 			flags: clientFlags(func(fs *flag.FlagSet, o *options) {
 				fs.StringVar(&o.step, "step", "", "only this step `NAME` (or NAME[i])")
+				fs.BoolVarP(&o.follow, "follow", "f", false, "print lines as they come until the run ends; the exit code is its outcome")
 			}),
 			run: runLogs,
+		},
+		{
+			path: "run watch", args: "RUN", nargs: 1,
+			short: "print a run's step states as they change, until it ends",
+			long: `Follow a run over its live stream (SPEC §17): one line for each step's state
+as it changes (its attempt, worker and exit code when it has them), each
+state once, in the order the orchestrator committed them, then the run's
+outcome ("run run-1 success"). The exit code is the outcome: 0 success, 10
+failed, 11 cancelled. A stream that breaks (the orchestrator restarts) is
+reopened where it stopped. With -o json each event of the stream is one
+line, {"kind","id","data"}.` + clientHelp,
+			example: "  orchestrator run watch run-1\n  orchestrator run watch run-1 -o json | jq -c 'select(.kind==\"step\") | .data'",
+			flags:   clientFlags(nil),
+			run: func(ctx context.Context, e *env, args []string) error {
+				return watch(ctx, e, e.stdout, args[0])
+			},
 		},
 		{
 			path: "step approve", args: "STEP", nargs: 1,
@@ -227,7 +264,8 @@ current leases and last heartbeat.` + clientHelp,
 // ---- the HTTP client (package client) ----
 
 // newClient returns the API client of the command's flags; timeout bounds
-// each request (0: none).
+// each request (0: none; negative: a live stream's client, --timeout
+// bounding only the wait for an answer's headers).
 func newClient(e *env, timeout time.Duration) (*client.Client, error) {
 	o := e.opts
 	raw, from := o.url, "--url"
@@ -253,16 +291,21 @@ func newClient(e *env, timeout time.Duration) (*client.Client, error) {
 		}
 		tok = t
 	}
-	hc := &http.Client{Timeout: timeout}
+	hc := &http.Client{Timeout: max(timeout, 0)}
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	if timeout < 0 {
+		// a live stream: no deadline on the whole answer; --timeout bounds
+		// the wait for its headers
+		tr.ResponseHeaderTimeout = o.timeout
+	}
 	if o.ca != "" {
 		pool, err := tlsconf.LoadCA(o.ca)
 		if err != nil {
 			return nil, usageErrorf("--ca: %v", err)
 		}
-		tr := http.DefaultTransport.(*http.Transport).Clone()
 		tr.TLSClientConfig = &tls.Config{RootCAs: pool}
-		hc.Transport = tr
 	}
+	hc.Transport = tr
 	return client.New(u.String(), tok, client.WithHTTPClient(hc), client.WithMaxAnswer(maxAnswerSize))
 }
 
@@ -291,19 +334,29 @@ func outputFlags(fs *flag.FlagSet, o *options) {
 // YAML, and says so; with -o table it prints nothing (the command prints
 // its table).
 func (e *env) printStructured(v any) (bool, error) {
-	format := e.opts.output
-	if e.opts.json {
-		format = "json"
-	}
-	switch format {
-	case "json":
+	format, err := e.format()
+	switch {
+	case err != nil:
+		return true, err
+	case format == "json":
 		return true, printJSON(e.stdout, v)
-	case "yaml":
+	case format == "yaml":
 		return true, printYAML(e.stdout, v)
-	case "table", "":
-		return false, nil
 	}
-	return true, usageErrorf("-o %q: want table, json or yaml", e.opts.output)
+	return false, nil
+}
+
+// format is -o's format: table, json or yaml (--json: json).
+func (e *env) format() (string, error) {
+	switch {
+	case e.opts.json:
+		return "json", nil
+	case e.opts.output == "":
+		return "table", nil
+	case e.opts.output == "table" || e.opts.output == "json" || e.opts.output == "yaml":
+		return e.opts.output, nil
+	}
+	return "", usageErrorf("-o %q: want table, json or yaml", e.opts.output)
 }
 
 // print prints v as -o asks, table printing the table.
@@ -435,9 +488,10 @@ func runSubmit(ctx context.Context, e *env, args []string) error {
 	if err != nil {
 		return fmt.Errorf("read workflow: %w", err)
 	}
-	return withClient(ctx, e, func(ctx context.Context, c *client.Client) error {
-		run, err := c.Submit(ctx, filepath.Base(name), src)
-		if err != nil {
+	var run string
+	err = withClient(ctx, e, func(ctx context.Context, c *client.Client) error {
+		var err error
+		if run, err = c.Submit(ctx, filepath.Base(name), src); err != nil {
 			return err
 		}
 		out := client.Submitted{Run: run}
@@ -447,6 +501,17 @@ func runSubmit(ctx context.Context, e *env, args []string) error {
 		fmt.Fprintln(e.stdout, out.Run)
 		return nil
 	})
+	if err != nil || !e.opts.wait {
+		return err
+	}
+	// The run's steps as they change, for people, on stderr (stdout holds
+	// only the run's id, or -o's answer, for a script); the exit code is
+	// its outcome.
+	o := *e.opts
+	o.output, o.json = "table", false
+	we := *e
+	we.opts = &o
+	return watch(ctx, &we, e.stderr, run)
 }
 
 // runList pages through GET /api/runs (SPEC §12) until --limit runs or the
@@ -503,9 +568,16 @@ func runShow(ctx context.Context, e *env, args []string) error {
 		if err != nil {
 			return err
 		}
-		if ok, err := e.printStructured(out); ok {
+		if err := e.print(out, func() error { return showRun(e, out) }); err != nil || !e.opts.exitStatus {
 			return err
 		}
+		return outcome(out.Run.ID, out.Status)
+	})
+}
+
+// showRun prints a run as a table.
+func showRun(e *env, out *client.RunDetail) error {
+	{
 		r := out.Run
 		fmt.Fprintf(e.stdout, "Run %s %q: %s\n", cell(r.ID), r.Name, cell(out.Status))
 		fmt.Fprintf(e.stdout, "Submitted %s", fmtTime(r.SubmittedAt))
@@ -544,7 +616,21 @@ func runShow(ctx context.Context, e *env, args []string) error {
 			fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\n", ev.At.Local().Format("15:04:05.000"), cell(ev.Kind), cell(orDash(ev.Step)), escapeText(oneLine(ev.Message), false))
 		}
 		return tw.Flush()
-	})
+	}
+}
+
+// outcome is the exit code of a run's status: nil (0) for success, 10
+// failed, 11 cancelled, 12 not ended yet (running, failing, cancelling).
+func outcome(run, status string) error {
+	switch status {
+	case "success":
+		return nil
+	case "failed":
+		return &exitErr{code: exitRunFailed, err: fmt.Errorf("run %s failed", cell(run))}
+	case "cancelled":
+		return &exitErr{code: exitRunCancelled, err: fmt.Errorf("run %s was cancelled", cell(run))}
+	}
+	return &exitErr{code: exitRunUnfinished, err: fmt.Errorf("run %s has not ended: %s", cell(run), cell(status))}
 }
 
 func runCancel(ctx context.Context, e *env, args []string) error {
@@ -562,6 +648,9 @@ func runCancel(ctx context.Context, e *env, args []string) error {
 }
 
 func runLogs(ctx context.Context, e *env, args []string) error {
+	if e.opts.follow {
+		return followLogs(ctx, e, args[0])
+	}
 	return withClient(ctx, e, func(ctx context.Context, c *client.Client) error {
 		out, err := c.Logs(ctx, args[0], e.opts.step)
 		if err != nil {
@@ -575,12 +664,16 @@ func runLogs(ctx context.Context, e *env, args []string) error {
 			if l.Event {
 				text = "(event) " + text
 			}
-			// The step's own bytes as it wrote them (colours included);
-			// the step id is a name and is escaped.
-			fmt.Fprintf(e.stdout, "%s %s | %s\n", l.At.Local().Format("15:04:05.000"), cell(l.Step), text)
+			printLogLine(e.stdout, l.At, l.Step, text)
 		}
 		return nil
 	})
+}
+
+// printLogLine prints one line of a step's log: the step's own bytes as it
+// wrote them (colours included); the step id is a name and is escaped.
+func printLogLine(w io.Writer, at time.Time, step, text string) {
+	fmt.Fprintf(w, "%s %s | %s\n", at.Local().Format("15:04:05.000"), cell(step), text)
 }
 
 func stepGate(ctx context.Context, e *env, step string, approve bool) error {
