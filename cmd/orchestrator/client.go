@@ -113,7 +113,7 @@ the run's outcome: 0 success, 10 failed, 11 cancelled.` + clientHelp,
 			flags: clientFlags(func(fs *flag.FlagSet, o *options) {
 				fs.BoolVar(&o.wait, "wait", false, "follow the run to its end; the exit code is its outcome")
 			}),
-			run:   runSubmit,
+			run: runSubmit,
 		},
 		{
 			path: "run list", nargs: 0,
@@ -146,7 +146,7 @@ outcome: 0 success, 10 failed, 11 cancelled, and 12 while it has not ended
 			flags: clientFlags(func(fs *flag.FlagSet, o *options) {
 				fs.BoolVar(&o.exitStatus, "exit-status", false, "exit with the run's outcome: 0 success, 10 failed, 11 cancelled, 12 not ended")
 			}),
-			run:     runShow,
+			run: runShow,
 		},
 		{
 			path: "run cancel", args: "RUN", nargs: 1,
