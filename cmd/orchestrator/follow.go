@@ -6,6 +6,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"strings"
@@ -118,10 +119,10 @@ func stepMatches(run, id, want string) bool {
 
 // watch prints each step's state as it changes, one line each (a state
 // the snapshot of a reopened stream repeats is not printed again), then
-// the run's outcome; the exit code is the outcome.
+// the run's outcome; the exit code is the outcome (which it has printed).
 func watch(ctx context.Context, e *env, w io.Writer, run string) error {
 	last := map[string]string{}
-	return followRun(ctx, e, w, run, func(ev client.StreamEvent) error {
+	err := followRun(ctx, e, w, run, func(ev client.StreamEvent) error {
 		switch ev.Kind {
 		case "step":
 			var s client.StreamStep
@@ -156,4 +157,8 @@ func watch(ctx context.Context, e *env, w io.Writer, run string) error {
 		}
 		return nil
 	})
+	if c := exitCode(err); c == exitRunFailed || c == exitRunCancelled {
+		return &exitErr{code: c, err: errors.New("")} // said above
+	}
+	return err
 }

@@ -22,11 +22,16 @@ type versionInfo struct {
 
 // buildInfo reads the binary's build information (runtime/debug).
 func buildInfo() versionInfo {
-	v := versionInfo{Version: "unknown", Go: runtime.Version()}
 	bi, ok := debug.ReadBuildInfo()
 	if !ok {
-		return v
+		return versionInfo{Version: "unknown", Go: runtime.Version()}
 	}
+	return versionOf(bi)
+}
+
+// versionOf reads the fields of a build's information.
+func versionOf(bi *debug.BuildInfo) versionInfo {
+	var v versionInfo
 	v.Module, v.Version, v.Go = bi.Main.Path, bi.Main.Version, bi.GoVersion
 	for _, s := range bi.Settings {
 		switch s.Key {
