@@ -363,3 +363,62 @@ func (c *Client) OpenAPI(ctx context.Context) ([]byte, error) {
 	}
 	return out, nil
 }
+
+// CreateOperatorToken creates a named operator token, read-only or not,
+// and returns it; its secret is shown only in this answer.
+func (c *Client) CreateOperatorToken(ctx context.Context, name string, readOnly bool) (*CreatedOperatorToken, error) {
+	var out CreatedOperatorToken
+	req := OperatorTokenRequest{Name: name, ReadOnly: readOnly}
+	if err := c.call(ctx, http.MethodPost, "/operator-tokens", jsonBody(req), "application/json", &out); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
+// OperatorTokens lists the operator tokens, revoked ones too, without
+// their secrets.
+func (c *Client) OperatorTokens(ctx context.Context) (*OperatorTokenList, error) {
+	var out OperatorTokenList
+	if err := c.call(ctx, http.MethodGet, "/operator-tokens", nil, "", &out); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
+// RevokeOperatorToken revokes an operator token for good: its next
+// request is answered 401.
+func (c *Client) RevokeOperatorToken(ctx context.Context, name string) error {
+	var out RevokedToken
+	return c.call(ctx, http.MethodDelete, "/operator-tokens/"+url.PathEscape(name), nil, "", &out)
+}
+
+// AuditOptions selects a page of GET /api/audit; zero fields select nothing.
+type AuditOptions struct {
+	Limit  int    // entries in the page (100 when 0; at most 1000)
+	Cursor string // AuditList.NextCursor of the previous page
+	Since  string // recorded at or after an RFC 3339 time, or within a duration ("24h")
+	Actor  string // only this operator token's actions
+	Action string // only this action (run.submit, operator-token.create, ...)
+}
+
+// Audit returns one page of the audit log, newest first.
+func (c *Client) Audit(ctx context.Context, o AuditOptions) (*AuditList, error) {
+	q := url.Values{}
+	for k, v := range map[string]string{"cursor": o.Cursor, "since": o.Since, "actor": o.Actor, "action": o.Action} {
+		if v != "" {
+			q.Set(k, v)
+		}
+	}
+	if o.Limit != 0 {
+		q.Set("limit", strconv.Itoa(o.Limit))
+	}
+	path := "/audit"
+	if len(q) > 0 {
+		path += "?" + q.Encode()
+	}
+	var out AuditList
+	if err := c.call(ctx, http.MethodGet, path, nil, "", &out); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}

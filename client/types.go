@@ -13,7 +13,8 @@ type Code string
 // The error codes, each with the one HTTP status it is answered with.
 const (
 	CodeInvalid          Code = "invalid"            // 400: a bad request, query, body or definition
-	CodeUnauthorized     Code = "unauthorized"       // 401: missing or wrong credential
+	CodeUnauthorized     Code = "unauthorized"       // 401: missing, wrong or revoked credential
+	CodeForbidden        Code = "forbidden"          // 403: a read-only operator token asked for a change
 	CodeNotFound         Code = "not_found"          // 404: no such endpoint, run, step, token, bundle or data
 	CodeMethodNotAllowed Code = "method_not_allowed" // 405: see the Allow header
 	CodeTimeout          Code = "timeout"            // 408: the request body stopped arriving
@@ -26,7 +27,7 @@ const (
 )
 
 // Codes lists every Code, in status order.
-var Codes = []Code{CodeInvalid, CodeUnauthorized, CodeNotFound, CodeMethodNotAllowed, CodeTimeout, CodeConflict,
+var Codes = []Code{CodeInvalid, CodeUnauthorized, CodeForbidden, CodeNotFound, CodeMethodNotAllowed, CodeTimeout, CodeConflict,
 	CodeTooLarge, CodeOutOfRange, CodeInternal, CodeUnsupported, CodeUnavailable}
 
 // CodeFor returns the code of an error answer's HTTP status; a status
@@ -37,6 +38,8 @@ func CodeFor(status int) Code {
 		return CodeInvalid
 	case 401:
 		return CodeUnauthorized
+	case 403:
+		return CodeForbidden
 	case 404:
 		return CodeNotFound
 	case 405:
@@ -256,6 +259,54 @@ type DataVersions struct {
 	ID       string        `json:"id"`
 	Versions []DataVersion `json:"versions"`
 	Stream   *DataStream   `json:"stream,omitempty"`
+}
+
+// OperatorTokenRequest is the body of POST /api/operator-tokens.
+type OperatorTokenRequest struct {
+	Name     string `json:"name"`                // 1-64 letters, digits, '-' or '_'; never reused
+	ReadOnly bool   `json:"read_only,omitempty"` // may read (every GET, the streams, /metrics), never change
+}
+
+// CreatedOperatorToken answers POST /api/operator-tokens; Token
+// ("<name>.<secret>") is shown only here.
+type CreatedOperatorToken struct {
+	Name     string `json:"name"`
+	Token    string `json:"token"`
+	ReadOnly bool   `json:"read_only"`
+}
+
+// OperatorToken is one operator token, without its secret or hash.
+type OperatorToken struct {
+	Name      string    `json:"name"`
+	ReadOnly  bool      `json:"read_only"`
+	CreatedAt time.Time `json:"created"`
+	CreatedBy string    `json:"created_by"`
+	Revoked   bool      `json:"revoked"`
+	RevokedAt time.Time `json:"revoked_at,omitzero"`
+}
+
+// OperatorTokenList answers GET /api/operator-tokens.
+type OperatorTokenList struct {
+	OperatorTokens []OperatorToken `json:"operator_tokens"`
+}
+
+// AuditEntry is one recorded operator action (SPEC §15a).
+type AuditEntry struct {
+	Seq     uint64    `json:"seq"`
+	At      time.Time `json:"at"`
+	Actor   string    `json:"actor"`            // the operator token's name
+	Action  string    `json:"action"`           // run.submit, run.cancel, step.approve, ...
+	Target  string    `json:"target,omitempty"` // run, step or token
+	Outcome string    `json:"outcome"`          // accepted or refused
+	Code    Code      `json:"code,omitempty"`   // refused: why, as an error answer's code
+	Message string    `json:"message,omitempty"`
+}
+
+// AuditList answers GET /api/audit, newest first. NextCursor, when set,
+// asks for the next (older) page (AuditOptions.Cursor).
+type AuditList struct {
+	Entries    []AuditEntry `json:"entries"`
+	NextCursor string       `json:"next_cursor,omitempty"`
 }
 
 // ---- live streams (SPEC §17): the "data:" JSON of each event type ----

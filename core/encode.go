@@ -150,6 +150,10 @@ func (e *recEncoder) meta(m *MetaRecord) {
 		e.key(false, "RestoredAt")
 		e.time(m.RestoredAt)
 	}
+	if m.AuditSeq != 0 {
+		e.key(false, "AuditSeq")
+		e.uint(m.AuditSeq)
+	}
 	e.end()
 }
 

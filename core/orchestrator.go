@@ -27,8 +27,10 @@ type Orchestrator struct {
 	leases  map[LeaseID]*LeaseRecord
 	workers map[WorkerID]*WorkerRecord
 	tokens  map[string]*TokenRecord
-	events  map[RunID][]ServerEvent
-	logs    map[LeaseID][]StepLogLine
+	// operators are the operator tokens (operators.go).
+	operators map[string]*OperatorRecord
+	events    map[RunID][]ServerEvent
+	logs      map[LeaseID][]StepLogLine
 
 	// Derived indexes, rebuilt by load.
 	specOf       map[StepID]*StepSpec
@@ -72,6 +74,7 @@ type Orchestrator struct {
 	stepLeases    map[StepID][]LeaseID     // every lease of a step, in grant order (derived)
 	archiveQ      map[RunID]bool           // runs that may have become archivable in this batch
 	history       []Record                 // this batch's history records (never cached)
+	audits        []Record                 // this batch's audit entries (never cached: not state)
 	closedBy      map[WorkerID]*closedList // the table's entries, by worker
 	closedLive    int                      // entries in the table
 	closedAdds    []ClosedLease            // this batch's additions to the log
@@ -102,6 +105,7 @@ func (o *Orchestrator) init() {
 	o.leases = map[LeaseID]*LeaseRecord{}
 	o.workers = map[WorkerID]*WorkerRecord{}
 	o.tokens = map[string]*TokenRecord{}
+	o.operators = map[string]*OperatorRecord{}
 	o.events = map[RunID][]ServerEvent{}
 	o.logs = map[LeaseID][]StepLogLine{}
 	o.specOf = map[StepID]*StepSpec{}
@@ -232,13 +236,21 @@ func (o *Orchestrator) Step(now time.Time, in Input) Ready {
 	case CancelRun:
 		o.apiCancelRun(in)
 	case Approve:
-		o.gate(in.Call, in.Step, EvApprove)
+		o.gate(in.Call, in.Actor, in.Step, EvApprove)
 	case RejectGate:
-		o.gate(in.Call, in.Step, EvReject)
+		o.gate(in.Call, in.Actor, in.Step, EvReject)
 	case CreateToken:
 		o.createToken(in)
 	case RevokeToken:
 		o.revokeToken(in)
+	case CreateOperator:
+		o.createOperator(in)
+	case RevokeOperator:
+		o.revokeOperator(in)
+	case SetAdmin:
+		o.setAdmin(in)
+	case Audit:
+		o.auditInput(in)
 	case DataWrite:
 		// SPEC §14: a write is decided after every timer due by now has
 		// fired, those due at this very instant too.
@@ -276,6 +288,11 @@ func (o *Orchestrator) finish() Ready {
 		recs = append(recs, o.history...)
 		sort.SliceStable(recs, func(i, j int) bool { return recs[i].Key < recs[j].Key })
 		o.history = nil
+	}
+	if len(o.audits) > 0 {
+		recs = append(recs, o.audits...) // their keys sort after every other kind's but closed/…
+		sort.SliceStable(recs, func(i, j int) bool { return recs[i].Key < recs[j].Key })
+		o.audits = nil
 	}
 	rd := o.rd
 	rd.Records = recs
@@ -328,6 +345,10 @@ func (o *Orchestrator) recordFor(key string) Record {
 		}
 	case KindToken:
 		if t := o.tokens[id]; t != nil {
+			v = t
+		}
+	case KindOperator:
+		if t := o.operators[id]; t != nil {
 			v = t
 		}
 	default:
@@ -699,16 +720,17 @@ func (o *Orchestrator) afterQueued(s *StepRecord) {
 // ---- operator API ----
 
 func (o *Orchestrator) submit(in Submit) {
+	deny := func(msg string) { o.deny(in.Call, in.Actor, ActionSubmit, in.Spec.Name, CodeInvalid, msg) }
 	if err := in.Spec.Validate(); err != nil {
-		o.answer(APIAnswer{Call: in.Call, Err: err.Error()})
+		deny(err.Error())
 		return
 	}
 	if err := in.Spec.CheckDispatchSizes(o.cfg.Env); err != nil {
-		o.answer(APIAnswer{Call: in.Call, Err: err.Error()})
+		deny(err.Error())
 		return
 	}
 	if in.Parent != "" && o.runs[in.Parent] == nil {
-		o.answer(APIAnswer{Call: in.Call, Err: fmt.Sprintf("unknown parent run %q", in.Parent)})
+		deny(fmt.Sprintf("unknown parent run %q", in.Parent))
 		return
 	}
 	o.meta.RunSeq++
@@ -729,6 +751,7 @@ func (o *Orchestrator) submit(in Submit) {
 	for _, id := range r.Steps {
 		o.promote(o.steps[id])
 	}
+	o.accept(in.Actor, ActionSubmit, string(r.ID))
 	o.answer(APIAnswer{Call: in.Call, Run: r.ID})
 }
 
@@ -780,15 +803,16 @@ func (o *Orchestrator) indexRun(r *RunRecord, create bool) {
 
 func (o *Orchestrator) apiCancelRun(in CancelRun) {
 	r := o.runs[in.Run]
+	deny := func(code, msg string) { o.deny(in.Call, in.Actor, ActionCancel, string(in.Run), code, msg) }
 	switch {
 	case r == nil && o.archived(in.Run):
-		o.answer(APIAnswer{Call: in.Call, Err: fmt.Sprintf("run %s already finished (archived)", in.Run)})
+		deny(CodeConflict, fmt.Sprintf("run %s already finished (archived)", in.Run))
 		return
 	case r == nil:
-		o.answer(APIAnswer{Call: in.Call, Err: fmt.Sprintf("unknown run %q", in.Run)})
+		deny(CodeNotFound, fmt.Sprintf("unknown run %q", in.Run))
 		return
 	case r.Finished:
-		o.answer(APIAnswer{Call: in.Call, Err: fmt.Sprintf("run %s already finished (%s)", r.ID, o.runStatus(r))})
+		deny(CodeConflict, fmt.Sprintf("run %s already finished (%s)", r.ID, o.runStatus(r)))
 		return
 	}
 	reason := in.Reason
@@ -796,6 +820,7 @@ func (o *Orchestrator) apiCancelRun(in CancelRun) {
 		reason = "cancelled by operator"
 	}
 	o.cancelRun(r, ClassOperator, reason)
+	o.accept(in.Actor, ActionCancel, string(r.ID))
 	o.answer(APIAnswer{Call: in.Call, Run: r.ID})
 }
 
@@ -837,18 +862,23 @@ func (o *Orchestrator) cancelStep(s *StepRecord, class FailureClass, reason stri
 	}
 }
 
-func (o *Orchestrator) gate(call CallID, id StepID, e Event) {
+func (o *Orchestrator) gate(call CallID, actor string, id StepID, e Event) {
 	s := o.steps[id]
+	action := ActionApprove
+	if e == EvReject {
+		action = ActionReject
+	}
+	deny := func(code, msg string) { o.deny(call, actor, action, string(id), code, msg) }
 	if run, _, ok := strings.Cut(string(id), "/"); s == nil && ok && o.archived(RunID(run)) {
-		o.answer(APIAnswer{Call: call, Err: fmt.Sprintf("step %s: run %s already finished (archived)", id, run)})
+		deny(CodeConflict, fmt.Sprintf("step %s: run %s already finished (archived)", id, run))
 		return
 	}
 	if s == nil {
-		o.answer(APIAnswer{Call: call, Err: fmt.Sprintf("unknown step %q", id)})
+		deny(CodeNotFound, fmt.Sprintf("unknown step %q", id))
 		return
 	}
 	if _, ok := Next(s.State, e); !ok || s.State != StateHeld {
-		o.answer(APIAnswer{Call: call, Err: fmt.Sprintf("step %s is %s, not held: %s refused", id, s.State, e)})
+		deny(CodeConflict, fmt.Sprintf("step %s is %s, not held: %s refused", id, s.State, e))
 		return
 	}
 	if e == EvReject {
@@ -863,6 +893,7 @@ func (o *Orchestrator) gate(call CallID, id StepID, e Event) {
 		o.event(s.Run, s.ID, "step-rejected", "rejected by reviewer")
 		o.transition(s, e)
 	}
+	o.accept(actor, action, string(id))
 	o.answer(APIAnswer{Call: call, Run: s.Run})
 }
 
@@ -876,19 +907,20 @@ func plural(n int) string {
 func hashSecret(b []byte) [32]byte { return sha256.Sum256(b) }
 
 func (o *Orchestrator) createToken(in CreateToken) {
+	deny := func(code, msg string) { o.deny(in.Call, in.Actor, ActionTokenCreate, in.Name, code, msg) }
 	if err := CheckName("token name", in.Name); err != nil { // SPEC §9, §12
-		o.answer(APIAnswer{Call: in.Call, Err: err.Error()})
+		deny(CodeInvalid, err.Error())
 		return
 	}
 	switch {
 	case in.Name == "" || len(in.Name) > MaxNameLength || strings.ContainsAny(in.Name, ". /\t\n"):
-		o.answer(APIAnswer{Call: in.Call, Err: fmt.Sprintf("token name %q must be 1-%d characters without '.', '/' or spaces", in.Name, MaxNameLength)})
+		deny(CodeInvalid, fmt.Sprintf("token name %q must be 1-%d characters without '.', '/' or spaces", in.Name, MaxNameLength))
 		return
 	case o.tokens[in.Name] != nil:
-		o.answer(APIAnswer{Call: in.Call, Err: fmt.Sprintf("token %q already exists", in.Name)})
+		deny(CodeConflict, fmt.Sprintf("token %q already exists", in.Name))
 		return
 	case in.TTL <= 0:
-		o.answer(APIAnswer{Call: in.Call, Err: "token TTL must be positive"})
+		deny(CodeInvalid, "token TTL must be positive")
 		return
 	}
 	secret := hex.EncodeToString(in.Secret[:])
@@ -896,13 +928,14 @@ func (o *Orchestrator) createToken(in CreateToken) {
 	o.tokens[t.Name] = t
 	o.markToken(t)
 	o.logf("info", "enrollment token created", "token", t.Name, "expires_in", DescribeDuration(in.TTL))
+	o.accept(in.Actor, ActionTokenCreate, t.Name)
 	o.answer(APIAnswer{Call: in.Call, Token: t.Name + "." + secret})
 }
 
 func (o *Orchestrator) revokeToken(in RevokeToken) {
 	t := o.tokens[in.Name]
 	if t == nil {
-		o.answer(APIAnswer{Call: in.Call, Err: fmt.Sprintf("unknown token %q", in.Name)})
+		o.deny(in.Call, in.Actor, ActionTokenRevoke, in.Name, CodeNotFound, fmt.Sprintf("unknown token %q", in.Name))
 		return
 	}
 	if !t.Revoked {
@@ -923,6 +956,7 @@ func (o *Orchestrator) revokeToken(in RevokeToken) {
 			}
 		}
 	}
+	o.accept(in.Actor, ActionTokenRevoke, t.Name)
 	o.answer(APIAnswer{Call: in.Call})
 }
 

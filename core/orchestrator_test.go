@@ -151,7 +151,7 @@ func (h *harness) checkDisk() {
 	state := 0 // the disk's records that are state: not history, not an archived lease's log, not the closed-lease log
 	var closedKeys []string
 	for k, v := range h.disk {
-		if IsHistoryKey(k) {
+		if IsHistoryKey(k) || IsAuditKey(k) {
 			continue
 		}
 		if isClosedKey(k) {
@@ -460,9 +460,9 @@ func (h *harness) command(d *datadriven.TestData) []string {
 	case "token":
 		switch h.pos(d, 0) {
 		case "create":
-			return h.step(CreateToken{Call: h.call(), Name: unescape(h.t, h.argOr(d, "name", "")), TTL: h.dur(d, "ttl", time.Hour), Secret: h.secret()})
+			return h.step(CreateToken{Call: h.call(), Actor: h.argOr(d, "actor", ""), Name: unescape(h.t, h.argOr(d, "name", "")), TTL: h.dur(d, "ttl", time.Hour), Secret: h.secret()})
 		case "revoke":
-			return h.step(RevokeToken{Call: h.call(), Name: h.argOr(d, "name", "")})
+			return h.step(RevokeToken{Call: h.call(), Actor: h.argOr(d, "actor", ""), Name: h.argOr(d, "name", "")})
 		}
 
 	case "enroll":
@@ -604,16 +604,70 @@ func (h *harness) command(d *datadriven.TestData) []string {
 
 	case "submit":
 		spec := h.parseRun(d)
-		return h.step(Submit{Call: h.call(), Spec: spec, Parent: RunID(h.argOr(d, "parent", ""))})
+		return h.step(Submit{Call: h.call(), Actor: h.argOr(d, "actor", ""), Spec: spec, Parent: RunID(h.argOr(d, "parent", ""))})
 
 	case "cancel":
-		return h.step(CancelRun{Call: h.call(), Run: RunID(h.pos(d, 0)), Reason: h.argOr(d, "reason", "")})
+		return h.step(CancelRun{Call: h.call(), Actor: h.argOr(d, "actor", ""), Run: RunID(h.pos(d, 0)), Reason: h.argOr(d, "reason", "")})
 
 	case "approve":
-		return h.step(Approve{Call: h.call(), Step: StepID(h.pos(d, 0))})
+		return h.step(Approve{Call: h.call(), Actor: h.argOr(d, "actor", ""), Step: StepID(h.pos(d, 0))})
 
 	case "reject-gate":
-		return h.step(RejectGate{Call: h.call(), Step: StepID(h.pos(d, 0))})
+		return h.step(RejectGate{Call: h.call(), Actor: h.argOr(d, "actor", ""), Step: StepID(h.pos(d, 0))})
+
+	case "operator":
+		// operator create NAME [read-only] [actor=A] | operator revoke NAME
+		// [actor=A] | operator admin secret=S (the admin-token file)
+		switch h.pos(d, 0) {
+		case "create":
+			var sec [32]byte
+			copy(sec[:], fmt.Sprintf("op-secret-%s", h.pos(d, 1)))
+			return h.step(CreateOperator{Call: h.call(), Actor: h.argOr(d, "actor", ""), Name: h.pos(d, 1), ReadOnly: h.has(d, "read-only"), Secret: sec})
+		case "revoke":
+			return h.step(RevokeOperator{Call: h.call(), Actor: h.argOr(d, "actor", ""), Name: h.pos(d, 1)})
+		case "admin":
+			return h.step(SetAdmin{Call: h.call(), Hash: hashSecret([]byte(h.argOr(d, "secret", "")))})
+		}
+
+	case "refused":
+		// refused actor=A action=X target=T code=C msg=M: a refusal the
+		// driver met before the core (Audit input).
+		return h.step(Audit{Call: h.call(), Entry: AuditEntry{Actor: h.argOr(d, "actor", ""), Action: h.argOr(d, "action", ""),
+			Target: h.argOr(d, "target", ""), Outcome: OutcomeRefused, Code: h.argOr(d, "code", ""), Message: h.argOr(d, "msg", "")}})
+
+	case "operators":
+		var out []string
+		for _, t := range h.o.Operators() {
+			line := fmt.Sprintf("operator %s hash=%x by=%s", t.Name, t.Hash[:4], t.CreatedBy)
+			if t.ReadOnly {
+				line += " read-only"
+			}
+			if t.Revoked {
+				line += " revoked at " + DescribeAt(t.RevokedAt, t0)
+			}
+			out = append(out, line)
+		}
+		return out
+
+	case "audit":
+		// The audit log as the disk holds it, oldest first.
+		var out []string
+		for _, k := range sortedKeys(h.disk) {
+			if !IsAuditKey(k) {
+				continue
+			}
+			v, err := DecodeRecord(Record{Key: k, Value: h.disk[k]})
+			if err != nil {
+				h.t.Fatalf("audit record %s: %v", k, err)
+			}
+			e := v.(*AuditEntry)
+			line := fmt.Sprintf("#%d %s %s %s %s %s", e.Seq, DescribeAt(e.At, t0), e.Actor, e.Action, e.Target, e.Outcome)
+			if e.Code != "" {
+				line += fmt.Sprintf(" %s: %s", e.Code, e.Message)
+			}
+			out = append(out, line)
+		}
+		return out
 
 	case "restart":
 		// The process dies: connections and memory are gone; the disk stays.

@@ -86,30 +86,37 @@ type (
 	// Disconnected says a control connection dropped.
 	Disconnected struct{ Conn ConnID }
 	// Submit submits a run.
+	// The operator calls carry Actor, the operator token's name, which
+	// their audit entry records (SPEC §15a); empty is ActorLocal.
 	Submit struct {
 		Call   CallID
+		Actor  string
 		Spec   RunSpec
 		Parent RunID
 	}
 	// CancelRun cancels every non-terminal step of a run.
 	CancelRun struct {
 		Call   CallID
+		Actor  string
 		Run    RunID
 		Reason string
 	}
 	// Approve opens a held step's gate; RejectGate closes it (cancelled).
 	Approve struct {
-		Call CallID
-		Step StepID
+		Call  CallID
+		Actor string
+		Step  StepID
 	}
 	RejectGate struct {
-		Call CallID
-		Step StepID
+		Call  CallID
+		Actor string
+		Step  StepID
 	}
 	// CreateToken creates a named, time-boxed enrollment token whose secret
 	// the driver drew at random.
 	CreateToken struct {
 		Call   CallID
+		Actor  string
 		Name   string
 		TTL    time.Duration
 		Secret [16]byte
@@ -117,8 +124,9 @@ type (
 	// RevokeToken revokes a token; its worker, if any, is disconnected and
 	// loses every lease.
 	RevokeToken struct {
-		Call CallID
-		Name string
+		Call  CallID
+		Actor string
+		Name  string
 	}
 )
 
@@ -166,6 +174,8 @@ type Ready struct {
 	// Writes answers the batch's DataWrite: the driver stores the write, in
 	// the same durable group as Records, only if it is admitted (SPEC §14).
 	Writes []DataAnswer
+	// Audit lists the batch's audit entries (also in Records, SPEC §15a).
+	Audit []AuditEntry
 	// Deadline is the earliest time a timer is due; zero means none.
 	Deadline time.Time
 }
@@ -188,8 +198,9 @@ type Envelope struct {
 type APIAnswer struct {
 	Call  CallID
 	Err   string
+	Code  string // with Err: CodeInvalid, CodeNotFound or CodeConflict
 	Run   RunID  // Submit
-	Token string // CreateToken: "<name>.<secret hex>", shown once
+	Token string // CreateToken, CreateOperator: "<name>.<secret hex>", shown once
 }
 
 // ServerEvent is a recovery or lifecycle event recorded on a run.

@@ -39,6 +39,8 @@ type MetaRecord struct {
 	// RestoredAt is when the orchestrator last restarted (Restore): the
 	// closed-lease table's time bound runs from it (SPEC §7a).
 	RestoredAt time.Time `json:",omitzero"`
+	// AuditSeq numbers the audit entries (SPEC §15a).
+	AuditSeq uint64 `json:",omitempty"`
 }
 
 // RunRecord is a run.
@@ -192,6 +194,10 @@ func DecodeRecord(r Record) (any, error) {
 		v = &StepLogLine{}
 	case KindHistory:
 		v = &RunHistory{}
+	case KindOperator:
+		v = &OperatorRecord{}
+	case KindAudit:
+		v = &AuditEntry{}
 	case KindClosed:
 		ch, err := decodeClosed(r.Value)
 		if err != nil {

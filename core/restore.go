@@ -46,8 +46,8 @@ func (o *Orchestrator) load(recs []Record) error {
 	}
 	var logRecs []logRec
 	for _, r := range recs {
-		if r.Delete || IsHistoryKey(r.Key) {
-			continue // history is not state (archive.go)
+		if r.Delete || IsHistoryKey(r.Key) || IsAuditKey(r.Key) {
+			continue // history and the audit log are not state (archive.go, operators.go)
 		}
 		if isClosedKey(r.Key) {
 			o.cache(r)
@@ -71,6 +71,8 @@ func (o *Orchestrator) load(recs []Record) error {
 			o.workers[v.ID] = v
 		case *TokenRecord:
 			o.tokens[v.Name] = v
+		case *OperatorRecord:
+			o.operators[v.Name] = v
 		case *ServerEvent:
 			o.events[v.Run] = append(o.events[v.Run], *v)
 		case *StepLogLine:
@@ -235,6 +237,9 @@ func (o *Orchestrator) Records() []Record {
 	}
 	for _, id := range sortedKeys(o.tokens) {
 		add(tokenKey(id), o.tokens[id])
+	}
+	for _, id := range sortedKeys(o.operators) {
+		add(operatorKey(id), o.operators[id])
 	}
 	recs = append(recs, o.closedRecords()...)
 	sort.Slice(recs, func(i, j int) bool { return recs[i].Key < recs[j].Key })

@@ -2,15 +2,16 @@ package orchestrator
 
 // The operator HTTP JSON API under /api/ on the control plane's server
 // (Options.AdminToken), routed by ServeMux method-and-path patterns. Every
-// request but GET /api/openapi.json carries "Authorization: Bearer <admin
-// token>", compared in constant time; the two stream routes also take the
-// status page's session cookie (web.go). The routes, their limits and their
+// request but GET /api/openapi.json carries "Authorization: Bearer
+// <operator token>" (operators.go: the admin token is the operator token
+// "admin"; a read-only one may only GET, 403 otherwise); the two stream
+// routes also take the status page's session cookie (web.go). The routes, their limits and their
 // answers are the table apiRoutes below; GET /api/openapi.json describes
 // them (openapi.go).
 //
 // Every error answer is {"code", "message", "error"} (SPEC §15): code is
 // one of a closed set (client.Code), one per status: invalid 400,
-// unauthorized 401, not_found 404 (an unknown path too), method_not_allowed
+// unauthorized 401, forbidden 403 (a read-only token), not_found 404 (an unknown path too), method_not_allowed
 // 405 (with Allow), timeout 408, conflict 409 (the orchestrator refused:
 // wrong state, duplicate name), too_large 413 (body over 1 MiB; a workflow
 // over Options.MaxSubmitBody; a bundle over Options.MaxBundleBody),
@@ -26,8 +27,6 @@ package orchestrator
 import (
 	"bytes"
 	"context"
-	"crypto/sha256"
-	"crypto/subtle"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -96,6 +95,8 @@ type apiRoute struct {
 	// public routes need no admin token; session routes (the read-only
 	// streams) also take the status page's session cookie (web.go).
 	public, session bool
+	// full: a GET that a read-only operator token may not call (SPEC §15a).
+	full bool
 	// noDeadline: no answer deadline (apiTimeout); the per-write timeout
 	// still cuts a reader that stops reading.
 	noDeadline bool
@@ -152,6 +153,18 @@ var apiRoutes = []apiRoute{
 			return a.revokeToken(r.Context(), r.PathValue("name"))
 		},
 		answer: client.RevokedToken{}},
+	{method: "POST", path: "/api/operator-tokens", summary: "Create a named operator token (read_only: may only read); its secret is shown only in this answer",
+		serve: (*api).createOperator, request: client.OperatorTokenRequest{}, status: http.StatusCreated, answer: client.CreatedOperatorToken{}},
+	{method: "GET", path: "/api/operator-tokens", summary: "List operator tokens, revoked ones too (never a secret or a hash)",
+		serve: func(a *api, r *http.Request) (int, any, error) { return a.listOperators(r.Context()) }, answer: client.OperatorTokenList{}},
+	{method: "DELETE", path: "/api/operator-tokens/{name}", summary: "Revoke an operator token for good: its requests are answered 401",
+		serve: (*api).revokeOperator, answer: client.RevokedToken{}},
+	{method: "GET", path: "/api/audit", summary: "The audit log of operator actions, newest first; next_cursor continues",
+		serve: (*api).listAudit,
+		query: []docParam{{"limit", "at most this many entries (1 to 1000, default 100)"}, {"cursor", "next_cursor of the previous page"},
+			{"since", "recorded at or after an RFC 3339 time, or within a duration (24h)"}, {"actor", "only this operator token's actions"},
+			{"action", "only this action (run.submit, run.cancel, step.approve, step.reject, token.create, token.revoke, operator-token.create, operator-token.revoke, ...)"}},
+		answer: client.AuditList{}},
 	{method: "GET", path: "/api/workers", summary: "List enrolled worker instances",
 		serve: func(a *api, r *http.Request) (int, any, error) { return a.listWorkers(r.Context()) }, answer: client.WorkerList{}},
 	{method: "PUT", path: "/api/bundles", summary: "Upload a bundle (a tar is indexed); 201 when new, 200 when it existed",
@@ -172,7 +185,7 @@ var apiRoutes = []apiRoute{
 	{method: "GET", path: "/api/events", summary: "The whole server live (Server-Sent Events): runs' states, server events, workers; resumes by Last-Event-ID (SPEC §17)",
 		raw: (*api).serverEvents, noDeadline: true, session: true, answer: "text/event-stream"},
 	{method: "GET", path: "/api/store/backup", summary: "A consistent backup of the store, its blobs included (no answer deadline)",
-		raw: (*api).backup, noDeadline: true, answer: "application/x-tar"},
+		raw: (*api).backup, noDeadline: true, full: true, answer: "application/x-tar"},
 	{method: "GET", path: "/api/openapi.json", summary: "This document (no admin token needed)",
 		raw: (*api).openAPI, public: true, answer: "application/json"},
 }
@@ -209,13 +222,13 @@ const apiCatchAll = "/api/"
 type api struct {
 	d    *Driver
 	mux  *routeMux
-	hash [32]byte // of the admin token; an empty token admits nobody
-	open bool
+	open bool   // false: an empty admin token admits nobody
 	doc  []byte // the OpenAPI document (openapi.go)
 }
 
 // APIHandler returns the operator API on a ServeMux of its own,
-// authenticated with adminToken (an empty token refuses every request).
+// authenticated with the driver's operator tokens (an empty adminToken
+// refuses every request).
 // Start registers the same routes on its server's mux (routes) when
 // Options.AdminToken is set.
 func (d *Driver) APIHandler(adminToken string) http.Handler {
@@ -235,7 +248,7 @@ func (d *Driver) routes(mux *routeMux) {
 // registerAPI registers the operator API on mux: each apiRoutes entry as a
 // method-and-path pattern, and the catch-all.
 func (d *Driver) registerAPI(mux *routeMux, adminToken string) {
-	a := &api{d: d, mux: mux, hash: sha256.Sum256([]byte(adminToken)), open: adminToken != ""}
+	a := &api{d: d, mux: mux, open: adminToken != ""}
 	a.doc = openAPIDocument(apiRoutes)
 	for _, rt := range apiRoutes {
 		mux.Handle(rt.method+" "+rt.path, a.handler(rt))
@@ -268,14 +281,15 @@ func writeError(w http.ResponseWriter, he *httpError, realm string) {
 	writeJSON(w, he.code, APIError{Code: client.CodeFor(he.code), Message: he.msg, Error: he.msg})
 }
 
-func (a *api) authorized(r *http.Request) bool {
-	tok := bearer(r)
-	// Hashing first makes the comparison constant-time in the length too.
-	got := sha256.Sum256([]byte(tok))
-	return subtle.ConstantTimeCompare(got[:], a.hash[:]) == 1 && a.open && tok != ""
+// authorized finds the request's live operator token (SPEC §15a).
+func (a *api) authorized(r *http.Request) (core.OperatorRecord, bool) {
+	if !a.open {
+		return core.OperatorRecord{}, false
+	}
+	return a.d.operator(bearer(r))
 }
 
-var errUnauthorized = &httpError{code: http.StatusUnauthorized, msg: "missing or wrong admin token (send Authorization: Bearer <admin token>)"}
+var errUnauthorized = &httpError{code: http.StatusUnauthorized, msg: "missing, wrong or revoked operator token (send Authorization: Bearer <operator token>, the admin token for one)"}
 
 // fail answers an error of a request.
 func (a *api) fail(w http.ResponseWriter, r *http.Request, err error) {
@@ -292,11 +306,22 @@ func (a *api) fail(w http.ResponseWriter, r *http.Request, err error) {
 // handler wraps a route: the admin token, the answer deadline, the body's
 // limit and deadlines, and the JSON answer.
 func (a *api) handler(rt apiRoute) http.Handler {
+	changes := rt.method != http.MethodGet || rt.full
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if !rt.public && !a.authorized(r) && !(rt.session && a.d.OperatorAuthorized(r)) {
+		op, ok := a.authorized(r)
+		if !rt.public && !ok && !(rt.session && a.d.OperatorAuthorized(r)) {
 			a.fail(w, r, errUnauthorized)
 			return
 		}
+		if changes && op.ReadOnly {
+			a.refused(r, op.Name, errForbidden)
+			a.fail(w, r, errForbidden)
+			return
+		}
+		// The core records the call's actor; the API audits the refusals
+		// the core never saw (SPEC §15a).
+		note := &auditNote{}
+		r = r.WithContext(context.WithValue(WithActor(r.Context(), op.Name), noteKey{}, note))
 		if !rt.noDeadline {
 			ctx, cancel := context.WithTimeout(r.Context(), apiTimeout)
 			defer cancel()
@@ -317,7 +342,11 @@ func (a *api) handler(rt apiRoute) http.Handler {
 			_ = http.NewResponseController(w).SetReadDeadline(time.Now().Add(bundleBodyTimeout))
 		}
 		if r.ContentLength > limit {
-			a.fail(w, r, tooLarge(r.ContentLength, limit))
+			err := tooLarge(r.ContentLength, limit)
+			if changes {
+				a.refused(r, op.Name, err)
+			}
+			a.fail(w, r, err)
 			return
 		}
 		r.Body = http.MaxBytesReader(w, r.Body, limit)
@@ -327,6 +356,9 @@ func (a *api) handler(rt apiRoute) http.Handler {
 		}
 		status, body, err := rt.serve(a, r)
 		if err != nil {
+			if changes && !note.decided {
+				a.refused(r, op.Name, err)
+			}
 			a.fail(w, r, err)
 			return
 		}
@@ -340,7 +372,7 @@ var probeMethods = []string{http.MethodGet, http.MethodHead, http.MethodPost, ht
 // unrouted answers an /api/ request no route matched: 401 without the admin
 // token, 405 with Allow when the path is served for other methods, else 404.
 func (a *api) unrouted(w http.ResponseWriter, r *http.Request) {
-	if !a.authorized(r) {
+	if _, ok := a.authorized(r); !ok {
 		a.fail(w, r, errUnauthorized)
 		return
 	}

@@ -90,6 +90,14 @@ func TestAPIErrorCodes(t *testing.T) {
 	_, err = wrong.Workers(r.ctx)
 	want("a wrong admin token", client.CodeUnauthorized, err)
 
+	ro, err := c.CreateOperatorToken(r.ctx, "dash", true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	roc, _ := client.New(r.d.DataURL(), ro.Token)
+	err = roc.Cancel(r.ctx, "run-1", "")
+	want("a read-only token's cancel", client.CodeForbidden, err)
+
 	_, err = c.Run(r.ctx, "run-42")
 	want("an unknown run", client.CodeNotFound, err)
 	code, b := r.do("GET", "/nope", nil, nil)

@@ -21,6 +21,7 @@ package orchestrator
 import (
 	"context"
 	"crypto/rand"
+	"crypto/sha256"
 	"crypto/tls"
 	"errors"
 	"fmt"
@@ -144,7 +145,9 @@ type Options struct {
 	// serves /metrics to anyone who can reach the listener (SPEC §16).
 	MetricsToken string
 	// AdminToken, if set, mounts the operator HTTP API (APIHandler) under
-	// /api/ on the control plane's server, authenticated with this token.
+	// /api/ on the control plane's server; the token is the operator token
+	// "admin" (SPEC §15a: created at the first start, given this hash when
+	// it changed), and the API takes every live operator token.
 	AdminToken string
 	// TLS, if set, serves everything over TLS (it needs a certificate);
 	// HTTP/2 is negotiated by ALPN and workers dial wss://. Nil serves
@@ -253,9 +256,11 @@ type Driver struct {
 
 	stats loopStats // how long each batch held the loop (SPEC §12)
 
-	m        *metrics    // Prometheus metrics (SPEC §16)
-	ready    atomic.Bool // restored and serving (/readyz)
-	stopping atomic.Bool // Shutdown or Close began (/readyz)
+	m     *metrics    // Prometheus metrics (SPEC §16)
+	ready atomic.Bool // restored and serving (/readyz)
+
+	operators atomic.Pointer[operatorView] // the operator tokens, for the HTTP side (operators.go)
+	stopping  atomic.Bool                  // Shutdown or Close began (/readyz)
 }
 
 // Inputs of the loop.
@@ -390,6 +395,16 @@ func Start(opts Options) (*Driver, error) {
 		return nil, fmt.Errorf("orchestrator: persist restore batch: %w", err)
 	}
 	d.emitLogs(rd)
+	if opts.AdminToken != "" {
+		// The admin-token file is the operator token "admin" (SPEC §15a).
+		rd := o.Step(time.Now(), core.SetAdmin{Hash: sha256.Sum256([]byte(opts.AdminToken))})
+		if err := st.Apply(rd.Records); err != nil {
+			st.Close()
+			return nil, fmt.Errorf("orchestrator: persist the admin token: %w", err)
+		}
+		d.emitLogs(rd)
+	}
+	d.refreshOperators()
 	archived := -1 // unknown: the store does not count them
 	if c, ok := st.(interface{ ArchivedRuns() (int, error) }); ok {
 		if archived, err = c.ArchivedRuns(); err != nil {
@@ -415,7 +430,7 @@ func Start(opts Options) (*Driver, error) {
 	d.m = newMetrics(d)
 	mux.HandleFunc("/livez", d.livez)
 	mux.HandleFunc("/readyz", d.readyz)
-	mux.Handle("/metrics", d.m.handler(opts.MetricsToken))
+	mux.Handle("/metrics", d.m.handler(d, opts.MetricsToken))
 	d.routes(mux) // the operator API (api.go)
 	if opts.AdminToken != "" {
 		d.web = newWeb(d, opts.AdminToken, mux) // the status page calls the API in-process
@@ -762,6 +777,12 @@ func (d *Driver) land() error {
 		}
 		return f.err
 	}
+	for _, rd := range f.group.Readys() {
+		if changesOperators(rd) { // before any answer: a token is usable, or refused, once its creator or revoker hears so
+			d.refreshOperators()
+			break
+		}
+	}
 	f.group.Release(d.deliver, func(a core.APIAnswer) {
 		if reply, ok := d.calls[a.Call]; ok {
 			reply <- a // buffered: never blocks
@@ -885,6 +906,12 @@ func (d *Driver) process(batch []input) error {
 				}
 				in.in = ct
 			}
+			if co, ok := in.in.(core.CreateOperator); ok {
+				if _, err := rand.Read(co.Secret[:]); err != nil {
+					return fmt.Errorf("read entropy: %w", err)
+				}
+				in.in = co
+			}
 			d.calls[callID(in.in)] = in.reply
 			step(in.in)
 		case query:
@@ -940,6 +967,12 @@ func callID(in core.Input) core.CallID {
 	case core.CreateToken:
 		return in.Call
 	case core.RevokeToken:
+		return in.Call
+	case core.CreateOperator:
+		return in.Call
+	case core.RevokeOperator:
+		return in.Call
+	case core.Audit:
 		return in.Call
 	}
 	panic(fmt.Sprintf("orchestrator: %T is not an API call", in))
@@ -1065,6 +1098,7 @@ func (d *Driver) do(ctx context.Context, mk func(core.CallID) core.Input) (core.
 		if !ok {
 			return core.APIAnswer{}, ErrClosed
 		}
+		noted(ctx)
 		if a.Err != "" {
 			return a, fmt.Errorf("%w: %s", ErrRefused, a.Err)
 		}
@@ -1084,7 +1118,7 @@ func (d *Driver) Submit(ctx context.Context, spec core.RunSpec) (core.RunID, err
 	if err := spec.CheckDispatchSizes(d.opts.Config.Env); err != nil {
 		return "", fmt.Errorf("submit %s: %w: %w", core.Quote(spec.Name), ErrRefused, err)
 	}
-	a, err := d.do(ctx, func(id core.CallID) core.Input { return core.Submit{Call: id, Spec: spec} })
+	a, err := d.do(ctx, func(id core.CallID) core.Input { return core.Submit{Call: id, Actor: actorOf(ctx), Spec: spec} })
 	if err != nil {
 		return "", fmt.Errorf("submit %q: %w", spec.Name, err)
 	}
@@ -1093,7 +1127,9 @@ func (d *Driver) Submit(ctx context.Context, spec core.RunSpec) (core.RunID, err
 
 // CancelRun cancels every non-terminal step of a run.
 func (d *Driver) CancelRun(ctx context.Context, run core.RunID, reason string) error {
-	_, err := d.do(ctx, func(id core.CallID) core.Input { return core.CancelRun{Call: id, Run: run, Reason: reason} })
+	_, err := d.do(ctx, func(id core.CallID) core.Input {
+		return core.CancelRun{Call: id, Actor: actorOf(ctx), Run: run, Reason: reason}
+	})
 	if err != nil {
 		return fmt.Errorf("cancel %s: %w", run, err)
 	}
@@ -1103,7 +1139,9 @@ func (d *Driver) CancelRun(ctx context.Context, run core.RunID, reason string) e
 // CreateToken creates a named enrollment token valid for ttl and returns it
 // ("<name>.<secret>"); it is shown only once.
 func (d *Driver) CreateToken(ctx context.Context, name string, ttl time.Duration) (string, error) {
-	a, err := d.do(ctx, func(id core.CallID) core.Input { return core.CreateToken{Call: id, Name: name, TTL: ttl} })
+	a, err := d.do(ctx, func(id core.CallID) core.Input {
+		return core.CreateToken{Call: id, Actor: actorOf(ctx), Name: name, TTL: ttl}
+	})
 	if err != nil {
 		return "", fmt.Errorf("create token %q: %w", name, err)
 	}
@@ -1112,7 +1150,7 @@ func (d *Driver) CreateToken(ctx context.Context, name string, ttl time.Duration
 
 // Approve opens a held step's gate: the step is queued.
 func (d *Driver) Approve(ctx context.Context, step core.StepID) error {
-	_, err := d.do(ctx, func(id core.CallID) core.Input { return core.Approve{Call: id, Step: step} })
+	_, err := d.do(ctx, func(id core.CallID) core.Input { return core.Approve{Call: id, Actor: actorOf(ctx), Step: step} })
 	if err != nil {
 		return fmt.Errorf("approve %s: %w", step, err)
 	}
@@ -1121,7 +1159,7 @@ func (d *Driver) Approve(ctx context.Context, step core.StepID) error {
 
 // RejectGate closes a held step's gate: the step is cancelled.
 func (d *Driver) RejectGate(ctx context.Context, step core.StepID) error {
-	_, err := d.do(ctx, func(id core.CallID) core.Input { return core.RejectGate{Call: id, Step: step} })
+	_, err := d.do(ctx, func(id core.CallID) core.Input { return core.RejectGate{Call: id, Actor: actorOf(ctx), Step: step} })
 	if err != nil {
 		return fmt.Errorf("reject %s: %w", step, err)
 	}
@@ -1130,7 +1168,7 @@ func (d *Driver) RejectGate(ctx context.Context, step core.StepID) error {
 
 // RevokeToken revokes a token; its worker is disconnected and loses its leases.
 func (d *Driver) RevokeToken(ctx context.Context, name string) error {
-	_, err := d.do(ctx, func(id core.CallID) core.Input { return core.RevokeToken{Call: id, Name: name} })
+	_, err := d.do(ctx, func(id core.CallID) core.Input { return core.RevokeToken{Call: id, Actor: actorOf(ctx), Name: name} })
 	if err != nil {
 		return fmt.Errorf("revoke token %q: %w", name, err)
 	}

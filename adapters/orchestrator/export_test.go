@@ -1,7 +1,31 @@
 package orchestrator
 
-import "net/http"
+import (
+	"net/http"
+	"time"
+
+	"github.com/tether-run/tether/adapters/store"
+)
 
 // Routes returns the patterns registered on d's server mux, in order, and
 // the mux (for openapi_test.go).
 func Routes(d *Driver) ([]string, *http.ServeMux) { return d.mux.patterns, d.mux.ServeMux }
+
+// APIRoute is one route of the operator API, for tests.
+type APIRoute struct {
+	Method, Path string
+	Public, Full bool
+}
+
+// APIRouteList returns the operator API's routes.
+func APIRouteList() (out []APIRoute) {
+	for _, rt := range apiRoutes {
+		out = append(out, APIRoute{rt.method, rt.path, rt.public, rt.full})
+	}
+	return out
+}
+
+// PruneOnce runs one pass of the retention's pruner at cutoff.
+func PruneOnce(d *Driver, cutoff time.Time) (store.PruneStats, error) {
+	return d.pruneOnce(d.st.(Pruner), cutoff)
+}

@@ -115,14 +115,17 @@ func newMetrics(d *Driver) *metrics {
 }
 
 // handler serves /metrics: open, or behind a bearer token when token is set.
-func (m *metrics) handler(token string) http.Handler {
+func (m *metrics) handler(d *Driver, token string) http.Handler {
 	h := promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{MaxRequestsInFlight: metricsInFlight, Timeout: metricsTimeout})
 	if token == "" {
 		return h
 	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		// The metrics token, or any live operator token, read-only ones
+		// included (SPEC §15a, §16).
 		got := bearer(r)
-		if subtle.ConstantTimeCompare([]byte(got), []byte(token)) != 1 {
+		_, operator := d.operator(got)
+		if subtle.ConstantTimeCompare([]byte(got), []byte(token)) != 1 && !operator {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="tether-metrics"`)
 			http.Error(w, "metrics: missing or wrong bearer token", http.StatusUnauthorized)
 			return

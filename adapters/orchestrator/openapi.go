@@ -71,7 +71,7 @@ func openAPIDocument(routes []apiRoute) []byte {
 		"info": map[string]any{
 			"title":       "Tether operator API",
 			"version":     "1",
-			"description": "The orchestrator's operator API (SPEC §15). Every route but this document needs the admin token as a bearer credential.",
+			"description": "The orchestrator's operator API (SPEC §15, §15a). Every route but this document needs an operator token as a bearer credential (the admin token is one); a read-only token may call the GET routes only (403 forbidden otherwise).",
 		},
 		"security": []any{map[string]any{"adminToken": []any{}}},
 		"paths":    paths,

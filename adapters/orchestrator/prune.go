@@ -41,6 +41,14 @@ func (d *Driver) pruneOnce(p Pruner, cutoff time.Time) (store.PruneStats, error)
 		d.log.Error("pruning history", "err", err)
 		return st, err
 	}
+	if ap, ok := p.(AuditPruner); ok {
+		a, err := ap.PruneAudit(cutoff, store.PruneBudget)
+		st.Add(a)
+		if err != nil {
+			d.log.Error("pruning the audit log", "err", err)
+			return st, err
+		}
+	}
 	// A bundle a live run names is kept: its spec (command, environment)
 	// mentions the fingerprint.
 	var specs []string
@@ -72,8 +80,8 @@ func (d *Driver) pruneOnce(p Pruner, cutoff time.Time) (store.PruneStats, error)
 		d.log.Error("pruning data", "err", err)
 		return st, err
 	}
-	if st.Runs+st.LogLines+st.Versions+st.Streams+st.Bundles > 0 {
-		d.log.Info("pruned", "older_than", cutoff.UTC().Format(time.RFC3339), "runs", st.Runs, "log_lines", st.LogLines,
+	if st.Runs+st.LogLines+st.Versions+st.Streams+st.Bundles+st.Audit > 0 {
+		d.log.Info("pruned", "older_than", cutoff.UTC().Format(time.RFC3339), "runs", st.Runs, "log_lines", st.LogLines, "audit_entries", st.Audit,
 			"versions", st.Versions, "streams", st.Streams, "bundles", st.Bundles, "blobs", st.Blobs, "transactions", st.Transactions)
 	}
 	return st, nil

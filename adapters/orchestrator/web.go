@@ -67,16 +67,26 @@ const (
 //go:embed web
 var webFiles embed.FS
 
+// webSession is a logged-in browser: the operator token it logged in with
+// (kept in memory only) makes its API calls, so the audit log names that
+// token and a read-only one can view but not act (SPEC §15a, §18).
 type webSession struct {
 	csrf    string
 	expires time.Time
+	token   string
+}
+
+type sessionKey struct{}
+
+// withSession puts a request's session in its context, for call.
+func withSession(r *http.Request, s *webSession) *http.Request {
+	return r.WithContext(context.WithValue(r.Context(), sessionKey{}, s))
 }
 
 type web struct {
 	d     *Driver
 	api   http.Handler // serves /api/...
-	token string       // the admin token: the API calls are made with it
-	hash  [32]byte     // of the admin token
+	open  bool         // false (no admin token): nobody logs in
 	pages map[string]*template.Template
 	xo    *http.CrossOriginProtection
 	mux   *http.ServeMux
@@ -88,7 +98,7 @@ type web struct {
 // newWeb builds the status page over api, the handler of /api/.
 func newWeb(d *Driver, adminToken string, api http.Handler) *web {
 	w := &web{
-		d: d, api: api, token: adminToken, hash: sha256.Sum256([]byte(adminToken)),
+		d: d, api: api, open: adminToken != "",
 		pages: map[string]*template.Template{}, xo: http.NewCrossOriginProtection(),
 		sessions: map[[32]byte]*webSession{},
 	}
@@ -142,12 +152,12 @@ func (w *web) ServeHTTP(rw http.ResponseWriter, r *http.Request) {
 
 // ---- sessions ----
 
-func (w *web) newSession(now time.Time) (id string, s *webSession) {
+func (w *web) newSession(now time.Time, token string) (id string, s *webSession) {
 	var b [32]byte
 	rand.Read(b[:])
 	id = base64.RawURLEncoding.EncodeToString(b[:])
 	rand.Read(b[:])
-	s = &webSession{csrf: base64.RawURLEncoding.EncodeToString(b[:]), expires: now.Add(WebSessionTTL)}
+	s = &webSession{csrf: base64.RawURLEncoding.EncodeToString(b[:]), expires: now.Add(WebSessionTTL), token: token}
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	for k, v := range w.sessions {
@@ -182,8 +192,8 @@ func (w *web) session(r *http.Request) *webSession {
 	if s == nil {
 		return nil
 	}
-	if !time.Now().Before(s.expires) {
-		delete(w.sessions, k)
+	if _, live := w.d.operator(s.token); !live || !time.Now().Before(s.expires) {
+		delete(w.sessions, k) // expired, or its token was revoked
 		return nil
 	}
 	return s
@@ -199,8 +209,8 @@ func (d *Driver) WebSessions() int {
 	return len(d.web.sessions)
 }
 
-// OperatorAuthorized says whether r carries the admin token as a bearer
-// token or the cookie of a live web session: the check of the read-only
+// OperatorAuthorized says whether r carries a live operator token as a
+// bearer token or the cookie of a live web session: the check of the read-only
 // stream routes, which the status page's EventSource reads with its
 // cookie. Routes that change anything take the bearer token only.
 func (d *Driver) OperatorAuthorized(r *http.Request) bool {
@@ -208,14 +218,14 @@ func (d *Driver) OperatorAuthorized(r *http.Request) bool {
 		return false
 	}
 	if tok := bearer(r); tok != "" {
-		return d.web.adminToken(tok)
+		return d.web.operatorToken(tok)
 	}
 	return d.web.session(r) != nil
 }
 
-func (w *web) adminToken(tok string) bool {
-	got := sha256.Sum256([]byte(tok))
-	return subtle.ConstantTimeCompare(got[:], w.hash[:]) == 1 && tok != "" && w.token != ""
+func (w *web) operatorToken(tok string) bool {
+	_, ok := w.d.operator(tok)
+	return ok && w.open
 }
 
 func (w *web) cookie(r *http.Request, value string, maxAge int) *http.Cookie {
@@ -242,11 +252,12 @@ func (w *web) login(rw http.ResponseWriter, r *http.Request) {
 		return
 	}
 	next := safeNext(r.PostForm.Get("next"))
-	if !w.adminToken(r.PostForm.Get("token")) {
-		w.render(rw, r, http.StatusUnauthorized, "login", nil, loginData{Error: "wrong admin token", Next: next})
+	tok := r.PostForm.Get("token")
+	if !w.operatorToken(tok) {
+		w.render(rw, r, http.StatusUnauthorized, "login", nil, loginData{Error: "wrong or revoked operator token", Next: next})
 		return
 	}
-	id, _ := w.newSession(time.Now())
+	id, _ := w.newSession(time.Now(), tok)
 	http.SetCookie(rw, w.cookie(r, id, int(WebSessionTTL/time.Second)))
 	http.Redirect(rw, r, next, http.StatusSeeOther)
 }
@@ -289,7 +300,7 @@ func (w *web) page(f func(r *http.Request) (string, any, error)) http.HandlerFun
 			http.Redirect(rw, r, "/login?next="+url.QueryEscape(r.URL.RequestURI()), http.StatusSeeOther)
 			return
 		}
-		name, data, err := f(r)
+		name, data, err := f(withSession(r, s))
 		if err != nil {
 			w.fail(rw, r, s, err)
 			return
@@ -315,7 +326,7 @@ func (w *web) action(f func(r *http.Request) (string, error)) http.HandlerFunc {
 			w.render(rw, r, http.StatusForbidden, "error", s, errPage{Code: http.StatusForbidden, Message: "refused: the form's CSRF token is missing or wrong (reload the page)"})
 			return
 		}
-		to, err := f(r)
+		to, err := f(withSession(r, s))
 		if err != nil {
 			w.fail(rw, r, s, err)
 			return
@@ -368,8 +379,9 @@ func (w *web) render(rw http.ResponseWriter, r *http.Request, code int, page str
 	rw.Write(b.Bytes())
 }
 
-// call makes one operator API call in-process, with the admin token, and
-// decodes its answer into out; a refusal is a webError with its message.
+// call makes one operator API call in-process, with the token of the
+// request's session (withSession), and decodes its answer into out; a
+// refusal is a webError with its message.
 func (w *web) call(ctx context.Context, method, path string, body any, out any) error {
 	var rd io.Reader = http.NoBody
 	if body != nil {
@@ -383,7 +395,11 @@ func (w *web) call(ctx context.Context, method, path string, body any, out any) 
 	if err != nil {
 		return &webError{code: http.StatusBadRequest, msg: err.Error()}
 	}
-	req.Header.Set("Authorization", "Bearer "+w.token)
+	s, _ := ctx.Value(sessionKey{}).(*webSession)
+	if s == nil {
+		return &webError{code: http.StatusUnauthorized, msg: "not logged in"}
+	}
+	req.Header.Set("Authorization", "Bearer "+s.token)
 	rec := &memResponse{h: http.Header{}, code: http.StatusOK}
 	w.api.ServeHTTP(rec, req)
 	if rec.code >= 400 {

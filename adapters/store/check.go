@@ -117,6 +117,7 @@ func init() {
 		{"blobs", [][]byte{bktBlob}, checkBlobIndex},
 		{"blob owners", [][]byte{bktBlobBy}, checkBlobBy},
 		{"blob files", nil, checkBlobFiles},
+		{"audit", [][]byte{bktAudit}, checkAudit},
 	}
 }
 
@@ -234,7 +235,7 @@ func checkBuckets(c *checker) {
 var knownKinds = map[string]bool{
 	core.KindMeta: true, core.KindRun: true, core.KindStep: true, core.KindLease: true,
 	core.KindWorker: true, core.KindToken: true, core.KindEvent: true, core.KindLog: true,
-	core.KindHistory: true, core.KindClosed: true,
+	core.KindHistory: true, core.KindClosed: true, core.KindOperator: true,
 }
 
 // checkRecordValues: every record decodes as the core decodes it at

@@ -90,6 +90,7 @@ const PruneBudget = 2000
 // PruneStats counts what a pruning pass deleted.
 type PruneStats struct {
 	Versions, Streams, Bundles, Runs, LogLines, Blobs int
+	Audit                                             int // audit entries (audit.go)
 	Transactions                                      int
 }
 
@@ -101,6 +102,7 @@ func (p *PruneStats) Add(q PruneStats) {
 	p.Runs += q.Runs
 	p.LogLines += q.LogLines
 	p.Blobs += q.Blobs
+	p.Audit += q.Audit
 	p.Transactions += q.Transactions
 }
 

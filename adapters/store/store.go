@@ -114,7 +114,7 @@ func Open(path string) (*Store, error) {
 		return nil, fmt.Errorf("store: open %s: %w", path, err)
 	}
 	err = db.Update(func(tx *bolt.Tx) error {
-		for _, b := range append([][]byte{bucket, bktRuns, bktMeta, bktBlob, bktLogs, bktHistory, bktRunsBySeq, bktRunsByFinish, bktHistoryStats, bktPruning}, dataBuckets...) {
+		for _, b := range append([][]byte{bucket, bktRuns, bktMeta, bktBlob, bktLogs, bktHistory, bktRunsBySeq, bktRunsByFinish, bktHistoryStats, bktPruning, bktAudit}, dataBuckets...) {
 			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
 				return fmt.Errorf("bucket %s: %w", b, err)
 			}
@@ -194,6 +194,8 @@ func putRecords(tx *bolt.Tx, recs []core.Record) error {
 			err = putHistory(tx, r)
 		case isLogKey(r.Key):
 			err = putIn(logs, r)
+		case core.IsAuditKey(r.Key):
+			err = putIn(tx.Bucket(bktAudit), r)
 		default:
 			err = putIn(tx.Bucket(liveBucket(r.Key)), r)
 		}

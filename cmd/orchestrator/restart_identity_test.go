@@ -98,9 +98,16 @@ func TestFaultWorkerRestartKeepsIdentity(t *testing.T) {
 
 	w := start(t, ctx, "worker builder", workerBin, args...)
 	first := connectedAs("the worker to enroll", func(w orchestrator.APIWorker) bool { return w.Name == "builder" })
-	fi, err := os.Stat(filepath.Join(stateDir, "worker.json"))
-	if err != nil || fi.Mode().Perm() != 0o600 {
-		t.Fatalf("state file: %v, mode %v; want mode 0600", err, fi.Mode().Perm())
+	// The API shows the worker connected once its Welcome is durable and
+	// sent; the worker saves its identity when the Welcome arrives, a
+	// moment later.
+	var fi os.FileInfo
+	poll(t, ctx, "the worker to save its identity", func() bool {
+		fi, err = os.Stat(filepath.Join(stateDir, "worker.json"))
+		return err == nil
+	})
+	if fi.Mode().Perm() != 0o600 {
+		t.Fatalf("state file mode %v; want 0600", fi.Mode().Perm())
 	}
 
 	// Two processes never share an identity: the second exits 4 at once.
