@@ -421,3 +421,83 @@ func TestVersion(t *testing.T) {
 		t.Errorf("version:\n%s", out)
 	}
 }
+
+// operator-token create, list and revoke, and audit: a token's actions are
+// audited under its name, a read-only token's change is refused (3), a
+// revoked token is refused (3); list and audit print the API's answer
+// with -o json and the same as YAML.
+func TestOperatorTokensAndAudit(t *testing.T) {
+	w := newCLIWorld(t, false)
+	as := func(token string, want int, args ...string) string {
+		t.Helper()
+		var out, errb bytes.Buffer
+		if code := run(w.ctx, append(args, "--url", w.d.DataURL()), &out, &errb, func(k string) string {
+			if k == adminTokenEnv {
+				return token
+			}
+			return ""
+		}); code != want {
+			t.Fatalf("%q as %q: exit %d, want %d\n%s%s", args, token, code, want, out.String(), errb.String())
+		}
+		return out.String()
+	}
+	alice := strings.TrimSpace(w.must(exitOK, "operator-token", "create", "alice"))
+	viewer := strings.TrimSpace(w.must(exitOK, "operator-token", "create", "viewer", "--read-only"))
+	if !strings.HasPrefix(alice, "alice.") || !strings.HasPrefix(viewer, "viewer.") {
+		t.Fatalf("operator-token create printed %q, %q", alice, viewer)
+	}
+	wf := w.workflow("held", "  - name: a\n    run: echo x\n    hold: true\n")
+	run1 := strings.TrimSpace(as(alice, exitOK, "run", "submit", wf))
+	as(viewer, exitOK, "run", "show", run1)
+	as(viewer, exitRefused, "run", "cancel", run1)
+
+	var list client.OperatorTokenList
+	json.Unmarshal([]byte(w.must(exitOK, "operator-token", "list", "-o", "json")), &list)
+	var names []string
+	for _, o := range list.OperatorTokens {
+		names = append(names, fmt.Sprintf("%s:%v", o.Name, o.ReadOnly))
+	}
+	if !slices.Contains(names, "alice:false") || !slices.Contains(names, "viewer:true") {
+		t.Errorf("operator-token list: %q", names)
+	}
+	if table := w.must(exitOK, "operator-token", "list"); !strings.Contains(table, "viewer") || !strings.Contains(table, "read-only") {
+		t.Errorf("operator-token list:\n%s", table)
+	}
+
+	var audit client.AuditList
+	json.Unmarshal([]byte(w.must(exitOK, "audit", "--actor", "alice", "-o", "json")), &audit)
+	if len(audit.Entries) != 1 || audit.Entries[0].Action != "run.submit" || audit.Entries[0].Target != run1 || audit.Entries[0].Outcome != "accepted" {
+		t.Errorf("audit --actor alice: %+v, want the one submit", audit.Entries)
+	}
+	c, _ := client.New(w.d.DataURL(), cliToken)
+	api, err := c.Audit(w.ctx, client.AuditOptions{Limit: 100})
+	if err != nil {
+		t.Fatal(err)
+	}
+	js := w.must(exitOK, "audit", "-o", "json")
+	want, _ := json.Marshal(api)
+	var got, exp any
+	json.Unmarshal([]byte(js), &got)
+	json.Unmarshal(want, &exp)
+	if !reflect.DeepEqual(got, exp) {
+		t.Errorf("audit -o json is not the API's answer:\n%s\nwant %s", js, want)
+	}
+	var ym any
+	yaml.Unmarshal([]byte(w.must(exitOK, "audit", "-o", "yaml")), &ym)
+	if yj, _ := json.Marshal(ym); !bytes.Equal(yj, mustJSON(got)) {
+		t.Errorf("audit -o yaml differs from -o json:\n%s", yj)
+	}
+	table := w.must(exitOK, "audit", "--limit", "2")
+	if n := strings.Count(strings.TrimSpace(table), "\n"); n != 2 || !strings.Contains(w.must(exitOK, "audit"), "forbidden") {
+		t.Errorf("audit table (--limit 2: %d rows):\n%s", n, table)
+	}
+
+	w.must(exitOK, "operator-token", "revoke", "alice")
+	as(alice, exitRefused, "run", "list")
+	w.must(exitRefused, "operator-token", "revoke", "ghost")
+}
+
+func mustJSON(v any) []byte {
+	b, _ := json.Marshal(v)
+	return b
+}

@@ -59,6 +59,9 @@ type options struct {
 	status, name, since string
 	// run show, logs, submit
 	exitStatus, follow, wait bool
+	// operator-token create, audit
+	readOnly      bool
+	actor, action string
 }
 
 // env is what a command runs with.
@@ -89,6 +92,7 @@ func init() {
 	commands = []*command{serveCmd}
 	commands = append(commands, clientCommands()...)
 	commands = append(commands, storeCommands()...)
+	commands = append(commands, operatorCommands()...)
 	commands = append(commands, versionCmd, completionCmd)
 }
 
