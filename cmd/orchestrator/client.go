@@ -46,7 +46,7 @@ func clientFlags(extra func(fs *flag.FlagSet, o *options)) func(fs *flag.FlagSet
 	return func(fs *flag.FlagSet, o *options) {
 		fs.StringVar(&o.url, "url", defaultURL, "orchestrator `URL` (its operator API is under /api/); https:// when it serves TLS; $"+urlEnv+" when not given")
 		fs.StringVar(&o.ca, "ca", "", "trust the orchestrator's TLS certificate if this CA `file` (PEM) signed it")
-		fs.StringVar(&o.adminToken, "admin-token", "", "admin `token` (default: $"+adminTokenEnv+", then <data-dir>/admin-token)")
+		fs.StringVar(&o.adminToken, "admin-token", "", "admin or other operator `token` (default: $"+adminTokenEnv+", then <data-dir>/admin-token)")
 		fs.StringVar(&o.dataDir, "data-dir", defaultDataDir, "orchestrator data `directory` holding admin-token")
 		outputFlags(fs, o)
 		fs.DurationVar(&o.timeout, "timeout", defaultTimeout, "give up on the orchestrator after this `duration`")
