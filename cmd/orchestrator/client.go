@@ -64,10 +64,10 @@ func clientCommands() []*command {
 			long: `Create a named, time-boxed enrollment token and print it (NAME.SECRET) on
 stdout. The secret is shown only this once; the orchestrator keeps only its
 hash. The token enrolls exactly one worker process, once: give it to
-'worker connect --token'. A worker enrolled with it is named NAME unless it
-says otherwise.` + clientHelp,
+'worker connect' in $TETHER_WORKER_TOKEN or with --token-file. A worker
+enrolled with it is named NAME unless it says otherwise.` + clientHelp,
 			example: `  orchestrator token create builder-1 --ttl 2h
-  TOKEN=$(orchestrator token create builder-2) && worker connect --token "$TOKEN"`,
+  TETHER_WORKER_TOKEN=$(orchestrator token create builder-2) worker connect --url ws://127.0.0.1:7420/control`,
 			flags: clientFlags(func(fs *flag.FlagSet, o *options) {
 				fs.DurationVar(&o.ttl, "ttl", orchestrator.DefaultTokenTTL, "the token is valid for this `duration`")
 			}),
@@ -431,7 +431,7 @@ func tokenCreate(ctx context.Context, e *env, args []string) error {
 		}
 		fmt.Fprintln(e.stdout, out.Token)
 		ws := strings.Replace(c.URL(), "http", "ws", 1) + "/control"
-		fmt.Fprintf(e.stderr, "Enrollment token %q expires %s. It is shown only this once and enrolls one worker:\n  worker connect --url %s --token %s\n",
+		fmt.Fprintf(e.stderr, "Enrollment token %q expires %s. It is shown only this once and enrolls one worker:\n  TETHER_WORKER_TOKEN=%[4]s worker connect --url %[3]s\n",
 			out.Name, fmtTime(out.ExpiresAt), ws, out.Token)
 		return nil
 	})
