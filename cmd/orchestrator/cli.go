@@ -202,6 +202,12 @@ func leafCommand(cmd *command, o *options, root *cobra.Command, stdout, stderr i
 		cmd.flags(c.Flags(), o)
 	}
 	c.Flags().SortFlags = false
+	if c.Flags().Lookup("output") != nil {
+		c.RegisterFlagCompletionFunc("output", cobra.FixedCompletions([]string{"table", "json", "yaml"}, cobra.ShellCompDirectiveNoFileComp))
+	}
+	if cmd == completionCmd {
+		c.ValidArgs = []string{"bash", "zsh", "fish"}
+	}
 	return c
 }
 

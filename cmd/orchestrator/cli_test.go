@@ -387,6 +387,12 @@ func TestCompletion(t *testing.T) {
 			t.Errorf("completion %s: exit %d, %d bytes", sh, code, out.Len())
 		}
 	}
+	// The scripts ask the binary (cobra's __complete): -o's formats.
+	var out bytes.Buffer
+	run(t.Context(), []string{"__complete", "run", "show", "run-1", "-o", ""}, &out, io.Discard, func(string) string { return "" })
+	if got := strings.Fields(out.String()); len(got) < 3 || !slices.Equal(got[:3], []string{"table", "json", "yaml"}) {
+		t.Errorf("completing -o: %q", got)
+	}
 	for _, args := range [][]string{{"completion", "tcsh"}, {"completion"}} {
 		if code := run(t.Context(), args, io.Discard, io.Discard, func(string) string { return "" }); code != exitUsage {
 			t.Errorf("%q: exit %d, want 2", args, code)
