@@ -101,18 +101,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 		// a group has listed its commands
 	case !c.HasParent():
 		fmt.Fprintf(stderr, "Run 'orchestrator --help' for the commands.\n")
-	case re == nil || isArgsErr(err):
+	case re == nil: // cobra's: a flag, the arguments
 		fmt.Fprintf(stderr, "Usage: %s   (%s --help for more)\n", c.UseLine(), c.CommandPath())
 	}
 	return code
-}
-
-// argsErr is a wrong number of positional arguments.
-type argsErr struct{ error }
-
-func isArgsErr(err error) bool {
-	var a argsErr
-	return errors.As(err, &a)
 }
 
 // newRoot builds the cobra command tree from the command table: a group
@@ -186,9 +178,9 @@ func leafCommand(cmd *command, o *options, root *cobra.Command, stdout, stderr i
 			case cmd.nargs < 0 || len(pos) == cmd.nargs:
 				return nil
 			case cmd.nargs == 0:
-				return argsErr{usageErrorf("takes no arguments, got %q", pos)}
+				return usageErrorf("takes no arguments, got %q", pos)
 			}
-			return argsErr{usageErrorf("want %d argument%s (%s), got %d: %q", cmd.nargs, plural(cmd.nargs), strings.TrimSpace(cmd.args), len(pos), pos)}
+			return usageErrorf("want %d argument%s (%s), got %d: %q", cmd.nargs, plural(cmd.nargs), strings.TrimSpace(cmd.args), len(pos), pos)
 		},
 		RunE: func(c *cobra.Command, pos []string) error {
 			e := &env{stdout: stdout, stderr: stderr, getenv: getenv, opts: o, flags: c.Flags(), root: root}
