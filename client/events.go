@@ -2,13 +2,16 @@ package client
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
 	"net/url"
 	"strings"
+	"time"
 )
 
 // MaxEventLine bounds one line of a live stream read by EventStream.
@@ -103,3 +106,83 @@ func (s *EventStream) Next() (StreamEvent, error) {
 
 // Close ends the stream.
 func (s *EventStream) Close() error { return s.resp.Body.Close() }
+
+// Reconnection of FollowRun: the pause before reopening a stream doubles
+// from FollowRetryMin to FollowRetryMax; after FollowAttempts failed opens
+// in a row FollowRun gives up.
+var (
+	FollowRetryMin = 250 * time.Millisecond
+	FollowRetryMax = 5 * time.Second
+	FollowAttempts = 20
+)
+
+// FollowRun reads a run's live stream (SPEC §17) from its start to its
+// "end" event, calling f with each event. When the stream closes before
+// "end" (the orchestrator restarted, or this client fell behind), it
+// reopens it with the last id heard, so f sees no log line or server event
+// twice and misses none (step and run states come again after a reopen:
+// they are idempotent). It returns nil after "end"; f's error, which
+// stops it; ctx's error; a refusal (4xx: an unknown run, a bad admin
+// token; reopening will not heal it); or the last error after
+// FollowAttempts failed opens in a row (unreachable, or 5xx: over the
+// stream cap, shutting down).
+func (c *Client) FollowRun(ctx context.Context, id string, f func(StreamEvent) error) error {
+	lastID, failed := "", 0
+	for {
+		s, err := c.RunEvents(ctx, id, lastID)
+		if err == nil {
+			failed = 0
+			err = follow(s, &lastID, f)
+			s.Close()
+			if errors.Is(err, errStop) {
+				return nil
+			}
+			var fe fnErr
+			if errors.As(err, &fe) {
+				return fe.err
+			}
+		}
+		var ae *Error
+		if errors.As(err, &ae) && ae.Status/100 == 4 || ctx.Err() != nil {
+			return cmp.Or(ctx.Err(), err)
+		}
+		if failed++; failed >= FollowAttempts {
+			return fmt.Errorf("the live stream of run %s: %w (gave up after %d attempts)", id, err, failed)
+		}
+		pause := min(FollowRetryMin<<min(failed-1, 16), FollowRetryMax)
+		t := time.NewTimer(pause)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return ctx.Err()
+		case <-t.C:
+		}
+	}
+}
+
+var errStop = errors.New("the run ended")
+
+// fnErr is an error of FollowRun's callback.
+type fnErr struct{ err error }
+
+func (e fnErr) Error() string { return e.err.Error() }
+
+// follow reads s until "end" (errStop), its end (io.EOF: reopen) or an
+// error, keeping the last id heard.
+func follow(s *EventStream, lastID *string, f func(StreamEvent) error) error {
+	for {
+		ev, err := s.Next()
+		if err != nil {
+			return err // io.EOF included: the stream closed before "end"
+		}
+		if ev.ID != "" {
+			*lastID = ev.ID
+		}
+		if err := f(ev); err != nil {
+			return fnErr{err}
+		}
+		if ev.Kind == "end" {
+			return errStop
+		}
+	}
+}

@@ -6,7 +6,10 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"slices"
+	"sync"
 	"testing"
+	"time"
 )
 
 // The stream reader follows the Server-Sent Events framing: comments
@@ -54,5 +57,72 @@ func TestEventStreamFraming(t *testing.T) {
 	var ce *Error
 	if !errors.As(err, &ce) || ce.Code != "not_found" || ce.Status != 404 {
 		t.Fatalf("unknown run: %v", err)
+	}
+}
+
+// FollowRun reopens a stream that closed before "end" with the last id it
+// heard, through a refusal of 503 (over the stream cap), so its callback
+// sees each line once and in order; it stops after "end", and a refusal
+// of 4xx ends it at once.
+func TestFollowRunResumes(t *testing.T) {
+	defer func(d time.Duration) { FollowRetryMin = d }(FollowRetryMin)
+	FollowRetryMin = time.Millisecond
+	var mu sync.Mutex
+	var heard []string // the Last-Event-ID of each connection
+	unknown := 0       // requests for the unknown run
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/api/runs/run-9/events" {
+			mu.Lock()
+			unknown++
+			mu.Unlock()
+			w.WriteHeader(http.StatusNotFound)
+			io.WriteString(w, `{"code":"not_found","message":"unknown run"}`)
+			return
+		}
+		mu.Lock()
+		n := len(heard)
+		heard = append(heard, r.Header.Get("Last-Event-ID"))
+		mu.Unlock()
+		switch n {
+		case 0: // two lines, then the stream closes without "end"
+			w.Header().Set("Content-Type", "text/event-stream")
+			io.WriteString(w, "event: log\nid: 0:1.1\ndata: {\"text\":\"a\"}\n\nevent: log\nid: 0:1.2\ndata: {\"text\":\"b\"}\n\n")
+		case 1: // over the cap: try again
+			w.WriteHeader(http.StatusServiceUnavailable)
+			io.WriteString(w, `{"code":"unavailable","message":"too many live event streams"}`)
+		default: // resumed after the last line heard
+			w.Header().Set("Content-Type", "text/event-stream")
+			io.WriteString(w, "event: log\nid: 0:1.3\ndata: {\"text\":\"c\"}\n\nevent: end\nid: 0:1.3\ndata: {\"run\":\"run-1\",\"status\":\"success\"}\n\n")
+		}
+	}))
+	defer srv.Close()
+	c, _ := New(srv.URL, "tok")
+	var got []string
+	err := c.FollowRun(context.Background(), "run-1", func(e StreamEvent) error {
+		var l StreamLine
+		if e.Kind == "log" {
+			if err := e.Decode(&l); err != nil {
+				return err
+			}
+			got = append(got, l.Text)
+		} else {
+			got = append(got, e.Kind)
+		}
+		return nil
+	})
+	if err != nil || !slices.Equal(got, []string{"a", "b", "c", "end"}) {
+		t.Fatalf("FollowRun: %q, %v; want a, b, c, end", got, err)
+	}
+	if !slices.Equal(heard, []string{"", "0:1.2", "0:1.2"}) {
+		t.Errorf("Last-Event-ID of each connection %q, want none, then 0:1.2 twice", heard)
+	}
+	err = c.FollowRun(context.Background(), "run-9", func(StreamEvent) error { return nil })
+	if ErrorCode(err) != CodeNotFound || unknown != 1 {
+		t.Errorf("unknown run: %v after %d requests, want not_found at once", err, unknown)
+	}
+	stop := errors.New("stop")
+	err = c.FollowRun(context.Background(), "run-1", func(StreamEvent) error { return stop })
+	if err != stop {
+		t.Errorf("the callback's error: %v, want it back", err)
 	}
 }

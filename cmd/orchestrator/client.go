@@ -6,8 +6,8 @@ import (
 	"crypto/tls"
 	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
+	flag "github.com/spf13/pflag"
 	"io"
 	"io/fs"
 	"net/http"
@@ -19,6 +19,8 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"go.yaml.in/yaml/v3"
+
 	"github.com/tether-run/tether/adapters/orchestrator"
 	"github.com/tether-run/tether/adapters/tlsconf"
 	"github.com/tether-run/tether/client"
@@ -27,24 +29,26 @@ import (
 const (
 	defaultURL     = "http://127.0.0.1:7420"
 	adminTokenEnv  = "TETHER_ADMIN_TOKEN"
+	urlEnv         = "TETHER_URL"
 	defaultTimeout = 30 * time.Second
 	maxAnswerSize  = 256 << 20 // a run's logs can be large
 )
 
 const clientHelp = `
 
-The orchestrator is found with --url; the admin token is --admin-token, else
-$TETHER_ADMIN_TOKEN, else the file <--data-dir>/admin-token. Output is a table
-for people; --json prints the API's JSON answer instead.`
+The orchestrator is found with --url, else $TETHER_URL; the admin token is
+--admin-token, else $TETHER_ADMIN_TOKEN, else the file
+<--data-dir>/admin-token. Output is a table for people; -o json prints the
+API's JSON answer instead, -o yaml the same as YAML.`
 
 // clientFlags registers the flags every client command takes.
 func clientFlags(extra func(fs *flag.FlagSet, o *options)) func(fs *flag.FlagSet, o *options) {
 	return func(fs *flag.FlagSet, o *options) {
-		fs.StringVar(&o.url, "url", defaultURL, "orchestrator `URL` (its operator API is under /api/); https:// when it serves TLS")
+		fs.StringVar(&o.url, "url", defaultURL, "orchestrator `URL` (its operator API is under /api/); https:// when it serves TLS; $"+urlEnv+" when not given")
 		fs.StringVar(&o.ca, "ca", "", "trust the orchestrator's TLS certificate if this CA `file` (PEM) signed it")
-		fs.StringVar(&o.adminToken, "admin-token", "", "admin `token` (default: $"+adminTokenEnv+", then <data-dir>/admin-token)")
+		fs.StringVar(&o.adminToken, "admin-token", "", "admin or other operator `token` (default: $"+adminTokenEnv+", then <data-dir>/admin-token)")
 		fs.StringVar(&o.dataDir, "data-dir", defaultDataDir, "orchestrator data `directory` holding admin-token")
-		fs.BoolVar(&o.json, "json", false, "print JSON instead of a table")
+		outputFlags(fs, o)
 		fs.DurationVar(&o.timeout, "timeout", defaultTimeout, "give up on the orchestrator after this `duration`")
 		if extra != nil {
 			extra(fs, o)
@@ -60,10 +64,10 @@ func clientCommands() []*command {
 			long: `Create a named, time-boxed enrollment token and print it (NAME.SECRET) on
 stdout. The secret is shown only this once; the orchestrator keeps only its
 hash. The token enrolls exactly one worker process, once: give it to
-'worker connect --token'. A worker enrolled with it is named NAME unless it
-says otherwise.` + clientHelp,
+'worker connect' in $TETHER_WORKER_TOKEN or with --token-file. A worker
+enrolled with it is named NAME unless it says otherwise.` + clientHelp,
 			example: `  orchestrator token create builder-1 --ttl 2h
-  TOKEN=$(orchestrator token create builder-2) && worker connect --token "$TOKEN"`,
+  TETHER_WORKER_TOKEN=$(orchestrator token create builder-2) worker connect --url ws://127.0.0.1:7420/control`,
 			flags: clientFlags(func(fs *flag.FlagSet, o *options) {
 				fs.DurationVar(&o.ttl, "ttl", orchestrator.DefaultTokenTTL, "the token is valid for this `duration`")
 			}),
@@ -95,11 +99,21 @@ steps fail with class "revoked").` + clientHelp,
 			short: "submit a workflow (YAML) and print the run id",
 			long: `Submit a workflow definition (YAML; FILE "-" reads stdin) and print the new
 run's id on stdout. An invalid definition is refused with the line of each
-problem. See cmd/orchestrator/examples/ for definitions.` + clientHelp,
-			example: `  orchestrator run submit examples/dag.yaml
-  RUN=$(orchestrator run submit release.yaml) && orchestrator run show "$RUN"`,
-			flags: clientFlags(nil),
-			run:   runSubmit,
+problem. A small DAG (save it as dag.yaml; a checkout has more in
+cmd/orchestrator/examples/):
+
+` + exampleWorkflow + `
+--wait then follows the run over its live stream (SPEC §17), printing each
+step's state as it changes on stderr, as 'run watch' does, and exits with
+the run's outcome: 0 success, 10 failed, 11 cancelled.` + clientHelp,
+			example: `  orchestrator run submit dag.yaml
+  orchestrator run submit - < dag.yaml
+  RUN=$(orchestrator run submit dag.yaml) && orchestrator run show "$RUN"
+  orchestrator run submit dag.yaml --wait && echo "the run succeeded"`,
+			flags: clientFlags(func(fs *flag.FlagSet, o *options) {
+				fs.BoolVar(&o.wait, "wait", false, "follow the run to its end; the exit code is its outcome")
+			}),
+			run: runSubmit,
 		},
 		{
 			path: "run list", nargs: 0,
@@ -125,10 +139,14 @@ is the API's, its next_cursor continuing the listing.` + clientHelp,
 			short: "show a run: status, steps, server events",
 			long: `Show one run: its status; each step's state, attempts, worker, exit code,
 failure class and message; and the run's server events (recovery and
-lifecycle events, in order).` + clientHelp,
-			example: "  orchestrator run show run-1\n  orchestrator run show run-1 --json | jq -r .status",
-			flags:   clientFlags(nil),
-			run:     runShow,
+lifecycle events, in order). With --exit-status the exit code is the run's
+outcome: 0 success, 10 failed, 11 cancelled, and 12 while it has not ended
+(running, failing or cancelling; 'run watch' waits for the end).` + clientHelp,
+			example: "  orchestrator run show run-1\n  orchestrator run show run-1 -o json | jq -r .status\n  orchestrator run show run-1 --exit-status >/dev/null; echo $?",
+			flags: clientFlags(func(fs *flag.FlagSet, o *options) {
+				fs.BoolVar(&o.exitStatus, "exit-status", false, "exit with the run's outcome: 0 success, 10 failed, 11 cancelled, 12 not ended")
+			}),
+			run: runShow,
 		},
 		{
 			path: "run cancel", args: "RUN", nargs: 1,
@@ -148,12 +166,35 @@ is cancelled at once. Cancelling a finished run is refused (exit 3).` + clientHe
 			long: `Print the stored log lines of a run's steps, lease by lease, with the
 worker's timestamps. Gap markers ("--- Orchestrator offline for …") show where
 a worker buffered output while disconnected. --step NAME limits the output to
-one step (all its forEach instances) or one instance (NAME[i]).` + clientHelp,
-			example: "  orchestrator run logs run-1\n  orchestrator run logs run-1 --step build[2]",
+one step (all its forEach instances) or one instance (NAME[i]).
+
+--follow prints the lines stored so far, then each line as the orchestrator
+stores it, over the run's live stream (SPEC §17; a stream that breaks is
+reopened where it stopped), until the run ends; the exit code is then the
+run's outcome: 0 success, 10 failed, 11 cancelled. With -o json each event
+of the stream is one line, {"kind","id","data"}.` + clientHelp,
+			example: "  orchestrator run logs run-1\n  orchestrator run logs run-1 --step build[2]\n  orchestrator run logs run-1 --follow",
 			flags: clientFlags(func(fs *flag.FlagSet, o *options) {
 				fs.StringVar(&o.step, "step", "", "only this step `NAME` (or NAME[i])")
+				fs.BoolVarP(&o.follow, "follow", "f", false, "print lines as they come until the run ends; the exit code is its outcome")
 			}),
 			run: runLogs,
+		},
+		{
+			path: "run watch", args: "RUN", nargs: 1,
+			short: "print a run's step states as they change, until it ends",
+			long: `Follow a run over its live stream (SPEC §17): one line for each step's state
+as it changes (its attempt, worker and exit code when it has them), each
+state once, in the order the orchestrator committed them, then the run's
+outcome ("run run-1 success"). The exit code is the outcome: 0 success, 10
+failed, 11 cancelled. A stream that breaks (the orchestrator restarts) is
+reopened where it stopped. With -o json each event of the stream is one
+line, {"kind","id","data"}.` + clientHelp,
+			example: "  orchestrator run watch run-1\n  orchestrator run watch run-1 -o json | jq -c 'select(.kind==\"step\") | .data'",
+			flags:   clientFlags(nil),
+			run: func(ctx context.Context, e *env, args []string) error {
+				return watch(ctx, e, e.stdout, args[0])
+			},
 		},
 		{
 			path: "step approve", args: "STEP", nargs: 1,
@@ -223,12 +264,17 @@ current leases and last heartbeat.` + clientHelp,
 // ---- the HTTP client (package client) ----
 
 // newClient returns the API client of the command's flags; timeout bounds
-// each request (0: none).
+// each request (0: none; negative: a live stream's client, --timeout
+// bounding only the wait for an answer's headers).
 func newClient(e *env, timeout time.Duration) (*client.Client, error) {
 	o := e.opts
-	u, err := url.Parse(strings.TrimRight(o.url, "/"))
+	raw, from := o.url, "--url"
+	if v := e.getenv(urlEnv); v != "" && !e.flags.Changed("url") {
+		raw, from = v, "$"+urlEnv
+	}
+	u, err := url.Parse(strings.TrimRight(raw, "/"))
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return nil, usageErrorf("--url %q: want http://HOST:PORT", o.url)
+		return nil, usageErrorf("%s %q: want http://HOST:PORT", from, raw)
 	}
 	tok := o.adminToken
 	if tok == "" {
@@ -245,16 +291,21 @@ func newClient(e *env, timeout time.Duration) (*client.Client, error) {
 		}
 		tok = t
 	}
-	hc := &http.Client{Timeout: timeout}
+	hc := &http.Client{Timeout: max(timeout, 0)}
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	if timeout < 0 {
+		// a live stream: no deadline on the whole answer; --timeout bounds
+		// the wait for its headers
+		tr.ResponseHeaderTimeout = o.timeout
+	}
 	if o.ca != "" {
 		pool, err := tlsconf.LoadCA(o.ca)
 		if err != nil {
 			return nil, usageErrorf("--ca: %v", err)
 		}
-		tr := http.DefaultTransport.(*http.Transport).Clone()
 		tr.TLSClientConfig = &tls.Config{RootCAs: pool}
-		hc.Transport = tr
 	}
+	hc.Transport = tr
 	return client.New(u.String(), tok, client.WithHTTPClient(hc), client.WithMaxAnswer(maxAnswerSize))
 }
 
@@ -271,6 +322,79 @@ func answerErr(err error) error {
 		return &exitErr{code: exitRefused, err: aerr}
 	}
 	return aerr
+}
+
+// outputFlags registers -o (--output) and --json.
+func outputFlags(fs *flag.FlagSet, o *options) {
+	fs.StringVarP(&o.output, "output", "o", "table", "output `format`: table, json (the API's answer) or yaml (the same as YAML)")
+	fs.BoolVar(&o.json, "json", false, "the same as -o json")
+}
+
+// printStructured prints v, the API's answer, when -o asks for JSON or
+// YAML, and says so; with -o table it prints nothing (the command prints
+// its table).
+func (e *env) printStructured(v any) (bool, error) {
+	format, err := e.format()
+	switch {
+	case err != nil:
+		return true, err
+	case format == "json":
+		return true, printJSON(e.stdout, v)
+	case format == "yaml":
+		return true, printYAML(e.stdout, v)
+	}
+	return false, nil
+}
+
+// format is -o's format: table, json or yaml (--json: json).
+func (e *env) format() (string, error) {
+	switch {
+	case e.opts.json:
+		return "json", nil
+	case e.opts.output == "":
+		return "table", nil
+	case e.opts.output == "table" || e.opts.output == "json" || e.opts.output == "yaml":
+		return e.opts.output, nil
+	}
+	return "", usageErrorf("-o %q: want table, json or yaml", e.opts.output)
+}
+
+// print prints v as -o asks, table printing the table.
+func (e *env) print(v any, table func() error) error {
+	if ok, err := e.printStructured(v); ok {
+		return err
+	}
+	return table()
+}
+
+// printYAML prints v as YAML: its JSON (the API's answer, in its fields'
+// order) re-encoded in block style.
+func printYAML(w io.Writer, v any) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	var doc yaml.Node
+	if err := yaml.Unmarshal(b, &doc); err != nil {
+		return err
+	}
+	blockStyle(&doc)
+	enc := yaml.NewEncoder(w)
+	enc.SetIndent(2)
+	if err := enc.Encode(&doc); err != nil {
+		return err
+	}
+	return enc.Close()
+}
+
+// blockStyle drops the flow style JSON's braces gave the nodes; a string's
+// quotes are dropped too, the encoder quoting it again where YAML would
+// read it as another type.
+func blockStyle(n *yaml.Node) {
+	n.Style &^= yaml.FlowStyle | yaml.DoubleQuotedStyle
+	for _, c := range n.Content {
+		blockStyle(c)
+	}
 }
 
 // printJSON prints v indented.
@@ -302,12 +426,12 @@ func tokenCreate(ctx context.Context, e *env, args []string) error {
 		if err != nil {
 			return err
 		}
-		if e.opts.json {
-			return printJSON(e.stdout, out)
+		if ok, err := e.printStructured(out); ok {
+			return err
 		}
 		fmt.Fprintln(e.stdout, out.Token)
 		ws := strings.Replace(c.URL(), "http", "ws", 1) + "/control"
-		fmt.Fprintf(e.stderr, "Enrollment token %q expires %s. It is shown only this once and enrolls one worker:\n  worker connect --url %s --token %s\n",
+		fmt.Fprintf(e.stderr, "Enrollment token %q expires %s. It is shown only this once and enrolls one worker:\n  TETHER_WORKER_TOKEN=%[4]s worker connect --url %[3]s\n",
 			out.Name, fmtTime(out.ExpiresAt), ws, out.Token)
 		return nil
 	})
@@ -319,8 +443,8 @@ func tokenList(ctx context.Context, e *env, _ []string) error {
 		if err != nil {
 			return err
 		}
-		if e.opts.json {
-			return printJSON(e.stdout, out)
+		if ok, err := e.printStructured(out); ok {
+			return err
 		}
 		tw := tabwriter.NewWriter(e.stdout, 0, 0, 2, ' ', 0)
 		fmt.Fprintln(tw, "NAME\tSTATE\tCREATED\tEXPIRES\tCONSUMED BY")
@@ -343,8 +467,8 @@ func tokenRevoke(ctx context.Context, e *env, args []string) error {
 		if err := c.RevokeToken(ctx, args[0]); err != nil {
 			return err
 		}
-		if e.opts.json {
-			return printJSON(e.stdout, client.RevokedToken{Revoked: args[0]})
+		if ok, err := e.printStructured(client.RevokedToken{Revoked: args[0]}); ok {
+			return err
 		}
 		fmt.Fprintf(e.stdout, "token %s revoked\n", cell(args[0]))
 		return nil
@@ -364,18 +488,30 @@ func runSubmit(ctx context.Context, e *env, args []string) error {
 	if err != nil {
 		return fmt.Errorf("read workflow: %w", err)
 	}
-	return withClient(ctx, e, func(ctx context.Context, c *client.Client) error {
-		run, err := c.Submit(ctx, filepath.Base(name), src)
-		if err != nil {
+	var run string
+	err = withClient(ctx, e, func(ctx context.Context, c *client.Client) error {
+		var err error
+		if run, err = c.Submit(ctx, filepath.Base(name), src); err != nil {
 			return err
 		}
 		out := client.Submitted{Run: run}
-		if e.opts.json {
-			return printJSON(e.stdout, out)
+		if ok, err := e.printStructured(out); ok {
+			return err
 		}
 		fmt.Fprintln(e.stdout, out.Run)
 		return nil
 	})
+	if err != nil || !e.opts.wait {
+		return err
+	}
+	// The run's steps as they change, for people, on stderr (stdout holds
+	// only the run's id, or -o's answer, for a script); the exit code is
+	// its outcome.
+	o := *e.opts
+	o.output, o.json = "table", false
+	we := *e
+	we.opts = &o
+	return watch(ctx, &we, e.stderr, run)
 }
 
 // runList pages through GET /api/runs (SPEC §12) until --limit runs or the
@@ -400,8 +536,8 @@ func runList(ctx context.Context, e *env, _ []string) error {
 			}
 			q.Cursor = page.NextCursor
 		}
-		if e.opts.json {
-			return printJSON(e.stdout, out)
+		if ok, err := e.printStructured(out); ok {
+			return err
 		}
 		tw := tabwriter.NewWriter(e.stdout, 0, 0, 2, ' ', 0)
 		fmt.Fprintln(tw, "RUN\tNAME\tSTATUS\tSTEPS\tSUBMITTED\tFINISHED")
@@ -432,9 +568,16 @@ func runShow(ctx context.Context, e *env, args []string) error {
 		if err != nil {
 			return err
 		}
-		if e.opts.json {
-			return printJSON(e.stdout, out)
+		if err := e.print(out, func() error { return showRun(e, out) }); err != nil || !e.opts.exitStatus {
+			return err
 		}
+		return outcome(out.Run.ID, out.Status)
+	})
+}
+
+// showRun prints a run as a table.
+func showRun(e *env, out *client.RunDetail) error {
+	{
 		r := out.Run
 		fmt.Fprintf(e.stdout, "Run %s %q: %s\n", cell(r.ID), r.Name, cell(out.Status))
 		fmt.Fprintf(e.stdout, "Submitted %s", fmtTime(r.SubmittedAt))
@@ -473,7 +616,21 @@ func runShow(ctx context.Context, e *env, args []string) error {
 			fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\n", ev.At.Local().Format("15:04:05.000"), cell(ev.Kind), cell(orDash(ev.Step)), escapeText(oneLine(ev.Message), false))
 		}
 		return tw.Flush()
-	})
+	}
+}
+
+// outcome is the exit code of a run's status: nil (0) for success, 10
+// failed, 11 cancelled, 12 not ended yet (running, failing, cancelling).
+func outcome(run, status string) error {
+	switch status {
+	case "success":
+		return nil
+	case "failed":
+		return &exitErr{code: exitRunFailed, err: fmt.Errorf("run %s failed", cell(run))}
+	case "cancelled":
+		return &exitErr{code: exitRunCancelled, err: fmt.Errorf("run %s was cancelled", cell(run))}
+	}
+	return &exitErr{code: exitRunUnfinished, err: fmt.Errorf("run %s has not ended: %s", cell(run), cell(status))}
 }
 
 func runCancel(ctx context.Context, e *env, args []string) error {
@@ -482,8 +639,8 @@ func runCancel(ctx context.Context, e *env, args []string) error {
 			return err
 		}
 		out := client.Submitted{Run: args[0]}
-		if e.opts.json {
-			return printJSON(e.stdout, out)
+		if ok, err := e.printStructured(out); ok {
+			return err
 		}
 		fmt.Fprintf(e.stdout, "run %s cancelling\n", cell(out.Run))
 		return nil
@@ -491,25 +648,32 @@ func runCancel(ctx context.Context, e *env, args []string) error {
 }
 
 func runLogs(ctx context.Context, e *env, args []string) error {
+	if e.opts.follow {
+		return followLogs(ctx, e, args[0])
+	}
 	return withClient(ctx, e, func(ctx context.Context, c *client.Client) error {
 		out, err := c.Logs(ctx, args[0], e.opts.step)
 		if err != nil {
 			return err
 		}
-		if e.opts.json {
-			return printJSON(e.stdout, out)
+		if ok, err := e.printStructured(out); ok {
+			return err
 		}
 		for _, l := range out.Lines {
 			text := l.Text
 			if l.Event {
 				text = "(event) " + text
 			}
-			// The step's own bytes as it wrote them (colours included);
-			// the step id is a name and is escaped.
-			fmt.Fprintf(e.stdout, "%s %s | %s\n", l.At.Local().Format("15:04:05.000"), cell(l.Step), text)
+			printLogLine(e.stdout, l.At, l.Step, text)
 		}
 		return nil
 	})
+}
+
+// printLogLine prints one line of a step's log: the step's own bytes as it
+// wrote them (colours included); the step id is a name and is escaped.
+func printLogLine(w io.Writer, at time.Time, step, text string) {
+	fmt.Fprintf(w, "%s %s | %s\n", at.Local().Format("15:04:05.000"), cell(step), text)
 }
 
 func stepGate(ctx context.Context, e *env, step string, approve bool) error {
@@ -526,8 +690,8 @@ func stepGate(ctx context.Context, e *env, step string, approve bool) error {
 		if err != nil {
 			return err
 		}
-		if e.opts.json {
-			return printJSON(e.stdout, out)
+		if ok, err := e.printStructured(out); ok {
+			return err
 		}
 		fmt.Fprintf(e.stdout, "step %s %sd: now %s\n", cell(out.Step), action, cell(out.State))
 		return nil
@@ -540,8 +704,8 @@ func workerList(ctx context.Context, e *env, _ []string) error {
 		if err != nil {
 			return err
 		}
-		if e.opts.json {
-			return printJSON(e.stdout, out)
+		if ok, err := e.printStructured(out); ok {
+			return err
 		}
 		tw := tabwriter.NewWriter(e.stdout, 0, 0, 2, ' ', 0)
 		fmt.Fprintln(tw, "NAME\tID\tSTATE\tTAGS\tSLOTS\tLEASES\tLAST HEARTBEAT")
@@ -590,8 +754,8 @@ func bundlePut(ctx context.Context, e *env, args []string) error {
 		if err != nil {
 			return err
 		}
-		if e.opts.json {
-			return printJSON(e.stdout, out)
+		if ok, err := e.printStructured(out); ok {
+			return err
 		}
 		fmt.Fprintln(e.stdout, out.Fingerprint)
 		kind := "opaque (not an uncompressed tar: no per-file access)"
@@ -650,8 +814,8 @@ func dataVersions(ctx context.Context, e *env, args []string) error {
 		if err != nil {
 			return err
 		}
-		if e.opts.json {
-			return printJSON(e.stdout, out)
+		if ok, err := e.printStructured(out); ok {
+			return err
 		}
 		tw := tabwriter.NewWriter(e.stdout, 0, 0, 2, ' ', 0)
 		fmt.Fprintln(tw, "VERSION\tSIZE\tSHA256\tCREATED\tWORKER\tLEASE")

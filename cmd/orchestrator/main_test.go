@@ -3,11 +3,12 @@ package main
 import (
 	"bytes"
 	"context"
-	"flag"
+	flag "github.com/spf13/pflag"
 	"io"
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -187,36 +188,25 @@ func TestAdminTokenFile(t *testing.T) {
 	}
 }
 
-func TestParseInterspersed(t *testing.T) {
-	fs := flag.NewFlagSet("x", flag.ContinueOnError)
-	step := fs.String("step", "", "")
-	js := fs.Bool("json", false, "")
-	pos, err := parseInterspersed(fs, []string{"run-1", "--step", "build", "extra", "--json", "--", "--not-a-flag"})
-	if err != nil || !reflect.DeepEqual(pos, []string{"run-1", "extra", "--not-a-flag"}) || *step != "build" || !*js {
-		t.Errorf("pos %q step %q json %v err %v", pos, *step, *js, err)
-	}
-}
-
-func TestFindCommand(t *testing.T) {
-	for _, c := range []struct {
-		args []string
-		path string
-		rest []string
-	}{
-		{[]string{"run", "logs", "run-1", "--step", "a"}, "run logs", []string{"run-1", "--step", "a"}},
-		{[]string{"--url", "http://x", "run", "list"}, "run list", []string{"--url", "http://x"}},
-		{[]string{"--json", "token", "list"}, "token list", []string{"--json"}},
-		{[]string{"--url=http://x", "serve"}, "serve", []string{"--url=http://x"}},
-		{[]string{"run", "nope"}, "", nil},
-		{[]string{"token"}, "", nil},
+// Flags may come before the command, between its arguments or after them;
+// everything after "--" is an argument. Each placement reaches the command
+// with the same flags and arguments.
+func TestFlagPlacement(t *testing.T) {
+	ctx := t.Context()
+	for _, args := range [][]string{
+		{"--url", "http://127.0.0.1:1", "data", "get", "d", "--timeout", "1s", "--admin-token", "t", "--", "-1"},
+		{"data", "--url=http://127.0.0.1:1", "get", "--admin-token", "t", "d", "--timeout", "1s", "--", "-1"},
+		{"data", "get", "d", "--", "-1", "--url", "http://127.0.0.1:1", "--admin-token", "t"},
 	} {
-		cmd, rest := findCommand(c.args)
-		path := ""
-		if cmd != nil {
-			path = cmd.path
+		var stderr bytes.Buffer
+		code := run(ctx, args, io.Discard, &stderr, func(string) string { return "" })
+		want := exitError // the flags were taken: the orchestrator at port 1 is unreachable
+		if slices.Contains(args[len(args)-4:], "--url") {
+			// after "--" they are arguments: one too many
+			want = exitUsage
 		}
-		if path != c.path || !reflect.DeepEqual(rest, c.rest) {
-			t.Errorf("findCommand(%q) = %q %q, want %q %q", c.args, path, rest, c.path, c.rest)
+		if code != want {
+			t.Errorf("%q: exit %d, want %d; stderr: %s", args, code, want, stderr.String())
 		}
 	}
 }

@@ -4,6 +4,7 @@
 package main
 
 import (
+	"bytes"
 	"cmp"
 	"context"
 	"crypto/rand"
@@ -104,7 +105,8 @@ Commands:
 
 Example:
   orchestrator token create builder-1 --ttl 1h     # on the orchestrator host
-  worker connect --url ws://orch.internal:7420/control --token builder-1.SECRET \
+  export TETHER_WORKER_TOKEN=builder-1.SECRET     # on the worker host
+  worker connect --url ws://orch.internal:7420/control \
       --tags script,docker --labels zone=eu --slots 4
 
 ` + exitCodesHelp + "\n"
@@ -125,7 +127,10 @@ SIGHUP is ignored. On Linux a step's whole process tree dies with the worker,
 even when the worker is killed with SIGKILL.
 
 The token (NAME.SECRET from 'orchestrator token create NAME') enrolls this
-worker once; the worker is named NAME unless --name says otherwise.
+worker once; the worker is named NAME unless --name says otherwise. Give it
+in $TETHER_WORKER_TOKEN or with --token-file FILE: --token works too, but
+other users of the host can read a command line (ps), so the worker warns.
+The flags override the variable, which overrides the config file.
 
 Identity across restarts: the worker keeps its instance id and session
 credential in --state-dir (file worker.json, mode 0600, next to worker.lock),
@@ -176,7 +181,8 @@ command line override it, and an unknown key is an error naming its line:
   state_dir: /var/lib/tether-worker
 
 Example:
-  worker connect --url ws://127.0.0.1:7420/control --token builder-1.SECRET --tags script --slots 2
+  TETHER_WORKER_TOKEN=builder-1.SECRET worker connect --url ws://127.0.0.1:7420/control --tags script --slots 2
+  worker connect --url ws://127.0.0.1:7420/control --token-file /run/secrets/tether-token
   worker connect --config /etc/tether/worker-config.yaml --log-format json
 
 Flags:
@@ -219,7 +225,20 @@ type settings struct {
 	// StateDir keeps the worker's identity across restarts (SPEC §9);
 	// empty: worker.DefaultStateDir.
 	StateDir string
+	// TokenOnArgv: the token came from --token, which ps shows to every
+	// user of the host (a warning is logged).
+	TokenOnArgv bool
 }
+
+// Where else the enrollment token may come from than --token (SPEC §9).
+const (
+	workerTokenEnv  = "TETHER_WORKER_TOKEN"
+	maxTokenFile    = 4 << 10
+	tokenOnArgvWarn = "the enrollment token was given with --token: other users of this host can read it in the process list (ps); prefer $" + workerTokenEnv + " or --token-file"
+)
+
+// getenv reads the environment (a variable for a test).
+var getenv = os.Getenv
 
 // run runs the worker until it exits; ctx ending stops it at once (its
 // step processes are killed).
@@ -257,6 +276,9 @@ func runWith(ctx context.Context, stops <-chan os.Signal, args []string, stdout,
 	if err != nil {
 		return usage(stderr, err)
 	}
+	if final.TokenOnArgv {
+		log.Warn(tokenOnArgvWarn)
+	}
 	return connect(ctx, stops, final, log)
 }
 
@@ -273,7 +295,9 @@ func parseConnect(args []string, stdout io.Writer) (final settings, logFormat, l
 		outputCap    string
 	)
 	flags.StringVar(&s.URL, "url", defaultURL, "orchestrator control plane `URL` (ws:// or wss://; http(s):// and a bare host:port work too)")
-	flags.StringVar(&s.Token, "token", "", "enrollment `token` NAME.SECRET (required unless --state-dir holds a saved identity)")
+	flags.StringVar(&s.Token, "token", "", "enrollment `token` NAME.SECRET (required unless --state-dir holds a saved identity); ps shows it: prefer $"+workerTokenEnv+" or --token-file")
+	var tokenFile string
+	flags.StringVar(&tokenFile, "token-file", "", "read the enrollment token from this `file`")
 	flags.StringVar(&s.Name, "name", "", "worker `name` (default: the token's NAME)")
 	flags.StringVar(&tags, "tags", "", "comma-separated capability `tags`, e.g. script,docker")
 	flags.StringVar(&labels, "labels", "", "comma-separated `key=value` labels, e.g. zone=eu,disk=ssd")
@@ -323,8 +347,18 @@ func parseConnect(args []string, stdout io.Writer) (final settings, logFormat, l
 	if set["url"] {
 		final.URL = s.URL
 	}
-	if set["token"] {
-		final.Token = s.Token
+	if v := getenv(workerTokenEnv); v != "" {
+		final.Token = strings.TrimSpace(v)
+	}
+	switch {
+	case set["token"] && set["token-file"]:
+		return settings{}, "", "", errors.New("--token and --token-file: give one of them")
+	case set["token"]:
+		final.Token, final.TokenOnArgv = s.Token, true
+	case set["token-file"]:
+		if final.Token, err = readTokenFile(tokenFile); err != nil {
+			return settings{}, "", "", err
+		}
 	}
 	if set["name"] {
 		final.Name = s.Name
@@ -383,7 +417,7 @@ func parseConnect(args []string, stdout io.Writer) (final settings, logFormat, l
 	}
 	// --token is required only without a saved identity: connect decides.
 	if name, secret, ok := strings.Cut(final.Token, "."); final.Token != "" && (!ok || name == "" || secret == "") {
-		return settings{}, "", "", errors.New("--token must read NAME.SECRET")
+		return settings{}, "", "", errors.New("the enrollment token (--token, --token-file, $" + workerTokenEnv + " or the config file's token) must read NAME.SECRET")
 	}
 	if final.Slots < 1 || final.Slots > 1024 {
 		return settings{}, "", "", fmt.Errorf("--slots %d: want 1..1024", final.Slots)
@@ -395,6 +429,26 @@ func parseConnect(args []string, stdout io.Writer) (final settings, logFormat, l
 		final.Name, _, _ = strings.Cut(final.Token, ".")
 	}
 	return final, logFormat, logLevel, nil
+}
+
+// readTokenFile reads an enrollment token from a file (its surrounding
+// white space dropped).
+func readTokenFile(path string) (string, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return "", fmt.Errorf("--token-file: %v", err)
+	}
+	defer f.Close()
+	b, err := io.ReadAll(io.LimitReader(f, maxTokenFile+1))
+	switch {
+	case err != nil:
+		return "", fmt.Errorf("--token-file: %v", err)
+	case len(b) > maxTokenFile:
+		return "", fmt.Errorf("--token-file %s: more than %d bytes; it holds one token, NAME.SECRET", path, maxTokenFile)
+	case len(bytes.TrimSpace(b)) == 0:
+		return "", fmt.Errorf("--token-file %s is empty; it holds one token, NAME.SECRET", path)
+	}
+	return string(bytes.TrimSpace(b)), nil
 }
 
 func usage(stderr io.Writer, err error) int {
@@ -454,7 +508,7 @@ func connect(ctx context.Context, stops <-chan os.Signal, s settings, log *slog.
 		return exitError
 	}
 	if saved == nil && s.Token == "" {
-		fmt.Fprintf(os.Stderr, "worker connect: --token is required: no saved identity in %s (NAME.SECRET from 'orchestrator token create NAME')\nRun 'worker connect --help' for usage.\n", sd.Dir())
+		fmt.Fprintf(os.Stderr, "worker connect: an enrollment token is required ($TETHER_WORKER_TOKEN, --token-file or --token): no saved identity in %s (NAME.SECRET from 'orchestrator token create NAME')\nRun 'worker connect --help' for usage.\n", sd.Dir())
 		return exitUsage
 	}
 	for {

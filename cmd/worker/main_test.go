@@ -214,3 +214,51 @@ func TestNoReconnectExitsDisconnected(t *testing.T) {
 		t.Fatalf("the worker only stopped at the test's deadline")
 	}
 }
+
+// The enrollment token comes from $TETHER_WORKER_TOKEN, --token-file or
+// --token (which only warns: ps shows it); the flags override the variable
+// and the variable the config file; a bad or empty file is refused.
+func TestTokenSources(t *testing.T) {
+	defer func(f func(string) string) { getenv = f }(getenv)
+	env := ""
+	getenv = func(k string) string {
+		if k == workerTokenEnv {
+			return env
+		}
+		return ""
+	}
+	cfg := writeFile(t, "worker-config.yaml", "token: conf.secret\n")
+	file := writeFile(t, "token", "file.secret\n")
+	empty := writeFile(t, "empty", " \n")
+	for _, c := range []struct {
+		env   string
+		args  []string
+		want  string
+		argv  bool
+		isErr bool
+	}{
+		{"", nil, "conf.secret", false, false},
+		{" env.secret\n", nil, "env.secret", false, false},
+		{"env.secret", []string{"--token-file", file}, "file.secret", false, false},
+		{"env.secret", []string{"--token", "argv.secret"}, "argv.secret", true, false},
+		{"", []string{"--token", "a.b", "--token-file", file}, "", false, true},
+		{"", []string{"--token-file", empty}, "", false, true},
+		{"", []string{"--token-file", file + ".missing"}, "", false, true},
+		{"no-dot", nil, "", false, true},
+	} {
+		env = c.env
+		s, _, _, err := parseConnect(append([]string{"--config", cfg}, c.args...), io.Discard)
+		if (err != nil) != c.isErr || err == nil && (s.Token != c.want || s.TokenOnArgv != c.argv) {
+			t.Errorf("env %q, %q: token %q (on argv %v), %v; want %q (on argv %v), error %v", c.env, c.args, s.Token, s.TokenOnArgv, err, c.want, c.argv, c.isErr)
+		}
+	}
+	// --token is warned about, in the log.
+	var stderr bytes.Buffer
+	env = ""
+	ctx, cancel := context.WithCancel(t.Context())
+	cancel() // the worker stops at once: only the warning matters
+	runWith(ctx, nil, []string{"connect", "--config", cfg, "--token", "a.b", "--url", "ws://127.0.0.1:1/control", "--state-dir", t.TempDir(), "--no-reconnect"}, io.Discard, &stderr)
+	if !strings.Contains(stderr.String(), "process list (ps)") {
+		t.Errorf("--token is not warned about:\n%s", stderr.String())
+	}
+}
