@@ -516,3 +516,41 @@ func TestLogDedup(t *testing.T) {
 		t.Fatalf("stored %d markers, %d lines, %d events; want one of each", markers, lines, evs)
 	}
 }
+
+// TestNoStateCacheSameBatches: a machine without the state cache (as the
+// real driver runs it) decides exactly as one with it. The stream of
+// TestDeterminism goes to both; a restart restores each from the records
+// the cached one's state holds.
+func TestNoStateCacheSameBatches(t *testing.T) {
+	seeds, steps := 10, 3000
+	if testing.Short() {
+		seeds, steps = 3, 1000
+	}
+	for seed := uint64(1); seed <= uint64(seeds); seed++ {
+		g := newInputGen(seed)
+		a, b := NewOrchestrator(Config{}), NewOrchestrator(Config{NoStateCache: true})
+		for i := 0; i < steps; i++ {
+			in, restart := g.next()
+			var ra, rb Ready
+			if restart {
+				recs := a.Records()
+				var err error
+				if a, ra, err = Restore(a.Config(), g.now, recs); err != nil {
+					t.Fatal(err)
+				}
+				if b, rb, err = Restore(b.Config(), g.now, recs); err != nil {
+					t.Fatal(err)
+				}
+			} else {
+				ra, rb = a.Step(g.now, in), b.Step(g.now, in)
+			}
+			if da, db := describeAll(ra), describeAll(rb); da != db {
+				t.Fatalf("seed %d step %d (%T): batches differ\n--- cached\n%s--- uncached\n%s\nreplay: go test ./core -run TestNoStateCacheSameBatches", seed, i, in, da, db)
+			}
+			if !b.Config().NoStateCache || len(b.enc) != 0 {
+				t.Fatalf("seed %d step %d: the uncached machine holds %d cached records", seed, i, len(b.enc))
+			}
+			g.learn(a, ra)
+		}
+	}
+}

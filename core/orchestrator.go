@@ -139,6 +139,9 @@ type encEntry struct {
 
 // cache keeps enc and fp in step with one record.
 func (o *Orchestrator) cache(r Record) {
+	if o.cfg.NoStateCache {
+		return
+	}
 	old, ok := o.enc[r.Key]
 	if ok && old.hashed {
 		o.fp -= old.hash

@@ -18,6 +18,12 @@ type Config struct {
 	// enrollment token that can never be used again, are kept (SPEC §7a);
 	// default 720h (30 days). The store prunes history by the same figure.
 	Retention time.Duration
+	// NoStateCache is for a driver that never calls Fingerprint or Clone,
+	// as the real one does not: the records a batch writes are then not
+	// also kept in the core (a second copy of the live state's bytes, and a
+	// map write per record). Decisions do not depend on it; the simulator
+	// and the explorer, which fingerprint and clone, leave it false.
+	NoStateCache bool
 	// Env is the orchestrator's environment snapshot shipped with every
 	// dispatch, minus the denylist (the driver fills it; the core filters).
 	Env map[string]string

@@ -248,6 +248,9 @@ func (o *Orchestrator) Records() []Record {
 
 // Clone returns an independent deep copy, connections included.
 func (o *Orchestrator) Clone() *Orchestrator {
+	if o.cfg.NoStateCache {
+		panic("core: Clone needs the state cache (Config.NoStateCache is set)")
+	}
 	c := &Orchestrator{cfg: o.cfg}
 	c.init()
 	if err := c.load(o.cachedRecords()); err != nil {
@@ -306,6 +309,9 @@ func recordHash(key string, value []byte) uint64 {
 // a Step writes (like Step, it must not run concurrently with other
 // methods); once it has run, further calls until the next Step only read.
 func (o *Orchestrator) Fingerprint() uint64 {
+	if o.cfg.NoStateCache {
+		panic("core: Fingerprint needs the state cache (Config.NoStateCache is set)")
+	}
 	h := fnv.New64a()
 	var b [8]byte
 	put := func(x uint64) {

@@ -393,7 +393,9 @@ func Start(opts Options) (*Driver, error) {
 		st.Close()
 		return nil, fmt.Errorf("orchestrator: %w", err)
 	}
-	o, rd, err := core.Restore(opts.Config, time.Now(), recs)
+	cfg := opts.Config
+	cfg.NoStateCache = true // this driver never fingerprints nor clones the core
+	o, rd, err := core.Restore(cfg, time.Now(), recs)
 	if err != nil {
 		st.Close()
 		return nil, fmt.Errorf("orchestrator: restore from %s: %w", opts.StorePath, err)
