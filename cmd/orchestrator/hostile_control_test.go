@@ -744,7 +744,13 @@ func TestServeControlLimits(t *testing.T) {
 	if err != nil || cfg.MaxConns != 10000 || cfg.MaxUnauthConnsPerAddr != 4 || cfg.HelloTimeout != 9*time.Second || cfg.MaxUnauthConns != 256 {
 		t.Errorf("flags over the file: %+v, %v", cfg, err)
 	}
-	for _, args := range [][]string{{"--max-conns", "0"}, {"--max-unauth-conns", "8", "--max-unauth-conns-per-addr", "9"}, {"--hello-timeout", "10ms"}} {
+	if cfg.MaxEventStreams != orchestrator.DefaultMaxEventStreams {
+		t.Errorf("--max-event-streams unset: %d, want the default %d", cfg.MaxEventStreams, orchestrator.DefaultMaxEventStreams)
+	}
+	if cfg, err = resolve("--max-event-streams", "3"); err != nil || cfg.MaxEventStreams != 3 {
+		t.Errorf("--max-event-streams 3: %d, %v", cfg.MaxEventStreams, err)
+	}
+	for _, args := range [][]string{{"--max-event-streams", "0"}, {"--max-conns", "0"}, {"--max-unauth-conns", "8", "--max-unauth-conns-per-addr", "9"}, {"--hello-timeout", "10ms"}} {
 		if _, err := resolve(args...); exitCode(err) != exitUsage {
 			t.Errorf("%v: %v, want a usage error", args, err)
 		}

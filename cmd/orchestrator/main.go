@@ -43,6 +43,7 @@ type options struct {
 	metricsToken                  string
 	// serve: control-plane admission (SPEC §12)
 	maxConns, maxUnauthConns, maxUnauthConnsPerAddr int
+	maxEventStreams                                 int // serve --max-event-streams
 	helloTimeout                                    time.Duration
 	data                                            dataLimits // the data plane's --data-* flags
 	http                                            httpLimits // the HTTP server's --*-timeout and connection flags

@@ -130,6 +130,7 @@ next start within their grace window. SIGHUP is ignored.`,
 		fs.IntVar(&o.maxConns, "max-conns", defaultMaxConns, "worker connections that sent a Hello, at most (`n`, not per address)")
 		fs.IntVar(&o.maxUnauthConns, "max-unauth-conns", orchestrator.DefaultMaxUnauthConns, "connections without an accepted Hello, at most (`n`)")
 		fs.IntVar(&o.maxUnauthConnsPerAddr, "max-unauth-conns-per-addr", orchestrator.DefaultMaxUnauthConnsPerAddr, "connections without an accepted Hello from one source address, at most (`n`)")
+		fs.IntVar(&o.maxEventStreams, "max-event-streams", orchestrator.DefaultMaxEventStreams, "live event streams (SPEC §17) open at once, at most (`n`)")
 		fs.DurationVar(&o.helloTimeout, "hello-timeout", orchestrator.DefaultHelloTimeout, "a new worker connection must send its Hello within this (`duration`)")
 		dataFlags(fs, &o.data)
 		httpFlags(fs, &o.http)
@@ -152,6 +153,7 @@ type serverConfig struct {
 	// Control-plane admission (control: keys, SPEC §12).
 	MaxConns, MaxUnauthConns, MaxUnauthConnsPerAddr int
 	HelloTimeout                                    time.Duration
+	MaxEventStreams                                 int        // --max-event-streams (SPEC §17)
 	Data                                            dataLimits // zero fields: the driver's defaults
 	HTTP                                            httpLimits
 }
@@ -535,7 +537,13 @@ func resolveServeConfig(e *env) (serverConfig, error) {
 	if set["hello-timeout"] {
 		cfg.HelloTimeout = e.opts.helloTimeout
 	}
+	cfg.MaxEventStreams = orchestrator.DefaultMaxEventStreams
+	if set["max-event-streams"] {
+		cfg.MaxEventStreams = e.opts.maxEventStreams
+	}
 	switch {
+	case cfg.MaxEventStreams <= 0:
+		return cfg, usageErrorf("--max-event-streams must be positive")
 	case cfg.MaxConns <= 0 || cfg.MaxUnauthConns <= 0 || cfg.MaxUnauthConnsPerAddr <= 0:
 		return cfg, usageErrorf("--max-conns, --max-unauth-conns and --max-unauth-conns-per-addr must be positive")
 	case cfg.MaxUnauthConnsPerAddr > cfg.MaxUnauthConns:
@@ -653,6 +661,7 @@ func serve(ctx context.Context, e *env, _ []string) error {
 		MaxUnauthConns:        cfg.MaxUnauthConns,
 		MaxUnauthConnsPerAddr: cfg.MaxUnauthConnsPerAddr,
 		HelloTimeout:          cfg.HelloTimeout,
+		MaxEventStreams:       cfg.MaxEventStreams,
 		// The HTTP server's limits (SPEC §12).
 		IdleTimeout:     cfg.HTTP.IdleTimeout,
 		HeaderTimeout:   cfg.HTTP.HeaderTimeout,
