@@ -282,9 +282,11 @@ func (o *Orchestrator) finish() Ready {
 	}
 	recs = append(recs, o.appends...)
 	sort.SliceStable(recs, func(i, j int) bool { return recs[i].Key < recs[j].Key })
-	for _, r := range recs {
-		if o.cacheable(r.Key) {
-			o.cache(r)
+	if !o.cfg.NoStateCache { // the real driver's core keeps no cache: nothing to walk
+		for _, r := range recs {
+			if o.cacheable(r.Key) {
+				o.cache(r)
+			}
 		}
 	}
 	if len(o.history) > 0 {
