@@ -64,12 +64,17 @@ type WorkerConfig struct {
 	// whose in-flight list is empty (the old process's step processes died
 	// with it, so the orchestrator triages every lease it held as lost).
 	// A refusal of it before any Welcome exits with CredentialRefused set.
-	Credential  string
-	Tags        []string
-	Labels      map[string]string
-	Platform    string
-	Slots       int  // default 1, at most maxWorkerSlots
-	Scaler      bool // scaler-managed: single-use, never reconnects
+	Credential string
+	Tags       []string
+	Labels     map[string]string
+	Platform   string
+	Slots      int  // default 1, at most maxWorkerSlots
+	Scaler     bool // scaler-managed: single-use, never reconnects
+	// SingleUse (`worker connect --single-use`, SPEC §10) makes the first
+	// dispatch the worker accepts its last: it starts draining at once
+	// (with no drain timeout: the step's own timeout bounds it) and exits 0
+	// once that step is reported and answered. It implies Scaler.
+	SingleUse   bool
 	NoReconnect bool // --no-reconnect: exit on disconnect
 	Seed        uint64
 
@@ -103,6 +108,9 @@ func (c WorkerConfig) withDefaults() WorkerConfig {
 	c.Tags = append([]string(nil), c.Tags...)
 	c.Labels = copyMap(c.Labels)
 	c.Slots = clampInt(c.Slots, defaultWorkerSlots, maxWorkerSlots)
+	if c.SingleUse {
+		c.Scaler, c.Slots = true, 1
+	}
 	c.LogWindowLines = clampInt(c.LogWindowLines, defaultLogWindowLines, maxLogWindowLines)
 	c.LogWindowBytes = clampInt(c.LogWindowBytes, defaultLogWindowBytes, maxLogWindowBytes)
 	if c.OutputCapBytes <= 0 {
@@ -835,6 +843,14 @@ func (w *Worker) dispatch(m Dispatch) {
 		w.startProc(e) // a no-write step may start before START is recorded
 	}
 	w.newRequest(reqStart, e.ref, Outcome{})
+	if w.cfg.SingleUse && !w.draining {
+		// One step, then exit (SPEC §10): the Drain leaves before this
+		// lease's Report on the same connection, so the orchestrator
+		// dispatches nothing more here. No drain timeout is armed.
+		w.draining = true
+		w.leaseLog(LevelInfo, e.ref, "single use: lease %d is this worker's only step; it exits once the step is reported", m.Lease)
+		w.send(Drain{})
+	}
 }
 
 func (w *Worker) startAck(m StartAck) {
@@ -1148,7 +1164,7 @@ func (w *Worker) procExited(x WExecExited) {
 
 // drain handles WDrain: the first starts draining, the next stops the steps.
 func (w *Worker) drain() {
-	if w.draining {
+	if w.draining && (!w.drainStopAt.IsZero() || w.stopping || !w.cfg.SingleUse) {
 		w.logf("second stop request while draining")
 		w.stopAll()
 		return
@@ -1473,7 +1489,7 @@ func (w *Worker) Fingerprint() uint64 {
 	e.u64(uint64(len(c.Tags)))
 	e.str(c.Tags...)
 	e.strMap(c.Labels)
-	e.bool(c.Scaler, c.NoReconnect)
+	e.bool(c.Scaler, c.NoReconnect, c.SingleUse)
 	e.int(c.Slots, c.LogWindowLines, c.LogWindowBytes, c.RequestRetries)
 	e.u64(uint64(c.OutputCapBytes))
 	e.u64(c.Seed, math.Float64bits(c.BackoffFactor), math.Float64bits(c.BackoffJitter))

@@ -21,7 +21,7 @@ var workerEpoch = time.Date(2025, 3, 1, 12, 0, 0, 0, time.UTC)
 //
 // Commands (arguments in brackets are optional):
 //
-//	worker [slots=N] [no-reconnect] [scaler] [jitter=F] [seed=N] [log-buffer=N]
+//	worker [slots=N] [no-reconnect] [scaler] [single-use] [jitter=F] [seed=N] [log-buffer=N]
 //	       [event-buffer=N] [retries=N] [request-timeout=D] [kill-grace=D] [dial-timeout=D]
 //	       [credential=C] [no-token]
 //	                             new worker; jitter is off unless given; credential
@@ -90,6 +90,8 @@ func newWorkerHarness(t *testing.T, td *datadriven.TestData) *workerHarness {
 			cfg.NoReconnect = true
 		case "scaler":
 			cfg.Scaler = true
+		case "single-use":
+			cfg.SingleUse = true
 		case "jitter":
 			f, err := strconv.ParseFloat(a.Vals[0], 64)
 			if err != nil {
@@ -595,7 +597,7 @@ func TestWorkerExitIsFinal(t *testing.T) {
 func TestWorkerFingerprintCoversState(t *testing.T) {
 	for typ, want := range map[reflect.Type]int{
 		reflect.TypeFor[Worker](): 26, reflect.TypeFor[execution](): 24,
-		reflect.TypeFor[request](): 6, reflect.TypeFor[WorkerConfig](): 23,
+		reflect.TypeFor[request](): 6, reflect.TypeFor[WorkerConfig](): 24,
 	} {
 		if typ.NumField() != want {
 			t.Errorf("%v has %d fields, this test knows %d: cover the new ones", typ, typ.NumField(), want)
@@ -616,7 +618,7 @@ func TestWorkerFingerprintCoversState(t *testing.T) {
 		"cfg.Token": func(c *Worker) { c.cfg.Token = "x" }, "cfg.Credential": func(c *Worker) { c.cfg.Credential = "x" }, "cfg.Tags": func(c *Worker) { c.cfg.Tags = []string{"x"} },
 		"cfg.Labels": func(c *Worker) { c.cfg.Labels = map[string]string{"x": ""} }, "cfg.Platform": func(c *Worker) { c.cfg.Platform = "x" },
 		"cfg.Slots": func(c *Worker) { c.cfg.Slots++ }, "cfg.Scaler": func(c *Worker) { c.cfg.Scaler = true },
-		"cfg.NoReconnect": func(c *Worker) { c.cfg.NoReconnect = true }, "cfg.Seed": func(c *Worker) { c.cfg.Seed++ },
+		"cfg.NoReconnect": func(c *Worker) { c.cfg.NoReconnect = true }, "cfg.SingleUse": func(c *Worker) { c.cfg.SingleUse = true }, "cfg.Seed": func(c *Worker) { c.cfg.Seed++ },
 		"cfg.BackoffBase": func(c *Worker) { c.cfg.BackoffBase += d }, "cfg.BackoffFactor": func(c *Worker) { c.cfg.BackoffFactor++ },
 		"cfg.BackoffMax": func(c *Worker) { c.cfg.BackoffMax += d }, "cfg.BackoffJitter": func(c *Worker) { c.cfg.BackoffJitter = 0.5 },
 		"cfg.LogWindowLines": func(c *Worker) { c.cfg.LogWindowLines++ }, "cfg.LogWindowBytes": func(c *Worker) { c.cfg.LogWindowBytes++ },

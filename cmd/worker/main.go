@@ -151,6 +151,10 @@ that); without --token it exits 3. The token itself stays single-use. To
 start afresh, remove worker.json. Under systemd: StateDirectory=tether-worker,
 Restart=always, RestartPreventExitStatus=3 4.
 
+With --single-use the worker is scaler-managed: it runs one step, then
+exits 0 (2 if its connection is lost first); it keeps no saved identity, so
+it needs a token each time and many may run side by side on one host.
+
 Steps are matched to workers by target (--name), labels, platform and tags:
 a step runs here only if every tag it requires is in --tags (type script needs
 "script", runner docker needs "docker", and so on, plus the step's own tags:).
@@ -175,6 +179,7 @@ command line override it, and an unknown key is an error naming its line:
   platform: linux/amd64
   slots: 4
   no_reconnect: false
+  single_use: false
   max_reconnect_delay: 60s
   output_cap: 64MiB
   drain_timeout: 10m
@@ -211,6 +216,9 @@ type settings struct {
 	Platform    string
 	Slots       int
 	NoReconnect bool
+	// SingleUse: one step, then exit (scaler-managed, SPEC §10); no state
+	// directory is used, as the instance is never restarted.
+	SingleUse bool
 	// MaxReconnectDelay caps the reconnect backoff; the orchestrator's
 	// grace window for this worker is twice it. Zero: the default (60 s).
 	MaxReconnectDelay time.Duration
@@ -304,6 +312,7 @@ func parseConnect(args []string, stdout io.Writer) (final settings, logFormat, l
 	flags.StringVar(&s.Platform, "platform", "", "`platform` for steps that declare one, e.g. linux/amd64")
 	flags.IntVar(&s.Slots, "slots", 1, "steps run at once (`N`, 1..1024)")
 	flags.StringVar(&s.CA, "ca", "", "trust the orchestrator's TLS certificate if this CA `file` (PEM) signed it")
+	flags.BoolVar(&s.SingleUse, "single-use", false, "scaler-managed: run one step, then exit 0 (no reconnect, no grace; slots 1; no saved identity, so --state-dir is not used)")
 	flags.BoolVar(&s.NoReconnect, "no-reconnect", false, "exit (code 2) when the connection is lost instead of reconnecting; no grace window")
 	flags.DurationVar(&s.MaxReconnectDelay, "max-reconnect-delay", defaultMaxReconnectDelay,
 		"longest `duration` to wait between reconnect attempts (100ms..1h); the orchestrator holds this worker's steps for twice this after a disconnect")
@@ -380,6 +389,9 @@ func parseConnect(args []string, stdout io.Writer) (final settings, logFormat, l
 	if set["no-reconnect"] {
 		final.NoReconnect = s.NoReconnect
 	}
+	if set["single-use"] {
+		final.SingleUse = s.SingleUse
+	}
 	if set["max-reconnect-delay"] {
 		if err := checkMaxReconnectDelay(s.MaxReconnectDelay); err != nil {
 			return settings{}, "", "", fmt.Errorf("--max-reconnect-delay %s: %v", s.MaxReconnectDelay, err)
@@ -418,6 +430,12 @@ func parseConnect(args []string, stdout io.Writer) (final settings, logFormat, l
 	// --token is required only without a saved identity: connect decides.
 	if name, secret, ok := strings.Cut(final.Token, "."); final.Token != "" && (!ok || name == "" || secret == "") {
 		return settings{}, "", "", errors.New("the enrollment token (--token, --token-file, $" + workerTokenEnv + " or the config file's token) must read NAME.SECRET")
+	}
+	if final.SingleUse && final.Slots != 1 {
+		return settings{}, "", "", fmt.Errorf("--single-use runs one step: --slots %d must be 1 (or left out)", final.Slots)
+	}
+	if final.SingleUse && final.Token == "" {
+		return settings{}, "", "", errors.New("--single-use needs an enrollment token ($" + workerTokenEnv + ", --token-file or --token): a single-use worker keeps no saved identity")
 	}
 	if final.Slots < 1 || final.Slots > 1024 {
 		return settings{}, "", "", fmt.Errorf("--slots %d: want 1..1024", final.Slots)
@@ -482,6 +500,24 @@ func connect(ctx context.Context, stops <-chan os.Signal, s settings, log *slog.
 			return exitError
 		}
 		shim = exe
+	}
+	if s.SingleUse {
+		// Single use (SPEC §10): a scaler-managed instance is never
+		// restarted as itself (its Hello with a credential is refused), so
+		// it keeps no identity and many run side by side on one host.
+		code, _, err := connectOnce(ctx, stops, s, nil, nil, tlsConf, shim, log)
+		switch {
+		case err != nil && ctx.Err() != nil:
+			return exitOK
+		case err != nil:
+			log.Error("worker stopped", "err", err)
+			return exitError
+		case code == exitOK:
+			log.Info("single-use worker done: its step was reported")
+		default:
+			log.Error("single-use worker exiting", "code", code)
+		}
+		return code
 	}
 	if s.StateDir == "" {
 		dir, err := worker.DefaultStateDir()
@@ -551,7 +587,7 @@ func connect(ctx context.Context, stops <-chan os.Signal, s settings, log *slog.
 func connectOnce(ctx context.Context, stops <-chan os.Signal, s settings, sd *worker.StateDir, saved *worker.State, tlsConf *tls.Config, shim string, log *slog.Logger) (int, *core.WorkerExit, error) {
 	cfg := core.WorkerConfig{
 		Name: s.Name, Tags: s.Tags, Labels: s.Labels, Platform: s.Platform, Slots: s.Slots,
-		NoReconnect: s.NoReconnect, BackoffMax: s.MaxReconnectDelay,
+		NoReconnect: s.NoReconnect, BackoffMax: s.MaxReconnectDelay, SingleUse: s.SingleUse,
 		OutputCapBytes: s.OutputCapBytes, DrainTimeout: s.DrainTimeout,
 	}
 	if saved != nil {
@@ -574,6 +610,9 @@ func connectOnce(ctx context.Context, stops <-chan os.Signal, s settings, sd *wo
 		Shim:   shim,
 		Config: cfg,
 		SaveCredential: func(cred string) error {
+			if sd == nil {
+				return nil // single use: nothing to restart from
+			}
 			return sd.Save(worker.State{Worker: cfg.ID, Name: cfg.Name, Credential: cred, URL: s.URL, EnrolledAt: time.Now().UTC()})
 		},
 	})
@@ -607,7 +646,7 @@ func connectOnce(ctx context.Context, stops <-chan os.Signal, s settings, sd *wo
 	log.Info("worker starting", "worker", cfg.Name, "worker_id", string(cfg.ID), "url", s.URL, "tags", strings.Join(s.Tags, ","),
 		"slots", s.Slots, "no_reconnect", s.NoReconnect, "max_reconnect_delay", cmp.Or(s.MaxReconnectDelay, defaultMaxReconnectDelay),
 		"noop_executor", s.Noop, "step_shim", shim != "", "output_cap_bytes", cmp.Or(s.OutputCapBytes, defaultOutputCapBytes),
-		"state_file", sd.Path(), "saved_identity", saved != nil)
+		"state_file", statePath(sd), "saved_identity", saved != nil, "single_use", s.SingleUse)
 	code, err := d.Run(ctx)
 	if err != nil {
 		return 0, nil, err
@@ -698,7 +737,7 @@ func loadConfig(path string, src []byte) (settings, error) {
 		return n.Value
 	}
 	root := doc.Content[0]
-	known := []string{"url", "ca", "token", "name", "tags", "labels", "platform", "slots", "no_reconnect", "max_reconnect_delay", "output_cap", "drain_timeout", "state_dir"}
+	known := []string{"url", "ca", "token", "name", "tags", "labels", "platform", "slots", "no_reconnect", "max_reconnect_delay", "output_cap", "drain_timeout", "state_dir", "single_use"}
 	if root.Kind != yaml.MappingNode {
 		errf(root, "worker config must be a mapping of keys to values")
 		return s, errors.New(strings.Join(errs, "\n  "))
@@ -764,6 +803,12 @@ func loadConfig(path string, src []byte) (settings, error) {
 				errf(v, "no_reconnect must be true or false, not %q", v.Value)
 			}
 			s.NoReconnect = b
+		case "single_use":
+			var b bool
+			if v.Kind != yaml.ScalarNode || v.Decode(&b) != nil {
+				errf(v, "single_use must be true or false, not %q", v.Value)
+			}
+			s.SingleUse = b
 		case "max_reconnect_delay":
 			d, err := time.ParseDuration(v.Value)
 			if err == nil {
@@ -857,4 +902,12 @@ func printFlags(w io.Writer, fs *flag.FlagSet) {
 		fmt.Fprintf(tw, "  %s\t%s\n", name, use)
 	}
 	tw.Flush()
+}
+
+// statePath is the state file's path, or "" for a worker that keeps none.
+func statePath(sd *worker.StateDir) string {
+	if sd == nil {
+		return ""
+	}
+	return sd.Path()
 }
