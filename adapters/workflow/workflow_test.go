@@ -159,8 +159,8 @@ func TestParseOutputs(t *testing.T) {
 	}
 	for src, want := range map[string]string{
 		"steps:\n  - name: a\n    run: true\n    writes: false\n    outputs: [r]\n": "writes: false, but it declares outputs",
-		"steps:\n  - name: a\n    run: true\n    outputs: ['a/b']\n":                 `output "a/b": want a data id`,
-		"steps:\n  - name: a\n    run: true\n    outputs: ['*x']\n":                  `output "*x"`,
+		"steps:\n  - name: a\n    run: true\n    outputs: ['a/b']\n":                `output "a/b": want a data id`,
+		"steps:\n  - name: a\n    run: true\n    outputs: ['*x']\n":                 `output "*x"`,
 	} {
 		_, err := Parse("x.yaml", []byte(src))
 		if err == nil || !strings.Contains(err.Error(), want) {
