@@ -449,6 +449,13 @@ func (p *dataPlane) write(w http.ResponseWriter, r *http.Request, rt dataRoute, 
 	// Refuse early, before reading (and holding) a byte of a body nobody
 	// may write; the decisive check is made on the loop, at the write.
 	if err := p.d.authenticateTo(r.Context(), cred, lease, rt.id); err != nil {
+		// The first of a repeat may have become durable since the look
+		// above, in the group the early check waited for.
+		if req != "" && errors.Is(err, ErrFenced) {
+			if done, rerr := p.repeat(w, r, cred, lease, req, kind, rt.id); done || rerr != nil {
+				return rerr
+			}
+		}
 		return err
 	}
 	switch kind {
@@ -873,6 +880,14 @@ func (d *Driver) admitWrite(in *dataWrite, step func(core.Input) core.Ready) err
 		return fmt.Errorf("%w: the core answered %d writes for one", ErrFenced, len(rd.Writes))
 	}
 	if err := dataRefusal(rd.Writes[0]); err != nil {
+		// A refused repeat whose first is durable (it landed after the
+		// handler looked) gets the first's answer from the store.
+		if in.op.Request != "" && rd.Writes[0].Worker != "" {
+			if e, ok, _ := d.ds.Request(uint64(in.lease), in.op.Request); ok && core.WorkerID(e.Worker) == rd.Writes[0].Worker {
+				in.op.RepeatOnly, in.op.Worker = true, e.Worker
+				return nil
+			}
+		}
 		return err
 	}
 	a := rd.Writes[0]
