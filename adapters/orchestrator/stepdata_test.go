@@ -3,6 +3,7 @@ package orchestrator_test
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"strconv"
@@ -384,4 +385,53 @@ func TestDataPlaneStepReads(t *testing.T) {
 		t.Fatalf("the pool shows a token or a credential: %s", a.body)
 	}
 	r.must("GET", "/pool", nil, "", 0, nil, http.StatusUnauthorized)
+}
+
+// TestDataPlaneConcurrentRepeats: many copies of one write, sent at once
+// with one request id over separate connections, all get the same answer
+// and leave one version: the copies that reach the loop while the first
+// is admitted but not durable are answered by the store after it, and
+// those after it from its stored answer (SPEC §14, idempotent writes).
+// Planted bug: with the driver's pending-request map ignored (every copy
+// decided and written anew) and the store's in-transaction lookup
+// skipped, the copies made several versions and this test failed.
+func TestDataPlaneConcurrentRepeats(t *testing.T) {
+	r := startData(t, orchestrator.Options{})
+	w := r.enroll("w1")
+	dm := r.lease(w, "build")
+	const n = 16
+	bodies := make(chan []byte, n)
+	errs := make(chan error, n)
+	for i := 0; i < n; i++ {
+		go func() {
+			tr := &http.Transport{Protocols: new(http.Protocols)}
+			tr.Protocols.SetUnencryptedHTTP2(true)
+			hc := &http.Client{Transport: tr, Timeout: testTimeout}
+			a, err := r.send(hc, r.d.DataURL(), "PUT", "/data/once", []byte("payload"), w.cred, dm.Lease, reqID("same"))
+			switch {
+			case err != nil:
+				errs <- err
+			case a.status != http.StatusCreated:
+				errs <- fmt.Errorf("HTTP %d %s", a.status, a.body)
+			default:
+				bodies <- a.body
+			}
+		}()
+	}
+	var first []byte
+	for i := 0; i < n; i++ {
+		select {
+		case err := <-errs:
+			t.Fatal(err)
+		case b := <-bodies:
+			if first == nil {
+				first = b
+			} else if !bytes.Equal(b, first) {
+				t.Fatalf("two copies answered differently:\n%s\n%s", first, b)
+			}
+		}
+	}
+	if vs := r.versions(w.cred, "once"); len(vs) != 1 {
+		t.Fatalf("%d copies of one write made %d versions, want 1", n, len(vs))
+	}
 }
