@@ -73,7 +73,9 @@ func (o *Orchestrator) Definition(w WorkerID, l LeaseID) (StepDefinition, error)
 	if r == nil || sp == nil {
 		return StepDefinition{}, fmt.Errorf("%w: step %s has no declaration", ErrNoSuchStep, s.ID)
 	}
-	return StepDefinition{Run: s.Run, Step: s.ID, Workflow: r.Spec, Definition: *sp, Item: s.Item}, nil
+	ws := r.Spec // a copy: a spec's slices and maps are never changed after submit, its step list is copied
+	ws.Steps = append([]StepSpec(nil), r.Spec.Steps...)
+	return StepDefinition{Run: s.Run, Step: s.ID, Workflow: ws, Definition: *sp, Item: s.Item}, nil
 }
 
 // Output answers readOutput for worker w's lease l: the step named name
