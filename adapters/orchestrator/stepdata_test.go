@@ -385,6 +385,16 @@ func TestDataPlaneStepReads(t *testing.T) {
 		t.Fatalf("the pool shows a token or a credential: %s", a.body)
 	}
 	r.must("GET", "/pool", nil, "", 0, nil, http.StatusUnauthorized)
+
+	// Once the run finished it is archived: its leases name nothing.
+	w.send(core.Start{Lease: next.Lease, Request: 1})
+	if m, ok := w.recv().(core.StartAck); !ok || !m.OK {
+		t.Fatalf("want StartAck OK, got %s", core.DescribeMsg(m))
+	}
+	w.finish(next)
+	if msg := r.must("GET", "/step/definition", nil, w.cred, next.Lease, nil, http.StatusNotFound).errorText(t); !strings.Contains(msg, "run finished") {
+		t.Fatalf("definition of an archived run's lease: %q", msg)
+	}
 }
 
 // TestDataPlaneConcurrentRepeats: many copies of one write, sent at once
