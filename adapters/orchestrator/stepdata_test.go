@@ -15,6 +15,7 @@ import (
 	"github.com/tether-run/tether/adapters/dataplane"
 	"github.com/tether-run/tether/adapters/netfault"
 	"github.com/tether-run/tether/adapters/orchestrator"
+	"github.com/tether-run/tether/client"
 	"github.com/tether-run/tether/core"
 )
 
@@ -324,6 +325,15 @@ func TestDataPlaneDeleteAndQuery(t *testing.T) {
 	var op dataplane.Query
 	if err := json.Unmarshal(a.body, &op); err != nil || names(op) != "a.2@1" {
 		t.Fatalf("GET /api/data?prefix=a.2: %s (%v)", a.body, err)
+	}
+	// The Go client asks the same, page by page.
+	cq, err := r.operator().QueryData(r.ctx, client.DataQuery{Attrs: map[string]string{"kind": "log"}, Limit: 1})
+	if err != nil || len(cq.Items) != 1 || cq.Items[0].ID != "a.1" || cq.Next == "" {
+		t.Fatalf("client QueryData: %+v, %v", cq, err)
+	}
+	cq, err = r.operator().QueryData(r.ctx, client.DataQuery{Attrs: map[string]string{"kind": "log"}, Limit: 1, After: cq.Next})
+	if err != nil || len(cq.Items) != 1 || cq.Items[0].ID != "a.2" {
+		t.Fatalf("client QueryData, page 2: %+v, %v", cq, err)
 	}
 }
 

@@ -248,6 +248,7 @@ and lease wrote it) and its append stream's length.` + clientHelp,
 			flags:   clientFlags(nil),
 			run:     dataVersions,
 		},
+		dataQueryCmd,
 		{
 			path: "worker list", nargs: 0,
 			short: "list enrolled workers and their state",
