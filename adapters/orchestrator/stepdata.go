@@ -99,12 +99,17 @@ func attributes(r *http.Request) (map[string]string, error) {
 // reading the body. done is false when there is none (the write goes on).
 // The credential must be accepted and the first write its worker's.
 func (p *dataPlane) repeat(w http.ResponseWriter, r *http.Request, cred string, lease core.LeaseID, req string, kind store.DataOpKind, id string) (bool, error) {
+	e, ok, err := p.d.ds.Request(uint64(lease), req) // a read of the store, off the loop
+	if err != nil || !ok {
+		return false, err
+	}
+	// Only a repeat asks the loop about the credential here: a first
+	// write's early check does, once.
 	if err := p.d.authenticate(r.Context(), cred, 0); err != nil {
 		return true, err
 	}
-	e, ok, err := p.d.ds.Request(uint64(lease), req)
-	if err != nil || !ok || core.WorkerID(e.Worker) != credWorker(cred) {
-		return false, err
+	if core.WorkerID(e.Worker) != credWorker(cred) {
+		return false, nil // another worker's key: the fence refuses it
 	}
 	if e.Kind != kind || e.ID != id {
 		return true, fmt.Errorf("%w: request %q of lease %d was %s", store.ErrRequestReused, req, lease, describeEntry(e))
