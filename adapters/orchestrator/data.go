@@ -882,9 +882,13 @@ func (d *Driver) admitWrite(in *dataWrite, step func(core.Input) core.Ready) err
 	if err := dataRefusal(rd.Writes[0]); err != nil {
 		// A refused repeat whose first is durable (it landed after the
 		// handler looked) gets the first's answer from the store.
-		if in.op.Request != "" && rd.Writes[0].Worker != "" {
-			if e, ok, _ := d.ds.Request(uint64(in.lease), in.op.Request); ok && core.WorkerID(e.Worker) == rd.Writes[0].Worker {
+		if a := rd.Writes[0]; in.op.Request != "" && a.Worker != "" && !a.Refusal.Credential() {
+			if e, ok, _ := d.ds.Request(uint64(in.lease), in.op.Request); ok && core.WorkerID(e.Worker) == a.Worker {
 				in.op.RepeatOnly, in.op.Worker = true, e.Worker
+				k := requestKey{lease: in.lease, id: in.op.Request}
+				pr := d.pendingReq[k]
+				pr.worker, pr.n = a.Worker, pr.n+1
+				d.pendingReq[k] = pr
 				return nil
 			}
 		}
