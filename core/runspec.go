@@ -43,9 +43,9 @@ type StepSpec struct {
 	HoldExpiry time.Duration `json:",omitzero"`
 	Wait       time.Duration `json:",omitzero"`
 	// Outputs declares the data ids the step may write (SPEC §14,
-	// declared writes): an id, or a prefix ending in '*'. A step that
-	// declares any writes (Writes is then required); a write to an id
-	// outside them is refused. None: the step may write any id.
+	// declared writes): each an id, or a prefix ending in '*'. A write
+	// under its lease to any other id is refused; declaring any needs
+	// Writes (the workflow parser sets it). None: it may write any id.
 	Outputs []string `json:",omitzero"`
 }
 
