@@ -96,6 +96,7 @@ func genRunRecord() *rapid.Generator[RunRecord] {
 					Env: genEnv("senv").Draw(t, "senv"), ForEach: genStrings("items").Draw(t, "items"),
 					Concurrency: rapid.SampledFrom([]int{0, rapid.Int().Draw(t, "conc")}).Draw(t, "concOf"), Hold: rapid.Bool().Draw(t, "hold"),
 					HoldExpiry: dur("expiry"), Wait: dur("wait")})
+				r.Spec.Steps[len(r.Spec.Steps)-1].Outputs = genStrings("outputs").Draw(t, "outputs") // SPEC §14, declared writes
 			}
 		}
 		return r

@@ -93,7 +93,7 @@ func newMetrics(d *Driver) *metrics {
 	}
 	m.dataBytes.WithLabelValues("in")
 	m.dataBytes.WithLabelValues("out")
-	for _, code := range []int{400, 401, 404, 405, 408, 409, 413, 429, 503, 500, 418} {
+	for _, code := range []int{400, 401, 403, 404, 405, 408, 409, 413, 429, 503, 500, 418} {
 		m.dataRefusals.WithLabelValues(refusalReason(code)) // every reason has a series from the start
 	}
 	m.reg.MustRegister(m.grants, m.dispatchLatency, m.submitToStart, m.commitRecords, m.commitDuration,
@@ -230,6 +230,8 @@ func refusalReason(code int) string {
 		return "bad_request"
 	case http.StatusUnauthorized:
 		return "unauthenticated"
+	case http.StatusForbidden:
+		return "forbidden" // a write outside the step's declared outputs (SPEC §14)
 	case http.StatusNotFound:
 		return "not_found"
 	case http.StatusMethodNotAllowed:

@@ -149,6 +149,12 @@ func (c *DataClient) URL() string { return c.base.String() }
 // do sends one request with the credential (and the lease, if not zero);
 // path is unescaped.
 func (c *DataClient) do(ctx context.Context, method, path, rawQuery string, lease core.LeaseID, body io.Reader, size int64) (*http.Response, error) {
+	return c.doWith(ctx, method, path, rawQuery, lease, body, size, nil)
+}
+
+// doWith is do with extra request headers (a step's request id and
+// attributes, forwarded by the step endpoint).
+func (c *DataClient) doWith(ctx context.Context, method, path, rawQuery string, lease core.LeaseID, body io.Reader, size int64, hdr http.Header) (*http.Response, error) {
 	cred := c.cred()
 	if cred == "" {
 		return nil, ErrNoCredential
@@ -161,6 +167,9 @@ func (c *DataClient) do(ctx context.Context, method, path, rawQuery string, leas
 	}
 	if body != nil {
 		req.ContentLength = size
+	}
+	for k, vs := range hdr {
+		req.Header[k] = vs
 	}
 	req.Header.Set("Authorization", "Bearer "+cred)
 	if lease != 0 {
@@ -368,7 +377,16 @@ func (e *stepEndpoint) close() {
 
 // forwarded are the answer headers passed back to the step.
 var forwarded = []string{"Content-Type", "Content-Length", "ETag", "Location", "Content-Location", "Cache-Control", "Allow",
-	dataplane.VersionHeader, dataplane.SHA256Header, dataplane.StreamLengthHeader}
+	dataplane.VersionHeader, dataplane.SHA256Header, dataplane.StreamLengthHeader, "Tether-Repeated"}
+
+// forwardedUp are the step's request headers the endpoint passes on (SPEC
+// §14: a write's request id, a PUT's attributes).
+var forwardedUp = []string{dataplane.RequestIDHeader, dataplane.AttributeHeader}
+
+// stepPath reports whether the step endpoint forwards path (SPEC §14).
+func stepPath(p string) bool {
+	return strings.HasPrefix(p, "/data/") || strings.HasPrefix(p, "/bundle/") || p == "/data" || p == "/pool" || strings.HasPrefix(p, "/step/")
+}
 
 func (e *stepEndpoint) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	fail := func(code int, msg string) {
@@ -382,8 +400,8 @@ func (e *stepEndpoint) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		fail(http.StatusUnauthorized, "missing or unknown step token (send Authorization: Bearer $"+EnvDataToken+")")
 		return
 	}
-	if !strings.HasPrefix(r.URL.Path, "/data/") && !strings.HasPrefix(r.URL.Path, "/bundle/") {
-		fail(http.StatusNotFound, "no such path: "+core.Quote(r.URL.Path)+" (the step endpoint serves /data/… and /bundle/…)")
+	if !stepPath(r.URL.Path) {
+		fail(http.StatusNotFound, "no such path: "+core.Quote(r.URL.Path)+" (the step endpoint serves /data, /data/…, /bundle/…, /step/… and /pool)")
 		return
 	}
 	q := r.URL.Query()
@@ -392,7 +410,13 @@ func (e *stepEndpoint) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if r.ContentLength != 0 {
 		body = r.Body
 	}
-	resp, err := e.client.do(r.Context(), r.Method, r.URL.Path, q.Encode(), lease, body, r.ContentLength)
+	hdr := http.Header{}
+	for _, h := range forwardedUp {
+		if vs := r.Header.Values(h); len(vs) > 0 {
+			hdr[h] = vs
+		}
+	}
+	resp, err := e.client.doWith(r.Context(), r.Method, r.URL.Path, q.Encode(), lease, body, r.ContentLength, hdr)
 	var de *DataError
 	switch {
 	case errors.As(err, &de):

@@ -248,6 +248,7 @@ and lease wrote it) and its append stream's length.` + clientHelp,
 			flags:   clientFlags(nil),
 			run:     dataVersions,
 		},
+		dataQueryCmd,
 		{
 			path: "worker list", nargs: 0,
 			short: "list enrolled workers and their state",
@@ -820,7 +821,11 @@ func dataVersions(ctx context.Context, e *env, args []string) error {
 		tw := tabwriter.NewWriter(e.stdout, 0, 0, 2, ' ', 0)
 		fmt.Fprintln(tw, "VERSION\tSIZE\tSHA256\tCREATED\tWORKER\tLEASE")
 		for _, v := range out.Versions {
-			fmt.Fprintf(tw, "%d\t%d\t%s\t%s\t%s\t%d\n", v.Version, v.Size, cell(v.SHA256), fmtTime(v.Created), cell(orDash(v.Worker)), v.Lease)
+			sum := cell(v.SHA256)
+			if v.Deleted {
+				sum = "(deleted)" // a tombstone (SPEC §14)
+			}
+			fmt.Fprintf(tw, "%d\t%d\t%s\t%s\t%s\t%d\n", v.Version, v.Size, sum, fmtTime(v.Created), cell(orDash(v.Worker)), v.Lease)
 		}
 		if err := tw.Flush(); err != nil {
 			return err
