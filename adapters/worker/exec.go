@@ -165,8 +165,14 @@ func (d *Driver) start(c core.ExecCommand) {
 		// orchestrator drops TETHER_* from what it ships.
 		endpoint = d.endpoint.grant(lease)
 	}
-	cmd.Env = overlay(d.opts.Env, c.Env, endpoint)
-	pr, pw, err := os.Pipe()
+	// A fresh scratch directory (the cwd) and an empty output directory.
+	dirs, err := d.makeStepDirs(lease)
+	var pr, pw *os.File
+	if err == nil {
+		cmd.Dir = dirs.scratch
+		cmd.Env = overlay(d.opts.Env, c.Env, endpoint, map[string]string{EnvScratch: dirs.scratch, EnvOutputDir: dirs.output})
+		pr, pw, err = os.Pipe()
+	}
 	if err == nil {
 		cmd.Stdout, cmd.Stderr = pw, pw
 		if d.opts.Shim != "" {
@@ -181,6 +187,7 @@ func (d *Driver) start(c core.ExecCommand) {
 	}
 	if err != nil {
 		log.Warn("step process failed to start", "err", err)
+		d.removeStepDirs(dirs, log)
 		d.wg.Add(1)
 		go func() { // never push from the loop goroutine: it is the only consumer
 			defer d.wg.Done()
@@ -218,6 +225,19 @@ func (d *Driver) start(c core.ExecCommand) {
 			x.ExitCode, x.Err = exitCodeErr, fmt.Sprintf("wait: %v", werr)
 		}
 		log.Info("step process exited", "exit_code", x.ExitCode, "signaled", x.Signaled)
+		// persistFile: the output directory's files, uploaded before the
+		// report (which waits for them); a failed upload fails the step.
+		lines, perr := d.persistOutputs(d.ctx, lease, dirs.output)
+		if perr != nil {
+			log.Warn("step output files not stored; the step fails", "err", perr)
+			if x.Err == "" {
+				x.Err = perr.Error()
+			}
+		}
+		if len(lines) > 0 && p.gate.acquire(d.done) && !d.push(output{lease: lease, lines: lines}) {
+			return
+		}
+		d.removeStepDirs(dirs, log)
 		d.push(x)
 	}()
 }
