@@ -133,7 +133,8 @@ func stepRequest(t *testing.T, e *stepEndpoint, tok, method, path string, body [
 func TestStepEndpointRetriesAWriteWithItsRequestID(t *testing.T) {
 	f := newFakeDataPlane(t)
 	e, tok := testEndpoint(t, f.client(t), 0)
-	for _, own := range []string{"", "step-chose-this.1"} {
+	big := bytes.Repeat([]byte("b"), spoolMemory+10) // held in a file, not in memory
+	for i, own := range []string{"", "step-chose-this.1", ""} {
 		f.mu.Lock()
 		f.lose, f.ids, f.versions = 2, nil, map[string][][]byte{}
 		f.mu.Unlock()
@@ -141,12 +142,19 @@ func TestStepEndpointRetriesAWriteWithItsRequestID(t *testing.T) {
 		if own != "" {
 			hdr[RequestIDHeader] = own
 		}
-		resp := stepRequest(t, e, tok, http.MethodPut, "/data/out", []byte("the bytes"), hdr)
+		body := []byte("the bytes")
+		if i == 2 {
+			body = big
+		}
+		resp := stepRequest(t, e, tok, http.MethodPut, "/data/out", body, hdr)
 		var v dataplane.Version
 		json.NewDecoder(resp.Body).Decode(&v)
 		f.mu.Lock()
 		ids, n := f.ids, len(f.versions["out"])
 		f.mu.Unlock()
+		if n == 1 && !bytes.Equal(f.versions["out"][0], body) {
+			t.Errorf("case %d: the stored bytes differ from the step's", i)
+		}
 		if resp.StatusCode != http.StatusCreated || v.Version != 1 || n != 1 {
 			t.Errorf("own id %q: HTTP %d version %d, %d stored; want 201, version 1, one stored", own, resp.StatusCode, v.Version, n)
 		}

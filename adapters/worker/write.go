@@ -134,7 +134,11 @@ func (c *DataClient) write(ctx context.Context, method, path, rawQuery string, l
 				return nil, fmt.Errorf("data plane: rewinding a write's body: %w", err)
 			}
 		}
-		resp, err := c.doHeader(ctx, method, path, rawQuery, lease, hdr, body, size)
+		var rd io.Reader
+		if body != nil {
+			rd = struct{ io.Reader }{body} // the transport closes a body it sent: hide Close, the body may be sent again
+		}
+		resp, err := c.doHeader(ctx, method, path, rawQuery, lease, hdr, rd, size)
 		if err == nil || attempt >= pol.Attempts || !retryable(ctx, err) {
 			return resp, err
 		}

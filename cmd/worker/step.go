@@ -99,6 +99,9 @@ func stepFail(code int, format string, args ...any) error {
 	return &stepErr{code: code, msg: fmt.Sprintf(format, args...)}
 }
 
+// stepRetry is how worker step sends a write again (a variable for a test).
+var stepRetry = worker.DefaultRetry
+
 // stepClient speaks to the step endpoint.
 type stepClient struct {
 	base   *url.URL
@@ -118,7 +121,7 @@ func newStepClient(stderr io.Writer) (*stepClient, error) {
 		return nil, stepFail(stepExitUsage, "$%s = %q: want http://HOST:PORT", worker.EnvDataURL, raw)
 	}
 	tr := &http.Transport{Proxy: nil, DialContext: (&net.Dialer{Timeout: 10 * time.Second}).DialContext}
-	return &stepClient{base: u, token: tok, hc: &http.Client{Transport: tr}, retry: worker.DefaultRetry, stderr: stderr}, nil
+	return &stepClient{base: u, token: tok, hc: &http.Client{Transport: tr}, retry: stepRetry, stderr: stderr}, nil
 }
 
 // do sends one request; a write (requestID set) is sent again, with the
@@ -139,7 +142,7 @@ func (c *stepClient) do(ctx context.Context, method, path string, q url.Values, 
 			if _, err := body.Seek(0, io.SeekStart); err != nil {
 				return nil, stepFail(stepExitFailed, "rewinding the body: %v", err)
 			}
-			rd = body
+			rd = struct{ io.Reader }{body} // the client closes a body it sent: hide Close, the body is sent again
 		}
 		req, err := http.NewRequestWithContext(ctx, method, u.String(), rd)
 		if err != nil {
