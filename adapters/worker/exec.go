@@ -3,6 +3,7 @@ package worker
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -166,7 +167,14 @@ func (d *Driver) start(c core.ExecCommand) {
 		endpoint = d.endpoint.grant(lease)
 	}
 	// A fresh scratch directory (the cwd) and an empty output directory.
-	dirs, err := d.makeStepDirs(lease)
+	var err error
+	if d.workDir == "" { // a driver whose loop a test plays, without Run
+		err = d.openWorkDir()
+	}
+	var dirs stepDirs
+	if err == nil {
+		dirs, err = d.makeStepDirs(lease)
+	}
 	var pr, pw *os.File
 	if err == nil {
 		cmd.Dir = dirs.scratch
@@ -227,7 +235,11 @@ func (d *Driver) start(c core.ExecCommand) {
 		log.Info("step process exited", "exit_code", x.ExitCode, "signaled", x.Signaled)
 		// persistFile: the output directory's files, uploaded before the
 		// report (which waits for them); a failed upload fails the step.
-		lines, perr := d.persistOutputs(d.ctx, lease, dirs.output)
+		ctx := d.ctx
+		if ctx == nil {
+			ctx = context.Background() // a driver whose loop a test plays
+		}
+		lines, perr := d.persistOutputs(ctx, lease, dirs.output)
 		if perr != nil {
 			log.Warn("step output files not stored; the step fails", "err", perr)
 			if x.Err == "" {
