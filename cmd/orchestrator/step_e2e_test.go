@@ -8,6 +8,9 @@ import (
 	"strings"
 	"testing"
 
+	flag "github.com/spf13/pflag"
+
+	"github.com/tether-run/tether/adapters/orchestrator"
 	"github.com/tether-run/tether/client"
 )
 
@@ -163,6 +166,22 @@ steps:
 	}
 }
 
+// examples/step.yaml runs to success and stores what it says.
+func TestStepExample(t *testing.T) {
+	r := newStepRig(t, nil)
+	src, err := os.ReadFile("examples/step.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	det, logs := r.run(string(src))
+	if det.Status != "success" || !strings.Contains(logs, "summary: built") {
+		t.Fatalf("examples/step.yaml: %s\n%s", det.Status, logs)
+	}
+	if out := r.mustCLI("data", "get", "summary.txt"); out != "built\n" {
+		t.Errorf("summary.txt: %q", out)
+	}
+}
+
 // A file the step leaves in $TETHER_OUTPUT_DIR that cannot be stored fails
 // the step with a message naming it (a symbolic link is never followed),
 // and nothing of that directory is stored; --keep-scratch keeps the step's
@@ -257,4 +276,33 @@ steps:
 func notServedYet(res string) bool {
 	return strings.Contains(res, "<!doctype html>") || strings.Contains(res, "method DELETE is not allowed") ||
 		strings.Contains(res, `GET /data: store: bad data id ""`)
+}
+
+// serve --ship-env: patterns resolve to exactly the matching variables of
+// the orchestrator's environment, none by default; a bad pattern is a
+// usage error.
+func TestServeShipEnv(t *testing.T) {
+	t.Setenv("SHIP_A", "a")
+	t.Setenv("SHIP_B", "b")
+	t.Setenv("OTHER_SECRET", "s")
+	resolve := func(args ...string) (serverConfig, error) {
+		o := &options{}
+		fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+		serveCmd.flags(fs, o)
+		if err := fs.Parse(append([]string{"--data-dir", t.TempDir()}, args...)); err != nil {
+			t.Fatal(err)
+		}
+		return resolveServeConfig(&env{opts: o, flags: fs})
+	}
+	cfg, err := resolve()
+	if err != nil || len(orchestrator.ShipEnv(cfg.ShipEnv)) != 0 {
+		t.Errorf("no --ship-env: %v shipped, %v; want nothing", orchestrator.ShipEnv(cfg.ShipEnv), err)
+	}
+	cfg, err = resolve("--ship-env", "SHIP_A", "--ship-env", "SHIP_B,NOPE*")
+	if got := orchestrator.ShipEnv(cfg.ShipEnv); err != nil || len(got) != 2 || got["SHIP_A"] != "a" || got["SHIP_B"] != "b" {
+		t.Errorf("--ship-env SHIP_A --ship-env SHIP_B,NOPE*: %v, %v", got, err)
+	}
+	if _, err := resolve("--ship-env", "["); exitCode(err) != exitUsage {
+		t.Errorf("--ship-env [: %v, want a usage error", err)
+	}
 }

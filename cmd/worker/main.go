@@ -162,9 +162,20 @@ Against an orchestrator that serves TLS, use a wss:// URL; --ca names the PEM
 file of the CA that signed its certificate when it is not a public one.
 
 Step processes get TETHER_DATA_URL, TETHER_DATA_TOKEN and TETHER_LEASE: e.g.
-  curl -X PUT --data-binary @out.tar -H "Authorization: Bearer $TETHER_DATA_TOKEN" \
-       "$TETHER_DATA_URL/data/build.out"
-stores a new version of build.out under the step's lease.
+  worker step data put build.out out.tar
+(or curl -X PUT --data-binary @out.tar -H "Authorization: Bearer
+$TETHER_DATA_TOKEN" "$TETHER_DATA_URL/data/build.out") stores a new version
+of build.out under the step's lease; 'worker step --help' lists the verbs.
+
+Each step runs in a fresh directory under --work-dir, $TETHER_SCRATCH (its
+cwd), removed when it ends unless --keep-scratch. Files it leaves in
+$TETHER_OUTPUT_DIR are uploaded as data (id = file name) before it reports;
+a symbolic link, a subdirectory, a name that is no data id, more than 256
+files or 1 GiB, or a failed upload fails the step. From this process's
+environment a step inherits only PATH HOME USER LOGNAME SHELL LANG LANGUAGE
+LC_* TZ TMPDIR and what --pass-env names (never TETHER_*); the workflow's
+env: is laid over that. Data versions steps read are cached here, checked
+by SHA-256, up to --cache-size.
 
 The optional config file (YAML) takes the same settings; flags given on the
 command line override it, and an unknown key is an error naming its line:
@@ -182,6 +193,10 @@ command line override it, and an unknown key is an error naming its line:
   output_cap: 64MiB
   drain_timeout: 10m
   state_dir: /var/lib/tether-worker
+  work_dir: /var/lib/tether-worker/work
+  keep_scratch: false
+  cache_size: 256MiB
+  pass_env: [GOPATH, "GIT_*"]
 
 Example:
   TETHER_WORKER_TOKEN=builder-1.SECRET worker connect --url ws://127.0.0.1:7420/control --tags script --slots 2

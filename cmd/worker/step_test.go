@@ -164,3 +164,28 @@ func TestStepDataGetVerifies(t *testing.T) {
 		t.Errorf("partial files left: %q", left)
 	}
 }
+
+// The step surroundings' settings: flags over the config file, and their
+// usage errors.
+func TestStepSurroundingsSettings(t *testing.T) {
+	cfg := writeFile(t, "worker-config.yaml", "work_dir: w\nkeep_scratch: true\ncache_size: 2MiB\npass_env: [GOPATH, \"GIT_*\"]\n")
+	s, _, _, err := parseConnect([]string{"--config", cfg}, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.WorkDir != filepath.Join(filepath.Dir(cfg), "w") || !s.KeepScratch || s.CacheBytes != 2<<20 || strings.Join(s.PassEnv, ",") != "GOPATH,GIT_*" {
+		t.Errorf("from the config file: %+v", s)
+	}
+	s, _, _, err = parseConnect([]string{"--config", cfg, "--work-dir", "/x", "--cache-size", "0", "--pass-env", "A,B_*"}, io.Discard)
+	if err != nil || s.WorkDir != "/x" || s.CacheBytes != -1 || strings.Join(s.PassEnv, ",") != "A,B_*" {
+		t.Errorf("flags over the file: %+v, %v", s, err)
+	}
+	for _, args := range [][]string{{"--work-dir="}, {"--cache-size", "lots"}, {"--cache-size", "12"}, {"--pass-env", "["}} {
+		if _, _, _, err := parseConnect(append([]string{"--token", "a.b"}, args...), io.Discard); err == nil {
+			t.Errorf("worker connect %q: no usage error", args)
+		}
+	}
+	if _, err := loadConfig("c.yaml", []byte("cache_size: huge\npass_env: [\"[\"]\n")); err == nil || !strings.Contains(err.Error(), "c.yaml:1") || !strings.Contains(err.Error(), "c.yaml:2") {
+		t.Errorf("bad config keys: %v", err)
+	}
+}
