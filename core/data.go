@@ -21,6 +21,9 @@ type DataWrite struct {
 	Req        uint64
 	Credential string
 	Lease      LeaseID
+	// ID is the data id written ("" for none): a step that declares its
+	// outputs may write only those (SPEC §14, declared writes).
+	ID string
 }
 
 func (DataWrite) isInput() {}
@@ -37,6 +40,7 @@ const (
 	RefusedWorkerInactive                 // its worker was deregistered; it rejoins when it reconnects
 	RefusedUnknownLease                   // no such lease, or another worker's
 	RefusedLeaseNotCurrent                // the lease ended: superseded, expired, triaged, its step finished or cancelled
+	RefusedUndeclaredOutput               // the lease's step declares outputs, and not this data id (403)
 )
 
 func (r WriteRefusal) String() string {
@@ -55,6 +59,8 @@ func (r WriteRefusal) String() string {
 		return "unknown-lease"
 	case RefusedLeaseNotCurrent:
 		return "lease-not-current"
+	case RefusedUndeclaredOutput:
+		return "undeclared-output"
 	}
 	return "invalid"
 }
@@ -68,13 +74,17 @@ func (r WriteRefusal) Credential() bool {
 // DataAnswer answers a DataWrite (or a CheckWrite query): Refusal is
 // WriteAdmitted or why not; Worker is the credential's worker once it was
 // accepted; Detail is the human reason of a lease refusal (how the lease
-// ended), for the refusal's message only.
+// ended), for the refusal's message only. Run and Step name the lease's
+// step once the lease was found (the data plane records them with what
+// the write makes).
 type DataAnswer struct {
 	Req     uint64
 	Worker  WorkerID
 	Lease   LeaseID
 	Refusal WriteRefusal
 	Detail  string
+	Run     RunID
+	Step    StepID
 }
 
 // Err renders a refusal as the error the data plane answers with, wrapping
@@ -95,6 +105,8 @@ func (a DataAnswer) Err() error {
 		return fmt.Errorf("%w %d for worker %s", ErrUnknownLease, a.Lease, a.Worker)
 	case RefusedLeaseNotCurrent:
 		return fmt.Errorf("%w: lease %d: %s", ErrNotCurrent, a.Lease, a.Detail)
+	case RefusedUndeclaredOutput:
+		return fmt.Errorf("%w: lease %d: %s", ErrUndeclaredOutput, a.Lease, a.Detail)
 	}
 	return fmt.Errorf("data write refused (%d)", a.Refusal)
 }
@@ -106,6 +118,13 @@ func (a DataAnswer) Err() error {
 // read). The driver's early check of a request's headers asks it; the
 // decisive check is the DataWrite input, which answers the same.
 func (o *Orchestrator) CheckWrite(now time.Time, credential string, l LeaseID) DataAnswer {
+	return o.CheckWriteTo(now, credential, l, "")
+}
+
+// CheckWriteTo is CheckWrite for a write to data id (SPEC §14, declared
+// writes): once the lease is current, a step that declares outputs may
+// write only those ids ("" asks nothing of them).
+func (o *Orchestrator) CheckWriteTo(now time.Time, credential string, l LeaseID, id string) DataAnswer {
 	w, r := o.authenticate(now, credential)
 	a := DataAnswer{Lease: l, Refusal: r}
 	if w != nil {
@@ -115,13 +134,22 @@ func (o *Orchestrator) CheckWrite(now time.Time, credential string, l LeaseID) D
 		return a
 	}
 	a.Refusal, a.Detail = o.fence(w.ID, l)
+	if lr := o.leases[l]; lr != nil && lr.Worker == w.ID {
+		a.Step = lr.Step
+		if s := o.steps[lr.Step]; s != nil {
+			a.Run = s.Run
+		}
+	}
+	if a.Refusal == WriteAdmitted {
+		a.Refusal, a.Detail = o.output(l, id)
+	}
 	return a
 }
 
 // dataWrite decides one DataWrite at the orchestrator's time and answers
 // it in the batch. A write needs a lease: a zero one is unknown.
 func (o *Orchestrator) dataWrite(in DataWrite) {
-	a := o.CheckWrite(o.now, in.Credential, in.Lease)
+	a := o.CheckWriteTo(o.now, in.Credential, in.Lease, in.ID)
 	if in.Lease == 0 && a.Refusal == WriteAdmitted {
 		a.Refusal = RefusedUnknownLease
 	}

@@ -402,6 +402,7 @@ func (e *recEncoder) stepSpec(s *StepSpec) {
 	e.optBool("Hold", s.Hold)
 	e.optInt("HoldExpiry", int64(s.HoldExpiry))
 	e.optInt("Wait", int64(s.Wait))
+	e.optStrings("Outputs", s.Outputs)
 	e.end()
 }
 

@@ -42,6 +42,11 @@ type StepSpec struct {
 	Hold       bool          `json:",omitzero"`
 	HoldExpiry time.Duration `json:",omitzero"`
 	Wait       time.Duration `json:",omitzero"`
+	// Outputs declares the data ids the step may write (SPEC §14,
+	// declared writes): an id, or a prefix ending in '*'. A step that
+	// declares any writes (Writes is then required); a write to an id
+	// outside them is refused. None: the step may write any id.
+	Outputs []string `json:",omitzero"`
 }
 
 // Limits on a submitted run (SPEC §2, §12). Validate checks every one
@@ -177,6 +182,9 @@ func (r RunSpec) Validate() error {
 		if s.Concurrency > 0 && len(s.ForEach) == 0 {
 			return invalid("step %q: concurrency without forEach", s.Name)
 		}
+		if err := checkOutputs(s); err != nil {
+			return fmt.Errorf("%w: step %q: %w", ErrInvalidRun, s.Name, err)
+		}
 		if len(s.ForEach) > MaxForEachItems {
 			return invalid("step %q: forEach has %d items, at most %d", s.Name, len(s.ForEach), MaxForEachItems)
 		}
@@ -286,7 +294,7 @@ func (r RunSpec) checkSizes() error {
 			return err
 		}
 		size += len(s.Name) + len(s.Command) + len(s.Type) + len(s.Runner) + len(s.Target) + len(s.Platform) + envBytes(s.Env) + envBytes(s.Labels)
-		for _, l := range [][]string{s.DependsOn, s.Tags, s.ForEach} {
+		for _, l := range [][]string{s.DependsOn, s.Tags, s.ForEach, s.Outputs} {
 			for _, x := range l {
 				size += len(x)
 			}

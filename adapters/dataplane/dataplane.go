@@ -17,6 +17,13 @@ const (
 	VersionHeader      = "Tether-Version"
 	SHA256Header       = "Tether-SHA256"
 	StreamLengthHeader = "Tether-Stream-Length"
+	// RequestIDHeader names a write (PUT, append, DELETE) within its lease:
+	// a repeat of (lease, request id) gets the first answer and writes
+	// nothing (SPEC §14, idempotent writes).
+	RequestIDHeader = "Tether-Request-Id"
+	// AttributeHeader sets one attribute (k=v) of the version a PUT
+	// creates; repeatable.
+	AttributeHeader = "Tether-Attribute"
 )
 
 // Version describes one immutable version of a data item: the answer to a
@@ -29,6 +36,22 @@ type Version struct {
 	Created time.Time `json:"created"`
 	Worker  string    `json:"worker,omitempty"`
 	Lease   uint64    `json:"lease,omitempty"`
+	// Run and Step name the step whose lease wrote it (SPEC §14: queries
+	// and readOutput select by them); empty in a store written before.
+	Run  string `json:"run,omitempty"`
+	Step string `json:"step,omitempty"`
+	// Deleted marks a tombstone (DELETE /data/{id}): it has no bytes, and
+	// latest names no version while it is the newest.
+	Deleted bool `json:"deleted,omitempty"`
+	// Attributes are the PUT's Tether-Attribute pairs.
+	Attributes map[string]string `json:"attributes,omitempty"`
+}
+
+// Query answers GET /data?… (and GET /api/data?…): versions sorted by
+// (id, version), and the cursor of the next page ("" at the end).
+type Query struct {
+	Items []Version `json:"items"`
+	Next  string    `json:"next"`
 }
 
 // Stream describes a data item's append stream.

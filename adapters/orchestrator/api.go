@@ -36,6 +36,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/tether-run/tether/adapters/dataplane"
 	"github.com/tether-run/tether/adapters/store"
 	"github.com/tether-run/tether/adapters/workflow"
 	"github.com/tether-run/tether/client"
@@ -176,6 +177,11 @@ var apiRoutes = []apiRoute{
 		}, request: "application/octet-stream", status: http.StatusCreated, answer: client.Bundle{}, also200: "the bundle was already stored"},
 	{method: "GET", path: "/api/bundles/{fingerprint}", summary: "A bundle's description",
 		serve: func(a *api, r *http.Request) (int, any, error) { return a.showBundle(r.PathValue("fingerprint")) }, answer: client.Bundle{}},
+	{method: "GET", path: "/api/data", summary: "Query data versions, sorted by (id, version); next continues (the data plane's GET /data, for operators)",
+		raw: (*api).dataRead, query: []docParam{{"prefix", "ids starting with this"}, {"run", "written by this run"}, {"step", "written by this step (run/name)"},
+			{"since", "created at or after an RFC 3339 time"}, {"until", "created before an RFC 3339 time"}, {"attr.KEY", "with attribute KEY of this value"},
+			{"limit", "at most this many versions (1 to 1000, default 100)"}, {"after", "next of the previous page"}},
+		answer: dataplane.Query{}},
 	{method: "GET", path: "/api/data/{id}", summary: "A data item's versions and append stream (the data plane's read, for operators)",
 		raw: (*api).dataRead, answer: client.DataVersions{}},
 	{method: "GET", path: "/api/data/{id}/{version}", summary: "A data item's bytes: {version} is a number, latest, or append (its stream; ?offset=)",

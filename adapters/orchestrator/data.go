@@ -10,6 +10,15 @@ package orchestrator
 //	GET  /data/{id}/append[?offset=N]    → the stream's bytes from N (default 0)
 //	GET  /bundle/{fingerprint}           → the bundle's bytes
 //	GET  /bundle/{fingerprint}/file/{p}  → one file of a tar bundle
+//	DELETE /data/{id}                    → 201 a tombstone version {"id", "version", "deleted": true, ...}
+//	GET  /data?prefix=&run=&step=&since=&until=&attr.K=V&limit=&after= → {"items": [...], "next"}
+//	GET  /step/definition                → the lease's run, workflow and step declaration
+//	GET  /step/output/{step}             → a step of the lease's run: state, exit, writes, outputs
+//	GET  /pool                           → {"workers": [...]}
+//
+// A write may name itself with Tether-Request-Id: its first answer is kept
+// under (lease, request id), durable with the write, and a repeat gets it
+// again — also once the lease ended — and writes nothing (stepdata.go).
 //
 // Every request carries "Authorization: Bearer <session credential>"; only a
 // valid, unexpired credential of a worker in the pool is accepted (401).
@@ -80,6 +89,8 @@ type DataStore interface {
 	ReleaseBlob(ref store.BlobRef)
 	OpenBlob(sha string) (io.ReadSeekCloser, error)
 	Data(id string, version uint64) (store.DataMeta, error)
+	Request(lease uint64, id string) (store.RequestEntry, bool, error)
+	QueryData(q store.DataQuery) ([]store.DataMeta, string, error)
 	Versions(id string) ([]store.DataMeta, error)
 	Stream(id string) (store.StreamMeta, error)
 	Bundle(fp string) (store.BundleMeta, error)
@@ -131,6 +142,10 @@ const (
 	routeStream                              // /data/{id}/append: GET reads, POST appends
 	routeBundle                              // /bundle/{fp}
 	routeBundleFile                          // /bundle/{fp}/file/{relPath}
+	routeQuery                               // /data: GET queries
+	routeDefinition                          // /step/definition
+	routeOutput                              // /step/output/{name}
+	routePool                                // /pool
 )
 
 // dataRoute is a parsed data-plane request.
@@ -140,7 +155,8 @@ type dataRoute struct {
 	version uint64 // routeVersion: 0 means latest
 	fp      string
 	rel     string
-	write   bool // PUT or POST: fenced
+	write   bool   // PUT, POST or DELETE: fenced
+	step    string // routeOutput: the step's name
 }
 
 // parseDataPath parses a data-plane path and checks the method. It never
@@ -158,6 +174,18 @@ func parseDataPath(method, p string) (dataRoute, *httpError) {
 		return dataRoute{}, &httpError{code: http.StatusBadRequest, msg: err.Error()}
 	}
 	switch {
+	case p == "/data":
+		return allow(dataRoute{kind: routeQuery}, get, "GET, HEAD")
+	case p == "/pool":
+		return allow(dataRoute{kind: routePool}, get, "GET, HEAD")
+	case p == "/step/definition":
+		return allow(dataRoute{kind: routeDefinition}, get, "GET, HEAD")
+	case strings.HasPrefix(p, "/step/output/"):
+		name := strings.TrimPrefix(p, "/step/output/")
+		if err := core.CheckName("step name", name); err != nil || name == "" || strings.Contains(name, "/") {
+			return bad(fmt.Errorf("bad step name %s: want the name of a step of the lease's run (name or name[i])", core.Quote(name)))
+		}
+		return allow(dataRoute{kind: routeOutput, step: name}, get, "GET, HEAD")
 	case strings.HasPrefix(p, "/data/"):
 		segs := strings.Split(strings.TrimPrefix(p, "/data/"), "/")
 		if len(segs) > 2 {
@@ -168,7 +196,8 @@ func parseDataPath(method, p string) (dataRoute, *httpError) {
 			return bad(err)
 		}
 		if len(segs) == 1 {
-			return allow(dataRoute{kind: routeVersions, id: id, write: method == http.MethodPut}, get || method == http.MethodPut, "GET, HEAD, PUT")
+			w := method == http.MethodPut || method == http.MethodDelete
+			return allow(dataRoute{kind: routeVersions, id: id, write: w}, get || w, "GET, HEAD, PUT, DELETE")
 		}
 		switch v := segs[1]; v {
 		case "append":
@@ -199,7 +228,7 @@ func parseDataPath(method, p string) (dataRoute, *httpError) {
 		}
 		return allow(dataRoute{kind: routeBundleFile, fp: fp, rel: rel}, get, "GET, HEAD")
 	}
-	return dataRoute{}, &httpError{code: http.StatusNotFound, msg: fmt.Sprintf("no such data-plane path: %s (want /data/{id}, /data/{id}/{version|latest|append}, /bundle/{sha256}, /bundle/{sha256}/file/{path})", core.Quote(p))}
+	return dataRoute{}, &httpError{code: http.StatusNotFound, msg: fmt.Sprintf("no such data-plane path: %s (want /data, /data/{id}, /data/{id}/{version|latest|append}, /bundle/{sha256}, /bundle/{sha256}/file/{path}, /step/definition, /step/output/{step}, /pool)", core.Quote(p))}
 }
 
 // parseVersion parses a version: a decimal number from 1, no sign, no
@@ -324,8 +353,16 @@ func (p *dataPlane) classify(err error) *httpError {
 	switch {
 	case errors.Is(err, ErrUnauthenticated):
 		return &httpError{code: http.StatusUnauthorized, msg: err.Error()}
-	case errors.Is(err, ErrFenced):
-		return &httpError{code: http.StatusConflict, msg: err.Error()}
+	case errors.Is(err, core.ErrUndeclaredOutput):
+		return &httpError{code: http.StatusForbidden, msg: err.Error()}
+	case errors.Is(err, ErrFenced), errors.Is(err, store.ErrRequestReused), errors.Is(err, store.ErrRequestLost):
+		return &httpError{code: http.StatusConflict, msg: strings.TrimPrefix(err.Error(), "store: ")}
+	case errors.Is(err, core.ErrNoSuchStep), errors.Is(err, core.ErrUnknownLease):
+		return &httpError{code: http.StatusNotFound, msg: err.Error()}
+	case errors.Is(err, store.ErrRequestsFull):
+		return &httpError{code: http.StatusRequestEntityTooLarge, msg: strings.TrimPrefix(err.Error(), "store: ")}
+	case errors.Is(err, store.ErrBadRequestID), errors.Is(err, store.ErrBadAttribute):
+		return &httpError{code: http.StatusBadRequest, msg: strings.TrimPrefix(err.Error(), "store: ")}
 	case errors.Is(err, store.ErrNotFound):
 		return &httpError{code: http.StatusNotFound, msg: strings.TrimPrefix(err.Error(), "store: ")}
 	case errors.Is(err, store.ErrStreamFull), errors.As(err, &mbe), errors.Is(err, store.ErrTooLarge):
@@ -377,6 +414,10 @@ func (p *dataPlane) serve(w http.ResponseWriter, r *http.Request) error {
 	if err := p.d.authenticate(r.Context(), cred, 0); err != nil {
 		return err
 	}
+	switch rt.kind {
+	case routeDefinition, routeOutput, routePool:
+		return p.serveStep(w, r, rt, credWorker(cred))
+	}
 	return serveRead(w, r, ds, rt)
 }
 
@@ -387,13 +428,44 @@ func (p *dataPlane) write(w http.ResponseWriter, r *http.Request, rt dataRoute, 
 	if err != nil {
 		return &httpError{code: http.StatusBadRequest, msg: err.Error()}
 	}
-	// Refuse early, before reading (and holding) a byte of a body nobody
-	// may write; the decisive check is made on the loop, at the write.
-	if err := p.d.authenticate(r.Context(), cred, lease); err != nil {
+	req, err := requestID(r)
+	if err != nil {
 		return err
 	}
-	if rt.kind == routeStream {
-		return p.appendBody(w, r, rt, cred, lease)
+	kind := store.OpPut
+	switch {
+	case rt.kind == routeStream:
+		kind = store.OpAppend
+	case r.Method == http.MethodDelete:
+		kind = store.OpDelete
+	}
+	// A repeat is answered before any fence: its lease may have ended
+	// since the first answer, which it gets again.
+	if req != "" {
+		if done, err := p.repeat(w, r, cred, lease, req, kind, rt.id); done || err != nil {
+			return err
+		}
+	}
+	// Refuse early, before reading (and holding) a byte of a body nobody
+	// may write; the decisive check is made on the loop, at the write.
+	if err := p.d.authenticateTo(r.Context(), cred, lease, rt.id); err != nil {
+		return err
+	}
+	switch kind {
+	case store.OpAppend:
+		return p.appendBody(w, r, rt, cred, lease, req)
+	case store.OpDelete:
+		op := store.DataOp{Kind: store.OpDelete, ID: rt.id, Lease: uint64(lease), Request: req}
+		res, err := p.d.writeData(r.Context(), cred, lease, op, nil)
+		if err != nil {
+			return err
+		}
+		answerWrite(w, kind, res)
+		return nil
+	}
+	attrs, err := attributes(r)
+	if err != nil {
+		return err
 	}
 	limit := p.d.opts.MaxPutBody
 	if r.ContentLength > limit {
@@ -403,19 +475,18 @@ func (p *dataPlane) write(w http.ResponseWriter, r *http.Request, rt dataRoute, 
 	if err != nil {
 		return bodyError(err, limit)
 	}
-	op := store.DataOp{Kind: store.OpPut, ID: rt.id, Lease: uint64(lease), Blob: ref}
+	op := store.DataOp{Kind: store.OpPut, ID: rt.id, Lease: uint64(lease), Blob: ref, Request: req, Attributes: attrs}
 	res, err := p.d.writeData(r.Context(), cred, lease, op, func() { p.d.ds.ReleaseBlob(ref) })
 	if err != nil {
 		return err
 	}
-	w.Header().Set("Location", fmt.Sprintf("/data/%s/%d", res.Data.ID, res.Data.Version))
-	writeJSON(w, http.StatusCreated, res.Data)
+	answerWrite(w, kind, res)
 	return nil
 }
 
 // appendBody reads an append's body into memory, within the budget, and
 // has the loop fence and persist it with its group's records.
-func (p *dataPlane) appendBody(w http.ResponseWriter, r *http.Request, rt dataRoute, cred string, lease core.LeaseID) error {
+func (p *dataPlane) appendBody(w http.ResponseWriter, r *http.Request, rt dataRoute, cred string, lease core.LeaseID, req string) error {
 	body, held, err := p.readBody(w, r, p.d.opts.MaxAppendBody)
 	if err != nil {
 		return err
@@ -424,12 +495,12 @@ func (p *dataPlane) appendBody(w http.ResponseWriter, r *http.Request, rt dataRo
 	if len(body) == 0 {
 		return &httpError{code: http.StatusBadRequest, msg: "an append needs a non-empty body"}
 	}
-	op := store.DataOp{Kind: store.OpAppend, ID: rt.id, Body: body, Lease: uint64(lease), MaxStream: p.d.opts.MaxStream}
+	op := store.DataOp{Kind: store.OpAppend, ID: rt.id, Body: body, Lease: uint64(lease), MaxStream: p.d.opts.MaxStream, Request: req}
 	res, err := p.d.writeData(r.Context(), cred, lease, op, nil)
 	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusOK, res.Append)
+	answerWrite(w, store.OpAppend, res)
 	return nil
 }
 
@@ -493,6 +564,17 @@ func (s *sliceWriter) Write(p []byte) (int, error) {
 // serveRead answers the read routes from the store.
 func serveRead(w http.ResponseWriter, r *http.Request, ds DataStore, rt dataRoute) error {
 	switch rt.kind {
+	case routeQuery:
+		q, err := parseQuery(r.URL.Query())
+		if err != nil {
+			return err
+		}
+		items, next, err := ds.QueryData(q)
+		if err != nil {
+			return err
+		}
+		writeJSON(w, http.StatusOK, dataplane.Query{Items: items, Next: next})
+		return nil
 	case routeVersions:
 		vs, err := ds.Versions(rt.id)
 		if err != nil {
@@ -602,6 +684,7 @@ func sendBytes(w http.ResponseWriter, r *http.Request, size int64, rd io.Reader)
 type precheck struct {
 	cred  string
 	lease core.LeaseID
+	id    string // the data id written, for declared outputs
 	reply chan error
 }
 
@@ -611,8 +694,14 @@ type precheck struct {
 // is made at the write). It sees the state the last durable batch left and
 // never waits for a commit.
 func (d *Driver) authenticate(ctx context.Context, cred string, lease core.LeaseID) error {
+	return d.authenticateTo(ctx, cred, lease, "")
+}
+
+// authenticateTo is authenticate for a write to data id (declared outputs,
+// SPEC §14).
+func (d *Driver) authenticateTo(ctx context.Context, cred string, lease core.LeaseID, id string) error {
 	reply := make(chan error, 1)
-	if err := d.push(ctx, precheck{cred: cred, lease: lease, reply: reply}); err != nil {
+	if err := d.push(ctx, precheck{cred: cred, lease: lease, id: id, reply: reply}); err != nil {
 		return err
 	}
 	select {
@@ -633,7 +722,7 @@ func (d *Driver) authenticate(ctx context.Context, cred string, lease core.Lease
 // precheck answers an early check (loop goroutine): the core's decision,
 // asked as a query of the state the last batch left.
 func (d *Driver) precheck(pc precheck) error {
-	return dataRefusal(d.o.CheckWrite(time.Now(), pc.cred, pc.lease))
+	return dataRefusal(d.o.CheckWriteTo(time.Now(), pc.cred, pc.lease, pc.id))
 }
 
 // dataRefusal translates the core's answer to a data-plane request into the
@@ -646,6 +735,8 @@ func dataRefusal(a core.DataAnswer) error {
 		return nil
 	case a.Refusal.Credential():
 		return fmt.Errorf("%w: %v", ErrUnauthenticated, err)
+	case a.Refusal == core.RefusedUndeclaredOutput:
+		return fmt.Errorf("%w: %w", ErrFenced, err) // 403: classify finds core.ErrUndeclaredOutput first
 	}
 	return fmt.Errorf("%w: %v", ErrFenced, err)
 }
@@ -764,7 +855,19 @@ func (d *Driver) admitWrite(in *dataWrite, step func(core.Input) core.Ready) err
 		in.op.At = time.Now()
 		return nil
 	}
-	rd := step(core.DataWrite{Credential: in.cred, Lease: in.lease})
+	if in.op.Request != "" {
+		// A repeat of a write admitted but not yet durable is not decided
+		// again (its lease may have ended meanwhile): the store answers it
+		// with the first's answer, in the same order (RepeatOnly).
+		k := requestKey{lease: in.lease, id: in.op.Request}
+		if pr, ok := d.pendingReq[k]; ok && pr.worker == credWorker(in.cred) && d.o.CheckWrite(time.Now(), in.cred, 0).Refusal == core.WriteAdmitted {
+			in.op.RepeatOnly, in.op.Worker, in.op.At = true, string(pr.worker), d.o.Now()
+			pr.n++
+			d.pendingReq[k] = pr
+			return nil
+		}
+	}
+	rd := step(core.DataWrite{Credential: in.cred, Lease: in.lease, ID: in.op.ID})
 	in.op.At = d.o.Now()
 	if len(rd.Writes) != 1 {
 		return fmt.Errorf("%w: the core answered %d writes for one", ErrFenced, len(rd.Writes))
@@ -772,7 +875,14 @@ func (d *Driver) admitWrite(in *dataWrite, step func(core.Input) core.Ready) err
 	if err := dataRefusal(rd.Writes[0]); err != nil {
 		return err
 	}
-	in.op.Worker = string(rd.Writes[0].Worker)
+	a := rd.Writes[0]
+	in.op.Worker, in.op.Run, in.op.Step = string(a.Worker), string(a.Run), string(a.Step)
+	if in.op.Request != "" {
+		k := requestKey{lease: in.lease, id: in.op.Request}
+		pr := d.pendingReq[k]
+		pr.worker, pr.n = a.Worker, pr.n+1
+		d.pendingReq[k] = pr
+	}
 	return nil
 }
 

@@ -98,6 +98,14 @@ func FuzzParseDataPath(f *testing.F) {
 			back = "/data/" + rt.id + "/append"
 		case routeBundle:
 			back = "/bundle/" + rt.fp
+		case routeQuery:
+			back = "/data"
+		case routePool:
+			back = "/pool"
+		case routeDefinition:
+			back = "/step/definition"
+		case routeOutput:
+			back = "/step/output/" + rt.step
 		case routeBundleFile:
 			back = "/bundle/" + rt.fp + "/file/" + rt.rel
 			if store.ValidateRelPath(rt.rel) != nil {
@@ -112,7 +120,7 @@ func FuzzParseDataPath(f *testing.F) {
 		if rt.id != "" && store.ValidateID(rt.id) != nil || rt.fp != "" && store.ValidateFingerprint(rt.fp) != nil {
 			t.Fatalf("%q accepted with a bad id or fingerprint: %+v", p, rt)
 		}
-		if rt.write != (method == http.MethodPut || method == http.MethodPost) {
+		if rt.write != (method == http.MethodPut || method == http.MethodPost || method == http.MethodDelete) {
 			t.Fatalf("%s %q: write = %v", method, p, rt.write)
 		}
 	})
@@ -133,6 +141,7 @@ func TestDataRefusal(t *testing.T) {
 		{core.RefusedWorkerInactive, http.StatusUnauthorized},
 		{core.RefusedUnknownLease, http.StatusConflict},
 		{core.RefusedLeaseNotCurrent, http.StatusConflict},
+		{core.RefusedUndeclaredOutput, http.StatusForbidden},
 	} {
 		err := dataRefusal(core.DataAnswer{Worker: "w1", Lease: 3, Refusal: c.r, Detail: "step success"})
 		if err == nil {

@@ -249,6 +249,9 @@ type Driver struct {
 	conns      map[core.ConnID]*conn
 	coreClosed map[core.ConnID]bool // the core closed these; their reads end silently
 	calls      map[core.CallID]chan core.APIAnswer
+	// pendingReq: request ids of data writes admitted into groups not yet
+	// durable (stepdata.go); a repeat of one is not fenced again.
+	pendingReq map[requestKey]pendingRequest
 	timer      *time.Timer
 	deadline   time.Time // the core's next deadline, as armed
 	inFlight   *flight   // the group being made durable, if any (process)
@@ -369,6 +372,7 @@ func Start(opts Options) (*Driver, error) {
 		conns:      map[core.ConnID]*conn{},
 		coreClosed: map[core.ConnID]bool{},
 		calls:      map[core.CallID]chan core.APIAnswer{},
+		pendingReq: map[requestKey]pendingRequest{},
 		streams:    newBroker(opts.MaxEventStreams),
 	}
 	started := false
@@ -451,6 +455,9 @@ func Start(opts Options) (*Driver, error) {
 	}
 	mux.Handle("/data/", d.dp)
 	mux.Handle("/bundle/", d.dp)
+	mux.Handle("/data", d.dp) // a query (SPEC §14)
+	mux.Handle("/step/", d.dp)
+	mux.Handle("/pool", d.dp)
 	protocols := new(http.Protocols)
 	protocols.SetHTTP1(true) // the WebSocket upgrade of /control
 	if opts.TLS != nil {
@@ -788,6 +795,7 @@ func (d *Driver) land() error {
 	}
 	<-f.done
 	d.inFlight = nil
+	d.released(f.ops)
 	if f.err != nil {
 		for _, pw := range f.writes { // nobody may hear "written"
 			close(pw.reply)

@@ -118,6 +118,7 @@ func init() {
 		{"blob owners", [][]byte{bktBlobBy}, checkBlobBy},
 		{"blob files", nil, checkBlobFiles},
 		{"audit", [][]byte{bktAudit}, checkAudit},
+		{"requests", [][]byte{bktRequest, bktRequestCount}, checkRequests},
 	}
 }
 
@@ -528,6 +529,9 @@ func checkData(c *checker) {
 		if m.ID != id || m.Version != ver || ver == 0 {
 			c.problem(where, "holds version %d of %s", m.Version, core.Quote(m.ID))
 		}
+		if m.Deleted { // a tombstone has no bytes
+			return
+		}
 		if ValidateFingerprint(m.SHA256) != nil {
 			c.problem(where, "names no blob (sha256 %q)", m.SHA256)
 			return
@@ -713,4 +717,35 @@ func checkBlobFiles(c *checker) {
 			c.problem("blob "+sha, "holds %d bytes, the index says %d", st.Size(), c.blobs[sha])
 		}
 	}
+}
+
+// checkRequests: every remembered answer decodes, and the counts of
+// request.count are the entries' (SPEC §14, idempotent writes).
+func checkRequests(c *checker) {
+	per := map[uint64]uint64{}
+	var total uint64
+	c.each(bktRequest, func(k, v []byte) {
+		c.count("request ids", 1)
+		var e RequestEntry
+		if len(k) <= 8 || json.Unmarshal(v, &e) != nil {
+			c.problem(fmt.Sprintf("request %q", k), "malformed")
+			return
+		}
+		per[binary.BigEndian.Uint64(k[:8])]++
+		total++
+	})
+	c.each(bktRequestCount, func(k, v []byte) {
+		switch {
+		case bytes.Equal(k, totalKey):
+			if count(v) != total {
+				c.problem("request.count total", "says %d, the store holds %d", count(v), total)
+			}
+		case len(k) == 8:
+			if l := binary.BigEndian.Uint64(k); count(v) != per[l] {
+				c.problem(fmt.Sprintf("request.count lease %d", l), "says %d, the store holds %d", count(v), per[l])
+			}
+		default:
+			c.problem(fmt.Sprintf("request.count %q", k), "malformed key")
+		}
+	})
 }

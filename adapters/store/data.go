@@ -13,6 +13,8 @@ package store
 //	bundle       fingerprint                     → BundleMeta (JSON); its bytes are the blob of that name
 //	bundle.file  fingerprint 0x00 relPath        → be64(offset) be64(size) of a file in a tar bundle
 //	blob         sha256                          → be64(size): a record names this blob
+//	request      be64(lease) requestID           → RequestEntry (JSON): a write's first answer (request.go)
+//	request.count be64(lease) | "total"          → be64(entries)
 //
 // Stores written before blobs kept the bytes of a version or a bundle in
 // ChunkSize pieces inside the file (data.chunk: id 0x00 be64(version)
@@ -68,7 +70,7 @@ var (
 	bktBundle      = []byte("bundle")
 	bktBundleChunk = []byte("bundle.chunk")
 	bktBundleFile  = []byte("bundle.file")
-	dataBuckets    = [][]byte{bktData, bktDataChunk, bktStream, bktStreamChunk, bktBundle, bktBundleChunk, bktBundleFile}
+	dataBuckets    = [][]byte{bktData, bktDataChunk, bktStream, bktStreamChunk, bktBundle, bktBundleChunk, bktBundleFile, bktRequest, bktRequestCount}
 )
 
 var (
@@ -103,6 +105,8 @@ const (
 	OpAppend
 	// OpBundle stores Body as a content-addressed bundle (its SHA-256).
 	OpBundle
+	// OpDelete stores a tombstone as the next version of ID.
+	OpDelete
 )
 
 // DataOp is one data-plane write, applied in the transaction of a batch of
@@ -123,6 +127,17 @@ type DataOp struct {
 	Worker string
 	Lease  uint64
 	At     time.Time
+	Run    string // the lease's run and step (a version keeps them)
+	Step   string
+	// Attributes are kept with the version an OpPut creates.
+	Attributes map[string]string
+	// Request, if set, is the write's request id: the first op of (Lease,
+	// Request) stores its answer with it, and a later one writes nothing
+	// and gets that answer (DataResult.Repeated). RepeatOnly ops only look
+	// the answer up: they were admitted as repeats of an op not yet
+	// durable, and fail (ErrRequestLost) if that one stored nothing.
+	Request    string
+	RepeatOnly bool
 }
 
 // DataResult is the outcome of one DataOp.
@@ -131,9 +146,12 @@ type DataResult struct {
 	// nothing of it was written, and the rest of the transaction was
 	// applied.
 	Err    error
-	Data   DataMeta     // OpPut: the new version
+	Data   DataMeta     // OpPut, OpDelete: the new version
 	Append AppendResult // OpAppend
 	Bundle BundleMeta   // OpBundle
+	// Repeated says the op repeated an earlier one's request id: nothing
+	// was written, and Data or Append is that one's answer.
+	Repeated bool
 }
 
 // The data plane's answers are its protocol's types (adapters/dataplane),
@@ -295,15 +313,26 @@ func (s *Store) ApplyWithData(recs []core.Record, ops []DataOp) ([]DataResult, e
 		res = make([]DataResult, len(ops))
 		for i, op := range ops {
 			var err error
-			switch op.Kind {
-			case OpPut:
-				res[i].Data, err = s.putVersion(tx, op)
-			case OpAppend:
-				res[i].Append, err = appendStream(tx, op)
-			case OpBundle:
-				res[i].Bundle, err = s.putBundle(tx, op)
+			var done bool
+			if op.Request != "" {
+				res[i], done, err = repeated(tx, op)
 			}
-			if errors.Is(err, ErrStreamFull) || errors.Is(err, ErrNoBlob) {
+			switch {
+			case done || err != nil:
+			case op.Kind == OpPut:
+				res[i].Data, err = s.putVersion(tx, op)
+			case op.Kind == OpAppend:
+				res[i].Append, err = appendStream(tx, op)
+			case op.Kind == OpBundle:
+				res[i].Bundle, err = s.putBundle(tx, op)
+			case op.Kind == OpDelete:
+				res[i].Data, err = deleteVersion(tx, op)
+			}
+			if err == nil && !done && op.Request != "" {
+				err = remember(tx, op, res[i])
+			}
+			if errors.Is(err, ErrStreamFull) || errors.Is(err, ErrNoBlob) || errors.Is(err, ErrNotFound) ||
+				errors.Is(err, ErrRequestsFull) || errors.Is(err, ErrRequestReused) || errors.Is(err, ErrRequestLost) {
 				res[i].Err, err = err, nil
 			}
 			if err != nil {
@@ -319,16 +348,29 @@ func (s *Store) ApplyWithData(recs []core.Record, ops []DataOp) ([]DataResult, e
 }
 
 func checkOp(op DataOp) error {
+	if op.Request != "" {
+		if err := ValidateRequestID(op.Request); err != nil {
+			return err
+		}
+		if op.Kind == OpBundle || op.Lease == 0 {
+			return fmt.Errorf("%w: a request id names a fenced write (put, append, delete)", ErrBadOp)
+		}
+	}
 	switch op.Kind {
 	case OpPut:
 		if err := ValidateFingerprint(op.Blob.SHA256); err != nil {
 			return fmt.Errorf("%w: a put names no blob (%v)", ErrBadOp, err)
+		}
+		if err := ValidateAttributes(op.Attributes); err != nil {
+			return err
 		}
 		return ValidateID(op.ID)
 	case OpAppend:
 		if len(op.Body) == 0 {
 			return fmt.Errorf("%w: an empty append", ErrBadOp)
 		}
+		return ValidateID(op.ID)
+	case OpDelete:
 		return ValidateID(op.ID)
 	case OpBundle:
 		if err := ValidateFingerprint(op.Blob.SHA256); err != nil {
@@ -351,7 +393,8 @@ func (s *Store) putVersion(tx *bolt.Tx, op DataOp) (DataMeta, error) {
 	}
 	m := DataMeta{
 		ID: op.ID, Version: latest.Version + 1, Size: op.Blob.Size, SHA256: op.Blob.SHA256,
-		Created: op.At.UTC(), Worker: op.Worker, Lease: op.Lease,
+		Created: op.At.UTC(), Worker: op.Worker, Lease: op.Lease, Run: op.Run, Step: op.Step,
+		Attributes: op.Attributes,
 	}
 	if err := s.nameBlob(tx, op.Blob, dataOwner(op.ID, m.Version)); err != nil {
 		return DataMeta{}, err
@@ -455,14 +498,22 @@ func (s *Store) Data(id string, version uint64) (DataMeta, error) {
 	err := s.db.View(func(tx *bolt.Tx) error {
 		if version == 0 {
 			var err error
-			m, err = latestVersion(tx, id)
+			if m, err = latestVersion(tx, id); err == nil && m.Deleted {
+				return fmt.Errorf("%w: data %q was deleted (version %d is its tombstone)", ErrNotFound, id, m.Version)
+			}
 			return err
 		}
 		v := tx.Bucket(bktData).Get(versionKey(id, version))
 		if v == nil {
 			return fmt.Errorf("%w: data %q version %d", ErrNotFound, id, version)
 		}
-		return json.Unmarshal(v, &m)
+		if err := json.Unmarshal(v, &m); err != nil {
+			return err
+		}
+		if m.Deleted {
+			return fmt.Errorf("%w: data %q version %d is a deletion (a tombstone has no bytes)", ErrNotFound, id, version)
+		}
+		return nil
 	})
 	if err != nil {
 		return DataMeta{}, s.mapErr(err)

@@ -137,6 +137,7 @@ func (s *Store) PruneData(cutoff time.Time, keepBundle func(fp string) bool, bud
 	return s.prune(budget, []pruneStep{
 		func(tx *bolt.Tx, p *pruneTx, from *[]byte) (bool, error) { return pruneVersions(tx, p, from, cutoff) },
 		func(tx *bolt.Tx, p *pruneTx, from *[]byte) (bool, error) { return pruneStreams(tx, p, from, cutoff) },
+		func(tx *bolt.Tx, p *pruneTx, from *[]byte) (bool, error) { return pruneRequests(tx, p, from, cutoff) },
 		func(tx *bolt.Tx, p *pruneTx, from *[]byte) (bool, error) {
 			return pruneOrphans(tx, p, from, bktStreamChunk, bktStream)
 		},

@@ -384,7 +384,7 @@ func (e *stepEndpoint) close() {
 
 // forwarded are the answer headers passed back to the step.
 var forwarded = []string{"Content-Type", "Content-Length", "ETag", "Location", "Content-Location", "Cache-Control", "Allow",
-	dataplane.VersionHeader, dataplane.SHA256Header, dataplane.StreamLengthHeader}
+	dataplane.VersionHeader, dataplane.SHA256Header, dataplane.StreamLengthHeader, "Tether-Repeated"}
 
 // CacheHeader tells a step whether the worker's read cache answered a read
 // of a numbered version: "hit" or "miss".

@@ -9,6 +9,7 @@ package worker
 // one write.
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -27,12 +28,12 @@ import (
 	"github.com/tether-run/tether/core"
 )
 
-// Headers of a write (SPEC §14).
+// Headers of a write (SPEC §14), named here for the worker's callers.
 const (
 	// RequestIDHeader names a write's request id: 1–64 of [A-Za-z0-9._-].
-	RequestIDHeader = "Tether-Request-Id"
+	RequestIDHeader = dataplane.RequestIDHeader
 	// AttributeHeader sets one attribute (k=v) of a PUT's version; repeatable.
-	AttributeHeader = "Tether-Attribute"
+	AttributeHeader = dataplane.AttributeHeader
 )
 
 const maxRequestID = 64
@@ -139,8 +140,20 @@ func (c *DataClient) write(ctx context.Context, method, path, rawQuery string, l
 			rd = struct{ io.Reader }{body} // the transport closes a body it sent: hide Close, the body may be sent again
 		}
 		resp, err := c.doHeader(ctx, method, path, rawQuery, lease, hdr, rd, size)
-		if err == nil || attempt >= pol.Attempts || !retryable(ctx, err) {
-			return resp, err
+		if err == nil {
+			// The answer is lost as surely when its body breaks off as when
+			// its headers never come: read it whole here (a write's answer
+			// is a small JSON body).
+			b, rerr := io.ReadAll(io.LimitReader(resp.Body, maxAnswerBody))
+			resp.Body.Close()
+			if rerr == nil {
+				resp.Body = io.NopCloser(bytes.NewReader(b))
+				return resp, nil
+			}
+			err = fmt.Errorf("data plane: %s %s: reading the answer: %w", method, core.Quote(path), rerr)
+		}
+		if attempt >= pol.Attempts || !retryable(ctx, err) {
+			return nil, err
 		}
 		if c.onRetry != nil {
 			c.onRetry(method, path, hdr.Get(RequestIDHeader), attempt, err)

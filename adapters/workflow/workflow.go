@@ -38,7 +38,8 @@ const MaxErrors = 20
 
 var runFields = []string{"name", "timeout", "env", "steps"}
 var stepFields = []string{"name", "run", "depends_on", "writes", "type", "runner", "tags", "labels",
-	"target", "platform", "timeout", "env", "forEach", "concurrency", "hold", "hold_expiry", "wait"}
+	"target", "platform", "timeout", "env", "forEach", "concurrency", "hold", "hold_expiry", "wait",
+	"outputs"}
 
 type parser struct {
 	file   string
@@ -330,8 +331,16 @@ func (p *parser) step(n *yaml.Node, i int) core.StepSpec {
 			s.HoldExpiry = p.duration(v, what+": hold_expiry")
 		case "wait":
 			s.Wait = p.duration(v, what+": wait")
+		case "outputs":
+			s.Outputs = p.list(v, what+": outputs")
 		}
 	})
+	if len(s.Outputs) > 0 { // SPEC §14: a declared output makes the step write-bearing
+		if w := fieldNode(n, "writes"); w != nil && !s.Writes {
+			p.errf(w, "%s: writes: false, but it declares outputs (a step that declares outputs writes): remove writes: false", what)
+		}
+		s.Writes = true
+	}
 	if n.Kind == yaml.MappingNode {
 		if s.Name == "" {
 			p.errf(n, "%s has no name", what)
@@ -341,6 +350,19 @@ func (p *parser) step(n *yaml.Node, i int) core.StepSpec {
 		}
 	}
 	return s
+}
+
+// fieldNode returns the value node of a mapping's key, nil if absent.
+func fieldNode(n *yaml.Node, key string) *yaml.Node {
+	if n.Kind != yaml.MappingNode {
+		return nil
+	}
+	for j := 0; j+1 < len(n.Content); j += 2 {
+		if n.Content[j].Value == key {
+			return n.Content[j+1]
+		}
+	}
+	return nil
 }
 
 // deps reports unknown dependencies and cycles with the line of the step.

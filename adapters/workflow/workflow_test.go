@@ -37,7 +37,7 @@ func TestParseGood(t *testing.T) {
 // TestParseErrors: every bad definition gets one error naming
 // file:line:column and what to change; the messages are golden (SPEC §2).
 func TestParseErrors(t *testing.T) {
-	const known = "(known: name, run, depends_on, writes, type, runner, tags, labels, target, platform, timeout, env, forEach, concurrency, hold, hold_expiry, wait)"
+	const known = "(known: name, run, depends_on, writes, type, runner, tags, labels, target, platform, timeout, env, forEach, concurrency, hold, hold_expiry, wait, outputs)"
 	cases := []struct{ name, src, want string }{
 		{"unknown field", "steps:\n  - name: a\n    run: x\n    retries: 3\n", `x.yaml:4:5: step "a": unknown field "retries" ` + known},
 		{"unknown run field", "name: r\nstpes: []\n", `x.yaml:2:1: workflow: unknown field "stpes" (known: name, timeout, env, steps)`},
@@ -143,5 +143,28 @@ func TestParseNames(t *testing.T) {
 	// Printable names in any script, spaces in a run name, are fine.
 	if _, err := Parse("x.yaml", []byte("name: nächtlicher Lauf\nsteps:\n  - name: bau\n    run: x\n    tags: [gpu]\n    labels: {zone: eu}\n")); err != nil {
 		t.Errorf("printable names refused: %v", err)
+	}
+}
+
+// TestParseOutputs: outputs: makes the step write-bearing (SPEC §14,
+// declared writes); a writes: false beside it, or an output that is not a
+// data id or a prefix ending in '*', is refused at its line.
+func TestParseOutputs(t *testing.T) {
+	spec, err := Parse("x.yaml", []byte("steps:\n  - name: a\n    run: true\n    outputs: [report.txt, 'logs-*']\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s := spec.Steps[0]; !s.Writes || len(s.Outputs) != 2 || s.Outputs[1] != "logs-*" {
+		t.Fatalf("outputs did not imply writes, or were lost: %+v", s)
+	}
+	for src, want := range map[string]string{
+		"steps:\n  - name: a\n    run: true\n    writes: false\n    outputs: [r]\n": "writes: false, but it declares outputs",
+		"steps:\n  - name: a\n    run: true\n    outputs: ['a/b']\n":                `output "a/b": want a data id`,
+		"steps:\n  - name: a\n    run: true\n    outputs: ['*x']\n":                 `output "*x"`,
+	} {
+		_, err := Parse("x.yaml", []byte(src))
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%q: got %v, want an error containing %q", src, err, want)
+		}
 	}
 }

@@ -236,7 +236,7 @@ steps:
     writes: true
     run: |
       for v in "data query --prefix q. --attr kind=q" "data rm q.two" "output first" "definition" "pool"; do
-        out=$(worker step $v 2>&1); echo "verb [$v] exit $? out $out"
+        out=$(worker step $v 2>&1); rc=$?; printf 'verb [%s] exit %s out %s\n' "$v" "$rc" "$out"
       done
 `)
 	if det.Status != "success" {
@@ -252,8 +252,8 @@ steps:
 	for verb, want := range map[string]string{
 		"data query --prefix q. --attr kind=q": `"id":"q.one"`,
 		"data rm q.two":                        `"deleted":true`,
-		"output first":                         `"step":"first"`,
-		"definition":                           `"definition":`,
+		"output first":                         `"step":"run-1/first","state":"success","exit":0,"writes":[{"id":"q.one"`,
+		"definition":                           `"step":"run-1/second","workflow":{"Name":"contract"`,
 		"pool":                                 `"workers":[`,
 	} {
 		t.Run(strings.Fields(verb)[0]+"-"+strings.Fields(verb)[len(strings.Fields(verb))-1], func(t *testing.T) {

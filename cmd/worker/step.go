@@ -160,8 +160,18 @@ func (c *stepClient) do(ctx context.Context, method, path string, q url.Values, 
 		switch {
 		case err != nil:
 			failure = stepFail(stepExitFailed, "%s %s: %v", method, path, err)
-		case resp.StatusCode/100 == 2:
+		case resp.StatusCode/100 == 2 && attempts == 1:
 			return resp, nil
+		case resp.StatusCode/100 == 2:
+			// A write's answer is lost as surely when its body breaks off:
+			// read it whole here (a small JSON body).
+			b, rerr := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+			resp.Body.Close()
+			if rerr == nil {
+				resp.Body = io.NopCloser(bytes.NewReader(b))
+				return resp, nil
+			}
+			failure = stepFail(stepExitFailed, "%s %s: reading the answer: %v", method, path, rerr)
 		default:
 			failure = answerFailure(resp, method, path)
 			resp.Body.Close()
