@@ -249,14 +249,15 @@ steps:
 			verbs[v] = res
 		}
 	}
-	for verb, want := range map[string]string{
-		"data query --prefix q. --attr kind=q": `"id":"q.one"`,
-		"data rm q.two":                        `"deleted":true`,
-		"output first":                         `"step":"run-1/first","state":"success","exit":0,"writes":[{"id":"q.one"`,
-		"definition":                           `"step":"run-1/second","workflow":{"Name":"contract"`,
-		"pool":                                 `"workers":[`,
+	for _, c := range []struct{ name, verb, want string }{
+		{"query", "data query --prefix q. --attr kind=q", `"items":[{"id":"q.one"`},
+		{"rm", "data rm q.two", `"deleted":true`},
+		{"output", "output first", `"step":"run-1/first","state":"success","exit":0,"writes":[{"id":"q.one"`},
+		{"definition", "definition", `"step":"run-1/second","workflow":{"Name":"contract"`},
+		{"pool", "pool", `"workers":[`},
 	} {
-		t.Run(strings.Fields(verb)[0]+"-"+strings.Fields(verb)[len(strings.Fields(verb))-1], func(t *testing.T) {
+		verb, want := c.verb, c.want
+		t.Run(c.name, func(t *testing.T) {
 			res, ok := verbs[verb]
 			switch {
 			case !ok:
