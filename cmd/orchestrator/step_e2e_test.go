@@ -183,9 +183,9 @@ func TestStepExample(t *testing.T) {
 }
 
 // A file the step leaves in $TETHER_OUTPUT_DIR that cannot be stored fails
-// the step with a message naming it (a symbolic link is never followed),
-// and nothing of that directory is stored; --keep-scratch keeps the step's
-// directories.
+// the step with a message naming it (a symbolic link is never followed, an
+// undeclared output is refused 403), and nothing of a refused directory is
+// stored; --keep-scratch keeps the step's directories.
 func TestStepOutputDirRefusals(t *testing.T) {
 	r := newStepRig(t, nil, "--keep-scratch")
 	det, logs := r.run(`name: refusals
@@ -196,6 +196,11 @@ steps:
       ln -s /etc/passwd "$TETHER_OUTPUT_DIR/passwd"
   - name: badname
     run: echo x > "$TETHER_OUTPUT_DIR/.hidden"
+  - name: undeclared
+    outputs: [declared.txt]
+    run: |
+      echo yes > "$TETHER_OUTPUT_DIR/declared.txt"
+      echo no > "$TETHER_OUTPUT_DIR/zz-undeclared.txt"
 `)
 	if det.Status != "failed" {
 		t.Fatalf("run finished %s, want failed:\n%s", det.Status, logs)
@@ -207,14 +212,23 @@ steps:
 	if bad.State != "failed" || !strings.Contains(bad.Message, "data id") {
 		t.Errorf("step badname: %s %q, want failed naming the data id rule", bad.State, bad.Message)
 	}
+	// A file the step did not declare (outputs:) is refused by the
+	// orchestrator (SPEC §14): the step fails naming it; the declared one,
+	// uploaded first (name order), is stored.
+	if und := stepOf(det, "undeclared"); und.State != "failed" || !strings.Contains(und.Message, "zz-undeclared.txt") || !strings.Contains(und.Message, "403") {
+		t.Errorf("step undeclared: %s %q, want failed naming zz-undeclared.txt and the 403", und.State, und.Message)
+	}
+	if out, _, code := r.cli("data", "get", "declared.txt"); code != 0 || out != "yes\n" {
+		t.Errorf("the declared output: exit %d %q, want it stored", code, out)
+	}
 	if _, errOut, code := r.cli("data", "get", "a-fine-file"); code == 0 {
 		t.Errorf("a file of a refused output directory was stored (%s)", errOut)
 	}
 	if !strings.Contains(logs, "[tether] persistFile:") {
 		t.Errorf("the step's log does not say why:\n%s", logs)
 	}
-	if kept, _ := filepath.Glob(filepath.Join(r.workDir, "step-*", "scratch")); len(kept) != 2 {
-		t.Errorf("--keep-scratch: %d scratch directories kept, want 2", len(kept))
+	if kept, _ := filepath.Glob(filepath.Join(r.workDir, "step-*", "scratch")); len(kept) != 3 {
+		t.Errorf("--keep-scratch: %d scratch directories kept, want 3", len(kept))
 	}
 }
 
