@@ -14,6 +14,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -42,6 +43,9 @@ type proc struct {
 	pgid int
 	gate *outGate // its pipe reader's gate (SPEC §10 backpressure)
 	shim bool
+	// signalled: the worker stopped it (cancel, timeout, drain): its output
+	// directory is not uploaded (SPEC §10 persistFile).
+	signalled atomic.Bool
 }
 
 // outGate lets a step's pipe reader take one batch of output at a time, and
@@ -134,6 +138,7 @@ func (d *Driver) exec(c core.ExecCommand) {
 			sig = killSignal
 		}
 		p.log.Info("signalling step", "signal", sig.String())
+		p.signalled.Store(true)
 		p.signal(sig)
 	default:
 		d.log.Error("unknown executor command", append(logging.LeaseAttrs(c.Lease, c.Step), "op", c.Op.String())...)
@@ -239,7 +244,13 @@ func (d *Driver) start(c core.ExecCommand) {
 		if ctx == nil {
 			ctx = context.Background() // a driver whose loop a test plays
 		}
-		lines, perr := d.persistOutputs(ctx, lease, dirs.output)
+		var lines []string
+		var perr error
+		if p.signalled.Load() {
+			log.Info("the step was stopped: its output directory is not uploaded")
+		} else {
+			lines, perr = d.persistOutputs(ctx, lease, dirs.output)
+		}
 		if perr != nil {
 			log.Warn("step output files not stored; the step fails", "err", perr)
 			if x.Err == "" {

@@ -196,6 +196,11 @@ steps:
       ln -s /etc/passwd "$TETHER_OUTPUT_DIR/passwd"
   - name: badname
     run: echo x > "$TETHER_OUTPUT_DIR/.hidden"
+  - name: stopped
+    timeout: 1s
+    run: |
+      echo never > "$TETHER_OUTPUT_DIR/from-a-stopped-step"
+      exec sleep 30
   - name: undeclared
     outputs: [declared.txt]
     run: |
@@ -218,6 +223,15 @@ steps:
 	if und := stepOf(det, "undeclared"); und.State != "failed" || !strings.Contains(und.Message, "zz-undeclared.txt") || !strings.Contains(und.Message, "403") {
 		t.Errorf("step undeclared: %s %q, want failed naming zz-undeclared.txt and the 403", und.State, und.Message)
 	}
+	// A step the worker stopped (here its timeout) is not uploaded: its
+	// outcome is the stop's. (The orchestrator fences its lease at the
+	// timeout as well, so an upload would be refused anyway.)
+	if st := stepOf(det, "stopped"); st.Class != "step-timeout" {
+		t.Errorf("step stopped: %s class %q %q, want step-timeout", st.State, st.Class, st.Message)
+	}
+	if _, _, code := r.cli("data", "get", "from-a-stopped-step"); code == 0 {
+		t.Error("the output directory of a stopped step was uploaded")
+	}
 	if out, _, code := r.cli("data", "get", "declared.txt"); code != 0 || out != "yes\n" {
 		t.Errorf("the declared output: exit %d %q, want it stored", code, out)
 	}
@@ -227,8 +241,8 @@ steps:
 	if !strings.Contains(logs, "[tether] persistFile:") {
 		t.Errorf("the step's log does not say why:\n%s", logs)
 	}
-	if kept, _ := filepath.Glob(filepath.Join(r.workDir, "step-*", "scratch")); len(kept) != 3 {
-		t.Errorf("--keep-scratch: %d scratch directories kept, want 3", len(kept))
+	if kept, _ := filepath.Glob(filepath.Join(r.workDir, "step-*", "scratch")); len(kept) != 4 {
+		t.Errorf("--keep-scratch: %d scratch directories kept, want 4", len(kept))
 	}
 }
 
