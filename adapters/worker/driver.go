@@ -267,6 +267,9 @@ func (d *Driver) Run(ctx context.Context) (int, error) {
 	if !d.opts.NoStepEndpoint {
 		e, err := startStepEndpoint(d.log, d.data, newReadCache(d.opts.CacheBytes), d.workDir)
 		if err != nil {
+			if d.tempWork {
+				os.RemoveAll(d.workDir)
+			}
 			return 0, fmt.Errorf("worker: %w", err)
 		}
 		d.endpoint = e
