@@ -40,7 +40,9 @@ const stepHelp = `Usage: worker step COMMAND [ARGS] [FLAGS]
 
 The capability verbs for a step's own shell (SPEC §14). They speak to the
 worker running the step through $TETHER_DATA_URL with $TETHER_DATA_TOKEN,
-which every step process gets; the worker attaches the step's lease.
+which every step process gets; the worker attaches the step's lease. The
+worker binary must be on the step's PATH, which the step inherits from its
+worker.
 
 Commands:
   data put NAME FILE|-      store FILE (- : stdin) as the next version of NAME;
