@@ -773,14 +773,14 @@ func (h *harness) command(d *datadriven.TestData) []string {
 		return []string{"worker " + string(w)}
 
 	case "write":
-		// write w1 lease=N [credential=C]: a data-plane write stepped as a
+		// write w1 lease=N [credential=C] [id=X]: a data-plane write (to data id X) stepped as a
 		// DataWrite (SPEC §14): its typed answer, then how many records the
 		// batch made (deciding changes nothing), then the batch.
 		cred := h.creds[h.pos(d, 0)]
 		if v, ok := h.arg(d, "credential"); ok {
 			cred = v
 		}
-		rd := h.o.Step(h.now, DataWrite{Req: 7, Credential: cred, Lease: LeaseID(h.num(d, "lease", 0))})
+		rd := h.o.Step(h.now, DataWrite{Req: 7, Credential: cred, Lease: LeaseID(h.num(d, "lease", 0)), ID: h.argOr(d, "id", "")})
 		var out []string
 		for _, a := range rd.Writes {
 			line := fmt.Sprintf("write req=%d %s", a.Req, a.Refusal)
@@ -865,6 +865,8 @@ func (h *harness) parseRun(d *datadriven.TestData) RunSpec {
 				s.DependsOn = list()
 			case "writes":
 				s.Writes = true
+			case "outputs":
+				s.Outputs, s.Writes = list(), true
 			case "type":
 				s.Type = v
 			case "runner":

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"sort"
+	"strings"
 	"time"
 
 	"github.com/tether-run/tether/core"
@@ -27,6 +28,12 @@ import (
 // at the end, every stored write was made under a lease current and held
 // by its writer when it was stored.
 
+// Declared writes (SPEC §14): some write-bearing steps declare outputs
+// (workload.go); their processes mostly write inside them and sometimes
+// outside, and every other process writes anywhere. An admitted write by
+// a step that declares outputs must name one of them, by the world's own
+// record of what it submitted (spec.OutputDeclared), never the core's.
+
 // dataDeadline bounds one data-plane request: a request the network holds
 // longer is lost (workers do not retry writes, SPEC §14).
 const dataDeadline = 5 * time.Minute
@@ -41,6 +48,8 @@ type DataStats struct {
 	Foreign        int // writes naming another worker's lease
 	ForeignRefused int
 	Lost           int // requests lost: the orchestrator down, or held past the deadline
+	Undeclared     int // writes under the writer's current lease to an id its step does not declare
+	UndeclaredRef  int // of those, refused
 }
 
 func (s *DataStats) add(o DataStats) {
@@ -52,20 +61,56 @@ func (s *DataStats) add(o DataStats) {
 	s.Foreign += o.Foreign
 	s.ForeignRefused += o.ForeignRefused
 	s.Lost += o.Lost
+	s.Undeclared += o.Undeclared
+	s.UndeclaredRef += o.UndeclaredRef
 }
 
 func (s DataStats) String() string {
-	return fmt.Sprintf("data writes: %d (admitted %d, stored %d; zombie %d, refused %d; another worker's lease %d, refused %d; lost %d)",
-		s.Writes, s.Admitted, s.Stored, s.Zombie, s.ZombieRefused, s.Foreign, s.ForeignRefused, s.Lost)
+	return fmt.Sprintf("data writes: %d (admitted %d, stored %d; zombie %d, refused %d; another worker's lease %d, refused %d; lost %d; undeclared %d, refused %d)",
+		s.Writes, s.Admitted, s.Stored, s.Zombie, s.ZombieRefused, s.Foreign, s.ForeignRefused, s.Lost, s.Undeclared, s.UndeclaredRef)
 }
 
 // dataPlane is the world's data-plane state; its randomness is its own
 // stream, so the writes change nothing else the seed decides.
 type dataPlane struct {
-	r      *rand.Rand
-	req    uint64
-	stored []storedWrite
-	stats  DataStats
+	r       *rand.Rand
+	req     uint64
+	stored  []storedWrite
+	stats   DataStats
+	outputs map[string][]string // "run/name" → the step's declared outputs, as submitted
+}
+
+// declared records the outputs of a submitted run's steps.
+func (w *world) declared(run core.RunID, rs core.RunSpec) {
+	d := w.dataState()
+	if d.outputs == nil {
+		d.outputs = map[string][]string{}
+	}
+	for _, s := range rs.Steps {
+		if len(s.Outputs) > 0 {
+			d.outputs[string(run)+"/"+s.Name] = s.Outputs
+		}
+	}
+}
+
+// outputsOf is what a step ("run-1/a", "run-1/a[0]") declared it writes.
+func (d *dataPlane) outputsOf(step core.StepID) []string {
+	id, _, _ := strings.Cut(string(step), "[")
+	return d.outputs[id]
+}
+
+// dataID picks the id a process of step writes: mostly inside the step's
+// declared outputs, if it has any; one write in four outside them.
+func (d *dataPlane) dataID(step core.StepID) string {
+	outs := d.outputsOf(step)
+	if len(outs) == 0 || d.r.IntN(4) == 0 {
+		return fmt.Sprintf("any-%d", d.r.IntN(100))
+	}
+	o := outs[d.r.IntN(len(outs))]
+	if p, ok := strings.CutSuffix(o, "*"); ok {
+		return fmt.Sprintf("%s%d", p, d.r.IntN(10))
+	}
+	return o
 }
 
 // storedWrite is one durable write: who wrote under which lease, and
@@ -96,6 +141,7 @@ func (w *world) dataWrites(wn *workerNode, p *proc, dur time.Duration) {
 	for i := 0; i < 1+d.r.IntN(3); i++ {
 		off := time.Duration(d.r.Int64N(int64(dur) + 1))
 		lease := p.lease
+		id := d.dataID(p.step)
 		w.after(off, evProc, wn.idx, nil, "data write", func() {
 			if wn.gen != gen || p.done {
 				return
@@ -103,7 +149,7 @@ func (w *world) dataWrites(wn *workerNode, p *proc, dur time.Duration) {
 			if d.r.IntN(20) == 0 {
 				lease = w.foreignLease(wn, lease)
 			}
-			w.forwardWrite(wn, gen, lease, w.now)
+			w.forwardWrite(wn, gen, lease, id, w.now)
 		})
 	}
 }
@@ -133,7 +179,7 @@ func (w *world) foreignLease(wn *workerNode, own core.LeaseID) core.LeaseID {
 // issued: a paused worker forwards it when it resumes; then the network
 // carries it, holding it while the link is cut or clogged, until the
 // request's deadline.
-func (w *world) forwardWrite(wn *workerNode, gen int, lease core.LeaseID, issued time.Time) {
+func (w *world) forwardWrite(wn *workerNode, gen int, lease core.LeaseID, id string, issued time.Time) {
 	if wn.gen != gen || !wn.alive {
 		return
 	}
@@ -141,7 +187,7 @@ func (w *world) forwardWrite(wn *workerNode, gen int, lease core.LeaseID, issued
 	if w.now.Before(wn.pausedUntil) || len(wn.deferred) > 0 {
 		at := maxTime(wn.pausedUntil, w.now.Add(time.Millisecond))
 		w.at(at, evWorkerTick, wn.idx, nil, "data write forwarded after a pause", func() {
-			w.forwardWrite(wn, gen, lease, issued)
+			w.forwardWrite(wn, gen, lease, id, issued)
 		})
 		return
 	}
@@ -152,7 +198,7 @@ func (w *world) forwardWrite(wn *workerNode, gen int, lease core.LeaseID, issued
 			return
 		}
 		w.after(time.Second+time.Duration(d.r.Int64N(int64(4*time.Second))), evWorkerTick, wn.idx, nil, "data write retransmitted", func() {
-			w.forwardWrite(wn, gen, lease, issued)
+			w.forwardWrite(wn, gen, lease, id, issued)
 		})
 		return
 	}
@@ -164,7 +210,7 @@ func (w *world) forwardWrite(wn *workerNode, gen int, lease core.LeaseID, issued
 	d.req++
 	req := d.req
 	w.after(delay, evToOrch, wn.idx, nil, fmt.Sprintf("data write lease=%d", lease), func() {
-		w.arriveWrite(wn.id, core.DataWrite{Req: req, Credential: cred, Lease: lease})
+		w.arriveWrite(wn.id, core.DataWrite{Req: req, Credential: cred, Lease: lease, ID: id})
 	})
 }
 
@@ -198,6 +244,11 @@ func (w *world) arriveWrite(writer core.WorkerID, in core.DataWrite) {
 		return
 	}
 	held := w.chk.LeaseHeldBy(writer, in.Lease)
+	step, _ := w.chk.LeaseStep(in.Lease)
+	declared := !held || spec.OutputDeclared(d.outputsOf(step), in.ID)
+	if !declared {
+		d.stats.Undeclared++
+	}
 	d.stats.Writes++
 	zombie := !held && !foreign
 	if zombie {
@@ -207,6 +258,9 @@ func (w *world) arriveWrite(writer core.WorkerID, in core.DataWrite) {
 		d.stats.Foreign++
 	}
 	if a.Refusal != core.WriteAdmitted {
+		if !declared {
+			d.stats.UndeclaredRef++
+		}
 		if zombie {
 			d.stats.ZombieRefused++
 		}
@@ -218,6 +272,10 @@ func (w *world) arriveWrite(writer core.WorkerID, in core.DataWrite) {
 	d.stats.Admitted++
 	if v := w.chk.WriteDecided(writer, in.Lease, *a); v != nil {
 		w.fail(v.Invariant, v.Detail)
+		return
+	}
+	if !declared {
+		w.fail(spec.PropFencedWrites, fmt.Sprintf("a data-plane write by worker %s under lease %d (step %s) to %q was admitted, but the step declares outputs %q", writer, in.Lease, step, in.ID, d.outputsOf(step)))
 		return
 	}
 	sw := storedWrite{worker: writer, lease: in.Lease, held: held}

@@ -129,6 +129,7 @@ func (w *world) startOperator() {
 			}
 			w.hist.runs = append(w.hist.runs, a.Run)
 			w.hist.submitted(a.Run, spec)
+			w.declared(a.Run, spec)
 			// One submit operation per step, for the linearizability check.
 			if r, _, ok := w.view().Run(a.Run); ok {
 				for _, s := range r.Steps {
@@ -352,6 +353,11 @@ func (w *world) randomRun() core.RunSpec {
 		}
 		if w.chance(w.opt.TimeoutFrac) {
 			s.Timeout = w.uniform(w.opt.ExecMin, 2*w.opt.ExecMax)
+		}
+		if s.Writes && i%2 == 0 {
+			// Declared writes (SPEC §14): an id and a prefix. Drawn from
+			// nothing, so the workload's stream is the same as without.
+			s.Outputs = []string{fmt.Sprintf("s%d.out", i), fmt.Sprintf("s%d-*", i)}
 		}
 		rs.Steps = append(rs.Steps, s)
 	}

@@ -23,6 +23,33 @@ func (c *Checker) LeaseHeldBy(w core.WorkerID, l core.LeaseID) bool {
 	return cur && ow.worker == w && ok && info.active && !info.revoked
 }
 
+// LeaseStep is the step of current lease l, by the Checker's view.
+func (c *Checker) LeaseStep(l core.LeaseID) (core.StepID, bool) {
+	ow, ok := c.current[l]
+	return ow.step, ok
+}
+
+// OutputDeclared reports whether data id is among a step's declared
+// outputs (SPEC §14, declared writes): an id equal to one, or starting
+// with one that ends in '*'. A step that declares none writes anywhere.
+// Written apart from the core's matcher, so that the property does not
+// check the core against itself.
+func OutputDeclared(outputs []string, id string) bool {
+	if len(outputs) == 0 {
+		return true
+	}
+	for _, o := range outputs {
+		n := len(o)
+		switch {
+		case n > 0 && o[n-1] == '*' && len(id) >= n-1 && id[:n-1] == o[:n-1]:
+			return true
+		case o == id:
+			return true
+		}
+	}
+	return false
+}
+
 // WriteDecided checks the core's answer to a data-plane write by worker w
 // under lease l, called right after the batch that answered it was
 // recorded (Batch): an admitted write must be one LeaseHeldBy allows. The
