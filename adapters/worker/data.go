@@ -104,13 +104,20 @@ func (e *DataError) Is(target error) bool {
 }
 
 // DataClient is the worker's client of the data plane. It is safe for
-// concurrent use. Writes are not retried: a PUT whose answer is lost may
-// have created a version.
+// concurrent use. Every write carries a request id and is sent again, with
+// the same id, after a failure that may have lost its answer (DefaultRetry;
+// see write.go): the orchestrator answers a repeat with its first answer.
 type DataClient struct {
 	base *url.URL
 	cred func() string
 	hc   *http.Client
+
+	retry   Retry
+	onRetry func(method, path, requestID string, attempt int, err error) // logs a retry; nil: silent
 }
+
+// SetRetry sets how writes are retried (Attempts 1: never); for tests.
+func (c *DataClient) SetRetry(r Retry) { c.retry = r }
 
 // NewDataClient returns a client of the data plane at base (http://HOST:PORT
 // for h2c, https://HOST:PORT for TLS, verified with tlsConf's roots when
@@ -137,7 +144,7 @@ func NewDataClient(base string, tlsConf *tls.Config, cred func() string) (*DataC
 	} else {
 		tr.Protocols.SetUnencryptedHTTP2(true) // h2c with prior knowledge
 	}
-	return &DataClient{base: u, cred: cred, hc: &http.Client{Transport: tr}}, nil
+	return &DataClient{base: u, cred: cred, hc: &http.Client{Transport: tr}, retry: DefaultRetry}, nil
 }
 
 // Close closes idle connections.
@@ -149,12 +156,12 @@ func (c *DataClient) URL() string { return c.base.String() }
 // do sends one request with the credential (and the lease, if not zero);
 // path is unescaped.
 func (c *DataClient) do(ctx context.Context, method, path, rawQuery string, lease core.LeaseID, body io.Reader, size int64) (*http.Response, error) {
-	return c.doWith(ctx, method, path, rawQuery, lease, body, size, nil)
+	return c.doHeader(ctx, method, path, rawQuery, lease, nil, body, size)
 }
 
-// doWith is do with extra request headers (a step's request id and
-// attributes, forwarded by the step endpoint).
-func (c *DataClient) doWith(ctx context.Context, method, path, rawQuery string, lease core.LeaseID, body io.Reader, size int64, hdr http.Header) (*http.Response, error) {
+// doHeader is do with extra request headers (a write's request id, its
+// attributes).
+func (c *DataClient) doHeader(ctx context.Context, method, path, rawQuery string, lease core.LeaseID, hdr http.Header, body io.Reader, size int64) (*http.Response, error) {
 	cred := c.cred()
 	if cred == "" {
 		return nil, ErrNoCredential
@@ -169,7 +176,9 @@ func (c *DataClient) doWith(ctx context.Context, method, path, rawQuery string, 
 		req.ContentLength = size
 	}
 	for k, vs := range hdr {
-		req.Header[k] = vs
+		for _, v := range vs {
+			req.Header.Add(k, v)
+		}
 	}
 	req.Header.Set("Authorization", "Bearer "+cred)
 	if lease != 0 {
@@ -222,17 +231,13 @@ func dataPath(id string, rest ...string) string {
 // under lease, and returns the version once the orchestrator made it
 // durable. A fenced lease gets ErrDataFenced and nothing is written.
 func (c *DataClient) Put(ctx context.Context, lease core.LeaseID, id string, body io.Reader, size int64) (dataplane.Version, error) {
-	resp, err := c.do(ctx, http.MethodPut, dataPath(id), "", lease, body, size)
-	if err != nil {
-		return dataplane.Version{}, err
-	}
-	var v dataplane.Version
-	return v, decodeAnswer(resp, &v)
+	return c.PutWith(ctx, lease, id, body, size, WriteOpts{})
 }
 
 // Append appends b to id's stream under lease; it returns once durable.
 func (c *DataClient) Append(ctx context.Context, lease core.LeaseID, id string, b []byte) (dataplane.Appended, error) {
-	resp, err := c.do(ctx, http.MethodPost, dataPath(id, "append"), "", lease, bytes.NewReader(b), int64(len(b)))
+	hdr, _ := WriteOpts{}.header()
+	resp, err := c.write(ctx, http.MethodPost, dataPath(id, "append"), "", lease, hdr, bytes.NewReader(b), int64(len(b)))
 	if err != nil {
 		return dataplane.Appended{}, err
 	}
@@ -309,22 +314,24 @@ func (v *verifyingReader) Close() error { return v.rc.Close() }
 // stepEndpoint is the loopback server that gives step processes the data
 // plane with their lease attached.
 type stepEndpoint struct {
-	log    *slog.Logger
-	client *DataClient
-	ln     net.Listener
-	srv    *http.Server
+	log      *slog.Logger
+	client   *DataClient
+	ln       net.Listener
+	srv      *http.Server
+	cache    *readCache // nil: no cache
+	spoolDir string     // where a large write body is held for retries ("": the system's temp dir)
 
 	mu     sync.Mutex
 	leases map[string]core.LeaseID // per-dispatch token → lease
 }
 
 // startStepEndpoint listens on 127.0.0.1:0 and serves until close.
-func startStepEndpoint(log *slog.Logger, client *DataClient) (*stepEndpoint, error) {
+func startStepEndpoint(log *slog.Logger, client *DataClient, cache *readCache, spoolDir string) (*stepEndpoint, error) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return nil, fmt.Errorf("step endpoint: %w", err)
 	}
-	e := &stepEndpoint{log: log, client: client, ln: ln, leases: map[string]core.LeaseID{}}
+	e := &stepEndpoint{log: log, client: client, ln: ln, cache: cache, spoolDir: spoolDir, leases: map[string]core.LeaseID{}}
 	e.srv = &http.Server{Handler: e, ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
 	go e.srv.Serve(ln)
 	return e, nil
@@ -379,13 +386,39 @@ func (e *stepEndpoint) close() {
 var forwarded = []string{"Content-Type", "Content-Length", "ETag", "Location", "Content-Location", "Cache-Control", "Allow",
 	dataplane.VersionHeader, dataplane.SHA256Header, dataplane.StreamLengthHeader, "Tether-Repeated"}
 
-// forwardedUp are the step's request headers the endpoint passes on (SPEC
-// §14: a write's request id, a PUT's attributes).
-var forwardedUp = []string{dataplane.RequestIDHeader, dataplane.AttributeHeader}
+// CacheHeader tells a step whether the worker's read cache answered a read
+// of a numbered version: "hit" or "miss".
+const CacheHeader = "Tether-Worker-Cache"
 
-// stepPath reports whether the step endpoint forwards path (SPEC §14).
-func stepPath(p string) bool {
-	return strings.HasPrefix(p, "/data/") || strings.HasPrefix(p, "/bundle/") || p == "/data" || p == "/pool" || strings.HasPrefix(p, "/step/")
+// stepPath says whether the step endpoint forwards path: the data plane's
+// paths a step may use (SPEC §14).
+func stepPath(path string) bool {
+	if path == "/data" || path == "/pool" {
+		return true
+	}
+	for _, p := range []string{"/data/", "/bundle/", "/step/", "/secret/"} {
+		if strings.HasPrefix(path, p) {
+			return true
+		}
+	}
+	return false
+}
+
+// cacheableRead returns the (id, version) of a GET of a numbered version
+// (not latest, not a stream, not a version list).
+func cacheableRead(r *http.Request) (cacheKey, bool) {
+	if r.Method != http.MethodGet || r.URL.RawQuery != "" {
+		return cacheKey{}, false
+	}
+	id, v, ok := strings.Cut(strings.TrimPrefix(r.URL.Path, "/data/"), "/")
+	if !ok || !strings.HasPrefix(r.URL.Path, "/data/") || id == "" || strings.Contains(v, "/") {
+		return cacheKey{}, false
+	}
+	n, err := strconv.ParseUint(v, 10, 64)
+	if err != nil || n == 0 {
+		return cacheKey{}, false
+	}
+	return cacheKey{id: id, version: n}, true
 }
 
 func (e *stepEndpoint) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -401,22 +434,46 @@ func (e *stepEndpoint) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if !stepPath(r.URL.Path) {
-		fail(http.StatusNotFound, "no such path: "+core.Quote(r.URL.Path)+" (the step endpoint serves /data, /data/…, /bundle/…, /step/… and /pool)")
+		fail(http.StatusNotFound, "no such path: "+core.Quote(r.URL.Path)+" (the step endpoint serves /data, /data/…, /bundle/…, /step/…, /secret/… and /pool)")
 		return
 	}
 	q := r.URL.Query()
 	q.Del("lease") // the endpoint attaches the step's own lease
-	var body io.Reader
-	if r.ContentLength != 0 {
-		body = r.Body
-	}
-	hdr := http.Header{}
-	for _, h := range forwardedUp {
-		if vs := r.Header.Values(h); len(vs) > 0 {
-			hdr[h] = vs
+	key, cacheable := cacheableRead(r)
+	if cacheable {
+		if ent, hit := e.cache.get(key); hit {
+			for k, vs := range ent.header {
+				w.Header()[k] = vs
+			}
+			w.Header().Set(CacheHeader, "hit")
+			w.Header().Set("Content-Length", strconv.Itoa(len(ent.b)))
+			w.WriteHeader(http.StatusOK)
+			w.Write(ent.b)
+			return
 		}
 	}
-	resp, err := e.client.doWith(r.Context(), r.Method, r.URL.Path, q.Encode(), lease, body, r.ContentLength, hdr)
+	var (
+		resp *http.Response
+		err  error
+	)
+	switch r.Method {
+	case http.MethodPut, http.MethodPost, http.MethodDelete:
+		resp, err = e.forwardWrite(r, q, lease)
+		if errors.Is(err, errBadRequestID) {
+			fail(http.StatusBadRequest, err.Error())
+			return
+		}
+		if errors.Is(err, errSpoolTooLarge) {
+			fail(http.StatusRequestEntityTooLarge, err.Error())
+			return
+		}
+	default:
+		var body io.Reader
+		if r.ContentLength != 0 {
+			body = r.Body
+		}
+		resp, err = e.client.do(r.Context(), r.Method, r.URL.Path, q.Encode(), lease, body, r.ContentLength)
+	}
 	var de *DataError
 	switch {
 	case errors.As(err, &de):
@@ -431,13 +488,65 @@ func (e *stepEndpoint) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer resp.Body.Close()
+	hdr := http.Header{}
 	for _, h := range forwarded {
 		if v := resp.Header.Get(h); v != "" {
+			hdr.Set(h, v)
 			w.Header().Set(h, v)
 		}
+	}
+	sha := resp.Header.Get(dataplane.SHA256Header)
+	if cacheable && e.cache.fits(resp.ContentLength) && resp.StatusCode == http.StatusOK && sha != "" {
+		// Read it whole (it fits the cache's bound), check it, keep it, then
+		// answer: a version that fails its check is never served.
+		w.Header().Set(CacheHeader, "miss")
+		b, err := io.ReadAll(io.LimitReader(resp.Body, resp.ContentLength+1))
+		if err != nil || int64(len(b)) != resp.ContentLength {
+			e.log.Warn("step endpoint: reading a version failed", "lease", uint64(lease), "path", r.URL.Path, "err", err)
+			fail(http.StatusBadGateway, fmt.Sprintf("reading %s from the orchestrator: %v", r.URL.Path, err))
+			return
+		}
+		if !e.cache.put(key, b, sha, hdr) {
+			fail(http.StatusBadGateway, fmt.Sprintf("%s: %v", r.URL.Path, ErrDataCorrupt))
+			return
+		}
+		w.WriteHeader(resp.StatusCode)
+		w.Write(b)
+		return
 	}
 	w.WriteHeader(resp.StatusCode)
 	if _, err := io.Copy(w, resp.Body); err != nil {
 		panic(http.ErrAbortHandler) // cut short: the step must not take it for whole
 	}
+}
+
+// errBadRequestID: a step sent a malformed Tether-Request-Id.
+var errBadRequestID = errors.New("bad " + RequestIDHeader + ": want 1–64 of [A-Za-z0-9._-]")
+
+// forwardWrite forwards a step's write with a request id (the step's own,
+// else a fresh one) and its attributes, its body held (spool) so that the
+// write can be sent again after a lost answer (DataClient.write).
+func (e *stepEndpoint) forwardWrite(r *http.Request, q url.Values, lease core.LeaseID) (*http.Response, error) {
+	id := r.Header.Get(RequestIDHeader)
+	if id != "" && !ValidRequestID(id) {
+		return nil, errBadRequestID
+	}
+	if r.ContentLength > maxSpoolBytes {
+		return nil, errSpoolTooLarge
+	}
+	hdr, _ := WriteOpts{RequestID: id, Attrs: r.Header.Values(AttributeHeader)}.header()
+	if ct := r.Header.Get("Content-Type"); ct != "" {
+		hdr.Set("Content-Type", ct)
+	}
+	var body io.Reader
+	size := int64(0)
+	if r.ContentLength != 0 && r.Body != nil {
+		sp, err := spool(r.Body, e.spoolDir)
+		if err != nil {
+			return nil, err
+		}
+		defer sp.close() // the answer's body does not need it
+		body, size = sp.r, sp.size
+	}
+	return e.client.write(r.Context(), r.Method, r.URL.Path, q.Encode(), lease, hdr, body, size)
 }

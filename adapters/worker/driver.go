@@ -53,8 +53,27 @@ type Options struct {
 	// Logger receives structured logs; nil means slog.Default().
 	Logger *slog.Logger
 	// Env is the base environment of step processes (the shipped env is
-	// overlaid on it); nil means this process's environment.
+	// overlaid on it); nil means StepBaseEnv(os.Environ(), PassEnv): the
+	// few variables a shell needs, not the worker's own (SPEC §10).
 	Env []string
+	// PassEnv are glob patterns (path.Match) of more variables of this
+	// process's environment that step processes inherit when Env is nil
+	// (worker connect --pass-env); TETHER_* never.
+	PassEnv []string
+	// WorkDir holds each dispatch's scratch and output directories (SPEC
+	// §10); empty: a fresh directory under the system's temp dir, removed
+	// when Run returns.
+	WorkDir string
+	// KeepScratch keeps each step's directory after it ends (a debugging
+	// aid; the operator removes them).
+	KeepScratch bool
+	// CacheBytes bounds the read cache of data versions (SPEC §10); zero:
+	// DefaultCacheBytes; negative: no cache.
+	CacheBytes int64
+	// OutputFiles and OutputBytes bound what a step may leave in
+	// $TETHER_OUTPUT_DIR (zero: DefaultMaxOutputFiles, DefaultMaxOutputBytes).
+	OutputFiles int
+	OutputBytes int64
 	// TLS configures wss:// and https:// connections (e.g. RootCAs for a
 	// private CA); nil means the system's roots.
 	TLS *tls.Config
@@ -100,6 +119,8 @@ type Driver struct {
 	saved    string                 // the credential last saved (or booted with)
 	exit     *core.WorkerExit       // the core's exit, once Run returned it
 	endpoint *stepEndpoint          // nil when off
+	workDir  string                 // each dispatch's directories (SPEC §10)
+	tempWork bool                   // workDir was made by Run: removed when it returns
 
 	// Owned by the loop goroutine.
 	ctx        context.Context
@@ -146,7 +167,16 @@ func New(opts Options) (*Driver, error) {
 		opts.Logger = slog.Default()
 	}
 	if opts.Env == nil {
-		opts.Env = os.Environ()
+		opts.Env = StepBaseEnv(os.Environ(), opts.PassEnv)
+	}
+	if opts.CacheBytes == 0 {
+		opts.CacheBytes = DefaultCacheBytes
+	}
+	if opts.OutputFiles <= 0 {
+		opts.OutputFiles = DefaultMaxOutputFiles
+	}
+	if opts.OutputBytes <= 0 {
+		opts.OutputBytes = DefaultMaxOutputBytes
 	}
 	if opts.Config.ID == "" {
 		opts.Config.ID = core.WorkerID(newUUID())
@@ -187,6 +217,10 @@ func New(opts Options) (*Driver, error) {
 		return nil, fmt.Errorf("worker: %w", err)
 	}
 	d.data = data
+	data.onRetry = func(method, path, requestID string, attempt int, err error) {
+		d.log.Warn("data plane: sending a write again with the same request id", "method", method, "path", path,
+			"request_id", requestID, "attempt", attempt, "err", err)
+	}
 	return d, nil
 }
 
@@ -227,9 +261,15 @@ func (d *Driver) Run(ctx context.Context) (int, error) {
 	d.ctx = ctx
 	d.timer = time.NewTimer(time.Hour)
 	d.timer.Stop()
+	if err := d.openWorkDir(); err != nil {
+		return 0, fmt.Errorf("worker: %w", err)
+	}
 	if !d.opts.NoStepEndpoint {
-		e, err := startStepEndpoint(d.log, d.data)
+		e, err := startStepEndpoint(d.log, d.data, newReadCache(d.opts.CacheBytes), d.workDir)
 		if err != nil {
+			if d.tempWork {
+				os.RemoveAll(d.workDir)
+			}
 			return 0, fmt.Errorf("worker: %w", err)
 		}
 		d.endpoint = e
@@ -520,6 +560,9 @@ func (d *Driver) shutdown() {
 	}
 	close(d.done)
 	d.wg.Wait()
+	if d.tempWork && !d.opts.KeepScratch {
+		os.RemoveAll(d.workDir)
+	}
 }
 
 // newUUID returns a random (version 4) UUID.

@@ -3,6 +3,7 @@ package worker
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -13,6 +14,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -41,6 +43,9 @@ type proc struct {
 	pgid int
 	gate *outGate // its pipe reader's gate (SPEC §10 backpressure)
 	shim bool
+	// signalled: the worker stopped it (cancel, timeout, drain): its output
+	// directory is not uploaded (SPEC §10 persistFile).
+	signalled atomic.Bool
 }
 
 // outGate lets a step's pipe reader take one batch of output at a time, and
@@ -133,6 +138,7 @@ func (d *Driver) exec(c core.ExecCommand) {
 			sig = killSignal
 		}
 		p.log.Info("signalling step", "signal", sig.String())
+		p.signalled.Store(true)
 		p.signal(sig)
 	default:
 		d.log.Error("unknown executor command", append(logging.LeaseAttrs(c.Lease, c.Step), "op", c.Op.String())...)
@@ -165,8 +171,21 @@ func (d *Driver) start(c core.ExecCommand) {
 		// orchestrator drops TETHER_* from what it ships.
 		endpoint = d.endpoint.grant(lease)
 	}
-	cmd.Env = overlay(d.opts.Env, c.Env, endpoint)
-	pr, pw, err := os.Pipe()
+	// A fresh scratch directory (the cwd) and an empty output directory.
+	var err error
+	if d.workDir == "" { // a driver whose loop a test plays, without Run
+		err = d.openWorkDir()
+	}
+	var dirs stepDirs
+	if err == nil {
+		dirs, err = d.makeStepDirs(lease)
+	}
+	var pr, pw *os.File
+	if err == nil {
+		cmd.Dir = dirs.scratch
+		cmd.Env = overlay(d.opts.Env, c.Env, endpoint, map[string]string{EnvScratch: dirs.scratch, EnvOutputDir: dirs.output})
+		pr, pw, err = os.Pipe()
+	}
 	if err == nil {
 		cmd.Stdout, cmd.Stderr = pw, pw
 		if d.opts.Shim != "" {
@@ -181,6 +200,7 @@ func (d *Driver) start(c core.ExecCommand) {
 	}
 	if err != nil {
 		log.Warn("step process failed to start", "err", err)
+		d.removeStepDirs(dirs, log)
 		d.wg.Add(1)
 		go func() { // never push from the loop goroutine: it is the only consumer
 			defer d.wg.Done()
@@ -218,6 +238,29 @@ func (d *Driver) start(c core.ExecCommand) {
 			x.ExitCode, x.Err = exitCodeErr, fmt.Sprintf("wait: %v", werr)
 		}
 		log.Info("step process exited", "exit_code", x.ExitCode, "signaled", x.Signaled)
+		// persistFile: the output directory's files, uploaded before the
+		// report (which waits for them); a failed upload fails the step.
+		ctx := d.ctx
+		if ctx == nil {
+			ctx = context.Background() // a driver whose loop a test plays
+		}
+		var lines []string
+		var perr error
+		if p.signalled.Load() {
+			log.Info("the step was stopped: its output directory is not uploaded")
+		} else {
+			lines, perr = d.persistOutputs(ctx, lease, dirs.output)
+		}
+		if perr != nil {
+			log.Warn("step output files not stored; the step fails", "err", perr)
+			if x.Err == "" {
+				x.Err = perr.Error()
+			}
+		}
+		if len(lines) > 0 && p.gate.acquire(d.done) && !d.push(output{lease: lease, lines: lines}) {
+			return
+		}
+		d.removeStepDirs(dirs, log)
 		d.push(x)
 	}()
 }

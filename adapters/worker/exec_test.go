@@ -99,7 +99,7 @@ func TestOverlay(t *testing.T) {
 // reads what they feed back.
 func execDriver(t *testing.T) *Driver {
 	t.Helper()
-	d, err := New(Options{URL: "ws://unused", Env: []string{"PATH=" + os.Getenv("PATH"), "BASE=base"}, Shim: testShim(t)})
+	d, err := New(Options{URL: "ws://unused", Env: []string{"PATH=" + os.Getenv("PATH"), "BASE=base"}, Shim: testShim(t), WorkDir: t.TempDir()})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -65,7 +65,7 @@ func FuzzStepEndpoint(f *testing.F) {
 	if err != nil {
 		f.Fatal(err)
 	}
-	e, err := startStepEndpoint(slog.New(slog.NewTextHandler(io.Discard, nil)), client)
+	e, err := startStepEndpoint(slog.New(slog.NewTextHandler(io.Discard, nil)), client, nil, f.TempDir())
 	if err != nil {
 		f.Fatal(err)
 	}
@@ -90,7 +90,10 @@ func FuzzStepEndpoint(f *testing.F) {
 		mu.Unlock()
 		scheme, presented, _ := strings.Cut(auth, " ")
 		authorized := strings.EqualFold(scheme, "Bearer") && strings.TrimSpace(presented) == tok
-		prefixed := strings.HasPrefix(path, "/data/") || strings.HasPrefix(path, "/bundle/")
+		prefixed := path == "/data" || path == "/pool" // SPEC §14's paths, spelled out apart from stepPath
+		for _, p := range []string{"/data/", "/bundle/", "/step/", "/secret/"} {
+			prefixed = prefixed || strings.HasPrefix(path, p)
+		}
 		switch {
 		case !authorized && (rec.Code != http.StatusUnauthorized || len(fwd) > 0):
 			t.Fatalf("%s %q with %q: HTTP %d, %d forwarded; want 401, none", method, path, auth, rec.Code, len(fwd))

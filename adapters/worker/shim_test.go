@@ -105,7 +105,7 @@ func BenchmarkExecTrue(b *testing.B) {
 			if c.shim && !ShimSupported {
 				b.Skip("the step shim is Linux only")
 			}
-			opts := Options{URL: "ws://unused", Env: []string{"PATH=" + os.Getenv("PATH")},
+			opts := Options{URL: "ws://unused", Env: []string{"PATH=" + os.Getenv("PATH")}, WorkDir: b.TempDir(),
 				Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
 			if c.shim {
 				exe, err := os.Executable()

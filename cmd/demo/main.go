@@ -84,7 +84,7 @@ func demo(ctx context.Context, out io.Writer, log *slog.Logger) (err error) {
 	orch, err := orchestrator.Start(orchestrator.Options{
 		Addr:      "127.0.0.1:0",
 		StorePath: filepath.Join(dir, "tether.db"),
-		Config:    core.Config{Env: orchestrator.EnvSnapshot()},
+		Config:    core.Config{Env: orchestrator.ShipEnv(nil)}, // none of this process's environment, as serve (SPEC §8)
 		Logger:    log.With("side", "orchestrator"),
 	})
 	if err != nil {

@@ -48,6 +48,8 @@ type options struct {
 	data                                            dataLimits // the data plane's --data-* flags
 	http                                            httpLimits // the HTTP server's --*-timeout and connection flags
 
+	shipEnv []string // serve --ship-env (SPEC §8)
+
 	// command-specific
 	ttl    time.Duration
 	step   string

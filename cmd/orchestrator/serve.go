@@ -15,6 +15,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"sort"
 	"strconv"
 	"strings"
 	"syscall"
@@ -132,6 +133,7 @@ next start within their grace window. SIGHUP is ignored.`,
 		fs.IntVar(&o.maxUnauthConnsPerAddr, "max-unauth-conns-per-addr", orchestrator.DefaultMaxUnauthConnsPerAddr, "connections without an accepted Hello from one source address, at most (`n`)")
 		fs.IntVar(&o.maxEventStreams, "max-event-streams", orchestrator.DefaultMaxEventStreams, "live event streams (SPEC §17) open at once, at most (`n`)")
 		fs.DurationVar(&o.helloTimeout, "hello-timeout", orchestrator.DefaultHelloTimeout, "a new worker connection must send its Hello within this (`duration`)")
+		fs.StringSliceVar(&o.shipEnv, "ship-env", nil, "ship the orchestrator's own environment variables whose names match these glob `patterns` (comma-separated or repeated, e.g. AWS_REGION,GIT_*) with every dispatch; default none (SPEC §8)")
 		dataFlags(fs, &o.data)
 		httpFlags(fs, &o.http)
 	},
@@ -154,6 +156,7 @@ type serverConfig struct {
 	MaxConns, MaxUnauthConns, MaxUnauthConnsPerAddr int
 	HelloTimeout                                    time.Duration
 	MaxEventStreams                                 int        // --max-event-streams (SPEC §17)
+	ShipEnv                                         []string   // --ship-env (SPEC §8)
 	Data                                            dataLimits // zero fields: the driver's defaults
 	HTTP                                            httpLimits
 }
@@ -541,6 +544,14 @@ func resolveServeConfig(e *env) (serverConfig, error) {
 	if set["max-event-streams"] {
 		cfg.MaxEventStreams = e.opts.maxEventStreams
 	}
+	if set["ship-env"] {
+		for _, p := range e.opts.shipEnv {
+			if err := orchestrator.CheckShipEnvPattern(p); err != nil {
+				return cfg, usageErrorf("--ship-env: %v", err)
+			}
+		}
+		cfg.ShipEnv = e.opts.shipEnv
+	}
 	switch {
 	case cfg.MaxEventStreams <= 0:
 		return cfg, usageErrorf("--max-event-streams must be positive")
@@ -638,6 +649,16 @@ func serve(ctx context.Context, e *env, _ []string) error {
 		log.Warn("admin token file is readable by other users; chmod 600 it", "path", tokenPath, "mode", fi.Mode().Perm().String())
 	}
 	storePath := filepath.Join(cfg.DataDir, storeFile)
+	shipped := orchestrator.ShipEnv(cfg.ShipEnv)
+	if len(cfg.ShipEnv) > 0 {
+		names := make([]string, 0, len(shipped))
+		for k := range shipped {
+			names = append(names, k)
+		}
+		sort.Strings(names)
+		log.Info("every dispatch ships these variables of the orchestrator's environment (--ship-env; the denylist still applies)",
+			"patterns", strings.Join(cfg.ShipEnv, ","), "names", strings.Join(names, ","))
+	}
 	opts := orchestrator.Options{
 		Addr:      cfg.Addr,
 		Listener:  ln,
@@ -649,7 +670,7 @@ func serve(ctx context.Context, e *env, _ []string) error {
 			HeartbeatInterval: cfg.HeartbeatInterval,
 			DispatchAck:       cfg.DispatchAck,
 			Retention:         cfg.Retention,
-			Env:               orchestrator.EnvSnapshot(),
+			Env:               shipped, // none unless --ship-env (SPEC §8)
 		},
 		Logger:        log,
 		AdminToken:    token,

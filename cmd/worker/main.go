@@ -99,9 +99,12 @@ credential) is kept in --state-dir.
 Usage:
   worker connect [flags]
   worker connect --help
+  worker step COMMAND [ARGS]     (inside a step; see worker step --help)
 
 Commands:
   connect   enroll with a token and run steps until stopped
+  step      a step's capability verbs: data put|get|append|rm|versions|query,
+            output, definition, secret get|put, pool
 
 Example:
   orchestrator token create builder-1 --ttl 1h     # on the orchestrator host
@@ -163,9 +166,20 @@ Against an orchestrator that serves TLS, use a wss:// URL; --ca names the PEM
 file of the CA that signed its certificate when it is not a public one.
 
 Step processes get TETHER_DATA_URL, TETHER_DATA_TOKEN and TETHER_LEASE: e.g.
-  curl -X PUT --data-binary @out.tar -H "Authorization: Bearer $TETHER_DATA_TOKEN" \
-       "$TETHER_DATA_URL/data/build.out"
-stores a new version of build.out under the step's lease.
+  worker step data put build.out out.tar
+(or curl -X PUT --data-binary @out.tar -H "Authorization: Bearer
+$TETHER_DATA_TOKEN" "$TETHER_DATA_URL/data/build.out") stores a new version
+of build.out under the step's lease; 'worker step --help' lists the verbs.
+
+Each step runs in a fresh directory under --work-dir, $TETHER_SCRATCH (its
+cwd), removed when it ends unless --keep-scratch. Files it leaves in
+$TETHER_OUTPUT_DIR are uploaded as data (id = file name) before it reports;
+a symbolic link, a subdirectory, a name that is no data id, more than 256
+files or 1 GiB, or a failed upload fails the step. From this process's
+environment a step inherits only PATH HOME USER LOGNAME SHELL LANG LANGUAGE
+LC_* TZ TMPDIR and what --pass-env names (never TETHER_*); the workflow's
+env: is laid over that. Data versions steps read are cached here, checked
+by SHA-256, up to --cache-size.
 
 The optional config file (YAML) takes the same settings; flags given on the
 command line override it, and an unknown key is an error naming its line:
@@ -184,6 +198,10 @@ command line override it, and an unknown key is an error naming its line:
   output_cap: 64MiB
   drain_timeout: 10m
   state_dir: /var/lib/tether-worker
+  work_dir: /var/lib/tether-worker/work
+  keep_scratch: false
+  cache_size: 256MiB
+  pass_env: [GOPATH, "GIT_*"]
 
 Example:
   TETHER_WORKER_TOKEN=builder-1.SECRET worker connect --url ws://127.0.0.1:7420/control --tags script --slots 2
@@ -236,6 +254,12 @@ type settings struct {
 	// TokenOnArgv: the token came from --token, which ps shows to every
 	// user of the host (a warning is logged).
 	TokenOnArgv bool
+	// WorkDir holds each step's scratch and output directories (SPEC §10);
+	// empty: work/ in the state directory.
+	WorkDir     string
+	KeepScratch bool     // keep each step's directories after it ends
+	CacheBytes  int64    // the read cache's bound; zero: the default; -1: off
+	PassEnv     []string // more variables of the worker's environment a step inherits
 }
 
 // Where else the enrollment token may come from than --token (SPEC §9).
@@ -247,6 +271,9 @@ const (
 
 // getenv reads the environment (a variable for a test).
 var getenv = os.Getenv
+
+// stdin is what worker step reads (a variable for a test).
+var stdin io.Reader = os.Stdin
 
 // run runs the worker until it exits; ctx ending stops it at once (its
 // step processes are killed).
@@ -269,6 +296,8 @@ func runWith(ctx context.Context, stops <-chan os.Signal, args []string, stdout,
 		fmt.Fprint(stdout, topHelp)
 		return exitOK
 	case "connect":
+	case "step":
+		return runStep(ctx, args[1:], stdin, stdout, stderr)
 	default:
 		fmt.Fprintf(stderr, "worker: unknown command %q\n\n%s", args[0], topHelp)
 		return exitUsage
@@ -324,6 +353,12 @@ func parseConnect(args []string, stdout io.Writer) (final settings, logFormat, l
 	flags.StringVar(&config, "config", defaultConfigFile, "worker config `file` (YAML); optional unless given explicitly")
 	flags.StringVar(&logFormat, "log-format", "text", "log `format` on stderr: text or json")
 	flags.StringVar(&logLevel, "log-level", "info", "log `level`: debug, info, warn or error")
+	flags.StringVar(&s.WorkDir, "work-dir", "", "`directory` of each step's scratch (its cwd, $TETHER_SCRATCH) and output ($TETHER_OUTPUT_DIR) directories (default: work/ in the state directory)")
+	flags.BoolVar(&s.KeepScratch, "keep-scratch", false, "keep each step's directories after it ends (a debugging aid: nothing removes them)")
+	var cacheSize string
+	flags.StringVar(&cacheSize, "cache-size", "256MiB", "bound of the read cache of data versions steps read, a `size` (KiB, MiB, GiB; 0: no cache)")
+	var passEnv string
+	flags.StringVar(&passEnv, "pass-env", "", "comma-separated glob `patterns` of more variables of the worker's environment its steps inherit (default: only PATH HOME USER LOGNAME SHELL LANG LANGUAGE LC_* TZ TMPDIR)")
 	flags.StringVar(&s.StateDir, "state-dir", "", "`directory` that keeps the worker's identity across restarts (default $STATE_DIRECTORY, else $XDG_STATE_HOME/tether, else ~/.local/state/tether)")
 	err = flags.Parse(args)
 	if errors.Is(err, flag.ErrHelp) {
@@ -420,6 +455,25 @@ func parseConnect(args []string, stdout io.Writer) (final settings, logFormat, l
 		}
 		final.StateDir = s.StateDir
 	}
+	if set["work-dir"] {
+		if s.WorkDir == "" {
+			return settings{}, "", "", errors.New("--work-dir: want a directory")
+		}
+		final.WorkDir = s.WorkDir
+	}
+	if set["keep-scratch"] {
+		final.KeepScratch = s.KeepScratch
+	}
+	if set["cache-size"] {
+		if final.CacheBytes, err = parseCacheSize(cacheSize); err != nil {
+			return settings{}, "", "", fmt.Errorf("--cache-size %s: %v", cacheSize, err)
+		}
+	}
+	if set["pass-env"] {
+		if final.PassEnv, err = parsePassEnv(passEnv); err != nil {
+			return settings{}, "", "", fmt.Errorf("--pass-env: %v", err)
+		}
+	}
 	switch executor {
 	case "sh":
 	case "noop":
@@ -504,7 +558,17 @@ func connect(ctx context.Context, stops <-chan os.Signal, s settings, log *slog.
 	if s.SingleUse {
 		// Single use (SPEC §10): a scaler-managed instance is never
 		// restarted as itself (its Hello with a credential is refused), so
-		// it keeps no identity and many run side by side on one host.
+		// it keeps no identity and many run side by side on one host; its
+		// steps' directories go in a temporary one unless --work-dir.
+		if s.WorkDir == "" {
+			dir, err := os.MkdirTemp("", "tether-worker-")
+			if err != nil {
+				log.Error("cannot make a work directory", "err", err)
+				return exitError
+			}
+			defer os.RemoveAll(dir)
+			s.WorkDir = filepath.Join(dir, "work")
+		}
 		code, _, err := connectOnce(ctx, stops, s, nil, nil, tlsConf, shim, log)
 		switch {
 		case err != nil && ctx.Err() != nil:
@@ -609,6 +673,11 @@ func connectOnce(ctx context.Context, stops <-chan os.Signal, s settings, sd *wo
 		Noop:   s.Noop,
 		Shim:   shim,
 		Config: cfg,
+		// A step's surroundings (SPEC §10).
+		WorkDir:     workDir(s, sd),
+		KeepScratch: s.KeepScratch,
+		CacheBytes:  s.CacheBytes,
+		PassEnv:     s.PassEnv,
 		SaveCredential: func(cred string) error {
 			if sd == nil {
 				return nil // single use: nothing to restart from
@@ -737,7 +806,8 @@ func loadConfig(path string, src []byte) (settings, error) {
 		return n.Value
 	}
 	root := doc.Content[0]
-	known := []string{"url", "ca", "token", "name", "tags", "labels", "platform", "slots", "no_reconnect", "max_reconnect_delay", "output_cap", "drain_timeout", "state_dir", "single_use"}
+	known := []string{"url", "ca", "token", "name", "tags", "labels", "platform", "slots", "no_reconnect", "max_reconnect_delay", "output_cap", "drain_timeout", "state_dir",
+		"work_dir", "keep_scratch", "cache_size", "pass_env", "single_use"}
 	if root.Kind != yaml.MappingNode {
 		errf(root, "worker config must be a mapping of keys to values")
 		return s, errors.New(strings.Join(errs, "\n  "))
@@ -765,6 +835,36 @@ func loadConfig(path string, src []byte) (settings, error) {
 			if s.StateDir != "" && !filepath.IsAbs(s.StateDir) {
 				s.StateDir = filepath.Join(filepath.Dir(path), s.StateDir)
 			}
+		case "work_dir":
+			s.WorkDir = scalar(v, k.Value)
+			if s.WorkDir != "" && !filepath.IsAbs(s.WorkDir) {
+				s.WorkDir = filepath.Join(filepath.Dir(path), s.WorkDir)
+			}
+		case "keep_scratch":
+			if v.Kind != yaml.ScalarNode || v.Decode(&s.KeepScratch) != nil {
+				errf(v, "keep_scratch must be true or false, not %q", v.Value)
+			}
+		case "cache_size":
+			n, err := parseCacheSize(v.Value)
+			if v.Kind != yaml.ScalarNode || err != nil {
+				errf(v, "cache_size must be a size such as 256MiB (0: no cache), not %q", v.Value)
+			}
+			s.CacheBytes = n
+		case "pass_env":
+			var pats []string
+			if v.Kind == yaml.SequenceNode {
+				for _, c := range v.Content {
+					pats = append(pats, scalar(c, "pass_env entries"))
+				}
+			} else {
+				pats = splitList(scalar(v, k.Value))
+			}
+			for _, p := range pats {
+				if err := worker.CheckEnvPattern(p); err != nil {
+					errf(v, "pass_env: %v", err)
+				}
+			}
+			s.PassEnv = pats
 		case "name":
 			s.Name = scalar(v, k.Value)
 		case "platform":
@@ -866,6 +966,26 @@ func parseOutputCap(v string) (int64, error) {
 	return n * mult, nil
 }
 
+// parseCacheSize reads --cache-size: 0 (no cache: -1 in settings) or a
+// size of at least 1 KiB.
+func parseCacheSize(v string) (int64, error) {
+	if strings.TrimSpace(v) == "0" {
+		return -1, nil
+	}
+	return parseOutputCap(v)
+}
+
+// parsePassEnv reads --pass-env's comma-separated glob patterns.
+func parsePassEnv(v string) ([]string, error) {
+	pats := splitList(v)
+	for _, p := range pats {
+		if err := worker.CheckEnvPattern(p); err != nil {
+			return nil, err
+		}
+	}
+	return pats, nil
+}
+
 // checkMaxReconnectDelay keeps the backoff cap in a range where twice it
 // (the grace window) is meaningful.
 func checkMaxReconnectDelay(d time.Duration) error {
@@ -910,4 +1030,13 @@ func statePath(sd *worker.StateDir) string {
 		return ""
 	}
 	return sd.Path()
+}
+
+// workDir is where the worker's steps get their directories (SPEC §10):
+// --work-dir, else work/ in the state directory.
+func workDir(s settings, sd *worker.StateDir) string {
+	if s.WorkDir != "" || sd == nil {
+		return s.WorkDir
+	}
+	return filepath.Join(sd.Dir(), "work")
 }
