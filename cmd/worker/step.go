@@ -63,7 +63,10 @@ Commands:
   definition                this run's workflow and this step's definition (JSON)
   secret get NAME           a secret this step declares (secrets:), to stdout
   secret put NAME           store stdin as secret NAME (put_secrets: only)
-  pool                      the workers of the pool (JSON)
+  pool                      the workers of the pool (JSON); --label k=v
+                            (repeatable) and --state S (connected,
+                            disconnected, draining, inactive, revoked) keep
+                            the matching ones; --count prints how many
 
 Every write (put, append, rm, secret put) carries a Tether-Request-Id,
 drawn once (or --request-id ID, 1-64 of [A-Za-z0-9._-]), and is sent again
@@ -339,6 +342,9 @@ func stepCommand(ctx context.Context, args []string, stdin io.Reader, stdout, st
 		prefix, run, step, since string
 		until, after             string
 		limit                    int
+		labelList                listFlag
+		state                    string
+		count                    bool
 	)
 	switch verb {
 	case "data put":
@@ -358,7 +364,11 @@ func stepCommand(ctx context.Context, args []string, stdin io.Reader, stdout, st
 		fs.StringVar(&until, "until", "", "")
 		fs.StringVar(&after, "after", "", "")
 		fs.IntVar(&limit, "limit", 0, "")
-	case "data versions", "output", "definition", "secret get", "pool":
+	case "pool":
+		fs.Var(&labelList, "label", "")
+		fs.StringVar(&state, "state", "", "")
+		fs.BoolVar(&count, "count", false, "")
+	case "data versions", "output", "definition", "secret get":
 	case "-h", "--help", "help":
 		return flag.ErrHelp
 	default:
@@ -468,7 +478,10 @@ func stepCommand(ctx context.Context, args []string, stdin io.Reader, stdout, st
 	case "definition":
 		return getJSON(ctx, c, "/step/definition", q, stdout)
 	case "pool":
-		return getJSON(ctx, c, "/pool", q, stdout)
+		if len(labelList) == 0 && state == "" && !count {
+			return getJSON(ctx, c, "/pool", q, stdout)
+		}
+		return poolFiltered(ctx, c, labelList, state, count, stdout)
 	case "secret get":
 		resp, err := c.do(ctx, http.MethodGet, "/secret/"+pos[0], q, nil, nil, 0)
 		if err != nil {
@@ -551,3 +564,56 @@ func saveVerified(resp *http.Response, out string, stdout io.Writer) error {
 	tmp = nil
 	return nil
 }
+
+// poolFiltered prints the workers of GET /pool that carry every label and
+// are in state (if given): as the same JSON, or their number with count.
+// It lets a shell step that keeps a pool of workers alive count them
+// without a JSON tool.
+func poolFiltered(ctx context.Context, c *stepClient, labels []string, state string, count bool, stdout io.Writer) error {
+	want := map[string]string{}
+	for _, l := range labels {
+		k, v, ok := strings.Cut(l, "=")
+		if !ok || k == "" {
+			return stepFail(stepExitUsage, "--label %q: want k=v", l)
+		}
+		want[k] = v
+	}
+	resp, err := c.do(ctx, http.MethodGet, "/pool", url.Values{}, nil, nil, 0)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	var pool struct {
+		Workers []map[string]any `json:"workers"`
+	}
+	if err := json.NewDecoder(io.LimitReader(resp.Body, maxPoolAnswer)).Decode(&pool); err != nil {
+		return stepFail(stepExitFailed, "reading the pool: %v", err)
+	}
+	kept := []map[string]any{}
+	for _, w := range pool.Workers {
+		if state != "" && w["state"] != state {
+			continue
+		}
+		have, _ := w["labels"].(map[string]any)
+		match := true
+		for k, v := range want {
+			if have[k] != v {
+				match = false
+			}
+		}
+		if match {
+			kept = append(kept, w)
+		}
+	}
+	if count {
+		_, err := fmt.Fprintln(stdout, len(kept))
+		return err
+	}
+	enc := json.NewEncoder(stdout)
+	enc.SetIndent("", "  ")
+	return enc.Encode(map[string]any{"workers": kept})
+}
+
+// maxPoolAnswer bounds the pool answer poolFiltered reads (a pool of
+// 10,000 workers with labels fits).
+const maxPoolAnswer = 64 << 20
