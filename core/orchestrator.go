@@ -602,6 +602,31 @@ func (o *Orchestrator) fail(s *StepRecord, class FailureClass, msg string) {
 	o.transition(s, EvFail)
 }
 
+// retryOrFail settles a running step's failure: COMMITTED failure report or
+// step timeout. When its policy names the failure (retries), tries remain,
+// and the step may run again — no writes, or idempotent ones — it goes
+// waiting for its backoff (RETRY, SPEC §1) and TIMER_DONE queues its next
+// try with a fresh grant budget (§3); otherwise it fails.
+func (o *Orchestrator) retryOrFail(s *StepRecord, class FailureClass, msg string, retries bool) {
+	sp := o.specOf[s.ID]
+	p := sp.Retry
+	if !retries || p == nil || s.Tries >= p.Attempts || (sp.Writes && !sp.Idempotent) {
+		o.fail(s, class, msg)
+		return
+	}
+	s.Tries++
+	delay := p.RetryDelay(s.Tries)
+	s.Message = fmt.Sprintf("try %d of %d failed: %s: %s", s.Tries, p.Attempts+1, class, msg)
+	o.event(s.Run, s.ID, "step-retrying", fmt.Sprintf("try %d of %d in %s; %s", s.Tries+1, p.Attempts+1, DescribeDuration(delay), s.Message))
+	if s.Lease != 0 {
+		o.endLease(o.leases[s.Lease], "step retrying")
+	}
+	s.Attempts, s.EverStarted, s.Outcome, s.StartedAt = 0, false, nil, time.Time{}
+	s.WaitUntil = o.now.Add(delay)
+	o.arm(s.WaitUntil, tWait, string(s.ID))
+	o.transition(s, EvRetry)
+}
+
 // endLease takes authority away from a lease. It is never given back.
 func (o *Orchestrator) endLease(l *LeaseRecord, reason string) {
 	if l == nil || !l.Current {

@@ -894,6 +894,28 @@ func (h *harness) parseRun(d *datadriven.TestData) RunSpec {
 				s.HoldExpiry = mustDur(h.t, v)
 			case "wait":
 				s.Wait = mustDur(h.t, v)
+			// retry=N backoff=D on=3,7,timeout idempotent (SPEC §1 RETRY).
+			case "retry", "backoff", "on":
+				if s.Retry == nil {
+					s.Retry = &RetryPolicy{}
+				}
+				switch k {
+				case "retry":
+					s.Retry.Attempts, _ = strconv.Atoi(v)
+				case "backoff":
+					s.Retry.Backoff = mustDur(h.t, v)
+				case "on":
+					for _, c := range list() {
+						if c == "timeout" {
+							s.Retry.OnTimeout = true
+							continue
+						}
+						n, _ := strconv.Atoi(c)
+						s.Retry.Codes = append(s.Retry.Codes, n)
+					}
+				}
+			case "idempotent":
+				s.Idempotent = true
 			case "env":
 				s.Env = map[string]string{}
 				for _, kv := range list() {

@@ -56,6 +56,8 @@ type RunRecord struct {
 	Failed       bool      // some step failed: the run can no longer succeed
 	Finished     bool      // every step is terminal
 	FinishedAt   time.Time `json:",omitzero"`
+	// RerunOf names the run this one reruns (SPEC §2, `run rerun`).
+	RerunOf RunID `json:",omitempty"`
 }
 
 // StepRecord is a step (one forEach instance is one step).
@@ -86,6 +88,9 @@ type StepRecord struct {
 	// pass its dispatch-ack deadline and have not been heard from since:
 	// none of them is chosen for it (§8).
 	MissedBy []WorkerID `json:",omitempty"`
+	// Tries counts the retries taken (SPEC §1 RETRY): the step is on try
+	// Tries+1. Attempts counts the grants of the current try only.
+	Tries int `json:",omitempty"`
 }
 
 // LeaseRecord is one dispatch attempt of one step to one worker.

@@ -71,13 +71,14 @@ const (
 	EvExpire
 	EvTimerDone
 	EvRequeue
+	EvRetry
 	numEvents
 )
 
 var eventNames = [numEvents]string{
 	"ENQUEUE", "CANCEL", "SKIP", "HOLD", "WAIT", "START", "FAIL", "SUCCEED",
 	"CANCEL_GRACEFUL", "RECOVER", "CANCEL_FORCE", "COMPLETE", "APPROVE", "REJECT",
-	"EXPIRE", "TIMER_DONE", "REQUEUE",
+	"EXPIRE", "TIMER_DONE", "REQUEUE", "RETRY",
 }
 
 func (e Event) String() string {
@@ -133,6 +134,7 @@ var Transitions = []Transition{
 	{StateHeld, EvCancel, StateCancelled},
 	{StateWaiting, EvTimerDone, StateQueued},
 	{StateWaiting, EvCancel, StateCancelled},
+	{StateRunning, EvRetry, StateWaiting},
 }
 
 var table = func() (t [numStates][numEvents]State) {

@@ -45,6 +45,7 @@ var Table = []Row{
 	{core.StateHeld, core.EvCancel, core.StateCancelled},
 	{core.StateWaiting, core.EvTimerDone, core.StateQueued},
 	{core.StateWaiting, core.EvCancel, core.StateCancelled},
+	{core.StateRunning, core.EvRetry, core.StateWaiting},
 }
 
 type rowKey struct {
