@@ -132,7 +132,8 @@ func (w *world) startOperator() {
 			// One submit operation per step, for the linearizability check.
 			if r, _, ok := w.view().Run(a.Run); ok {
 				for _, s := range r.Steps {
-					op := w.hist.begin(called, opClientOperator, spec2input(s))
+					sp, _ := w.view().StepSpecOf(s)
+					op := w.hist.begin(called, opClientOperator, spec2input(s, sp))
 					w.hist.end(op, w.now, specOutputOK())
 				}
 			}
@@ -353,9 +354,34 @@ func (w *world) randomRun() core.RunSpec {
 		if w.chance(w.opt.TimeoutFrac) {
 			s.Timeout = w.uniform(w.opt.ExecMin, 2*w.opt.ExecMax)
 		}
+		if w.opt.RetryFrac > 0 && w.chance(w.opt.RetryFrac) {
+			w.retryPolicy(&s)
+		}
 		rs.Steps = append(rs.Steps, s)
 	}
 	return rs
+}
+
+// flakyCommand is the command of a step with a retry policy: its process
+// exits 1 half the time (sim/worker.go), whatever FailProb says.
+const flakyCommand = "work-flaky"
+
+// retryPolicy gives s a retry policy (SPEC §1 RETRY): 1–3 retries, a
+// backoff up to 30 s, on any non-zero exit, on exit 1 (the simulated
+// processes' failure code), on exit 3 (never theirs: never retried) or on
+// exit 1 and the timeout. A write-bearing step says idempotent: without
+// it the policy is refused at submit (§2).
+func (w *world) retryPolicy(s *core.StepSpec) {
+	p := &core.RetryPolicy{Attempts: 1 + w.r.IntN(3), Backoff: w.uniform(0, 30*time.Second)}
+	switch w.r.IntN(4) {
+	case 1:
+		p.Codes = []int{1}
+	case 2:
+		p.Codes = []int{3}
+	case 3:
+		p.Codes, p.OnTimeout = []int{1}, true
+	}
+	s.Retry, s.Idempotent, s.Command = p, s.Writes, flakyCommand
 }
 
 // ---- phases ----
@@ -415,6 +441,9 @@ func (w *world) heal() {
 	cfg := core.DefaultConfig()
 	per := w.opt.ExecMax + 2*w.opt.MaxDelayWork + cfg.HeartbeatTimeout + 2*cfg.SweepInterval + cfg.ForceCancel
 	bound := time.Duration(3*w.opt.StepsMax+cfg.MaxAttempts)*per + 10*time.Minute
+	if w.opt.RetryFrac > 0 {
+		bound *= 4 // a step runs up to 4 tries (retryPolicy)
+	}
 	w.deadline = w.now.Add(bound)
 	var check func()
 	check = func() {
@@ -441,7 +470,13 @@ func (w *world) finished() bool {
 	return true
 }
 
-func spec2input(s core.StepID) spec.StepInput { return spec.StepInput{Kind: spec.OpSubmit, Step: s} }
+func spec2input(s core.StepID, sp core.StepSpec) spec.StepInput {
+	in := spec.StepInput{Kind: spec.OpSubmit, Step: s}
+	if sp.Retry != nil {
+		in.Retries = sp.Retry.Attempts
+	}
+	return in
+}
 
 func specOutputOK() spec.StepOutput { return spec.StepOutput{} }
 
