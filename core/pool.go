@@ -1070,7 +1070,6 @@ func (o *Orchestrator) dispatch() {
 func (o *Orchestrator) grant(s *StepRecord, w *WorkerRecord) {
 	sp := o.specOf[s.ID]
 	if sp.Writes && s.EverStarted {
-		// EverStarted is per try: only an idempotent step is retried (§1).
 		panic(fmt.Sprintf("core: re-dispatch of started write-bearing step %s", s.ID))
 	}
 	if s.Attempts >= o.cfg.MaxAttempts {

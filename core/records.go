@@ -81,7 +81,7 @@ type StepRecord struct {
 	ForceAt      time.Time    `json:",omitzero"` // cancelling force deadline
 	Outcome      *Outcome     `json:",omitempty"`
 	FinishedAt   time.Time    `json:",omitzero"`
-	EverStarted  bool         // some lease of this step recorded START
+	EverStarted  bool         // some lease of this step's current try recorded START (§1 RETRY)
 	RejectedBy   WorkerID     `json:",omitempty"` // last worker that rejected a dispatch of it
 	RequiredTags []string     `json:",omitempty"`
 	// MissedBy lists, sorted, the workers that let a dispatch of this step
