@@ -91,8 +91,13 @@ func (p *RetryPolicy) RetriesExit(code int) bool {
 	return false
 }
 
-// validate checks a step's retry policy (SPEC §2, §12).
-func (p *RetryPolicy) validate(s StepSpec) error {
+// CheckRetry checks a step's retry policy, if it has one (SPEC §2, §12);
+// the workflow parser calls it too, to name the policy's line.
+func CheckRetry(s StepSpec) error {
+	p := s.Retry
+	if p == nil {
+		return nil
+	}
 	switch {
 	case p.Attempts < 1 || p.Attempts > MaxRetryAttempts:
 		return invalid("step %q: retry attempts %d out of range 1..%d", s.Name, p.Attempts, MaxRetryAttempts)
@@ -244,10 +249,8 @@ func (r RunSpec) Validate() error {
 		if s.Concurrency > 0 && len(s.ForEach) == 0 {
 			return invalid("step %q: concurrency without forEach", s.Name)
 		}
-		if s.Retry != nil {
-			if err := s.Retry.validate(s); err != nil {
-				return err
-			}
+		if err := CheckRetry(s); err != nil {
+			return err
 		}
 		if len(s.ForEach) > MaxForEachItems {
 			return invalid("step %q: forEach has %d items, at most %d", s.Name, len(s.ForEach), MaxForEachItems)
