@@ -225,6 +225,7 @@ func (e *recEncoder) step(s *StepRecord) {
 		e.key(false, "Tries")
 		e.int(s.Tries)
 	}
+	e.optStr("ReusedFrom", string(s.ReusedFrom))
 	e.end()
 }
 

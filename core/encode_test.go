@@ -137,6 +137,7 @@ func TestEncodeMatchesEncodingJSON(t *testing.T) {
 			RequiredTags: genStrings("tags").Draw(t, "tags"),
 		}
 		s.Tries = rapid.SampledFrom([]int{0, rapid.Int().Draw(t, "tries")}).Draw(t, "triesOf")
+		s.ReusedFrom = StepID(genString().Draw(t, "reusedFrom"))
 		if deps := genStrings("deps").Draw(t, "deps"); deps != nil {
 			s.Deps = make([]StepID, len(deps))
 			for i, d := range deps {

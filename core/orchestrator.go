@@ -750,7 +750,11 @@ func (o *Orchestrator) afterQueued(s *StepRecord) {
 // ---- operator API ----
 
 func (o *Orchestrator) submit(in Submit) {
-	deny := func(msg string) { o.deny(in.Call, in.Actor, ActionSubmit, in.Spec.Name, CodeInvalid, msg) }
+	act := ActionSubmit
+	if in.RerunOf != "" {
+		act = ActionRerun
+	}
+	deny := func(msg string) { o.deny(in.Call, in.Actor, act, in.Spec.Name, CodeInvalid, msg) }
 	if err := in.Spec.Validate(); err != nil {
 		deny(err.Error())
 		return
@@ -763,9 +767,13 @@ func (o *Orchestrator) submit(in Submit) {
 		deny(fmt.Sprintf("unknown parent run %q", in.Parent))
 		return
 	}
+	if err := checkReuse(in); err != nil {
+		deny(err.Error())
+		return
+	}
 	o.meta.RunSeq++
 	o.markMeta()
-	r := &RunRecord{ID: RunID(fmt.Sprintf("run-%d", o.meta.RunSeq)), Spec: in.Spec, Parent: in.Parent, SubmittedAt: o.now}
+	r := &RunRecord{ID: RunID(fmt.Sprintf("run-%d", o.meta.RunSeq)), Spec: in.Spec, Parent: in.Parent, SubmittedAt: o.now, RerunOf: in.RerunOf}
 	if in.Spec.Timeout > 0 {
 		r.Deadline = o.now.Add(in.Spec.Timeout)
 		o.arm(r.Deadline, tRunTimeout, string(r.ID))
@@ -774,14 +782,19 @@ func (o *Orchestrator) submit(in Submit) {
 	o.indexRun(r, true)
 	o.open[r.ID] = len(r.Steps)
 	o.markRun(r)
-	o.event(r.ID, "", "run-submitted", fmt.Sprintf("run submitted with %d step%s", len(r.Steps), plural(len(r.Steps))))
+	msg := fmt.Sprintf("run submitted with %d step%s", len(r.Steps), plural(len(r.Steps)))
+	if r.RerunOf != "" {
+		msg += fmt.Sprintf(" (rerun of %s, %d reused)", r.RerunOf, len(in.Reuse))
+	}
+	o.event(r.ID, "", "run-submitted", msg)
 	for _, id := range r.Steps {
 		o.markStep(o.steps[id])
 	}
+	o.reuse(r, in.Reuse)
 	for _, id := range r.Steps {
 		o.promote(o.steps[id])
 	}
-	o.accept(in.Actor, ActionSubmit, string(r.ID))
+	o.accept(in.Actor, act, string(r.ID))
 	o.answer(APIAnswer{Call: in.Call, Run: r.ID})
 }
 

@@ -91,6 +91,9 @@ type StepRecord struct {
 	// Tries counts the retries taken (SPEC §1 RETRY): the step is on try
 	// Tries+1. Attempts counts the grants of the current try only.
 	Tries int `json:",omitempty"`
+	// ReusedFrom names the step of the rerun run whose success this step
+	// took over (REUSE, SPEC §1, §2): it never ran in this run.
+	ReusedFrom StepID `json:",omitempty"`
 }
 
 // LeaseRecord is one dispatch attempt of one step to one worker.

@@ -72,13 +72,14 @@ const (
 	EvTimerDone
 	EvRequeue
 	EvRetry
+	EvReuse
 	numEvents
 )
 
 var eventNames = [numEvents]string{
 	"ENQUEUE", "CANCEL", "SKIP", "HOLD", "WAIT", "START", "FAIL", "SUCCEED",
 	"CANCEL_GRACEFUL", "RECOVER", "CANCEL_FORCE", "COMPLETE", "APPROVE", "REJECT",
-	"EXPIRE", "TIMER_DONE", "REQUEUE", "RETRY",
+	"EXPIRE", "TIMER_DONE", "REQUEUE", "RETRY", "REUSE",
 }
 
 func (e Event) String() string {
@@ -135,6 +136,7 @@ var Transitions = []Transition{
 	{StateWaiting, EvTimerDone, StateQueued},
 	{StateWaiting, EvCancel, StateCancelled},
 	{StateRunning, EvRetry, StateWaiting},
+	{StatePending, EvReuse, StateSuccess},
 }
 
 var table = func() (t [numStates][numEvents]State) {

@@ -46,6 +46,7 @@ var Table = []Row{
 	{core.StateWaiting, core.EvTimerDone, core.StateQueued},
 	{core.StateWaiting, core.EvCancel, core.StateCancelled},
 	{core.StateRunning, core.EvRetry, core.StateWaiting},
+	{core.StatePending, core.EvReuse, core.StateSuccess},
 }
 
 type rowKey struct {
