@@ -49,15 +49,34 @@ func checkReuse(in Submit) error {
 // reuse creates the rerun's reused steps succeeded (pending --REUSE-->
 // success, SPEC §1): they never run, and their dependents proceed as after
 // any success. Called before the run's steps are promoted.
+//
+// A success promotes its dependents (afterTerminal), so a reused step is
+// made to succeed only after its reused dependents: none of them is
+// promoted out of pending before its own REUSE.
 func (o *Orchestrator) reuse(r *RunRecord, list []ReusedStep) {
+	outcome := make(map[StepID]Outcome, len(list))
 	for _, u := range list {
-		s := o.steps[StepID(string(r.ID)+"/"+u.Step)]
-		out := u.Outcome
+		outcome[StepID(string(r.ID)+"/"+u.Step)] = u.Outcome
+	}
+	var visit func(id StepID)
+	visit = func(id StepID) {
+		s := o.steps[id]
+		out, ok := outcome[id]
+		if !ok || s.State != StatePending {
+			return
+		}
+		delete(outcome, id) // visited
+		for _, d := range o.dependents[id] {
+			visit(d)
+		}
 		s.Outcome = &out
-		s.ReusedFrom = StepID(string(r.RerunOf) + "/" + u.Step)
+		s.ReusedFrom = StepID(string(r.RerunOf) + strings.TrimPrefix(string(id), string(r.ID)))
 		s.Message = fmt.Sprintf("reused the success of %s", s.ReusedFrom)
 		o.event(r.ID, s.ID, "step-reused", s.Message)
 		o.transition(s, EvReuse)
+	}
+	for _, u := range list {
+		visit(StepID(string(r.ID) + "/" + u.Step))
 	}
 }
 

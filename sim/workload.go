@@ -160,6 +160,19 @@ func (w *world) startOperator() {
 		}
 		w.after(w.exp(w.opt.CancelEvery), evOperator, -1, nil, "cancel", cancel)
 	}
+	if w.opt.RerunEvery > 0 {
+		var rerun func()
+		rerun = func() {
+			if w.healed {
+				return
+			}
+			if len(w.hist.runs) > 0 {
+				w.rerunRun(w.hist.runs[w.r.IntN(len(w.hist.runs))])
+			}
+			w.after(w.exp(w.opt.RerunEvery), evOperator, -1, nil, "rerun", rerun)
+		}
+		w.after(w.exp(w.opt.RerunEvery), evOperator, -1, nil, "rerun", rerun)
+	}
 	if w.opt.RevokeEvery > 0 {
 		var revoke func()
 		revoke = func() {
@@ -245,6 +258,61 @@ func (w *world) cancelRun(run core.RunID) {
 	w.call(func(id core.CallID) core.Input { return core.CancelRun{Call: id, Run: run} }, func(a core.APIAnswer) {
 		for _, op := range ops {
 			w.hist.end(op, w.now, spec.StepOutput{Err: a.Err})
+		}
+	})
+}
+
+// rerunRun reruns a run finished a minute or more ago (its finish durable,
+// as the API's snapshot or history read it) with its successes reused
+// (run rerun --failed-only, SPEC §2); for the linearizability check each
+// reused step is submitted committed with its old outcome.
+func (w *world) rerunRun(run core.RunID) {
+	if !w.orch.up {
+		return
+	}
+	v := w.view()
+	r, _, ok := v.Run(run)
+	if !ok || !r.Finished || w.now.Sub(r.FinishedAt) < time.Minute {
+		return
+	}
+	var steps []core.StepRecord
+	for _, id := range r.Steps {
+		if st, ok := v.StepByID(id); ok {
+			steps = append(steps, st)
+		}
+	}
+	reuse := core.ReusePlan(r, steps)
+	if len(reuse) == len(r.Steps) {
+		// Every step reused: the rerun would finish, and be archived, in
+		// the batch that submits it, and the crash-after-archive site would
+		// lose its answer, leaving its steps without a submit operation
+		// (the workload's submits are recorded when answered).
+		return
+	}
+	rs := r.Spec
+	called := w.now
+	w.call(func(id core.CallID) core.Input { return core.Submit{Call: id, Spec: rs, RerunOf: run, Reuse: reuse} }, func(a core.APIAnswer) {
+		if a.Err != "" {
+			w.fail("workload", fmt.Sprintf("a rerun of %s was refused: %s", run, a.Err))
+			return
+		}
+		w.reruns++
+		w.hist.runs = append(w.hist.runs, a.Run)
+		w.hist.submitted(a.Run, rs)
+		reused := map[core.StepID]core.Outcome{}
+		for _, u := range reuse {
+			reused[core.StepID(string(a.Run)+"/"+u.Step)] = u.Outcome
+		}
+		if nr, _, ok := w.view().Run(a.Run); ok {
+			for _, s := range nr.Steps {
+				sp, _ := w.view().StepSpecOf(s)
+				in := spec2input(s, sp)
+				if o, ok := reused[s]; ok {
+					in.Reused = &o
+				}
+				op := w.hist.begin(called, opClientOperator, in)
+				w.hist.end(op, w.now, specOutputOK())
+			}
 		}
 	})
 }

@@ -107,6 +107,7 @@ type Result struct {
 	Archive    ArchiveStats // archival and late reports (archive.go)
 	Data       DataStats    // the data plane's writes (sim/data.go)
 	Retries    int          // RETRY transitions seen (SPEC §1), a lost batch's included
+	Reruns     int          // reruns accepted, their successes reused (SPEC §2)
 	// Inconclusive, if set, says why the end-of-run linearizability check
 	// could not judge the history (spec.CheckSteps): the seed neither
 	// passed nor violated it. Failure is nil then.
@@ -214,6 +215,7 @@ type world struct {
 	driftR  *rand.Rand // Config.Redrift's drifts only
 	now     time.Time
 	retries int // RETRY transitions seen (Result.Retries)
+	reruns  int // reruns accepted (Result.Reruns)
 	seq     uint64
 	q       evHeap
 

@@ -55,6 +55,9 @@ type StepInput struct {
 	// RETRY): a committed failure may then reopen the register, up to
 	// that many times.
 	Retries int
+	// Reused is, for OpSubmit, the outcome a rerun's step took over from
+	// the run it reruns (REUSE, SPEC §2): the register starts committed.
+	Reused *core.Outcome
 }
 
 // StepOutput is what the caller saw. Verdict answers a report; State and
@@ -165,6 +168,9 @@ func stepModel(state, input, output any) []any {
 		n := s
 		n.submitted = true
 		n.retries = in.Retries
+		if in.Reused != nil {
+			n.committed, n.commit = true, reportKey{outcome: *in.Reused}
+		}
 		switch {
 		case out.Unknown:
 			if s.submitted {
