@@ -282,13 +282,6 @@ func (w *world) rerunRun(run core.RunID) {
 		}
 	}
 	reuse := core.ReusePlan(r, steps)
-	if len(reuse) == len(r.Steps) {
-		// Every step reused: the rerun would finish, and be archived, in
-		// the batch that submits it, and the crash-after-archive site would
-		// lose its answer, leaving its steps without a submit operation
-		// (the workload's submits are recorded when answered).
-		return
-	}
 	rs := r.Spec
 	called := w.now
 	w.call(func(id core.CallID) core.Input { return core.Submit{Call: id, Spec: rs, RerunOf: run, Reuse: reuse} }, func(a core.APIAnswer) {
@@ -326,8 +319,8 @@ func (w *world) queryRandomStep() {
 		return
 	}
 	s := steps[w.r.IntN(len(steps))]
-	if sp, _ := v.StepSpecOf(s.ID); sp.Type == "task" {
-		return // task steps commit without a report: not in the model
+	if sp, _ := v.StepSpecOf(s.ID); sp.Type == "task" || s.ReusedFrom != "" {
+		return // task and reused steps commit without a report: not in the model
 	}
 	op := w.hist.begin(w.now, opClientOperator, spec.StepInput{Kind: spec.OpQuery, Step: s.ID})
 	out := spec.StepOutput{State: s.State, Outcome: s.Outcome}

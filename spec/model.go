@@ -366,10 +366,12 @@ func partitionByStep(history []porcupine.Operation) [][]porcupine.Operation {
 // in histories.
 var StepModel = (&porcupine.NondeterministicModel{
 	Partition: partitionByStep,
-	Init:      func() []any { return []any{regState{}, regState{submitted: true}} },
-	Step:      stepModel,
-	Equal:     equalStates,
-	Hash:      hashState,
+	// A step whose submit was not seen (its answer lost to a crash) may
+	// have any retry policy (SPEC §12's most).
+	Init:  func() []any { return []any{regState{}, regState{submitted: true, retries: core.MaxRetryAttempts}} },
+	Step:  stepModel,
+	Equal: equalStates,
+	Hash:  hashState,
 	DescribeOperation: func(input, output any) string {
 		in := input.(StepInput)
 		return describeInput(in) + " → " + describeOutput(in, output.(StepOutput))
