@@ -38,11 +38,14 @@ func TestRetryAndRerunBinaries(t *testing.T) {
 		t.Fatalf("retry on a write-bearing step: %v; want refused at bad.yaml:5:5 naming idempotent: true", err)
 	}
 
-	// flaky exits 3 on its first two tries and succeeds on its third (the
-	// last its policy allows); gate fails until the marker exists.
+	// flaky (write-bearing, idempotent: each try goes through the start
+	// handshake) exits 3 on its first two tries and succeeds on its third
+	// (the last its policy allows); gate fails until the marker exists.
 	src := fmt.Sprintf(`name: retries
 steps:
   - name: flaky
+    writes: true
+    idempotent: true
     retry: {attempts: 2, backoff: 100ms, on: [3]}
     run: echo -n x >> %[1]s; test $(wc -c < %[1]s) -ge 3 || exit 3
   - name: once
