@@ -225,6 +225,16 @@ func (c *Client) Cancel(ctx context.Context, id, reason string) error {
 	return c.call(ctx, http.MethodPost, "/runs/"+url.PathEscape(id)+"/cancel", jsonBody(CancelRequest{Reason: reason}), "application/json", &out)
 }
 
+// Rerun starts a new run of run id's definition and returns its id; with
+// failedOnly the steps that succeeded in id are reused, not run (SPEC §2).
+func (c *Client) Rerun(ctx context.Context, id string, failedOnly bool) (string, error) {
+	var out Submitted
+	if err := c.call(ctx, http.MethodPost, "/runs/"+url.PathEscape(id)+"/rerun", jsonBody(RerunRequest{FailedOnly: failedOnly}), "application/json", &out); err != nil {
+		return "", err
+	}
+	return out.Run, nil
+}
+
 // Logs returns a run's stored log lines; step, if not "", keeps one step
 // (NAME, all its forEach instances, or NAME[i]).
 func (c *Client) Logs(ctx context.Context, id, step string) (*Logs, error) {

@@ -86,6 +86,7 @@ type Run struct {
 	Name         string         `json:"name"`
 	Status       string         `json:"status"`
 	Parent       string         `json:"parent,omitempty"`
+	RerunOf      string         `json:"rerun_of,omitempty"` // the run this one reruns (run rerun)
 	SubmittedAt  time.Time      `json:"submitted"`
 	FinishedAt   time.Time      `json:"finished,omitzero"`
 	Deadline     time.Time      `json:"deadline,omitzero"`
@@ -120,6 +121,10 @@ type Step struct {
 	QueuedAt   time.Time `json:"queued,omitzero"`
 	StartedAt  time.Time `json:"started,omitzero"`
 	FinishedAt time.Time `json:"finished,omitzero"`
+	// Try and TryLimit are set for a step with a retry: policy (SPEC §1
+	// RETRY): the try it is on (1-based) and 1 + its retry attempts.
+	Try      int `json:"try,omitempty"`
+	TryLimit int `json:"try_limit,omitempty"`
 }
 
 // Event is one server event of a run.
@@ -163,6 +168,12 @@ type Logs struct {
 type StepAnswer struct {
 	Step  string `json:"step"`
 	State string `json:"state"`
+}
+
+// RerunRequest is the optional body of POST /api/runs/{id}/rerun: with
+// FailedOnly, the steps that succeeded in the run are not run again (SPEC §2).
+type RerunRequest struct {
+	FailedOnly bool `json:"failed_only,omitempty"`
 }
 
 // CancelRequest is the optional body of POST /api/runs/{id}/cancel.

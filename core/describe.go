@@ -259,6 +259,9 @@ func DescribeAt(t, t0 time.Time) string {
 // DescribeStep renders a step's state in one line.
 func DescribeStep(s StepRecord) string {
 	out := fmt.Sprintf("%s %s attempts=%d", s.ID, s.State, s.Attempts)
+	if s.Tries != 0 {
+		out += fmt.Sprintf(" tries=%d", s.Tries)
+	}
 	if s.Lease != 0 {
 		out += fmt.Sprintf(" lease=%d", s.Lease)
 	}

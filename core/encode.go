@@ -221,6 +221,11 @@ func (e *recEncoder) step(s *StepRecord) {
 		e.key(false, "MissedBy")
 		encStrings(e, s.MissedBy)
 	}
+	if s.Tries != 0 {
+		e.key(false, "Tries")
+		e.int(s.Tries)
+	}
+	e.optStr("ReusedFrom", string(s.ReusedFrom))
 	e.end()
 }
 
@@ -368,6 +373,7 @@ func (e *recEncoder) run(r *RunRecord) {
 	e.key(false, "Finished")
 	e.bool(r.Finished)
 	e.optTime("FinishedAt", r.FinishedAt)
+	e.optStr("RerunOf", string(r.RerunOf))
 	e.end()
 }
 
@@ -403,6 +409,24 @@ func (e *recEncoder) stepSpec(s *StepSpec) {
 	e.optInt("HoldExpiry", int64(s.HoldExpiry))
 	e.optInt("Wait", int64(s.Wait))
 	e.optStrings("Outputs", s.Outputs)
+	if s.Retry != nil {
+		e.key(false, "Retry")
+		e.retry(s.Retry)
+	}
+	e.optBool("Idempotent", s.Idempotent)
+	e.end()
+}
+
+// retry renders a RetryPolicy (Attempts always, the rest omitzero).
+func (e *recEncoder) retry(p *RetryPolicy) {
+	e.key(true, "Attempts")
+	e.int(p.Attempts)
+	e.optInt("Backoff", int64(p.Backoff))
+	if p.Codes != nil {
+		e.key(false, "Codes")
+		encSlice(e, p.Codes, func(c *int) { e.int(*c) })
+	}
+	e.optBool("OnTimeout", p.OnTimeout)
 	e.end()
 }
 

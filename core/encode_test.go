@@ -80,6 +80,7 @@ func genRunRecord() *rapid.Generator[RunRecord] {
 			SubmittedAt: genTime().Draw(t, "submitted"), Deadline: genTime().Draw(t, "deadline"),
 			CancelReason: genString().Draw(t, "reason"), CancelClass: FailureClass(genString().Draw(t, "class")),
 			Failed: rapid.Bool().Draw(t, "failed"), Finished: rapid.Bool().Draw(t, "finished"), FinishedAt: genTime().Draw(t, "finishedAt")}
+		r.RerunOf = RunID(genString().Draw(t, "rerunOf"))
 		if ids := genStrings("steps").Draw(t, "steps"); ids != nil {
 			r.Steps = make([]StepID, len(ids))
 			for i, id := range ids {
@@ -97,6 +98,12 @@ func genRunRecord() *rapid.Generator[RunRecord] {
 					Concurrency: rapid.SampledFrom([]int{0, rapid.Int().Draw(t, "conc")}).Draw(t, "concOf"), Hold: rapid.Bool().Draw(t, "hold"),
 					HoldExpiry: dur("expiry"), Wait: dur("wait")})
 				r.Spec.Steps[len(r.Spec.Steps)-1].Outputs = genStrings("outputs").Draw(t, "outputs") // SPEC §14, declared writes
+				sp := &r.Spec.Steps[len(r.Spec.Steps)-1]
+				sp.Idempotent = rapid.Bool().Draw(t, "idempotent")
+				if rapid.Bool().Draw(t, "retry") {
+					sp.Retry = &RetryPolicy{Attempts: rapid.Int().Draw(t, "attempts"), Backoff: dur("backoff"), OnTimeout: rapid.Bool().Draw(t, "ontimeout"),
+						Codes: rapid.SampledFrom([][]int{nil, {}, {rapid.Int().Draw(t, "code"), 7}}).Draw(t, "codes")}
+				}
 			}
 		}
 		return r
@@ -130,6 +137,8 @@ func TestEncodeMatchesEncodingJSON(t *testing.T) {
 			EverStarted: rapid.Bool().Draw(t, "ever"), RejectedBy: WorkerID(genString().Draw(t, "rejected")),
 			RequiredTags: genStrings("tags").Draw(t, "tags"),
 		}
+		s.Tries = rapid.SampledFrom([]int{0, rapid.Int().Draw(t, "tries")}).Draw(t, "triesOf")
+		s.ReusedFrom = StepID(genString().Draw(t, "reusedFrom"))
 		if deps := genStrings("deps").Draw(t, "deps"); deps != nil {
 			s.Deps = make([]StepID, len(deps))
 			for i, d := range deps {

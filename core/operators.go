@@ -46,6 +46,7 @@ const (
 // Audited actions (AuditEntry.Action).
 const (
 	ActionSubmit         = "run.submit"
+	ActionRerun          = "run.rerun"
 	ActionCancel         = "run.cancel"
 	ActionApprove        = "step.approve"
 	ActionReject         = "step.reject"

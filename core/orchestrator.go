@@ -602,6 +602,31 @@ func (o *Orchestrator) fail(s *StepRecord, class FailureClass, msg string) {
 	o.transition(s, EvFail)
 }
 
+// retryOrFail settles a running step's failure: COMMITTED failure report or
+// step timeout. When its policy names the failure (retries), tries remain,
+// and the step may run again — no writes, or idempotent ones — it goes
+// waiting for its backoff (RETRY, SPEC §1) and TIMER_DONE queues its next
+// try with a fresh grant budget (§3); otherwise it fails.
+func (o *Orchestrator) retryOrFail(s *StepRecord, class FailureClass, msg string, retries bool) {
+	sp := o.specOf[s.ID]
+	p := sp.Retry
+	if !retries || p == nil || s.Tries >= p.Attempts || (sp.Writes && !sp.Idempotent) {
+		o.fail(s, class, msg)
+		return
+	}
+	s.Tries++
+	delay := p.RetryDelay(s.Tries)
+	s.Message = fmt.Sprintf("try %d of %d failed: %s: %s", s.Tries, p.Attempts+1, class, msg)
+	o.event(s.Run, s.ID, "step-retrying", fmt.Sprintf("try %d of %d in %s; %s", s.Tries+1, p.Attempts+1, DescribeDuration(delay), s.Message))
+	if s.Lease != 0 {
+		o.endLease(o.leases[s.Lease], "step retrying")
+	}
+	s.Attempts, s.EverStarted, s.Outcome, s.StartedAt = 0, false, nil, time.Time{}
+	s.WaitUntil = o.now.Add(delay)
+	o.arm(s.WaitUntil, tWait, string(s.ID))
+	o.transition(s, EvRetry)
+}
+
 // endLease takes authority away from a lease. It is never given back.
 func (o *Orchestrator) endLease(l *LeaseRecord, reason string) {
 	if l == nil || !l.Current {
@@ -725,7 +750,11 @@ func (o *Orchestrator) afterQueued(s *StepRecord) {
 // ---- operator API ----
 
 func (o *Orchestrator) submit(in Submit) {
-	deny := func(msg string) { o.deny(in.Call, in.Actor, ActionSubmit, in.Spec.Name, CodeInvalid, msg) }
+	act := ActionSubmit
+	if in.RerunOf != "" {
+		act = ActionRerun
+	}
+	deny := func(msg string) { o.deny(in.Call, in.Actor, act, in.Spec.Name, CodeInvalid, msg) }
 	if err := in.Spec.Validate(); err != nil {
 		deny(err.Error())
 		return
@@ -738,9 +767,13 @@ func (o *Orchestrator) submit(in Submit) {
 		deny(fmt.Sprintf("unknown parent run %q", in.Parent))
 		return
 	}
+	if err := checkReuse(in); err != nil {
+		deny(err.Error())
+		return
+	}
 	o.meta.RunSeq++
 	o.markMeta()
-	r := &RunRecord{ID: RunID(fmt.Sprintf("run-%d", o.meta.RunSeq)), Spec: in.Spec, Parent: in.Parent, SubmittedAt: o.now}
+	r := &RunRecord{ID: RunID(fmt.Sprintf("run-%d", o.meta.RunSeq)), Spec: in.Spec, Parent: in.Parent, SubmittedAt: o.now, RerunOf: in.RerunOf}
 	if in.Spec.Timeout > 0 {
 		r.Deadline = o.now.Add(in.Spec.Timeout)
 		o.arm(r.Deadline, tRunTimeout, string(r.ID))
@@ -749,14 +782,19 @@ func (o *Orchestrator) submit(in Submit) {
 	o.indexRun(r, true)
 	o.open[r.ID] = len(r.Steps)
 	o.markRun(r)
-	o.event(r.ID, "", "run-submitted", fmt.Sprintf("run submitted with %d step%s", len(r.Steps), plural(len(r.Steps))))
+	msg := fmt.Sprintf("run submitted with %d step%s", len(r.Steps), plural(len(r.Steps)))
+	if r.RerunOf != "" {
+		msg += fmt.Sprintf(" (rerun of %s, %d reused)", r.RerunOf, len(in.Reuse))
+	}
+	o.event(r.ID, "", "run-submitted", msg)
 	for _, id := range r.Steps {
 		o.markStep(o.steps[id])
 	}
+	o.reuse(r, in.Reuse)
 	for _, id := range r.Steps {
 		o.promote(o.steps[id])
 	}
-	o.accept(in.Actor, ActionSubmit, string(r.ID))
+	o.accept(in.Actor, act, string(r.ID))
 	o.answer(APIAnswer{Call: in.Call, Run: r.ID})
 }
 

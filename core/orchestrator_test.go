@@ -602,6 +602,46 @@ func (h *harness) command(d *datadriven.TestData) []string {
 		spec := h.parseRun(d)
 		return h.step(Submit{Call: h.call(), Actor: h.argOr(d, "actor", ""), Spec: spec, Parent: RunID(h.argOr(d, "parent", ""))})
 
+	case "rerun":
+		// rerun run-1 [failed-only]: the old run's definition and, with
+		// failed-only, its successes, live or from its history record, as
+		// the API reads them (SPEC §2).
+		old := RunID(h.pos(d, 0))
+		r, _, ok := h.o.Run(old)
+		var steps []StepRecord
+		if ok {
+			for _, id := range r.Steps {
+				st, _ := h.o.StepByID(id)
+				steps = append(steps, st)
+			}
+		} else if v, found := h.disk[HistoryKey(old)]; found {
+			hv, err := DecodeRecord(Record{Key: HistoryKey(old), Value: v})
+			if err != nil {
+				h.t.Fatalf("history of %s: %v", old, err)
+			}
+			r, steps = hv.(*RunHistory).Run, hv.(*RunHistory).Steps
+		} else {
+			return []string{"unknown run " + string(old)}
+		}
+		in := Submit{Call: h.call(), Actor: h.argOr(d, "actor", ""), Spec: r.Spec, RerunOf: old}
+		if d.HasArg("failed-only") {
+			in.Reuse = ReusePlan(r, steps)
+		}
+		// reuse=a,b:fail: a hand-made list (b with a failure), as a
+		// client other than the API might send.
+		if v, ok := h.arg(d, "reuse"); ok {
+			in.Reuse = nil
+			for _, x := range strings.Split(v, ",") {
+				name, how, _ := strings.Cut(x, ":")
+				u := ReusedStep{Step: name, Outcome: Outcome{Status: OutcomeSuccess}}
+				if how == "fail" {
+					u.Outcome = Outcome{Status: OutcomeFailure, ExitCode: 1}
+				}
+				in.Reuse = append(in.Reuse, u)
+			}
+		}
+		return h.step(in)
+
 	case "cancel":
 		return h.step(CancelRun{Call: h.call(), Actor: h.argOr(d, "actor", ""), Run: RunID(h.pos(d, 0)), Reason: h.argOr(d, "reason", "")})
 
@@ -896,6 +936,28 @@ func (h *harness) parseRun(d *datadriven.TestData) RunSpec {
 				s.HoldExpiry = mustDur(h.t, v)
 			case "wait":
 				s.Wait = mustDur(h.t, v)
+			// retry=N backoff=D on=3,7,timeout idempotent (SPEC §1 RETRY).
+			case "retry", "backoff", "on":
+				if s.Retry == nil {
+					s.Retry = &RetryPolicy{}
+				}
+				switch k {
+				case "retry":
+					s.Retry.Attempts, _ = strconv.Atoi(v)
+				case "backoff":
+					s.Retry.Backoff = mustDur(h.t, v)
+				case "on":
+					for _, c := range list() {
+						if c == "timeout" {
+							s.Retry.OnTimeout = true
+							continue
+						}
+						n, _ := strconv.Atoi(c)
+						s.Retry.Codes = append(s.Retry.Codes, n)
+					}
+				}
+			case "idempotent":
+				s.Idempotent = true
 			case "env":
 				s.Env = map[string]string{}
 				for _, kv := range list() {

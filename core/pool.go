@@ -643,13 +643,13 @@ func (o *Orchestrator) report(w *WorkerRecord, c ConnID, m Report) {
 		if m.Outcome.Message != "" {
 			msg += ": " + m.Outcome.Message
 		}
-		o.fail(s, ClassStepTimeout, msg)
+		o.retryOrFail(s, ClassStepTimeout, msg, sp.Retry != nil && sp.Retry.OnTimeout)
 	default:
 		msg := fmt.Sprintf("step exited with code %d", m.Outcome.ExitCode)
 		if m.Outcome.Message != "" {
 			msg += ": " + m.Outcome.Message
 		}
-		o.fail(s, ClassExecution, msg)
+		o.retryOrFail(s, ClassExecution, msg, sp.Retry != nil && sp.Retry.RetriesExit(m.Outcome.ExitCode))
 	}
 }
 
@@ -895,7 +895,8 @@ func (o *Orchestrator) fire(t timer) {
 		msg := fmt.Sprintf("step exceeded its timeout of %s", DescribeDuration(o.specOf[s.ID].Timeout))
 		o.sendTo(l.Worker, Cancel{Lease: l.ID, Reason: msg})
 		done := o.because(CauseStepTimeout, s.ID, l)
-		o.fail(s, ClassStepTimeout, msg)
+		sp := o.specOf[s.ID]
+		o.retryOrFail(s, ClassStepTimeout, msg, sp.Retry != nil && sp.Retry.OnTimeout)
 		done()
 	case tRunTimeout:
 		r := o.runs[RunID(t.key)]

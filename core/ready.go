@@ -99,6 +99,10 @@ type (
 		Actor  string
 		Spec   RunSpec
 		Parent RunID
+		// RerunOf names the run this one reruns (`run rerun`, SPEC §2);
+		// Reuse lists the steps created already succeeded (REUSE, §1).
+		RerunOf RunID
+		Reuse   []ReusedStep
 	}
 	// CancelRun cancels every non-terminal step of a run.
 	CancelRun struct {

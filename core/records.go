@@ -56,6 +56,8 @@ type RunRecord struct {
 	Failed       bool      // some step failed: the run can no longer succeed
 	Finished     bool      // every step is terminal
 	FinishedAt   time.Time `json:",omitzero"`
+	// RerunOf names the run this one reruns (SPEC §2, `run rerun`).
+	RerunOf RunID `json:",omitempty"`
 }
 
 // StepRecord is a step (one forEach instance is one step).
@@ -79,13 +81,19 @@ type StepRecord struct {
 	ForceAt      time.Time    `json:",omitzero"` // cancelling force deadline
 	Outcome      *Outcome     `json:",omitempty"`
 	FinishedAt   time.Time    `json:",omitzero"`
-	EverStarted  bool         // some lease of this step recorded START
+	EverStarted  bool         // some lease of this step's current try recorded START (§1 RETRY)
 	RejectedBy   WorkerID     `json:",omitempty"` // last worker that rejected a dispatch of it
 	RequiredTags []string     `json:",omitempty"`
 	// MissedBy lists, sorted, the workers that let a dispatch of this step
 	// pass its dispatch-ack deadline and have not been heard from since:
 	// none of them is chosen for it (§8).
 	MissedBy []WorkerID `json:",omitempty"`
+	// Tries counts the retries taken (SPEC §1 RETRY): the step is on try
+	// Tries+1. Attempts counts the grants of the current try only.
+	Tries int `json:",omitempty"`
+	// ReusedFrom names the step of the rerun run whose success this step
+	// took over (REUSE, SPEC §1, §2): it never ran in this run.
+	ReusedFrom StepID `json:",omitempty"`
 }
 
 // LeaseRecord is one dispatch attempt of one step to one worker.

@@ -47,6 +47,78 @@ type StepSpec struct {
 	// under its lease to any other id is refused; declaring any needs
 	// Writes (the workflow parser sets it). None: it may write any id.
 	Outputs []string `json:",omitzero"`
+	// Retry runs the step again after a failure its policy names (SPEC §1
+	// RETRY, §3); Idempotent says every write the step makes may be made
+	// again, which a write-bearing step must say to be retried.
+	Retry      *RetryPolicy `json:",omitzero"`
+	Idempotent bool         `json:",omitzero"`
+}
+
+// RetryPolicy is a step's `retry:` (SPEC §1, §3): up to Attempts more tries
+// after the first, the n-th retry after Backoff × 2^(n-1), at most
+// MaxRetryBackoff. A try's failure retries when its exit code is in Codes,
+// or it timed out and OnTimeout is set; with neither given, any non-zero
+// exit retries.
+type RetryPolicy struct {
+	Attempts  int
+	Backoff   time.Duration `json:",omitzero"`
+	Codes     []int         `json:",omitzero"`
+	OnTimeout bool          `json:",omitzero"`
+}
+
+// Retry limits (SPEC §12).
+const (
+	MaxRetryAttempts = 20
+	MaxRetryCodes    = 32
+	MaxRetryBackoff  = time.Hour
+)
+
+// RetryDelay is the backoff before retry n (1-based): Backoff doubled n-1
+// times, capped at MaxRetryBackoff.
+func (p *RetryPolicy) RetryDelay(n int) time.Duration {
+	d := p.Backoff
+	for i := 1; i < n && d < MaxRetryBackoff; i++ {
+		d *= 2
+	}
+	return min(d, MaxRetryBackoff)
+}
+
+// RetriesExit says whether a failed try that exited with code retries.
+func (p *RetryPolicy) RetriesExit(code int) bool {
+	if len(p.Codes) == 0 && !p.OnTimeout {
+		return code != 0
+	}
+	for _, c := range p.Codes {
+		if c == code {
+			return true
+		}
+	}
+	return false
+}
+
+// CheckRetry checks a step's retry policy, if it has one (SPEC §2, §12);
+// the workflow parser calls it too, to name the policy's line.
+func CheckRetry(s StepSpec) error {
+	p := s.Retry
+	if p == nil {
+		return nil
+	}
+	switch {
+	case p.Attempts < 1 || p.Attempts > MaxRetryAttempts:
+		return invalid("step %q: retry attempts %d out of range 1..%d", s.Name, p.Attempts, MaxRetryAttempts)
+	case p.Backoff < 0 || p.Backoff > MaxRetryBackoff:
+		return invalid("step %q: retry backoff %s out of range 0..%s", s.Name, p.Backoff, MaxRetryBackoff)
+	case len(p.Codes) > MaxRetryCodes:
+		return invalid("step %q: retry on lists %d exit codes, at most %d", s.Name, len(p.Codes), MaxRetryCodes)
+	case s.Writes && !s.Idempotent:
+		return invalid("step %q: retry on a write-bearing step needs idempotent: true (every write it makes may be made again); without it a started write-bearing step never runs twice", s.Name)
+	}
+	for _, c := range p.Codes {
+		if c <= 0 || c > 255 {
+			return invalid("step %q: retry on exit code %d: want 1..255", s.Name, c)
+		}
+	}
+	return nil
 }
 
 // Limits on a submitted run (SPEC §2, §12). Validate checks every one
@@ -184,6 +256,9 @@ func (r RunSpec) Validate() error {
 		}
 		if err := checkOutputs(s); err != nil {
 			return fmt.Errorf("%w: step %q: %w", ErrInvalidRun, s.Name, err)
+		}
+		if err := CheckRetry(s); err != nil {
+			return err
 		}
 		if len(s.ForEach) > MaxForEachItems {
 			return invalid("step %q: forEach has %d items, at most %d", s.Name, len(s.ForEach), MaxForEachItems)

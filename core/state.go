@@ -71,13 +71,15 @@ const (
 	EvExpire
 	EvTimerDone
 	EvRequeue
+	EvRetry
+	EvReuse
 	numEvents
 )
 
 var eventNames = [numEvents]string{
 	"ENQUEUE", "CANCEL", "SKIP", "HOLD", "WAIT", "START", "FAIL", "SUCCEED",
 	"CANCEL_GRACEFUL", "RECOVER", "CANCEL_FORCE", "COMPLETE", "APPROVE", "REJECT",
-	"EXPIRE", "TIMER_DONE", "REQUEUE",
+	"EXPIRE", "TIMER_DONE", "REQUEUE", "RETRY", "REUSE",
 }
 
 func (e Event) String() string {
@@ -133,6 +135,8 @@ var Transitions = []Transition{
 	{StateHeld, EvCancel, StateCancelled},
 	{StateWaiting, EvTimerDone, StateQueued},
 	{StateWaiting, EvCancel, StateCancelled},
+	{StateRunning, EvRetry, StateWaiting},
+	{StatePending, EvReuse, StateSuccess},
 }
 
 var table = func() (t [numStates][numEvents]State) {

@@ -50,19 +50,25 @@ type Options struct {
 	// (SPEC §9); 0 = never.
 	WorkerRestartEvery time.Duration
 
-	Runs         int
-	SubmitEvery  time.Duration
-	StepsMax     int
-	WriteFrac    float64
-	FailProb     float64
-	ExecMin      time.Duration
-	ExecMax      time.Duration
-	LinesMax     int
-	TagFrac      float64
-	ForEachFrac  float64
-	HoldFrac     float64
-	WaitFrac     float64
-	TimeoutFrac  float64
+	Runs        int
+	SubmitEvery time.Duration
+	StepsMax    int
+	WriteFrac   float64
+	FailProb    float64
+	ExecMin     time.Duration
+	ExecMax     time.Duration
+	LinesMax    int
+	TagFrac     float64
+	ForEachFrac float64
+	HoldFrac    float64
+	WaitFrac    float64
+	TimeoutFrac float64
+	// RetryFrac is the share of steps with a `retry:` policy; they run a
+	// flaky command that fails half the time (SPEC §1 RETRY).
+	RetryFrac float64
+	// RerunEvery: the operator reruns a finished run, its successes
+	// reused (run rerun --failed-only, SPEC §2); 0 = never.
+	RerunEvery   time.Duration
 	CancelEvery  time.Duration // operator cancels a random run; 0 = never
 	RevokeEvery  time.Duration // operator revokes a random worker's token; 0 = never
 	QueryEvery   time.Duration // operator queries a random step
@@ -170,6 +176,11 @@ func Swarm(seed uint64) Options {
 	if r.Float64() < 0.25 {
 		o.Buggify[SiteCrashAfterArchive] = true
 	}
+	// Drawn last, so the options above are what they were before it:
+	// the share of steps with a retry policy (SPEC §1 RETRY).
+	o.RetryFrac = []float64{0, 0.3}[r.IntN(2)]
+	// Drawn last, so the options above are what they were before it.
+	o.RerunEvery = maybe(0.5, dur(5*time.Minute, 20*time.Minute))
 	return o
 }
 
@@ -201,6 +212,7 @@ func (o Options) Describe() string {
 	fmt.Fprintf(&b, "clock offset<=%s drift<=%.3f jump every=%s wobble=%s\n", o.ClockOffsetMax, o.DriftMax, o.JumpEvery, o.WobbleAmp)
 	fmt.Fprintf(&b, "crash worker every=%s restart every=%s pause every=%s (<=%s) orchestrator every=%s (down<=%s)\n", o.WorkerCrashEvery, o.WorkerRestartEvery, o.WorkerPauseEvery, o.PauseMax, o.OrchCrashEvery, o.OrchDownMax)
 	fmt.Fprintf(&b, "drain every=%s stop=%.2f timeout=%s\n", o.DrainEvery, o.DrainStopP, o.DrainTimeout)
+	fmt.Fprintf(&b, "retry=%.2f rerun every=%s\n", o.RetryFrac, o.RerunEvery)
 	fmt.Fprintf(&b, "credential ttl=%s\n", o.CredentialTTL)
 	fmt.Fprintf(&b, "runs=%d steps<=%d writes=%.2f fail=%.2f exec=%s..%s fault phase=%s\n", o.Runs, o.StepsMax, o.WriteFrac, o.FailProb, o.ExecMin, o.ExecMax, o.FaultPhase)
 	fmt.Fprintf(&b, "output lines<=%d burst<=%d window=%d cap=%d\n", o.LinesMax, o.BurstMax, o.LogWindow, o.OutputCap)

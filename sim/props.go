@@ -37,11 +37,19 @@ func (w *world) heldReported(in core.Input) map[core.StepID]core.LeaseID {
 // workers' maximum reconnect delay (SPEC §4).
 func (w *world) checkBatch(held map[core.StepID]core.LeaseID, from core.WorkerID, rd core.Ready) {
 	p := w.props
+	for _, t := range rd.Transitions {
+		if t.Event == core.EvRetry {
+			w.retries++
+		}
+	}
 	entered, left := spec.RecoveryChanges(rd)
 	for _, id := range entered {
 		p.recoverAt[id] = w.now
 	}
 	if v := spec.CheckProps(rd, w.now, 2*w.opt.MaxDelayWork, p.recoverAt, held); v != nil {
+		w.fail(v.Invariant, v.Detail)
+	}
+	if v := spec.CheckReuse(w.view(), rd); v != nil {
 		w.fail(v.Invariant, v.Detail)
 	}
 	if v := spec.CheckNoWriteFailures(w.view(), rd); v != nil {

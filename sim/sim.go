@@ -30,7 +30,7 @@ func Simulate(seed uint64, opt Options, cfg Config) Result {
 	w.startFaults()
 	w.at(w.faultEnd, evHeal, -1, nil, "heal: faults stop", w.heal)
 	w.run()
-	res := Result{Seed: seed, Events: w.events, SimTime: w.now.Sub(t0), Faults: w.faults, Buggified: w.buggified,
+	res := Result{Seed: seed, Events: w.events, SimTime: w.now.Sub(t0), Faults: w.faults, Buggified: w.buggified, Retries: w.retries, Reruns: w.reruns,
 		Checks: w.chk.Checks(), TraceHash: w.trace, Options: opt, WorkerLogs: w.wlogs}
 	if w.failure == nil {
 		w.finalChecks()

@@ -37,6 +37,8 @@ type summary struct {
 	inconclusive    int
 	shifted, drift  int // seeds run again with shifted clocks, with another drift
 	largestStep     int
+	retries         int // RETRY transitions (SPEC §1)
+	reruns          int // reruns accepted (SPEC §2)
 	bound           int // Config.MaxStepOps, or spec.MaxStepOps
 	simTime         time.Duration
 	events, checks  uint64
@@ -66,6 +68,8 @@ func (s *summary) add(r Result) {
 	s.data.add(r.Data)
 	s.archive.add(r.Archive)
 	s.largestStep = max(s.largestStep, r.LargestStep)
+	s.retries += r.Retries
+	s.reruns += r.Reruns
 }
 
 func kv(m map[string]int) string {
@@ -82,9 +86,9 @@ func kv(m map[string]int) string {
 }
 
 func (s *summary) String() string {
-	return fmt.Sprintf("sim: %d seeds (%d again with shifted worker clocks, %d under another drift), %.1f simulated hours, %d events, %d invariant checks, %d porcupine operations (largest step history %d of at most %d), %d failures, %d inconclusive; faults: %s; buggify fired: %s; worker log lines: %s; %s; archival: runs archived=%d late-after-archive=%d (after a restart %d) listings of archived leases=%d",
+	return fmt.Sprintf("sim: %d seeds (%d again with shifted worker clocks, %d under another drift), %.1f simulated hours, %d events, %d invariant checks, %d porcupine operations (largest step history %d of at most %d), %d failures, %d inconclusive; faults: %s; buggify fired: %s; worker log lines: %s; %s; archival: runs archived=%d late-after-archive=%d (after a restart %d) listings of archived leases=%d; step retries=%d reruns=%d",
 		s.seeds, s.shifted, s.drift, s.simTime.Hours(), s.events, s.checks, s.porcOps, s.largestStep, s.bound, s.failures, s.inconclusive, kv(s.faults), kv(s.buggified), kv(s.workerLogs), s.data,
-		s.archive.Archived, s.archive.Late, s.archive.Restarted, s.archive.Listed)
+		s.archive.Archived, s.archive.Late, s.archive.Restarted, s.archive.Listed, s.retries, s.reruns)
 }
 
 // TestSim runs the default seed budget, each seed twice: the second run

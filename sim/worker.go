@@ -342,6 +342,9 @@ func (w *world) exec(wn *workerNode, x core.ExecCommand) {
 		if w.chance(w.opt.FailProb) {
 			code = 1
 		}
+		if code == 0 && x.Command == flakyCommand && w.chance(0.5) {
+			code = 1
+		}
 		w.after(dur, evProc, wn.idx, nil, "exits", func() {
 			if alive() {
 				w.procExit(wn, p, code, false)

@@ -133,7 +133,8 @@ func (w *world) startOperator() {
 			// One submit operation per step, for the linearizability check.
 			if r, _, ok := w.view().Run(a.Run); ok {
 				for _, s := range r.Steps {
-					op := w.hist.begin(called, opClientOperator, spec2input(s))
+					sp, _ := w.view().StepSpecOf(s)
+					op := w.hist.begin(called, opClientOperator, spec2input(s, sp))
 					w.hist.end(op, w.now, specOutputOK())
 				}
 			}
@@ -159,6 +160,19 @@ func (w *world) startOperator() {
 			w.after(w.exp(w.opt.CancelEvery), evOperator, -1, nil, "cancel", cancel)
 		}
 		w.after(w.exp(w.opt.CancelEvery), evOperator, -1, nil, "cancel", cancel)
+	}
+	if w.opt.RerunEvery > 0 {
+		var rerun func()
+		rerun = func() {
+			if w.healed {
+				return
+			}
+			if len(w.hist.runs) > 0 {
+				w.rerunRun(w.hist.runs[w.r.IntN(len(w.hist.runs))])
+			}
+			w.after(w.exp(w.opt.RerunEvery), evOperator, -1, nil, "rerun", rerun)
+		}
+		w.after(w.exp(w.opt.RerunEvery), evOperator, -1, nil, "rerun", rerun)
 	}
 	if w.opt.RevokeEvery > 0 {
 		var revoke func()
@@ -249,6 +263,54 @@ func (w *world) cancelRun(run core.RunID) {
 	})
 }
 
+// rerunRun reruns a run finished a minute or more ago (its finish durable,
+// as the API's snapshot or history read it) with its successes reused
+// (run rerun --failed-only, SPEC §2); for the linearizability check each
+// reused step is submitted committed with its old outcome.
+func (w *world) rerunRun(run core.RunID) {
+	if !w.orch.up {
+		return
+	}
+	v := w.view()
+	r, _, ok := v.Run(run)
+	if !ok || !r.Finished || w.now.Sub(r.FinishedAt) < time.Minute {
+		return
+	}
+	var steps []core.StepRecord
+	for _, id := range r.Steps {
+		if st, ok := v.StepByID(id); ok {
+			steps = append(steps, st)
+		}
+	}
+	reuse := core.ReusePlan(r, steps)
+	rs := r.Spec
+	called := w.now
+	w.call(func(id core.CallID) core.Input { return core.Submit{Call: id, Spec: rs, RerunOf: run, Reuse: reuse} }, func(a core.APIAnswer) {
+		if a.Err != "" {
+			w.fail("workload", fmt.Sprintf("a rerun of %s was refused: %s", run, a.Err))
+			return
+		}
+		w.reruns++
+		w.hist.runs = append(w.hist.runs, a.Run)
+		w.hist.submitted(a.Run, rs)
+		reused := map[core.StepID]core.Outcome{}
+		for _, u := range reuse {
+			reused[core.StepID(string(a.Run)+"/"+u.Step)] = u.Outcome
+		}
+		if nr, _, ok := w.view().Run(a.Run); ok {
+			for _, s := range nr.Steps {
+				sp, _ := w.view().StepSpecOf(s)
+				in := spec2input(s, sp)
+				if o, ok := reused[s]; ok {
+					in.Reused = &o
+				}
+				op := w.hist.begin(called, opClientOperator, in)
+				w.hist.end(op, w.now, specOutputOK())
+			}
+		}
+	})
+}
+
 // queryRandomStep reads a step as a client would: the answer reflects only
 // durable state and is returned once that state is synced.
 func (w *world) queryRandomStep() {
@@ -258,8 +320,8 @@ func (w *world) queryRandomStep() {
 		return
 	}
 	s := steps[w.r.IntN(len(steps))]
-	if sp, _ := v.StepSpecOf(s.ID); sp.Type == "task" {
-		return // task steps commit without a report: not in the model
+	if sp, _ := v.StepSpecOf(s.ID); sp.Type == "task" || s.ReusedFrom != "" {
+		return // task and reused steps commit without a report: not in the model
 	}
 	op := w.hist.begin(w.now, opClientOperator, spec.StepInput{Kind: spec.OpQuery, Step: s.ID})
 	out := spec.StepOutput{State: s.State, Outcome: s.Outcome}
@@ -359,9 +421,34 @@ func (w *world) randomRun() core.RunSpec {
 			// nothing, so the workload's stream is the same as without.
 			s.Outputs = []string{fmt.Sprintf("s%d.out", i), fmt.Sprintf("s%d-*", i)}
 		}
+		if w.opt.RetryFrac > 0 && w.chance(w.opt.RetryFrac) {
+			w.retryPolicy(&s)
+		}
 		rs.Steps = append(rs.Steps, s)
 	}
 	return rs
+}
+
+// flakyCommand is the command of a step with a retry policy: its process
+// exits 1 half the time (sim/worker.go), whatever FailProb says.
+const flakyCommand = "work-flaky"
+
+// retryPolicy gives s a retry policy (SPEC §1 RETRY): 1–3 retries, a
+// backoff up to 30 s, on any non-zero exit, on exit 1 (the simulated
+// processes' failure code), on exit 3 (never theirs: never retried) or on
+// exit 1 and the timeout. A write-bearing step says idempotent: without
+// it the policy is refused at submit (§2).
+func (w *world) retryPolicy(s *core.StepSpec) {
+	p := &core.RetryPolicy{Attempts: 1 + w.r.IntN(3), Backoff: w.uniform(0, 30*time.Second)}
+	switch w.r.IntN(4) {
+	case 1:
+		p.Codes = []int{1}
+	case 2:
+		p.Codes = []int{3}
+	case 3:
+		p.Codes, p.OnTimeout = []int{1}, true
+	}
+	s.Retry, s.Idempotent, s.Command = p, s.Writes, flakyCommand
 }
 
 // ---- phases ----
@@ -421,6 +508,9 @@ func (w *world) heal() {
 	cfg := core.DefaultConfig()
 	per := w.opt.ExecMax + 2*w.opt.MaxDelayWork + cfg.HeartbeatTimeout + 2*cfg.SweepInterval + cfg.ForceCancel
 	bound := time.Duration(3*w.opt.StepsMax+cfg.MaxAttempts)*per + 10*time.Minute
+	if w.opt.RetryFrac > 0 {
+		bound *= 4 // a step runs up to 4 tries (retryPolicy)
+	}
 	w.deadline = w.now.Add(bound)
 	var check func()
 	check = func() {
@@ -447,7 +537,13 @@ func (w *world) finished() bool {
 	return true
 }
 
-func spec2input(s core.StepID) spec.StepInput { return spec.StepInput{Kind: spec.OpSubmit, Step: s} }
+func spec2input(s core.StepID, sp core.StepSpec) spec.StepInput {
+	in := spec.StepInput{Kind: spec.OpSubmit, Step: s}
+	if sp.Retry != nil {
+		in.Retries = sp.Retry.Attempts
+	}
+	return in
+}
 
 func specOutputOK() spec.StepOutput { return spec.StepOutput{} }
 

@@ -106,6 +106,8 @@ type Result struct {
 	Output     OutputStats
 	Archive    ArchiveStats // archival and late reports (archive.go)
 	Data       DataStats    // the data plane's writes (sim/data.go)
+	Retries    int          // RETRY transitions seen (SPEC §1), a lost batch's included
+	Reruns     int          // reruns accepted, their successes reused (SPEC §2)
 	// Inconclusive, if set, says why the end-of-run linearizability check
 	// could not judge the history (spec.CheckSteps): the seed neither
 	// passed nor violated it. Failure is nil then.
@@ -204,16 +206,18 @@ type traceSum struct {
 }
 
 type world struct {
-	seed   uint64
-	opt    Options
-	cfg    Config
-	r      *rand.Rand
-	clockR *rand.Rand // worker clocks only
-	shiftR *rand.Rand // Config.ShiftClocks' offsets only
-	driftR *rand.Rand // Config.Redrift's drifts only
-	now    time.Time
-	seq    uint64
-	q      evHeap
+	seed    uint64
+	opt     Options
+	cfg     Config
+	r       *rand.Rand
+	clockR  *rand.Rand // worker clocks only
+	shiftR  *rand.Rand // Config.ShiftClocks' offsets only
+	driftR  *rand.Rand // Config.Redrift's drifts only
+	now     time.Time
+	retries int // RETRY transitions seen (Result.Retries)
+	reruns  int // reruns accepted (Result.Reruns)
+	seq     uint64
+	q       evHeap
 
 	events uint64
 	trace  uint64

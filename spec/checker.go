@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/tether-run/tether/core"
@@ -164,6 +165,39 @@ type leaseMeta struct {
 	writes bool
 	ack    uint8
 	ackTo  core.WorkerID
+	try    int  // the step's try the lease was granted in (SPEC §1 RETRY)
+	idem   bool // its step is write-bearing and idempotent: may run once per try
+}
+
+// tryKey names one try of a step, for the facts kept per try (SPEC §1
+// RETRY: each try may commit once): the step's id for its first try,
+// "<step>/<n>" for try n+1. No step id holds a second '/', so the keys
+// never meet a step's.
+func tryKey(s core.StepID, try int) core.StepID {
+	if try == 0 {
+		return s
+	}
+	return core.StepID(fmt.Sprintf("%s/%d", s, try))
+}
+
+// baseStep is the step a tryKey names.
+func baseStep(k core.StepID) core.StepID {
+	if i := strings.IndexByte(string(k), '/'); i >= 0 {
+		if j := strings.IndexByte(string(k[i+1:]), '/'); j >= 0 {
+			return k[:i+1+j]
+		}
+	}
+	return k
+}
+
+// writeKey is the key of invariant 2's facts for lease l of step s: the
+// step, or its try when the step is idempotent (SPEC §1: an idempotent
+// write-bearing step runs at most once per try).
+func (c *Checker) writeKey(s core.StepID, l core.LeaseID) core.StepID {
+	if m, ok := c.leases[l]; ok && m.idem {
+		return tryKey(s, m.try)
+	}
+	return s
 }
 
 type workerInfo struct {
@@ -393,7 +427,10 @@ func (c *Checker) Restored(now time.Time, o *core.Orchestrator, rd core.Ready) {
 	}
 	for _, id := range slices.Sorted(maps.Keys(c.commits)) {
 		c.eval(invCommit)
-		s, _ := c.View(o).StepByID(id)
+		s, _ := c.View(o).StepByID(baseStep(id))
+		if tryKey(s.ID, s.Tries) != id {
+			continue // the commit of a try that was retried (SPEC §1 RETRY)
+		}
 		f := c.commits[id]
 		when := "after a restore"
 		if f.delivered {
@@ -507,8 +544,9 @@ func (c *Checker) ProcessStarted(now time.Time, w core.WorkerID, l core.LeaseID,
 		return
 	}
 	c.eval(invWriteOnce)
-	if p, ok := c.wstarted[s]; !ok {
-		c.wstarted[s] = processFact{lease: l, worker: w}
+	key := c.writeKey(s, l)
+	if p, ok := c.wstarted[key]; !ok {
+		c.wstarted[key] = processFact{lease: l, worker: w}
 	} else if p.lease != l {
 		c.fail(invWriteOnce, "write-bearing step %s ran twice: under lease %d on worker %s, then under lease %d on worker %s", s, p.lease, p.worker, l, w)
 	}
@@ -526,13 +564,14 @@ func (c *Checker) ProcessStopped(now time.Time, w core.WorkerID, l core.LeaseID)
 // wrote to the external system.
 func (c *Checker) ExternalWrite(now time.Time, w core.WorkerID, l core.LeaseID, s core.StepID) {
 	c.eval(invWriteOnce)
-	if p, ok := c.wstarted[s]; !ok || p.lease != l {
+	key := c.writeKey(s, l)
+	if p, ok := c.wstarted[key]; !ok || p.lease != l {
 		c.fail(invWriteOnce, "write-bearing step %s wrote externally under lease %d on worker %s, which is not the lease its one process started under", s, l, w)
 	}
-	if prev, ok := c.writer[s]; ok && prev != l {
+	if prev, ok := c.writer[key]; ok && prev != l {
 		c.fail(invWriteOnce, "write-bearing step %s wrote externally under two leases, %d and %d", s, prev, l)
 	} else if !ok {
-		c.writer[s] = l
+		c.writer[key] = l
 	}
 }
 
@@ -554,17 +593,17 @@ func AtMostOneCommit(c *Checker) *Violation {
 			if s.Outcome == nil {
 				continue
 			}
-			if sp, _ := v.StepSpecOf(s.ID); sp.Type == "task" {
-				continue // a task step's outcome is the orchestrator's own
+			if sp, _ := v.StepSpecOf(s.ID); sp.Type == "task" || s.ReusedFrom != "" {
+				continue // a task step's outcome is the orchestrator's own; a reused one its old run's (REUSE)
 			}
-			if f, ok := c.commits[s.ID]; !ok {
+			if f, ok := c.commits[tryKey(s.ID, s.Tries)]; !ok {
 				c.fail(invCommit, "step %s shows outcome %s that was never answered COMMITTED", s.ID, describeOutcome(*s.Outcome))
 			} else {
 				c.checkShown(s.ID, f, s, "")
 			}
 		}
 		for _, id := range slices.Sorted(maps.Keys(c.commits)) {
-			if _, ok := v.StepByID(id); !ok {
+			if _, ok := v.StepByID(baseStep(id)); !ok {
 				c.fail(invCommit, "committed step %s vanished (neither live nor in history)", id)
 			}
 		}
@@ -582,7 +621,7 @@ func WriteStepRunsOnce(c *Checker) *Violation {
 	c.checks++
 	if c.verifyDue(invWriteOnce) && len(c.wstarted) > 0 {
 		for _, l := range c.view().Leases() {
-			if p, ok := c.wstarted[l.Step]; ok && l.ID > p.lease {
+			if p, ok := c.wstarted[c.writeKey(l.Step, l.ID)]; ok && l.ID > p.lease {
 				c.fail(invWriteOnce, "write-bearing step %s, whose process started under lease %d, was granted lease %d", l.Step, p.lease, l.ID)
 			}
 		}

@@ -51,6 +51,13 @@ type StepInput struct {
 	Lease   core.LeaseID
 	Request uint64
 	Outcome core.Outcome
+	// Retries is, for OpSubmit, the step's `retry:` attempts (SPEC §1
+	// RETRY): a committed failure may then reopen the register, up to
+	// that many times.
+	Retries int
+	// Reused is, for OpSubmit, the outcome a rerun's step took over from
+	// the run it reruns (REUSE, SPEC §2): the register starts committed.
+	Reused *core.Outcome
 }
 
 // StepOutput is what the caller saw. Verdict answers a report; State and
@@ -74,6 +81,23 @@ type regState struct {
 	cancelled bool         // a cancel took effect before anything committed
 	maxLease  core.LeaseID // greatest lease of the step shown to exist (a CANCELLED or COMMITTED answer)
 	answers   []answered   // every answered report, sorted by key
+	retries   int          // the step's retry attempts (SPEC §1 RETRY)
+	tries     int          // retries taken: committed failures that reopened the register
+}
+
+// reopen is a retry (SPEC §1 RETRY), decided in the batch that commits a
+// failure: the commit stays answered (a repeat of it gets COMMITTED), and
+// the register holds no outcome again, for the next try.
+func (s regState) reopen() regState {
+	s = s.record(s.commit, core.Committed)
+	s.committed, s.commit = false, reportKey{}
+	s.tries++
+	return s
+}
+
+// retriable says a committed state may have been retried instead.
+func (s regState) retriable() bool {
+	return s.committed && !s.cancelled && s.commit.outcome.Status != core.OutcomeSuccess && s.tries < s.retries
 }
 
 type reportKey struct {
@@ -143,6 +167,10 @@ func stepModel(state, input, output any) []any {
 	case OpSubmit:
 		n := s
 		n.submitted = true
+		n.retries = in.Retries
+		if in.Reused != nil {
+			n.committed, n.commit = true, reportKey{outcome: *in.Reused}
+		}
 		switch {
 		case out.Unknown:
 			if s.submitted {
@@ -210,13 +238,23 @@ func stepModel(state, input, output any) []any {
 		}
 		if out.Unknown {
 			if canCommit {
+				if c := commit(); c.retriable() {
+					return []any{s, c, c.reopen()}
+				}
 				return []any{s, commit()}
 			}
 			return []any{s}
 		}
 		switch out.Verdict {
 		case core.Committed:
-			return one(canCommit, commit().record(k, core.Committed))
+			if !canCommit {
+				return nil
+			}
+			c := commit().record(k, core.Committed)
+			if c.retriable() {
+				return []any{c, c.reopen()}
+			}
+			return []any{c}
 		case core.Cancelled:
 			return one(s.submitted, s.prove(in.Lease).record(k, core.Cancelled))
 		case core.Rejected:
@@ -229,14 +267,14 @@ func stepModel(state, input, output any) []any {
 
 func equalStates(a, b any) bool {
 	x, y := a.(regState), b.(regState)
-	return x.submitted == y.submitted && x.committed == y.committed && x.commit == y.commit &&
+	return x.submitted == y.submitted && x.committed == y.committed && x.commit == y.commit && x.tries == y.tries && x.retries == y.retries &&
 		x.cancelled == y.cancelled && x.maxLease == y.maxLease && slices.Equal(x.answers, y.answers)
 }
 
 func hashState(a any) uint64 {
 	s := a.(regState)
 	h := fnv.New64a()
-	fmt.Fprintf(h, "%v|%v|%v|%v|%d|%d", s.submitted, s.committed, s.commit, s.cancelled, s.maxLease, len(s.answers))
+	fmt.Fprintf(h, "%v|%v|%v|%v|%d|%d|%d", s.submitted, s.committed, s.commit, s.cancelled, s.maxLease, len(s.answers), s.tries)
 	return h.Sum64()
 }
 
@@ -328,10 +366,12 @@ func partitionByStep(history []porcupine.Operation) [][]porcupine.Operation {
 // in histories.
 var StepModel = (&porcupine.NondeterministicModel{
 	Partition: partitionByStep,
-	Init:      func() []any { return []any{regState{}, regState{submitted: true}} },
-	Step:      stepModel,
-	Equal:     equalStates,
-	Hash:      hashState,
+	// A step whose submit was not seen (its answer lost to a crash) may
+	// have any retry policy (SPEC §12's most).
+	Init:  func() []any { return []any{regState{}, regState{submitted: true, retries: core.MaxRetryAttempts}} },
+	Step:  stepModel,
+	Equal: equalStates,
+	Hash:  hashState,
 	DescribeOperation: func(input, output any) string {
 		in := input.(StepInput)
 		return describeInput(in) + " → " + describeOutput(in, output.(StepOutput))

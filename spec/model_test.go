@@ -370,3 +370,35 @@ func TestCheckStepsCatchesIllegal(t *testing.T) {
 		t.Fatalf("a linearizable history was judged %s (%d checked)", c.Verdict, c.Checked)
 	}
 }
+
+// A step with retry: {attempts: 1} (SPEC §1 RETRY) may commit once per try:
+// a committed failure, then a committed success under a later lease; a
+// repeat of the first commit still gets COMMITTED. A second failure ends
+// it; a third commit is one too many, and so is any retry of a step
+// without a policy.
+func TestModelRetries(t *testing.T) {
+	submit := func(retries int) *hist {
+		return (&hist{}).add(0, 0, 1, StepInput{Kind: OpSubmit, Step: step1, Retries: retries}, StepOutput{})
+	}
+	h := submit(1).
+		report(1, 2, 3, 1, 1, failOut, core.Committed).
+		query(2, 4, 5, core.StateWaiting, nil).
+		report(1, 6, 7, 2, 1, okOut, core.Committed).
+		report(1, 8, 9, 1, 1, failOut, core.Committed). // repeat of try 1's commit
+		query(2, 10, 11, core.StateSuccess, &okOut)
+	check(t, h, porcupine.Ok)
+	h = submit(1).
+		report(1, 2, 3, 1, 1, failOut, core.Committed).
+		report(1, 4, 5, 2, 1, failOut, core.Committed).
+		report(1, 6, 7, 3, 1, okOut, core.Committed) // a third try
+	check(t, h, porcupine.Illegal)
+	h = submit(0).
+		report(1, 2, 3, 1, 1, failOut, core.Committed).
+		report(1, 4, 5, 2, 1, okOut, core.Committed)
+	check(t, h, porcupine.Illegal)
+	// A success is never retried.
+	h = submit(2).
+		report(1, 2, 3, 1, 1, okOut, core.Committed).
+		report(1, 4, 5, 2, 1, okOut, core.Committed)
+	check(t, h, porcupine.Illegal)
+}

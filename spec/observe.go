@@ -401,7 +401,8 @@ func (c *Checker) observeCommitted(conn core.ConnID, a core.Answer, pb *pendingB
 		c.fail(invCommit, "COMMITTED answer for lease %d request %d, a lease never granted", a.Lease, a.Request)
 		return
 	}
-	f, committed := c.commits[step]
+	key := tryKey(step, c.leases[a.Lease].try)
+	f, committed := c.commits[key]
 	repeat := committed && f.lease == a.Lease && f.request == a.Request &&
 		(rep == nil || !f.hasOutcome || f.outcome == rep.Outcome)
 	now := commitFact{lease: a.Lease, request: a.Request}
@@ -429,7 +430,7 @@ func (c *Checker) observeCommitted(conn core.ConnID, a core.Answer, pb *pendingB
 		}
 	}
 	if !committed {
-		c.setCommit(step, now)
+		c.setCommit(key, now)
 		pb.commits = append(pb.commits, a.Lease)
 	}
 	c.b.touch(step)
@@ -439,10 +440,19 @@ func (c *Checker) observeCommitted(conn core.ConnID, a core.Answer, pb *pendingB
 // and learns the lease.
 func (c *Checker) observeDispatch(conn core.ConnID, m core.Dispatch) {
 	c.eval(invWriteOnce)
-	if p, ok := c.wstarted[m.Step]; ok && p.lease != m.Lease {
+	// The try the lease belongs to is the step's as the batch left it: a
+	// grant is the batch's last act, after any RETRY and its backoff timer.
+	meta := leaseMeta{step: m.Step, worker: c.conns[conn], writes: m.Writes}
+	if st, ok := c.o.StepByID(m.Step); ok {
+		meta.try = st.Tries
+	}
+	if sp, ok := c.o.StepSpecOf(m.Step); ok {
+		meta.idem = sp.Writes && sp.Idempotent
+	}
+	c.leases[m.Lease] = meta
+	if p, ok := c.wstarted[c.writeKey(m.Step, m.Lease)]; ok && p.lease != m.Lease {
 		c.fail(invWriteOnce, "write-bearing step %s, whose process started under lease %d on worker %s, was dispatched again under lease %d", m.Step, p.lease, p.worker, m.Lease)
 	}
-	c.leases[m.Lease] = leaseMeta{step: m.Step, worker: c.conns[conn], writes: m.Writes}
 	c.b.dispatches = append(c.b.dispatches, dispatchAt{conn: conn, lease: m.Lease, step: m.Step})
 }
 
@@ -625,7 +635,7 @@ func (c *Checker) afterBatch(o *core.Orchestrator) {
 			case known && a.State != cur:
 				c.fail(invTable, "step %s (%s) was archived as %s", s, cur, a.State)
 			}
-			if f, ok := c.commits[s]; ok && archived {
+			if f, ok := c.commits[tryKey(s, a.Tries)]; ok && archived {
 				c.eval(invCommit)
 				c.checkShown(s, f, a, "in its run's history record")
 			}
@@ -638,7 +648,7 @@ func (c *Checker) afterBatch(o *core.Orchestrator) {
 		case cur != st.State:
 			c.fail(invTable, "step %s is %s but its transitions lead to %s: a state change without a transition", s, st.State, cur)
 		}
-		if f, ok := c.commits[s]; ok {
+		if f, ok := c.commits[tryKey(s, st.Tries)]; ok {
 			c.eval(invCommit)
 			c.checkShown(s, f, st, "")
 		}

@@ -46,6 +46,13 @@ const (
 	// required tags derived by the spec's own table), judged by the tags
 	// the worker declared in its Hello as the world saw it.
 	PropGrantsHoldAllTags = "GrantsHoldAllTags"
+	// PropRetriesWithinPolicy: a step with `retry: {attempts: N}` runs at
+	// most 1+N tries (SPEC §1 RETRY): the distinct leases whose try ended
+	// in RETRY — the step's latest grant when the transition is seen — are
+	// at most N, and a step without a policy is never retried. The cap of
+	// GrantsWithinCap then applies per try (SPEC §3: the budget is per
+	// try), the try of a grant being the step's as its batch left it.
+	PropRetriesWithinPolicy = "RetriesWithinPolicy"
 )
 
 // GrantView is what a world tells Grants.Check about one batch besides the
@@ -81,14 +88,19 @@ type credWindow struct{ lo, hi time.Time }
 // that branches (the explorer) clones it before a batch that changes it
 // (Touches).
 type Grants struct {
-	leases map[core.StepID][]core.LeaseID
+	leases map[core.StepID][]core.LeaseID // by tryKey: the grants of one try
 	creds  map[core.WorkerID]credWindow
 	tags   map[core.WorkerID][]string
+	// last is each step's latest grant; retried the leases whose try
+	// ended in RETRY, per step (PropRetriesWithinPolicy).
+	last    map[core.StepID]core.LeaseID
+	retried map[core.StepID][]core.LeaseID
 }
 
 // NewGrants returns an empty tracker.
 func NewGrants() *Grants {
-	return &Grants{leases: map[core.StepID][]core.LeaseID{}, creds: map[core.WorkerID]credWindow{}, tags: map[core.WorkerID][]string{}}
+	return &Grants{leases: map[core.StepID][]core.LeaseID{}, creds: map[core.WorkerID]credWindow{}, tags: map[core.WorkerID][]string{},
+		last: map[core.StepID]core.LeaseID{}, retried: map[core.StepID][]core.LeaseID{}}
 }
 
 // Clone returns an independent copy.
@@ -96,6 +108,11 @@ func (g *Grants) Clone() *Grants {
 	n := &Grants{leases: make(map[core.StepID][]core.LeaseID, len(g.leases)), creds: maps.Clone(g.creds), tags: maps.Clone(g.tags)}
 	for k, v := range g.leases {
 		n.leases[k] = slices.Clone(v)
+	}
+	n.last = maps.Clone(g.last)
+	n.retried = make(map[core.StepID][]core.LeaseID, len(g.retried))
+	for k, v := range g.retried {
+		n.retried[k] = slices.Clone(v)
 	}
 	return n
 }
@@ -109,6 +126,11 @@ func (g *Grants) Touches(rd core.Ready, restored bool) bool {
 	for _, e := range rd.Messages {
 		switch e.Msg.(type) {
 		case core.Dispatch, core.Welcome, core.Refreshed:
+			return true
+		}
+	}
+	for _, t := range rd.Transitions {
+		if t.Event == core.EvRetry {
 			return true
 		}
 	}
@@ -178,18 +200,43 @@ func (g *Grants) Check(rd core.Ready, v GrantView) *Violation {
 			}
 		}
 	}
+	// Retries: judged before this batch's grants, so that a step's latest
+	// grant is the lease of the try that ended.
+	for _, t := range rd.Transitions {
+		if t.Event != core.EvRetry {
+			continue
+		}
+		l := g.last[t.Step]
+		if l != 0 && !slices.Contains(g.retried[t.Step], l) {
+			g.retried[t.Step] = append(g.retried[t.Step], l)
+		}
+		sp, _ := v.O.StepSpecOf(t.Step)
+		if sp.Retry == nil || len(g.retried[t.Step]) > sp.Retry.Attempts {
+			n := 0
+			if sp.Retry != nil {
+				n = sp.Retry.Attempts
+			}
+			return &Violation{Invariant: PropRetriesWithinPolicy, Detail: fmt.Sprintf(
+				"step %s was retried after the tries of leases %v; its policy allows %d retries", t.Step, g.retried[t.Step], n)}
+		}
+	}
 	// Grants.
 	for _, e := range rd.Messages {
 		m, ok := e.Msg.(core.Dispatch)
 		if !ok {
 			continue
 		}
-		ls := g.leases[m.Step]
+		key := m.Step
+		if st, ok := v.O.StepByID(m.Step); ok {
+			key = tryKey(m.Step, st.Tries)
+		}
+		ls := g.leases[key]
 		if slices.Contains(ls, m.Lease) {
 			continue // the same grant sent again (a Welcome's re-send), not a new lease
 		}
 		ls = append(ls, m.Lease)
-		g.leases[m.Step] = ls
+		g.leases[key] = ls
+		g.last[m.Step] = m.Lease
 		if len(ls) > cfg.MaxAttempts {
 			return &Violation{Invariant: PropGrantsWithinCap, Detail: fmt.Sprintf(
 				"step %s was granted %d leases %v; the attempt cap is %d", m.Step, len(ls), ls, cfg.MaxAttempts)}
@@ -223,9 +270,10 @@ func (g *Grants) Check(rd core.Ready, v GrantView) *Violation {
 		if !ok || st.Class != core.ClassAttemptsExhausted {
 			continue
 		}
-		if n := len(g.leases[t.Step]); n != cfg.MaxAttempts {
+		key := tryKey(t.Step, st.Tries)
+		if n := len(g.leases[key]); n != cfg.MaxAttempts {
 			return &Violation{Invariant: PropGrantsWithinCap, Detail: fmt.Sprintf(
-				"step %s failed %s after %d grants %v; the attempt cap is %d", t.Step, st.Class, n, g.leases[t.Step], cfg.MaxAttempts)}
+				"step %s failed %s after %d grants %v; the attempt cap is %d", t.Step, st.Class, n, g.leases[key], cfg.MaxAttempts)}
 		}
 	}
 	return nil
@@ -239,6 +287,11 @@ func (g *Grants) restored(v GrantView, ttl time.Duration) {
 	}
 	for _, id := range sortedSteps(g.leases) {
 		g.leases[id] = slices.DeleteFunc(g.leases[id], func(l core.LeaseID) bool { return !known[l] })
+	}
+	for _, id := range sortedSteps(g.last) {
+		if !known[g.last[id]] {
+			delete(g.last, id) // a grant the crash took back
+		}
 	}
 	pool := map[core.WorkerID]core.WorkerRecord{}
 	for _, w := range v.O.Workers() {

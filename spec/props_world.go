@@ -16,7 +16,7 @@ import (
 // Welcome sent on them, no Close since, no Disconnected for them), when it
 // last heard from each worker, which leases it granted to whom (its
 // Dispatches) and which of those ended (the typed causes of its events,
-// terminal transitions). None of them asks the core whom it thinks active,
+// terminal transitions, retries). None of them asks the core whom it thinks active,
 // which worker it thinks matches, or which lease it thinks current.
 const (
 	// PropUnmatchedVerdict (SPEC §5, §8): a step failed with cause
@@ -405,7 +405,7 @@ func (p *Pool) learn(now time.Time, in core.Input, rd core.Ready) []core.WorkerI
 		}
 	}
 	for _, t := range rd.Transitions {
-		if t.To.Terminal() {
+		if t.To.Terminal() || t.Event == core.EvRetry { // a retry ends its try's lease (SPEC §1)
 			ends = append(ends, leaseOp{endOfStep: true, step: t.Step})
 		}
 	}

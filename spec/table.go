@@ -45,6 +45,8 @@ var Table = []Row{
 	{core.StateHeld, core.EvCancel, core.StateCancelled},
 	{core.StateWaiting, core.EvTimerDone, core.StateQueued},
 	{core.StateWaiting, core.EvCancel, core.StateCancelled},
+	{core.StateRunning, core.EvRetry, core.StateWaiting},
+	{core.StatePending, core.EvReuse, core.StateSuccess},
 }
 
 type rowKey struct {

@@ -65,6 +65,7 @@ const (
 type (
 	APIError        = client.ErrorBody
 	APISubmitted    = client.Submitted
+	APIRerunRequest = client.RerunRequest
 	APIRun          = client.Run
 	APIRunList      = client.RunList
 	APIStep         = client.Step
@@ -136,6 +137,8 @@ var apiRoutes = []apiRoute{
 	{method: "POST", path: "/api/runs/{id}/cancel", summary: "Cancel a run (optional body {\"reason\": ...})",
 		serve:   func(a *api, r *http.Request) (int, any, error) { return a.cancelRun(r, core.RunID(r.PathValue("id"))) },
 		request: client.CancelRequest{}, answer: client.Submitted{}},
+	{method: "POST", path: "/api/runs/{id}/rerun", summary: "Start a new run of the run's definition, live or archived (optional body {\"failed_only\": true}: its successes are reused, not run)",
+		serve: (*api).rerun, request: client.RerunRequest{}, status: http.StatusCreated, answer: client.Submitted{}},
 	{method: "GET", path: "/api/runs/{id}/logs", summary: "A run's stored log lines, gap markers included; ?step= keeps one step",
 		serve: func(a *api, r *http.Request) (int, any, error) {
 			return a.logs(r.Context(), core.RunID(r.PathValue("id")), r.URL.Query().Get("step"))

@@ -108,7 +108,7 @@ func (src *runSource) summary() APIRun {
 	v := APIRun{
 		ID: string(r.ID), Name: r.Spec.Name, Status: src.status, Parent: string(r.Parent),
 		SubmittedAt: r.SubmittedAt, Deadline: r.Deadline, CancelReason: r.CancelReason,
-		Steps: len(r.Steps), States: map[string]int{},
+		Steps: len(r.Steps), States: map[string]int{}, RerunOf: string(r.RerunOf),
 	}
 	if r.Finished {
 		v.FinishedAt = r.FinishedAt
@@ -136,12 +136,21 @@ func (src *runSource) detail(names map[core.WorkerID]string) APIRunDetail {
 	for _, l := range src.leases {
 		last[l.Step] = l
 	}
+	tryLimit := map[string]int{} // by step name: 1 + its retry attempts (SPEC §1 RETRY)
+	for i := range src.run.Spec.Steps {
+		if r := src.run.Spec.Steps[i].Retry; r != nil {
+			tryLimit[src.run.Spec.Steps[i].Name] = 1 + r.Attempts
+		}
+	}
 	for _, s := range src.steps {
 		v := APIStep{
 			ID: string(s.ID), Name: s.Name, Item: s.Item, State: s.State.String(),
 			Class: string(s.Class), Message: s.Message, SkippedBy: string(s.SkippedBy),
 			Attempts: s.Attempts, QueuedAt: s.QueuedAt, StartedAt: s.StartedAt, FinishedAt: s.FinishedAt,
 			Writes: src.writes[s.Name],
+		}
+		if n := tryLimit[s.Name]; n > 0 {
+			v.Try, v.TryLimit = s.Tries+1, n
 		}
 		for _, dep := range s.Deps {
 			v.Deps = append(v.Deps, string(dep))

@@ -39,7 +39,8 @@ const MaxErrors = 20
 var runFields = []string{"name", "timeout", "env", "steps"}
 var stepFields = []string{"name", "run", "depends_on", "writes", "type", "runner", "tags", "labels",
 	"target", "platform", "timeout", "env", "forEach", "concurrency", "hold", "hold_expiry", "wait",
-	"outputs"}
+	"outputs", "retry", "idempotent"}
+var retryFields = []string{"attempts", "backoff", "on"}
 
 type parser struct {
 	file   string
@@ -280,6 +281,7 @@ func (p *parser) run(n *yaml.Node) (core.RunSpec, map[string]*yaml.Node) {
 
 func (p *parser) step(n *yaml.Node, i int) core.StepSpec {
 	var s core.StepSpec
+	var retryNode *yaml.Node
 	what := fmt.Sprintf("step %d", i+1)
 	for j := 0; j+1 < len(n.Content); j += 2 {
 		if n.Content[j].Value == "name" {
@@ -333,6 +335,14 @@ func (p *parser) step(n *yaml.Node, i int) core.StepSpec {
 			s.Wait = p.duration(v, what+": wait")
 		case "outputs":
 			s.Outputs = p.list(v, what+": outputs")
+		case "retry":
+			errs := len(p.errs) + p.more
+			s.Retry = p.retry(v, what+": retry")
+			if len(p.errs)+p.more == errs {
+				retryNode = k // read cleanly: the core's check below
+			}
+		case "idempotent":
+			s.Idempotent = p.boolean(v, what+": idempotent")
 		}
 	})
 	if len(s.Outputs) > 0 { // SPEC §14: a declared output makes the step write-bearing
@@ -340,6 +350,16 @@ func (p *parser) step(n *yaml.Node, i int) core.StepSpec {
 			p.errf(w, "%s: writes: false, but it declares outputs (a step that declares outputs writes): remove writes: false", what)
 		}
 		s.Writes = true
+	}
+	if retryNode != nil && s.Retry != nil {
+		// The core's check, at the policy's line (SPEC §2, §12).
+		if err := core.CheckRetry(s); err != nil {
+			msg := strings.TrimPrefix(err.Error(), core.ErrInvalidRun.Error()+": ")
+			if s.Writes && !s.Idempotent {
+				msg += ": add `idempotent: true` if running the step again is safe, or remove `retry:`"
+			}
+			p.errf(retryNode, "%s", msg)
+		}
 	}
 	if n.Kind == yaml.MappingNode {
 		if s.Name == "" {
@@ -363,6 +383,41 @@ func fieldNode(n *yaml.Node, key string) *yaml.Node {
 		}
 	}
 	return nil
+}
+
+// retry reads a step's `retry: {attempts: N, backoff: DURATION, on: [exit
+// codes and/or timeout]}` (SPEC §1 RETRY); `on` may be one item.
+func (p *parser) retry(n *yaml.Node, what string) *core.RetryPolicy {
+	r := &core.RetryPolicy{}
+	attempts := false
+	p.fields(n, what, retryFields, func(key string, k, v *yaml.Node) {
+		switch key {
+		case "attempts":
+			r.Attempts, attempts = p.integer(v, what+": attempts"), true
+		case "backoff":
+			r.Backoff = p.duration(v, what+": backoff")
+		case "on":
+			items := []*yaml.Node{v}
+			if v.Kind == yaml.SequenceNode {
+				items = v.Content
+			}
+			for _, c := range items {
+				var code int
+				switch {
+				case c.Kind == yaml.ScalarNode && c.Value == "timeout":
+					r.OnTimeout = true
+				case c.Kind == yaml.ScalarNode && c.Decode(&code) == nil:
+					r.Codes = append(r.Codes, code)
+				default:
+					p.errf(c, "%s: on: %s is neither an exit code (1-255) nor timeout", what, core.Quote(c.Value))
+				}
+			}
+		}
+	})
+	if n.Kind == yaml.MappingNode && !attempts {
+		p.errf(n, "%s has no attempts: say how many times to run the step again, e.g. attempts: 3", what)
+	}
+	return r
 }
 
 // deps reports unknown dependencies and cycles with the line of the step.

@@ -37,7 +37,7 @@ func TestParseGood(t *testing.T) {
 // TestParseErrors: every bad definition gets one error naming
 // file:line:column and what to change; the messages are golden (SPEC §2).
 func TestParseErrors(t *testing.T) {
-	const known = "(known: name, run, depends_on, writes, type, runner, tags, labels, target, platform, timeout, env, forEach, concurrency, hold, hold_expiry, wait, outputs)"
+	const known = "(known: name, run, depends_on, writes, type, runner, tags, labels, target, platform, timeout, env, forEach, concurrency, hold, hold_expiry, wait, outputs, retry, idempotent)"
 	cases := []struct{ name, src, want string }{
 		{"unknown field", "steps:\n  - name: a\n    run: x\n    retries: 3\n", `x.yaml:4:5: step "a": unknown field "retries" ` + known},
 		{"unknown run field", "name: r\nstpes: []\n", `x.yaml:2:1: workflow: unknown field "stpes" (known: name, timeout, env, steps)`},
@@ -53,6 +53,12 @@ func TestParseErrors(t *testing.T) {
 		{"steps not a list", "steps: a\n", "x.yaml:1:8: steps must be a list"},
 		{"two documents", "steps:\n  - name: a\n    run: x\n---\nsteps: []\n", "x.yaml:4:1: more than one YAML document; a file holds one workflow: remove the `---` and what follows, or submit it as its own file"},
 		{"bad concurrency", "steps:\n  - name: a\n    run: x\n    forEach: [1]\n    concurrency: lots\n", `x.yaml:5:18: step "a": concurrency must be a whole number, not "lots"`},
+		{"retry on writes", "steps:\n  - name: w\n    run: x\n    writes: true\n    retry: {attempts: 2}\n",
+			`x.yaml:5:5: step "w": retry on a write-bearing step needs idempotent: true (every write it makes may be made again); without it a started write-bearing step never runs twice: add ` + "`idempotent: true`" + ` if running the step again is safe, or remove ` + "`retry:`"},
+		{"retry attempts", "steps:\n  - name: a\n    run: x\n    retry:\n      attempts: 21\n", `x.yaml:4:5: step "a": retry attempts 21 out of range 1..20`},
+		{"retry without attempts", "steps:\n  - name: a\n    run: x\n    retry: {backoff: 5s}\n", `x.yaml:4:12: step "a": retry has no attempts: say how many times to run the step again, e.g. attempts: 3`},
+		{"retry on", "steps:\n  - name: a\n    run: x\n    retry: {attempts: 1, on: [3, never]}\n", `x.yaml:4:34: step "a": retry: on: "never" is neither an exit code (1-255) nor timeout`},
+		{"retry exit code", "steps:\n  - name: a\n    run: x\n    retry: {attempts: 1, on: 256}\n", `x.yaml:4:5: step "a": retry on exit code 256: want 1..255`},
 		{"empty file", "", "x.yaml:1:1: the file holds no workflow (it is empty, or only comments): write a mapping with `steps:`, a list of steps each with a `name` and a `run` command"},
 		{"only comments", "  \n# nothing\n", "x.yaml:1:1: the file holds no workflow (it is empty, or only comments): write a mapping with `steps:`, a list of steps each with a `name` and a `run` command"},
 		{"core limit", "steps:\n  - name: a\n    run: x\n    forEach: [" + strings.Repeat("i,", 1000) + "i]\n",
@@ -166,5 +172,26 @@ func TestParseOutputs(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("%q: got %v, want an error containing %q", src, err, want)
 		}
+	}
+}
+
+// TestParseRetry: retry: and idempotent: reach the StepSpec (SPEC §1 RETRY).
+func TestParseRetry(t *testing.T) {
+	src := "steps:\n  - name: a\n    run: x\n    retry: {attempts: 3, backoff: 5s, on: [2, 75, timeout]}\n" +
+		"  - name: w\n    run: y\n    writes: true\n    idempotent: true\n    retry:\n      attempts: 1\n      on: timeout\n" +
+		"  - name: n\n    run: z\n    retry: {attempts: 2}\n"
+	spec, err := Parse("r.yaml", []byte(src))
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, w, n := spec.Steps[0].Retry, spec.Steps[1], spec.Steps[2].Retry
+	if a == nil || a.Attempts != 3 || a.Backoff != 5*time.Second || fmt.Sprint(a.Codes) != "[2 75]" || !a.OnTimeout {
+		t.Fatalf("a's retry wrong: %+v", a)
+	}
+	if !w.Idempotent || w.Retry == nil || w.Retry.Attempts != 1 || !w.Retry.OnTimeout || w.Retry.Codes != nil {
+		t.Fatalf("w wrong: %+v %+v", w, w.Retry)
+	}
+	if n == nil || n.Attempts != 2 || n.Codes != nil || n.OnTimeout || !n.RetriesExit(1) || n.RetriesExit(0) {
+		t.Fatalf("n's retry wrong: %+v", n)
 	}
 }

@@ -161,6 +161,21 @@ is cancelled at once. Cancelling a finished run is refused (exit 3).` + clientHe
 			run: runCancel,
 		},
 		{
+			path: "run rerun", args: "RUN", nargs: 1,
+			short: "start a new run of a run's definition",
+			long: `Start a new run of RUN's definition (live or archived) and print its id on
+stdout; the new run records that it reruns RUN ('run show' says "Rerun of").
+With --failed-only the steps that succeeded in RUN are not run again: they
+are created already succeeded with RUN's outcome, and the steps after them
+proceed (SPEC §2). --wait follows the new run as 'run submit --wait' does.` + clientHelp,
+			example: "  orchestrator run rerun run-4\n  orchestrator run rerun run-4 --failed-only --wait",
+			flags: clientFlags(func(fs *flag.FlagSet, o *options) {
+				fs.BoolVar(&o.failedOnly, "failed-only", false, "reuse the steps that succeeded in RUN; run only the others")
+				fs.BoolVar(&o.wait, "wait", false, "follow the new run to its end; the exit code is its outcome")
+			}),
+			run: runRerun,
+		},
+		{
 			path: "run logs", args: "RUN", nargs: 1,
 			short: "print the stored output of a run's steps",
 			long: `Print the stored log lines of a run's steps, lease by lease, with the
@@ -589,6 +604,9 @@ func showRun(e *env, out *client.RunDetail) error {
 		if r.CancelReason != "" {
 			fmt.Fprintf(e.stdout, "Cancelled: %s\n", escapeText(oneLine(r.CancelReason), false))
 		}
+		if r.RerunOf != "" {
+			fmt.Fprintf(e.stdout, "Rerun of %s\n", cell(r.RerunOf))
+		}
 		fmt.Fprintln(e.stdout)
 		tw := tabwriter.NewWriter(e.stdout, 0, 0, 2, ' ', 0)
 		fmt.Fprintln(tw, "STEP\tSTATE\tATTEMPTS\tWORKER\tEXIT\tWRITES\tCLASS\tMESSAGE")
@@ -605,7 +623,11 @@ func showRun(e *env, out *client.RunDetail) error {
 			if s.Writes {
 				writes = "yes"
 			}
-			fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\n", cell(s.ID), cell(s.State), s.Attempts, cell(orDash(s.Worker)), exit, writes, cell(orDash(s.Class)),
+			attempts := fmt.Sprint(s.Attempts)
+			if s.TryLimit > 0 {
+				attempts += fmt.Sprintf(" (try %d/%d)", s.Try, s.TryLimit) // SPEC §1 RETRY
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", cell(s.ID), cell(s.State), attempts, cell(orDash(s.Worker)), exit, writes, cell(orDash(s.Class)),
 				orDash(escapeText(oneLine(msg), false)))
 		}
 		if err := tw.Flush(); err != nil {
@@ -632,6 +654,33 @@ func outcome(run, status string) error {
 		return &exitErr{code: exitRunCancelled, err: fmt.Errorf("run %s was cancelled", cell(run))}
 	}
 	return &exitErr{code: exitRunUnfinished, err: fmt.Errorf("run %s has not ended: %s", cell(run), cell(status))}
+}
+
+// runRerun is POST /api/runs/{id}/rerun (SPEC §2): the new run's id on
+// stdout, then with --wait its steps on stderr and its outcome as the exit
+// code, as runSubmit.
+func runRerun(ctx context.Context, e *env, args []string) error {
+	var run string
+	err := withClient(ctx, e, func(ctx context.Context, c *client.Client) error {
+		var err error
+		if run, err = c.Rerun(ctx, args[0], e.opts.failedOnly); err != nil {
+			return err
+		}
+		out := client.Submitted{Run: run}
+		if ok, err := e.printStructured(out); ok {
+			return err
+		}
+		fmt.Fprintln(e.stdout, out.Run)
+		return nil
+	})
+	if err != nil || !e.opts.wait {
+		return err
+	}
+	o := *e.opts
+	o.output, o.json = "table", false
+	we := *e
+	we.opts = &o
+	return watch(ctx, &we, e.stderr, run)
 }
 
 func runCancel(ctx context.Context, e *env, args []string) error {

@@ -55,6 +55,8 @@ type options struct {
 	step   string
 	reason string
 	out    string
+	// run rerun
+	failedOnly bool
 	// store backup
 	offline bool
 	// run list

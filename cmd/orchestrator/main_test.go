@@ -63,9 +63,17 @@ func TestExamplesParse(t *testing.T) {
 			if writes == 0 || noWrites == 0 || !strings.Contains(string(src), "writes: true") {
 				t.Errorf("writes.yaml: %d write-bearing, %d no-write steps; want both", writes, noWrites)
 			}
+		case "retries.yaml":
+			ok := false
+			for _, s := range spec.Steps {
+				ok = ok || (s.Retry != nil && s.Writes && s.Idempotent)
+			}
+			if !ok {
+				t.Errorf("retries.yaml has no idempotent write-bearing step with a retry policy")
+			}
 		}
 	}
-	for _, want := range []string{"dag.yaml", "foreach.yaml", "writes.yaml"} {
+	for _, want := range []string{"dag.yaml", "foreach.yaml", "writes.yaml", "retries.yaml"} {
 		if !found[want] {
 			t.Errorf("examples/%s is missing or does not parse", want)
 		}
