@@ -37,6 +37,7 @@ const (
 	RefusedWorkerInactive                 // its worker was deregistered; it rejoins when it reconnects
 	RefusedUnknownLease                   // no such lease, or another worker's
 	RefusedLeaseNotCurrent                // the lease ended: superseded, expired, triaged, its step finished or cancelled
+	RefusedSecretNotDeclared              // the lease's step does not declare the secret (SPEC §14a)
 )
 
 func (r WriteRefusal) String() string {
@@ -55,6 +56,8 @@ func (r WriteRefusal) String() string {
 		return "unknown-lease"
 	case RefusedLeaseNotCurrent:
 		return "lease-not-current"
+	case RefusedSecretNotDeclared:
+		return "secret-not-declared"
 	}
 	return "invalid"
 }
@@ -95,6 +98,8 @@ func (a DataAnswer) Err() error {
 		return fmt.Errorf("%w %d for worker %s", ErrUnknownLease, a.Lease, a.Worker)
 	case RefusedLeaseNotCurrent:
 		return fmt.Errorf("%w: lease %d: %s", ErrNotCurrent, a.Lease, a.Detail)
+	case RefusedSecretNotDeclared:
+		return fmt.Errorf("%w: lease %d may not use secret %s", ErrSecretNotDeclared, a.Lease, Quote(a.Detail))
 	}
 	return fmt.Errorf("data write refused (%d)", a.Refusal)
 }

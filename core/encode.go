@@ -402,6 +402,9 @@ func (e *recEncoder) stepSpec(s *StepSpec) {
 	e.optBool("Hold", s.Hold)
 	e.optInt("HoldExpiry", int64(s.HoldExpiry))
 	e.optInt("Wait", int64(s.Wait))
+	e.optStrings("Secrets", s.Secrets)
+	e.optStr("SecretsAs", s.SecretsAs)
+	e.optStrings("PutSecrets", s.PutSecrets)
 	e.end()
 }
 

@@ -42,6 +42,12 @@ type StepSpec struct {
 	Hold       bool          `json:",omitzero"`
 	HoldExpiry time.Duration `json:",omitzero"`
 	Wait       time.Duration `json:",omitzero"`
+	// Secrets names the secrets the step may read, given to it as files
+	// (SecretsAs "files", the default) or env vars ("env"); PutSecrets
+	// the ones it may write (SPEC §14a).
+	Secrets    []string `json:",omitzero"`
+	SecretsAs  string   `json:",omitzero"`
+	PutSecrets []string `json:",omitzero"`
 }
 
 // Limits on a submitted run (SPEC §2, §12). Validate checks every one
@@ -286,7 +292,11 @@ func (r RunSpec) checkSizes() error {
 			return err
 		}
 		size += len(s.Name) + len(s.Command) + len(s.Type) + len(s.Runner) + len(s.Target) + len(s.Platform) + envBytes(s.Env) + envBytes(s.Labels)
-		for _, l := range [][]string{s.DependsOn, s.Tags, s.ForEach} {
+		if err := checkStepSecrets(s); err != nil {
+			return err
+		}
+		size += len(s.SecretsAs)
+		for _, l := range [][]string{s.DependsOn, s.Tags, s.ForEach, s.Secrets, s.PutSecrets} {
 			for _, x := range l {
 				size += len(x)
 			}

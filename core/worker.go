@@ -246,6 +246,10 @@ type ExecCommand struct {
 	Step    StepID
 	Command string
 	Env     map[string]string
+	// Secrets to fetch before the process starts, and how to hand them
+	// over (SPEC §14a).
+	Secrets   []string
+	SecretsAs string
 }
 
 // WorkerExit tells the worker process to exit.
@@ -286,6 +290,9 @@ type execution struct {
 	command string
 	env     map[string]string // never mutated after Dispatch
 	writes  bool
+	// secrets and secretsAs are the Dispatch's (never mutated).
+	secrets   []string
+	secretsAs string
 	// released: the lease is finished (answered, refused at start, or
 	// cancelled by a Welcome). Nothing more is ever emitted for it, it holds no
 	// slot and no request, and the record lives only until its process is gone.
@@ -568,6 +575,7 @@ func (w *Worker) exec(op ExecOp, e *execution) {
 	c := ExecCommand{Op: op, Lease: e.ref.Lease}
 	if op == ExecStart {
 		c.Step, c.Command, c.Env = e.ref.Step, e.command, copyMap(e.env)
+		c.Secrets, c.SecretsAs = e.secrets, e.secretsAs
 	}
 	w.out.Exec = append(w.out.Exec, c)
 }
@@ -829,6 +837,7 @@ func (w *Worker) dispatch(m Dispatch) {
 		env:     copyMap(m.Env),
 		writes:  m.Writes,
 		timeout: max(m.Timeout, 0),
+		secrets: append([]string(nil), m.Secrets...), secretsAs: m.SecretsAs,
 	}
 	w.leases[m.Lease] = e
 	if !e.writes {

@@ -103,6 +103,10 @@ const (
 	OpAppend
 	// OpBundle stores Body as a content-addressed bundle (its SHA-256).
 	OpBundle
+	// OpSecretPut seals Body as the value of secret ID (secrets.go).
+	OpSecretPut
+	// OpSecretDelete removes secret ID's value.
+	OpSecretDelete
 )
 
 // DataOp is one data-plane write, applied in the transaction of a batch of
@@ -283,7 +287,7 @@ func (s *Store) ApplyWithData(recs []core.Record, ops []DataOp) ([]DataResult, e
 		return nil, err
 	}
 	for i, op := range ops {
-		if err := checkOp(op); err != nil {
+		if err := s.checkOp(op); err != nil {
 			return nil, fmt.Errorf("store: data op %d of %d: %w", i+1, len(ops), err)
 		}
 	}
@@ -302,6 +306,10 @@ func (s *Store) ApplyWithData(recs []core.Record, ops []DataOp) ([]DataResult, e
 				res[i].Append, err = appendStream(tx, op)
 			case OpBundle:
 				res[i].Bundle, err = s.putBundle(tx, op)
+			case OpSecretPut:
+				err = s.putSecret(tx, op)
+			case OpSecretDelete:
+				err = deleteSecret(tx, op.ID)
 			}
 			if errors.Is(err, ErrStreamFull) || errors.Is(err, ErrNoBlob) {
 				res[i].Err, err = err, nil
@@ -318,7 +326,7 @@ func (s *Store) ApplyWithData(recs []core.Record, ops []DataOp) ([]DataResult, e
 	return res, nil
 }
 
-func checkOp(op DataOp) error {
+func (s *Store) checkOp(op DataOp) error {
 	switch op.Kind {
 	case OpPut:
 		if err := ValidateFingerprint(op.Blob.SHA256); err != nil {
@@ -336,6 +344,16 @@ func checkOp(op DataOp) error {
 		}
 		for p := range op.Files {
 			if err := ValidateRelPath(p); err != nil {
+				return err
+			}
+		}
+		return nil
+	case OpSecretPut, OpSecretDelete:
+		if op.ID == "" || (op.Kind == OpSecretPut && len(op.Body) == 0) {
+			return fmt.Errorf("%w: a secret op with no name or value", ErrBadOp)
+		}
+		if op.Kind == OpSecretPut {
+			if _, err := s.gcm(); err != nil {
 				return err
 			}
 		}

@@ -15,10 +15,12 @@ package store
 
 import (
 	"bytes"
+	"crypto/cipher"
 	"errors"
 	"fmt"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
@@ -90,6 +92,8 @@ type Store struct {
 	unsure   map[string]bool // released blobs to collect unless a record names them
 	creating int             // WriteBlobs under way
 	holds    int             // Backups under way: no blob is collected (tools.go)
+
+	aead atomic.Pointer[cipher.AEAD] // the secrets key (secrets.go); nil: none
 }
 
 // Open opens (creating if needed) the store file at path, and its blob

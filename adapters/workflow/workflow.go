@@ -38,7 +38,8 @@ const MaxErrors = 20
 
 var runFields = []string{"name", "timeout", "env", "steps"}
 var stepFields = []string{"name", "run", "depends_on", "writes", "type", "runner", "tags", "labels",
-	"target", "platform", "timeout", "env", "forEach", "concurrency", "hold", "hold_expiry", "wait"}
+	"target", "platform", "timeout", "env", "forEach", "concurrency", "hold", "hold_expiry", "wait",
+	"secrets", "secrets_as", "put_secrets"}
 
 type parser struct {
 	file   string
@@ -330,6 +331,12 @@ func (p *parser) step(n *yaml.Node, i int) core.StepSpec {
 			s.HoldExpiry = p.duration(v, what+": hold_expiry")
 		case "wait":
 			s.Wait = p.duration(v, what+": wait")
+		case "secrets": // SPEC §14a
+			s.Secrets = p.list(v, what+": secrets")
+		case "secrets_as":
+			s.SecretsAs = p.str(v, what+": secrets_as")
+		case "put_secrets":
+			s.PutSecrets = p.list(v, what+": put_secrets")
 		}
 	})
 	if n.Kind == yaml.MappingNode {
