@@ -42,15 +42,23 @@ var (
 	ErrNoSecrets = errors.New("orchestrator: this store keeps no secrets (no secrets key)")
 )
 
-// secretAnswer is a change of a secret, decided by the core: the answer to
-// an operator's call, or a step's write.
+// admitSecret has the core decide a change of a secret at its place among
+// the group's inputs (loop goroutine): an operator's call (answered with
+// its audit entry) or a step's write (fenced like a data write).
 func (d *Driver) admitSecret(in *dataWrite, step func(core.Input) core.Ready) error {
+	var call core.CallID
+	switch c := in.call.(type) {
+	case core.PutSecret:
+		call = c.Call
+	case core.RemoveSecret:
+		call = c.Call
+	}
 	switch c := in.call.(type) {
 	case core.PutSecret, core.RemoveSecret:
 		rd := step(c)
 		in.op.At = d.o.Now()
 		for _, a := range rd.Answers {
-			if callID(c) == a.Call && a.Err != "" {
+			if a.Call == call && a.Err != "" {
 				return &httpError{code: codeStatus(a.Code), msg: a.Err}
 			}
 		}
