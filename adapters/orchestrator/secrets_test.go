@@ -77,7 +77,7 @@ func TestSecrets(t *testing.T) {
 	if msg := r.expect("GET", "/secret/OTHER", nil, w.cred, dm.Lease, 403).errorText(t); !strings.Contains(msg, "not declared") {
 		t.Fatalf("undeclared read: %s", msg)
 	}
-	r.expect("GET", "/secret/DB_PASS", nil, w.cred, 0, 400)             // a read names its lease
+	r.expect("GET", "/secret/DB_PASS", nil, w.cred, 0, 400)              // a read names its lease
 	r.expect("GET", "/secret/DB_PASS", nil, "w1-id.nope", dm.Lease, 401) // and its credential
 	r.expect("PUT", "/secret/DB_PASS", []byte("overwrite"), w.cred, dm.Lease, 403)
 	r.expect("PUT", "/secret/MINTED", []byte("minted-token-value"), w.cred, dm.Lease, 201)

@@ -382,8 +382,8 @@ func (e *stepEndpoint) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		fail(http.StatusUnauthorized, "missing or unknown step token (send Authorization: Bearer $"+EnvDataToken+")")
 		return
 	}
-	if !strings.HasPrefix(r.URL.Path, "/data/") && !strings.HasPrefix(r.URL.Path, "/bundle/") {
-		fail(http.StatusNotFound, "no such path: "+core.Quote(r.URL.Path)+" (the step endpoint serves /data/… and /bundle/…)")
+	if !strings.HasPrefix(r.URL.Path, "/data/") && !strings.HasPrefix(r.URL.Path, "/bundle/") && !strings.HasPrefix(r.URL.Path, "/secret/") {
+		fail(http.StatusNotFound, "no such path: "+core.Quote(r.URL.Path)+" (the step endpoint serves /data/…, /bundle/… and /secret/…)")
 		return
 	}
 	q := r.URL.Query()

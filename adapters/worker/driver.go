@@ -107,6 +107,7 @@ type Driver struct {
 	cur        *conn  // current connection, nil when none
 	dialCancel func() // cancels the pending dial, nil when none
 	procs      map[core.LeaseID]*proc
+	secrets    map[core.LeaseID]*stepSecrets // what a step is given (secrets.go)
 	timer      *time.Timer
 	local      []input        // inputs the loop made itself (no-op exits), taken before the queue
 	stepped    []core.LeaseID // leases whose output batch the current Step took
@@ -318,8 +319,12 @@ func (d *Driver) translate(raw input) core.WorkerInput {
 		return core.WExecOutput{Lease: in.lease, Lines: in.lines}
 	case drainReq:
 		return core.WDrain{}
+	case secretsFetched:
+		d.fetched(in)
+		return nil
 	case exited:
 		delete(d.procs, in.Lease)
+		d.dropSecrets(in.Lease)
 		if d.endpoint != nil {
 			d.endpoint.revoke(in.Lease)
 		}
@@ -520,6 +525,9 @@ func (d *Driver) shutdown() {
 	}
 	close(d.done)
 	d.wg.Wait()
+	for l := range d.secrets {
+		d.dropSecrets(l)
+	}
 }
 
 // newUUID returns a random (version 4) UUID.
