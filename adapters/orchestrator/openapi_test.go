@@ -17,6 +17,7 @@ var notDocumented = map[string]string{
 	"/control": "the workers' WebSocket (SPEC §5)",
 	"/data/":   "the workers' data plane, with session credentials (SPEC §14)",
 	"/bundle/": "the workers' data plane, with session credentials (SPEC §14)",
+	"/secret/": "the workers' data plane, with session credentials (SPEC §14a)",
 	"/api/":    "the catch-all answering 401/404/405 for what no route serves",
 	"/livez":   "a Kubernetes probe, plain text (SPEC §16)",
 	"/readyz":  "a Kubernetes probe, plain text (SPEC §16)",
