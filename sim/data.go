@@ -41,6 +41,8 @@ type DataStats struct {
 	Foreign        int // writes naming another worker's lease
 	ForeignRefused int
 	Lost           int // requests lost: the orchestrator down, or held past the deadline
+
+	Secrets SecretStats // secret reads (sim/secrets.go)
 }
 
 func (s *DataStats) add(o DataStats) {
@@ -52,11 +54,12 @@ func (s *DataStats) add(o DataStats) {
 	s.Foreign += o.Foreign
 	s.ForeignRefused += o.ForeignRefused
 	s.Lost += o.Lost
+	s.Secrets.add(o.Secrets)
 }
 
 func (s DataStats) String() string {
 	return fmt.Sprintf("data writes: %d (admitted %d, stored %d; zombie %d, refused %d; another worker's lease %d, refused %d; lost %d)",
-		s.Writes, s.Admitted, s.Stored, s.Zombie, s.ZombieRefused, s.Foreign, s.ForeignRefused, s.Lost)
+		s.Writes, s.Admitted, s.Stored, s.Zombie, s.ZombieRefused, s.Foreign, s.ForeignRefused, s.Lost) + "; " + s.Secrets.String()
 }
 
 // dataPlane is the world's data-plane state; its randomness is its own
@@ -93,6 +96,7 @@ func (w *world) dataWrites(wn *workerNode, p *proc, dur time.Duration) {
 	}
 	d := w.dataState()
 	gen := wn.gen
+	w.secretRead(wn, p, dur) // SPEC §14a (sim/secrets.go)
 	for i := 0; i < 1+d.r.IntN(3); i++ {
 		off := time.Duration(d.r.Int64N(int64(dur) + 1))
 		lease := p.lease
