@@ -835,9 +835,9 @@ func (w *Worker) dispatch(m Dispatch) {
 		ref:     LeaseRef{Step: m.Step, Lease: m.Lease},
 		command: m.Command,
 		env:     copyMap(m.Env),
+		secrets: append([]string(nil), m.Secrets...), secretsAs: m.SecretsAs,
 		writes:  m.Writes,
 		timeout: max(m.Timeout, 0),
-		secrets: append([]string(nil), m.Secrets...), secretsAs: m.SecretsAs,
 	}
 	w.leases[m.Lease] = e
 	if !e.writes {
