@@ -18,7 +18,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"net/http"
+	"os"
 	"strconv"
 	"strings"
 	"time"
@@ -139,6 +141,11 @@ func (d *Driver) openSecrets(opts Options) error {
 		path = opts.StorePath + ".secrets-key"
 	}
 	if path != "" {
+		hs, ok := d.st.(interface{ HoldsSealed() bool })
+		if _, err := os.Stat(path); errors.Is(err, fs.ErrNotExist) && ok && hs.HoldsSealed() {
+			return fmt.Errorf("%w: the secrets key file %s does not exist, and the store holds values sealed with a key: "+
+				"put that key file there (a backup does not carry it) or name it with --secrets-key-file; a new key would open none of them", store.ErrNoSecretsKey, path)
+		}
 		k, created, err := store.LoadOrCreateKey(path)
 		if err != nil {
 			return err

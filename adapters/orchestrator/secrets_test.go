@@ -66,7 +66,9 @@ func TestSecrets(t *testing.T) {
 	}
 
 	w := r.enroll("w1")
-	dm := r.leaseFor(w, core.StepSpec{Name: "reader", Secrets: []string{"DB_PASS"}, PutSecrets: []string{"MINTED"}})
+	// Its env: values are sealed at rest too, live (nosy's run) and
+	// archived (reader's, once it finished).
+	dm := r.leaseFor(w, core.StepSpec{Name: "reader", Secrets: []string{"DB_PASS"}, PutSecrets: []string{"MINTED"}, Env: map[string]string{"E": "env-value-archived-7d2a"}})
 	if !slices.Equal(dm.Secrets, []string{"DB_PASS"}) {
 		t.Fatalf("the dispatch names secrets %q, want DB_PASS", dm.Secrets)
 	}
@@ -89,7 +91,7 @@ func TestSecrets(t *testing.T) {
 		t.Fatalf("secrets after the step's put: %+v", list.Secrets)
 	}
 
-	other := r.leaseFor(w, core.StepSpec{Name: "nosy"})
+	other := r.leaseFor(w, core.StepSpec{Name: "nosy", Env: map[string]string{"E": "env-value-live-41c9"}})
 	r.expect("GET", "/secret/DB_PASS", nil, w.cred, other.Lease, 403)
 	w.finish(dm)
 	r.expect("GET", "/secret/DB_PASS", nil, w.cred, dm.Lease, 409) // the lease ended
@@ -120,7 +122,7 @@ func TestSecrets(t *testing.T) {
 	// Nothing of a value is in the clear on disk (nor encoded), and the
 	// key sits apart from the store, mode 0600.
 	r.d.Close()
-	for _, v := range [][]byte{value, []byte("minted-token-value"), []byte("hunter2-correct-horse")} {
+	for _, v := range [][]byte{value, []byte("minted-token-value"), []byte("hunter2-correct-horse"), []byte("env-value-archived-7d2a"), []byte("env-value-live-41c9")} {
 		for _, enc := range [][]byte{v, []byte(base64.StdEncoding.EncodeToString(v)), []byte(hex.EncodeToString(v))} {
 			filepath.Walk(filepath.Dir(r.opts.StorePath), func(p string, fi os.FileInfo, err error) error {
 				if err == nil && fi.Mode().IsRegular() {
@@ -134,6 +136,18 @@ func TestSecrets(t *testing.T) {
 	}
 	if fi, err := os.Stat(r.opts.StorePath + ".secrets-key"); err != nil || fi.Mode().Perm() != 0o600 {
 		t.Fatalf("secrets key file: %v %v", fi, err)
+	}
+	// Sealed is not lost: the next start opens the runs and the secrets.
+	r.restart()
+	if h, err := r.operator().Run(r.ctx, string(dm.Run)); err != nil || h.Status != "success" {
+		t.Fatalf("the archived run after a restart: %+v %v", h, err)
+	}
+	// Without its key file, the store is refused at start, naming it,
+	// instead of a new key being made.
+	r.d.Close()
+	os.Rename(r.opts.StorePath+".secrets-key", r.opts.StorePath+".moved")
+	if _, err := orchestrator.Start(r.opts); err == nil || !strings.Contains(err.Error(), "secrets key file") {
+		t.Fatalf("a sealed store without its key: %v", err)
 	}
 }
 

@@ -293,7 +293,7 @@ func (s *Store) ApplyWithData(recs []core.Record, ops []DataOp) ([]DataResult, e
 	}
 	var res []DataResult
 	err := s.db.Update(func(tx *bolt.Tx) error {
-		if err := putRecords(tx, recs); err != nil {
+		if err := putRecords(tx, recs, s); err != nil {
 			return err
 		}
 		res = make([]DataResult, len(ops))

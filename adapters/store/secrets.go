@@ -21,6 +21,8 @@ import (
 	"strings"
 
 	bolt "go.etcd.io/bbolt"
+
+	"github.com/tether-run/tether/core"
 )
 
 // SecretsKeySize is the size of the secrets key: AES-256.
@@ -35,7 +37,7 @@ var bktSecret = []byte("secret")
 var (
 	// ErrNoSecretsKey is returned when a secret is read or written on a
 	// store that was given no key (SetSecretsKey).
-	ErrNoSecretsKey = errors.New("store: no secrets key")
+	ErrNoSecretsKey = errors.New("store: no secrets key (secrets, and a sealed store's runs, need the key file the store was written with: <store>.secrets-key or --secrets-key-file)")
 	// ErrSecretsKey is returned when a sealed value does not open: the
 	// store was opened with another key than the one that sealed it (or the
 	// value was altered).
@@ -154,7 +156,7 @@ func (s *Store) open(name string, sealed []byte) ([]byte, error) {
 	n := 1 + g.NonceSize()
 	plain, err := g.Open(nil, sealed[1:n], sealed[n:], []byte(name))
 	if err != nil {
-		return nil, fmt.Errorf("%w (secret %q)", ErrSecretsKey, name)
+		return nil, fmt.Errorf("%w (%q)", ErrSecretsKey, name)
 	}
 	return plain, nil
 }
@@ -196,4 +198,116 @@ func (s *Store) Secret(name string) ([]byte, error) {
 		return nil, fmt.Errorf("%w: secret %q", ErrNotFound, name)
 	}
 	return s.open(name, sealed)
+}
+
+// The workflow's env: at rest. A run's record (run/ID) and its history
+// (history/ID) carry the run's and its steps' env: values, so a store
+// with a secrets key seals both whole with the same AEAD, the record's key
+// as additional data: a run record is written at its submission and a few
+// state changes, and a history once, so sealing them costs little on the
+// commit path (SPEC §14a), while step, lease and log records, the hot
+// ones, hold no env and stay as they are. In the buckets of those two
+// kinds a value is sealed when its first byte is sealVersion (a run's JSON
+// starts with '{', a history with 'F'), so a store written before keeps
+// being read.
+
+// sealsRecord says whether a record of this key is sealed by s.
+func (s *Store) sealsRecord(key string) bool {
+	if s == nil || s.aead.Load() == nil {
+		return false
+	}
+	return strings.HasPrefix(key, core.KindRun+"/") || strings.HasPrefix(key, core.KindHistory+"/")
+}
+
+// sealed says whether a run's record or history value is sealed.
+func sealed(v []byte) bool { return len(v) > 0 && v[0] == sealVersion }
+
+// decodeHistory decodes a history value of run, opening it if sealed.
+func (s *Store) decodeHistory(run core.RunID, v []byte) (core.RunHistory, error) {
+	if sealed(v) {
+		plain, err := s.open(core.HistoryKey(run), v)
+		if err != nil {
+			return core.RunHistory{}, err
+		}
+		v = plain
+	}
+	return decodeHistory(v)
+}
+
+// useKeyNextTo gives s the key file next to its file, path+".secrets-key",
+// if there is one (SetSecretsKey may give it another).
+func (s *Store) useKeyNextTo(path string) error {
+	key, err := ReadKeyFile(path + ".secrets-key")
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return nil
+	case err != nil:
+		return err
+	}
+	return s.SetSecretsKey(key)
+}
+
+// keyNextTo is the offline tools' key (store check): the key file next to
+// the store at path, if there is one. A store holding sealed values without
+// it cannot be checked, and says so.
+func keyNextTo(path string, db *bolt.DB) (*Store, error) {
+	s := &Store{}
+	key, err := ReadKeyFile(path + ".secrets-key")
+	if err == nil {
+		return s, s.SetSecretsKey(key)
+	}
+	if !errors.Is(err, fs.ErrNotExist) {
+		return nil, err
+	}
+	if holdsSealed(db) {
+		return nil, fmt.Errorf("%w: %s holds sealed values; put the key file it was written with at %s.secrets-key (a backup does not carry it, SPEC §14a)", ErrNoSecretsKey, path, path)
+	}
+	return s, nil
+}
+
+// holdsSealed says whether db holds a sealed value: a secret, or a run's
+// record or history (the first of each bucket tells: all are sealed once a
+// key was given).
+func holdsSealed(db *bolt.DB) bool {
+	found := false
+	db.View(func(tx *bolt.Tx) error {
+		for _, name := range [][]byte{bktSecret, bktRuns, bktHistory} {
+			if b := tx.Bucket(name); b != nil {
+				k, v := b.Cursor().First()
+				found = found || (k != nil && sealed(v))
+			}
+		}
+		return nil
+	})
+	return found
+}
+
+// HoldsSealed says whether the store holds a value sealed with a secrets
+// key: a start without that key must not make a new one.
+func (s *Store) HoldsSealed() bool { return holdsSealed(s.db) }
+
+// checkSecrets: every secret's value is sealed and, with the key, opens,
+// and it has its record (SPEC §14a).
+func checkSecrets(c *checker) {
+	names := map[string]bool{}
+	c.each(bucket, func(k, _ []byte) {
+		if n, ok := strings.CutPrefix(string(k), core.KindSecret+"/"); ok {
+			names[n] = true
+		}
+	})
+	c.each(bktSecret, func(k, v []byte) {
+		c.count("secrets", 1)
+		where := "secret " + core.Quote(string(k))
+		switch {
+		case !sealed(v):
+			c.problem(where, "its value is not sealed")
+		case c.keyed.aead.Load() != nil:
+			if _, err := c.keyed.open(string(k), v); err != nil {
+				c.problem(where, "does not open: %v", err)
+			}
+		}
+		if !names[string(k)] {
+			c.problem(where, "has a value and no record")
+		}
+	})
 }
