@@ -17,7 +17,7 @@ import (
 func TestSecretsSealed(t *testing.T) {
 	dir := t.TempDir()
 	path := filepath.Join(dir, "tether.db")
-	kp := path + ".secrets-key"
+	kp := filepath.Join(dir, "elsewhere.key") // not next to the store: Open would use it
 	key, created, err := LoadOrCreateKey(kp)
 	if err != nil || !created || len(key) != SecretsKeySize {
 		t.Fatalf("LoadOrCreateKey: %v created=%v len=%d", err, created, len(key))
