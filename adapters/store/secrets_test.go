@@ -2,13 +2,17 @@ package store
 
 import (
 	"bytes"
+	"encoding/hex"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
 	bolt "go.etcd.io/bbolt"
+
+	"github.com/tether-run/tether/core"
 )
 
 // TestSecretsSealed: a value is stored sealed (not in the file, not
@@ -72,11 +76,31 @@ func TestSecretsSealed(t *testing.T) {
 	if _, err := s.Secret("A"); !errors.Is(err, ErrNotFound) {
 		t.Fatalf("a removed secret: %v", err)
 	}
-	s.ApplyWithData(nil, []DataOp{{Kind: OpSecretPut, ID: "A", Body: value}})
+	// (B, which holds A's value, store check would find: it is removed.)
+	s.ApplyWithData(nil, []DataOp{{Kind: OpSecretDelete, ID: "B"}})
+	s.ApplyWithData([]core.Record{{Key: "secret/A", Value: []byte(`{"Name":"A","Size":22}`)}}, []DataOp{{Kind: OpSecretPut, ID: "A", Body: value}})
 	s.Close()
 	if raw, _ := os.ReadFile(path); bytes.Contains(raw, value) {
 		t.Fatal("the store file holds the value in the clear")
 	}
+
+	// store check: the values need the key next to the store, and each
+	// must be sealed, open, and have its record.
+	if _, err := Check(path); !errors.Is(err, ErrNoSecretsKey) {
+		t.Fatalf("check without the key: %v", err)
+	}
+	os.WriteFile(path+".secrets-key", []byte(hex.EncodeToString(key)), 0o600)
+	if rep := mustCheck(t, path); !rep.Sound() {
+		t.Fatalf("check of a sealed store: %+v", rep.Findings)
+	}
+	db, _ := bolt.Open(path, 0o600, nil)
+	db.Update(func(tx *bolt.Tx) error { return tx.Bucket(bktSecret).Put([]byte("C"), []byte("in the clear")) })
+	db.Close()
+	rep := mustCheck(t, path)
+	if rep.Sound() || !strings.Contains(fmt.Sprint(rep.Findings), "not sealed") || !strings.Contains(fmt.Sprint(rep.Findings), "no record") {
+		t.Fatalf("check of a clear value without a record: %+v", rep.Findings)
+	}
+	os.Remove(path + ".secrets-key")
 
 	// Another key: a clear error naming the key, never other bytes.
 	s = open(t, path)

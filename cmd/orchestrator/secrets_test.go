@@ -107,6 +107,26 @@ func TestSecretsEndToEnd(t *testing.T) {
 	if list := must(nil, "secret", "list"); !strings.Contains(list, "DB_PASS") || !strings.Contains(list, "29") {
 		t.Fatalf("secret list:\n%s", list)
 	}
+	// --from-file, byte for byte; a value over 64 KiB and a missing file
+	// are usage errors; rm removes.
+	big := filepath.Join(t.TempDir(), "big")
+	os.WriteFile(big, make([]byte, 64<<10+1), 0o600)
+	if _, errOut, code := cli(nil, "secret", "put", "BIG", "--from-file", big); code != exitUsage || !strings.Contains(errOut, "longer than 65536") {
+		t.Fatalf("a value over the limit: exit %d %q, want 2", code, errOut)
+	}
+	if _, _, code := cli(nil, "secret", "put", "BIG", "--from-file", big+".none"); code != exitUsage {
+		t.Fatalf("a missing file: exit %d, want 2", code)
+	}
+	small := filepath.Join(t.TempDir(), "small")
+	os.WriteFile(small, []byte("x\n"), 0o600)
+	var put struct{ Size int }
+	if err := json.Unmarshal([]byte(must(nil, "secret", "put", "SMALL", "--from-file", small, "-o", "json")), &put); err != nil || put.Size != 2 {
+		t.Fatalf("secret put --from-file: %+v %v", put, err)
+	}
+	must(nil, "secret", "rm", "SMALL")
+	if _, _, code := cli(nil, "secret", "rm", "SMALL"); code != exitRefused {
+		t.Fatalf("rm of an unknown secret: exit %d, want 3", code)
+	}
 
 	token := strings.TrimSpace(must(nil, "token", "create", "w1", "--ttl", "10m"))
 	w := start(t, ctx, "worker w1", workerBin, "connect", "--url", wsURL, "--token", token, "--log-level", "debug")
