@@ -189,7 +189,9 @@ func (o *Orchestrator) secretWrite(in SecretWrite) {
 		case o.secrets[in.Name] == nil && len(o.secrets) >= MaxSecrets:
 			a.Refusal, a.Detail = RefusedSecretNotDeclared, in.Name+" (the orchestrator holds its most secrets)"
 		default:
-			o.setSecret(in.Name, in.Size, "step "+string(o.leases[in.Lease].Step))
+			by := "step " + string(o.leases[in.Lease].Step)
+			o.setSecret(in.Name, in.Size, by)
+			o.accept(by, ActionSecretPut, in.Name) // audited as an operator's put, the step its actor
 		}
 	}
 	a.Req = in.Req

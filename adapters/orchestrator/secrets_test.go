@@ -113,7 +113,7 @@ func TestSecrets(t *testing.T) {
 			actions = append(actions, e.Action+" "+e.Target+" "+e.Outcome)
 		}
 	}
-	want := []string{"secret.rm OTHER refused", "secret.rm OTHER accepted", "secret.put BIG refused", "secret.put DB_PASS refused",
+	want := []string{"secret.rm OTHER refused", "secret.rm OTHER accepted", "secret.put MINTED accepted", "secret.put BIG refused", "secret.put DB_PASS refused",
 		"secret.put 1BAD refused", "secret.put OTHER accepted", "secret.put DB_PASS accepted"}
 	if !slices.Equal(actions, want) {
 		t.Fatalf("audited:\n%s\nwant:\n%s", strings.Join(actions, "\n"), strings.Join(want, "\n"))
