@@ -21,8 +21,9 @@ import (
 
 // secretsWorkflow: a step that reads DB_PASS as a file, one that reads it
 // as an env var, each printing its digest and then the value itself (which
-// must reach the logs as ***), and one that names no secret and asks the
-// data plane for it anyway.
+// must reach the logs as ***), one that names no secret and asks the
+// data plane for it anyway, and one that writes the secret it names in
+// put_secrets (201) and one it does not (403), through the step endpoint.
 const secretsWorkflow = `name: secrets
 steps:
   - name: files
@@ -47,6 +48,14 @@ steps:
       echo "nosy got $code"
       test "$code" = 403 || exit 25
       test -z "$TETHER_SECRETS_DIR" || exit 26
+  - name: minter
+    put_secrets: [MINTED]
+    run: |
+      code=$(printf minted-in-a-step-5e1 | curl -s -o /dev/null -w '%{http_code}' -X PUT --data-binary @- -H "Authorization: Bearer $TETHER_DATA_TOKEN" "$TETHER_DATA_URL/secret/MINTED")
+      echo "minter got $code"
+      test "$code" = 201 || exit 27
+      code=$(printf x | curl -s -o /dev/null -w '%{http_code}' -X PUT --data-binary @- -H "Authorization: Bearer $TETHER_DATA_TOKEN" "$TETHER_DATA_URL/secret/DB_PASS")
+      test "$code" = 403 || exit 28
 `
 
 // TestSecretsEndToEnd is SPEC §14a's acceptance, with the real binaries: a
@@ -139,7 +148,7 @@ func TestSecretsEndToEnd(t *testing.T) {
 		t.Fatalf("run %s: %v %s\n%s\n%s", run, err, det.Status, showJSON, must(nil, "run", "logs", "run-1"))
 	}
 	logs := must(nil, "run", "logs", "run-1")
-	for _, want := range []string{"file sha " + digest, "env sha " + digest, "leak: ***", "nosy got 403"} {
+	for _, want := range []string{"file sha " + digest, "env sha " + digest, "leak: ***", "nosy got 403", "minter got 201"} {
 		if !strings.Contains(logs, want) {
 			t.Errorf("run logs lack %q:\n%s", want, logs)
 		}
@@ -148,6 +157,10 @@ func TestSecretsEndToEnd(t *testing.T) {
 		t.Errorf("no secrets dir in the logs:\n%s", logs)
 	} else if _, err := os.Stat(m[1]); !os.IsNotExist(err) {
 		t.Errorf("the secrets dir %s outlived its step: %v", m[1], err)
+	}
+
+	if list := must(nil, "secret", "list"); !strings.Contains(list, "MINTED") || !strings.Contains(list, "step run-1/minter") {
+		t.Errorf("secret list lacks the step's put:\n%s", list)
 	}
 
 	// The API's answers about the run.
@@ -180,6 +193,7 @@ func TestSecretsEndToEnd(t *testing.T) {
 	serve.wait(t, ctx)
 	needles := map[string][]byte{
 		"the value": []byte(value),
+		"the minted value": []byte("minted-in-a-step-5e1"),
 		"base64":    []byte(base64.StdEncoding.EncodeToString([]byte(value))),
 		"base64url": []byte(base64.RawURLEncoding.EncodeToString([]byte(value))),
 		"hex":       []byte(hex.EncodeToString([]byte(value))),
