@@ -192,11 +192,11 @@ func TestSecretsEndToEnd(t *testing.T) {
 	serve.signal(t, 15)
 	serve.wait(t, ctx)
 	needles := map[string][]byte{
-		"the value": []byte(value),
+		"the value":        []byte(value),
 		"the minted value": []byte("minted-in-a-step-5e1"),
-		"base64":    []byte(base64.StdEncoding.EncodeToString([]byte(value))),
-		"base64url": []byte(base64.RawURLEncoding.EncodeToString([]byte(value))),
-		"hex":       []byte(hex.EncodeToString([]byte(value))),
+		"base64":           []byte(base64.StdEncoding.EncodeToString([]byte(value))),
+		"base64url":        []byte(base64.RawURLEncoding.EncodeToString([]byte(value))),
+		"hex":              []byte(hex.EncodeToString([]byte(value))),
 	}
 	hay := map[string][]byte{
 		"run show -o json":          []byte(showJSON),
