@@ -79,10 +79,14 @@ func (d *Driver) secretsReady(c core.ExecCommand) bool {
 		d.secrets = map[core.LeaseID]*stepSecrets{}
 	}
 	d.secrets[c.Lease] = &stepSecrets{pending: true}
+	parent := d.ctx // Run's: a worker that stops stops fetching
+	if parent == nil {
+		parent = context.Background()
+	}
 	d.wg.Add(1)
 	go func() {
 		defer d.wg.Done()
-		ctx, cancel := context.WithTimeout(context.Background(), secretsFetchTimeout)
+		ctx, cancel := context.WithTimeout(parent, secretsFetchTimeout)
 		defer cancel()
 		sec, err := fetchSecrets(ctx, d.data, c)
 		if !d.push(secretsFetched{c: c, sec: sec, err: err}) && sec != nil {
