@@ -163,6 +163,19 @@ func TestSecretsEndToEnd(t *testing.T) {
 		t.Errorf("secret list lacks the step's put:\n%s", list)
 	}
 
+	// A secret nobody stored fails its step before the process starts.
+	missing, ran := filepath.Join(t.TempDir(), "missing.yaml"), filepath.Join(t.TempDir(), "ran")
+	os.WriteFile(missing, []byte("name: missing\nsteps:\n  - name: a\n    secrets: [MISSING]\n    run: touch "+ran+"\n"), 0o600)
+	if _, errOut, code := cli(nil, "run", "submit", missing, "--wait"); code != 10 {
+		t.Errorf("a step naming a missing secret: exit %d, want 10 (failed)\n%s", code, errOut)
+	}
+	if show := must(nil, "run", "show", "run-2"); !strings.Contains(show, "secrets: secret MISSING") {
+		t.Errorf("run show does not say the secret is missing:\n%s", show)
+	}
+	if _, err := os.Stat(ran); !os.IsNotExist(err) {
+		t.Errorf("the step's process ran without its secret: %v", err)
+	}
+
 	// The API's answers about the run.
 	admin, _ := os.ReadFile(filepath.Join(dataDir, "admin-token"))
 	var answers []byte
