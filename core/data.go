@@ -38,6 +38,7 @@ const (
 	RefusedUnknownLease                   // no such lease, or another worker's
 	RefusedLeaseNotCurrent                // the lease ended: superseded, expired, triaged, its step finished or cancelled
 	RefusedSecretNotDeclared              // the lease's step does not declare the secret (SPEC §14a)
+	RefusedSecretsFull                    // a new secret past MaxSecrets (SPEC §14a)
 )
 
 func (r WriteRefusal) String() string {
@@ -58,6 +59,8 @@ func (r WriteRefusal) String() string {
 		return "lease-not-current"
 	case RefusedSecretNotDeclared:
 		return "secret-not-declared"
+	case RefusedSecretsFull:
+		return "secrets-full"
 	}
 	return "invalid"
 }
@@ -100,6 +103,8 @@ func (a DataAnswer) Err() error {
 		return fmt.Errorf("%w: lease %d: %s", ErrNotCurrent, a.Lease, a.Detail)
 	case RefusedSecretNotDeclared:
 		return fmt.Errorf("%w: lease %d may not use secret %s", ErrSecretNotDeclared, a.Lease, Quote(a.Detail))
+	case RefusedSecretsFull:
+		return fmt.Errorf("secret %s refused: at most %d secrets", Quote(a.Detail), MaxSecrets)
 	}
 	return fmt.Errorf("data write refused (%d)", a.Refusal)
 }

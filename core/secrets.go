@@ -184,10 +184,10 @@ func (o *Orchestrator) secretWrite(in SecretWrite) {
 	a := o.CheckSecret(o.now, in.Credential, in.Lease, in.Name, true)
 	if a.Refusal == WriteAdmitted {
 		switch {
-		case CheckSecretName(in.Name) != nil, checkSecretSize(in.Size) != "":
-			a.Refusal, a.Detail = RefusedSecretNotDeclared, in.Name // put_secrets: holds valid names only
+		case checkSecretSize(in.Size) != "": // the data plane refuses these first
+			a.Refusal, a.Detail = RefusedSecretNotDeclared, in.Name
 		case o.secrets[in.Name] == nil && len(o.secrets) >= MaxSecrets:
-			a.Refusal, a.Detail = RefusedSecretNotDeclared, in.Name+" (the orchestrator holds its most secrets)"
+			a.Refusal, a.Detail = RefusedSecretsFull, in.Name
 		default:
 			by := "step " + string(o.leases[in.Lease].Step)
 			o.setSecret(in.Name, in.Size, by)
