@@ -3,9 +3,12 @@ package client_test
 import (
 	"bytes"
 	"context"
+	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"io"
 	"log/slog"
+	"os"
 	"path/filepath"
 	"testing"
 	"time"
@@ -17,12 +20,16 @@ import (
 
 const admin = "client-test-admin-token-0123456789"
 
+// secretsKey seals the test orchestrator's secrets and runs (SPEC §14a);
+// a backup is checked with it put next to the copy.
+var secretsKey = bytes.Repeat([]byte{0x5a}, 32)
+
 func start(t *testing.T) (*client.Client, context.Context) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
 	t.Cleanup(cancel)
 	d, err := orchestrator.Start(orchestrator.Options{
-		Addr: "127.0.0.1:0", StorePath: filepath.Join(t.TempDir(), "tether.db"), AdminToken: admin,
+		Addr: "127.0.0.1:0", StorePath: filepath.Join(t.TempDir(), "tether.db"), AdminToken: admin, SecretsKey: secretsKey,
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
 	})
 	if err != nil {
@@ -141,6 +148,19 @@ func TestClientAgainstDriver(t *testing.T) {
 	if _, err := c.Data(ctx, "none", "latest"); client.ErrorCode(err) != client.CodeNotFound {
 		t.Fatalf("Data of nothing: %v", err)
 	}
+	// Secrets (SPEC §14a): stored, listed without a value, removed.
+	if s := must[*client.Secret](t, "PutSecret")(c.PutSecret(ctx, "TOKEN", []byte("v4lue"))); s.Name != "TOKEN" || s.Size != 5 {
+		t.Fatalf("PutSecret: %+v", s)
+	}
+	if l := must[*client.SecretList](t, "Secrets")(c.Secrets(ctx)); len(l.Secrets) != 1 || l.Secrets[0].Name != "TOKEN" || l.Secrets[0].UpdatedBy != "admin" {
+		t.Fatalf("Secrets: %+v", l)
+	}
+	if err := c.RemoveSecret(ctx, "NONE"); client.ErrorCode(err) != client.CodeNotFound {
+		t.Fatalf("RemoveSecret of nothing: %v", err)
+	}
+	if _, err := c.PutSecret(ctx, "bad-name", []byte("x")); client.ErrorCode(err) != client.CodeInvalid {
+		t.Fatalf("PutSecret of a bad name: %v", err)
+	}
 	rc := must[io.ReadCloser](t, "Backup")(c.Backup(ctx))
 	dst := filepath.Join(t.TempDir(), "backup.db")
 	err := store.Unpack(rc, dst)
@@ -148,6 +168,10 @@ func TestClientAgainstDriver(t *testing.T) {
 	if err != nil {
 		t.Fatalf("unpacking the backup: %v", err)
 	}
+	if _, err := store.Check(dst); !errors.Is(err, store.ErrNoSecretsKey) {
+		t.Fatalf("checking the backup without its key: %v", err)
+	}
+	os.WriteFile(dst+".secrets-key", []byte(hex.EncodeToString(secretsKey)), 0o600)
 	if rep, err := store.Check(dst); err != nil || !rep.Sound() {
 		t.Fatalf("the backup: %v %v", rep, err)
 	}

@@ -41,6 +41,8 @@ const (
 	RefusedUnknownLease                   // no such lease, or another worker's
 	RefusedLeaseNotCurrent                // the lease ended: superseded, expired, triaged, its step finished or cancelled
 	RefusedUndeclaredOutput               // the lease's step declares outputs, and not this data id (403)
+	RefusedSecretNotDeclared              // the lease's step does not declare the secret (SPEC §14a)
+	RefusedSecretsFull                    // a new secret past MaxSecrets (SPEC §14a)
 )
 
 func (r WriteRefusal) String() string {
@@ -61,6 +63,10 @@ func (r WriteRefusal) String() string {
 		return "lease-not-current"
 	case RefusedUndeclaredOutput:
 		return "undeclared-output"
+	case RefusedSecretNotDeclared:
+		return "secret-not-declared"
+	case RefusedSecretsFull:
+		return "secrets-full"
 	}
 	return "invalid"
 }
@@ -107,6 +113,10 @@ func (a DataAnswer) Err() error {
 		return fmt.Errorf("%w: lease %d: %s", ErrNotCurrent, a.Lease, a.Detail)
 	case RefusedUndeclaredOutput:
 		return fmt.Errorf("%w: lease %d: %s", ErrUndeclaredOutput, a.Lease, a.Detail)
+	case RefusedSecretNotDeclared:
+		return fmt.Errorf("%w: lease %d may not use secret %s", ErrSecretNotDeclared, a.Lease, Quote(a.Detail))
+	case RefusedSecretsFull:
+		return fmt.Errorf("secret %s refused: at most %d secrets", Quote(a.Detail), MaxSecrets)
 	}
 	return fmt.Errorf("data write refused (%d)", a.Refusal)
 }

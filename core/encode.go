@@ -414,6 +414,9 @@ func (e *recEncoder) stepSpec(s *StepSpec) {
 		e.retry(s.Retry)
 	}
 	e.optBool("Idempotent", s.Idempotent)
+	e.optStrings("Secrets", s.Secrets)
+	e.optStr("SecretsAs", s.SecretsAs)
+	e.optStrings("PutSecrets", s.PutSecrets)
 	e.end()
 }
 

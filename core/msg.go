@@ -140,6 +140,10 @@ type (
 		Writes  bool
 		Timeout time.Duration
 		Attempt int
+		// Secrets the worker fetches before it starts the process, and how
+		// it hands them over (SPEC §14a).
+		Secrets   []string
+		SecretsAs string
 	}
 	// StartAck answers Start: OK means START is durably recorded.
 	StartAck struct {

@@ -32,6 +32,9 @@ type Orchestrator struct {
 	events    map[RunID][]ServerEvent
 	logs      map[LeaseID][]StepLogLine
 
+	// secrets are the secrets' records, never their values (secrets.go).
+	secrets map[string]*SecretRecord
+
 	// Derived indexes, rebuilt by load.
 	specOf       map[StepID]*StepSpec
 	dependents   map[StepID][]StepID
@@ -106,6 +109,7 @@ func (o *Orchestrator) init() {
 	o.workers = map[WorkerID]*WorkerRecord{}
 	o.tokens = map[string]*TokenRecord{}
 	o.operators = map[string]*OperatorRecord{}
+	o.secrets = map[string]*SecretRecord{}
 	o.events = map[RunID][]ServerEvent{}
 	o.logs = map[LeaseID][]StepLogLine{}
 	o.specOf = map[StepID]*StepSpec{}
@@ -259,6 +263,13 @@ func (o *Orchestrator) Step(now time.Time, in Input) Ready {
 		// fired, those due at this very instant too.
 		o.fireTimers(now, false)
 		o.dataWrite(in)
+	case PutSecret:
+		o.putSecret(in)
+	case RemoveSecret:
+		o.removeSecret(in)
+	case SecretWrite:
+		o.fireTimers(now, false) // as a DataWrite (SPEC §14a)
+		o.secretWrite(in)
 	default:
 		panic(fmt.Sprintf("core: unknown input %T", in))
 	}
@@ -354,6 +365,10 @@ func (o *Orchestrator) recordFor(key string) Record {
 		}
 	case KindOperator:
 		if t := o.operators[id]; t != nil {
+			v = t
+		}
+	case KindSecret:
+		if t := o.secrets[id]; t != nil {
 			v = t
 		}
 	default:

@@ -835,6 +835,43 @@ func (h *harness) command(d *datadriven.TestData) []string {
 		out = append(out, fmt.Sprintf("records: %d", len(rd.Records)))
 		return append(out, h.absorb(rd)...)
 
+	case "secret":
+		// SPEC §14a. secret put NAME size=N [actor=A] | secret rm NAME |
+		// secret read W lease=L NAME | secret write W lease=L NAME size=N
+		// | secret list. A read is the CheckSecret query; a write a
+		// SecretWrite input, answered like a DataWrite.
+		switch h.pos(d, 0) {
+		case "put":
+			return h.step(PutSecret{Call: h.call(), Actor: h.argOr(d, "actor", ""), Name: h.pos(d, 1), Size: int(h.num(d, "size", 1))})
+		case "rm":
+			return h.step(RemoveSecret{Call: h.call(), Actor: h.argOr(d, "actor", ""), Name: h.pos(d, 1)})
+		case "list":
+			var out []string
+			for _, s := range h.o.Secrets() {
+				out = append(out, fmt.Sprintf("secret %s size=%d at=%s by=%s", s.Name, s.Size, DescribeAt(s.UpdatedAt, t0), s.UpdatedBy))
+			}
+			return out
+		case "read", "write":
+			w := h.pos(d, 1)
+			lease, name := LeaseID(h.num(d, "lease", 0)), h.pos(d, 2)
+			describe := func(a DataAnswer) string {
+				line := fmt.Sprintf("%s %s %s", h.pos(d, 0), name, a.Refusal)
+				if err := a.Err(); err != nil {
+					line += ": " + err.Error()
+				}
+				return line
+			}
+			if h.pos(d, 0) == "read" {
+				return []string{describe(h.o.CheckSecret(h.now, h.creds[w], lease, name, false))}
+			}
+			rd := h.o.Step(h.now, SecretWrite{Req: 9, Credential: h.creds[w], Lease: lease, Name: name, Size: int(h.num(d, "size", 1))})
+			var out []string
+			for _, a := range rd.Writes {
+				out = append(out, describe(a))
+			}
+			return append(out, h.absorb(rd)...)
+		}
+
 	case "transition":
 		s, ok1 := ParseState(h.pos(d, 0))
 		e, ok2 := ParseEvent(h.pos(d, 1))
@@ -958,6 +995,12 @@ func (h *harness) parseRun(d *datadriven.TestData) RunSpec {
 				}
 			case "idempotent":
 				s.Idempotent = true
+			case "secrets": // SPEC §14a
+				s.Secrets = list()
+			case "put-secrets":
+				s.PutSecrets = list()
+			case "secrets-as":
+				s.SecretsAs = v
 			case "env":
 				s.Env = map[string]string{}
 				for _, kv := range list() {

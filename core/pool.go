@@ -1091,7 +1091,7 @@ func (o *Orchestrator) grant(s *StepRecord, w *WorkerRecord) {
 	s.Lease = l.ID
 	o.markStep(s)
 	o.sendTo(w.ID, Dispatch{Lease: l.ID, Step: s.ID, Run: s.Run, Command: sp.Command, Env: o.envFor(s, sp),
-		Writes: sp.Writes, Timeout: sp.Timeout, Attempt: s.Attempts})
+		Writes: sp.Writes, Timeout: sp.Timeout, Attempt: s.Attempts, Secrets: sp.Secrets, SecretsAs: sp.SecretsAs})
 }
 
 // envFor is the shipped environment: the orchestrator's snapshot, then the

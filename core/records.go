@@ -204,6 +204,8 @@ func DecodeRecord(r Record) (any, error) {
 		v = &RunHistory{}
 	case KindOperator:
 		v = &OperatorRecord{}
+	case KindSecret:
+		v = &SecretRecord{}
 	case KindAudit:
 		v = &AuditEntry{}
 	case KindClosed:

@@ -73,6 +73,8 @@ func (o *Orchestrator) load(recs []Record) error {
 			o.tokens[v.Name] = v
 		case *OperatorRecord:
 			o.operators[v.Name] = v
+		case *SecretRecord:
+			o.secrets[v.Name] = v
 		case *ServerEvent:
 			o.events[v.Run] = append(o.events[v.Run], *v)
 		case *StepLogLine:
@@ -240,6 +242,9 @@ func (o *Orchestrator) Records() []Record {
 	}
 	for _, id := range sortedKeys(o.operators) {
 		add(operatorKey(id), o.operators[id])
+	}
+	for _, id := range sortedKeys(o.secrets) {
+		add(secretKey(id), o.secrets[id])
 	}
 	recs = append(recs, o.closedRecords()...)
 	sort.Slice(recs, func(i, j int) bool { return recs[i].Key < recs[j].Key })

@@ -52,6 +52,12 @@ type StepSpec struct {
 	// again, which a write-bearing step must say to be retried.
 	Retry      *RetryPolicy `json:",omitzero"`
 	Idempotent bool         `json:",omitzero"`
+	// Secrets names the secrets the step may read, given to it as files
+	// (SecretsAs "files", the default) or env vars ("env"); PutSecrets
+	// the ones it may write (SPEC §14a).
+	Secrets    []string `json:",omitzero"`
+	SecretsAs  string   `json:",omitzero"`
+	PutSecrets []string `json:",omitzero"`
 }
 
 // RetryPolicy is a step's `retry:` (SPEC §1, §3): up to Attempts more tries
@@ -369,7 +375,11 @@ func (r RunSpec) checkSizes() error {
 			return err
 		}
 		size += len(s.Name) + len(s.Command) + len(s.Type) + len(s.Runner) + len(s.Target) + len(s.Platform) + envBytes(s.Env) + envBytes(s.Labels)
-		for _, l := range [][]string{s.DependsOn, s.Tags, s.ForEach, s.Outputs} {
+		if err := checkStepSecrets(s); err != nil {
+			return err
+		}
+		size += len(s.SecretsAs)
+		for _, l := range [][]string{s.DependsOn, s.Tags, s.ForEach, s.Outputs, s.Secrets, s.PutSecrets} {
 			for _, x := range l {
 				size += len(x)
 			}

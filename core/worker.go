@@ -254,6 +254,10 @@ type ExecCommand struct {
 	Step    StepID
 	Command string
 	Env     map[string]string
+	// Secrets to fetch before the process starts, and how to hand them
+	// over (SPEC §14a).
+	Secrets   []string
+	SecretsAs string
 }
 
 // WorkerExit tells the worker process to exit.
@@ -294,6 +298,9 @@ type execution struct {
 	command string
 	env     map[string]string // never mutated after Dispatch
 	writes  bool
+	// secrets and secretsAs are the Dispatch's (never mutated).
+	secrets   []string
+	secretsAs string
 	// released: the lease is finished (answered, refused at start, or
 	// cancelled by a Welcome). Nothing more is ever emitted for it, it holds no
 	// slot and no request, and the record lives only until its process is gone.
@@ -576,6 +583,7 @@ func (w *Worker) exec(op ExecOp, e *execution) {
 	c := ExecCommand{Op: op, Lease: e.ref.Lease}
 	if op == ExecStart {
 		c.Step, c.Command, c.Env = e.ref.Step, e.command, copyMap(e.env)
+		c.Secrets, c.SecretsAs = e.secrets, e.secretsAs
 	}
 	w.out.Exec = append(w.out.Exec, c)
 }
@@ -835,6 +843,7 @@ func (w *Worker) dispatch(m Dispatch) {
 		ref:     LeaseRef{Step: m.Step, Lease: m.Lease},
 		command: m.Command,
 		env:     copyMap(m.Env),
+		secrets: append([]string(nil), m.Secrets...), secretsAs: m.SecretsAs,
 		writes:  m.Writes,
 		timeout: max(m.Timeout, 0),
 	}
@@ -1519,6 +1528,9 @@ func (w *Worker) Fingerprint() uint64 {
 		e.u64(uint64(x.ref.Lease), uint64(x.proc), x.logSeq, x.eventSeq)
 		e.str(string(x.ref.Step), x.command)
 		e.strMap(x.env)
+		e.u64(uint64(len(x.secrets)))
+		e.str(x.secrets...)
+		e.str(x.secretsAs)
 		e.bool(x.writes, x.released, x.cancelled, x.termed, x.stopped, x.timedOut)
 		e.time(x.killAt, x.timeoutAt)
 		e.dur(x.timeout)

@@ -596,7 +596,7 @@ func TestWorkerExitIsFinal(t *testing.T) {
 // field fail this test until it is covered here (and in Fingerprint).
 func TestWorkerFingerprintCoversState(t *testing.T) {
 	for typ, want := range map[reflect.Type]int{
-		reflect.TypeFor[Worker](): 26, reflect.TypeFor[execution](): 24,
+		reflect.TypeFor[Worker](): 26, reflect.TypeFor[execution](): 26,
 		reflect.TypeFor[request](): 6, reflect.TypeFor[WorkerConfig](): 24,
 	} {
 		if typ.NumField() != want {
@@ -650,6 +650,8 @@ func TestWorkerFingerprintCoversState(t *testing.T) {
 		"exec.command":    func(c *Worker) { c.leases[1].command = "x" },
 		"exec.env":        func(c *Worker) { c.leases[1].env["k"] = "w" },
 		"exec.writes":     func(c *Worker) { c.leases[1].writes = true },
+		"exec.secrets":    func(c *Worker) { c.leases[1].secrets = []string{"S"} },
+		"exec.secretsAs":  func(c *Worker) { c.leases[1].secretsAs = "env" },
 		"exec.released":   func(c *Worker) { c.leases[1].released = true },
 		"exec.proc":       func(c *Worker) { c.leases[1].proc = procRunning },
 		"exec.cancelled":  func(c *Worker) { c.leases[1].cancelled = true },

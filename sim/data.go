@@ -50,6 +50,8 @@ type DataStats struct {
 	Lost           int // requests lost: the orchestrator down, or held past the deadline
 	Undeclared     int // writes under the writer's current lease to an id its step does not declare
 	UndeclaredRef  int // of those, refused
+
+	Secrets SecretStats // secret reads (sim/secrets.go)
 }
 
 func (s *DataStats) add(o DataStats) {
@@ -63,11 +65,12 @@ func (s *DataStats) add(o DataStats) {
 	s.Lost += o.Lost
 	s.Undeclared += o.Undeclared
 	s.UndeclaredRef += o.UndeclaredRef
+	s.Secrets.add(o.Secrets)
 }
 
 func (s DataStats) String() string {
 	return fmt.Sprintf("data writes: %d (admitted %d, stored %d; zombie %d, refused %d; another worker's lease %d, refused %d; lost %d; undeclared %d, refused %d)",
-		s.Writes, s.Admitted, s.Stored, s.Zombie, s.ZombieRefused, s.Foreign, s.ForeignRefused, s.Lost, s.Undeclared, s.UndeclaredRef)
+		s.Writes, s.Admitted, s.Stored, s.Zombie, s.ZombieRefused, s.Foreign, s.ForeignRefused, s.Lost, s.Undeclared, s.UndeclaredRef) + "; " + s.Secrets.String()
 }
 
 // dataPlane is the world's data-plane state; its randomness is its own
@@ -138,6 +141,7 @@ func (w *world) dataWrites(wn *workerNode, p *proc, dur time.Duration) {
 	}
 	d := w.dataState()
 	gen := wn.gen
+	w.secretRead(wn, p, dur) // SPEC §14a (sim/secrets.go)
 	for i := 0; i < 1+d.r.IntN(3); i++ {
 		off := time.Duration(d.r.Int64N(int64(dur) + 1))
 		lease := p.lease

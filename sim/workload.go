@@ -385,6 +385,9 @@ func (w *world) randomRun() core.RunSpec {
 	}
 	for i := 0; i < n; i++ {
 		s := core.StepSpec{Name: fmt.Sprintf("s%d", i), Command: "work", Writes: w.chance(w.opt.WriteFrac)}
+		if n := stepSecret(i); n != "" {
+			s.Secrets = []string{n} // by its index: draws nothing (sim/secrets.go)
+		}
 		for j := 0; j < i; j++ {
 			if w.chance(0.4) {
 				s.DependsOn = append(s.DependsOn, fmt.Sprintf("s%d", j))

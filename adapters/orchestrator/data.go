@@ -124,6 +124,7 @@ type (
 		lease core.LeaseID
 		op    store.DataOp
 		reply chan dataAnswer
+		call  core.Input // a secret's change: the core input deciding it (secrets.go)
 	}
 	dataAnswer struct {
 		res store.DataResult
@@ -363,6 +364,10 @@ func (p *dataPlane) classify(err error) *httpError {
 		return &httpError{code: http.StatusRequestEntityTooLarge, msg: strings.TrimPrefix(err.Error(), "store: ")}
 	case errors.Is(err, store.ErrBadRequestID), errors.Is(err, store.ErrBadAttribute):
 		return &httpError{code: http.StatusBadRequest, msg: strings.TrimPrefix(err.Error(), "store: ")}
+	case errors.Is(err, ErrSecretRefused):
+		return &httpError{code: http.StatusForbidden, msg: err.Error()}
+	case errors.Is(err, ErrNoSecrets):
+		return &httpError{code: http.StatusServiceUnavailable, msg: err.Error()}
 	case errors.Is(err, store.ErrNotFound):
 		return &httpError{code: http.StatusNotFound, msg: strings.TrimPrefix(err.Error(), "store: ")}
 	case errors.Is(err, store.ErrStreamFull), errors.As(err, &mbe), errors.Is(err, store.ErrTooLarge):
@@ -396,6 +401,13 @@ func (p *dataPlane) serveOperator(w http.ResponseWriter, r *http.Request, path s
 }
 
 func (p *dataPlane) serve(w http.ResponseWriter, r *http.Request) error {
+	if strings.HasPrefix(r.URL.Path, "/secret/") {
+		cred := bearer(r)
+		if cred == "" {
+			return fmt.Errorf("%w: missing (send Authorization: Bearer <session credential>)", ErrUnauthenticated)
+		}
+		return p.secret(w, r, cred) // SPEC §14a
+	}
 	rt, herr := parseDataPath(r.Method, r.URL.Path)
 	if herr != nil {
 		return herr
@@ -689,10 +701,12 @@ func sendBytes(w http.ResponseWriter, r *http.Request, size int64, rd io.Reader)
 // precheck is the data plane's early check of a request's credential (and
 // lease, if not zero), answered by the loop before it steps its next batch.
 type precheck struct {
-	cred  string
-	lease core.LeaseID
-	id    string // the data id written, for declared outputs
-	reply chan error
+	cred   string
+	lease  core.LeaseID
+	id     string // the data id written, for declared outputs
+	reply  chan error
+	secret string // a secret's name: its read (or, put, write) is checked too (SPEC §14a)
+	put    bool
 }
 
 // authenticate checks a session credential on the loop and, for a lease
@@ -729,6 +743,9 @@ func (d *Driver) authenticateTo(ctx context.Context, cred string, lease core.Lea
 // precheck answers an early check (loop goroutine): the core's decision,
 // asked as a query of the state the last batch left.
 func (d *Driver) precheck(pc precheck) error {
+	if pc.secret != "" {
+		return dataRefusal(d.o.CheckSecret(time.Now(), pc.cred, pc.lease, pc.secret, pc.put))
+	}
 	return dataRefusal(d.o.CheckWriteTo(time.Now(), pc.cred, pc.lease, pc.id))
 }
 
@@ -744,6 +761,8 @@ func dataRefusal(a core.DataAnswer) error {
 		return fmt.Errorf("%w: %v", ErrUnauthenticated, err)
 	case a.Refusal == core.RefusedUndeclaredOutput:
 		return fmt.Errorf("%w: %w", ErrFenced, err) // 403: classify finds core.ErrUndeclaredOutput first
+	case a.Refusal == core.RefusedSecretNotDeclared:
+		return fmt.Errorf("%w: %v", ErrSecretRefused, err)
 	}
 	return fmt.Errorf("%w: %v", ErrFenced, err)
 }
@@ -858,6 +877,9 @@ func (d *Driver) PutBundleFrom(ctx context.Context, body io.Reader, limit int64)
 // group. An operator's bundle upload is not the core's to decide (the
 // operator API authenticated it).
 func (d *Driver) admitWrite(in *dataWrite, step func(core.Input) core.Ready) error {
+	if in.op.Kind == store.OpSecretPut || in.op.Kind == store.OpSecretDelete {
+		return d.admitSecret(in, step) // SPEC §14a
+	}
 	if in.cred == "" && in.op.Kind == store.OpBundle {
 		in.op.At = time.Now()
 		return nil

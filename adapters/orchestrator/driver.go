@@ -120,6 +120,11 @@ type Options struct {
 	// Store, if set, is used instead of opening StorePath (tests wrap the
 	// bbolt store with it). The driver closes it.
 	Store Store
+	// SecretsKeyFile holds the key that seals secrets at rest (SPEC §14a):
+	// 64 hex digits, created (mode 0600) when missing. Empty: StorePath +
+	// ".secrets-key", or SecretsKey, or no secrets when neither is set.
+	SecretsKeyFile string
+	SecretsKey     []byte
 	// Config is the core's configuration. Config.Env is the environment
 	// snapshot shipped with every dispatch (see EnvSnapshot); the core
 	// removes the denylist.
@@ -216,6 +221,7 @@ type Driver struct {
 	st      Store
 	ds      DataStore    // nil: the store has no data plane
 	hs      HistoryStore // nil: the store keeps no history the API can read
+	secrets bool         // the store was given its secrets key (secrets.go)
 	mux     *routeMux    // the server's routes
 	dp      *dataPlane   // its HTTP side
 	streams *broker      // the live event streams (events.go)
@@ -392,6 +398,10 @@ func Start(opts Options) (*Driver, error) {
 	d.st = st
 	d.ds, _ = st.(DataStore)
 	d.hs, _ = st.(HistoryStore)
+	if err := d.openSecrets(opts); err != nil {
+		st.Close()
+		return nil, fmt.Errorf("orchestrator: %w", err)
+	}
 	recs, err := st.Load()
 	if err != nil {
 		st.Close()
@@ -458,6 +468,7 @@ func Start(opts Options) (*Driver, error) {
 	mux.Handle("/data", d.dp) // a query (SPEC §14)
 	mux.Handle("/step/", d.dp)
 	mux.Handle("/pool", d.dp)
+	mux.Handle("/secret/", d.dp)
 	protocols := new(http.Protocols)
 	protocols.SetHTTP1(true) // the WebSocket upgrade of /control
 	if opts.TLS != nil {

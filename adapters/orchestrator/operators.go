@@ -166,6 +166,10 @@ func auditAction(method, path string) string {
 		return core.ActionOperatorCreate
 	case "DELETE /api/operator-tokens/{name}":
 		return core.ActionOperatorRevoke
+	case "PUT /api/secrets/{name}":
+		return core.ActionSecretPut
+	case "DELETE /api/secrets/{name}":
+		return core.ActionSecretRemove
 	case "PUT /api/bundles":
 		return "bundle.put"
 	case "GET /api/store/backup":

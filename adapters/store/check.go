@@ -119,6 +119,7 @@ func init() {
 		{"blob files", nil, checkBlobFiles},
 		{"audit", [][]byte{bktAudit}, checkAudit},
 		{"requests", [][]byte{bktRequest, bktRequestCount}, checkRequests},
+		{"secrets", [][]byte{bktSecret}, checkSecrets},
 	}
 }
 
@@ -138,6 +139,8 @@ type checker struct {
 	// archivedLeases their leases.
 	archived       map[core.RunID]bool
 	archivedLeases map[core.LeaseID]bool
+
+	keyed *Store // holds the secrets key found next to the store, if any (secrets.go)
 }
 
 func (c *checker) problem(where, format string, args ...any) {
@@ -181,8 +184,12 @@ func Check(path string) (*Report, error) {
 	}
 	defer db.Close()
 	rep := &Report{Counted: map[string]int{}}
+	keyed, err := keyNextTo(path, db)
+	if err != nil {
+		return nil, err
+	}
 	err = db.View(func(tx *bolt.Tx) error {
-		c := &checker{
+		c := &checker{keyed: keyed,
 			tx: tx, blobDir: path + ".blobs", rep: rep,
 			runs: map[core.RunID]*core.RunRecord{}, steps: map[core.StepID]*core.StepRecord{},
 			leases: map[core.LeaseID]*core.LeaseRecord{}, workers: map[core.WorkerID]*core.WorkerRecord{},
@@ -237,6 +244,7 @@ var knownKinds = map[string]bool{
 	core.KindMeta: true, core.KindRun: true, core.KindStep: true, core.KindLease: true,
 	core.KindWorker: true, core.KindToken: true, core.KindEvent: true, core.KindLog: true,
 	core.KindHistory: true, core.KindClosed: true, core.KindOperator: true,
+	core.KindSecret: true,
 }
 
 // checkRecordValues: every record decodes as the core decodes it at
@@ -250,6 +258,14 @@ func checkRecordValues(c *checker) {
 			c.problem(core.Quote(key), "is in bucket %s, not %s", name, want)
 		}
 		kind, id, _ := strings.Cut(key, "/")
+		if kind == core.KindRun && sealed(v) { // secrets.go
+			plain, err := c.keyed.open(key, v)
+			if err != nil {
+				c.problem(core.Quote(key), "is sealed and does not open: %v", err)
+				return
+			}
+			v = plain
+		}
 		dec, err := core.DecodeRecord(core.Record{Key: key, Value: v})
 		if err != nil {
 			if knownKinds[kind] {
@@ -311,7 +327,7 @@ func checkHistory(c *checker) {
 	c.each(bktHistory, func(k, v []byte) {
 		id := core.RunID(k)
 		where := "history/" + core.Quote(string(k))
-		h, err := decodeHistory(v)
+		h, err := c.keyed.decodeHistory(id, v)
 		if err != nil {
 			c.problem(where, "does not decode: %v", err)
 			return

@@ -107,6 +107,10 @@ const (
 	OpBundle
 	// OpDelete stores a tombstone as the next version of ID.
 	OpDelete
+	// OpSecretPut seals Body as the value of secret ID (secrets.go).
+	OpSecretPut
+	// OpSecretDelete removes secret ID's value.
+	OpSecretDelete
 )
 
 // DataOp is one data-plane write, applied in the transaction of a batch of
@@ -301,13 +305,13 @@ func (s *Store) ApplyWithData(recs []core.Record, ops []DataOp) ([]DataResult, e
 		return nil, err
 	}
 	for i, op := range ops {
-		if err := checkOp(op); err != nil {
+		if err := s.checkOp(op); err != nil {
 			return nil, fmt.Errorf("store: data op %d of %d: %w", i+1, len(ops), err)
 		}
 	}
 	var res []DataResult
 	err := s.db.Update(func(tx *bolt.Tx) error {
-		if err := putRecords(tx, recs); err != nil {
+		if err := putRecords(tx, recs, s); err != nil {
 			return err
 		}
 		res = make([]DataResult, len(ops))
@@ -327,6 +331,10 @@ func (s *Store) ApplyWithData(recs []core.Record, ops []DataOp) ([]DataResult, e
 				res[i].Bundle, err = s.putBundle(tx, op)
 			case op.Kind == OpDelete:
 				res[i].Data, err = deleteVersion(tx, op)
+			case op.Kind == OpSecretPut:
+				err = s.putSecret(tx, op)
+			case op.Kind == OpSecretDelete:
+				err = deleteSecret(tx, op.ID)
 			}
 			if err == nil && !done && op.Request != "" {
 				err = remember(tx, op, res[i])
@@ -347,7 +355,7 @@ func (s *Store) ApplyWithData(recs []core.Record, ops []DataOp) ([]DataResult, e
 	return res, nil
 }
 
-func checkOp(op DataOp) error {
+func (s *Store) checkOp(op DataOp) error {
 	if op.Request != "" {
 		if err := ValidateRequestID(op.Request); err != nil {
 			return err
@@ -378,6 +386,16 @@ func checkOp(op DataOp) error {
 		}
 		for p := range op.Files {
 			if err := ValidateRelPath(p); err != nil {
+				return err
+			}
+		}
+		return nil
+	case OpSecretPut, OpSecretDelete:
+		if op.ID == "" || (op.Kind == OpSecretPut && len(op.Body) == 0) {
+			return fmt.Errorf("%w: a secret op with no name or value", ErrBadOp)
+		}
+		if op.Kind == OpSecretPut {
+			if _, err := s.gcm(); err != nil {
 				return err
 			}
 		}

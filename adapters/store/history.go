@@ -250,7 +250,7 @@ func decodeHistory(v []byte) (core.RunHistory, error) {
 }
 
 // putHistory applies a history record: the history and both indexes.
-func putHistory(tx *bolt.Tx, r core.Record) error {
+func putHistory(tx *bolt.Tx, r core.Record, sl *Store) error {
 	id := core.RunID(strings.TrimPrefix(r.Key, core.KindHistory+"/"))
 	seq, ok := RunSeq(id)
 	if !ok {
@@ -297,7 +297,13 @@ func putHistory(tx *bolt.Tx, r core.Record) error {
 	if err != nil {
 		return err
 	}
-	if err := hb.Put([]byte(id), compressHistory(r.Value)); err != nil {
+	v := compressHistory(r.Value)
+	if sl.sealsRecord(r.Key) { // a run's history carries its env: (secrets.go)
+		if v, err = sl.seal(r.Key, v); err != nil {
+			return err
+		}
+	}
+	if err := hb.Put([]byte(id), v); err != nil {
 		return err
 	}
 	if err := sb.Put(be64(seq), sj); err != nil {
@@ -322,7 +328,7 @@ func (s *Store) History(run core.RunID) (core.RunHistory, error) {
 	if v == nil {
 		return core.RunHistory{}, fmt.Errorf("%w: no history of run %s", ErrNotFound, run)
 	}
-	h, err := decodeHistory(v)
+	h, err := s.decodeHistory(run, v)
 	if err != nil {
 		return core.RunHistory{}, fmt.Errorf("store: run %s: %w", run, err)
 	}
@@ -491,7 +497,7 @@ func migrate(db *bolt.DB) error {
 				for k, v := c.Seek([]byte(prefix)); k != nil && bytes.HasPrefix(k, []byte(prefix)) && len(recs) < migrateBatch; k, v = c.Next() {
 					recs = append(recs, core.Record{Key: string(k), Value: append([]byte{}, v...)})
 				}
-				if err := putRecords(tx, recs); err != nil {
+				if err := putRecords(tx, recs, nil); err != nil {
 					return err
 				}
 				b := tx.Bucket(bucket)

@@ -23,14 +23,14 @@ var bktPruning = []byte("pruning")
 // pruning never touches one.
 func (s *Store) PruneHistory(cutoff time.Time, budget int) (PruneStats, error) {
 	return s.prune(budget, []pruneStep{
-		func(tx *bolt.Tx, p *pruneTx, _ *[]byte) (bool, error) { return pruneRuns(tx, p, cutoff) },
+		func(tx *bolt.Tx, p *pruneTx, _ *[]byte) (bool, error) { return pruneRuns(tx, p, cutoff, s) },
 		func(tx *bolt.Tx, p *pruneTx, _ *[]byte) (bool, error) { return pruneNotedLogs(tx, p) },
 	})
 }
 
 // pruneRuns moves the runs that finished before cutoff out of the history,
 // oldest first, noting their leases.
-func pruneRuns(tx *bolt.Tx, p *pruneTx, cutoff time.Time) (bool, error) {
+func pruneRuns(tx *bolt.Tx, p *pruneTx, cutoff time.Time, s *Store) (bool, error) {
 	end := finishKey(cutoff, "")
 	var victims [][]byte
 	c := tx.Bucket(bktRunsByFinish).Cursor()
@@ -54,7 +54,7 @@ func pruneRuns(tx *bolt.Tx, p *pruneTx, cutoff time.Time) (bool, error) {
 			}
 			continue
 		}
-		if h, err := decodeHistory(v); err == nil && len(h.Leases) > 0 {
+		if h, err := s.decodeHistory(id, v); err == nil && len(h.Leases) > 0 {
 			note := make([]byte, 0, 8*len(h.Leases))
 			for _, l := range h.Leases {
 				note = binary.BigEndian.AppendUint64(note, uint64(l.ID))
@@ -63,7 +63,7 @@ func pruneRuns(tx *bolt.Tx, p *pruneTx, cutoff time.Time) (bool, error) {
 				return false, err
 			}
 		}
-		if err := putRecords(tx, []core.Record{{Key: core.HistoryKey(id), Delete: true}}); err != nil {
+		if err := putRecords(tx, []core.Record{{Key: core.HistoryKey(id), Delete: true}}, nil); err != nil {
 			return false, err
 		}
 		p.Runs++

@@ -201,7 +201,7 @@ func TestPruneHistory(t *testing.T) {
 		t.Fatal(err)
 	}
 	err := s.db.Update(func(tx *bolt.Tx) error {
-		_, err := pruneRuns(tx, &pruneTx{left: 10}, at.Add(time.Hour))
+		_, err := pruneRuns(tx, &pruneTx{left: 10}, at.Add(time.Hour), nil)
 		return err
 	})
 	if err != nil {

@@ -15,10 +15,12 @@ package store
 
 import (
 	"bytes"
+	"crypto/cipher"
 	"errors"
 	"fmt"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
@@ -90,6 +92,8 @@ type Store struct {
 	unsure   map[string]bool // released blobs to collect unless a record names them
 	creating int             // WriteBlobs under way
 	holds    int             // Backups under way: no blob is collected (tools.go)
+
+	aead atomic.Pointer[cipher.AEAD] // the secrets key (secrets.go); nil: none
 }
 
 // Open opens (creating if needed) the store file at path, and its blob
@@ -137,6 +141,10 @@ func Open(path string) (*Store, error) {
 		return nil, fmt.Errorf("store: blob directory of %s: %w", path, err)
 	}
 	s := &Store{db: db, blobs: blobs, pins: map[string]int{}, unsure: map[string]bool{}}
+	if err := s.useKeyNextTo(path); err != nil { // SPEC §14a
+		db.Close()
+		return nil, err
+	}
 	// Blobs of writes that never committed (refused while a crash came, or
 	// a crash between the blob and its record) are collected now.
 	if _, err := s.CollectBlobs(); err != nil {
@@ -163,7 +171,7 @@ func (s *Store) Apply(recs []core.Record) error {
 	if err := checkRecords(recs); err != nil {
 		return err
 	}
-	err := s.db.Update(func(tx *bolt.Tx) error { return putRecords(tx, recs) })
+	err := s.db.Update(func(tx *bolt.Tx) error { return putRecords(tx, recs, s) })
 	if err != nil {
 		return fmt.Errorf("store: apply %d records: %w", len(recs), s.mapErr(err))
 	}
@@ -186,13 +194,19 @@ func checkRecords(recs []core.Record) error {
 }
 
 // putRecords writes a batch of records inside tx, each to its kind's bucket.
-func putRecords(tx *bolt.Tx, recs []core.Record) error {
+// With sl's secrets key, a run's record and its history are sealed
+// (secrets.go: a run carries its env:); sl is nil where nothing is sealed.
+func putRecords(tx *bolt.Tx, recs []core.Record, sl *Store) error {
 	logs := tx.Bucket(bktLogs)
 	for _, r := range recs {
 		var err error
 		switch {
 		case core.IsHistoryKey(r.Key):
-			err = putHistory(tx, r)
+			err = putHistory(tx, r, sl)
+		case !r.Delete && sl.sealsRecord(r.Key):
+			if r.Value, err = sl.seal(r.Key, r.Value); err == nil {
+				err = putIn(tx.Bucket(bktRuns), r)
+			}
 		case isLogKey(r.Key):
 			err = putIn(logs, r)
 		case core.IsAuditKey(r.Key):
@@ -224,6 +238,14 @@ func (s *Store) Load() ([]core.Record, error) {
 		var leases [][]byte
 		for _, name := range liveBuckets {
 			err := tx.Bucket(name).ForEach(func(k, v []byte) error {
+				if bytes.Equal(name, bktRuns) && sealed(v) { // a run's record, sealed (secrets.go)
+					plain, err := s.open(string(k), v)
+					if err != nil {
+						return err
+					}
+					recs = append(recs, core.Record{Key: string(k), Value: plain})
+					return nil
+				}
 				// bbolt's slices are valid only inside the transaction.
 				recs = append(recs, core.Record{Key: string(k), Value: append([]byte{}, v...)})
 				if id, ok := bytes.CutPrefix(k, leasePrefix); ok {

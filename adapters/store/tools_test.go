@@ -94,13 +94,13 @@ func TestCheckFindsPlantedInconsistencies(t *testing.T) {
 		}, "leases", "lease/00000000000000000002", true, "worker"},
 		{"a run both live and archived", func(t *testing.T, tx *bolt.Tx, _ string) {
 			hist := `{"Run": {"ID": "run-1", "Finished": true}, "Status": "success"}`
-			if err := putRecords(tx, []core.Record{{Key: "history/run-1", Value: []byte(hist)}}); err != nil {
+			if err := putRecords(tx, []core.Record{{Key: "history/run-1", Value: []byte(hist)}}, nil); err != nil {
 				t.Fatal(err)
 			}
 		}, "archived", "run/run-1", true, "both live and archived"},
 		{"a history record retention cannot find", func(t *testing.T, tx *bolt.Tx, _ string) {
 			hist := `{"Run": {"ID": "run-9", "Finished": true}, "Status": "success"}`
-			if err := putRecords(tx, []core.Record{{Key: "history/run-9", Value: []byte(hist)}}); err != nil {
+			if err := putRecords(tx, []core.Record{{Key: "history/run-9", Value: []byte(hist)}}, nil); err != nil {
 				t.Fatal(err)
 			}
 			if err := tx.Bucket(bktRunsByFinish).Delete(finishKey(time.Time{}, "run-9")); err != nil {

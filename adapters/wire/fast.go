@@ -71,6 +71,9 @@ func fastEncode(m core.Msg) ([]byte, bool) {
 			e.str(m.Reason)
 		}
 	case core.Dispatch:
+		if len(m.Secrets) > 0 || m.SecretsAs != "" {
+			return nil, false // the reflective encoder renders the secrets' fields (SPEC §14a)
+		}
 		e.open("dispatch", `{"lease":`, 256+len(m.Command))
 		e.uint(uint64(m.Lease))
 		e.lit(`,"step":`)

@@ -103,6 +103,9 @@ type dispatch struct {
 	Writes  bool              `json:"writes,omitempty"`
 	Timeout Duration          `json:"timeout"`
 	Attempt int               `json:"attempt"`
+	// SPEC §14a; the fast codec declines a dispatch that names secrets.
+	Secrets   []string `json:"secrets,omitempty"`
+	SecretsAs string   `json:"secrets_as,omitempty"`
 }
 
 type startAck struct {
@@ -186,10 +189,10 @@ func init() {
 		func(w refused) (core.Refused, error) { return core.Refused{Reason: w.Reason, Fatal: w.Fatal}, nil })
 	register(func(m core.Dispatch) dispatch {
 		return dispatch{Lease: m.Lease, Step: m.Step, Run: m.Run, Command: m.Command, Env: cloneMap(m.Env),
-			Writes: m.Writes, Timeout: Duration(m.Timeout), Attempt: m.Attempt}
+			Writes: m.Writes, Timeout: Duration(m.Timeout), Attempt: m.Attempt, Secrets: clone(m.Secrets), SecretsAs: m.SecretsAs}
 	}, func(w dispatch) (core.Dispatch, error) {
 		return core.Dispatch{Lease: w.Lease, Step: w.Step, Run: w.Run, Command: w.Command, Env: cloneMap(w.Env),
-			Writes: w.Writes, Timeout: time.Duration(w.Timeout), Attempt: w.Attempt}, nil
+			Writes: w.Writes, Timeout: time.Duration(w.Timeout), Attempt: w.Attempt, Secrets: clone(w.Secrets), SecretsAs: w.SecretsAs}, nil
 	})
 	register(func(m core.StartAck) startAck { return startAck(m) },
 		func(w startAck) (core.StartAck, error) { return core.StartAck(w), nil })

@@ -128,6 +128,7 @@ type Driver struct {
 	cur        *conn  // current connection, nil when none
 	dialCancel func() // cancels the pending dial, nil when none
 	procs      map[core.LeaseID]*proc
+	secrets    map[core.LeaseID]*stepSecrets // what a step is given (secrets.go)
 	timer      *time.Timer
 	local      []input        // inputs the loop made itself (no-op exits), taken before the queue
 	stepped    []core.LeaseID // leases whose output batch the current Step took
@@ -358,8 +359,12 @@ func (d *Driver) translate(raw input) core.WorkerInput {
 		return core.WExecOutput{Lease: in.lease, Lines: in.lines}
 	case drainReq:
 		return core.WDrain{}
+	case secretsFetched:
+		d.fetched(in)
+		return nil
 	case exited:
 		delete(d.procs, in.Lease)
+		d.dropSecrets(in.Lease)
 		if d.endpoint != nil {
 			d.endpoint.revoke(in.Lease)
 		}
@@ -562,6 +567,9 @@ func (d *Driver) shutdown() {
 	d.wg.Wait()
 	if d.tempWork && !d.opts.KeepScratch {
 		os.RemoveAll(d.workDir)
+	}
+	for l := range d.secrets {
+		d.dropSecrets(l)
 	}
 }
 

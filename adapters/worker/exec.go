@@ -131,7 +131,8 @@ func (d *Driver) exec(c core.ExecCommand) {
 	case core.ExecTerm, core.ExecKill:
 		p := d.procs[c.Lease]
 		if p == nil {
-			return // already reaped
+			d.cancelFetch(c.Lease) // not started yet: it will not be
+			return                 // or already reaped
 		}
 		sig := termSignal
 		if c.Op == core.ExecKill {
@@ -158,6 +159,10 @@ func (d *Driver) start(c core.ExecCommand) {
 		d.local = append(d.local, exited{Lease: lease}) // the loop takes it next
 		return
 	}
+	if !d.secretsReady(c) {
+		return // the loop starts it once its secrets are fetched (SPEC §14a)
+	}
+	sec := d.secrets[lease]
 	cmd := exec.Command("sh", "-c", c.Command)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if d.opts.Shim != "" {
@@ -183,7 +188,7 @@ func (d *Driver) start(c core.ExecCommand) {
 	var pr, pw *os.File
 	if err == nil {
 		cmd.Dir = dirs.scratch
-		cmd.Env = overlay(d.opts.Env, c.Env, endpoint, map[string]string{EnvScratch: dirs.scratch, EnvOutputDir: dirs.output})
+		cmd.Env = overlay(d.opts.Env, c.Env, endpoint, map[string]string{EnvScratch: dirs.scratch, EnvOutputDir: dirs.output}, sec.environ())
 		pr, pw, err = os.Pipe()
 	}
 	if err == nil {
@@ -217,7 +222,7 @@ func (d *Driver) start(c core.ExecCommand) {
 		drained := make(chan struct{})
 		go func() {
 			defer close(drained)
-			readOutput(pr, p.gate, d.done, func(lines []string) bool { return d.push(output{lease: lease, lines: lines}) })
+			readOutput(pr, p.gate, d.done, func(lines []string) bool { return d.push(output{lease: lease, lines: sec.redactLines(lines)}) })
 		}()
 		werr := wait()
 		// Background children may still hold the pipe: give them a moment,

@@ -39,7 +39,7 @@ const MaxErrors = 20
 var runFields = []string{"name", "timeout", "env", "steps"}
 var stepFields = []string{"name", "run", "depends_on", "writes", "type", "runner", "tags", "labels",
 	"target", "platform", "timeout", "env", "forEach", "concurrency", "hold", "hold_expiry", "wait",
-	"outputs", "retry", "idempotent"}
+	"outputs", "retry", "idempotent", "secrets", "secrets_as", "put_secrets"}
 var retryFields = []string{"attempts", "backoff", "on"}
 
 type parser struct {
@@ -343,6 +343,12 @@ func (p *parser) step(n *yaml.Node, i int) core.StepSpec {
 			}
 		case "idempotent":
 			s.Idempotent = p.boolean(v, what+": idempotent")
+		case "secrets": // SPEC §14a
+			s.Secrets = p.list(v, what+": secrets")
+		case "secrets_as":
+			s.SecretsAs = p.str(v, what+": secrets_as")
+		case "put_secrets":
+			s.PutSecrets = p.list(v, what+": put_secrets")
 		}
 	})
 	if len(s.Outputs) > 0 { // SPEC §14: a declared output makes the step write-bearing

@@ -67,6 +67,8 @@ type options struct {
 	// operator-token create, audit
 	readOnly      bool
 	actor, action string
+	// secret put; serve --secrets-key-file (SPEC §14a)
+	fromFile, secretsKeyFile string
 }
 
 // env is what a command runs with.
@@ -98,6 +100,7 @@ func init() {
 	commands = append(commands, clientCommands()...)
 	commands = append(commands, storeCommands()...)
 	commands = append(commands, operatorCommands()...)
+	commands = append(commands, secretCommands()...)
 	commands = append(commands, versionCmd, completionCmd)
 }
 

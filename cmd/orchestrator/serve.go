@@ -126,6 +126,7 @@ next start within their grace window. SIGHUP is ignored.`,
 		fs.StringVar(&o.tlsKey, "tls-key", "", "the TLS private key `file` (PEM)")
 		fs.StringVar(&o.retain, "retain", "720h", "keep finished runs, gone workers and used tokens this long (`duration`: 720h, 30d, 1m; SPEC §7a)")
 		fs.StringVar(&o.metricsToken, "metrics-token", "", "bearer `token` /metrics asks for (default: $"+metricsTokenEnv+"; neither: /metrics is open, SPEC §16)")
+		fs.StringVar(&o.secretsKeyFile, "secrets-key-file", "", "the key `file` sealing secrets at rest (64 hex digits; created, mode 0600, when missing; default <data-dir>/tether.db.secrets-key); every orchestrator serving one store needs the same (SPEC §14a)")
 		fs.StringVar(&o.pprof, "pprof", "", "serve Go's runtime profiles (/debug/pprof/) on this loopback `address`; off by default")
 		fs.Int64Var(&o.maxSubmitBody, "max-submit-body", orchestrator.DefaultMaxSubmitBody, "largest workflow definition accepted by POST /api/runs, in `bytes` (at most 1048576)")
 		fs.IntVar(&o.maxConns, "max-conns", defaultMaxConns, "worker connections that sent a Hello, at most (`n`, not per address)")
@@ -663,6 +664,8 @@ func serve(ctx context.Context, e *env, _ []string) error {
 		Addr:      cfg.Addr,
 		Listener:  ln,
 		StorePath: storePath,
+		// SPEC §14a: empty means the file next to the store.
+		SecretsKeyFile: e.opts.secretsKeyFile,
 		Config: core.Config{
 			HeartbeatTimeout:  cfg.HeartbeatTimeout,
 			SweepInterval:     cfg.SweepInterval,

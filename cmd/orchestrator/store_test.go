@@ -120,6 +120,16 @@ func TestStoreBackupRestoresAWorkingOrchestrator(t *testing.T) {
 	if _, errOut, code := orchCLI(t, ctx, orchBin, "store", "backup", backup, "--url", httpURL, "--data-dir", dataDir); code != exitUsage || !strings.Contains(errOut, "never overwrites") {
 		t.Errorf("a backup over an existing file: exit %d, want 2:\n%s", code, errOut)
 	}
+	// The backup holds its runs sealed and not the key (SPEC §14a): the
+	// tools refuse it until the key file is put next to it.
+	if _, errOut, code := orchCLI(t, ctx, orchBin, "store", "check", backup); code == 0 || !strings.Contains(errOut, ".secrets-key") {
+		t.Errorf("store check of the backup without its key: exit %d, want a refusal naming the key file\n%s", code, errOut)
+	}
+	key, err := os.ReadFile(filepath.Join(dataDir, storeFile+".secrets-key"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	os.WriteFile(backup+".secrets-key", key, 0o600)
 	if out, errOut, code := orchCLI(t, ctx, orchBin, "store", "check", backup); code != 0 || !strings.Contains(out, "sound") {
 		t.Errorf("store check of the backup: exit %d\n%s%s", code, out, errOut)
 	}

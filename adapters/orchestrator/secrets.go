@@ -1,0 +1,283 @@
+package orchestrator
+
+// Secrets (SPEC §14a): the operator API's /api/secrets routes and the data
+// plane's /secret/{name}, for a step's lease.
+//
+//	GET /secret/{name}  → 200, the raw value: only under a current lease whose step lists name in secrets:
+//	PUT /secret/{name}  body: the value → 201 {"name", "size", ...}: only for a name in put_secrets:, fenced like a data write
+//
+// The core decides every change with its audit entry and every step's
+// access (core/secrets.go); the value rides the group's transaction as a
+// store op (store.OpSecretPut), the way a data write's bytes do (SPEC
+// §14), sealed by the store with the secrets key (store/secrets.go). The
+// value is never in a core record, a log line of the orchestrator or an
+// answer but GET /secret/{name}'s.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"net/http"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/tether-run/tether/adapters/store"
+	"github.com/tether-run/tether/client"
+	"github.com/tether-run/tether/core"
+)
+
+// SecretStore is what secrets need of the store besides DataStore;
+// *store.Store is one.
+type SecretStore interface {
+	Secret(name string) ([]byte, error)
+}
+
+var (
+	// ErrSecretRefused wraps the core's refusal of a step's secret read or
+	// write for a name its step does not declare (403).
+	ErrSecretRefused = errors.New("secret refused")
+	// ErrNoSecrets is returned when the store keeps no secrets (503).
+	ErrNoSecrets = errors.New("orchestrator: this store keeps no secrets (no secrets key)")
+)
+
+// admitSecret has the core decide a change of a secret at its place among
+// the group's inputs (loop goroutine): an operator's call (answered with
+// its audit entry) or a step's write (fenced like a data write).
+func (d *Driver) admitSecret(in *dataWrite, step func(core.Input) core.Ready) error {
+	var call core.CallID
+	switch c := in.call.(type) {
+	case core.PutSecret:
+		call = c.Call
+	case core.RemoveSecret:
+		call = c.Call
+	}
+	switch c := in.call.(type) {
+	case core.PutSecret, core.RemoveSecret:
+		rd := step(c)
+		in.op.At = d.o.Now()
+		for _, a := range rd.Answers {
+			if a.Call == call && a.Err != "" {
+				return &httpError{code: codeStatus(a.Code), msg: a.Err}
+			}
+		}
+		return nil
+	case core.SecretWrite:
+		rd := step(c)
+		in.op.At = d.o.Now()
+		if len(rd.Writes) != 1 {
+			return fmt.Errorf("%w: the core answered %d writes for one", ErrFenced, len(rd.Writes))
+		}
+		return dataRefusal(rd.Writes[0])
+	}
+	return fmt.Errorf("orchestrator: a secret op without its core input (%T)", in.call)
+}
+
+// codeStatus is the status of a core refusal's code (SPEC §15).
+func codeStatus(code string) int {
+	switch code {
+	case core.CodeInvalid:
+		return http.StatusBadRequest
+	case core.CodeNotFound:
+		return http.StatusNotFound
+	case core.CodeForbidden:
+		return http.StatusForbidden
+	}
+	return http.StatusConflict
+}
+
+// changeSecret has the loop decide in (a core.PutSecret, RemoveSecret or
+// SecretWrite) and, admitted, apply op with its group; it returns once
+// durable or refused.
+func (d *Driver) changeSecret(ctx context.Context, in core.Input, op store.DataOp) error {
+	if _, ok := d.st.(SecretStore); !ok || d.ds == nil || !d.secrets {
+		return ErrNoSecrets
+	}
+	reply := make(chan dataAnswer, 1)
+	if err := d.push(ctx, dataWrite{op: op, call: in, reply: reply}); err != nil {
+		return err
+	}
+	select {
+	case a, ok := <-reply:
+		if !ok {
+			return ErrClosed
+		}
+		noted(ctx) // the core audited it, accepted or refused
+		if a.err != nil {
+			return a.err
+		}
+		return a.res.Err
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// PutSecret stores value as secret name for an operator (audited
+// secret.put); it returns once durable.
+func (d *Driver) PutSecret(ctx context.Context, name string, value []byte) error {
+	in := core.PutSecret{Call: core.CallID(d.nextCall.Add(1)), Actor: actorOf(ctx), Name: name, Size: len(value)}
+	return d.changeSecret(ctx, in, store.DataOp{Kind: store.OpSecretPut, ID: name, Body: value})
+}
+
+// RemoveSecret removes secret name (audited secret.rm).
+func (d *Driver) RemoveSecret(ctx context.Context, name string) error {
+	in := core.RemoveSecret{Call: core.CallID(d.nextCall.Add(1)), Actor: actorOf(ctx), Name: name}
+	return d.changeSecret(ctx, in, store.DataOp{Kind: store.OpSecretDelete, ID: name})
+}
+
+// openSecrets gives the store its secrets key (Options.SecretsKeyFile,
+// SecretsKey, or the file next to the store, created on first start).
+func (d *Driver) openSecrets(opts Options) error {
+	ks, ok := d.st.(interface{ SetSecretsKey([]byte) error })
+	if !ok {
+		return nil
+	}
+	key := opts.SecretsKey
+	path := opts.SecretsKeyFile
+	if path == "" && key == nil && opts.StorePath != "" {
+		path = opts.StorePath + ".secrets-key"
+	}
+	if path != "" {
+		hs, ok := d.st.(interface{ HoldsSealed() bool })
+		if _, err := os.Stat(path); errors.Is(err, fs.ErrNotExist) && ok && hs.HoldsSealed() {
+			return fmt.Errorf("%w: the secrets key file %s does not exist, and the store holds values sealed with a key: "+
+				"put that key file there (a backup does not carry it) or name it with --secrets-key-file; a new key would open none of them", store.ErrNoSecretsKey, path)
+		}
+		k, created, err := store.LoadOrCreateKey(path)
+		if err != nil {
+			return err
+		}
+		if created {
+			d.log.Info("secrets key created", "path", path)
+		}
+		key = k
+	}
+	if key == nil {
+		return nil
+	}
+	if err := ks.SetSecretsKey(key); err != nil {
+		return err
+	}
+	d.secrets = true
+	return nil
+}
+
+// ---- the operator API ----
+
+func (a *api) putSecret(r *http.Request) (int, any, error) {
+	name := r.PathValue("name")
+	if err := core.CheckSecretName(name); err != nil {
+		return 0, nil, errorf(http.StatusBadRequest, "%v", err)
+	}
+	value, err := readBody(r)
+	if err != nil {
+		return 0, nil, err
+	}
+	if err := a.d.PutSecret(r.Context(), name, value); err != nil {
+		return 0, nil, err
+	}
+	return a.showSecret(r.Context(), name)
+}
+
+func (a *api) showSecret(ctx context.Context, name string) (int, any, error) {
+	var out client.Secret
+	err := a.d.Snapshot(ctx, func(o *core.Orchestrator) {
+		for _, s := range o.Secrets() {
+			if s.Name == name {
+				out = client.Secret{Name: s.Name, Size: s.Size, UpdatedAt: s.UpdatedAt, UpdatedBy: s.UpdatedBy}
+			}
+		}
+	})
+	if err != nil {
+		return 0, nil, err
+	}
+	return http.StatusOK, out, nil
+}
+
+func (a *api) listSecrets(r *http.Request) (int, any, error) {
+	out := client.SecretList{Secrets: []client.Secret{}}
+	err := a.d.Snapshot(r.Context(), func(o *core.Orchestrator) {
+		for _, s := range o.Secrets() {
+			out.Secrets = append(out.Secrets, client.Secret{Name: s.Name, Size: s.Size, UpdatedAt: s.UpdatedAt, UpdatedBy: s.UpdatedBy})
+		}
+	})
+	if err != nil {
+		return 0, nil, err
+	}
+	return http.StatusOK, out, nil
+}
+
+func (a *api) removeSecret(r *http.Request) (int, any, error) {
+	name := r.PathValue("name")
+	if err := a.d.RemoveSecret(r.Context(), name); err != nil {
+		return 0, nil, err
+	}
+	return http.StatusOK, client.RemovedSecret{Removed: name}, nil
+}
+
+// ---- the data plane ----
+
+// secret serves GET and PUT /secret/{name} under the request's lease.
+func (p *dataPlane) secret(w http.ResponseWriter, r *http.Request, cred string) error {
+	name := strings.TrimPrefix(r.URL.Path, "/secret/")
+	put := r.Method == http.MethodPut
+	switch {
+	case !put && r.Method != http.MethodGet:
+		return &httpError{code: http.StatusMethodNotAllowed, msg: fmt.Sprintf("method %s is not allowed on %s (allowed: GET, PUT)", r.Method, core.Quote(r.URL.Path)), allow: "GET, PUT"}
+	case core.CheckSecretName(name) != nil:
+		return &httpError{code: http.StatusBadRequest, msg: core.CheckSecretName(name).Error()}
+	}
+	ss, ok := p.d.st.(SecretStore)
+	if !ok || !p.d.secrets {
+		return ErrNoSecrets
+	}
+	lease, err := parseLease(r)
+	if err != nil {
+		return &httpError{code: http.StatusBadRequest, msg: strings.Replace(err.Error(), "a write", "a secret", 1)}
+	}
+	// Asked of the state the last durable batch left: the credential, the
+	// lease (current, the worker's) and the step's declaration.
+	reply := make(chan error, 1)
+	if err := p.d.push(r.Context(), precheck{cred: cred, lease: lease, secret: name, put: put, reply: reply}); err != nil {
+		return err
+	}
+	select {
+	case err := <-reply:
+		if err != nil {
+			return err
+		}
+	case <-r.Context().Done():
+		return r.Context().Err()
+	}
+	if !put {
+		v, err := ss.Secret(name)
+		if err != nil {
+			return err
+		}
+		w.Header().Set("Content-Type", "application/octet-stream")
+		w.Header().Set("Cache-Control", "no-store")
+		w.WriteHeader(http.StatusOK)
+		w.Write(v)
+		return nil
+	}
+	if r.ContentLength > core.MaxSecretBytes {
+		return tooLarge(r.ContentLength, core.MaxSecretBytes)
+	}
+	value, err := io.ReadAll(http.MaxBytesReader(w, r.Body, core.MaxSecretBytes))
+	if err != nil {
+		return bodyError(err, core.MaxSecretBytes)
+	}
+	if len(value) == 0 {
+		return &httpError{code: http.StatusBadRequest, msg: "a secret's value must not be empty"}
+	}
+	in := core.SecretWrite{Credential: cred, Lease: lease, Name: name, Size: len(value)}
+	op := store.DataOp{Kind: store.OpSecretPut, ID: name, Body: value, Lease: uint64(lease)}
+	if err := p.d.changeSecret(r.Context(), in, op); err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusCreated, client.Secret{Name: name, Size: len(value), UpdatedAt: time.Now().UTC(), UpdatedBy: "lease " + strconv.FormatUint(uint64(lease), 10)})
+	return nil
+}
