@@ -185,13 +185,17 @@ type CancelRequest struct {
 type TokenRequest struct {
 	Name string `json:"name"`
 	TTL  string `json:"ttl,omitempty"` // a Go duration ("24h", "90m"); default 24h
+	// IntoSecret stores the token as this secret (SPEC §9, §14a) instead of
+	// answering it: the answer's Token is then empty.
+	IntoSecret string `json:"into_secret,omitempty"`
 }
 
 // CreatedToken answers POST /api/tokens; Token is shown only here.
 type CreatedToken struct {
-	Name      string    `json:"name"`
-	Token     string    `json:"token"`
-	ExpiresAt time.Time `json:"expires"`
+	Name       string    `json:"name"`
+	Token      string    `json:"token,omitempty"`
+	IntoSecret string    `json:"into_secret,omitempty"`
+	ExpiresAt  time.Time `json:"expires"`
 }
 
 // Token is one enrollment token, without its secret.

@@ -965,6 +965,26 @@ func plural(n int) string {
 func hashSecret(b []byte) [32]byte { return sha256.Sum256(b) }
 
 func (o *Orchestrator) createToken(in CreateToken) {
+	if in.Lease != 0 || in.Credential != "" {
+		// A step mints it (SPEC §14a): a write of IntoSecret under its lease.
+		if in.Actor == "" {
+			in.Actor = fmt.Sprintf("lease %d", in.Lease) // refused: not yet known to be the step's
+		}
+		if in.IntoSecret == "" {
+			o.deny(in.Call, in.Actor, ActionTokenCreate, in.Name, CodeInvalid, "a step mints a token only into a secret it declares in put_secrets:")
+			return
+		}
+		a := o.CheckSecret(o.now, in.Credential, in.Lease, in.IntoSecret, true)
+		if a.Refusal != WriteAdmitted {
+			code := CodeConflict
+			if a.Refusal == RefusedSecretNotDeclared {
+				code = CodeForbidden
+			}
+			o.deny(in.Call, in.Actor, ActionTokenCreate, in.Name, code, a.Err().Error())
+			return
+		}
+		in.Actor = "step " + string(o.leases[in.Lease].Step)
+	}
 	deny := func(code, msg string) { o.deny(in.Call, in.Actor, ActionTokenCreate, in.Name, code, msg) }
 	if err := CheckName("token name", in.Name); err != nil { // SPEC §9, §12
 		deny(CodeInvalid, err.Error())
@@ -982,11 +1002,31 @@ func (o *Orchestrator) createToken(in CreateToken) {
 		return
 	}
 	secret := hex.EncodeToString(in.Secret[:])
+	if in.IntoSecret != "" {
+		size := len(in.Name) + 1 + len(secret)
+		switch err := CheckSecretName(in.IntoSecret); {
+		case err != nil:
+			deny(CodeInvalid, err.Error())
+			return
+		case checkSecretSize(size) != "":
+			deny(CodeInvalid, checkSecretSize(size))
+			return
+		case o.secrets[in.IntoSecret] == nil && len(o.secrets) >= MaxSecrets:
+			deny(CodeConflict, fmt.Sprintf("at most %d secrets", MaxSecrets))
+			return
+		}
+		o.setSecret(in.IntoSecret, size, actorOr(in.Actor))
+		o.accept(in.Actor, ActionSecretPut, in.IntoSecret)
+	}
 	t := &TokenRecord{Name: in.Name, Hash: hashSecret([]byte(secret)), CreatedAt: o.now, ExpiresAt: o.now.Add(in.TTL)}
 	o.tokens[t.Name] = t
 	o.markToken(t)
 	o.logf("info", "enrollment token created", "token", t.Name, "expires_in", DescribeDuration(in.TTL))
 	o.accept(in.Actor, ActionTokenCreate, t.Name)
+	if in.IntoSecret != "" {
+		o.answer(APIAnswer{Call: in.Call}) // the token is the secret's value, never an answer
+		return
+	}
 	o.answer(APIAnswer{Call: in.Call, Token: t.Name + "." + secret})
 }
 

@@ -456,7 +456,14 @@ func (h *harness) command(d *datadriven.TestData) []string {
 	case "token":
 		switch h.pos(d, 0) {
 		case "create":
-			return h.step(CreateToken{Call: h.call(), Actor: h.argOr(d, "actor", ""), Name: unescape(h.t, h.argOr(d, "name", "")), TTL: h.dur(d, "ttl", time.Hour), Secret: h.secret()})
+			// token create name=N [into=SECRET [worker=W lease=L]]: minted
+			// into a secret, by an operator or by a step (SPEC §14a).
+			ct := CreateToken{Call: h.call(), Actor: h.argOr(d, "actor", ""), Name: unescape(h.t, h.argOr(d, "name", "")), TTL: h.dur(d, "ttl", time.Hour), Secret: h.secret(),
+				IntoSecret: h.argOr(d, "into", "")}
+			if w, ok := h.arg(d, "worker"); ok {
+				ct.Credential, ct.Lease = h.creds[w], LeaseID(h.num(d, "lease", 0))
+			}
+			return h.step(ct)
 		case "revoke":
 			return h.step(RevokeToken{Call: h.call(), Actor: h.argOr(d, "actor", ""), Name: h.argOr(d, "name", "")})
 		}

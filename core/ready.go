@@ -130,6 +130,17 @@ type (
 		Name   string
 		TTL    time.Duration
 		Secret [16]byte
+		// IntoSecret stores the token ("Name.<hex secret>") as that secret
+		// instead of answering it (SPEC §9, §14a): the token and the
+		// secret's record change in one batch, audited token.create and
+		// secret.put, and the driver writes the sealed value with it. The
+		// answer's Token is then empty.
+		IntoSecret string
+		// Credential and Lease, when a step mints the token (POST /token,
+		// SPEC §14a): admitted only as a write of IntoSecret under that
+		// lease is (CheckSecret), the step the actor of both entries.
+		Credential string
+		Lease      LeaseID
 	}
 	// RevokeToken revokes a token; its worker, if any, is disconnected and
 	// loses every lease.

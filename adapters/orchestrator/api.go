@@ -667,7 +667,12 @@ func (a *api) createToken(r *http.Request) (int, any, error) {
 	if exists {
 		return 0, nil, errorf(http.StatusConflict, "token %q already exists (token names are never reused)", req.Name)
 	}
-	tok, err := a.d.CreateToken(r.Context(), req.Name, ttl)
+	var tok string
+	if req.IntoSecret != "" {
+		err = a.d.CreateTokenIntoSecret(r.Context(), req.Name, ttl, req.IntoSecret, "", 0)
+	} else {
+		tok, err = a.d.CreateToken(r.Context(), req.Name, ttl)
+	}
 	if errors.Is(err, ErrRefused) {
 		return 0, nil, errorf(http.StatusBadRequest, "%v", err) // an invalid name, mostly
 	}
@@ -684,7 +689,7 @@ func (a *api) createToken(r *http.Request) (int, any, error) {
 	}); err != nil {
 		return 0, nil, err
 	}
-	return http.StatusCreated, APICreatedToken{Name: req.Name, Token: tok, ExpiresAt: exp}, nil
+	return http.StatusCreated, APICreatedToken{Name: req.Name, Token: tok, IntoSecret: req.IntoSecret, ExpiresAt: exp}, nil
 }
 
 func (a *api) listTokens(ctx context.Context) (int, any, error) {

@@ -401,10 +401,13 @@ func (p *dataPlane) serveOperator(w http.ResponseWriter, r *http.Request, path s
 }
 
 func (p *dataPlane) serve(w http.ResponseWriter, r *http.Request) error {
-	if strings.HasPrefix(r.URL.Path, "/secret/") {
+	if strings.HasPrefix(r.URL.Path, "/secret/") || r.URL.Path == "/token" {
 		cred := bearer(r)
 		if cred == "" {
 			return fmt.Errorf("%w: missing (send Authorization: Bearer <session credential>)", ErrUnauthenticated)
+		}
+		if r.URL.Path == "/token" {
+			return p.token(w, r, cred) // SPEC §14a
 		}
 		return p.secret(w, r, cred) // SPEC §14a
 	}

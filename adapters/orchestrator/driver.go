@@ -23,6 +23,7 @@ import (
 	"crypto/rand"
 	"crypto/sha256"
 	"crypto/tls"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -469,6 +470,7 @@ func Start(opts Options) (*Driver, error) {
 	mux.Handle("/step/", d.dp)
 	mux.Handle("/pool", d.dp)
 	mux.Handle("/secret/", d.dp)
+	mux.Handle("/token", d.dp) // a step mints a token into a secret (SPEC §14a)
 	protocols := new(http.Protocols)
 	protocols.SetHTTP1(true) // the WebSocket upgrade of /control
 	if opts.TLS != nil {
@@ -1185,6 +1187,23 @@ func (d *Driver) CreateToken(ctx context.Context, name string, ttl time.Duration
 		return "", fmt.Errorf("create token %q: %w", name, err)
 	}
 	return a.Token, nil
+}
+
+// CreateTokenIntoSecret creates an enrollment token and stores it, sealed,
+// as secret (SPEC §9, §14a) in the same group as the token's record: it is
+// never answered. With a credential and a lease, a step mints it, admitted
+// only as a write of secret under that lease.
+func (d *Driver) CreateTokenIntoSecret(ctx context.Context, name string, ttl time.Duration, secret, credential string, lease core.LeaseID) error {
+	in := core.CreateToken{Call: core.CallID(d.nextCall.Add(1)), Actor: actorOf(ctx), Name: name, TTL: ttl, IntoSecret: secret,
+		Credential: credential, Lease: lease}
+	if _, err := rand.Read(in.Secret[:]); err != nil {
+		return fmt.Errorf("read entropy: %w", err)
+	}
+	value := []byte(name + "." + hex.EncodeToString(in.Secret[:]))
+	if err := d.changeSecret(ctx, in, store.DataOp{Kind: store.OpSecretPut, ID: secret, Body: value, Lease: uint64(lease)}); err != nil {
+		return fmt.Errorf("create token %q into secret %q: %w", name, secret, err)
+	}
+	return nil
 }
 
 // Approve opens a held step's gate: the step is queued.

@@ -21,6 +21,7 @@ var notDocumented = map[string]string{
 	"/step/":   "the workers' data plane, with session credentials (SPEC §14)",
 	"/pool":    "the workers' data plane, with session credentials (SPEC §14)",
 	"/secret/": "the workers' data plane, with session credentials (SPEC §14a)",
+	"/token":   "the workers' data plane, with session credentials (SPEC §14a)",
 	"/api/":    "the catch-all answering 401/404/405 for what no route serves",
 	"/livez":   "a Kubernetes probe, plain text (SPEC §16)",
 	"/readyz":  "a Kubernetes probe, plain text (SPEC §16)",

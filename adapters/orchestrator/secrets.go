@@ -15,6 +15,7 @@ package orchestrator
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -54,9 +55,11 @@ func (d *Driver) admitSecret(in *dataWrite, step func(core.Input) core.Ready) er
 		call = c.Call
 	case core.RemoveSecret:
 		call = c.Call
+	case core.CreateToken:
+		call = c.Call
 	}
 	switch c := in.call.(type) {
-	case core.PutSecret, core.RemoveSecret:
+	case core.PutSecret, core.RemoveSecret, core.CreateToken:
 		rd := step(c)
 		in.op.At = d.o.Now()
 		for _, a := range rd.Answers {
@@ -281,3 +284,58 @@ func (p *dataPlane) secret(w http.ResponseWriter, r *http.Request, cred string) 
 	writeJSON(w, http.StatusCreated, client.Secret{Name: name, Size: len(value), UpdatedAt: time.Now().UTC(), UpdatedBy: "lease " + strconv.FormatUint(uint64(lease), 10)})
 	return nil
 }
+
+// token serves POST /token {"name", "ttl", "into_secret"} under the
+// request's lease: a step mints an enrollment token straight into a secret
+// its step declares in put_secrets: (SPEC §14a), for a later step to start
+// a worker with. The token is never answered; 201 {"name", "into_secret",
+// "expires"}.
+func (p *dataPlane) token(w http.ResponseWriter, r *http.Request, cred string) error {
+	if r.Method != http.MethodPost {
+		return &httpError{code: http.StatusMethodNotAllowed, msg: fmt.Sprintf("method %s is not allowed on /token (allowed: POST)", r.Method), allow: "POST"}
+	}
+	if _, ok := p.d.st.(SecretStore); !ok || !p.d.secrets {
+		return ErrNoSecrets
+	}
+	lease, err := parseLease(r)
+	if err != nil {
+		return &httpError{code: http.StatusBadRequest, msg: strings.Replace(err.Error(), "a write", "a token", 1)}
+	}
+	var req client.TokenRequest
+	if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, maxTokenRequestBytes)).Decode(&req); err != nil {
+		return &httpError{code: http.StatusBadRequest, msg: `want {"name": "worker-1", "ttl": "10m", "into_secret": "NAME"}: ` + err.Error()}
+	}
+	if req.Name == "" || req.IntoSecret == "" {
+		return &httpError{code: http.StatusBadRequest, msg: `a step's token needs a name and the secret to store it in: {"name": "worker-1", "into_secret": "POOL_TOKEN"}`}
+	}
+	ttl := DefaultTokenTTL
+	if req.TTL != "" {
+		d, err := time.ParseDuration(req.TTL)
+		if err != nil || d <= 0 {
+			return &httpError{code: http.StatusBadRequest, msg: fmt.Sprintf("ttl %s is not a positive duration like 10m", core.Quote(req.TTL))}
+		}
+		ttl = d
+	}
+	// Asked of the state the last durable batch left first, as a secret
+	// write is; the core decides again at the token's place in the loop.
+	reply := make(chan error, 1)
+	if err := p.d.push(r.Context(), precheck{cred: cred, lease: lease, secret: req.IntoSecret, put: true, reply: reply}); err != nil {
+		return err
+	}
+	select {
+	case err := <-reply:
+		if err != nil {
+			return err
+		}
+	case <-r.Context().Done():
+		return r.Context().Err()
+	}
+	if err := p.d.CreateTokenIntoSecret(r.Context(), req.Name, ttl, req.IntoSecret, cred, lease); err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusCreated, client.CreatedToken{Name: req.Name, IntoSecret: req.IntoSecret, ExpiresAt: time.Now().Add(ttl).UTC()})
+	return nil
+}
+
+// maxTokenRequestBytes bounds POST /token's body.
+const maxTokenRequestBytes = 4 << 10

@@ -393,7 +393,7 @@ const CacheHeader = "Tether-Worker-Cache"
 // stepPath says whether the step endpoint forwards path: the data plane's
 // paths a step may use (SPEC §14).
 func stepPath(path string) bool {
-	if path == "/data" || path == "/pool" {
+	if path == "/data" || path == "/pool" || path == "/token" {
 		return true
 	}
 	for _, p := range []string{"/data/", "/bundle/", "/step/", "/secret/"} {
@@ -434,7 +434,7 @@ func (e *stepEndpoint) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if !stepPath(r.URL.Path) {
-		fail(http.StatusNotFound, "no such path: "+core.Quote(r.URL.Path)+" (the step endpoint serves /data, /data/…, /bundle/…, /step/…, /secret/… and /pool)")
+		fail(http.StatusNotFound, "no such path: "+core.Quote(r.URL.Path)+" (the step endpoint serves /data, /data/…, /bundle/…, /step/…, /secret/…, /pool and /token)")
 		return
 	}
 	q := r.URL.Query()

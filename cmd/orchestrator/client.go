@@ -65,11 +65,15 @@ func clientCommands() []*command {
 stdout. The secret is shown only this once; the orchestrator keeps only its
 hash. The token enrolls exactly one worker process, once: give it to
 'worker connect' in $TETHER_WORKER_TOKEN or with --token-file. A worker
-enrolled with it is named NAME unless it says otherwise.` + clientHelp,
+enrolled with it is named NAME unless it says otherwise. With --into-secret
+the token is stored as that secret (SPEC §14a) and printed nowhere: a step
+that declares the secret reads it to start a worker.` + clientHelp,
 			example: `  orchestrator token create builder-1 --ttl 2h
-  TETHER_WORKER_TOKEN=$(orchestrator token create builder-2) worker connect --url ws://127.0.0.1:7420/control`,
+  TETHER_WORKER_TOKEN=$(orchestrator token create builder-2) worker connect --url ws://127.0.0.1:7420/control
+  orchestrator token create pool-7 --into-secret POOL_TOKEN`,
 			flags: clientFlags(func(fs *flag.FlagSet, o *options) {
 				fs.DurationVar(&o.ttl, "ttl", orchestrator.DefaultTokenTTL, "the token is valid for this `duration`")
+				fs.StringVar(&o.intoSecret, "into-secret", "", "store the token as this `secret` instead of printing it")
 			}),
 			run: tokenCreate,
 		},
@@ -438,6 +442,17 @@ func withClient(ctx context.Context, e *env, f func(ctx context.Context, c *clie
 
 func tokenCreate(ctx context.Context, e *env, args []string) error {
 	return withClient(ctx, e, func(ctx context.Context, c *client.Client) error {
+		if e.opts.intoSecret != "" {
+			out, err := c.CreateTokenIntoSecret(ctx, args[0], e.opts.ttl, e.opts.intoSecret)
+			if err != nil {
+				return err
+			}
+			if ok, err := e.printStructured(out); ok {
+				return err
+			}
+			fmt.Fprintf(e.stdout, "token %s stored as secret %s, expires %s\n", out.Name, out.IntoSecret, fmtTime(out.ExpiresAt))
+			return nil
+		}
 		out, err := c.CreateToken(ctx, args[0], e.opts.ttl)
 		if err != nil {
 			return err

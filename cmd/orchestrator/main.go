@@ -51,10 +51,12 @@ type options struct {
 	shipEnv []string // serve --ship-env (SPEC §8)
 
 	// command-specific
-	ttl    time.Duration
-	step   string
-	reason string
-	out    string
+	ttl time.Duration
+	// intoSecret: token create --into-secret (SPEC §14a).
+	intoSecret string
+	step       string
+	reason     string
+	out        string
 	// run rerun
 	failedOnly bool
 	// store backup

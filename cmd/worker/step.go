@@ -25,6 +25,7 @@ import (
 
 	"github.com/tether-run/tether/adapters/dataplane"
 	"github.com/tether-run/tether/adapters/worker"
+	"github.com/tether-run/tether/core"
 )
 
 // Exit codes of worker step.
@@ -63,6 +64,10 @@ Commands:
   definition                this run's workflow and this step's definition (JSON)
   secret get NAME           a secret this step declares (secrets:), to stdout
   secret put NAME           store stdin as secret NAME (put_secrets: only)
+  token create NAME         mint an enrollment token for a worker straight
+                            into a secret: --into-secret S (one the step
+                            declares in put_secrets:), --ttl D (default 24h);
+                            the token is never printed (SPEC §14a)
   pool                      the workers of the pool (JSON); --label k=v
                             (repeatable) and --state S (connected,
                             disconnected, draining, inactive, revoked) keep
@@ -328,7 +333,7 @@ func stepCommand(ctx context.Context, args []string, stdin io.Reader, stdout, st
 	}
 	verb := args[0]
 	args = args[1:]
-	if verb == "data" || verb == "secret" {
+	if verb == "data" || verb == "secret" || verb == "token" {
 		if len(args) == 0 {
 			return stepFail(stepExitUsage, "%s: a subcommand is required", verb)
 		}
@@ -345,6 +350,7 @@ func stepCommand(ctx context.Context, args []string, stdin io.Reader, stdout, st
 		labelList                listFlag
 		state                    string
 		count                    bool
+		intoSecret, ttl          string
 	)
 	switch verb {
 	case "data put":
@@ -364,6 +370,9 @@ func stepCommand(ctx context.Context, args []string, stdin io.Reader, stdout, st
 		fs.StringVar(&until, "until", "", "")
 		fs.StringVar(&after, "after", "", "")
 		fs.IntVar(&limit, "limit", 0, "")
+	case "token create":
+		fs.StringVar(&intoSecret, "into-secret", "", "")
+		fs.StringVar(&ttl, "ttl", "", "")
 	case "pool":
 		fs.Var(&labelList, "label", "")
 		fs.StringVar(&state, "state", "", "")
@@ -382,7 +391,7 @@ func stepCommand(ctx context.Context, args []string, stdin io.Reader, stdout, st
 		return stepFail(stepExitUsage, "%s: %v", verb, err)
 	}
 	want := map[string]int{"data put": 2, "data append": 2, "data get": 1, "data rm": 1, "data versions": 1, "output": 1,
-		"secret get": 1, "secret put": 1, "data query": 0, "definition": 0, "pool": 0}[verb]
+		"secret get": 1, "secret put": 1, "token create": 1, "data query": 0, "definition": 0, "pool": 0}[verb]
 	if len(pos) != want {
 		return stepFail(stepExitUsage, "%s takes %d argument(s), got %d: %q", verb, want, len(pos), pos)
 	}
@@ -492,6 +501,19 @@ func stepCommand(ctx context.Context, args []string, stdin io.Reader, stdout, st
 			return stepFail(stepExitFailed, "reading the secret: %v", err)
 		}
 		return nil
+	case "token create":
+		if intoSecret == "" {
+			return stepFail(stepExitUsage, "token create: --into-secret NAME is required: a step's token is stored as a secret it declares in put_secrets:, never printed")
+		}
+		body, err := json.Marshal(map[string]string{"name": pos[0], "ttl": ttl, "into_secret": intoSecret})
+		if err != nil {
+			return stepFail(stepExitFailed, "%v", err)
+		}
+		resp, err := c.do(ctx, http.MethodPost, "/token", q, http.Header{"Content-Type": {"application/json"}}, bytes.NewReader(body), int64(len(body)))
+		if err != nil {
+			return err
+		}
+		return printJSON(stdout, resp)
 	case "secret put":
 		hdr, err := writeHeader(requestID)
 		if err != nil {
@@ -514,7 +536,7 @@ func stepCommand(ctx context.Context, args []string, stdin io.Reader, stdout, st
 }
 
 // maxSecretBytes bounds a secret's value read or written by worker step.
-const maxSecretBytes = 1 << 20
+const maxSecretBytes = core.MaxSecretBytes // SPEC §14a
 
 func getJSON(ctx context.Context, c *stepClient, path string, q url.Values, stdout io.Writer) error {
 	resp, err := c.do(ctx, http.MethodGet, path, q, nil, nil, 0)
