@@ -191,6 +191,20 @@ func (o *Orchestrator) archive(r *RunRecord) {
 	}
 	delete(o.runs, r.ID)
 	delete(o.open, r.ID)
+	delete(o.children, r.ID) // live children keep their Parent; no cascade reaches them from here
+	if sib := o.children[r.Parent]; r.Parent != "" {
+		kept := sib[:0]
+		for _, c := range sib {
+			if c != r.ID {
+				kept = append(kept, c)
+			}
+		}
+		if len(kept) == 0 {
+			delete(o.children, r.Parent)
+		} else {
+			o.children[r.Parent] = kept
+		}
+	}
 	o.dirty[runKey(r.ID)] = true
 }
 

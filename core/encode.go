@@ -221,6 +221,7 @@ func (e *recEncoder) step(s *StepRecord) {
 		e.key(false, "MissedBy")
 		encStrings(e, s.MissedBy)
 	}
+	e.optStr("Child", string(s.Child))
 	e.end()
 }
 
@@ -355,6 +356,8 @@ func (e *recEncoder) run(r *RunRecord) {
 	e.key(false, "Spec")
 	e.runSpec(&r.Spec)
 	e.optStr("Parent", string(r.Parent))
+	e.optStr("ParentStep", string(r.ParentStep))
+	e.optInt("Depth", int64(r.Depth))
 	e.key(false, "SubmittedAt")
 	e.time(r.SubmittedAt)
 	e.optTime("Deadline", r.Deadline)
@@ -402,6 +405,11 @@ func (e *recEncoder) stepSpec(s *StepSpec) {
 	e.optBool("Hold", s.Hold)
 	e.optInt("HoldExpiry", int64(s.HoldExpiry))
 	e.optInt("Wait", int64(s.Wait))
+	if s.Workflow != nil {
+		e.key(false, "Workflow")
+		e.runSpec(s.Workflow)
+	}
+	e.optMap("With", s.With)
 	e.end()
 }
 

@@ -96,8 +96,16 @@ func genRunRecord() *rapid.Generator[RunRecord] {
 					Env: genEnv("senv").Draw(t, "senv"), ForEach: genStrings("items").Draw(t, "items"),
 					Concurrency: rapid.SampledFrom([]int{0, rapid.Int().Draw(t, "conc")}).Draw(t, "concOf"), Hold: rapid.Bool().Draw(t, "hold"),
 					HoldExpiry: dur("expiry"), Wait: dur("wait")})
+				sp := &r.Spec.Steps[len(r.Spec.Steps)-1]
+				if rapid.Bool().Draw(t, "child") { // a child workflow (SPEC §2), one level
+					sp.Workflow = &RunSpec{Name: genString().Draw(t, "cname"), Env: genEnv("cenv").Draw(t, "cenv"),
+						Steps: []StepSpec{{Name: genString().Draw(t, "csname"), Command: genString().Draw(t, "ccmd")}}}
+				}
+				sp.With = genEnv("with").Draw(t, "with")
 			}
 		}
+		r.ParentStep = StepID(genString().Draw(t, "parentStep"))
+		r.Depth = rapid.SampledFrom([]int{0, rapid.Int().Draw(t, "depth")}).Draw(t, "depthOf")
 		return r
 	})
 }
@@ -145,6 +153,7 @@ func TestEncodeMatchesEncodingJSON(t *testing.T) {
 			o := genOutcome().Draw(t, "outcome")
 			s.Outcome = &o
 		}
+		s.Child = RunID(genString().Draw(t, "child"))
 		checkEncode(t, s)
 	}))
 	t.Run("lease", rapid.MakeCheck(func(t *rapid.T) {

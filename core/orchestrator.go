@@ -40,6 +40,7 @@ type Orchestrator struct {
 	readyHead    int                  // entries before it were dispatched or went stale
 	readySorted  int                  // readyQ[readyHead:readySorted] is in order; the rest was appended since
 	open         map[RunID]int        // non-terminal steps per run
+	children     map[RunID][]RunID    // live runs by parent, in submit order (SPEC §2)
 	workerLeases map[WorkerID]map[LeaseID]bool
 	missed       map[WorkerID]map[StepID]bool // worker → steps whose MissedBy names it
 	logSeen      map[LeaseID]map[lineID]bool
@@ -114,6 +115,7 @@ func (o *Orchestrator) init() {
 	o.ready = map[StepID]time.Time{}
 	o.readyQ, o.readyHead, o.readySorted = nil, 0, 0
 	o.open = map[RunID]int{}
+	o.children = map[RunID][]RunID{}
 	o.workerLeases = map[WorkerID]map[LeaseID]bool{}
 	o.missed = map[WorkerID]map[StepID]bool{}
 	o.logSeen = map[LeaseID]map[lineID]bool{}
@@ -404,7 +406,7 @@ func (a readyEntry) less(b readyEntry) bool {
 // queue is append-mostly (steps are queued at the current time); an entry
 // whose step left the set or was queued again is stale and skipped.
 func (o *Orchestrator) indexReady(s *StepRecord) {
-	if s.State != StateQueued || s.Lease != 0 || o.specOf[s.ID].Type == "task" {
+	if sp := o.specOf[s.ID]; s.State != StateQueued || s.Lease != 0 || sp.Type == "task" || sp.Workflow != nil {
 		delete(o.ready, s.ID)
 		return
 	}
@@ -669,6 +671,31 @@ func (o *Orchestrator) checkRunFinished(r *RunRecord) {
 	if r.Parent != "" {
 		o.event(r.Parent, "", "child-run-finished", fmt.Sprintf("child run %s %s", r.ID, st))
 	}
+	if ps := o.steps[r.ParentStep]; ps != nil && ps.State == StateRunning && ps.Child == r.ID {
+		o.childFinished(ps, r, st)
+	}
+}
+
+// childFinished gives a workflow step its child run's outcome (SPEC §2), in
+// the batch that finished the child: success SUCCEED, failed FAIL,
+// cancelled CANCEL. So the child is archived no sooner than its parent
+// step has its outcome.
+func (o *Orchestrator) childFinished(s *StepRecord, child *RunRecord, status string) {
+	switch status {
+	case "success":
+		s.Outcome = &Outcome{Status: OutcomeSuccess}
+		o.event(s.Run, s.ID, "step-succeeded", fmt.Sprintf("child run %s succeeded", child.ID))
+		o.transition(s, EvSucceed)
+	case "failed":
+		o.fail(s, ClassChild, fmt.Sprintf("child run %s failed", child.ID))
+	default:
+		s.Class, s.Message = ClassChild, fmt.Sprintf("child run %s was cancelled", child.ID)
+		if child.CancelReason != "" {
+			s.Message += ": " + child.CancelReason
+		}
+		o.event(s.Run, s.ID, "step-cancelled", s.Message)
+		o.transition(s, EvCancel)
+	}
 }
 
 // promote moves a pending step whose dependencies all succeeded through its
@@ -713,6 +740,10 @@ func (o *Orchestrator) enqueue(s *StepRecord) {
 // afterQueued runs a task step on the orchestrator itself: it has no command
 // to ship, so it starts and succeeds at once.
 func (o *Orchestrator) afterQueued(s *StepRecord) {
+	if sp := o.specOf[s.ID]; sp.Workflow != nil {
+		o.startChild(s, sp)
+		return
+	}
 	if o.specOf[s.ID].Type != "task" {
 		return
 	}
@@ -720,6 +751,19 @@ func (o *Orchestrator) afterQueued(s *StepRecord) {
 	s.Outcome = &Outcome{Status: OutcomeSuccess}
 	o.event(s.Run, s.ID, "task-step", "task step completed on the orchestrator")
 	o.transition(s, EvSucceed)
+}
+
+// startChild starts a queued workflow step and, in the same batch, the
+// child run of its workflow (SPEC §2). The child was validated with its
+// parent's submission.
+func (o *Orchestrator) startChild(s *StepRecord, sp *StepSpec) {
+	o.transition(s, EvStart)
+	parent := o.runs[s.Run]
+	r := o.createRun(ChildSpec(sp), parent, s.ID)
+	s.Child = r.ID
+	o.markStep(s)
+	o.event(s.Run, s.ID, "child-run-started", fmt.Sprintf("child run %s started", r.ID))
+	o.promoteAll(r)
 }
 
 // ---- operator API ----
@@ -734,30 +778,94 @@ func (o *Orchestrator) submit(in Submit) {
 		deny(err.Error())
 		return
 	}
-	if in.Parent != "" && o.runs[in.Parent] == nil {
-		deny(fmt.Sprintf("unknown parent run %q", in.Parent))
-		return
+	var parent *RunRecord
+	if in.Parent != "" {
+		parent = o.runs[in.Parent]
+		if msg := o.checkParent(in.Parent, parent, in.Spec); msg != "" {
+			code := CodeInvalid
+			if parent == nil && !o.archived(in.Parent) {
+				code = CodeNotFound
+			} else if parent == nil || parent.Finished || parent.CancelReason != "" {
+				code = CodeConflict
+			}
+			o.deny(in.Call, in.Actor, ActionSubmit, in.Spec.Name, code, msg)
+			return
+		}
 	}
+	r := o.createRun(in.Spec, parent, "")
+	o.promoteAll(r)
+	o.accept(in.Actor, ActionSubmit, string(r.ID))
+	o.answer(APIAnswer{Call: in.Call, Run: r.ID})
+}
+
+// checkParent says why a run of spec may not be submitted as a child of
+// run id (p, nil when not live), or "" (SPEC §2): the parent is live and
+// not finished or cancelling, the tree stays within MaxRunDepth, and the
+// parent has fewer than MaxChildRuns live children.
+func (o *Orchestrator) checkParent(id RunID, p *RunRecord, spec RunSpec) string {
+	switch {
+	case p == nil && o.archived(id):
+		return fmt.Sprintf("parent run %s already finished (archived)", id)
+	case p == nil:
+		return fmt.Sprintf("unknown parent run %q", id)
+	case p.Finished:
+		return fmt.Sprintf("parent run %s already finished (%s)", id, o.runStatus(p))
+	case p.CancelReason != "":
+		return fmt.Sprintf("parent run %s is being cancelled", id)
+	case p.Depth+spec.TreeDepth() > MaxRunDepth:
+		return fmt.Sprintf("parent run %s is %d runs deep and the run nests %d: a tree of runs is at most %d deep", id, p.Depth+1, spec.TreeDepth(), MaxRunDepth)
+	case len(o.children[id]) >= MaxChildRuns:
+		return fmt.Sprintf("parent run %s has %d live child runs, at most %d", id, len(o.children[id]), MaxChildRuns)
+	}
+	return ""
+}
+
+// createRun creates a run of spec (validated) below parent (nil: none),
+// started by parent's workflow step ps (empty: submitted through the API).
+// Its steps are promoted by promoteAll.
+func (o *Orchestrator) createRun(spec RunSpec, parent *RunRecord, ps StepID) *RunRecord {
 	o.meta.RunSeq++
 	o.markMeta()
-	r := &RunRecord{ID: RunID(fmt.Sprintf("run-%d", o.meta.RunSeq)), Spec: in.Spec, Parent: in.Parent, SubmittedAt: o.now}
-	if in.Spec.Timeout > 0 {
-		r.Deadline = o.now.Add(in.Spec.Timeout)
+	r := &RunRecord{ID: RunID(fmt.Sprintf("run-%d", o.meta.RunSeq)), Spec: spec, ParentStep: ps, SubmittedAt: o.now}
+	if parent != nil {
+		r.Parent, r.Depth = parent.ID, parent.Depth+1
+	}
+	if spec.Timeout > 0 {
+		r.Deadline = o.now.Add(spec.Timeout)
 		o.arm(r.Deadline, tRunTimeout, string(r.ID))
 	}
 	o.runs[r.ID] = r
 	o.indexRun(r, true)
 	o.open[r.ID] = len(r.Steps)
 	o.markRun(r)
-	o.event(r.ID, "", "run-submitted", fmt.Sprintf("run submitted with %d step%s", len(r.Steps), plural(len(r.Steps))))
+	msg := fmt.Sprintf("run submitted with %d step%s", len(r.Steps), plural(len(r.Steps)))
+	if ps != "" {
+		msg += fmt.Sprintf(" by step %s", ps)
+	}
+	o.event(r.ID, "", "run-submitted", msg)
 	for _, id := range r.Steps {
 		o.markStep(o.steps[id])
 	}
+	return r
+}
+
+// runOrder returns a copy of ids in submit order (by run number; a
+// restore indexes runs in key order).
+func runOrder(ids []RunID) []RunID {
+	out := append([]RunID(nil), ids...)
+	num := func(id RunID) uint64 {
+		n, _ := strconv.ParseUint(strings.TrimPrefix(string(id), "run-"), 10, 64)
+		return n
+	}
+	sort.Slice(out, func(i, j int) bool { return num(out[i]) < num(out[j]) })
+	return out
+}
+
+// promoteAll promotes the steps of a new run.
+func (o *Orchestrator) promoteAll(r *RunRecord) {
 	for _, id := range r.Steps {
 		o.promote(o.steps[id])
 	}
-	o.accept(in.Actor, ActionSubmit, string(r.ID))
-	o.answer(APIAnswer{Call: in.Call, Run: r.ID})
 }
 
 // instanceIDs lists the step ids a spec step expands to.
@@ -775,6 +883,9 @@ func instanceIDs(run RunID, sp *StepSpec) []StepID {
 // indexRun builds the derived indexes of a run; with create it also creates
 // the run's steps (on submit, not on load).
 func (o *Orchestrator) indexRun(r *RunRecord, create bool) {
+	if r.Parent != "" {
+		o.children[r.Parent] = append(o.children[r.Parent], r.ID)
+	}
 	byName := make(map[string]int, len(r.Spec.Steps)) // a lookup, not a scan per dependency (SPEC §12)
 	for i := range r.Spec.Steps {
 		byName[r.Spec.Steps[i].Name] = i
@@ -838,11 +949,29 @@ func (o *Orchestrator) cancelRun(r *RunRecord, class FailureClass, reason string
 	for _, id := range r.Steps {
 		o.cancelStep(o.steps[id], class, reason)
 	}
+	// The cascade (SPEC §6): every live child run not yet finished, those
+	// the API submitted below r too, transitively.
+	for _, c := range runOrder(o.children[r.ID]) {
+		if cr := o.runs[c]; cr != nil && !cr.Finished {
+			o.cancelRun(cr, class, fmt.Sprintf("parent run %s cancelled: %s", r.ID, reason))
+		}
+	}
 }
 
 // cancelStep cancels one step (SPEC §6): a running step on a connected worker is
 // cancelled gracefully; anything else non-terminal is cancelled at once.
 func (o *Orchestrator) cancelStep(s *StepRecord, class FailureClass, reason string) {
+	if s.State == StateRunning && s.Child != "" {
+		// A workflow step is cancelled at once, and its child run with it:
+		// the step first, so that the child's end finds it terminal.
+		s.Class, s.Message = class, reason
+		o.event(s.Run, s.ID, "step-cancelled", reason)
+		o.transition(s, EvCancel)
+		if c := o.runs[s.Child]; c != nil && !c.Finished {
+			o.cancelRun(c, class, fmt.Sprintf("parent step %s cancelled: %s", s.ID, reason))
+		}
+		return
+	}
 	switch s.State {
 	case StateRunning:
 		l := o.leases[s.Lease]

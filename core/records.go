@@ -45,9 +45,14 @@ type MetaRecord struct {
 
 // RunRecord is a run.
 type RunRecord struct {
-	ID           RunID
-	Spec         RunSpec
-	Parent       RunID `json:",omitempty"`
+	ID     RunID
+	Spec   RunSpec
+	Parent RunID `json:",omitempty"`
+	// ParentStep is the parent's workflow step that started this run
+	// (empty for a run submitted with a parent through the API); Depth is
+	// how many runs are above it (SPEC §2).
+	ParentStep   StepID `json:",omitempty"`
+	Depth        int    `json:",omitzero"`
 	SubmittedAt  time.Time
 	Deadline     time.Time `json:",omitzero"` // run timeout instant
 	CancelReason string    `json:",omitempty"`
@@ -86,6 +91,8 @@ type StepRecord struct {
 	// pass its dispatch-ack deadline and have not been heard from since:
 	// none of them is chosen for it (§8).
 	MissedBy []WorkerID `json:",omitempty"`
+	// Child is the run a workflow step started (SPEC §2).
+	Child RunID `json:",omitempty"`
 }
 
 // LeaseRecord is one dispatch attempt of one step to one worker.

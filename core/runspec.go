@@ -42,6 +42,12 @@ type StepSpec struct {
 	Hold       bool          `json:",omitzero"`
 	HoldExpiry time.Duration `json:",omitzero"`
 	Wait       time.Duration `json:",omitzero"`
+	// Workflow makes the step a child run (SPEC §2): never dispatched; when
+	// queued it starts and creates a run of this spec, whose outcome it
+	// takes. With is that run's inputs: they become its env, over the
+	// child's own (ChildSpec).
+	Workflow *RunSpec          `json:",omitzero"`
+	With     map[string]string `json:",omitzero"`
 }
 
 // Limits on a submitted run (SPEC §2, §12). Validate checks every one
@@ -78,6 +84,13 @@ const (
 	// quotes, colon and comma at most 6 times its "=", so a dispatch within
 	// this bound always fits in one wire frame (1 MiB; SPEC §12).
 	MaxDispatchBytes = 128 << 10
+	// MaxRunDepth bounds how deep a tree of runs goes: a run, its child,
+	// the child's child… at most 4 runs from the root down (SPEC §2, §12).
+	MaxRunDepth = 4
+	// MaxChildRuns bounds the runs one submission's tree holds below its
+	// root (every workflow step, at every depth, is one), and the live
+	// child runs the API may give one run.
+	MaxChildRuns = 64
 )
 
 // ErrorListMax bounds how many entries of a list an error message spells
@@ -121,6 +134,62 @@ func invalid(format string, args ...any) error {
 // Validate checks a RunSpec: unique non-empty step names, known dependencies,
 // no cycles, a command on every non-task step, sane gates and fan-outs.
 func (r RunSpec) Validate() error {
+	if err := r.validate(); err != nil {
+		return err
+	}
+	if d := r.TreeDepth(); d > MaxRunDepth {
+		return invalid("child workflows nest %d runs deep, at most %d", d, MaxRunDepth)
+	}
+	if n := r.ChildRuns(); n > MaxChildRuns {
+		return invalid("the run starts %d child runs (every workflow step at every depth), at most %d", n, MaxChildRuns)
+	}
+	return nil
+}
+
+// ChildSpec is the spec of the run a workflow step starts: its workflow,
+// with the step's With over the workflow's own env (an input overrides the
+// child's default). The parent's env is not inherited.
+func ChildSpec(sp *StepSpec) RunSpec {
+	c := *sp.Workflow
+	if len(sp.With) > 0 {
+		env := make(map[string]string, len(c.Env)+len(sp.With))
+		for k, v := range c.Env {
+			env[k] = v
+		}
+		for k, v := range sp.With {
+			env[k] = v
+		}
+		c.Env = env
+	}
+	return c
+}
+
+// TreeDepth is how many runs deep r's tree of child workflows goes (1: no
+// workflow step).
+func (r RunSpec) TreeDepth() int {
+	d := 1
+	for i := range r.Steps {
+		if w := r.Steps[i].Workflow; w != nil {
+			d = max(d, 1+w.TreeDepth())
+		}
+	}
+	return d
+}
+
+// ChildRuns is how many runs r's tree holds below r.
+func (r RunSpec) ChildRuns() int {
+	n := 0
+	for i := range r.Steps {
+		if w := r.Steps[i].Workflow; w != nil {
+			n += 1 + w.ChildRuns()
+		}
+	}
+	return n
+}
+
+// validate is Validate of r without the tree's limits, and of every child
+// workflow (each as ChildSpec makes it).
+func (r RunSpec) validate() error {
 	if len(r.Steps) == 0 {
 		return invalid("run has no steps")
 	}
@@ -150,7 +219,17 @@ func (r RunSpec) Validate() error {
 			return invalid("step %q is declared twice", s.Name)
 		}
 		byName[s.Name] = i
-		if s.Type != "task" && strings.TrimSpace(s.Command) == "" {
+		if s.Workflow != nil || s.With != nil {
+			if err := checkChildStep(s); err != nil {
+				return err
+			}
+			if s.Workflow.TreeDepth() >= MaxRunDepth { // before recursing: bounded
+				return invalid("step %q: child workflows nest more than %d runs deep", s.Name, MaxRunDepth)
+			}
+			if err := ChildSpec(&s).validate(); err != nil {
+				return invalid("step %q: child workflow: %s", s.Name, strings.TrimPrefix(err.Error(), ErrInvalidRun.Error()+": "))
+			}
+		} else if s.Type != "task" && strings.TrimSpace(s.Command) == "" {
 			return invalid("step %q has no command", s.Name)
 		}
 		if len(s.Command) > MaxCommandLength {
@@ -189,7 +268,7 @@ func (r RunSpec) Validate() error {
 	if total > MaxStepsPerRun {
 		return invalid("run expands to %d steps, at most %d", total, MaxStepsPerRun)
 	}
-	if err := r.checkSizes(); err != nil {
+	if err := r.checkSizes(); err != nil { // the bytes of the tree below r too
 		return err
 	}
 	edges, expanded := 0, 0
@@ -219,6 +298,40 @@ func (r RunSpec) Validate() error {
 	}
 	if cyc := findCycle(r.Steps, byName); cyc != nil {
 		return invalid("dependency cycle: %s", strings.Join(cyc, " -> "))
+	}
+	return nil
+}
+
+// checkChildStep checks a workflow step (SPEC §2): it runs nothing itself,
+// so it declares no command, type, writes, placement or timeout (the child
+// workflow's steps do), and fans out to no instances.
+func checkChildStep(s StepSpec) error {
+	bad := ""
+	switch {
+	case s.Workflow == nil:
+		return invalid("step %q: with without workflow", s.Name)
+	case s.Command != "":
+		bad = "command"
+	case s.Type != "":
+		bad = "type"
+	case s.Runner != "":
+		bad = "runner"
+	case s.Writes:
+		bad = "writes"
+	case len(s.Tags) > 0 || len(s.Labels) > 0 || s.Target != "" || s.Platform != "":
+		bad = "tags, labels, target or platform"
+	case len(s.ForEach) > 0:
+		bad = "forEach"
+	case s.Timeout != 0:
+		bad = "timeout (give the child workflow a timeout)"
+	case len(s.Env) > 0:
+		bad = "env (pass inputs with with)"
+	}
+	if bad != "" {
+		return invalid("step %q: a workflow step runs no process of its own: %s is not allowed", s.Name, bad)
+	}
+	if err := checkEnv(fmt.Sprintf("step %q: with", s.Name), s.With); err != nil {
+		return err
 	}
 	return nil
 }
@@ -292,10 +405,34 @@ func (r RunSpec) checkSizes() error {
 			}
 		}
 	}
+	size += r.childBytes()
 	if size > MaxRunSpecBytes {
 		return invalid("the run's declaration holds %d bytes of names, commands, lists and env, at most %d", size, MaxRunSpecBytes)
 	}
 	return nil
+}
+
+// childBytes is the bytes of r's child workflows, at every depth, as
+// checkSizes counts them, plus each workflow step's With.
+func (r RunSpec) childBytes() int {
+	n := 0
+	for i := range r.Steps {
+		sp := &r.Steps[i]
+		if sp.Workflow == nil {
+			continue
+		}
+		c := sp.Workflow
+		n += envBytes(sp.With) + len(c.Name) + envBytes(c.Env) + c.childBytes()
+		for _, s := range c.Steps {
+			n += len(s.Name) + len(s.Command) + len(s.Type) + len(s.Runner) + len(s.Target) + len(s.Platform) + envBytes(s.Env) + envBytes(s.Labels)
+			for _, l := range [][]string{s.DependsOn, s.Tags, s.ForEach} {
+				for _, x := range l {
+					n += len(x)
+				}
+			}
+		}
+	}
+	return n
 }
 
 func envBytes(env map[string]string) int {
@@ -358,6 +495,12 @@ func DispatchEnv(snapshot map[string]string, run RunSpec, sp StepSpec, index int
 // item stands for every instance.
 func (r RunSpec) CheckDispatchSizes(snapshot map[string]string) error {
 	for _, sp := range r.Steps {
+		if sp.Workflow != nil {
+			if err := ChildSpec(&sp).CheckDispatchSizes(snapshot); err != nil {
+				return invalid("step %q: child workflow: %s", sp.Name, strings.TrimPrefix(err.Error(), ErrInvalidRun.Error()+": "))
+			}
+			continue
+		}
 		if sp.Type == "task" {
 			continue // never dispatched (SPEC §2)
 		}

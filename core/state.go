@@ -178,4 +178,5 @@ const (
 	ClassOperator          FailureClass = "operator"
 	ClassGate              FailureClass = "gate"
 	ClassWorkerStopped     FailureClass = "worker-stopped"
+	ClassChild             FailureClass = "child-run" // a workflow step took its child run's outcome (SPEC §2)
 )
