@@ -120,6 +120,7 @@ type Step struct {
 	QueuedAt   time.Time `json:"queued,omitzero"`
 	StartedAt  time.Time `json:"started,omitzero"`
 	FinishedAt time.Time `json:"finished,omitzero"`
+	Child      string    `json:"child,omitempty"` // the run a workflow step started (SPEC §2)
 }
 
 // Event is one server event of a run.
@@ -137,6 +138,10 @@ type RunDetail struct {
 	Status string  `json:"status"`
 	Steps  []Step  `json:"steps"`
 	Events []Event `json:"events"`
+	// The tree (SPEC §2): the parent's workflow step that started this
+	// run, and the runs started below it, in submit order.
+	ParentStep string   `json:"parent_step,omitempty"`
+	Children   []string `json:"children,omitempty"`
 }
 
 // LogLine is one stored line of a step's log. At is the worker's

@@ -128,6 +128,7 @@ func (o *Orchestrator) archiveQueued() {
 func (o *Orchestrator) archive(r *RunRecord) {
 	h := RunHistory{Run: *r, Status: o.runStatus(r), Events: o.events[r.ID]}
 	h.Run.Steps = append([]StepID(nil), r.Steps...)
+	h.Run.Children = append([]RunID(nil), r.Children...)
 	var leases []LeaseID
 	for _, sid := range r.Steps {
 		s := o.steps[sid]
@@ -191,20 +192,6 @@ func (o *Orchestrator) archive(r *RunRecord) {
 	}
 	delete(o.runs, r.ID)
 	delete(o.open, r.ID)
-	delete(o.children, r.ID) // live children keep their Parent; no cascade reaches them from here
-	if sib := o.children[r.Parent]; r.Parent != "" {
-		kept := sib[:0]
-		for _, c := range sib {
-			if c != r.ID {
-				kept = append(kept, c)
-			}
-		}
-		if len(kept) == 0 {
-			delete(o.children, r.Parent)
-		} else {
-			o.children[r.Parent] = kept
-		}
-	}
 	o.dirty[runKey(r.ID)] = true
 }
 

@@ -358,6 +358,10 @@ func (e *recEncoder) run(r *RunRecord) {
 	e.optStr("Parent", string(r.Parent))
 	e.optStr("ParentStep", string(r.ParentStep))
 	e.optInt("Depth", int64(r.Depth))
+	if len(r.Children) > 0 {
+		e.key(false, "Children")
+		encStrings(e, r.Children)
+	}
 	e.key(false, "SubmittedAt")
 	e.time(r.SubmittedAt)
 	e.optTime("Deadline", r.Deadline)

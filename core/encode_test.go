@@ -105,6 +105,12 @@ func genRunRecord() *rapid.Generator[RunRecord] {
 			}
 		}
 		r.ParentStep = StepID(genString().Draw(t, "parentStep"))
+		if kids := genStrings("children").Draw(t, "children"); kids != nil {
+			r.Children = make([]RunID, len(kids))
+			for i, k := range kids {
+				r.Children[i] = RunID(k)
+			}
+		}
 		r.Depth = rapid.SampledFrom([]int{0, rapid.Int().Draw(t, "depth")}).Draw(t, "depthOf")
 		return r
 	})

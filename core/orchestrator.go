@@ -40,7 +40,6 @@ type Orchestrator struct {
 	readyHead    int                  // entries before it were dispatched or went stale
 	readySorted  int                  // readyQ[readyHead:readySorted] is in order; the rest was appended since
 	open         map[RunID]int        // non-terminal steps per run
-	children     map[RunID][]RunID    // live runs by parent, in submit order (SPEC §2)
 	workerLeases map[WorkerID]map[LeaseID]bool
 	missed       map[WorkerID]map[StepID]bool // worker → steps whose MissedBy names it
 	logSeen      map[LeaseID]map[lineID]bool
@@ -115,7 +114,6 @@ func (o *Orchestrator) init() {
 	o.ready = map[StepID]time.Time{}
 	o.readyQ, o.readyHead, o.readySorted = nil, 0, 0
 	o.open = map[RunID]int{}
-	o.children = map[RunID][]RunID{}
 	o.workerLeases = map[WorkerID]map[LeaseID]bool{}
 	o.missed = map[WorkerID]map[StepID]bool{}
 	o.logSeen = map[LeaseID]map[lineID]bool{}
@@ -801,7 +799,7 @@ func (o *Orchestrator) submit(in Submit) {
 // checkParent says why a run of spec may not be submitted as a child of
 // run id (p, nil when not live), or "" (SPEC §2): the parent is live and
 // not finished or cancelling, the tree stays within MaxRunDepth, and the
-// parent has fewer than MaxChildRuns live children.
+// parent has fewer than MaxChildRuns children.
 func (o *Orchestrator) checkParent(id RunID, p *RunRecord, spec RunSpec) string {
 	switch {
 	case p == nil && o.archived(id):
@@ -814,8 +812,8 @@ func (o *Orchestrator) checkParent(id RunID, p *RunRecord, spec RunSpec) string 
 		return fmt.Sprintf("parent run %s is being cancelled", id)
 	case p.Depth+spec.TreeDepth() > MaxRunDepth:
 		return fmt.Sprintf("parent run %s is %d runs deep and the run nests %d: a tree of runs is at most %d deep", id, p.Depth+1, spec.TreeDepth(), MaxRunDepth)
-	case len(o.children[id]) >= MaxChildRuns:
-		return fmt.Sprintf("parent run %s has %d live child runs, at most %d", id, len(o.children[id]), MaxChildRuns)
+	case len(p.Children) >= MaxChildRuns:
+		return fmt.Sprintf("parent run %s has %d child runs, at most %d", id, len(p.Children), MaxChildRuns)
 	}
 	return ""
 }
@@ -829,6 +827,8 @@ func (o *Orchestrator) createRun(spec RunSpec, parent *RunRecord, ps StepID) *Ru
 	r := &RunRecord{ID: RunID(fmt.Sprintf("run-%d", o.meta.RunSeq)), Spec: spec, ParentStep: ps, SubmittedAt: o.now}
 	if parent != nil {
 		r.Parent, r.Depth = parent.ID, parent.Depth+1
+		parent.Children = append(parent.Children, r.ID)
+		o.markRun(parent)
 	}
 	if spec.Timeout > 0 {
 		r.Deadline = o.now.Add(spec.Timeout)
@@ -847,18 +847,6 @@ func (o *Orchestrator) createRun(spec RunSpec, parent *RunRecord, ps StepID) *Ru
 		o.markStep(o.steps[id])
 	}
 	return r
-}
-
-// runOrder returns a copy of ids in submit order (by run number; a
-// restore indexes runs in key order).
-func runOrder(ids []RunID) []RunID {
-	out := append([]RunID(nil), ids...)
-	num := func(id RunID) uint64 {
-		n, _ := strconv.ParseUint(strings.TrimPrefix(string(id), "run-"), 10, 64)
-		return n
-	}
-	sort.Slice(out, func(i, j int) bool { return num(out[i]) < num(out[j]) })
-	return out
 }
 
 // promoteAll promotes the steps of a new run.
@@ -883,9 +871,6 @@ func instanceIDs(run RunID, sp *StepSpec) []StepID {
 // indexRun builds the derived indexes of a run; with create it also creates
 // the run's steps (on submit, not on load).
 func (o *Orchestrator) indexRun(r *RunRecord, create bool) {
-	if r.Parent != "" {
-		o.children[r.Parent] = append(o.children[r.Parent], r.ID)
-	}
 	byName := make(map[string]int, len(r.Spec.Steps)) // a lookup, not a scan per dependency (SPEC §12)
 	for i := range r.Spec.Steps {
 		byName[r.Spec.Steps[i].Name] = i
@@ -950,8 +935,8 @@ func (o *Orchestrator) cancelRun(r *RunRecord, class FailureClass, reason string
 		o.cancelStep(o.steps[id], class, reason)
 	}
 	// The cascade (SPEC §6): every live child run not yet finished, those
-	// the API submitted below r too, transitively.
-	for _, c := range runOrder(o.children[r.ID]) {
+	// the API submitted below r too, transitively, in submit order.
+	for _, c := range r.Children {
 		if cr := o.runs[c]; cr != nil && !cr.Finished {
 			o.cancelRun(cr, class, fmt.Sprintf("parent run %s cancelled: %s", r.ID, reason))
 		}

@@ -51,8 +51,11 @@ type RunRecord struct {
 	// ParentStep is the parent's workflow step that started this run
 	// (empty for a run submitted with a parent through the API); Depth is
 	// how many runs are above it (SPEC §2).
-	ParentStep   StepID `json:",omitempty"`
-	Depth        int    `json:",omitzero"`
+	ParentStep StepID `json:",omitempty"`
+	Depth      int    `json:",omitzero"`
+	// Children are the runs started below it, by its workflow steps or
+	// through the API, in submit order.
+	Children     []RunID `json:",omitempty"`
 	SubmittedAt  time.Time
 	Deadline     time.Time `json:",omitzero"` // run timeout instant
 	CancelReason string    `json:",omitempty"`

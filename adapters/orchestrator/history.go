@@ -131,7 +131,10 @@ func summaryView(s store.RunSummary) APIRun {
 
 // detail is GET /api/runs/{id}'s answer; names gives workers' names.
 func (src *runSource) detail(names map[core.WorkerID]string) APIRunDetail {
-	out := APIRunDetail{Run: src.summary(), Status: src.status, Steps: []APIStep{}, Events: []APIEvent{}}
+	out := APIRunDetail{Run: src.summary(), Status: src.status, Steps: []APIStep{}, Events: []APIEvent{}, ParentStep: string(src.run.ParentStep)}
+	for _, c := range src.run.Children {
+		out.Children = append(out.Children, string(c))
+	}
 	last := map[core.StepID]core.LeaseRecord{} // leases are sorted by id: the last one wins
 	for _, l := range src.leases {
 		last[l.Step] = l
@@ -141,7 +144,7 @@ func (src *runSource) detail(names map[core.WorkerID]string) APIRunDetail {
 			ID: string(s.ID), Name: s.Name, Item: s.Item, State: s.State.String(),
 			Class: string(s.Class), Message: s.Message, SkippedBy: string(s.SkippedBy),
 			Attempts: s.Attempts, QueuedAt: s.QueuedAt, StartedAt: s.StartedAt, FinishedAt: s.FinishedAt,
-			Writes: src.writes[s.Name],
+			Writes: src.writes[s.Name], Child: string(s.Child),
 		}
 		for _, dep := range s.Deps {
 			v.Deps = append(v.Deps, string(dep))

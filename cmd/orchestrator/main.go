@@ -52,6 +52,7 @@ type options struct {
 	ttl    time.Duration
 	step   string
 	reason string
+	parent string // run submit --parent
 	out    string
 	// store backup
 	offline bool
