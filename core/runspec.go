@@ -219,17 +219,7 @@ func (r RunSpec) validate() error {
 			return invalid("step %q is declared twice", s.Name)
 		}
 		byName[s.Name] = i
-		if s.Workflow != nil || s.With != nil {
-			if err := checkChildStep(s); err != nil {
-				return err
-			}
-			if s.Workflow.TreeDepth() >= MaxRunDepth { // before recursing: bounded
-				return invalid("step %q: child workflows nest more than %d runs deep", s.Name, MaxRunDepth)
-			}
-			if err := ChildSpec(&s).validate(); err != nil {
-				return invalid("step %q: child workflow: %s", s.Name, strings.TrimPrefix(err.Error(), ErrInvalidRun.Error()+": "))
-			}
-		} else if s.Type != "task" && strings.TrimSpace(s.Command) == "" {
+		if s.Workflow == nil && s.Type != "task" && strings.TrimSpace(s.Command) == "" {
 			return invalid("step %q has no command", s.Name)
 		}
 		if len(s.Command) > MaxCommandLength {
@@ -240,6 +230,17 @@ func (r RunSpec) validate() error {
 		}
 		if err := checkStepNames(s); err != nil {
 			return fmt.Errorf("%w: step %q: %w", ErrInvalidRun, s.Name, err)
+		}
+		if s.Workflow != nil || s.With != nil {
+			if err := checkChildStep(s); err != nil {
+				return err
+			}
+			if s.Workflow.TreeDepth() >= MaxRunDepth { // before recursing: bounded
+				return invalid("step %q: child workflows nest more than %d runs deep", s.Name, MaxRunDepth)
+			}
+			if err := ChildSpec(&s).validate(); err != nil {
+				return invalid("step %q: child workflow: %s", s.Name, strings.TrimPrefix(err.Error(), ErrInvalidRun.Error()+": "))
+			}
 		}
 		if s.Timeout < 0 || s.Wait < 0 || s.HoldExpiry < 0 {
 			return invalid("step %q: negative duration", s.Name)

@@ -46,6 +46,7 @@ type summary struct {
 	workerLogs      map[string]int
 	data            DataStats
 	archive         ArchiveStats
+	childRuns       int
 }
 
 func (s *summary) add(r Result) {
@@ -65,6 +66,7 @@ func (s *summary) add(r Result) {
 	}
 	s.data.add(r.Data)
 	s.archive.add(r.Archive)
+	s.childRuns += r.ChildRuns
 	s.largestStep = max(s.largestStep, r.LargestStep)
 }
 
@@ -82,9 +84,9 @@ func kv(m map[string]int) string {
 }
 
 func (s *summary) String() string {
-	return fmt.Sprintf("sim: %d seeds (%d again with shifted worker clocks, %d under another drift), %.1f simulated hours, %d events, %d invariant checks, %d porcupine operations (largest step history %d of at most %d), %d failures, %d inconclusive; faults: %s; buggify fired: %s; worker log lines: %s; %s; archival: runs archived=%d late-after-archive=%d (after a restart %d) listings of archived leases=%d",
+	return fmt.Sprintf("sim: %d seeds (%d again with shifted worker clocks, %d under another drift), %.1f simulated hours, %d events, %d invariant checks, %d porcupine operations (largest step history %d of at most %d), %d failures, %d inconclusive; faults: %s; buggify fired: %s; worker log lines: %s; %s; archival: runs archived=%d late-after-archive=%d (after a restart %d) listings of archived leases=%d; child runs started=%d",
 		s.seeds, s.shifted, s.drift, s.simTime.Hours(), s.events, s.checks, s.porcOps, s.largestStep, s.bound, s.failures, s.inconclusive, kv(s.faults), kv(s.buggified), kv(s.workerLogs), s.data,
-		s.archive.Archived, s.archive.Late, s.archive.Restarted, s.archive.Listed)
+		s.archive.Archived, s.archive.Late, s.archive.Restarted, s.archive.Listed, s.childRuns)
 }
 
 // TestSim runs the default seed budget, each seed twice: the second run

@@ -257,8 +257,8 @@ func (w *world) queryRandomStep() {
 		return
 	}
 	s := steps[w.r.IntN(len(steps))]
-	if sp, _ := v.StepSpecOf(s.ID); sp.Type == "task" {
-		return // task steps commit without a report: not in the model
+	if sp, _ := v.StepSpecOf(s.ID); sp.Type == "task" || sp.Workflow != nil {
+		return // task and workflow steps commit without a report: not in the model
 	}
 	op := w.hist.begin(w.now, opClientOperator, spec.StepInput{Kind: spec.OpQuery, Step: s.ID})
 	out := spec.StepOutput{State: s.State, Outcome: s.Outcome}
@@ -353,6 +353,9 @@ func (w *world) randomRun() core.RunSpec {
 		if w.chance(w.opt.TimeoutFrac) {
 			s.Timeout = w.uniform(w.opt.ExecMin, 2*w.opt.ExecMax)
 		}
+		if w.opt.ChildFrac > 0 && w.chance(w.opt.ChildFrac) {
+			s = w.childStep(s)
+		}
 		rs.Steps = append(rs.Steps, s)
 	}
 	return rs
@@ -414,7 +417,11 @@ func (w *world) heal() {
 	w.requestToken(func(token string) { w.spawnWorker(token, false, true) })
 	cfg := core.DefaultConfig()
 	per := w.opt.ExecMax + 2*w.opt.MaxDelayWork + cfg.HeartbeatTimeout + 2*cfg.SweepInterval + cfg.ForceCancel
-	bound := time.Duration(3*w.opt.StepsMax+cfg.MaxAttempts)*per + 10*time.Minute
+	chain := 3 * w.opt.StepsMax
+	if w.opt.ChildFrac > 0 {
+		chain *= 1 + childStepsMax // a workflow step waits for its child's chain
+	}
+	bound := time.Duration(chain+cfg.MaxAttempts)*per + 10*time.Minute
 	w.deadline = w.now.Add(bound)
 	var check func()
 	check = func() {

@@ -106,6 +106,7 @@ type Result struct {
 	Output     OutputStats
 	Archive    ArchiveStats // archival and late reports (archive.go)
 	Data       DataStats    // the data plane's writes (sim/data.go)
+	ChildRuns  int          // child runs started by workflow steps, durably (sim/child.go)
 	// Inconclusive, if set, says why the end-of-run linearizability check
 	// could not judge the history (spec.CheckSteps): the seed neither
 	// passed nor violated it. Failure is nil then.
@@ -250,6 +251,7 @@ type world struct {
 	batchText    strings.Builder // with Config.sums: this event's batch digests
 	grants       grantProps      // spec.Grants and what it needs (grants.go)
 	arch         archiveState    // archival's counters and memories (archive.go)
+	childRuns    int             // child runs started, durably (child.go)
 }
 
 func newWorld(seed uint64, opt Options, cfg Config) *world {

@@ -554,8 +554,8 @@ func AtMostOneCommit(c *Checker) *Violation {
 			if s.Outcome == nil {
 				continue
 			}
-			if sp, _ := v.StepSpecOf(s.ID); sp.Type == "task" {
-				continue // a task step's outcome is the orchestrator's own
+			if sp, _ := v.StepSpecOf(s.ID); sp.Type == "task" || sp.Workflow != nil {
+				continue // a task step's outcome is the orchestrator's own, a workflow step's its child run's (PropChildOutcome)
 			}
 			if f, ok := c.commits[s.ID]; !ok {
 				c.fail(invCommit, "step %s shows outcome %s that was never answered COMMITTED", s.ID, describeOutcome(*s.Outcome))
