@@ -97,3 +97,20 @@ func TestChildRunsCLI(t *testing.T) {
 		t.Errorf("a cycle of files: exit %d, %s", code, errOut)
 	}
 }
+
+// TestChildExample: examples/children/release.yaml starts two child runs of
+// deploy.yaml, each with its own TARGET, and succeeds through a real
+// worker (the child's verify step fails unless with: reached it).
+func TestChildExample(t *testing.T) {
+	w := newCLIWorld(t, true)
+	w.must(exitOK, "run", "submit", "examples/children/release.yaml", "--wait")
+	d := w.detail("run-1")
+	if !slices.Equal(d.Children, []string{"run-2", "run-3"}) {
+		t.Fatalf("release's children: %v", d.Children)
+	}
+	for _, c := range d.Children {
+		if cd := w.detail(c); cd.Status != "success" || cd.Run.Name != "deploy" {
+			t.Errorf("child %s: %s %s", c, cd.Run.Name, cd.Status)
+		}
+	}
+}
