@@ -810,7 +810,7 @@ func (o *Orchestrator) checkParent(id RunID, p *RunRecord, spec RunSpec) string 
 		return fmt.Sprintf("parent run %s already finished (%s)", id, o.runStatus(p))
 	case p.CancelReason != "":
 		return fmt.Sprintf("parent run %s is being cancelled", id)
-	case p.Depth+spec.TreeDepth() > MaxRunDepth:
+	case p.Depth+1+spec.TreeDepth() > MaxRunDepth:
 		return fmt.Sprintf("parent run %s is %d runs deep and the run nests %d: a tree of runs is at most %d deep", id, p.Depth+1, spec.TreeDepth(), MaxRunDepth)
 	case len(p.Children) >= MaxChildRuns:
 		return fmt.Sprintf("parent run %s has %d child runs, at most %d", id, len(p.Children), MaxChildRuns)
