@@ -84,3 +84,20 @@ func TestChildLimits(t *testing.T) {
 		t.Errorf("a refused child created a run")
 	}
 }
+
+// TestChildTreeSizes: a tree's runs count together against one run's
+// expanded steps (SPEC §12): all of them may be created in one batch.
+func TestChildTreeSizes(t *testing.T) {
+	items := make([]string, 600)
+	for i := range items {
+		items[i] = fmt.Sprint(i)
+	}
+	fan := RunSpec{Steps: []StepSpec{{Name: "f", Command: "x", ForEach: items}}}
+	two := RunSpec{Steps: []StepSpec{{Name: "a", Workflow: &fan}, {Name: "b", Workflow: &fan}}}
+	if err := two.Validate(); err == nil || !strings.Contains(err.Error(), "run expands to 1202 steps (its child runs' included), at most 1000") {
+		t.Fatalf("two children of 600 steps: %v", err)
+	}
+	if err := (RunSpec{Steps: two.Steps[:1]}).Validate(); err != nil {
+		t.Fatalf("one child of 600 steps: %v", err)
+	}
+}

@@ -134,7 +134,7 @@ func invalid(format string, args ...any) error {
 // Validate checks a RunSpec: unique non-empty step names, known dependencies,
 // no cycles, a command on every non-task step, sane gates and fan-outs.
 func (r RunSpec) Validate() error {
-	if err := r.validate(); err != nil {
+	if _, err := r.validate(); err != nil {
 		return err
 	}
 	if d := r.TreeDepth(); d > MaxRunDepth {
@@ -187,18 +187,26 @@ func (r RunSpec) ChildRuns() int {
 	return n
 }
 
-// validate is Validate of r without the tree's limits, and of every child
-// workflow (each as ChildSpec makes it).
-func (r RunSpec) validate() error {
+// treeSizes are the expanded steps, dependency edges and expanded bytes
+// of a run and of every child run below it: the tree's runs are created as
+// their workflow steps are queued, all of them in one batch at worst, so
+// they count together against one run's limits (SPEC §12).
+type treeSizes struct{ steps, edges, expanded int }
+
+// validate is Validate of r without the tree's depth and count, and of
+// every child workflow (each as ChildSpec makes it); it returns the sizes
+// of r's tree.
+func (r RunSpec) validate() (treeSizes, error) {
+	var below treeSizes // of the child runs
 	if len(r.Steps) == 0 {
-		return invalid("run has no steps")
+		return treeSizes{}, invalid("run has no steps")
 	}
 	if r.Timeout < 0 {
-		return invalid("run timeout %s is negative", r.Timeout)
+		return treeSizes{}, invalid("run timeout %s is negative", r.Timeout)
 	}
 	if r.Name != "" {
 		if err := CheckName("run name", r.Name); err != nil {
-			return fmt.Errorf("%w: %w", ErrInvalidRun, err)
+			return treeSizes{}, fmt.Errorf("%w: %w", ErrInvalidRun, err)
 		}
 	}
 	byName := map[string]int{}
@@ -207,58 +215,60 @@ func (r RunSpec) validate() error {
 		nameErr := CheckName("step name", s.Name) // SPEC §12: printable names
 		switch {
 		case s.Name == "":
-			return invalid("step %d has no name", i+1)
+			return treeSizes{}, invalid("step %d has no name", i+1)
 		case len(s.Name) > MaxNameLength:
-			return invalid("step name %.20q… is longer than %d bytes", s.Name, MaxNameLength)
+			return treeSizes{}, invalid("step name %.20q… is longer than %d bytes", s.Name, MaxNameLength)
 		case nameErr != nil:
-			return fmt.Errorf("%w: step %d: %w", ErrInvalidRun, i+1, nameErr)
+			return treeSizes{}, fmt.Errorf("%w: step %d: %w", ErrInvalidRun, i+1, nameErr)
 		case strings.ContainsAny(s.Name, "/[] \t\n"):
-			return invalid("step name %q may not contain '/', '[', ']' or spaces", s.Name)
+			return treeSizes{}, invalid("step name %q may not contain '/', '[', ']' or spaces", s.Name)
 		}
 		if _, dup := byName[s.Name]; dup {
-			return invalid("step %q is declared twice", s.Name)
+			return treeSizes{}, invalid("step %q is declared twice", s.Name)
 		}
 		byName[s.Name] = i
 		if s.Workflow == nil && s.Type != "task" && strings.TrimSpace(s.Command) == "" {
-			return invalid("step %q has no command", s.Name)
+			return treeSizes{}, invalid("step %q has no command", s.Name)
 		}
 		if len(s.Command) > MaxCommandLength {
-			return invalid("step %q: command is longer than %d bytes", s.Name, MaxCommandLength)
+			return treeSizes{}, invalid("step %q: command is longer than %d bytes", s.Name, MaxCommandLength)
 		}
 		if _, err := RequiredTags(s); err != nil {
-			return invalid("step %q: %v", s.Name, err)
+			return treeSizes{}, invalid("step %q: %v", s.Name, err)
 		}
 		if err := checkStepNames(s); err != nil {
-			return fmt.Errorf("%w: step %q: %w", ErrInvalidRun, s.Name, err)
+			return treeSizes{}, fmt.Errorf("%w: step %q: %w", ErrInvalidRun, s.Name, err)
 		}
 		if s.Workflow != nil || s.With != nil {
 			if err := checkChildStep(s); err != nil {
-				return err
+				return treeSizes{}, err
 			}
 			if s.Workflow.TreeDepth() >= MaxRunDepth { // before recursing: bounded
-				return invalid("step %q: child workflows nest more than %d runs deep", s.Name, MaxRunDepth)
+				return treeSizes{}, invalid("step %q: child workflows nest more than %d runs deep", s.Name, MaxRunDepth)
 			}
-			if err := ChildSpec(&s).validate(); err != nil {
-				return invalid("step %q: child workflow: %s", s.Name, strings.TrimPrefix(err.Error(), ErrInvalidRun.Error()+": "))
+			cs, err := ChildSpec(&s).validate()
+			if err != nil {
+				return treeSizes{}, invalid("step %q: child workflow: %s", s.Name, strings.TrimPrefix(err.Error(), ErrInvalidRun.Error()+": "))
 			}
+			below.steps, below.edges, below.expanded = below.steps+cs.steps, below.edges+cs.edges, below.expanded+cs.expanded
 		}
 		if s.Timeout < 0 || s.Wait < 0 || s.HoldExpiry < 0 {
-			return invalid("step %q: negative duration", s.Name)
+			return treeSizes{}, invalid("step %q: negative duration", s.Name)
 		}
 		if s.Hold && s.Wait > 0 {
-			return invalid("step %q: hold and wait cannot both gate one step", s.Name)
+			return treeSizes{}, invalid("step %q: hold and wait cannot both gate one step", s.Name)
 		}
 		if s.HoldExpiry > 0 && !s.Hold {
-			return invalid("step %q: hold_expiry without hold", s.Name)
+			return treeSizes{}, invalid("step %q: hold_expiry without hold", s.Name)
 		}
 		if s.Concurrency < 0 {
-			return invalid("step %q: concurrency %d is negative", s.Name, s.Concurrency)
+			return treeSizes{}, invalid("step %q: concurrency %d is negative", s.Name, s.Concurrency)
 		}
 		if s.Concurrency > 0 && len(s.ForEach) == 0 {
-			return invalid("step %q: concurrency without forEach", s.Name)
+			return treeSizes{}, invalid("step %q: concurrency without forEach", s.Name)
 		}
 		if len(s.ForEach) > MaxForEachItems {
-			return invalid("step %q: forEach has %d items, at most %d", s.Name, len(s.ForEach), MaxForEachItems)
+			return treeSizes{}, invalid("step %q: forEach has %d items, at most %d", s.Name, len(s.ForEach), MaxForEachItems)
 		}
 		if len(s.ForEach) > 0 {
 			total += len(s.ForEach)
@@ -266,25 +276,30 @@ func (r RunSpec) validate() error {
 			total++
 		}
 	}
+	total += below.steps
+	with := ""
+	if below.steps > 0 {
+		with = " (its child runs' included)"
+	}
 	if total > MaxStepsPerRun {
-		return invalid("run expands to %d steps, at most %d", total, MaxStepsPerRun)
+		return treeSizes{}, invalid("run expands to %d steps%s, at most %d", total, with, MaxStepsPerRun)
 	}
 	if err := r.checkSizes(); err != nil { // the bytes of the tree below r too
-		return err
+		return treeSizes{}, err
 	}
-	edges, expanded := 0, 0
+	edges, expanded := below.edges, below.expanded
 	for _, s := range r.Steps {
 		expanded += expandedBytes(s)
 		seen := map[string]bool{}
 		for _, d := range s.DependsOn {
 			if _, ok := byName[d]; !ok {
-				return invalid("step %q depends on unknown step %s", s.Name, Quote(d))
+				return treeSizes{}, invalid("step %q depends on unknown step %s", s.Name, Quote(d))
 			}
 			if d == s.Name {
-				return invalid("step %q depends on itself", s.Name)
+				return treeSizes{}, invalid("step %q depends on itself", s.Name)
 			}
 			if seen[d] {
-				return invalid("step %q lists dependency %s twice", s.Name, Quote(d))
+				return treeSizes{}, invalid("step %q lists dependency %s twice", s.Name, Quote(d))
 			}
 			seen[d] = true
 			edges += instances(s) * instances(r.Steps[byName[d]])
@@ -292,15 +307,15 @@ func (r RunSpec) validate() error {
 		}
 	}
 	if edges > MaxEdgesPerRun {
-		return invalid("run has %d dependency edges once forEach is expanded (a step with m instances depending on one with n is m×n edges), at most %d: depend on fewer instances, or put a task step between two fan-outs", edges, MaxEdgesPerRun)
+		return treeSizes{}, invalid("run has %d dependency edges once forEach is expanded (a step with m instances depending on one with n is m×n edges), at most %d: depend on fewer instances, or put a task step between two fan-outs", edges, MaxEdgesPerRun)
 	}
 	if expanded > MaxExpandedBytes {
-		return invalid("run expands to %d bytes of step names and dependency names (name[i] for every instance, and again for every edge), at most %d: use shorter step names, or fewer instances or edges", expanded, MaxExpandedBytes)
+		return treeSizes{}, invalid("run expands to %d bytes of step names and dependency names (name[i] for every instance, and again for every edge), at most %d: use shorter step names, or fewer instances or edges", expanded, MaxExpandedBytes)
 	}
 	if cyc := findCycle(r.Steps, byName); cyc != nil {
-		return invalid("dependency cycle: %s", strings.Join(cyc, " -> "))
+		return treeSizes{}, invalid("dependency cycle: %s", strings.Join(cyc, " -> "))
 	}
-	return nil
+	return treeSizes{steps: total, edges: edges, expanded: expanded}, nil
 }
 
 // checkChildStep checks a workflow step (SPEC §2): it runs nothing itself,
