@@ -14,7 +14,7 @@ import (
 // cancelled too (finished cancelled or failed, or its cancel under way); and
 // a child run that finished in the batch finds its step ended. Only the
 // steps and runs the batch touched are judged.
-const PropChildOutcome = "PropChildOutcome"
+const PropChildOutcome = "ChildOutcome"
 
 // CheckChildRuns checks batch rd against PropChildOutcome; o is the state
 // the batch left, archived runs included.
