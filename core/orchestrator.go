@@ -669,16 +669,22 @@ func (o *Orchestrator) checkRunFinished(r *RunRecord) {
 	if r.Parent != "" {
 		o.event(r.Parent, "", "child-run-finished", fmt.Sprintf("child run %s %s", r.ID, st))
 	}
-	if ps := o.steps[r.ParentStep]; ps != nil && ps.State == StateRunning && ps.Child == r.ID {
+	if ps := o.steps[r.ParentStep]; ps != nil && ps.Child == r.ID && (ps.State == StateRunning || ps.State == StateCancelling) {
 		o.childFinished(ps, r, st)
 	}
 }
 
 // childFinished gives a workflow step its child run's outcome (SPEC §2), in
 // the batch that finished the child: success SUCCEED, failed FAIL,
-// cancelled CANCEL. So the child is archived no sooner than its parent
-// step has its outcome.
+// cancelled CANCEL; a step being cancelled completes its cancel (COMPLETE).
+// So the child is archived no sooner than its parent step has its outcome,
+// and a parent run never finishes before the children its steps started.
 func (o *Orchestrator) childFinished(s *StepRecord, child *RunRecord, status string) {
+	if s.State == StateCancelling {
+		o.event(s.Run, s.ID, "step-cancelled", fmt.Sprintf("child run %s %s", child.ID, status))
+		o.transition(s, EvComplete)
+		return
+	}
 	switch status {
 	case "success":
 		s.Outcome = &Outcome{Status: OutcomeSuccess}
@@ -947,14 +953,13 @@ func (o *Orchestrator) cancelRun(r *RunRecord, class FailureClass, reason string
 // cancelled gracefully; anything else non-terminal is cancelled at once.
 func (o *Orchestrator) cancelStep(s *StepRecord, class FailureClass, reason string) {
 	if s.State == StateRunning && s.Child != "" {
-		// A workflow step is cancelled at once, and its child run with it:
-		// the step first, so that the child's end finds it terminal.
+		// A workflow step is cancelling until its child run, cancelled
+		// with it, has finished (childFinished: COMPLETE), as a step's
+		// process is until its worker reports (SPEC §6).
 		s.Class, s.Message = class, reason
-		o.event(s.Run, s.ID, "step-cancelled", reason)
-		o.transition(s, EvCancel)
-		if c := o.runs[s.Child]; c != nil && !c.Finished {
-			o.cancelRun(c, class, fmt.Sprintf("parent step %s cancelled: %s", s.ID, reason))
-		}
+		o.transition(s, EvCancelGraceful)
+		o.event(s.Run, s.ID, "step-cancelling", reason)
+		o.cancelRun(o.runs[s.Child], class, fmt.Sprintf("parent step %s cancelled: %s", s.ID, reason))
 		return
 	}
 	switch s.State {

@@ -8,12 +8,12 @@ import (
 
 // PropChildOutcome (SPEC §2, §6): after every batch, a workflow step and its
 // child run agree. A running workflow step names its child run, live and
-// unfinished, whose Parent and ParentStep name it back; a workflow step that
-// ended with a child took that child's outcome (success: the child
-// succeeded; failed: it failed), or was cancelled, and then its child is
-// cancelled too (finished cancelled or failed, or its cancel under way); and
-// a child run that finished in the batch finds its step ended. Only the
-// steps and runs the batch touched are judged.
+// unfinished, whose Parent and ParentStep name it back; a cancelling one's
+// child is unfinished and being cancelled; a workflow step that ended with
+// a child took that child's outcome (success: the child succeeded; failed:
+// it failed), or was cancelled, and then its child has finished, cancelled
+// or failed; and a child run that finished in the batch finds its step
+// ended. Only the steps and runs the batch touched are judged.
 const PropChildOutcome = "ChildOutcome"
 
 // CheckChildRuns checks batch rd against PropChildOutcome; o is the state
@@ -74,12 +74,13 @@ func CheckChildRuns(o View, rd core.Ready) *Violation {
 			if status != "failed" {
 				return fail("workflow step %s failed, but its child run %s is %s", id, c.ID, status)
 			}
-		case core.StateCancelled:
-			if !c.Finished && c.CancelReason == "" {
-				return fail("workflow step %s was cancelled, but its child run %s is %s and not being cancelled", id, c.ID, status)
+		case core.StateCancelling:
+			if c.Finished || c.CancelReason == "" {
+				return fail("workflow step %s is cancelling, but its child run %s is %s, not being cancelled", id, c.ID, status)
 			}
-			if c.Finished && status == "success" {
-				return fail("workflow step %s was cancelled, but its child run %s succeeded", id, c.ID)
+		case core.StateCancelled:
+			if !c.Finished || status == "success" {
+				return fail("workflow step %s was cancelled, but its child run %s is %s", id, c.ID, status)
 			}
 		default:
 			return fail("workflow step %s is %s with child run %s", id, s.State, c.ID)
