@@ -805,7 +805,7 @@ func (o *Orchestrator) submit(in Submit) {
 // checkParent says why a run of spec may not be submitted as a child of
 // run id (p, nil when not live), or "" (SPEC §2): the parent is live and
 // not finished or cancelling, the tree stays within MaxRunDepth, and the
-// parent has fewer than MaxChildRuns children.
+// API gave the parent fewer than MaxChildRuns children.
 func (o *Orchestrator) checkParent(id RunID, p *RunRecord, spec RunSpec) string {
 	switch {
 	case p == nil && o.archived(id):
@@ -833,6 +833,10 @@ func (o *Orchestrator) createRun(spec RunSpec, parent *RunRecord, ps StepID) *Ru
 	r := &RunRecord{ID: RunID(fmt.Sprintf("run-%d", o.meta.RunSeq)), Spec: spec, ParentStep: ps, SubmittedAt: o.now}
 	if parent != nil {
 		r.Parent, r.Depth = parent.ID, parent.Depth+1
+	}
+	if parent != nil && ps == "" {
+		// A workflow step's child is named by the step (Child): the
+		// parent's record, its whole spec with it, is not rewritten.
 		parent.Children = append(parent.Children, r.ID)
 		o.markRun(parent)
 	}
@@ -940,8 +944,9 @@ func (o *Orchestrator) cancelRun(r *RunRecord, class FailureClass, reason string
 	for _, id := range r.Steps {
 		o.cancelStep(o.steps[id], class, reason)
 	}
-	// The cascade (SPEC §6): every live child run not yet finished, those
-	// the API submitted below r too, transitively, in submit order.
+	// The cascade (SPEC §6): the runs the API submitted below r, not yet
+	// finished, transitively, in submit order (its workflow steps' children
+	// were cancelled with their steps).
 	for _, c := range r.Children {
 		if cr := o.runs[c]; cr != nil && !cr.Finished {
 			o.cancelRun(cr, class, fmt.Sprintf("parent run %s cancelled: %s", r.ID, reason))

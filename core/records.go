@@ -53,8 +53,8 @@ type RunRecord struct {
 	// how many runs are above it (SPEC §2).
 	ParentStep StepID `json:",omitempty"`
 	Depth      int    `json:",omitzero"`
-	// Children are the runs started below it, by its workflow steps or
-	// through the API, in submit order.
+	// Children are the runs submitted below it through the API, in submit
+	// order (a workflow step's child is its StepRecord.Child).
 	Children     []RunID `json:",omitempty"`
 	SubmittedAt  time.Time
 	Deadline     time.Time `json:",omitzero"` // run timeout instant

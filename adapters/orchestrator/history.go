@@ -14,6 +14,7 @@ import (
 	"net/url"
 	"sort"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/tether-run/tether/adapters/store"
@@ -132,7 +133,16 @@ func summaryView(s store.RunSummary) APIRun {
 // detail is GET /api/runs/{id}'s answer; names gives workers' names.
 func (src *runSource) detail(names map[core.WorkerID]string) APIRunDetail {
 	out := APIRunDetail{Run: src.summary(), Status: src.status, Steps: []APIStep{}, Events: []APIEvent{}, ParentStep: string(src.run.ParentStep)}
-	for _, c := range src.run.Children {
+	// The tree: the workflow steps' children and the API's, in submit order.
+	var kids []core.RunID
+	for _, s := range src.steps {
+		if s.Child != "" {
+			kids = append(kids, s.Child)
+		}
+	}
+	kids = append(kids, src.run.Children...)
+	sort.SliceStable(kids, func(i, j int) bool { return runNumber(kids[i]) < runNumber(kids[j]) })
+	for _, c := range kids {
 		out.Children = append(out.Children, string(c))
 	}
 	last := map[core.StepID]core.LeaseRecord{} // leases are sorted by id: the last one wins
@@ -162,6 +172,12 @@ func (src *runSource) detail(names map[core.WorkerID]string) APIRunDetail {
 		out.Events = append(out.Events, APIEvent{Seq: ev.Seq, At: ev.At, Step: string(ev.Step), Kind: ev.Kind, Message: ev.Message})
 	}
 	return out
+}
+
+// runNumber is n of "run-n" (0 if it is not one).
+func runNumber(id core.RunID) uint64 {
+	n, _ := strconv.ParseUint(strings.TrimPrefix(string(id), "run-"), 10, 64)
+	return n
 }
 
 // matchSteps returns the steps ?step= selects ("build", every forEach
