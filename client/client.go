@@ -170,9 +170,22 @@ func stepPath(id string) string {
 // Submit submits a workflow definition (YAML); file names it in errors
 // (default "workflow"). It returns the new run's id.
 func (c *Client) Submit(ctx context.Context, file string, definition []byte) (string, error) {
-	path := "/runs"
+	return c.SubmitChild(ctx, "", file, definition)
+}
+
+// SubmitChild is Submit of a child run of run parent (SPEC §2; "" for
+// none): cancelling the parent cancels it. The parent must be live.
+func (c *Client) SubmitChild(ctx context.Context, parent, file string, definition []byte) (string, error) {
+	q := url.Values{}
 	if file != "" {
-		path += "?file=" + url.QueryEscape(file)
+		q.Set("file", file)
+	}
+	if parent != "" {
+		q.Set("parent", parent)
+	}
+	path := "/runs"
+	if len(q) > 0 {
+		path += "?" + q.Encode()
 	}
 	var out Submitted
 	err := c.call(ctx, http.MethodPost, path, bytes.NewReader(definition), "application/yaml", &out)

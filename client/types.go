@@ -123,8 +123,9 @@ type Step struct {
 	FinishedAt time.Time `json:"finished,omitzero"`
 	// Try and TryLimit are set for a step with a retry: policy (SPEC §1
 	// RETRY): the try it is on (1-based) and 1 + its retry attempts.
-	Try      int `json:"try,omitempty"`
-	TryLimit int `json:"try_limit,omitempty"`
+	Try      int    `json:"try,omitempty"`
+	TryLimit int    `json:"try_limit,omitempty"`
+	Child    string `json:"child,omitempty"` // the run a workflow step started (SPEC §2)
 }
 
 // Event is one server event of a run.
@@ -142,6 +143,10 @@ type RunDetail struct {
 	Status string  `json:"status"`
 	Steps  []Step  `json:"steps"`
 	Events []Event `json:"events"`
+	// The tree (SPEC §2): the parent's workflow step that started this
+	// run, and the runs started below it, in submit order.
+	ParentStep string   `json:"parent_step,omitempty"`
+	Children   []string `json:"children,omitempty"`
 }
 
 // LogLine is one stored line of a step's log. At is the worker's

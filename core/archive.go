@@ -128,6 +128,7 @@ func (o *Orchestrator) archiveQueued() {
 func (o *Orchestrator) archive(r *RunRecord) {
 	h := RunHistory{Run: *r, Status: o.runStatus(r), Events: o.events[r.ID]}
 	h.Run.Steps = append([]StepID(nil), r.Steps...)
+	h.Run.Children = append([]RunID(nil), r.Children...)
 	var leases []LeaseID
 	for _, sid := range r.Steps {
 		s := o.steps[sid]

@@ -271,6 +271,9 @@ func DescribeStep(s StepRecord) string {
 	if s.SkippedBy != "" {
 		out += " skipped-by=" + string(s.SkippedBy)
 	}
+	if s.Child != "" {
+		out += " child=" + string(s.Child)
+	}
 	for i, w := range s.MissedBy {
 		if i == 0 {
 			out += " missed-by="

@@ -226,6 +226,7 @@ func (e *recEncoder) step(s *StepRecord) {
 		e.int(s.Tries)
 	}
 	e.optStr("ReusedFrom", string(s.ReusedFrom))
+	e.optStr("Child", string(s.Child))
 	e.end()
 }
 
@@ -360,6 +361,12 @@ func (e *recEncoder) run(r *RunRecord) {
 	e.key(false, "Spec")
 	e.runSpec(&r.Spec)
 	e.optStr("Parent", string(r.Parent))
+	e.optStr("ParentStep", string(r.ParentStep))
+	e.optInt("Depth", int64(r.Depth))
+	if len(r.Children) > 0 {
+		e.key(false, "Children")
+		encStrings(e, r.Children)
+	}
 	e.key(false, "SubmittedAt")
 	e.time(r.SubmittedAt)
 	e.optTime("Deadline", r.Deadline)
@@ -417,6 +424,11 @@ func (e *recEncoder) stepSpec(s *StepSpec) {
 	e.optStrings("Secrets", s.Secrets)
 	e.optStr("SecretsAs", s.SecretsAs)
 	e.optStrings("PutSecrets", s.PutSecrets)
+	if s.Workflow != nil {
+		e.key(false, "Workflow")
+		e.runSpec(s.Workflow)
+	}
+	e.optMap("With", s.With)
 	e.end()
 }
 

@@ -104,8 +104,21 @@ func genRunRecord() *rapid.Generator[RunRecord] {
 					sp.Retry = &RetryPolicy{Attempts: rapid.Int().Draw(t, "attempts"), Backoff: dur("backoff"), OnTimeout: rapid.Bool().Draw(t, "ontimeout"),
 						Codes: rapid.SampledFrom([][]int{nil, {}, {rapid.Int().Draw(t, "code"), 7}}).Draw(t, "codes")}
 				}
+				if rapid.Bool().Draw(t, "child") { // a child workflow (SPEC §2), one level
+					sp.Workflow = &RunSpec{Name: genString().Draw(t, "cname"), Env: genEnv("cenv").Draw(t, "cenv"),
+						Steps: []StepSpec{{Name: genString().Draw(t, "csname"), Command: genString().Draw(t, "ccmd")}}}
+				}
+				sp.With = genEnv("with").Draw(t, "with")
 			}
 		}
+		r.ParentStep = StepID(genString().Draw(t, "parentStep"))
+		if kids := genStrings("children").Draw(t, "children"); kids != nil {
+			r.Children = make([]RunID, len(kids))
+			for i, k := range kids {
+				r.Children[i] = RunID(k)
+			}
+		}
+		r.Depth = rapid.SampledFrom([]int{0, rapid.Int().Draw(t, "depth")}).Draw(t, "depthOf")
 		return r
 	})
 }
@@ -155,6 +168,7 @@ func TestEncodeMatchesEncodingJSON(t *testing.T) {
 			o := genOutcome().Draw(t, "outcome")
 			s.Outcome = &o
 		}
+		s.Child = RunID(genString().Draw(t, "child"))
 		checkEncode(t, s)
 	}))
 	t.Run("lease", rapid.MakeCheck(func(t *rapid.T) {

@@ -419,7 +419,7 @@ func (a readyEntry) less(b readyEntry) bool {
 // queue is append-mostly (steps are queued at the current time); an entry
 // whose step left the set or was queued again is stale and skipped.
 func (o *Orchestrator) indexReady(s *StepRecord) {
-	if s.State != StateQueued || s.Lease != 0 || o.specOf[s.ID].Type == "task" {
+	if sp := o.specOf[s.ID]; s.State != StateQueued || s.Lease != 0 || sp.Type == "task" || sp.Workflow != nil {
 		delete(o.ready, s.ID)
 		return
 	}
@@ -709,6 +709,37 @@ func (o *Orchestrator) checkRunFinished(r *RunRecord) {
 	if r.Parent != "" {
 		o.event(r.Parent, "", "child-run-finished", fmt.Sprintf("child run %s %s", r.ID, st))
 	}
+	if ps := o.steps[r.ParentStep]; ps != nil && ps.Child == r.ID && (ps.State == StateRunning || ps.State == StateCancelling) {
+		o.childFinished(ps, r, st)
+	}
+}
+
+// childFinished gives a workflow step its child run's outcome (SPEC §2), in
+// the batch that finished the child: success SUCCEED, failed FAIL,
+// cancelled CANCEL; a step being cancelled completes its cancel (COMPLETE).
+// So the child is archived no sooner than its parent step has its outcome,
+// and a parent run never finishes before the children its steps started.
+func (o *Orchestrator) childFinished(s *StepRecord, child *RunRecord, status string) {
+	if s.State == StateCancelling {
+		o.event(s.Run, s.ID, "step-cancelled", fmt.Sprintf("child run %s %s", child.ID, status))
+		o.transition(s, EvComplete)
+		return
+	}
+	switch status {
+	case "success":
+		s.Outcome = &Outcome{Status: OutcomeSuccess}
+		o.event(s.Run, s.ID, "step-succeeded", fmt.Sprintf("child run %s succeeded", child.ID))
+		o.transition(s, EvSucceed)
+	case "failed":
+		o.fail(s, ClassChild, fmt.Sprintf("child run %s failed", child.ID))
+	default:
+		s.Class, s.Message = ClassChild, fmt.Sprintf("child run %s was cancelled", child.ID)
+		if child.CancelReason != "" {
+			s.Message += ": " + child.CancelReason
+		}
+		o.event(s.Run, s.ID, "step-cancelled", s.Message)
+		o.transition(s, EvCancel)
+	}
 }
 
 // promote moves a pending step whose dependencies all succeeded through its
@@ -753,6 +784,10 @@ func (o *Orchestrator) enqueue(s *StepRecord) {
 // afterQueued runs a task step on the orchestrator itself: it has no command
 // to ship, so it starts and succeeds at once.
 func (o *Orchestrator) afterQueued(s *StepRecord) {
+	if sp := o.specOf[s.ID]; sp.Workflow != nil {
+		o.startChild(s, sp)
+		return
+	}
 	if o.specOf[s.ID].Type != "task" {
 		return
 	}
@@ -760,6 +795,19 @@ func (o *Orchestrator) afterQueued(s *StepRecord) {
 	s.Outcome = &Outcome{Status: OutcomeSuccess}
 	o.event(s.Run, s.ID, "task-step", "task step completed on the orchestrator")
 	o.transition(s, EvSucceed)
+}
+
+// startChild starts a queued workflow step and, in the same batch, the
+// child run of its workflow (SPEC §2). The child was validated with its
+// parent's submission.
+func (o *Orchestrator) startChild(s *StepRecord, sp *StepSpec) {
+	o.transition(s, EvStart)
+	parent := o.runs[s.Run]
+	r := o.createRun(ChildSpec(sp), parent, s.ID, "", 0)
+	s.Child = r.ID
+	o.markStep(s)
+	o.event(s.Run, s.ID, "child-run-started", fmt.Sprintf("child run %s started", r.ID))
+	o.promoteAll(r)
 }
 
 // ---- operator API ----
@@ -778,19 +826,72 @@ func (o *Orchestrator) submit(in Submit) {
 		deny(err.Error())
 		return
 	}
-	if in.Parent != "" && o.runs[in.Parent] == nil {
-		deny(fmt.Sprintf("unknown parent run %q", in.Parent))
-		return
+	var parent *RunRecord
+	if in.Parent != "" {
+		parent = o.runs[in.Parent]
+		if msg := o.checkParent(in.Parent, parent, in.Spec); msg != "" {
+			code := CodeInvalid
+			if parent == nil && !o.archived(in.Parent) {
+				code = CodeNotFound
+			} else if parent == nil || parent.Finished || parent.CancelReason != "" {
+				code = CodeConflict
+			}
+			o.deny(in.Call, in.Actor, act, in.Spec.Name, code, msg)
+			return
+		}
 	}
 	if err := checkReuse(in); err != nil {
 		deny(err.Error())
 		return
 	}
+	r := o.createRun(in.Spec, parent, "", in.RerunOf, len(in.Reuse))
+	o.reuse(r, in.Reuse)
+	o.promoteAll(r)
+	o.accept(in.Actor, act, string(r.ID))
+	o.answer(APIAnswer{Call: in.Call, Run: r.ID})
+}
+
+// checkParent says why a run of spec may not be submitted as a child of
+// run id (p, nil when not live), or "" (SPEC §2): the parent is live and
+// not finished or cancelling, the tree stays within MaxRunDepth, and the
+// API gave the parent fewer than MaxChildRuns children.
+func (o *Orchestrator) checkParent(id RunID, p *RunRecord, spec RunSpec) string {
+	switch {
+	case p == nil && o.archived(id):
+		return fmt.Sprintf("parent run %s already finished (archived)", id)
+	case p == nil:
+		return fmt.Sprintf("unknown parent run %q", id)
+	case p.Finished:
+		return fmt.Sprintf("parent run %s already finished (%s)", id, o.runStatus(p))
+	case p.CancelReason != "":
+		return fmt.Sprintf("parent run %s is being cancelled", id)
+	case p.Depth+1+spec.TreeDepth() > MaxRunDepth:
+		return fmt.Sprintf("parent run %s is %d runs deep and the run nests %d: a tree of runs is at most %d deep", id, p.Depth+1, spec.TreeDepth(), MaxRunDepth)
+	case len(p.Children) >= MaxChildRuns:
+		return fmt.Sprintf("parent run %s has %d child runs, at most %d", id, len(p.Children), MaxChildRuns)
+	}
+	return ""
+}
+
+// createRun creates a run of spec (validated) below parent (nil: none),
+// started by parent's workflow step ps (empty: submitted through the API).
+// Its steps are promoted by promoteAll. A rerun (rerunOf set, SPEC §2)
+// says so in its run-submitted event, with the number of steps it reuses.
+func (o *Orchestrator) createRun(spec RunSpec, parent *RunRecord, ps StepID, rerunOf RunID, reused int) *RunRecord {
 	o.meta.RunSeq++
 	o.markMeta()
-	r := &RunRecord{ID: RunID(fmt.Sprintf("run-%d", o.meta.RunSeq)), Spec: in.Spec, Parent: in.Parent, SubmittedAt: o.now, RerunOf: in.RerunOf}
-	if in.Spec.Timeout > 0 {
-		r.Deadline = o.now.Add(in.Spec.Timeout)
+	r := &RunRecord{ID: RunID(fmt.Sprintf("run-%d", o.meta.RunSeq)), Spec: spec, ParentStep: ps, SubmittedAt: o.now, RerunOf: rerunOf}
+	if parent != nil {
+		r.Parent, r.Depth = parent.ID, parent.Depth+1
+	}
+	if parent != nil && ps == "" {
+		// A workflow step's child is named by the step (Child): the
+		// parent's record, its whole spec with it, is not rewritten.
+		parent.Children = append(parent.Children, r.ID)
+		o.markRun(parent)
+	}
+	if spec.Timeout > 0 {
+		r.Deadline = o.now.Add(spec.Timeout)
 		o.arm(r.Deadline, tRunTimeout, string(r.ID))
 	}
 	o.runs[r.ID] = r
@@ -799,18 +900,23 @@ func (o *Orchestrator) submit(in Submit) {
 	o.markRun(r)
 	msg := fmt.Sprintf("run submitted with %d step%s", len(r.Steps), plural(len(r.Steps)))
 	if r.RerunOf != "" {
-		msg += fmt.Sprintf(" (rerun of %s, %d reused)", r.RerunOf, len(in.Reuse))
+		msg += fmt.Sprintf(" (rerun of %s, %d reused)", r.RerunOf, reused)
+	}
+	if ps != "" {
+		msg += fmt.Sprintf(" by step %s", ps)
 	}
 	o.event(r.ID, "", "run-submitted", msg)
 	for _, id := range r.Steps {
 		o.markStep(o.steps[id])
 	}
-	o.reuse(r, in.Reuse)
+	return r
+}
+
+// promoteAll promotes the steps of a new run.
+func (o *Orchestrator) promoteAll(r *RunRecord) {
 	for _, id := range r.Steps {
 		o.promote(o.steps[id])
 	}
-	o.accept(in.Actor, act, string(r.ID))
-	o.answer(APIAnswer{Call: in.Call, Run: r.ID})
 }
 
 // instanceIDs lists the step ids a spec step expands to.
@@ -891,11 +997,29 @@ func (o *Orchestrator) cancelRun(r *RunRecord, class FailureClass, reason string
 	for _, id := range r.Steps {
 		o.cancelStep(o.steps[id], class, reason)
 	}
+	// The cascade (SPEC §6): the runs the API submitted below r, not yet
+	// finished, transitively, in submit order (its workflow steps' children
+	// were cancelled with their steps).
+	for _, c := range r.Children {
+		if cr := o.runs[c]; cr != nil && !cr.Finished {
+			o.cancelRun(cr, class, fmt.Sprintf("parent run %s cancelled: %s", r.ID, reason))
+		}
+	}
 }
 
 // cancelStep cancels one step (SPEC §6): a running step on a connected worker is
 // cancelled gracefully; anything else non-terminal is cancelled at once.
 func (o *Orchestrator) cancelStep(s *StepRecord, class FailureClass, reason string) {
+	if s.State == StateRunning && s.Child != "" {
+		// A workflow step is cancelling until its child run, cancelled
+		// with it, has finished (childFinished: COMPLETE), as a step's
+		// process is until its worker reports (SPEC §6).
+		s.Class, s.Message = class, reason
+		o.transition(s, EvCancelGraceful)
+		o.event(s.Run, s.ID, "step-cancelling", reason)
+		o.cancelRun(o.runs[s.Child], class, fmt.Sprintf("parent step %s cancelled: %s", s.ID, reason))
+		return
+	}
 	switch s.State {
 	case StateRunning:
 		l := o.leases[s.Lease]

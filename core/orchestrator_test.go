@@ -35,6 +35,7 @@ type harness struct {
 	tokens   map[string]string     // token name → full token, as the API answered
 	creds    map[string]string     // worker → session credential from its Welcome
 	archive  map[RunID]*RunHistory // runs archived so far, from their history records
+	defs     map[string]RunSpec    // child workflows by name (define), for workflow=NAME
 }
 
 func newHarness(t *testing.T) *harness {
@@ -605,6 +606,15 @@ func (h *harness) command(d *datadriven.TestData) []string {
 		c := h.nextConn
 		return h.step(Received{Conn: c, Msg: Heartbeat{}})
 
+	case "define":
+		// define name=N — a workflow that a step's workflow=N starts as
+		// a child run (SPEC §2); the input is submit's.
+		if h.defs == nil {
+			h.defs = map[string]RunSpec{}
+		}
+		h.defs[h.argOr(d, "name", "")] = h.parseRun(d)
+		return nil
+
 	case "submit":
 		spec := h.parseRun(d)
 		return h.step(Submit{Call: h.call(), Actor: h.argOr(d, "actor", ""), Spec: spec, Parent: RunID(h.argOr(d, "parent", ""))})
@@ -1008,6 +1018,18 @@ func (h *harness) parseRun(d *datadriven.TestData) RunSpec {
 				s.PutSecrets = list()
 			case "secrets-as":
 				s.SecretsAs = v
+			case "workflow":
+				w, ok := h.defs[v]
+				if !ok {
+					h.t.Fatalf("%s: workflow %q is not defined", d.Pos, v)
+				}
+				s.Workflow, s.Command = &w, ""
+			case "with":
+				s.With = map[string]string{}
+				for _, kv := range list() {
+					a, b, _ := strings.Cut(kv, ":")
+					s.With[a] = b
+				}
 			case "env":
 				s.Env = map[string]string{}
 				for _, kv := range list() {

@@ -76,6 +76,7 @@ func (o *Orchestrator) Run(id RunID) (RunRecord, string, bool) {
 	}
 	c := *r
 	c.Steps = append([]StepID(nil), r.Steps...)
+	c.Children = append([]RunID(nil), r.Children...)
 	return c, o.runStatus(r), true
 }
 

@@ -45,9 +45,17 @@ type MetaRecord struct {
 
 // RunRecord is a run.
 type RunRecord struct {
-	ID           RunID
-	Spec         RunSpec
-	Parent       RunID `json:",omitempty"`
+	ID     RunID
+	Spec   RunSpec
+	Parent RunID `json:",omitempty"`
+	// ParentStep is the parent's workflow step that started this run
+	// (empty for a run submitted with a parent through the API); Depth is
+	// how many runs are above it (SPEC §2).
+	ParentStep StepID `json:",omitempty"`
+	Depth      int    `json:",omitzero"`
+	// Children are the runs submitted below it through the API, in submit
+	// order (a workflow step's child is its StepRecord.Child).
+	Children     []RunID `json:",omitempty"`
 	SubmittedAt  time.Time
 	Deadline     time.Time `json:",omitzero"` // run timeout instant
 	CancelReason string    `json:",omitempty"`
@@ -94,6 +102,8 @@ type StepRecord struct {
 	// ReusedFrom names the step of the rerun run whose success this step
 	// took over (REUSE, SPEC §1, §2): it never ran in this run.
 	ReusedFrom StepID `json:",omitempty"`
+	// Child is the run a workflow step started (SPEC §2).
+	Child RunID `json:",omitempty"`
 }
 
 // LeaseRecord is one dispatch attempt of one step to one worker.

@@ -58,6 +58,12 @@ type StepSpec struct {
 	Secrets    []string `json:",omitzero"`
 	SecretsAs  string   `json:",omitzero"`
 	PutSecrets []string `json:",omitzero"`
+	// Workflow makes the step a child run (SPEC §2): never dispatched; when
+	// queued it starts and creates a run of this spec, whose outcome it
+	// takes. With is that run's inputs: they become its env, over the
+	// child's own (ChildSpec).
+	Workflow *RunSpec          `json:",omitzero"`
+	With     map[string]string `json:",omitzero"`
 }
 
 // RetryPolicy is a step's `retry:` (SPEC §1, §3): up to Attempts more tries
@@ -161,6 +167,13 @@ const (
 	// quotes, colon and comma at most 6 times its "=", so a dispatch within
 	// this bound always fits in one wire frame (1 MiB; SPEC §12).
 	MaxDispatchBytes = 128 << 10
+	// MaxRunDepth bounds how deep a tree of runs goes: a run, its child,
+	// the child's child… at most 4 runs from the root down (SPEC §2, §12).
+	MaxRunDepth = 4
+	// MaxChildRuns bounds the runs one submission's tree holds below its
+	// root (every workflow step, at every depth, is one), and the live
+	// child runs the API may give one run.
+	MaxChildRuns = 64
 )
 
 // ErrorListMax bounds how many entries of a list an error message spells
@@ -204,15 +217,79 @@ func invalid(format string, args ...any) error {
 // Validate checks a RunSpec: unique non-empty step names, known dependencies,
 // no cycles, a command on every non-task step, sane gates and fan-outs.
 func (r RunSpec) Validate() error {
+	if _, err := r.validate(); err != nil {
+		return err
+	}
+	if d := r.TreeDepth(); d > MaxRunDepth {
+		return invalid("child workflows nest %d runs deep, at most %d", d, MaxRunDepth)
+	}
+	if n := r.ChildRuns(); n > MaxChildRuns {
+		return invalid("the run starts %d child runs (every workflow step at every depth), at most %d", n, MaxChildRuns)
+	}
+	return nil
+}
+
+// ChildSpec is the spec of the run a workflow step starts: its workflow,
+// with the step's With over the workflow's own env (an input overrides the
+// child's default). The parent's env is not inherited.
+func ChildSpec(sp *StepSpec) RunSpec {
+	c := *sp.Workflow
+	if len(sp.With) > 0 {
+		env := make(map[string]string, len(c.Env)+len(sp.With))
+		for k, v := range c.Env {
+			env[k] = v
+		}
+		for k, v := range sp.With {
+			env[k] = v
+		}
+		c.Env = env
+	}
+	return c
+}
+
+// TreeDepth is how many runs deep r's tree of child workflows goes (1: no
+// workflow step).
+func (r RunSpec) TreeDepth() int {
+	d := 1
+	for i := range r.Steps {
+		if w := r.Steps[i].Workflow; w != nil {
+			d = max(d, 1+w.TreeDepth())
+		}
+	}
+	return d
+}
+
+// ChildRuns is how many runs r's tree holds below r.
+func (r RunSpec) ChildRuns() int {
+	n := 0
+	for i := range r.Steps {
+		if w := r.Steps[i].Workflow; w != nil {
+			n += 1 + w.ChildRuns()
+		}
+	}
+	return n
+}
+
+// treeSizes are the expanded steps, dependency edges and expanded bytes
+// of a run and of every child run below it: the tree's runs are created as
+// their workflow steps are queued, all of them in one batch at worst, so
+// they count together against one run's limits (SPEC §12).
+type treeSizes struct{ steps, edges, expanded int }
+
+// validate is Validate of r without the tree's depth and count, and of
+// every child workflow (each as ChildSpec makes it); it returns the sizes
+// of r's tree.
+func (r RunSpec) validate() (treeSizes, error) {
+	var below treeSizes // of the child runs
 	if len(r.Steps) == 0 {
-		return invalid("run has no steps")
+		return treeSizes{}, invalid("run has no steps")
 	}
 	if r.Timeout < 0 {
-		return invalid("run timeout %s is negative", r.Timeout)
+		return treeSizes{}, invalid("run timeout %s is negative", r.Timeout)
 	}
 	if r.Name != "" {
 		if err := CheckName("run name", r.Name); err != nil {
-			return fmt.Errorf("%w: %w", ErrInvalidRun, err)
+			return treeSizes{}, fmt.Errorf("%w: %w", ErrInvalidRun, err)
 		}
 	}
 	byName := map[string]int{}
@@ -221,53 +298,66 @@ func (r RunSpec) Validate() error {
 		nameErr := CheckName("step name", s.Name) // SPEC §12: printable names
 		switch {
 		case s.Name == "":
-			return invalid("step %d has no name", i+1)
+			return treeSizes{}, invalid("step %d has no name", i+1)
 		case len(s.Name) > MaxNameLength:
-			return invalid("step name %.20q… is longer than %d bytes", s.Name, MaxNameLength)
+			return treeSizes{}, invalid("step name %.20q… is longer than %d bytes", s.Name, MaxNameLength)
 		case nameErr != nil:
-			return fmt.Errorf("%w: step %d: %w", ErrInvalidRun, i+1, nameErr)
+			return treeSizes{}, fmt.Errorf("%w: step %d: %w", ErrInvalidRun, i+1, nameErr)
 		case strings.ContainsAny(s.Name, "/[] \t\n"):
-			return invalid("step name %q may not contain '/', '[', ']' or spaces", s.Name)
+			return treeSizes{}, invalid("step name %q may not contain '/', '[', ']' or spaces", s.Name)
 		}
 		if _, dup := byName[s.Name]; dup {
-			return invalid("step %q is declared twice", s.Name)
+			return treeSizes{}, invalid("step %q is declared twice", s.Name)
 		}
 		byName[s.Name] = i
-		if s.Type != "task" && strings.TrimSpace(s.Command) == "" {
-			return invalid("step %q has no command", s.Name)
+		if s.Workflow == nil && s.Type != "task" && strings.TrimSpace(s.Command) == "" {
+			return treeSizes{}, invalid("step %q has no command", s.Name)
 		}
 		if len(s.Command) > MaxCommandLength {
-			return invalid("step %q: command is longer than %d bytes", s.Name, MaxCommandLength)
+			return treeSizes{}, invalid("step %q: command is longer than %d bytes", s.Name, MaxCommandLength)
 		}
 		if _, err := RequiredTags(s); err != nil {
-			return invalid("step %q: %v", s.Name, err)
+			return treeSizes{}, invalid("step %q: %v", s.Name, err)
 		}
 		if err := checkStepNames(s); err != nil {
-			return fmt.Errorf("%w: step %q: %w", ErrInvalidRun, s.Name, err)
+			return treeSizes{}, fmt.Errorf("%w: step %q: %w", ErrInvalidRun, s.Name, err)
+		}
+		if s.Workflow != nil || s.With != nil {
+			if err := checkChildStep(s); err != nil {
+				return treeSizes{}, err
+			}
+			if s.Workflow.TreeDepth() >= MaxRunDepth { // before recursing: bounded
+				return treeSizes{}, invalid("step %q: child workflows nest more than %d runs deep", s.Name, MaxRunDepth)
+			}
+			cs, err := ChildSpec(&s).validate()
+			if err != nil {
+				return treeSizes{}, invalid("step %q: child workflow: %s", s.Name, strings.TrimPrefix(err.Error(), ErrInvalidRun.Error()+": "))
+			}
+			below.steps, below.edges, below.expanded = below.steps+cs.steps, below.edges+cs.edges, below.expanded+cs.expanded
 		}
 		if s.Timeout < 0 || s.Wait < 0 || s.HoldExpiry < 0 {
-			return invalid("step %q: negative duration", s.Name)
+			return treeSizes{}, invalid("step %q: negative duration", s.Name)
 		}
 		if s.Hold && s.Wait > 0 {
-			return invalid("step %q: hold and wait cannot both gate one step", s.Name)
+			return treeSizes{}, invalid("step %q: hold and wait cannot both gate one step", s.Name)
 		}
 		if s.HoldExpiry > 0 && !s.Hold {
-			return invalid("step %q: hold_expiry without hold", s.Name)
+			return treeSizes{}, invalid("step %q: hold_expiry without hold", s.Name)
 		}
 		if s.Concurrency < 0 {
-			return invalid("step %q: concurrency %d is negative", s.Name, s.Concurrency)
+			return treeSizes{}, invalid("step %q: concurrency %d is negative", s.Name, s.Concurrency)
 		}
 		if s.Concurrency > 0 && len(s.ForEach) == 0 {
-			return invalid("step %q: concurrency without forEach", s.Name)
+			return treeSizes{}, invalid("step %q: concurrency without forEach", s.Name)
 		}
 		if err := checkOutputs(s); err != nil {
-			return fmt.Errorf("%w: step %q: %w", ErrInvalidRun, s.Name, err)
+			return treeSizes{}, fmt.Errorf("%w: step %q: %w", ErrInvalidRun, s.Name, err)
 		}
 		if err := CheckRetry(s); err != nil {
-			return err
+			return treeSizes{}, err
 		}
 		if len(s.ForEach) > MaxForEachItems {
-			return invalid("step %q: forEach has %d items, at most %d", s.Name, len(s.ForEach), MaxForEachItems)
+			return treeSizes{}, invalid("step %q: forEach has %d items, at most %d", s.Name, len(s.ForEach), MaxForEachItems)
 		}
 		if len(s.ForEach) > 0 {
 			total += len(s.ForEach)
@@ -275,25 +365,30 @@ func (r RunSpec) Validate() error {
 			total++
 		}
 	}
+	total += below.steps
+	with := ""
+	if below.steps > 0 {
+		with = " (its child runs' included)"
+	}
 	if total > MaxStepsPerRun {
-		return invalid("run expands to %d steps, at most %d", total, MaxStepsPerRun)
+		return treeSizes{}, invalid("run expands to %d steps%s, at most %d", total, with, MaxStepsPerRun)
 	}
-	if err := r.checkSizes(); err != nil {
-		return err
+	if err := r.checkSizes(); err != nil { // the bytes of the tree below r too
+		return treeSizes{}, err
 	}
-	edges, expanded := 0, 0
+	edges, expanded := below.edges, below.expanded
 	for _, s := range r.Steps {
 		expanded += expandedBytes(s)
 		seen := map[string]bool{}
 		for _, d := range s.DependsOn {
 			if _, ok := byName[d]; !ok {
-				return invalid("step %q depends on unknown step %s", s.Name, Quote(d))
+				return treeSizes{}, invalid("step %q depends on unknown step %s", s.Name, Quote(d))
 			}
 			if d == s.Name {
-				return invalid("step %q depends on itself", s.Name)
+				return treeSizes{}, invalid("step %q depends on itself", s.Name)
 			}
 			if seen[d] {
-				return invalid("step %q lists dependency %s twice", s.Name, Quote(d))
+				return treeSizes{}, invalid("step %q lists dependency %s twice", s.Name, Quote(d))
 			}
 			seen[d] = true
 			edges += instances(s) * instances(r.Steps[byName[d]])
@@ -301,13 +396,54 @@ func (r RunSpec) Validate() error {
 		}
 	}
 	if edges > MaxEdgesPerRun {
-		return invalid("run has %d dependency edges once forEach is expanded (a step with m instances depending on one with n is m×n edges), at most %d: depend on fewer instances, or put a task step between two fan-outs", edges, MaxEdgesPerRun)
+		return treeSizes{}, invalid("run has %d dependency edges once forEach is expanded (a step with m instances depending on one with n is m×n edges), at most %d: depend on fewer instances, or put a task step between two fan-outs", edges, MaxEdgesPerRun)
 	}
 	if expanded > MaxExpandedBytes {
-		return invalid("run expands to %d bytes of step names and dependency names (name[i] for every instance, and again for every edge), at most %d: use shorter step names, or fewer instances or edges", expanded, MaxExpandedBytes)
+		return treeSizes{}, invalid("run expands to %d bytes of step names and dependency names (name[i] for every instance, and again for every edge), at most %d: use shorter step names, or fewer instances or edges", expanded, MaxExpandedBytes)
 	}
 	if cyc := findCycle(r.Steps, byName); cyc != nil {
-		return invalid("dependency cycle: %s", strings.Join(cyc, " -> "))
+		return treeSizes{}, invalid("dependency cycle: %s", strings.Join(cyc, " -> "))
+	}
+	return treeSizes{steps: total, edges: edges, expanded: expanded}, nil
+}
+
+// checkChildStep checks a workflow step (SPEC §2): it runs nothing itself,
+// so it declares no command, type, writes, placement, timeout, outputs,
+// retry or secrets (the child workflow's steps do), and fans out to no
+// instances.
+func checkChildStep(s StepSpec) error {
+	bad := ""
+	switch {
+	case s.Workflow == nil:
+		return invalid("step %q: with without workflow", s.Name)
+	case s.Command != "":
+		bad = "command"
+	case s.Type != "":
+		bad = "type"
+	case s.Runner != "":
+		bad = "runner"
+	case s.Writes:
+		bad = "writes"
+	case len(s.Tags) > 0 || len(s.Labels) > 0 || s.Target != "" || s.Platform != "":
+		bad = "tags, labels, target or platform"
+	case len(s.ForEach) > 0:
+		bad = "forEach"
+	case s.Timeout != 0:
+		bad = "timeout (give the child workflow a timeout)"
+	case len(s.Env) > 0:
+		bad = "env (pass inputs with with)"
+	case len(s.Outputs) > 0:
+		bad = "outputs (the child workflow's steps declare theirs)"
+	case s.Retry != nil || s.Idempotent:
+		bad = "retry (put it on the child workflow's steps, or rerun the child)"
+	case len(s.Secrets) > 0 || len(s.PutSecrets) > 0 || s.SecretsAs != "":
+		bad = "secrets (the child workflow's steps name theirs)"
+	}
+	if bad != "" {
+		return invalid("step %q: a workflow step runs no process of its own: %s is not allowed", s.Name, bad)
+	}
+	if err := checkEnv(fmt.Sprintf("step %q: with", s.Name), s.With); err != nil {
+		return err
 	}
 	return nil
 }
@@ -385,10 +521,34 @@ func (r RunSpec) checkSizes() error {
 			}
 		}
 	}
+	size += r.childBytes()
 	if size > MaxRunSpecBytes {
 		return invalid("the run's declaration holds %d bytes of names, commands, lists and env, at most %d", size, MaxRunSpecBytes)
 	}
 	return nil
+}
+
+// childBytes is the bytes of r's child workflows, at every depth, as
+// checkSizes counts them, plus each workflow step's With.
+func (r RunSpec) childBytes() int {
+	n := 0
+	for i := range r.Steps {
+		sp := &r.Steps[i]
+		if sp.Workflow == nil {
+			continue
+		}
+		c := sp.Workflow
+		n += envBytes(sp.With) + len(c.Name) + envBytes(c.Env) + c.childBytes()
+		for _, s := range c.Steps {
+			n += len(s.Name) + len(s.Command) + len(s.Type) + len(s.Runner) + len(s.Target) + len(s.Platform) + envBytes(s.Env) + envBytes(s.Labels)
+			for _, l := range [][]string{s.DependsOn, s.Tags, s.ForEach} {
+				for _, x := range l {
+					n += len(x)
+				}
+			}
+		}
+	}
+	return n
 }
 
 func envBytes(env map[string]string) int {
@@ -451,6 +611,12 @@ func DispatchEnv(snapshot map[string]string, run RunSpec, sp StepSpec, index int
 // item stands for every instance.
 func (r RunSpec) CheckDispatchSizes(snapshot map[string]string) error {
 	for _, sp := range r.Steps {
+		if sp.Workflow != nil {
+			if err := ChildSpec(&sp).CheckDispatchSizes(snapshot); err != nil {
+				return invalid("step %q: child workflow: %s", sp.Name, strings.TrimPrefix(err.Error(), ErrInvalidRun.Error()+": "))
+			}
+			continue
+		}
 		if sp.Type == "task" {
 			continue // never dispatched (SPEC §2)
 		}

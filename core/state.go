@@ -182,4 +182,5 @@ const (
 	ClassOperator          FailureClass = "operator"
 	ClassGate              FailureClass = "gate"
 	ClassWorkerStopped     FailureClass = "worker-stopped"
+	ClassChild             FailureClass = "child-run" // a workflow step took its child run's outcome (SPEC §2)
 )

@@ -69,6 +69,7 @@ type Options struct {
 	// RerunEvery: the operator reruns a finished run, its successes
 	// reused (run rerun --failed-only, SPEC §2); 0 = never.
 	RerunEvery   time.Duration
+	ChildFrac    float64       // a step is a workflow step starting a child run (SPEC §2)
 	CancelEvery  time.Duration // operator cancels a random run; 0 = never
 	RevokeEvery  time.Duration // operator revokes a random worker's token; 0 = never
 	QueryEvery   time.Duration // operator queries a random step
@@ -181,6 +182,10 @@ func Swarm(seed uint64) Options {
 	o.RetryFrac = []float64{0, 0.3}[r.IntN(2)]
 	// Drawn last, so the options above are what they were before it.
 	o.RerunEvery = maybe(0.5, dur(5*time.Minute, 20*time.Minute))
+	// Drawn last, so the options above are what they were before it; a
+	// seed without child runs draws nothing for them (randomRun), so its
+	// world is what it was before them.
+	o.ChildFrac = []float64{0, 0.15}[r.IntN(2)]
 	return o
 }
 
@@ -212,7 +217,7 @@ func (o Options) Describe() string {
 	fmt.Fprintf(&b, "clock offset<=%s drift<=%.3f jump every=%s wobble=%s\n", o.ClockOffsetMax, o.DriftMax, o.JumpEvery, o.WobbleAmp)
 	fmt.Fprintf(&b, "crash worker every=%s restart every=%s pause every=%s (<=%s) orchestrator every=%s (down<=%s)\n", o.WorkerCrashEvery, o.WorkerRestartEvery, o.WorkerPauseEvery, o.PauseMax, o.OrchCrashEvery, o.OrchDownMax)
 	fmt.Fprintf(&b, "drain every=%s stop=%.2f timeout=%s\n", o.DrainEvery, o.DrainStopP, o.DrainTimeout)
-	fmt.Fprintf(&b, "retry=%.2f rerun every=%s\n", o.RetryFrac, o.RerunEvery)
+	fmt.Fprintf(&b, "retry=%.2f rerun every=%s child runs=%.2f\n", o.RetryFrac, o.RerunEvery, o.ChildFrac)
 	fmt.Fprintf(&b, "credential ttl=%s\n", o.CredentialTTL)
 	fmt.Fprintf(&b, "runs=%d steps<=%d writes=%.2f fail=%.2f exec=%s..%s fault phase=%s\n", o.Runs, o.StepsMax, o.WriteFrac, o.FailProb, o.ExecMin, o.ExecMax, o.FaultPhase)
 	fmt.Fprintf(&b, "output lines<=%d burst<=%d window=%d cap=%d\n", o.LinesMax, o.BurstMax, o.LogWindow, o.OutputCap)

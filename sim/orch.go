@@ -127,6 +127,7 @@ func (w *world) persist(group []*pendingBatch) {
 		w.chk.Persisted(w.now, pb.rd)
 		w.props.poolView(w).Persisted()
 		w.persistedArchive(pb.rd)
+		w.persistedChildren(pb.rd)
 		if pb.idem != nil {
 			w.idem().Record(*pb.idem)
 		}

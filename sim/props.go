@@ -65,6 +65,9 @@ func (w *world) checkBatch(held map[core.StepID]core.LeaseID, from core.WorkerID
 		w.fail(v.Invariant, v.Detail)
 	}
 	w.checkGrants(rd)
+	if v := spec.CheckChildRuns(w.view(), rd); v != nil {
+		w.fail(v.Invariant, v.Detail)
+	}
 	if v := p.poolView(w).Check(w.view(), w.now, p.in, rd); v != nil {
 		w.fail(v.Invariant, v.Detail)
 	}

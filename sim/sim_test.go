@@ -48,6 +48,7 @@ type summary struct {
 	workerLogs      map[string]int
 	data            DataStats
 	archive         ArchiveStats
+	childRuns       int
 }
 
 func (s *summary) add(r Result) {
@@ -67,6 +68,7 @@ func (s *summary) add(r Result) {
 	}
 	s.data.add(r.Data)
 	s.archive.add(r.Archive)
+	s.childRuns += r.ChildRuns
 	s.largestStep = max(s.largestStep, r.LargestStep)
 	s.retries += r.Retries
 	s.reruns += r.Reruns
@@ -86,9 +88,9 @@ func kv(m map[string]int) string {
 }
 
 func (s *summary) String() string {
-	return fmt.Sprintf("sim: %d seeds (%d again with shifted worker clocks, %d under another drift), %.1f simulated hours, %d events, %d invariant checks, %d porcupine operations (largest step history %d of at most %d), %d failures, %d inconclusive; faults: %s; buggify fired: %s; worker log lines: %s; %s; archival: runs archived=%d late-after-archive=%d (after a restart %d) listings of archived leases=%d; step retries=%d reruns=%d",
+	return fmt.Sprintf("sim: %d seeds (%d again with shifted worker clocks, %d under another drift), %.1f simulated hours, %d events, %d invariant checks, %d porcupine operations (largest step history %d of at most %d), %d failures, %d inconclusive; faults: %s; buggify fired: %s; worker log lines: %s; %s; archival: runs archived=%d late-after-archive=%d (after a restart %d) listings of archived leases=%d; step retries=%d reruns=%d; child runs started=%d",
 		s.seeds, s.shifted, s.drift, s.simTime.Hours(), s.events, s.checks, s.porcOps, s.largestStep, s.bound, s.failures, s.inconclusive, kv(s.faults), kv(s.buggified), kv(s.workerLogs), s.data,
-		s.archive.Archived, s.archive.Late, s.archive.Restarted, s.archive.Listed, s.retries, s.reruns)
+		s.archive.Archived, s.archive.Late, s.archive.Restarted, s.archive.Listed, s.retries, s.reruns, s.childRuns)
 }
 
 // TestSim runs the default seed budget, each seed twice: the second run

@@ -320,8 +320,8 @@ func (w *world) queryRandomStep() {
 		return
 	}
 	s := steps[w.r.IntN(len(steps))]
-	if sp, _ := v.StepSpecOf(s.ID); sp.Type == "task" || s.ReusedFrom != "" {
-		return // task and reused steps commit without a report: not in the model
+	if sp, _ := v.StepSpecOf(s.ID); sp.Type == "task" || sp.Workflow != nil || s.ReusedFrom != "" {
+		return // task, workflow and reused steps commit without a report: not in the model
 	}
 	op := w.hist.begin(w.now, opClientOperator, spec.StepInput{Kind: spec.OpQuery, Step: s.ID})
 	out := spec.StepOutput{State: s.State, Outcome: s.Outcome}
@@ -427,6 +427,9 @@ func (w *world) randomRun() core.RunSpec {
 		if w.opt.RetryFrac > 0 && w.chance(w.opt.RetryFrac) {
 			w.retryPolicy(&s)
 		}
+		if w.opt.ChildFrac > 0 && w.chance(w.opt.ChildFrac) {
+			s = w.childStep(s)
+		}
 		rs.Steps = append(rs.Steps, s)
 	}
 	return rs
@@ -510,7 +513,11 @@ func (w *world) heal() {
 	w.requestToken(func(token string) { w.spawnWorker(token, false, true) })
 	cfg := core.DefaultConfig()
 	per := w.opt.ExecMax + 2*w.opt.MaxDelayWork + cfg.HeartbeatTimeout + 2*cfg.SweepInterval + cfg.ForceCancel
-	bound := time.Duration(3*w.opt.StepsMax+cfg.MaxAttempts)*per + 10*time.Minute
+	chain := 3 * w.opt.StepsMax
+	if w.opt.ChildFrac > 0 {
+		chain *= 1 + childStepsMax // a workflow step waits for its child's chain
+	}
+	bound := time.Duration(chain+cfg.MaxAttempts)*per + 10*time.Minute
 	if w.opt.RetryFrac > 0 {
 		bound *= 4 // a step runs up to 4 tries (retryPolicy)
 	}

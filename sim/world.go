@@ -108,6 +108,7 @@ type Result struct {
 	Data       DataStats    // the data plane's writes (sim/data.go)
 	Retries    int          // RETRY transitions seen (SPEC §1), a lost batch's included
 	Reruns     int          // reruns accepted, their successes reused (SPEC §2)
+	ChildRuns  int          // child runs started by workflow steps, durably (sim/child.go)
 	// Inconclusive, if set, says why the end-of-run linearizability check
 	// could not judge the history (spec.CheckSteps): the seed neither
 	// passed nor violated it. Failure is nil then.
@@ -254,6 +255,7 @@ type world struct {
 	batchText    strings.Builder // with Config.sums: this event's batch digests
 	grants       grantProps      // spec.Grants and what it needs (grants.go)
 	arch         archiveState    // archival's counters and memories (archive.go)
+	childRuns    int             // child runs started, durably (child.go)
 }
 
 func newWorld(seed uint64, opt Options, cfg Config) *world {

@@ -593,8 +593,8 @@ func AtMostOneCommit(c *Checker) *Violation {
 			if s.Outcome == nil {
 				continue
 			}
-			if sp, _ := v.StepSpecOf(s.ID); sp.Type == "task" || s.ReusedFrom != "" {
-				continue // a task step's outcome is the orchestrator's own; a reused one its old run's (REUSE)
+			if sp, _ := v.StepSpecOf(s.ID); sp.Type == "task" || sp.Workflow != nil || s.ReusedFrom != "" {
+				continue // a task step's outcome is the orchestrator's own, a workflow step's its child run's (PropChildOutcome), a reused one its old run's (REUSE)
 			}
 			if f, ok := c.commits[tryKey(s.ID, s.Tries)]; !ok {
 				c.fail(invCommit, "step %s shows outcome %s that was never answered COMMITTED", s.ID, describeOutcome(*s.Outcome))

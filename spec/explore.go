@@ -265,6 +265,7 @@ const (
 	SomeRunArchived               = "run-archived"                 // a run left the core as a history record (SPEC §7a)
 	SomeReportAfterArchive        = "report-after-archive"         // a report of an archived run's lease was answered from the closed-lease table (SPEC §7a)
 	SomeReportAfterArchiveRestart = "report-after-archive-restart" // the same, the orchestrator restarted since the run was archived
+	SomeChildRunFinished          = "child-run-finished"           // a workflow step took its child run's outcome (SPEC §2)
 )
 
 var sometimesAll = []string{
@@ -272,7 +273,7 @@ var sometimesAll = []string{
 	SomeStepReclaimed, SomeOrchestratorRestored, SomeCancelForced, SomeDispatchRejected,
 	SomeWorkerRefused, SomeLeaseCancelledOnWelcome, SomeStepFailedUnmatched, SomeCredentialRefreshed,
 	SomeCredentialExpired, SomeStaleWorker, SomeCascadeSkip, SomeScalerLeaseTriaged, SomeDuplicateReport,
-	SomeRunArchived, SomeReportAfterArchive, SomeReportAfterArchiveRestart,
+	SomeRunArchived, SomeReportAfterArchive, SomeReportAfterArchiveRestart, SomeChildRunFinished,
 }
 
 func sometimesBit(name string) uint32 {
@@ -537,8 +538,29 @@ func ArchiveScope() Scope {
 	return sc
 }
 
+// ChildScope is child runs (SPEC §2): one worker with two slots, a run of
+// a workflow step p whose child run holds a write-bearing step k and a
+// no-write step j; 1 disconnect, 1 orchestrator crash and 1 operator
+// cancel (of the parent: the cascade, p cancelling until its child has
+// finished). It must show p taking its child's outcome.
+func ChildScope() Scope {
+	sc := DefaultScope()
+	sc.Name = "child"
+	sc.Workers = 1
+	sc.Slots = 2
+	sc.Steps = []core.StepSpec{
+		{Name: "p", Workflow: &core.RunSpec{Name: "kid", Steps: []core.StepSpec{
+			{Name: "k", Command: "write k", Writes: true},
+			{Name: "j", Command: "read j"},
+		}}},
+	}
+	sc.MaxDepth = 12
+	sc.Require = []string{SomeChildRunFinished}
+	return sc
+}
+
 // ScopeNames lists every named scope, in the order the tests run them.
-var ScopeNames = []string{"default", "faults", "identity", "slow", "multiset", "timers", "tags", "chain", "scaler", "archive", "large"}
+var ScopeNames = []string{"default", "faults", "identity", "slow", "multiset", "timers", "tags", "chain", "scaler", "archive", "child", "large"}
 
 // ScopeByName returns a named scope (ScopeNames).
 func ScopeByName(name string) (Scope, bool) {
@@ -565,6 +587,8 @@ func ScopeByName(name string) (Scope, bool) {
 		return ScalerScope(), true
 	case "archive":
 		return ArchiveScope(), true
+	case "child":
+		return ChildScope(), true
 	}
 	return Scope{}, false
 }

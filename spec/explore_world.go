@@ -130,9 +130,16 @@ func newExplorer(sc Scope) *explorer {
 		bmax = 60 * time.Second
 	}
 	x.grace = 2 * bmax
-	for _, st := range sc.Steps {
-		x.writes[st.Name] = st.Writes
+	var learn func(steps []core.StepSpec)
+	learn = func(steps []core.StepSpec) {
+		for _, st := range steps {
+			x.writes[st.Name] = st.Writes
+			if st.Workflow != nil {
+				learn(st.Workflow.Steps) // a child run's steps (ChildScope)
+			}
+		}
 	}
+	learn(sc.Steps)
 	x.wantExpiry = slices.Contains(sc.Require, SomeCredentialExpired)
 	for i := range sc.Workers {
 		x.tokNames = append(x.tokNames, fmt.Sprintf("tok-w%d", i+1))
@@ -1181,6 +1188,11 @@ func (b *builder) observe(rd core.Ready, pre *PreBatch) {
 			b.hit(SomeRunArchived)
 		}
 	}
+	for _, ev := range rd.Events {
+		if ev.Kind == "child-run-finished" {
+			b.hit(SomeChildRunFinished)
+		}
+	}
 	if b.late && b.in != nil {
 		b.hit(SomeReportAfterArchive)
 		if s.archRestart {
@@ -1201,6 +1213,9 @@ func (b *builder) observe(rd core.Ready, pre *PreBatch) {
 		b.fail(v.Invariant, "%s", v.Detail)
 	}
 	b.checkGrants(rd)
+	if v := CheckChildRuns(ov, rd); v != nil {
+		b.fail(v.Invariant, "%s", v.Detail)
+	}
 	if v := CheckRecords(pre, ov, s.now, rd); v != nil {
 		b.fail(v.Invariant, "%s", v.Detail)
 	}

@@ -766,6 +766,10 @@ func (c *Checker) checkGrant(o *core.Orchestrator, g leaseRec) {
 		c.fail(invSlots, "lease %d was granted for task step %s, which runs on the orchestrator", g.ID, g.Step)
 		return
 	}
+	if sp.Workflow != nil {
+		c.fail(invSlots, "lease %d was granted for workflow step %s, which runs as a child run (SPEC §2)", g.ID, g.Step)
+		return
+	}
 	if cur := c.steps[g.Step]; cur != core.StateQueued {
 		c.fail(invSlots, "lease %d was granted for step %s, which is %s, not queued", g.ID, g.Step, cur)
 	}

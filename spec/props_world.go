@@ -500,7 +500,7 @@ func (p *Pool) track(o View, now time.Time) {
 			continue
 		}
 		sp, ok := o.StepSpecOf(st.ID)
-		if !ok || sp.Type == "task" {
+		if !ok || sp.Type == "task" || sp.Workflow != nil {
 			continue
 		}
 		ready[st.ID] = true

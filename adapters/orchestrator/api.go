@@ -124,7 +124,9 @@ type docParam struct{ name, desc string }
 var apiRoutes = []apiRoute{
 	{method: "POST", path: "/api/runs", summary: "Submit a workflow definition (YAML); ?file=NAME names it in errors",
 		serve: (*api).submit, limit: func(o *Options) int64 { return min(o.MaxSubmitBody, workflow.MaxSize) },
-		query: []docParam{{"file", "the definition's file name, prefixing each error"}}, request: "application/yaml", status: http.StatusCreated, answer: client.Submitted{}},
+		query: []docParam{{"file", "the definition's file name, prefixing each error"},
+			{"parent", "a live run that becomes its parent: cancelling the parent cancels it (SPEC §2)"}},
+		request: "application/yaml", status: http.StatusCreated, answer: client.Submitted{}},
 	{method: "GET", path: "/api/runs", summary: "List runs, newest first, live and archived; next_cursor continues",
 		serve: (*api).listRuns,
 		query: []docParam{{"limit", "at most this many runs (1 to 1000, default 100)"}, {"cursor", "next_cursor of the previous page"},
@@ -500,8 +502,33 @@ func (a *api) submit(r *http.Request) (int, any, error) {
 	if err != nil {
 		return 0, nil, errorf(http.StatusBadRequest, "%v", err)
 	}
-	run, err := a.d.Submit(r.Context(), spec)
+	parent := core.RunID(r.URL.Query().Get("parent"))
+	if parent != "" {
+		var live, finished bool
+		if err := a.d.Snapshot(r.Context(), func(o *core.Orchestrator) {
+			if rec, _, ok := o.Run(parent); ok {
+				live, finished = true, rec.Finished
+			}
+		}); err != nil {
+			return 0, nil, err
+		}
+		if !live {
+			if _, archived, err := a.history(parent); err != nil {
+				return 0, nil, err
+			} else if archived {
+				return 0, nil, errorf(http.StatusConflict, "parent run %s already finished (archived)", parent)
+			}
+			return 0, nil, errorf(http.StatusNotFound, "unknown parent run %s", core.Quote(string(parent)))
+		}
+		if finished {
+			return 0, nil, errorf(http.StatusConflict, "parent run %s already finished", parent)
+		}
+	}
+	run, err := a.d.SubmitChild(r.Context(), spec, parent)
 	if errors.Is(err, ErrRefused) {
+		if errors.As(err, new(parentError)) {
+			return 0, nil, errorf(http.StatusConflict, "%v", err) // finished or cancelled meanwhile, or full
+		}
 		return 0, nil, errorf(http.StatusBadRequest, "%v", err)
 	}
 	if err != nil {

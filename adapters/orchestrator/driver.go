@@ -1153,13 +1153,30 @@ func (d *Driver) do(ctx context.Context, mk func(core.CallID) core.Input) (core.
 // off the loop (the core validates it again): an invalid run, however large,
 // never reaches the loop (SPEC §12).
 func (d *Driver) Submit(ctx context.Context, spec core.RunSpec) (core.RunID, error) {
+	return d.SubmitChild(ctx, spec, "")
+}
+
+// parentError marks a submission refused for its parent run (unknown,
+// finished, cancelling, full): the API answers 409, not 400.
+type parentError struct{ error }
+
+func (e parentError) Unwrap() error { return e.error }
+
+// SubmitChild is Submit of a child run of parent (SPEC §2; "" for none):
+// cancelling the parent cancels it.
+func (d *Driver) SubmitChild(ctx context.Context, spec core.RunSpec, parent core.RunID) (core.RunID, error) {
 	if err := spec.Validate(); err != nil {
 		return "", fmt.Errorf("submit %s: %w: %w", core.Quote(spec.Name), ErrRefused, err)
 	}
 	if err := spec.CheckDispatchSizes(d.opts.Config.Env); err != nil {
 		return "", fmt.Errorf("submit %s: %w: %w", core.Quote(spec.Name), ErrRefused, err)
 	}
-	a, err := d.do(ctx, func(id core.CallID) core.Input { return core.Submit{Call: id, Actor: actorOf(ctx), Spec: spec} })
+	a, err := d.do(ctx, func(id core.CallID) core.Input {
+		return core.Submit{Call: id, Actor: actorOf(ctx), Spec: spec, Parent: parent}
+	})
+	if err != nil && (a.Code == core.CodeConflict || a.Code == core.CodeNotFound) {
+		return "", parentError{fmt.Errorf("submit %q: %w", spec.Name, err)}
+	}
 	if err != nil {
 		return "", fmt.Errorf("submit %q: %w", spec.Name, err)
 	}

@@ -14,6 +14,7 @@ import (
 	"net/url"
 	"sort"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/tether-run/tether/adapters/store"
@@ -131,7 +132,19 @@ func summaryView(s store.RunSummary) APIRun {
 
 // detail is GET /api/runs/{id}'s answer; names gives workers' names.
 func (src *runSource) detail(names map[core.WorkerID]string) APIRunDetail {
-	out := APIRunDetail{Run: src.summary(), Status: src.status, Steps: []APIStep{}, Events: []APIEvent{}}
+	out := APIRunDetail{Run: src.summary(), Status: src.status, Steps: []APIStep{}, Events: []APIEvent{}, ParentStep: string(src.run.ParentStep)}
+	// The tree: the workflow steps' children and the API's, in submit order.
+	var kids []core.RunID
+	for _, s := range src.steps {
+		if s.Child != "" {
+			kids = append(kids, s.Child)
+		}
+	}
+	kids = append(kids, src.run.Children...)
+	sort.SliceStable(kids, func(i, j int) bool { return runNumber(kids[i]) < runNumber(kids[j]) })
+	for _, c := range kids {
+		out.Children = append(out.Children, string(c))
+	}
 	last := map[core.StepID]core.LeaseRecord{} // leases are sorted by id: the last one wins
 	for _, l := range src.leases {
 		last[l.Step] = l
@@ -147,7 +160,7 @@ func (src *runSource) detail(names map[core.WorkerID]string) APIRunDetail {
 			ID: string(s.ID), Name: s.Name, Item: s.Item, State: s.State.String(),
 			Class: string(s.Class), Message: s.Message, SkippedBy: string(s.SkippedBy),
 			Attempts: s.Attempts, QueuedAt: s.QueuedAt, StartedAt: s.StartedAt, FinishedAt: s.FinishedAt,
-			Writes: src.writes[s.Name],
+			Writes: src.writes[s.Name], Child: string(s.Child),
 		}
 		if n := tryLimit[s.Name]; n > 0 {
 			v.Try, v.TryLimit = s.Tries+1, n
@@ -168,6 +181,12 @@ func (src *runSource) detail(names map[core.WorkerID]string) APIRunDetail {
 		out.Events = append(out.Events, APIEvent{Seq: ev.Seq, At: ev.At, Step: string(ev.Step), Kind: ev.Kind, Message: ev.Message})
 	}
 	return out
+}
+
+// runNumber is n of "run-n" (0 if it is not one).
+func runNumber(id core.RunID) uint64 {
+	n, _ := strconv.ParseUint(strings.TrimPrefix(string(id), "run-"), 10, 64)
+	return n
 }
 
 // matchSteps returns the steps ?step= selects ("build", every forEach

@@ -39,7 +39,8 @@ const MaxErrors = 20
 var runFields = []string{"name", "timeout", "env", "steps"}
 var stepFields = []string{"name", "run", "depends_on", "writes", "type", "runner", "tags", "labels",
 	"target", "platform", "timeout", "env", "forEach", "concurrency", "hold", "hold_expiry", "wait",
-	"outputs", "retry", "idempotent", "secrets", "secrets_as", "put_secrets"}
+	"outputs", "retry", "idempotent", "secrets", "secrets_as", "put_secrets",
+	"workflow", "with"}
 var retryFields = []string{"attempts", "backoff", "on"}
 
 type parser struct {
@@ -48,6 +49,11 @@ type parser struct {
 	more   int // errors past MaxErrors, counted only
 	steps  *yaml.Node
 	byName map[string]int
+	// files resolves `workflow: FILE` (nil: refused, the API's Parse);
+	// chain is the files from the top one down to this one (SPEC §2).
+	files *files
+	chain []string
+	depth int // runs above this one
 }
 
 func (p *parser) errf(n *yaml.Node, format string, args ...any) {
@@ -75,11 +81,18 @@ func (p *parser) err() error {
 }
 
 // Parse reads one workflow definition. file names it in errors.
+// A step's `workflow:` may hold its child workflow inline; a file path
+// there is refused (ParseFile resolves them).
 func Parse(file string, src []byte) (core.RunSpec, error) {
+	return parse(file, src, nil)
+}
+
+func parse(file string, src []byte, f *files) (core.RunSpec, error) {
+	path := file
 	if len(file) > core.MaxNameLength {
 		file = file[:core.MaxNameLength] + "…"
 	}
-	p := &parser{file: file}
+	p := &parser{file: file, files: f, chain: []string{path}}
 	if len(src) > MaxSize {
 		return core.RunSpec{}, fmt.Errorf("%w: %s:1:1: the file is %d bytes, at most %d: split the workflow, or shorten its commands and lists", ErrInvalid, file, len(src), MaxSize)
 	}
@@ -282,6 +295,7 @@ func (p *parser) run(n *yaml.Node) (core.RunSpec, map[string]*yaml.Node) {
 func (p *parser) step(n *yaml.Node, i int) core.StepSpec {
 	var s core.StepSpec
 	var retryNode *yaml.Node
+	child := false
 	what := fmt.Sprintf("step %d", i+1)
 	for j := 0; j+1 < len(n.Content); j += 2 {
 		if n.Content[j].Value == "name" {
@@ -349,6 +363,11 @@ func (p *parser) step(n *yaml.Node, i int) core.StepSpec {
 			s.SecretsAs = p.str(v, what+": secrets_as")
 		case "put_secrets":
 			s.PutSecrets = p.list(v, what+": put_secrets")
+		case "workflow":
+			child = true // refused or not: no "no run command" besides
+			s.Workflow = p.child(v, what)
+		case "with":
+			s.With = p.strmap(v, what+": with")
 		}
 	})
 	if len(s.Outputs) > 0 { // SPEC §14: a declared output makes the step write-bearing
@@ -371,7 +390,7 @@ func (p *parser) step(n *yaml.Node, i int) core.StepSpec {
 		if s.Name == "" {
 			p.errf(n, "%s has no name", what)
 		}
-		if s.Type != "task" && strings.TrimSpace(s.Command) == "" {
+		if !child && s.Type != "task" && strings.TrimSpace(s.Command) == "" {
 			p.errf(n, "%s has no run command", what)
 		}
 	}

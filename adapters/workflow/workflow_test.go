@@ -37,7 +37,7 @@ func TestParseGood(t *testing.T) {
 // TestParseErrors: every bad definition gets one error naming
 // file:line:column and what to change; the messages are golden (SPEC §2).
 func TestParseErrors(t *testing.T) {
-	const known = "(known: name, run, depends_on, writes, type, runner, tags, labels, target, platform, timeout, env, forEach, concurrency, hold, hold_expiry, wait, outputs, retry, idempotent, secrets, secrets_as, put_secrets)"
+	const known = "(known: name, run, depends_on, writes, type, runner, tags, labels, target, platform, timeout, env, forEach, concurrency, hold, hold_expiry, wait, outputs, retry, idempotent, secrets, secrets_as, put_secrets, workflow, with)"
 	cases := []struct{ name, src, want string }{
 		{"unknown field", "steps:\n  - name: a\n    run: x\n    retries: 3\n", `x.yaml:4:5: step "a": unknown field "retries" ` + known},
 		{"unknown run field", "name: r\nstpes: []\n", `x.yaml:2:1: workflow: unknown field "stpes" (known: name, timeout, env, steps)`},

@@ -23,6 +23,7 @@ import (
 
 	"github.com/tether-run/tether/adapters/orchestrator"
 	"github.com/tether-run/tether/adapters/tlsconf"
+	"github.com/tether-run/tether/adapters/workflow"
 	"github.com/tether-run/tether/client"
 )
 
@@ -109,13 +110,22 @@ cmd/orchestrator/examples/):
 ` + exampleWorkflow + `
 --wait then follows the run over its live stream (SPEC §17), printing each
 step's state as it changes on stderr, as 'run watch' does, and exits with
-the run's outcome: 0 success, 10 failed, 11 cancelled.` + clientHelp,
+the run's outcome: 0 success, 10 failed, 11 cancelled.
+
+A step with 'workflow: FILE' (a path ending .yaml or .yml, relative to the
+file naming it) starts a child run of that workflow and takes its outcome;
+'with:' gives the child its inputs, as env over the child's own. The files
+are read here and sent inlined, at most 4 runs deep, a cycle of files
+refused. --parent RUN submits the run as a child of RUN: cancelling RUN
+cancels it.` + clientHelp,
 			example: `  orchestrator run submit dag.yaml
   orchestrator run submit - < dag.yaml
   RUN=$(orchestrator run submit dag.yaml) && orchestrator run show "$RUN"
-  orchestrator run submit dag.yaml --wait && echo "the run succeeded"`,
+  orchestrator run submit dag.yaml --wait && echo "the run succeeded"
+  orchestrator run submit cleanup.yaml --parent run-12`,
 			flags: clientFlags(func(fs *flag.FlagSet, o *options) {
 				fs.BoolVar(&o.wait, "wait", false, "follow the run to its end; the exit code is its outcome")
+				fs.StringVar(&o.parent, "parent", "", "submit it as a child run of this live `RUN` (cancelling RUN cancels it)")
 			}),
 			run: runSubmit,
 		},
@@ -513,8 +523,12 @@ func runSubmit(ctx context.Context, e *env, args []string) error {
 	if name == "-" {
 		src, err = io.ReadAll(io.LimitReader(os.Stdin, orchestrator.MaxAPIBody+1))
 		name = "stdin"
-	} else {
-		src, err = os.ReadFile(name)
+	} else if src, err = os.ReadFile(name); err == nil && childFiles(src) {
+		// Its child workflow files are ours to read (SPEC §2): resolved
+		// and checked here, sent inlined.
+		if _, src, err = workflow.ParseFile(name); err != nil {
+			return &exitErr{code: exitRefused, err: err} // as the orchestrator's refusal of it would be
+		}
 	}
 	if err != nil {
 		return fmt.Errorf("read workflow: %w", err)
@@ -522,7 +536,7 @@ func runSubmit(ctx context.Context, e *env, args []string) error {
 	var run string
 	err = withClient(ctx, e, func(ctx context.Context, c *client.Client) error {
 		var err error
-		if run, err = c.Submit(ctx, filepath.Base(name), src); err != nil {
+		if run, err = c.SubmitChild(ctx, e.opts.parent, filepath.Base(name), src); err != nil {
 			return err
 		}
 		out := client.Submitted{Run: run}
@@ -543,6 +557,13 @@ func runSubmit(ctx context.Context, e *env, args []string) error {
 	we := *e
 	we.opts = &o
 	return watch(ctx, &we, e.stderr, run)
+}
+
+// childFiles reports whether a definition may name a child workflow file:
+// only then is it parsed here (otherwise it is sent as it is, and the
+// orchestrator's errors are the ones shown).
+func childFiles(src []byte) bool {
+	return bytes.Contains(src, []byte("workflow:"))
 }
 
 // runList pages through GET /api/runs (SPEC §12) until --limit runs or the
@@ -599,11 +620,59 @@ func runShow(ctx context.Context, e *env, args []string) error {
 		if err != nil {
 			return err
 		}
-		if err := e.print(out, func() error { return showRun(e, out) }); err != nil || !e.opts.exitStatus {
+		table := func() error {
+			if err := showRun(e, out); err != nil {
+				return err
+			}
+			return showTree(ctx, e, c, out)
+		}
+		if err := e.print(out, table); err != nil || !e.opts.exitStatus {
 			return err
 		}
 		return outcome(out.Run.ID, out.Status)
 	})
+}
+
+// maxTreeRuns bounds the child runs 'run show' fetches to draw a tree.
+const maxTreeRuns = 256
+
+// showTree prints a run's tree of child runs (SPEC §2), each with its
+// status and the step that started it, fetching each child in turn.
+func showTree(ctx context.Context, e *env, c *client.Client, out *client.RunDetail) error {
+	if len(out.Children) == 0 {
+		return nil
+	}
+	fmt.Fprintln(e.stdout, "\nChild runs:")
+	tw := tabwriter.NewWriter(e.stdout, 0, 0, 2, ' ', 0)
+	fetched := 0
+	var walk func(ids []string, depth int) error
+	walk = func(ids []string, depth int) error {
+		for _, id := range ids {
+			indent := strings.Repeat("  ", depth)
+			if fetched++; fetched > maxTreeRuns {
+				fmt.Fprintf(tw, "  %s…\t(more child runs: see run show of each)\t\n", indent)
+				return nil
+			}
+			d, err := c.Run(ctx, id)
+			if err != nil {
+				fmt.Fprintf(tw, "  %s%s\t%s\t\n", indent, cell(id), escapeText(oneLine(err.Error()), false))
+				continue
+			}
+			by := "submitted with --parent"
+			if d.ParentStep != "" {
+				by = "step " + cell(d.ParentStep)
+			}
+			fmt.Fprintf(tw, "  %s%s\t%s\t%s\n", indent, cell(id), cell(d.Status), by)
+			if err := walk(d.Children, depth+1); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	if err := walk(out.Children, 0); err != nil {
+		return err
+	}
+	return tw.Flush()
 }
 
 // showRun prints a run as a table.
@@ -611,6 +680,13 @@ func showRun(e *env, out *client.RunDetail) error {
 	{
 		r := out.Run
 		fmt.Fprintf(e.stdout, "Run %s %q: %s\n", cell(r.ID), r.Name, cell(out.Status))
+		if r.Parent != "" {
+			fmt.Fprintf(e.stdout, "Parent run %s", cell(r.Parent))
+			if out.ParentStep != "" {
+				fmt.Fprintf(e.stdout, " (started by step %s)", cell(out.ParentStep))
+			}
+			fmt.Fprintln(e.stdout)
+		}
 		fmt.Fprintf(e.stdout, "Submitted %s", fmtTime(r.SubmittedAt))
 		if !r.FinishedAt.IsZero() {
 			fmt.Fprintf(e.stdout, ", finished %s (%s)", fmtTime(r.FinishedAt), r.FinishedAt.Sub(r.SubmittedAt).Round(time.Millisecond))
@@ -633,6 +709,9 @@ func showRun(e *env, out *client.RunDetail) error {
 			msg := s.Message
 			if s.SkippedBy != "" {
 				msg = strings.TrimSpace(msg + " (skipped by " + s.SkippedBy + ")")
+			}
+			if s.Child != "" && !strings.Contains(msg, s.Child) {
+				msg = strings.TrimSuffix("child run "+s.Child+": "+msg, ": ")
 			}
 			writes := "no"
 			if s.Writes {

@@ -55,6 +55,7 @@ type options struct {
 	// intoSecret: token create --into-secret (SPEC §14a).
 	intoSecret string
 	step       string
+	parent     string // run submit --parent
 	reason     string
 	out        string
 	// run rerun
