@@ -368,6 +368,9 @@ func (e *recEncoder) run(r *RunRecord) {
 	e.key(false, "Finished")
 	e.bool(r.Finished)
 	e.optTime("FinishedAt", r.FinishedAt)
+	e.optBool("GroupWait", r.GroupWait)
+	e.optStr("Schedule", r.Schedule)
+	e.optTime("FireAt", r.FireAt)
 	e.end()
 }
 
@@ -379,6 +382,7 @@ func (e *recEncoder) runSpec(s *RunSpec) {
 	e.optMap("Env", s.Env)
 	e.key(false, "Steps")
 	encSlice(e, s.Steps, func(st *StepSpec) { e.stepSpec(st) })
+	e.group(&s.Group)
 	e.end()
 }
 
@@ -402,6 +406,20 @@ func (e *recEncoder) stepSpec(s *StepSpec) {
 	e.optBool("Hold", s.Hold)
 	e.optInt("HoldExpiry", int64(s.HoldExpiry))
 	e.optInt("Wait", int64(s.Wait))
+	e.group(&s.Group)
+	e.end()
+}
+
+// group renders a concurrency group (omitzero).
+func (e *recEncoder) group(g *ConcurrencyGroup) {
+	if *g == (ConcurrencyGroup{}) {
+		return
+	}
+	e.key(false, "Group")
+	e.key(true, "Name")
+	e.str(g.Name)
+	e.optInt("Max", int64(g.Max))
+	e.optBool("CancelInProgress", g.CancelInProgress)
 	e.end()
 }
 

@@ -68,6 +68,17 @@ func genEnv(label string) *rapid.Generator[map[string]string] {
 	})
 }
 
+// genGroup draws a concurrency group, zero or not (any field alone).
+func genGroup() *rapid.Generator[ConcurrencyGroup] {
+	return rapid.Custom(func(t *rapid.T) ConcurrencyGroup {
+		if rapid.Bool().Draw(t, "zero") {
+			return ConcurrencyGroup{}
+		}
+		return ConcurrencyGroup{Name: genString().Draw(t, "gname"), Max: rapid.SampledFrom([]int{0, rapid.Int().Draw(t, "gmax")}).Draw(t, "gmaxOf"),
+			CancelInProgress: rapid.Bool().Draw(t, "gcancel")}
+	})
+}
+
 // genRunRecord draws a run whose spec sets each optional field or leaves
 // it zero (nil, or empty but not nil).
 func genRunRecord() *rapid.Generator[RunRecord] {
@@ -79,7 +90,9 @@ func genRunRecord() *rapid.Generator[RunRecord] {
 			Spec:        RunSpec{Name: genString().Draw(t, "name"), Timeout: dur("timeout"), Env: genEnv("env").Draw(t, "env")},
 			SubmittedAt: genTime().Draw(t, "submitted"), Deadline: genTime().Draw(t, "deadline"),
 			CancelReason: genString().Draw(t, "reason"), CancelClass: FailureClass(genString().Draw(t, "class")),
-			Failed: rapid.Bool().Draw(t, "failed"), Finished: rapid.Bool().Draw(t, "finished"), FinishedAt: genTime().Draw(t, "finishedAt")}
+			Failed: rapid.Bool().Draw(t, "failed"), Finished: rapid.Bool().Draw(t, "finished"), FinishedAt: genTime().Draw(t, "finishedAt"),
+			GroupWait: rapid.Bool().Draw(t, "groupWait"), Schedule: genString().Draw(t, "schedule"), FireAt: genTime().Draw(t, "fireAt")}
+		r.Spec.Group = genGroup().Draw(t, "group")
 		if ids := genStrings("steps").Draw(t, "steps"); ids != nil {
 			r.Steps = make([]StepID, len(ids))
 			for i, id := range ids {
@@ -95,7 +108,7 @@ func genRunRecord() *rapid.Generator[RunRecord] {
 					Target: genString().Draw(t, "target"), Platform: genString().Draw(t, "platform"), Timeout: dur("stimeout"),
 					Env: genEnv("senv").Draw(t, "senv"), ForEach: genStrings("items").Draw(t, "items"),
 					Concurrency: rapid.SampledFrom([]int{0, rapid.Int().Draw(t, "conc")}).Draw(t, "concOf"), Hold: rapid.Bool().Draw(t, "hold"),
-					HoldExpiry: dur("expiry"), Wait: dur("wait")})
+					HoldExpiry: dur("expiry"), Wait: dur("wait"), Group: genGroup().Draw(t, "sgroup")})
 			}
 		}
 		return r

@@ -29,6 +29,8 @@ type Orchestrator struct {
 	tokens  map[string]*TokenRecord
 	// operators are the operator tokens (operators.go).
 	operators map[string]*OperatorRecord
+	// schedules are the cron schedules (schedules.go, SPEC §8a).
+	schedules map[string]*ScheduleRecord
 	events    map[RunID][]ServerEvent
 	logs      map[LeaseID][]StepLogLine
 
@@ -90,6 +92,14 @@ type Orchestrator struct {
 	// §12: a fan-in's promotion is linear in its edges). A derived index,
 	// not persisted: 0 is always a correct start.
 	depsOK map[StepID]int
+
+	// Concurrency groups (groups.go, SPEC §8a), derived: a run group's
+	// unfinished members in submit order, and a step group's steps holding
+	// a lease. crons caches each schedule's parsed expression.
+	groupRuns map[string][]RunID
+	groupHeld map[string]map[StepID]bool
+	crons     map[string]Cron
+	noAdmit   string // a run group being cleared by cancel_in_progress: admit nobody yet
 }
 
 // NewOrchestrator returns an empty orchestrator.
@@ -106,6 +116,10 @@ func (o *Orchestrator) init() {
 	o.workers = map[WorkerID]*WorkerRecord{}
 	o.tokens = map[string]*TokenRecord{}
 	o.operators = map[string]*OperatorRecord{}
+	o.schedules = map[string]*ScheduleRecord{}
+	o.groupRuns = map[string][]RunID{}
+	o.groupHeld = map[string]map[StepID]bool{}
+	o.crons = map[string]Cron{}
 	o.events = map[RunID][]ServerEvent{}
 	o.logs = map[LeaseID][]StepLogLine{}
 	o.specOf = map[StepID]*StepSpec{}
@@ -254,6 +268,10 @@ func (o *Orchestrator) Step(now time.Time, in Input) Ready {
 		o.setAdmin(in)
 	case Audit:
 		o.auditInput(in)
+	case CreateSchedule:
+		o.createSchedule(in)
+	case ChangeSchedule:
+		o.changeSchedule(in)
 	case DataWrite:
 		// SPEC §14: a write is decided after every timer due by now has
 		// fired, those due at this very instant too.
@@ -356,6 +374,10 @@ func (o *Orchestrator) recordFor(key string) Record {
 		if t := o.operators[id]; t != nil {
 			v = t
 		}
+	case KindSchedule:
+		if sc := o.schedules[id]; sc != nil {
+			v = sc
+		}
 	default:
 		panic("core: dirty key of unknown kind " + key)
 	}
@@ -385,6 +407,7 @@ func (o *Orchestrator) markToken(t *TokenRecord)   { o.dirty[tokenKey(t.Name)] =
 func (o *Orchestrator) markStep(s *StepRecord) {
 	o.dirty[stepKey(s.ID)] = true
 	o.indexReady(s)
+	o.indexHeld(s)
 }
 
 // readyEntry orders the ready queue: oldest queued first, then by step id.
@@ -663,6 +686,7 @@ func (o *Orchestrator) checkRunFinished(r *RunRecord) {
 	r.Finished = true
 	r.FinishedAt = o.now
 	o.markRun(r)
+	defer o.leaveGroup(r) // after this run's events: the admitted run's follow
 	o.queueArchive(r.ID)
 	st := o.runStatus(r)
 	o.event(r.ID, "", "run-finished", "run "+st)
@@ -738,11 +762,20 @@ func (o *Orchestrator) submit(in Submit) {
 		deny(fmt.Sprintf("unknown parent run %q", in.Parent))
 		return
 	}
+	r := o.newRun(in.Spec, in.Parent, "", time.Time{}, "")
+	o.accept(in.Actor, ActionSubmit, string(r.ID))
+	o.answer(APIAnswer{Call: in.Call, Run: r.ID})
+}
+
+// newRun creates a validated run: its steps, its group membership (which
+// may hold it back, SPEC §8a) and its first promotions.
+func (o *Orchestrator) newRun(spec RunSpec, parent RunID, schedule string, fireAt time.Time, note string) *RunRecord {
 	o.meta.RunSeq++
 	o.markMeta()
-	r := &RunRecord{ID: RunID(fmt.Sprintf("run-%d", o.meta.RunSeq)), Spec: in.Spec, Parent: in.Parent, SubmittedAt: o.now}
-	if in.Spec.Timeout > 0 {
-		r.Deadline = o.now.Add(in.Spec.Timeout)
+	r := &RunRecord{ID: RunID(fmt.Sprintf("run-%d", o.meta.RunSeq)), Spec: spec, Parent: parent, SubmittedAt: o.now,
+		Schedule: schedule, FireAt: fireAt}
+	if spec.Timeout > 0 {
+		r.Deadline = o.now.Add(spec.Timeout)
 		o.arm(r.Deadline, tRunTimeout, string(r.ID))
 	}
 	o.runs[r.ID] = r
@@ -750,14 +783,19 @@ func (o *Orchestrator) submit(in Submit) {
 	o.open[r.ID] = len(r.Steps)
 	o.markRun(r)
 	o.event(r.ID, "", "run-submitted", fmt.Sprintf("run submitted with %d step%s", len(r.Steps), plural(len(r.Steps))))
+	if schedule != "" {
+		o.event(r.ID, "", "run-scheduled", fmt.Sprintf("started by schedule %s for its fire time %s%s", schedule, fireAt.UTC().Format(time.RFC3339), note))
+	}
 	for _, id := range r.Steps {
 		o.markStep(o.steps[id])
+	}
+	if !o.joinGroup(r) {
+		return r
 	}
 	for _, id := range r.Steps {
 		o.promote(o.steps[id])
 	}
-	o.accept(in.Actor, ActionSubmit, string(r.ID))
-	o.answer(APIAnswer{Call: in.Call, Run: r.ID})
+	return r
 }
 
 // instanceIDs lists the step ids a spec step expands to.

@@ -56,6 +56,13 @@ type RunRecord struct {
 	Failed       bool      // some step failed: the run can no longer succeed
 	Finished     bool      // every step is terminal
 	FinishedAt   time.Time `json:",omitzero"`
+	// GroupWait: the run waits for room in its concurrency group, its
+	// steps pending (SPEC §8a).
+	GroupWait bool `json:",omitzero"`
+	// Schedule and FireAt: the schedule that started the run and the fire
+	// time it stands for (SPEC §8a).
+	Schedule string    `json:",omitzero"`
+	FireAt   time.Time `json:",omitzero"`
 }
 
 // StepRecord is a step (one forEach instance is one step).
@@ -198,6 +205,8 @@ func DecodeRecord(r Record) (any, error) {
 		v = &OperatorRecord{}
 	case KindAudit:
 		v = &AuditEntry{}
+	case KindSchedule:
+		v = &ScheduleRecord{}
 	case KindClosed:
 		ch, err := decodeClosed(r.Value)
 		if err != nil {

@@ -73,6 +73,8 @@ func (o *Orchestrator) load(recs []Record) error {
 			o.tokens[v.Name] = v
 		case *OperatorRecord:
 			o.operators[v.Name] = v
+		case *ScheduleRecord:
+			o.schedules[v.Name] = v
 		case *ServerEvent:
 			o.events[v.Run] = append(o.events[v.Run], *v)
 		case *StepLogLine:
@@ -118,6 +120,7 @@ func (o *Orchestrator) load(recs []Record) error {
 		}
 		o.markStepIndex(s)
 	}
+	o.indexGroups()
 	for _, l := range o.leases {
 		if !l.Current {
 			continue
@@ -151,6 +154,7 @@ func (o *Orchestrator) load(recs []Record) error {
 func (o *Orchestrator) markStepIndex(s *StepRecord) {
 	o.indexReady(s)
 	o.indexMissed(s)
+	o.indexHeld(s)
 	if !s.State.Terminal() {
 		o.open[s.Run]++
 	}
@@ -240,6 +244,9 @@ func (o *Orchestrator) Records() []Record {
 	}
 	for _, id := range sortedKeys(o.operators) {
 		add(operatorKey(id), o.operators[id])
+	}
+	for _, id := range sortedKeys(o.schedules) {
+		add(scheduleKey(id), o.schedules[id])
 	}
 	recs = append(recs, o.closedRecords()...)
 	sort.Slice(recs, func(i, j int) bool { return recs[i].Key < recs[j].Key })

@@ -15,6 +15,8 @@ type RunSpec struct {
 	Timeout time.Duration     `json:",omitzero"` // run timeout; 0 = none
 	Env     map[string]string `json:",omitzero"`
 	Steps   []StepSpec
+	// Group puts the run in a concurrency group (SPEC §8a).
+	Group ConcurrencyGroup `json:",omitzero"`
 }
 
 // StepSpec declares one step.
@@ -42,6 +44,9 @@ type StepSpec struct {
 	Hold       bool          `json:",omitzero"`
 	HoldExpiry time.Duration `json:",omitzero"`
 	Wait       time.Duration `json:",omitzero"`
+	// Group bounds the steps holding a lease across every run that names
+	// the same step group (SPEC §8a).
+	Group ConcurrencyGroup `json:",omitzero"`
 }
 
 // Limits on a submitted run (SPEC §2, §12). Validate checks every one
@@ -132,6 +137,9 @@ func (r RunSpec) Validate() error {
 			return fmt.Errorf("%w: %w", ErrInvalidRun, err)
 		}
 	}
+	if err := r.Group.check(true); err != nil {
+		return invalid("%v", err)
+	}
 	byName := map[string]int{}
 	total := 0
 	for i, s := range r.Steps {
@@ -176,6 +184,9 @@ func (r RunSpec) Validate() error {
 		}
 		if s.Concurrency > 0 && len(s.ForEach) == 0 {
 			return invalid("step %q: concurrency without forEach", s.Name)
+		}
+		if err := s.Group.check(false); err != nil {
+			return invalid("step %q: %v", s.Name, err)
 		}
 		if len(s.ForEach) > MaxForEachItems {
 			return invalid("step %q: forEach has %d items, at most %d", s.Name, len(s.ForEach), MaxForEachItems)
@@ -280,12 +291,12 @@ func (r RunSpec) checkSizes() error {
 	if err := checkEnv("run", r.Env); err != nil {
 		return err
 	}
-	size := len(r.Name) + envBytes(r.Env)
+	size := len(r.Name) + envBytes(r.Env) + len(r.Group.Name)
 	for _, s := range r.Steps {
 		if err := checkEnv(fmt.Sprintf("step %q", s.Name), s.Env); err != nil {
 			return err
 		}
-		size += len(s.Name) + len(s.Command) + len(s.Type) + len(s.Runner) + len(s.Target) + len(s.Platform) + envBytes(s.Env) + envBytes(s.Labels)
+		size += len(s.Name) + len(s.Command) + len(s.Type) + len(s.Runner) + len(s.Target) + len(s.Platform) + envBytes(s.Env) + envBytes(s.Labels) + len(s.Group.Name)
 		for _, l := range [][]string{s.DependsOn, s.Tags, s.ForEach} {
 			for _, x := range l {
 				size += len(x)

@@ -178,4 +178,5 @@ const (
 	ClassOperator          FailureClass = "operator"
 	ClassGate              FailureClass = "gate"
 	ClassWorkerStopped     FailureClass = "worker-stopped"
+	ClassConcurrency       FailureClass = "concurrency" // superseded in a concurrency group (SPEC §8a)
 )
