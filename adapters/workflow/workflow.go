@@ -36,7 +36,7 @@ const MaxSize = 1 << 20
 // MaxErrors bounds the errors one Parse reports; the rest are counted.
 const MaxErrors = 20
 
-var runFields = []string{"name", "timeout", "env", "steps"}
+var runFields = []string{"name", "timeout", "env", "steps", "concurrency"}
 var stepFields = []string{"name", "run", "depends_on", "writes", "type", "runner", "tags", "labels",
 	"target", "platform", "timeout", "env", "forEach", "concurrency", "hold", "hold_expiry", "wait"}
 
@@ -251,6 +251,12 @@ func (p *parser) run(n *yaml.Node) (core.RunSpec, map[string]*yaml.Node) {
 			spec.Env = p.strmap(v, "env")
 		case "steps":
 			stepsNode = v
+		case "concurrency":
+			if v.Kind != yaml.MappingNode {
+				p.errf(v, "concurrency on a workflow must be a mapping {group: NAME, max: N, cancel_in_progress: BOOL} (SPEC §8a)")
+				return
+			}
+			spec.Group = p.group(v, "concurrency", true)
 		}
 	})
 	if stepsNode == nil {
@@ -323,7 +329,15 @@ func (p *parser) step(n *yaml.Node, i int) core.StepSpec {
 		case "forEach":
 			s.ForEach = p.list(v, what+": forEach")
 		case "concurrency":
-			s.Concurrency = p.integer(v, what+": concurrency")
+			// An integer caps a forEach's instances in flight; a mapping
+			// names a step group (SPEC §8a).
+			if v.Kind == yaml.MappingNode {
+				s.Group = p.group(v, what+": concurrency", false)
+			} else if v.Kind == yaml.ScalarNode && v.Tag == "!!int" {
+				s.Concurrency = p.integer(v, what+": concurrency")
+			} else {
+				p.errf(v, "%s: concurrency must be an integer (the forEach cap) or a mapping {group: NAME, max: N} (a step group, SPEC §8a)", what)
+			}
 		case "hold":
 			s.Hold = p.boolean(v, what+": hold")
 		case "hold_expiry":
@@ -341,6 +355,34 @@ func (p *parser) step(n *yaml.Node, i int) core.StepSpec {
 		}
 	}
 	return s
+}
+
+var groupFields = []string{"group", "max", "cancel_in_progress"}
+
+// group reads a concurrency mapping; the core checks its values again.
+func (p *parser) group(n *yaml.Node, what string, run bool) core.ConcurrencyGroup {
+	var g core.ConcurrencyGroup
+	p.fields(n, what, groupFields, func(key string, k, v *yaml.Node) {
+		switch key {
+		case "group":
+			g.Name = p.str(v, what+": group")
+			p.checkNames(v, "concurrency group")
+		case "max":
+			g.Max = p.integer(v, what+": max")
+			if g.Max < 0 || g.Max > core.MaxGroupSize {
+				p.errf(v, "%s: max %d is not in 0..%d (0 means 1)", what, g.Max, core.MaxGroupSize)
+			}
+		case "cancel_in_progress":
+			g.CancelInProgress = p.boolean(v, what+": cancel_in_progress")
+			if g.CancelInProgress && !run {
+				p.errf(k, "%s: cancel_in_progress applies only to the workflow's concurrency (a step group queues)", what)
+			}
+		}
+	})
+	if g.Name == "" {
+		p.errf(n, "%s: a concurrency mapping needs group: NAME", what)
+	}
+	return g
 }
 
 // deps reports unknown dependencies and cycles with the line of the step.
