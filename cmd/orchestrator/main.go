@@ -94,6 +94,7 @@ func init() {
 	commands = append(commands, clientCommands()...)
 	commands = append(commands, storeCommands()...)
 	commands = append(commands, operatorCommands()...)
+	commands = append(commands, scheduleCommands()...)
 	commands = append(commands, versionCmd, completionCmd)
 }
 
