@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"strings"
 	"time"
 
 	"github.com/tether-run/tether/core"
@@ -57,6 +58,24 @@ func (w *world) checkBatch(held map[core.StepID]core.LeaseID, from core.WorkerID
 		w.fail(v.Invariant, v.Detail)
 	}
 	w.checkGrants(rd)
+	if w.opt.Locks {
+		if v := spec.CheckGroupCaps(w.orch.o); v != nil {
+			w.fail(v.Invariant, v.Detail)
+		}
+		for _, e := range rd.Events {
+			switch {
+			case e.Kind == "run-group-wait":
+				w.locks.Waits++
+			case e.Kind == "run-group-admitted":
+				w.locks.Admitted++
+			case e.Kind == "run-cancel" && strings.HasPrefix(e.Message, "superseded"):
+				w.locks.Superseded++
+			case e.Kind == "run-scheduled":
+				w.locks.Fired++
+				w.fired = true
+			}
+		}
+	}
 	if v := p.poolView(w).Check(w.view(), w.now, p.in, rd); v != nil {
 		w.fail(v.Invariant, v.Detail)
 	}

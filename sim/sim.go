@@ -42,6 +42,7 @@ func Simulate(seed uint64, opt Options, cfg Config) Result {
 	res.Output = w.out
 	res.Data = w.dataStats()
 	res.Archive = w.arch.stats
+	res.Locks = w.locks
 	if w.orch.up {
 		v := w.view()
 		for _, id := range v.RunIDs() {
