@@ -137,6 +137,11 @@ type RunDetail struct {
 	Status string  `json:"status"`
 	Steps  []Step  `json:"steps"`
 	Events []Event `json:"events"`
+	// Group is the run's concurrency group; Schedule and FireAt the
+	// schedule that started it and the fire time it stands for (SPEC §8a).
+	Group    string    `json:"group,omitempty"`
+	Schedule string    `json:"schedule,omitempty"`
+	FireAt   time.Time `json:"fire_at,omitzero"`
 }
 
 // LogLine is one stored line of a step's log. At is the worker's

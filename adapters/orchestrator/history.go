@@ -40,7 +40,7 @@ const (
 )
 
 // runStatuses are the statuses a run may have (the ?status= filter).
-var runStatuses = []string{"running", "cancelling", "failing", "success", "failed", "cancelled"}
+var runStatuses = []string{"running", "waiting", "cancelling", "failing", "success", "failed", "cancelled"}
 
 // runSource is one run as the API shows it, live or archived.
 type runSource struct {
@@ -131,7 +131,8 @@ func summaryView(s store.RunSummary) APIRun {
 
 // detail is GET /api/runs/{id}'s answer; names gives workers' names.
 func (src *runSource) detail(names map[core.WorkerID]string) APIRunDetail {
-	out := APIRunDetail{Run: src.summary(), Status: src.status, Steps: []APIStep{}, Events: []APIEvent{}}
+	out := APIRunDetail{Run: src.summary(), Status: src.status, Steps: []APIStep{}, Events: []APIEvent{},
+		Group: src.run.Spec.Group.Name, Schedule: src.run.Schedule, FireAt: src.run.FireAt}
 	last := map[core.StepID]core.LeaseRecord{} // leases are sorted by id: the last one wins
 	for _, l := range src.leases {
 		last[l.Step] = l
