@@ -1200,6 +1200,14 @@ func (b *builder) observe(rd core.Ready, pre *PreBatch) {
 	if v := CheckNoWriteFailures(ov, rd); v != nil {
 		b.fail(v.Invariant, "%s", v.Detail)
 	}
+	if scopeHasGroups(b.x.sc) {
+		if v := CheckGroupCaps(s.o); v != nil {
+			b.fail(v.Invariant, "%s", v.Detail)
+		}
+		if stepGroupWaits(s.o) {
+			b.hit(SomeStepGroupWait)
+		}
+	}
 	b.checkGrants(rd)
 	if v := CheckRecords(pre, ov, s.now, rd); v != nil {
 		b.fail(v.Invariant, "%s", v.Detail)

@@ -104,3 +104,37 @@ func (f *ScheduleFires) Persisted(rd core.Ready) ([]core.RunRecord, *Violation) 
 	}
 	return started, nil
 }
+
+// scopeHasGroups says whether an explorer scope's run names a group, so
+// that the other scopes pay nothing for GroupCapHeld.
+func scopeHasGroups(sc Scope) bool {
+	for _, s := range sc.Steps {
+		if s.Group.Name != "" {
+			return true
+		}
+	}
+	return false
+}
+
+// stepGroupWaits says whether a queued step without a lease waits while
+// another step of its step group holds one.
+func stepGroupWaits(o *core.Orchestrator) bool {
+	held, waiting := map[string]bool{}, map[string]bool{}
+	for _, s := range o.Steps() {
+		sp, ok := o.StepSpecOf(s.ID)
+		if !ok || sp.Group.Name == "" {
+			continue
+		}
+		if s.Lease != 0 {
+			held[sp.Group.Name] = true
+		} else if s.State == core.StateQueued {
+			waiting[sp.Group.Name] = true
+		}
+	}
+	for g := range waiting {
+		if held[g] {
+			return true
+		}
+	}
+	return false
+}
