@@ -2,6 +2,7 @@ package core
 
 import (
 	"fmt"
+	"strings"
 	"time"
 )
 
@@ -115,6 +116,10 @@ func (o *Orchestrator) createSchedule(in CreateSchedule) {
 	deny := func(code, msg string) { o.deny(in.Call, in.Actor, ActionScheduleCreate, in.Name, code, msg) }
 	if err := CheckName("schedule name", in.Name); err != nil {
 		deny(CodeInvalid, err.Error())
+		return
+	}
+	if strings.ContainsAny(in.Name, "/ \t\n") {
+		deny(CodeInvalid, fmt.Sprintf("schedule name %s may not contain '/' or spaces", Quote(in.Name)))
 		return
 	}
 	if in.Zone != "" {

@@ -88,6 +88,19 @@ func TestScheduleAPI(t *testing.T) {
 	if err != nil || len(l.Schedules) != 1 || l.Schedules[0].Name != "nightly" {
 		t.Fatalf("list: %+v %v", l, err)
 	}
+	// store check knows the schedule's record: no finding about it.
+	d.Close()
+	rep, err := store.Check(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range rep.Findings {
+		if strings.Contains(f.Where+f.What, "schedule") {
+			t.Errorf("store check: %+v", f)
+		}
+	}
+	d = open()
+	c = clientFor(t, d, adminToken)
 	if err := c.DeleteSchedule(ctx, "nightly"); err != nil {
 		t.Fatal(err)
 	}
