@@ -52,6 +52,9 @@ func runSeq(id RunID) uint64 {
 // indexHeld keeps a step group's set of steps holding a lease in step
 // with s.
 func (o *Orchestrator) indexHeld(s *StepRecord) {
+	if s.Lease == 0 && len(o.groupHeld) == 0 {
+		return // nothing to remove: no spec lookup on the hot path
+	}
 	sp := o.specOf[s.ID]
 	if sp == nil || sp.Group.Name == "" {
 		return
