@@ -355,6 +355,9 @@ func (e *recEncoder) run(r *RunRecord) {
 	e.key(false, "Spec")
 	e.runSpec(&r.Spec)
 	e.optStr("Parent", string(r.Parent))
+	e.optStr("Schedule", r.Schedule)
+	e.optTime("FireAt", r.FireAt)
+	e.optBool("GroupWait", r.GroupWait)
 	e.key(false, "SubmittedAt")
 	e.time(r.SubmittedAt)
 	e.optTime("Deadline", r.Deadline)
@@ -368,9 +371,6 @@ func (e *recEncoder) run(r *RunRecord) {
 	e.key(false, "Finished")
 	e.bool(r.Finished)
 	e.optTime("FinishedAt", r.FinishedAt)
-	e.optBool("GroupWait", r.GroupWait)
-	e.optStr("Schedule", r.Schedule)
-	e.optTime("FireAt", r.FireAt)
 	e.end()
 }
 
@@ -380,9 +380,9 @@ func (e *recEncoder) runSpec(s *RunSpec) {
 	e.str(s.Name)
 	e.optInt("Timeout", int64(s.Timeout))
 	e.optMap("Env", s.Env)
+	e.group(&s.Group)
 	e.key(false, "Steps")
 	encSlice(e, s.Steps, func(st *StepSpec) { e.stepSpec(st) })
-	e.group(&s.Group)
 	e.end()
 }
 
@@ -403,23 +403,10 @@ func (e *recEncoder) stepSpec(s *StepSpec) {
 	e.optMap("Env", s.Env)
 	e.optStrings("ForEach", s.ForEach)
 	e.optInt("Concurrency", int64(s.Concurrency))
+	e.group(&s.Group)
 	e.optBool("Hold", s.Hold)
 	e.optInt("HoldExpiry", int64(s.HoldExpiry))
 	e.optInt("Wait", int64(s.Wait))
-	e.group(&s.Group)
-	e.end()
-}
-
-// group renders a concurrency group (omitzero).
-func (e *recEncoder) group(g *ConcurrencyGroup) {
-	if *g == (ConcurrencyGroup{}) {
-		return
-	}
-	e.key(false, "Group")
-	e.key(true, "Name")
-	e.str(g.Name)
-	e.optInt("Max", int64(g.Max))
-	e.optBool("CancelInProgress", g.CancelInProgress)
 	e.end()
 }
 

@@ -68,6 +68,15 @@ func genEnv(label string) *rapid.Generator[map[string]string] {
 	})
 }
 
+// drawLocks draws the fields of SPEC §8a on a run and its steps.
+func drawLocks(t *rapid.T, r *RunRecord) {
+	r.GroupWait, r.Schedule, r.FireAt = rapid.Bool().Draw(t, "groupWait"), genString().Draw(t, "schedule"), genTime().Draw(t, "fireAt")
+	r.Spec.Group = genGroup().Draw(t, "group")
+	for i := range r.Spec.Steps {
+		r.Spec.Steps[i].Group = genGroup().Draw(t, "sgroup")
+	}
+}
+
 // genGroup draws a concurrency group, zero or not (any field alone).
 func genGroup() *rapid.Generator[ConcurrencyGroup] {
 	return rapid.Custom(func(t *rapid.T) ConcurrencyGroup {
@@ -90,9 +99,7 @@ func genRunRecord() *rapid.Generator[RunRecord] {
 			Spec:        RunSpec{Name: genString().Draw(t, "name"), Timeout: dur("timeout"), Env: genEnv("env").Draw(t, "env")},
 			SubmittedAt: genTime().Draw(t, "submitted"), Deadline: genTime().Draw(t, "deadline"),
 			CancelReason: genString().Draw(t, "reason"), CancelClass: FailureClass(genString().Draw(t, "class")),
-			Failed: rapid.Bool().Draw(t, "failed"), Finished: rapid.Bool().Draw(t, "finished"), FinishedAt: genTime().Draw(t, "finishedAt"),
-			GroupWait: rapid.Bool().Draw(t, "groupWait"), Schedule: genString().Draw(t, "schedule"), FireAt: genTime().Draw(t, "fireAt")}
-		r.Spec.Group = genGroup().Draw(t, "group")
+			Failed: rapid.Bool().Draw(t, "failed"), Finished: rapid.Bool().Draw(t, "finished"), FinishedAt: genTime().Draw(t, "finishedAt")}
 		if ids := genStrings("steps").Draw(t, "steps"); ids != nil {
 			r.Steps = make([]StepID, len(ids))
 			for i, id := range ids {
@@ -108,9 +115,10 @@ func genRunRecord() *rapid.Generator[RunRecord] {
 					Target: genString().Draw(t, "target"), Platform: genString().Draw(t, "platform"), Timeout: dur("stimeout"),
 					Env: genEnv("senv").Draw(t, "senv"), ForEach: genStrings("items").Draw(t, "items"),
 					Concurrency: rapid.SampledFrom([]int{0, rapid.Int().Draw(t, "conc")}).Draw(t, "concOf"), Hold: rapid.Bool().Draw(t, "hold"),
-					HoldExpiry: dur("expiry"), Wait: dur("wait"), Group: genGroup().Draw(t, "sgroup")})
+					HoldExpiry: dur("expiry"), Wait: dur("wait")})
 			}
 		}
+		drawLocks(t, &r) // SPEC §8a
 		return r
 	})
 }

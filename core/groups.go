@@ -183,3 +183,26 @@ func (o *Orchestrator) GroupMembers(group string) []RunID {
 
 // GroupHeld counts a step group's steps holding a lease.
 func (o *Orchestrator) GroupHeld(group string) int { return len(o.groupHeld[group]) }
+
+// groupBytes is the bytes of a run's group names, counted in the
+// declaration's size (SPEC §12).
+func groupBytes(r RunSpec) int {
+	n := len(r.Group.Name)
+	for _, s := range r.Steps {
+		n += len(s.Group.Name)
+	}
+	return n
+}
+
+// group renders a concurrency group for the hand encoder (omitzero).
+func (e *recEncoder) group(g *ConcurrencyGroup) {
+	if *g == (ConcurrencyGroup{}) {
+		return
+	}
+	e.key(false, "Group")
+	e.key(true, "Name")
+	e.str(g.Name)
+	e.optInt("Max", int64(g.Max))
+	e.optBool("CancelInProgress", g.CancelInProgress)
+	e.end()
+}

@@ -45,9 +45,15 @@ type MetaRecord struct {
 
 // RunRecord is a run.
 type RunRecord struct {
-	ID           RunID
-	Spec         RunSpec
-	Parent       RunID `json:",omitempty"`
+	ID     RunID
+	Spec   RunSpec
+	Parent RunID `json:",omitempty"`
+	// Schedule and FireAt: the schedule that started the run and the fire
+	// time it stands for; GroupWait: the run waits for room in its
+	// concurrency group, its steps pending (SPEC §8a).
+	Schedule     string    `json:",omitzero"`
+	FireAt       time.Time `json:",omitzero"`
+	GroupWait    bool      `json:",omitzero"`
 	SubmittedAt  time.Time
 	Deadline     time.Time `json:",omitzero"` // run timeout instant
 	CancelReason string    `json:",omitempty"`
@@ -56,13 +62,6 @@ type RunRecord struct {
 	Failed       bool      // some step failed: the run can no longer succeed
 	Finished     bool      // every step is terminal
 	FinishedAt   time.Time `json:",omitzero"`
-	// GroupWait: the run waits for room in its concurrency group, its
-	// steps pending (SPEC §8a).
-	GroupWait bool `json:",omitzero"`
-	// Schedule and FireAt: the schedule that started the run and the fire
-	// time it stands for (SPEC §8a).
-	Schedule string    `json:",omitzero"`
-	FireAt   time.Time `json:",omitzero"`
 }
 
 // StepRecord is a step (one forEach instance is one step).

@@ -14,9 +14,9 @@ type RunSpec struct {
 	Name    string
 	Timeout time.Duration     `json:",omitzero"` // run timeout; 0 = none
 	Env     map[string]string `json:",omitzero"`
-	Steps   []StepSpec
 	// Group puts the run in a concurrency group (SPEC §8a).
 	Group ConcurrencyGroup `json:",omitzero"`
+	Steps []StepSpec
 }
 
 // StepSpec declares one step.
@@ -39,14 +39,14 @@ type StepSpec struct {
 	// TETHER_ITEM set to the item; Concurrency caps the instances in flight.
 	ForEach     []string `json:",omitzero"`
 	Concurrency int      `json:",omitzero"`
+	// Group bounds the steps holding a lease across every run that names
+	// the same step group (SPEC §8a).
+	Group ConcurrencyGroup `json:",omitzero"`
 	// Gates: Hold requires an operator approval (expiring after HoldExpiry if
 	// set); Wait delays the step by a timer once its dependencies succeeded.
 	Hold       bool          `json:",omitzero"`
 	HoldExpiry time.Duration `json:",omitzero"`
 	Wait       time.Duration `json:",omitzero"`
-	// Group bounds the steps holding a lease across every run that names
-	// the same step group (SPEC §8a).
-	Group ConcurrencyGroup `json:",omitzero"`
 }
 
 // Limits on a submitted run (SPEC §2, §12). Validate checks every one
@@ -179,14 +179,14 @@ func (r RunSpec) Validate() error {
 		if s.HoldExpiry > 0 && !s.Hold {
 			return invalid("step %q: hold_expiry without hold", s.Name)
 		}
+		if err := s.Group.check(false); err != nil {
+			return invalid("step %q: %v", s.Name, err)
+		}
 		if s.Concurrency < 0 {
 			return invalid("step %q: concurrency %d is negative", s.Name, s.Concurrency)
 		}
 		if s.Concurrency > 0 && len(s.ForEach) == 0 {
 			return invalid("step %q: concurrency without forEach", s.Name)
-		}
-		if err := s.Group.check(false); err != nil {
-			return invalid("step %q: %v", s.Name, err)
 		}
 		if len(s.ForEach) > MaxForEachItems {
 			return invalid("step %q: forEach has %d items, at most %d", s.Name, len(s.ForEach), MaxForEachItems)
@@ -291,18 +291,19 @@ func (r RunSpec) checkSizes() error {
 	if err := checkEnv("run", r.Env); err != nil {
 		return err
 	}
-	size := len(r.Name) + envBytes(r.Env) + len(r.Group.Name)
+	size := len(r.Name) + envBytes(r.Env)
 	for _, s := range r.Steps {
 		if err := checkEnv(fmt.Sprintf("step %q", s.Name), s.Env); err != nil {
 			return err
 		}
-		size += len(s.Name) + len(s.Command) + len(s.Type) + len(s.Runner) + len(s.Target) + len(s.Platform) + envBytes(s.Env) + envBytes(s.Labels) + len(s.Group.Name)
+		size += len(s.Name) + len(s.Command) + len(s.Type) + len(s.Runner) + len(s.Target) + len(s.Platform) + envBytes(s.Env) + envBytes(s.Labels)
 		for _, l := range [][]string{s.DependsOn, s.Tags, s.ForEach} {
 			for _, x := range l {
 				size += len(x)
 			}
 		}
 	}
+	size += groupBytes(r) // concurrency group names (SPEC §8a)
 	if size > MaxRunSpecBytes {
 		return invalid("the run's declaration holds %d bytes of names, commands, lists and env, at most %d", size, MaxRunSpecBytes)
 	}
