@@ -91,14 +91,16 @@ func (o *Orchestrator) indexGroups() {
 	}
 }
 
-// joinGroup adds a new run to its group (SPEC §8a) and says whether it is
-// admitted now. With cancel_in_progress every older member is cancelled
-// first (class concurrency); a member counts until it has finished, so a
-// superseded run still cancelling keeps its place until its steps end.
-func (o *Orchestrator) joinGroup(r *RunRecord) bool {
+// joinGroup adds a new run to its group (SPEC §8a), before its steps are
+// first promoted: if it is not admitted now, it waits (GroupWait) and
+// promote leaves its steps pending. With cancel_in_progress every older
+// member is cancelled first (class concurrency); a member counts until it
+// has finished, so a superseded run still cancelling keeps its place
+// until its steps end.
+func (o *Orchestrator) joinGroup(r *RunRecord) {
 	g := r.Spec.Group
 	if g.Name == "" {
-		return true
+		return
 	}
 	if g.CancelInProgress {
 		o.noAdmit = g.Name // admit nobody while the older members go
@@ -122,10 +124,27 @@ func (o *Orchestrator) joinGroup(r *RunRecord) bool {
 	if waiting || active >= g.limit() {
 		r.GroupWait = true
 		o.markRun(r)
-		o.event(r.ID, "", "run-group-wait", fmt.Sprintf("waiting for concurrency group %s: %d of %d running, %d waiting before it", g.Name, active, g.limit(), len(members)-active))
-		return false
+		// Recorded when the batch ends (flushGroupWaits), after the
+		// run's run-submitted event.
+		o.groupWaits = append(o.groupWaits, groupWait{r.ID, fmt.Sprintf("waiting for concurrency group %s: %d of %d running, %d waiting before it", g.Name, active, g.limit(), len(members)-active)})
 	}
-	return true
+}
+
+// groupWait is a run-group-wait event to record when the batch ends.
+type groupWait struct {
+	run RunID
+	msg string
+}
+
+// flushGroupWaits records the batch's run-group-wait events, for the runs
+// still waiting.
+func (o *Orchestrator) flushGroupWaits() {
+	for _, w := range o.groupWaits {
+		if r := o.runs[w.run]; r != nil && r.GroupWait && !r.Finished {
+			o.event(r.ID, "", "run-group-wait", w.msg)
+		}
+	}
+	o.groupWaits = o.groupWaits[:0]
 }
 
 // leaveGroup takes a finished run out of its group and admits the waiting

@@ -100,6 +100,8 @@ type Orchestrator struct {
 	groupHeld map[string]map[StepID]bool
 	crons     map[string]Cron
 	noAdmit   string // a run group being cleared by cancel_in_progress: admit nobody yet
+	// groupWaits are this batch's run-group-wait events, recorded by finish.
+	groupWaits []groupWait
 }
 
 // NewOrchestrator returns an empty orchestrator.
@@ -287,6 +289,7 @@ func (o *Orchestrator) Step(now time.Time, in Input) Ready {
 
 // finish collects the batch: dirty entities become records, sorted by key.
 func (o *Orchestrator) finish() Ready {
+	o.flushGroupWaits()
 	o.archiveQueued()
 	o.flushClosed()
 	keys := make([]string, 0, len(o.dirty))
@@ -701,6 +704,9 @@ func (o *Orchestrator) promote(s *StepRecord) {
 	if s.State != StatePending {
 		return
 	}
+	if o.runs[s.Run].GroupWait {
+		return // its run waits for room in its concurrency group (SPEC §8a)
+	}
 	n := o.depsOK[s.ID]
 	for n < len(s.Deps) && o.steps[s.Deps[n]].State == StateSuccess {
 		n++
@@ -762,40 +768,27 @@ func (o *Orchestrator) submit(in Submit) {
 		deny(fmt.Sprintf("unknown parent run %q", in.Parent))
 		return
 	}
-	r := o.newRun(in.Spec, in.Parent, "", time.Time{}, "")
-	o.accept(in.Actor, ActionSubmit, string(r.ID))
-	o.answer(APIAnswer{Call: in.Call, Run: r.ID})
-}
-
-// newRun creates a validated run: its steps, its group membership (which
-// may hold it back, SPEC §8a) and its first promotions.
-func (o *Orchestrator) newRun(spec RunSpec, parent RunID, schedule string, fireAt time.Time, note string) *RunRecord {
 	o.meta.RunSeq++
 	o.markMeta()
-	r := &RunRecord{ID: RunID(fmt.Sprintf("run-%d", o.meta.RunSeq)), Spec: spec, Parent: parent, SubmittedAt: o.now,
-		Schedule: schedule, FireAt: fireAt}
-	if spec.Timeout > 0 {
-		r.Deadline = o.now.Add(spec.Timeout)
+	r := &RunRecord{ID: RunID(fmt.Sprintf("run-%d", o.meta.RunSeq)), Spec: in.Spec, Parent: in.Parent, SubmittedAt: o.now}
+	if in.Spec.Timeout > 0 {
+		r.Deadline = o.now.Add(in.Spec.Timeout)
 		o.arm(r.Deadline, tRunTimeout, string(r.ID))
 	}
 	o.runs[r.ID] = r
 	o.indexRun(r, true)
 	o.open[r.ID] = len(r.Steps)
+	o.joinGroup(r) // its concurrency group may hold it back: promote waits (SPEC §8a)
 	o.markRun(r)
 	o.event(r.ID, "", "run-submitted", fmt.Sprintf("run submitted with %d step%s", len(r.Steps), plural(len(r.Steps))))
-	if schedule != "" {
-		o.event(r.ID, "", "run-scheduled", fmt.Sprintf("started by schedule %s for its fire time %s%s", schedule, fireAt.UTC().Format(time.RFC3339), note))
-	}
 	for _, id := range r.Steps {
 		o.markStep(o.steps[id])
-	}
-	if !o.joinGroup(r) {
-		return r
 	}
 	for _, id := range r.Steps {
 		o.promote(o.steps[id])
 	}
-	return r
+	o.accept(in.Actor, ActionSubmit, string(r.ID))
+	o.answer(APIAnswer{Call: in.Call, Run: r.ID})
 }
 
 // instanceIDs lists the step ids a spec step expands to.
