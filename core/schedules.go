@@ -255,7 +255,9 @@ func (o *Orchestrator) fireSchedule(sc *ScheduleRecord) {
 		// The run is submitted as the operator's would be, by the server
 		// (audited so); nobody waits for the answer.
 		before, answers := o.meta.RunSeq, len(o.rd.Answers)
-		o.submit(Submit{Actor: ActorServer, Spec: sc.Spec})
+		spec := sc.Spec
+		spec.Steps = append([]StepSpec(nil), sc.Spec.Steps...) // each run its own steps (the core points into them)
+		o.submit(Submit{Actor: ActorServer, Spec: spec})
 		o.rd.Answers = o.rd.Answers[:answers]
 		if o.meta.RunSeq == before {
 			// Refused (its audit entry says why): the orchestrator's
