@@ -462,3 +462,55 @@ func (c *Client) Audit(ctx context.Context, o AuditOptions) (*AuditList, error) 
 	}
 	return &out, nil
 }
+
+// CreateSchedule creates a cron schedule (SPEC §8a).
+func (c *Client) CreateSchedule(ctx context.Context, req ScheduleRequest) (*Schedule, error) {
+	var out Schedule
+	if err := c.call(ctx, http.MethodPost, "/schedules", jsonBody(req), "application/json", &out); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
+// Schedules lists the schedules, by name.
+func (c *Client) Schedules(ctx context.Context) (*ScheduleList, error) {
+	var out ScheduleList
+	if err := c.call(ctx, http.MethodGet, "/schedules", nil, "", &out); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
+// Schedule shows one schedule with its next fire times.
+func (c *Client) Schedule(ctx context.Context, name string) (*Schedule, error) {
+	var out Schedule
+	if err := c.call(ctx, http.MethodGet, "/schedules/"+url.PathEscape(name), nil, "", &out); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
+// PauseSchedule pauses a schedule; ResumeSchedule resumes it (fire times
+// in the pause are not caught up).
+func (c *Client) PauseSchedule(ctx context.Context, name string) (*Schedule, error) {
+	return c.scheduleOp(ctx, name, "pause")
+}
+
+// ResumeSchedule resumes a paused schedule.
+func (c *Client) ResumeSchedule(ctx context.Context, name string) (*Schedule, error) {
+	return c.scheduleOp(ctx, name, "resume")
+}
+
+func (c *Client) scheduleOp(ctx context.Context, name, op string) (*Schedule, error) {
+	var out Schedule
+	if err := c.call(ctx, http.MethodPost, "/schedules/"+url.PathEscape(name)+"/"+op, nil, "", &out); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
+// DeleteSchedule deletes a schedule; its runs are left alone.
+func (c *Client) DeleteSchedule(ctx context.Context, name string) error {
+	var out DeletedSchedule
+	return c.call(ctx, http.MethodDelete, "/schedules/"+url.PathEscape(name), nil, "", &out)
+}

@@ -147,6 +147,11 @@ type RunDetail struct {
 	// run, and the runs started below it, in submit order.
 	ParentStep string   `json:"parent_step,omitempty"`
 	Children   []string `json:"children,omitempty"`
+	// Group is the run's concurrency group; Schedule and FireAt the
+	// schedule that started it and the fire time it stands for (SPEC §8a).
+	Group    string    `json:"group,omitempty"`
+	Schedule string    `json:"schedule,omitempty"`
+	FireAt   time.Time `json:"fire_at,omitzero"`
 }
 
 // LogLine is one stored line of a step's log. At is the worker's
@@ -379,4 +384,45 @@ type StreamEnd struct {
 // this point (the states that follow are whole again).
 type StreamLost struct {
 	Reason string `json:"reason"`
+}
+
+// ScheduleRequest creates a cron schedule (POST /api/schedules, SPEC §8a):
+// Workflow is the YAML definition, File its name in errors.
+type ScheduleRequest struct {
+	Name     string `json:"name"`
+	Cron     string `json:"cron"`
+	TZ       string `json:"tz,omitempty"`       // a zone name (Europe/Paris) or a fixed offset (+05:30); empty is UTC
+	CatchUp  string `json:"catch_up,omitempty"` // none, one (default) or all
+	File     string `json:"file,omitempty"`
+	Workflow string `json:"workflow"`
+}
+
+// Schedule is one cron schedule.
+type Schedule struct {
+	Name      string    `json:"name"`
+	Cron      string    `json:"cron"`
+	TZ        string    `json:"tz"` // "UTC" when none was given
+	CatchUp   string    `json:"catch_up"`
+	Workflow  string    `json:"workflow"` // the workflow's name
+	Steps     int       `json:"steps"`
+	Paused    bool      `json:"paused"`
+	CreatedAt time.Time `json:"created_at"`
+	CreatedBy string    `json:"created_by"`
+	LastFire  time.Time `json:"last_fire"`
+	NextFire  time.Time `json:"next_fire,omitzero"` // absent while paused
+	LastRun   string    `json:"last_run,omitempty"`
+	Runs      int       `json:"runs"`
+	Skipped   int       `json:"skipped"`
+	// Upcoming lists the next fire times (GET /api/schedules/{name} only).
+	Upcoming []time.Time `json:"upcoming,omitempty"`
+}
+
+// ScheduleList answers GET /api/schedules.
+type ScheduleList struct {
+	Schedules []Schedule `json:"schedules"`
+}
+
+// DeletedSchedule answers DELETE /api/schedules/{name}.
+type DeletedSchedule struct {
+	Deleted string `json:"deleted"`
 }

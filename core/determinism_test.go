@@ -132,6 +132,13 @@ func (g *inputGen) next() (in Input, restart bool) {
 		}
 	case k < 45 && g.pick(4) == 0:
 		return Tick{}, true
+	case k < 46: // a schedule (SPEC §8a): created, or paused, resumed, deleted
+		name := []string{"sa", "sb"}[g.pick(2)]
+		if g.pick(2) == 0 {
+			return CreateSchedule{Call: g.call, Name: name, Cron: []string{"*/10 * * * *", "@hourly", "5,35 * * * *"}[g.pick(3)],
+				CatchUp: []string{"", CatchUpNone, CatchUpAll}[g.pick(3)], Spec: RunSpec{Name: "sched", Steps: []StepSpec{{Name: "a", Command: "true"}}}}, false
+		}
+		return ChangeSchedule{Call: g.call, Name: name, Op: []string{SchedulePause, ScheduleResume, ScheduleDelete}[g.pick(3)]}, false
 	}
 	// A message from a connected worker.
 	w := g.worker()
@@ -194,6 +201,14 @@ func (g *inputGen) run() RunSpec {
 			s.Type = "task"
 		}
 		spec.Steps = append(spec.Steps, s)
+	}
+	switch g.pick(6) { // concurrency groups (SPEC §8a)
+	case 0:
+		spec.Group = ConcurrencyGroup{Name: "g", Max: 1 + g.pick(2)}
+	case 1:
+		spec.Group = ConcurrencyGroup{Name: "g", CancelInProgress: true}
+	case 2:
+		spec.Steps[0].Group = ConcurrencyGroup{Name: "sg", Max: 1}
 	}
 	return spec
 }

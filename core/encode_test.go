@@ -68,6 +68,26 @@ func genEnv(label string) *rapid.Generator[map[string]string] {
 	})
 }
 
+// drawLocks draws the fields of SPEC §8a on a run and its steps.
+func drawLocks(t *rapid.T, r *RunRecord) {
+	r.GroupWait, r.Schedule, r.FireAt = rapid.Bool().Draw(t, "groupWait"), genString().Draw(t, "schedule"), genTime().Draw(t, "fireAt")
+	r.Spec.Group = genGroup().Draw(t, "group")
+	for i := range r.Spec.Steps {
+		r.Spec.Steps[i].Group = genGroup().Draw(t, "sgroup")
+	}
+}
+
+// genGroup draws a concurrency group, zero or not (any field alone).
+func genGroup() *rapid.Generator[ConcurrencyGroup] {
+	return rapid.Custom(func(t *rapid.T) ConcurrencyGroup {
+		if rapid.Bool().Draw(t, "zero") {
+			return ConcurrencyGroup{}
+		}
+		return ConcurrencyGroup{Name: genString().Draw(t, "gname"), Max: rapid.SampledFrom([]int{0, rapid.Int().Draw(t, "gmax")}).Draw(t, "gmaxOf"),
+			CancelInProgress: rapid.Bool().Draw(t, "gcancel")}
+	})
+}
+
 // genRunRecord draws a run whose spec sets each optional field or leaves
 // it zero (nil, or empty but not nil).
 func genRunRecord() *rapid.Generator[RunRecord] {
@@ -119,6 +139,7 @@ func genRunRecord() *rapid.Generator[RunRecord] {
 			}
 		}
 		r.Depth = rapid.SampledFrom([]int{0, rapid.Int().Draw(t, "depth")}).Draw(t, "depthOf")
+		drawLocks(t, &r) // SPEC §8a
 		return r
 	})
 }

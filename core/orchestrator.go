@@ -29,6 +29,8 @@ type Orchestrator struct {
 	tokens  map[string]*TokenRecord
 	// operators are the operator tokens (operators.go).
 	operators map[string]*OperatorRecord
+	// schedules are the cron schedules (schedules.go, SPEC §8a).
+	schedules map[string]*ScheduleRecord
 	events    map[RunID][]ServerEvent
 	logs      map[LeaseID][]StepLogLine
 
@@ -93,6 +95,16 @@ type Orchestrator struct {
 	// §12: a fan-in's promotion is linear in its edges). A derived index,
 	// not persisted: 0 is always a correct start.
 	depsOK map[StepID]int
+
+	// Concurrency groups (groups.go, SPEC §8a), derived: a run group's
+	// unfinished members in submit order, and a step group's steps holding
+	// a lease. crons caches each schedule's parsed expression.
+	groupRuns map[string][]RunID
+	groupHeld map[string]map[StepID]bool
+	crons     map[string]Cron
+	noAdmit   string // a run group being cleared by cancel_in_progress: admit nobody yet
+	// groupWaits are this batch's run-group-wait events, recorded by finish.
+	groupWaits []groupWait
 }
 
 // NewOrchestrator returns an empty orchestrator.
@@ -110,6 +122,10 @@ func (o *Orchestrator) init() {
 	o.tokens = map[string]*TokenRecord{}
 	o.operators = map[string]*OperatorRecord{}
 	o.secrets = map[string]*SecretRecord{}
+	o.schedules = map[string]*ScheduleRecord{}
+	o.groupRuns = map[string][]RunID{}
+	o.groupHeld = map[string]map[StepID]bool{}
+	o.crons = map[string]Cron{}
 	o.events = map[RunID][]ServerEvent{}
 	o.logs = map[LeaseID][]StepLogLine{}
 	o.specOf = map[StepID]*StepSpec{}
@@ -258,6 +274,10 @@ func (o *Orchestrator) Step(now time.Time, in Input) Ready {
 		o.setAdmin(in)
 	case Audit:
 		o.auditInput(in)
+	case CreateSchedule:
+		o.createSchedule(in)
+	case ChangeSchedule:
+		o.changeSchedule(in)
 	case DataWrite:
 		// SPEC §14: a write is decided after every timer due by now has
 		// fired, those due at this very instant too.
@@ -280,6 +300,7 @@ func (o *Orchestrator) Step(now time.Time, in Input) Ready {
 
 // finish collects the batch: dirty entities become records, sorted by key.
 func (o *Orchestrator) finish() Ready {
+	o.flushGroupWaits()
 	o.archiveQueued()
 	o.flushClosed()
 	keys := make([]string, 0, len(o.dirty))
@@ -371,6 +392,10 @@ func (o *Orchestrator) recordFor(key string) Record {
 		if t := o.secrets[id]; t != nil {
 			v = t
 		}
+	case KindSchedule:
+		if sc := o.schedules[id]; sc != nil {
+			v = sc
+		}
 	default:
 		panic("core: dirty key of unknown kind " + key)
 	}
@@ -400,6 +425,7 @@ func (o *Orchestrator) markToken(t *TokenRecord)   { o.dirty[tokenKey(t.Name)] =
 func (o *Orchestrator) markStep(s *StepRecord) {
 	o.dirty[stepKey(s.ID)] = true
 	o.indexReady(s)
+	o.indexHeld(s)
 }
 
 // readyEntry orders the ready queue: oldest queued first, then by step id.
@@ -703,6 +729,7 @@ func (o *Orchestrator) checkRunFinished(r *RunRecord) {
 	r.Finished = true
 	r.FinishedAt = o.now
 	o.markRun(r)
+	defer o.leaveGroup(r) // after this run's events: the admitted run's follow
 	o.queueArchive(r.ID)
 	st := o.runStatus(r)
 	o.event(r.ID, "", "run-finished", "run "+st)
@@ -747,6 +774,9 @@ func (o *Orchestrator) childFinished(s *StepRecord, child *RunRecord, status str
 func (o *Orchestrator) promote(s *StepRecord) {
 	if s.State != StatePending {
 		return
+	}
+	if o.runs[s.Run].GroupWait {
+		return // its run waits for room in its concurrency group (SPEC §8a)
 	}
 	n := o.depsOK[s.ID]
 	for n < len(s.Deps) && o.steps[s.Deps[n]].State == StateSuccess {
@@ -897,6 +927,7 @@ func (o *Orchestrator) createRun(spec RunSpec, parent *RunRecord, ps StepID, rer
 	o.runs[r.ID] = r
 	o.indexRun(r, true)
 	o.open[r.ID] = len(r.Steps)
+	o.joinGroup(r) // its concurrency group may hold it back: promote waits (SPEC §8a)
 	o.markRun(r)
 	msg := fmt.Sprintf("run submitted with %d step%s", len(r.Steps), plural(len(r.Steps)))
 	if r.RerunOf != "" {

@@ -658,6 +658,48 @@ func (h *harness) command(d *datadriven.TestData) []string {
 			}
 		}
 		return h.step(in)
+	case "schedule":
+		// schedule create NAME cron="…" [catch-up=…] [spans=T0:off,T1:off] + a run
+		// block; schedule pause|resume|delete NAME; schedule list.
+		switch op := h.pos(d, 0); op {
+		case "create":
+			var spans []ZoneSpan
+			if v, ok := h.arg(d, "spans"); ok { // +offset-from-t0:seconds,…
+				for _, p := range strings.Split(v, ",") {
+					at, off, _ := strings.Cut(p, ":")
+					n, _ := strconv.Atoi(off)
+					spans = append(spans, ZoneSpan{From: t0.Add(mustDur(h.t, at)), Offset: n})
+				}
+			}
+			return h.step(CreateSchedule{Call: h.call(), Actor: h.argOr(d, "actor", ""), Name: h.pos(d, 1),
+				Cron: strings.ReplaceAll(h.argOr(d, "cron", ""), "_", " "), Zone: h.argOr(d, "zone", ""), Spans: spans,
+				CatchUp: h.argOr(d, "catch-up", ""), Spec: h.parseRun(d)})
+		case "list":
+			at := func(t time.Time) string {
+				if t.IsZero() {
+					return "none"
+				}
+				return DescribeAt(t, t0)
+			}
+			var out []string
+			for _, sc := range h.o.Schedules() {
+				out = append(out, fmt.Sprintf("schedule %s cron=%q catch-up=%s paused=%v last=%s next=%s runs=%d skipped=%d last-run=%s",
+					sc.Name, sc.Cron, sc.CatchUp, sc.Paused, at(sc.LastFire), at(sc.NextFire), sc.Runs, sc.Skipped, sc.LastRun))
+			}
+			return out
+		default:
+			return h.step(ChangeSchedule{Call: h.call(), Actor: h.argOr(d, "actor", ""), Name: h.pos(d, 1), Op: op})
+		}
+
+	case "group":
+		// group NAME: a run group's members in order, and a step group's held count.
+		g := h.pos(d, 0)
+		var out []string
+		for _, id := range h.o.GroupMembers(g) {
+			_, st, _ := h.o.Run(id)
+			out = append(out, fmt.Sprintf("member %s %s", id, st))
+		}
+		return append(out, fmt.Sprintf("step leases held: %d", h.o.GroupHeld(g)))
 
 	case "cancel":
 		return h.step(CancelRun{Call: h.call(), Actor: h.argOr(d, "actor", ""), Run: RunID(h.pos(d, 0)), Reason: h.argOr(d, "reason", "")})
@@ -938,6 +980,14 @@ func (h *harness) parseRun(d *datadriven.TestData) RunSpec {
 				if k == "name" {
 					spec.Name = unescape(h.t, v)
 				}
+				switch k { // a run's concurrency group (SPEC §8a)
+				case "group":
+					spec.Group.Name = v
+				case "max":
+					spec.Group.Max, _ = strconv.Atoi(v)
+				case "cancel-in-progress":
+					spec.Group.CancelInProgress = true
+				}
 			}
 			continue
 		}
@@ -1030,6 +1080,10 @@ func (h *harness) parseRun(d *datadriven.TestData) RunSpec {
 					a, b, _ := strings.Cut(kv, ":")
 					s.With[a] = b
 				}
+			case "group":
+				s.Group.Name = v
+			case "group-max":
+				s.Group.Max, _ = strconv.Atoi(v)
 			case "env":
 				s.Env = map[string]string{}
 				for _, kv := range list() {

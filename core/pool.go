@@ -878,6 +878,8 @@ func (o *Orchestrator) fire(t timer) {
 		}
 		o.event(s.Run, s.ID, "step-cancelled", fmt.Sprintf("cancel forced after %s", DescribeDuration(o.cfg.ForceCancel)))
 		o.transition(s, EvCancelForce)
+	case tSchedule:
+		o.fireSchedule(o.schedules[t.key])
 	case tWait:
 		s := o.steps[StepID(t.key)]
 		s.WaitUntil = time.Time{}
@@ -1037,6 +1039,9 @@ func (o *Orchestrator) dispatch() {
 			if n >= sp.Concurrency {
 				continue
 			}
+		}
+		if sp.Group.Name != "" && len(o.groupHeld[sp.Group.Name]) >= sp.Group.limit() {
+			continue // its step group is full (SPEC §8a)
 		}
 		// The least-loaded matching worker wins, ties to the smaller id; the
 		// worker that last rejected this step only when no other can take it;

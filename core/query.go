@@ -89,6 +89,8 @@ func (r RunRecord) LiveStatus() string {
 		return "cancelling"
 	case r.Failed:
 		return "failing"
+	case r.GroupWait:
+		return "waiting" // for room in its concurrency group (SPEC §8a)
 	}
 	return "running"
 }

@@ -55,7 +55,13 @@ type RunRecord struct {
 	Depth      int    `json:",omitzero"`
 	// Children are the runs submitted below it through the API, in submit
 	// order (a workflow step's child is its StepRecord.Child).
-	Children     []RunID `json:",omitempty"`
+	Children []RunID `json:",omitempty"`
+	// Schedule and FireAt: the schedule that started the run and the fire
+	// time it stands for; GroupWait: the run waits for room in its
+	// concurrency group, its steps pending (SPEC §8a).
+	Schedule     string    `json:",omitzero"`
+	FireAt       time.Time `json:",omitzero"`
+	GroupWait    bool      `json:",omitzero"`
 	SubmittedAt  time.Time
 	Deadline     time.Time `json:",omitzero"` // run timeout instant
 	CancelReason string    `json:",omitempty"`
@@ -218,6 +224,8 @@ func DecodeRecord(r Record) (any, error) {
 		v = &SecretRecord{}
 	case KindAudit:
 		v = &AuditEntry{}
+	case KindSchedule:
+		v = &ScheduleRecord{}
 	case KindClosed:
 		ch, err := decodeClosed(r.Value)
 		if err != nil {

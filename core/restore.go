@@ -75,6 +75,8 @@ func (o *Orchestrator) load(recs []Record) error {
 			o.operators[v.Name] = v
 		case *SecretRecord:
 			o.secrets[v.Name] = v
+		case *ScheduleRecord:
+			o.schedules[v.Name] = v
 		case *ServerEvent:
 			o.events[v.Run] = append(o.events[v.Run], *v)
 		case *StepLogLine:
@@ -120,6 +122,7 @@ func (o *Orchestrator) load(recs []Record) error {
 		}
 		o.markStepIndex(s)
 	}
+	o.indexGroups()
 	for _, l := range o.leases {
 		if !l.Current {
 			continue
@@ -153,6 +156,7 @@ func (o *Orchestrator) load(recs []Record) error {
 func (o *Orchestrator) markStepIndex(s *StepRecord) {
 	o.indexReady(s)
 	o.indexMissed(s)
+	o.indexHeld(s)
 	if !s.State.Terminal() {
 		o.open[s.Run]++
 	}
@@ -245,6 +249,9 @@ func (o *Orchestrator) Records() []Record {
 	}
 	for _, id := range sortedKeys(o.secrets) {
 		add(secretKey(id), o.secrets[id])
+	}
+	for _, id := range sortedKeys(o.schedules) {
+		add(scheduleKey(id), o.schedules[id])
 	}
 	recs = append(recs, o.closedRecords()...)
 	sort.Slice(recs, func(i, j int) bool { return recs[i].Key < recs[j].Key })

@@ -14,7 +14,9 @@ type RunSpec struct {
 	Name    string
 	Timeout time.Duration     `json:",omitzero"` // run timeout; 0 = none
 	Env     map[string]string `json:",omitzero"`
-	Steps   []StepSpec
+	// Group puts the run in a concurrency group (SPEC §8a).
+	Group ConcurrencyGroup `json:",omitzero"`
+	Steps []StepSpec
 }
 
 // StepSpec declares one step.
@@ -37,6 +39,9 @@ type StepSpec struct {
 	// TETHER_ITEM set to the item; Concurrency caps the instances in flight.
 	ForEach     []string `json:",omitzero"`
 	Concurrency int      `json:",omitzero"`
+	// Group bounds the steps holding a lease across every run that names
+	// the same step group (SPEC §8a).
+	Group ConcurrencyGroup `json:",omitzero"`
 	// Gates: Hold requires an operator approval (expiring after HoldExpiry if
 	// set); Wait delays the step by a timer once its dependencies succeeded.
 	Hold       bool          `json:",omitzero"`
@@ -292,6 +297,9 @@ func (r RunSpec) validate() (treeSizes, error) {
 			return treeSizes{}, fmt.Errorf("%w: %w", ErrInvalidRun, err)
 		}
 	}
+	if err := r.Group.check(true); err != nil {
+		return treeSizes{}, invalid("%v", err)
+	}
 	byName := map[string]int{}
 	total := 0
 	for i, s := range r.Steps {
@@ -343,6 +351,9 @@ func (r RunSpec) validate() (treeSizes, error) {
 		}
 		if s.HoldExpiry > 0 && !s.Hold {
 			return treeSizes{}, invalid("step %q: hold_expiry without hold", s.Name)
+		}
+		if err := s.Group.check(false); err != nil {
+			return treeSizes{}, invalid("step %q: %v", s.Name, err)
 		}
 		if s.Concurrency < 0 {
 			return treeSizes{}, invalid("step %q: concurrency %d is negative", s.Name, s.Concurrency)
@@ -438,6 +449,8 @@ func checkChildStep(s StepSpec) error {
 		bad = "retry (put it on the child workflow's steps, or rerun the child)"
 	case len(s.Secrets) > 0 || len(s.PutSecrets) > 0 || s.SecretsAs != "":
 		bad = "secrets (the child workflow's steps name theirs)"
+	case s.Group.Name != "":
+		bad = "a concurrency group (it holds no lease; give the child workflow one)"
 	}
 	if bad != "" {
 		return invalid("step %q: a workflow step runs no process of its own: %s is not allowed", s.Name, bad)
@@ -522,6 +535,7 @@ func (r RunSpec) checkSizes() error {
 		}
 	}
 	size += r.childBytes()
+	size += groupBytes(r) // concurrency group names (SPEC §8a)
 	if size > MaxRunSpecBytes {
 		return invalid("the run's declaration holds %d bytes of names, commands, lists and env, at most %d", size, MaxRunSpecBytes)
 	}

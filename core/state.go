@@ -182,5 +182,6 @@ const (
 	ClassOperator          FailureClass = "operator"
 	ClassGate              FailureClass = "gate"
 	ClassWorkerStopped     FailureClass = "worker-stopped"
-	ClassChild             FailureClass = "child-run" // a workflow step took its child run's outcome (SPEC §2)
+	ClassChild             FailureClass = "child-run"   // a workflow step took its child run's outcome (SPEC §2)
+	ClassConcurrency       FailureClass = "concurrency" // superseded in a concurrency group (SPEC §8a)
 )

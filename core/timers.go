@@ -22,6 +22,7 @@ const (
 const (
 	tStepTimeout = tHold + 1 + iota // running step's timeout: START + its timeout
 	tRunTimeout                     // run's timeout: submit + its timeout
+	tSchedule                       // a schedule's next fire time (SPEC §8a)
 )
 
 type timer struct {
@@ -96,6 +97,9 @@ func (o *Orchestrator) timerValid(t timer) bool {
 		// cancelled every step: the timeout would add nothing.
 		r := o.runs[RunID(t.key)]
 		return r != nil && !r.Finished && r.CancelReason == "" && r.Deadline.Equal(t.at)
+	case tSchedule:
+		sc := o.schedules[t.key]
+		return sc != nil && !sc.Paused && sc.NextFire.Equal(t.at)
 	}
 	return false
 }
@@ -183,6 +187,11 @@ func (o *Orchestrator) rebuildTimers() {
 	for _, r := range o.runs {
 		if !r.Finished && r.CancelReason == "" {
 			o.arm(r.Deadline, tRunTimeout, string(r.ID))
+		}
+	}
+	for _, sc := range o.schedules {
+		if !sc.Paused {
+			o.arm(sc.NextFire, tSchedule, sc.Name)
 		}
 	}
 	heap.Init(&o.timers)

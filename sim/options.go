@@ -88,6 +88,10 @@ type Options struct {
 	// core's 15 min). A short one makes workers that are away longer than
 	// it (partitions, pauses) find their credential expired (SPEC §9).
 	CredentialTTL time.Duration
+	// Locks: runs and steps join concurrency groups and a cron schedule
+	// starts runs (SPEC §8a); catch-up is the schedule's policy.
+	Locks   bool
+	CatchUp string
 
 	// Mutate, if set, plants a bug in the orchestrator's driver: it doctors
 	// every batch the orchestrator produces, as spec.Scope.Mutate does in
@@ -186,6 +190,11 @@ func Swarm(seed uint64) Options {
 	// seed without child runs draws nothing for them (randomRun), so its
 	// world is what it was before them.
 	o.ChildFrac = []float64{0, 0.15}[r.IntN(2)]
+	// concurrency groups and a schedule (SPEC §8a) for 40% of the seeds.
+	if r.Float64() < 0.4 {
+		o.Locks = true
+		o.CatchUp = []string{core.CatchUpNone, core.CatchUpOne, core.CatchUpAll}[r.IntN(3)]
+	}
 	return o
 }
 
@@ -219,6 +228,7 @@ func (o Options) Describe() string {
 	fmt.Fprintf(&b, "drain every=%s stop=%.2f timeout=%s\n", o.DrainEvery, o.DrainStopP, o.DrainTimeout)
 	fmt.Fprintf(&b, "retry=%.2f rerun every=%s child runs=%.2f\n", o.RetryFrac, o.RerunEvery, o.ChildFrac)
 	fmt.Fprintf(&b, "credential ttl=%s\n", o.CredentialTTL)
+	fmt.Fprintf(&b, "locks=%v catch-up=%s\n", o.Locks, o.CatchUp)
 	fmt.Fprintf(&b, "runs=%d steps<=%d writes=%.2f fail=%.2f exec=%s..%s fault phase=%s\n", o.Runs, o.StepsMax, o.WriteFrac, o.FailProb, o.ExecMin, o.ExecMax, o.FaultPhase)
 	fmt.Fprintf(&b, "output lines<=%d burst<=%d window=%d cap=%d\n", o.LinesMax, o.BurstMax, o.LogWindow, o.OutputCap)
 	sites := make([]string, 0, len(o.Buggify))

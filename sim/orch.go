@@ -128,6 +128,7 @@ func (w *world) persist(group []*pendingBatch) {
 		w.props.poolView(w).Persisted()
 		w.persistedArchive(pb.rd)
 		w.persistedChildren(pb.rd)
+		w.persistedSchedules(pb.rd)
 		if pb.idem != nil {
 			w.idem().Record(*pb.idem)
 		}
@@ -236,6 +237,10 @@ func (w *world) restartOrch() {
 	}
 	n.o = o
 	n.up = true
+	if w.fired {
+		w.locks.Restarts++ // a restart after a fire: the next fire must not repeat it
+		w.fired = false
+	}
 	w.doctor(&rd)
 	w.chk.Restored(w.now, o, rd)
 	w.props.timeouts.Reset(w.view(), w.now)

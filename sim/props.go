@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"strings"
 	"time"
 
 	"github.com/tether-run/tether/core"
@@ -67,6 +68,24 @@ func (w *world) checkBatch(held map[core.StepID]core.LeaseID, from core.WorkerID
 	w.checkGrants(rd)
 	if v := spec.CheckChildRuns(w.view(), rd); v != nil {
 		w.fail(v.Invariant, v.Detail)
+	}
+	if w.opt.Locks {
+		if v := spec.CheckGroupCaps(w.orch.o); v != nil {
+			w.fail(v.Invariant, v.Detail)
+		}
+		for _, e := range rd.Events {
+			switch {
+			case e.Kind == "run-group-wait":
+				w.locks.Waits++
+			case e.Kind == "run-group-admitted":
+				w.locks.Admitted++
+			case e.Kind == "run-cancel" && strings.HasPrefix(e.Message, "superseded"):
+				w.locks.Superseded++
+			case e.Kind == "run-scheduled":
+				w.locks.Fired++
+				w.fired = true
+			}
+		}
 	}
 	if v := p.poolView(w).Check(w.view(), w.now, p.in, rd); v != nil {
 		w.fail(v.Invariant, v.Detail)

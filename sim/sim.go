@@ -43,6 +43,7 @@ func Simulate(seed uint64, opt Options, cfg Config) Result {
 	res.Data = w.dataStats()
 	res.Archive = w.arch.stats
 	res.ChildRuns = w.childRuns
+	res.Locks = w.locks
 	if w.orch.up {
 		v := w.view()
 		for _, id := range v.RunIDs() {

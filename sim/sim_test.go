@@ -49,6 +49,7 @@ type summary struct {
 	data            DataStats
 	archive         ArchiveStats
 	childRuns       int
+	locks           LockStats
 }
 
 func (s *summary) add(r Result) {
@@ -69,6 +70,7 @@ func (s *summary) add(r Result) {
 	s.data.add(r.Data)
 	s.archive.add(r.Archive)
 	s.childRuns += r.ChildRuns
+	s.locks.add(r.Locks)
 	s.largestStep = max(s.largestStep, r.LargestStep)
 	s.retries += r.Retries
 	s.reruns += r.Reruns
@@ -88,9 +90,9 @@ func kv(m map[string]int) string {
 }
 
 func (s *summary) String() string {
-	return fmt.Sprintf("sim: %d seeds (%d again with shifted worker clocks, %d under another drift), %.1f simulated hours, %d events, %d invariant checks, %d porcupine operations (largest step history %d of at most %d), %d failures, %d inconclusive; faults: %s; buggify fired: %s; worker log lines: %s; %s; archival: runs archived=%d late-after-archive=%d (after a restart %d) listings of archived leases=%d; step retries=%d reruns=%d; child runs started=%d",
+	return fmt.Sprintf("sim: %d seeds (%d again with shifted worker clocks, %d under another drift), %.1f simulated hours, %d events, %d invariant checks, %d porcupine operations (largest step history %d of at most %d), %d failures, %d inconclusive; faults: %s; buggify fired: %s; worker log lines: %s; %s; archival: runs archived=%d late-after-archive=%d (after a restart %d) listings of archived leases=%d; step retries=%d reruns=%d; child runs started=%d; %s",
 		s.seeds, s.shifted, s.drift, s.simTime.Hours(), s.events, s.checks, s.porcOps, s.largestStep, s.bound, s.failures, s.inconclusive, kv(s.faults), kv(s.buggified), kv(s.workerLogs), s.data,
-		s.archive.Archived, s.archive.Late, s.archive.Restarted, s.archive.Listed, s.retries, s.reruns, s.childRuns)
+		s.archive.Archived, s.archive.Late, s.archive.Restarted, s.archive.Listed, s.retries, s.reruns, s.childRuns, s.locks)
 }
 
 // TestSim runs the default seed budget, each seed twice: the second run
@@ -447,5 +449,31 @@ func TestInconclusiveIsNoVerdict(t *testing.T) {
 	}
 	if r := Simulate(seed, Swarm(seed), Config{}); r.Failure != nil || r.Inconclusive != "" {
 		t.Fatalf("within the bound the seed does not pass: %v %q", r.Failure, r.Inconclusive)
+	}
+}
+
+// TestSimLocksCoverage: across the first seeds with Options.Locks, the
+// workload exercises SPEC §8a: runs wait for their group and are admitted,
+// cancel_in_progress supersedes runs, the schedule fires, catches up after
+// the orchestrator was down, and the orchestrator restarts between fires —
+// so GroupCapHeld and ScheduleFiresOnce are checked where they can fail.
+func TestSimLocksCoverage(t *testing.T) {
+	var sum LockStats
+	seeds := 0
+	for seed := uint64(1); seeds < 6 && seed < 200; seed++ {
+		opt := Swarm(seed)
+		if !opt.Locks {
+			continue
+		}
+		seeds++
+		r := Simulate(seed, opt, Config{VizDir: t.TempDir()})
+		if r.Failure != nil {
+			t.Fatalf("seed %d:\n%s", seed, r.Failure)
+		}
+		sum.add(r.Locks)
+	}
+	t.Logf("%d seeds: %s", seeds, sum)
+	if sum.Waits == 0 || sum.Admitted == 0 || sum.Superseded == 0 || sum.Fired < 2*seeds || sum.CaughtUp == 0 || sum.Restarts == 0 {
+		t.Errorf("the workload does not exercise SPEC §8a: %s", sum)
 	}
 }

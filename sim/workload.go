@@ -109,6 +109,9 @@ func (w *world) submitHostile(spec core.RunSpec, k int) {
 // ---- the operator ----
 
 func (w *world) startOperator() {
+	if w.opt.Locks {
+		w.after(time.Minute, evOperator, -1, nil, "schedule create", w.startSchedule)
+	}
 	// Once, a hostile client with a token of its own (SPEC §12). No random
 	// draw: the rest of the seed's world is what it was without it.
 	w.after(45*time.Second, evOperator, -1, nil, "hostile hellos", w.hostileHellos)
@@ -432,6 +435,9 @@ func (w *world) randomRun() core.RunSpec {
 		}
 		rs.Steps = append(rs.Steps, s)
 	}
+	if w.opt.Locks {
+		lockRun(&rs, w.runsSent)
+	}
 	return rs
 }
 
@@ -455,6 +461,94 @@ func (w *world) retryPolicy(s *core.StepSpec) {
 		p.Codes, p.OnTimeout = []int{1}, true
 	}
 	s.Retry, s.Idempotent, s.Command = p, s.Writes, flakyCommand
+}
+
+// lockRun puts some runs and steps in concurrency groups (SPEC §8a),
+// without a draw from the world's randomness: every third run in group
+// "latest" (max 1, cancel_in_progress: the newest wins), every sixth in
+// "pair" (max 2, queued in submit order), and every fourth run's first
+// step in step group "db" (max 2, across runs).
+func lockRun(rs *core.RunSpec, n int) {
+	switch {
+	case n%3 == 0:
+		rs.Group = core.ConcurrencyGroup{Name: "latest", Max: 1, CancelInProgress: true}
+	case n%6 == 1:
+		rs.Group = core.ConcurrencyGroup{Name: "pair", Max: 2}
+	}
+	if n%4 == 2 && rs.Steps[0].Workflow == nil { // a workflow step holds no lease: no step group (SPEC §2)
+		rs.Steps[0].Group = core.ConcurrencyGroup{Name: "db", Max: 2}
+	}
+}
+
+// scheduleName is the schedule the operator keeps during the fault phase.
+const scheduleName = "tick"
+
+// startSchedule creates the schedule (SPEC §8a) — a run every 4 minutes,
+// with the seed's catch-up policy — retrying while the orchestrator is
+// down or the answer was lost; heal deletes it.
+func (w *world) startSchedule() {
+	spec := core.RunSpec{Name: "scheduled", Steps: []core.StepSpec{
+		{Name: "a", Command: "work"}, {Name: "b", Command: "work", DependsOn: []string{"a"}, Group: core.ConcurrencyGroup{Name: "db", Max: 2}}}}
+	var try func()
+	try = func() {
+		done := false
+		w.call(func(id core.CallID) core.Input {
+			return core.CreateSchedule{Call: id, Name: scheduleName, Cron: "*/4 * * * *", CatchUp: w.opt.CatchUp, Spec: spec}
+		}, func(a core.APIAnswer) {
+			done = a.Err == "" || a.Code == core.CodeConflict // created, or created by a call whose answer was lost
+			if a.Err != "" && a.Code != core.CodeConflict {
+				w.fail("workload", "the schedule was refused: "+a.Err)
+			}
+		})
+		w.after(30*time.Second, evOperator, -1, nil, "schedule retry", func() {
+			if !done && !w.healed {
+				try()
+			}
+		})
+	}
+	try()
+}
+
+// stopSchedule deletes the schedule once faults stop, so that the runs
+// can all finish; retried until it is gone.
+func (w *world) stopSchedule() {
+	done := false
+	w.call(func(id core.CallID) core.Input {
+		return core.ChangeSchedule{Call: id, Name: scheduleName, Op: core.ScheduleDelete}
+	}, func(a core.APIAnswer) { done = a.Err == "" || a.Code == core.CodeNotFound })
+	w.after(30*time.Second, evHeal, -1, nil, "schedule delete retry", func() {
+		if !done {
+			w.stopSchedule()
+		}
+	})
+}
+
+// persistedSchedules checks ScheduleFiresOnce on a durable batch and
+// records the runs a schedule started as submitted, for the
+// linearizability check (one submit operation per step, at the moment
+// the run became durable).
+func (w *world) persistedSchedules(rd core.Ready) {
+	if !w.opt.Locks {
+		return
+	}
+	if w.fires == nil {
+		w.fires = spec.NewScheduleFires()
+	}
+	started, v := w.fires.Persisted(rd)
+	if v != nil {
+		w.fail(v.Invariant, v.Detail)
+	}
+	for _, r := range started {
+		if r.SubmittedAt.Sub(r.FireAt) > core.ScheduleLateness {
+			w.locks.CaughtUp++ // fired late: the orchestrator was down at its fire time
+		}
+		w.hist.submitted(r.ID, r.Spec)
+		for _, s := range r.Steps {
+			sp, _ := w.view().StepSpecOf(s)
+			op := w.hist.begin(w.now, opClientOperator, spec2input(s, sp))
+			w.hist.end(op, w.now, specOutputOK())
+		}
+	}
 }
 
 // ---- phases ----
@@ -511,6 +605,9 @@ func (w *world) heal() {
 		w.restartOrch()
 	}
 	w.requestToken(func(token string) { w.spawnWorker(token, false, true) })
+	if w.opt.Locks {
+		w.stopSchedule()
+	}
 	cfg := core.DefaultConfig()
 	per := w.opt.ExecMax + 2*w.opt.MaxDelayWork + cfg.HeartbeatTimeout + 2*cfg.SweepInterval + cfg.ForceCancel
 	chain := 3 * w.opt.StepsMax

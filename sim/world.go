@@ -109,12 +109,35 @@ type Result struct {
 	Retries    int          // RETRY transitions seen (SPEC §1), a lost batch's included
 	Reruns     int          // reruns accepted, their successes reused (SPEC §2)
 	ChildRuns  int          // child runs started by workflow steps, durably (sim/child.go)
+	Locks      LockStats    // concurrency groups and schedules (Options.Locks)
 	// Inconclusive, if set, says why the end-of-run linearizability check
 	// could not judge the history (spec.CheckSteps): the seed neither
 	// passed nor violated it. Failure is nil then.
 	Inconclusive string
 	// LargestStep is the most operations one step's history held.
 	LargestStep int
+}
+
+// LockStats says how much of SPEC §8a a run exercised: runs that waited
+// for their group and were admitted, runs superseded by cancel_in_progress,
+// runs a schedule started, fires that caught up missed fire times (after
+// the orchestrator was down), and restarts between two fires.
+type LockStats struct {
+	Waits, Admitted, Superseded, Fired, CaughtUp, Restarts int
+}
+
+func (s *LockStats) add(o LockStats) {
+	s.Waits += o.Waits
+	s.Admitted += o.Admitted
+	s.Superseded += o.Superseded
+	s.Fired += o.Fired
+	s.CaughtUp += o.CaughtUp
+	s.Restarts += o.Restarts
+}
+
+func (s LockStats) String() string {
+	return fmt.Sprintf("locks: group waits=%d admitted=%d superseded=%d scheduled runs=%d catch-ups=%d restarts between fires=%d",
+		s.Waits, s.Admitted, s.Superseded, s.Fired, s.CaughtUp, s.Restarts)
 }
 
 // OutputStats says how much of the output path a run exercised (SPEC §10).
@@ -209,6 +232,9 @@ type traceSum struct {
 type world struct {
 	seed    uint64
 	opt     Options
+	fires   *spec.ScheduleFires // ScheduleFiresOnce's memory, across restarts (Options.Locks)
+	locks   LockStats
+	fired   bool // a schedule fired since the last restart
 	cfg     Config
 	r       *rand.Rand
 	clockR  *rand.Rand // worker clocks only

@@ -266,6 +266,7 @@ const (
 	SomeReportAfterArchive        = "report-after-archive"         // a report of an archived run's lease was answered from the closed-lease table (SPEC §7a)
 	SomeReportAfterArchiveRestart = "report-after-archive-restart" // the same, the orchestrator restarted since the run was archived
 	SomeChildRunFinished          = "child-run-finished"           // a workflow step took its child run's outcome (SPEC §2)
+	SomeStepGroupWait             = "step-group-wait"              // a queued step waited for its step group while another member held a lease (SPEC §8a)
 )
 
 var sometimesAll = []string{
@@ -273,7 +274,7 @@ var sometimesAll = []string{
 	SomeStepReclaimed, SomeOrchestratorRestored, SomeCancelForced, SomeDispatchRejected,
 	SomeWorkerRefused, SomeLeaseCancelledOnWelcome, SomeStepFailedUnmatched, SomeCredentialRefreshed,
 	SomeCredentialExpired, SomeStaleWorker, SomeCascadeSkip, SomeScalerLeaseTriaged, SomeDuplicateReport,
-	SomeRunArchived, SomeReportAfterArchive, SomeReportAfterArchiveRestart, SomeChildRunFinished,
+	SomeRunArchived, SomeReportAfterArchive, SomeReportAfterArchiveRestart, SomeChildRunFinished, SomeStepGroupWait,
 }
 
 func sometimesBit(name string) uint32 {
@@ -559,8 +560,25 @@ func ChildScope() Scope {
 	return sc
 }
 
+// LocksScope is a step group (SPEC §8a): two independent steps of one
+// group of max 1 and two free workers, so the second step must wait for
+// the first's lease to end — through a crash, a disconnect and a cancel.
+// GroupCapHeld is checked in every state.
+func LocksScope() Scope {
+	sc := DefaultScope()
+	sc.Name = "locks"
+	db := core.ConcurrencyGroup{Name: "db", Max: 1}
+	sc.Steps = []core.StepSpec{
+		{Name: "a", Command: "migrate a", Writes: true, Group: db},
+		{Name: "b", Command: "migrate b", Group: db},
+	}
+	sc.MaxDepth = 12
+	sc.Require = []string{SomeStepGroupWait}
+	return sc
+}
+
 // ScopeNames lists every named scope, in the order the tests run them.
-var ScopeNames = []string{"default", "faults", "identity", "slow", "multiset", "timers", "tags", "chain", "scaler", "archive", "child", "large"}
+var ScopeNames = []string{"default", "faults", "identity", "slow", "multiset", "timers", "tags", "chain", "scaler", "archive", "child", "locks", "large"}
 
 // ScopeByName returns a named scope (ScopeNames).
 func ScopeByName(name string) (Scope, bool) {
@@ -589,6 +607,8 @@ func ScopeByName(name string) (Scope, bool) {
 		return ArchiveScope(), true
 	case "child":
 		return ChildScope(), true
+	case "locks":
+		return LocksScope(), true
 	}
 	return Scope{}, false
 }

@@ -1212,6 +1212,14 @@ func (b *builder) observe(rd core.Ready, pre *PreBatch) {
 	if v := CheckNoWriteFailures(ov, rd); v != nil {
 		b.fail(v.Invariant, "%s", v.Detail)
 	}
+	if scopeHasGroups(b.x.sc) {
+		if v := CheckGroupCaps(s.o); v != nil {
+			b.fail(v.Invariant, "%s", v.Detail)
+		}
+		if stepGroupWaits(s.o) {
+			b.hit(SomeStepGroupWait)
+		}
+	}
 	b.checkGrants(rd)
 	if v := CheckChildRuns(ov, rd); v != nil {
 		b.fail(v.Invariant, "%s", v.Detail)

@@ -1015,6 +1015,10 @@ func callID(in core.Input) core.CallID {
 		return in.Call
 	case core.Audit:
 		return in.Call
+	case core.CreateSchedule:
+		return in.Call
+	case core.ChangeSchedule:
+		return in.Call
 	}
 	panic(fmt.Sprintf("orchestrator: %T is not an API call", in))
 }

@@ -41,7 +41,7 @@ const (
 )
 
 // runStatuses are the statuses a run may have (the ?status= filter).
-var runStatuses = []string{"running", "cancelling", "failing", "success", "failed", "cancelled"}
+var runStatuses = []string{"running", "waiting", "cancelling", "failing", "success", "failed", "cancelled"}
 
 // runSource is one run as the API shows it, live or archived.
 type runSource struct {
@@ -132,7 +132,8 @@ func summaryView(s store.RunSummary) APIRun {
 
 // detail is GET /api/runs/{id}'s answer; names gives workers' names.
 func (src *runSource) detail(names map[core.WorkerID]string) APIRunDetail {
-	out := APIRunDetail{Run: src.summary(), Status: src.status, Steps: []APIStep{}, Events: []APIEvent{}, ParentStep: string(src.run.ParentStep)}
+	out := APIRunDetail{Run: src.summary(), Status: src.status, Steps: []APIStep{}, Events: []APIEvent{}, ParentStep: string(src.run.ParentStep),
+		Group: src.run.Spec.Group.Name, Schedule: src.run.Schedule, FireAt: src.run.FireAt}
 	// The tree: the workflow steps' children and the API's, in submit order.
 	var kids []core.RunID
 	for _, s := range src.steps {

@@ -268,7 +268,7 @@ var (
 )
 
 // runStates are the run statuses, so each has a series even at zero.
-var runStates = []string{"running", "failing", "cancelling", "success", "failed", "cancelled"}
+var runStates = []string{"running", "waiting", "failing", "cancelling", "success", "failed", "cancelled"}
 
 func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descRuns, descSteps, descQueueDepth, descWorkersConnected, descWorkersRecovering, descLeasesInGrace} {

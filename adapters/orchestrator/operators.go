@@ -170,6 +170,14 @@ func auditAction(method, path string) string {
 		return core.ActionSecretPut
 	case "DELETE /api/secrets/{name}":
 		return core.ActionSecretRemove
+	case "POST /api/schedules":
+		return core.ActionScheduleCreate
+	case "POST /api/schedules/{name}/pause":
+		return core.ActionSchedulePause
+	case "POST /api/schedules/{name}/resume":
+		return core.ActionScheduleResume
+	case "DELETE /api/schedules/{name}":
+		return core.ActionScheduleDelete
 	case "PUT /api/bundles":
 		return "bundle.put"
 	case "GET /api/store/backup":

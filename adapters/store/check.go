@@ -244,7 +244,8 @@ var knownKinds = map[string]bool{
 	core.KindMeta: true, core.KindRun: true, core.KindStep: true, core.KindLease: true,
 	core.KindWorker: true, core.KindToken: true, core.KindEvent: true, core.KindLog: true,
 	core.KindHistory: true, core.KindClosed: true, core.KindOperator: true,
-	core.KindSecret: true,
+	core.KindSecret:   true,
+	core.KindSchedule: true,
 }
 
 // checkRecordValues: every record decodes as the core decodes it at
@@ -290,6 +291,8 @@ func checkRecordValues(c *checker) {
 			c.workers[r.ID] = r
 			want = string(r.ID)
 		case *core.TokenRecord:
+			want = r.Name
+		case *core.ScheduleRecord:
 			want = r.Name
 		case *core.StepLogLine:
 			want = fmt.Sprintf("%020d/%010d", uint64(r.Lease), r.Index)

@@ -36,7 +36,7 @@ const MaxSize = 1 << 20
 // MaxErrors bounds the errors one Parse reports; the rest are counted.
 const MaxErrors = 20
 
-var runFields = []string{"name", "timeout", "env", "steps"}
+var runFields = []string{"name", "timeout", "env", "steps", "concurrency"}
 var stepFields = []string{"name", "run", "depends_on", "writes", "type", "runner", "tags", "labels",
 	"target", "platform", "timeout", "env", "forEach", "concurrency", "hold", "hold_expiry", "wait",
 	"outputs", "retry", "idempotent", "secrets", "secrets_as", "put_secrets",
@@ -266,6 +266,12 @@ func (p *parser) run(n *yaml.Node) (core.RunSpec, map[string]*yaml.Node) {
 			spec.Env = p.strmap(v, "env")
 		case "steps":
 			stepsNode = v
+		case "concurrency":
+			if v.Kind != yaml.MappingNode {
+				p.errf(v, "concurrency on a workflow must be a mapping {group: NAME, max: N, cancel_in_progress: BOOL} (SPEC §8a)")
+				return
+			}
+			spec.Group = p.group(v, "concurrency", true)
 		}
 	})
 	if stepsNode == nil {
@@ -340,7 +346,15 @@ func (p *parser) step(n *yaml.Node, i int) core.StepSpec {
 		case "forEach":
 			s.ForEach = p.list(v, what+": forEach")
 		case "concurrency":
-			s.Concurrency = p.integer(v, what+": concurrency")
+			// An integer caps a forEach's instances in flight; a mapping
+			// names a step group (SPEC §8a).
+			if v.Kind == yaml.MappingNode {
+				s.Group = p.group(v, what+": concurrency", false)
+			} else if v.Kind == yaml.ScalarNode && v.Tag == "!!int" {
+				s.Concurrency = p.integer(v, what+": concurrency")
+			} else {
+				p.errf(v, "%s: concurrency must be an integer (the forEach cap) or a mapping {group: NAME, max: N} (a step group, SPEC §8a)", what)
+			}
 		case "hold":
 			s.Hold = p.boolean(v, what+": hold")
 		case "hold_expiry":

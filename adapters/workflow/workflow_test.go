@@ -29,6 +29,12 @@ func TestParseGood(t *testing.T) {
 	if !p.Writes || !p.Hold || p.HoldExpiry != 2*time.Hour || p.DependsOn[0] != "build" {
 		t.Fatalf("publish step wrong: %+v", p)
 	}
+	if g := spec.Group; g.Name != "release" || g.Max != 1 || !g.CancelInProgress {
+		t.Fatalf("run concurrency wrong: %+v", g)
+	}
+	if g := spec.Steps[2].Group; g.Name != "registry" || g.Max != 2 {
+		t.Fatalf("publish step group wrong: %+v", g)
+	}
 	if spec.Steps[3].Wait != 30*time.Second {
 		t.Fatalf("lint wait wrong: %v", spec.Steps[3].Wait)
 	}
@@ -40,7 +46,7 @@ func TestParseErrors(t *testing.T) {
 	const known = "(known: name, run, depends_on, writes, type, runner, tags, labels, target, platform, timeout, env, forEach, concurrency, hold, hold_expiry, wait, outputs, retry, idempotent, secrets, secrets_as, put_secrets, workflow, with)"
 	cases := []struct{ name, src, want string }{
 		{"unknown field", "steps:\n  - name: a\n    run: x\n    retries: 3\n", `x.yaml:4:5: step "a": unknown field "retries" ` + known},
-		{"unknown run field", "name: r\nstpes: []\n", `x.yaml:2:1: workflow: unknown field "stpes" (known: name, timeout, env, steps)`},
+		{"unknown run field", "name: r\nstpes: []\n", `x.yaml:2:1: workflow: unknown field "stpes" (known: name, timeout, env, steps, concurrency)`},
 		{"no steps", "name: r\n", "x.yaml:1:1: workflow has no steps"},
 		{"missing command", "steps:\n  - name: a\n", `x.yaml:2:5: step "a" has no run command`},
 		{"missing name", "steps:\n  - run: x\n", "x.yaml:2:5: step 1 has no name"},
@@ -52,7 +58,12 @@ func TestParseErrors(t *testing.T) {
 		{"duplicate step", "steps:\n  - name: a\n    run: x\n  - name: a\n    run: y\n", `x.yaml:4:5: step "a" is declared twice (first at line 2): rename one`},
 		{"steps not a list", "steps: a\n", "x.yaml:1:8: steps must be a list"},
 		{"two documents", "steps:\n  - name: a\n    run: x\n---\nsteps: []\n", "x.yaml:4:1: more than one YAML document; a file holds one workflow: remove the `---` and what follows, or submit it as its own file"},
-		{"bad concurrency", "steps:\n  - name: a\n    run: x\n    forEach: [1]\n    concurrency: lots\n", `x.yaml:5:18: step "a": concurrency must be a whole number, not "lots"`},
+		{"bad concurrency", "steps:\n  - name: a\n    run: x\n    forEach: [1]\n    concurrency: lots\n", `x.yaml:5:18: step "a": concurrency must be an integer (the forEach cap) or a mapping {group: NAME, max: N} (a step group, SPEC §8a)`},
+		{"run concurrency not a mapping", "concurrency: 2\nsteps:\n  - name: a\n    run: x\n", `x.yaml:1:14: concurrency on a workflow must be a mapping {group: NAME, max: N, cancel_in_progress: BOOL} (SPEC §8a)`},
+		{"group without name", "concurrency: {max: 2}\nsteps:\n  - name: a\n    run: x\n", `x.yaml:1:14: concurrency: a concurrency mapping needs group: NAME`},
+		{"group unknown field", "concurrency: {group: g, limit: 2}\nsteps:\n  - name: a\n    run: x\n", `x.yaml:1:25: concurrency: unknown field "limit" (known: group, max, cancel_in_progress)`},
+		{"step cancel_in_progress", "steps:\n  - name: a\n    run: x\n    concurrency: {group: g, cancel_in_progress: true}\n", `x.yaml:4:29: step "a": concurrency: cancel_in_progress applies only to the workflow's concurrency (a step group queues)`},
+		{"group max", "concurrency: {group: g, max: -1}\nsteps:\n  - name: a\n    run: x\n", `x.yaml:1:30: concurrency: max -1 is not in 0..10000 (0 means 1)`},
 		{"retry on writes", "steps:\n  - name: w\n    run: x\n    writes: true\n    retry: {attempts: 2}\n",
 			`x.yaml:5:5: step "w": retry on a write-bearing step needs idempotent: true (every write it makes may be made again); without it a started write-bearing step never runs twice: add ` + "`idempotent: true`" + ` if running the step again is safe, or remove ` + "`retry:`"},
 		{"retry attempts", "steps:\n  - name: a\n    run: x\n    retry:\n      attempts: 21\n", `x.yaml:4:5: step "a": retry attempts 21 out of range 1..20`},

@@ -135,7 +135,7 @@ cancels it.` + clientHelp,
 			long: `List runs, newest first, with their status and step counts: live runs and
 finished (archived) ones alike. --limit says how many (default 100); more
 than a page of the API (1000) is fetched page by page. --status keeps the
-runs of one status (running, cancelling, failing, success, failed,
+runs of one status (running, waiting, cancelling, failing, success, failed,
 cancelled), --name those of one workflow, --since those submitted at or
 after a time (RFC 3339) or within a duration (24h). With --json the answer
 is the API's, its next_cursor continuing the listing.` + clientHelp,

@@ -104,6 +104,7 @@ func init() {
 	commands = append(commands, storeCommands()...)
 	commands = append(commands, operatorCommands()...)
 	commands = append(commands, secretCommands()...)
+	commands = append(commands, scheduleCommands()...)
 	commands = append(commands, versionCmd, completionCmd)
 }
 

@@ -51,6 +51,10 @@ func TestExamplesParse(t *testing.T) {
 			if !ok {
 				t.Errorf("foreach.yaml has no forEach step with a concurrency cap")
 			}
+		case "deploy.yaml":
+			if g := spec.Group; g.Name == "" || !g.CancelInProgress || spec.Steps[1].Group.Name == "" {
+				t.Errorf("deploy.yaml: run group %+v, step group %+v: want both", g, spec.Steps[1].Group)
+			}
 		case "writes.yaml":
 			writes, noWrites := 0, 0
 			for _, s := range spec.Steps {
@@ -73,7 +77,7 @@ func TestExamplesParse(t *testing.T) {
 			}
 		}
 	}
-	for _, want := range []string{"dag.yaml", "foreach.yaml", "writes.yaml", "retries.yaml"} {
+	for _, want := range []string{"dag.yaml", "foreach.yaml", "writes.yaml", "retries.yaml", "deploy.yaml"} {
 		if !found[want] {
 			t.Errorf("examples/%s is missing or does not parse", want)
 		}

@@ -2,7 +2,7 @@
 // sim/mutants/*.patch to a fresh copy of the repository and runs every
 // checker against it — the seeded simulator, the explorer (the default
 // scope, then the faults, identity, slow, multiset, timers, tags, chain,
-// scaler and archive scopes for what the default one does not reach), the rapid suites
+// scaler, archive and locks scopes for what the default one does not reach), the rapid suites
 // and the fuzz corpora — and prints, per
 // mutant, which of them caught it and with which invariant.
 //
@@ -320,7 +320,7 @@ var (
 // (a scaler-managed worker) and the archive scope (late reports after
 // archival, SPEC §7a).
 func runExplorer(ctx context.Context, dir string) verdict {
-	for _, scope := range []string{"default", "faults", "identity", "slow", "multiset", "timers", "tags", "chain", "scaler", "archive"} {
+	for _, scope := range []string{"default", "faults", "identity", "slow", "multiset", "timers", "tags", "chain", "scaler", "archive", "locks"} {
 		out, err := goTest(ctx, dir, "test", "./spec", "-run", "^TestExplore$", "-explore.scope="+scope, "-count=1", "-timeout=30m", "-v")
 		if ctx.Err() != nil {
 			return verdict{ran: true, err: ctx.Err()}
