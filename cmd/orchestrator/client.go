@@ -698,6 +698,12 @@ func showRun(e *env, out *client.RunDetail) error {
 		if r.RerunOf != "" {
 			fmt.Fprintf(e.stdout, "Rerun of %s\n", cell(r.RerunOf))
 		}
+		if out.Group != "" {
+			fmt.Fprintf(e.stdout, "Concurrency group %s\n", cell(out.Group))
+		}
+		if out.Schedule != "" {
+			fmt.Fprintf(e.stdout, "Started by schedule %s for its fire time %s\n", cell(out.Schedule), fmtTime(out.FireAt))
+		}
 		fmt.Fprintln(e.stdout)
 		tw := tabwriter.NewWriter(e.stdout, 0, 0, 2, ' ', 0)
 		fmt.Fprintln(tw, "STEP\tSTATE\tATTEMPTS\tWORKER\tEXIT\tWRITES\tCLASS\tMESSAGE")

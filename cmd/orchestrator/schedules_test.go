@@ -2,6 +2,8 @@ package main
 
 import (
 	"encoding/json"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -46,4 +48,22 @@ func TestScheduleCommands(t *testing.T) {
 	w.must(exitOK, "schedule", "rm", "nightly")
 	w.must(exitRefused, "schedule", "show", "nightly")
 	w.must(exitRefused, "schedule", "rm", "nightly")
+}
+
+// TestRunShowGroup: run show names a run's concurrency group (SPEC §8a),
+// and a second member of a full group shows as waiting.
+func TestRunShowGroup(t *testing.T) {
+	w := newCLIWorld(t, false)
+	p := filepath.Join(t.TempDir(), "grouped.yaml")
+	if err := os.WriteFile(p, []byte("name: grouped\nconcurrency: {group: deploy, max: 1}\nsteps:\n  - name: a\n    run: sleep 600\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	first := strings.TrimSpace(w.must(exitOK, "run", "submit", p))
+	second := strings.TrimSpace(w.must(exitOK, "run", "submit", p))
+	if out := w.must(exitOK, "run", "show", first); !strings.Contains(out, "Concurrency group deploy") {
+		t.Errorf("run show %s names no group:\n%s", first, out)
+	}
+	if out := w.must(exitOK, "run", "show", second); !strings.Contains(out, ": waiting") {
+		t.Errorf("run show %s: the second member of a full group is not waiting:\n%s", second, out)
+	}
 }
