@@ -227,7 +227,10 @@ func (c *Client) Runs(ctx context.Context, o RunsOptions) (*RunList, error) {
 // secret (SPEC §9, §14a) without ever answering it: a step that declares
 // the secret reads it, to start a worker.
 func (c *Client) CreateTokenIntoSecret(ctx context.Context, name string, ttl time.Duration, secret string) (*CreatedToken, error) {
-	req := TokenRequest{Name: name, IntoSecret: secret}
+	return c.createToken(ctx, TokenRequest{Name: name, IntoSecret: secret}, ttl)
+}
+
+func (c *Client) createToken(ctx context.Context, req TokenRequest, ttl time.Duration) (*CreatedToken, error) {
 	if ttl != 0 {
 		req.TTL = ttl.String()
 	}
@@ -301,15 +304,7 @@ func (c *Client) gate(ctx context.Context, step, action string) (*StepAnswer, er
 // CreateToken creates an enrollment token valid for ttl (the server's
 // default, 24h, when 0). Its secret is in this answer only.
 func (c *Client) CreateToken(ctx context.Context, name string, ttl time.Duration) (*CreatedToken, error) {
-	req := TokenRequest{Name: name}
-	if ttl != 0 {
-		req.TTL = ttl.String()
-	}
-	var out CreatedToken
-	if err := c.call(ctx, http.MethodPost, "/tokens", jsonBody(req), "application/json", &out); err != nil {
-		return nil, err
-	}
-	return &out, nil
+	return c.createToken(ctx, TokenRequest{Name: name}, ttl)
 }
 
 // Tokens lists the enrollment tokens, without their secrets.

@@ -243,17 +243,8 @@ func (p *dataPlane) secret(w http.ResponseWriter, r *http.Request, cred string) 
 	}
 	// Asked of the state the last durable batch left: the credential, the
 	// lease (current, the worker's) and the step's declaration.
-	reply := make(chan error, 1)
-	if err := p.d.push(r.Context(), precheck{cred: cred, lease: lease, secret: name, put: put, reply: reply}); err != nil {
+	if err := p.checkSecret(r.Context(), cred, lease, name, put); err != nil {
 		return err
-	}
-	select {
-	case err := <-reply:
-		if err != nil {
-			return err
-		}
-	case <-r.Context().Done():
-		return r.Context().Err()
 	}
 	if !put {
 		v, err := ss.Secret(name)
@@ -318,17 +309,8 @@ func (p *dataPlane) token(w http.ResponseWriter, r *http.Request, cred string) e
 	}
 	// Asked of the state the last durable batch left first, as a secret
 	// write is; the core decides again at the token's place in the loop.
-	reply := make(chan error, 1)
-	if err := p.d.push(r.Context(), precheck{cred: cred, lease: lease, secret: req.IntoSecret, put: true, reply: reply}); err != nil {
+	if err := p.checkSecret(r.Context(), cred, lease, req.IntoSecret, true); err != nil {
 		return err
-	}
-	select {
-	case err := <-reply:
-		if err != nil {
-			return err
-		}
-	case <-r.Context().Done():
-		return r.Context().Err()
 	}
 	if err := p.d.CreateTokenIntoSecret(r.Context(), req.Name, ttl, req.IntoSecret, cred, lease); err != nil {
 		return err
@@ -339,3 +321,19 @@ func (p *dataPlane) token(w http.ResponseWriter, r *http.Request, cred string) e
 
 // maxTokenRequestBytes bounds POST /token's body.
 const maxTokenRequestBytes = 4 << 10
+
+// checkSecret has the loop ask CheckSecret of the state the last durable
+// batch left (SPEC §14a): the credential, the lease (current, the
+// worker's) and the step's declaration of name (put: in put_secrets:).
+func (p *dataPlane) checkSecret(ctx context.Context, cred string, lease core.LeaseID, name string, put bool) error {
+	reply := make(chan error, 1)
+	if err := p.d.push(ctx, precheck{cred: cred, lease: lease, secret: name, put: put, reply: reply}); err != nil {
+		return err
+	}
+	select {
+	case err := <-reply:
+		return err
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
