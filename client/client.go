@@ -223,24 +223,6 @@ func (c *Client) Runs(ctx context.Context, o RunsOptions) (*RunList, error) {
 	return &out, nil
 }
 
-// CreateTokenIntoSecret creates an enrollment token and stores it as
-// secret (SPEC §9, §14a) without ever answering it: a step that declares
-// the secret reads it, to start a worker.
-func (c *Client) CreateTokenIntoSecret(ctx context.Context, name string, ttl time.Duration, secret string) (*CreatedToken, error) {
-	return c.createToken(ctx, TokenRequest{Name: name, IntoSecret: secret}, ttl)
-}
-
-func (c *Client) createToken(ctx context.Context, req TokenRequest, ttl time.Duration) (*CreatedToken, error) {
-	if ttl != 0 {
-		req.TTL = ttl.String()
-	}
-	var out CreatedToken
-	if err := c.call(ctx, http.MethodPost, "/tokens", jsonBody(req), "application/json", &out); err != nil {
-		return nil, err
-	}
-	return &out, nil
-}
-
 // Run returns a run: its status, steps and server events.
 func (c *Client) Run(ctx context.Context, id string) (*RunDetail, error) {
 	var out RunDetail
@@ -305,6 +287,24 @@ func (c *Client) gate(ctx context.Context, step, action string) (*StepAnswer, er
 // default, 24h, when 0). Its secret is in this answer only.
 func (c *Client) CreateToken(ctx context.Context, name string, ttl time.Duration) (*CreatedToken, error) {
 	return c.createToken(ctx, TokenRequest{Name: name}, ttl)
+}
+
+// CreateTokenIntoSecret creates an enrollment token and stores it as
+// secret (SPEC §9, §14a) without ever answering it: a step that declares
+// the secret reads it, to start a worker.
+func (c *Client) CreateTokenIntoSecret(ctx context.Context, name string, ttl time.Duration, secret string) (*CreatedToken, error) {
+	return c.createToken(ctx, TokenRequest{Name: name, IntoSecret: secret}, ttl)
+}
+
+func (c *Client) createToken(ctx context.Context, req TokenRequest, ttl time.Duration) (*CreatedToken, error) {
+	if ttl != 0 {
+		req.TTL = ttl.String()
+	}
+	var out CreatedToken
+	if err := c.call(ctx, http.MethodPost, "/tokens", jsonBody(req), "application/json", &out); err != nil {
+		return nil, err
+	}
+	return &out, nil
 }
 
 // Tokens lists the enrollment tokens, without their secrets.
