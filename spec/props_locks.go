@@ -12,7 +12,10 @@ import (
 // admitted members than its max, no step group more steps holding a
 // lease. A member counts as admitted when one of its steps has left
 // pending — the core's own GroupWait flag is not trusted: a waiting
-// run's steps are all pending, an admitted run's roots never are.
+// run's steps are all pending, an admitted run's roots never are. A
+// rerun's reused steps (REUSE, SPEC §2) do not count: they are created
+// succeeded in the submitting batch, whether the run waits or not, and
+// run nothing.
 func CheckGroupCaps(o *core.Orchestrator) *Violation {
 	active, limit := map[string][]core.RunID{}, map[string]int{}
 	for _, id := range o.RunIDs() {
@@ -23,7 +26,7 @@ func CheckGroupCaps(o *core.Orchestrator) *Violation {
 		}
 		limit[g.Name] = max(limit[g.Name], g.Max, 1)
 		for _, sid := range r.Steps {
-			if s, ok := o.StepByID(sid); ok && s.State != core.StatePending {
+			if s, ok := o.StepByID(sid); ok && s.State != core.StatePending && s.ReusedFrom == "" {
 				active[g.Name] = append(active[g.Name], id)
 				break
 			}
