@@ -17,13 +17,23 @@ test: check
 	  && { grep -E '^(sim:|explore [a-z]+:|--- PASS: Test(Sim|Explore|Replay)|ok )' .sim-test.log; rm -f .sim-test.log; } \
 	  || { cat .sim-test.log; rm -f .sim-test.log; exit 1; }
 
-## deps: what make test needs beyond Go and make: Debian's chromium, which the status
-## page's browser test drives (adapters/orchestrator/browser_test.go; TETHER_CHROMIUM
-## names another browser, TETHER_SKIP_BROWSER=1 skips that test). Needs root or sudo.
+## deps: what make test needs beyond Go and make, from Debian (apt-get; needs root or
+## sudo), each only when missing: chromium, which the status page's browser test drives
+## (adapters/orchestrator/browser_test.go; TETHER_CHROMIUM names another browser,
+## TETHER_SKIP_BROWSER=1 skips that test), and postgresql, whose initdb and pg_ctl (on
+## PATH or under /usr/lib/postgresql/*/bin) start the private clusters of the PostgreSQL
+## tests (adapters/pgtest; TETHER_TEST_PG=off skips those tests, which otherwise fail
+## without them)
+PGLIB ?= /usr/lib/postgresql
 deps:
-	@command -v chromium >/dev/null && echo "chromium: $$(command -v chromium)" || { \
+	@pkgs=; \
+	if command -v chromium >/dev/null; then echo "chromium: $$(command -v chromium)"; else pkgs="$$pkgs chromium"; fi; \
+	pg=; for d in $$(command -v initdb | xargs -r dirname) $$(ls -d $(PGLIB)/*/bin 2>/dev/null | sort -rV); do \
+	  [ -x "$$d/initdb" ] && [ -x "$$d/pg_ctl" ] && { pg=$$d; break; }; done; \
+	if [ -n "$$pg" ]; then echo "postgresql: $$pg"; else pkgs="$$pkgs postgresql"; fi; \
+	[ -z "$$pkgs" ] || { \
 	  sudo=$$([ "$$(id -u)" = 0 ] || echo sudo); \
-	  $$sudo apt-get update -qq && $$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; }
+	  $$sudo apt-get update -qq && $$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$pkgs; }
 
 ## test-short: the same with reduced seed budgets
 test-short: check
