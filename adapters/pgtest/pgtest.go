@@ -64,6 +64,7 @@ type Cluster struct {
 	cred *syscall.Credential // who runs them: nil for this process's user, postgres under root
 	mu   sync.Mutex
 	up   bool
+	dbs  int // databases NewDatabase made
 }
 
 // Start makes a cluster, starts it and creates its database; the test's
@@ -132,17 +133,38 @@ func Start(t testing.TB) *Cluster {
 	if err != nil {
 		t.Fatalf("pgtest: %v", err)
 	}
+	if err := c.createDatabase(Database); err != nil {
+		t.Fatalf("pgtest: %v", err)
+	}
 	c.DSN = c.dsn(Database)
+	return c
+}
+
+// NewDatabase creates another empty database in the cluster and returns
+// its DSN: tests that each need a fresh store can share one cluster.
+func (c *Cluster) NewDatabase(t testing.TB) string {
+	t.Helper()
+	c.mu.Lock()
+	c.dbs++
+	name := fmt.Sprintf("%s_%d", Database, c.dbs)
+	c.mu.Unlock()
+	if err := c.createDatabase(name); err != nil {
+		t.Fatalf("pgtest: %v", err)
+	}
+	return c.dsn(name)
+}
+
+func (c *Cluster) createDatabase(name string) error {
 	ctx := context.Background()
 	conn, err := pgx.Connect(ctx, c.dsn("postgres"))
 	if err != nil {
-		t.Fatalf("pgtest: connecting to the new cluster: %v", err)
+		return fmt.Errorf("connecting to the cluster: %v", err)
 	}
 	defer conn.Close(ctx)
-	if _, err := conn.Exec(ctx, "CREATE DATABASE "+Database); err != nil {
-		t.Fatalf("pgtest: creating the database: %v", err)
+	if _, err := conn.Exec(ctx, "CREATE DATABASE "+name); err != nil {
+		return fmt.Errorf("creating the database %s: %v", name, err)
 	}
-	return c
+	return nil
 }
 
 // Stop stops the server as a crash would (pg_ctl stop -m immediate: no

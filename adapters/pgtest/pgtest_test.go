@@ -89,6 +89,30 @@ func TestStopAndCleanup(t *testing.T) {
 	}
 }
 
+// TestNewDatabase: each call gives a database of its own, empty, apart
+// from the others and from the one Start made.
+func TestNewDatabase(t *testing.T) {
+	c := Start(t)
+	ctx := context.Background()
+	dsns := []string{c.DSN}
+	for range 2 {
+		t0 := time.Now()
+		dsns = append(dsns, c.NewDatabase(t))
+		t.Logf("NewDatabase took %v", time.Since(t0))
+	}
+	for i, dsn := range dsns {
+		conn := connect(t, dsn)
+		var n int
+		if err := conn.QueryRow(ctx, "SELECT count(*) FROM pg_tables WHERE tablename = 'mine'").Scan(&n); err != nil || n != 0 {
+			t.Errorf("database %d (%s): %d tables named mine before it made one (%v); databases are not apart", i, dsn, n, err)
+		}
+		if _, err := conn.Exec(ctx, "CREATE TABLE mine (x int)"); err != nil {
+			t.Errorf("database %d (%s): %v", i, dsn, err)
+		}
+		conn.Close(ctx)
+	}
+}
+
 // TestSkipOnlyWhenOff: TETHER_TEST_PG=off skips; any other value runs.
 func TestSkipOnlyWhenOff(t *testing.T) {
 	if os.Getenv(SkipEnv) == "off" {
