@@ -29,6 +29,7 @@ import (
 	"sync"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 )
@@ -42,6 +43,10 @@ const (
 	Database = "tether"
 	User     = "tether"
 )
+
+// dirPrefix begins the name of each cluster's directory; its file owner
+// holds the process ID of the test process that made it.
+const dirPrefix = "tether-pg-"
 
 // libRoot is where Debian installs each PostgreSQL version's binaries
 // (<libRoot>/<version>/bin); a variable for the lookup's test.
@@ -80,14 +85,19 @@ func Start(t testing.TB) *Cluster {
 	if err != nil {
 		t.Fatalf("%v: run `make deps` (it installs Debian's postgresql), or set %s=off to skip the PostgreSQL tests", err, SkipEnv)
 	}
+	reap(os.TempDir())
 	c := &Cluster{bin: bin}
 	// A short directory name of its own (not t.TempDir, whose name carries
 	// the test's): the socket's path must fit in 107 bytes.
-	dir, err := os.MkdirTemp("", "tether-pg-")
+	dir, err := os.MkdirTemp("", dirPrefix)
 	if err != nil {
 		t.Fatalf("pgtest: %v", err)
 	}
 	c.Dir = dir
+	if err := os.WriteFile(filepath.Join(dir, "owner"), []byte(strconv.Itoa(os.Getpid())), 0o600); err != nil {
+		os.RemoveAll(dir)
+		t.Fatalf("pgtest: %v", err)
+	}
 	t.Cleanup(func() {
 		c.mu.Lock()
 		defer c.mu.Unlock()
@@ -284,6 +294,54 @@ func unprivileged(dir string) (*syscall.Credential, error) {
 		return nil, fmt.Errorf("giving %s to the user postgres: %v", dir, err)
 	}
 	return &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid), Groups: []uint32{}}, nil
+}
+
+// reap stops and removes the clusters under tmp whose test process died
+// without its cleanup (a -timeout panic, a kill): the directories whose
+// owner file names a process that no longer exists. A directory without
+// that file is being made, or is not one of these, and is left alone.
+func reap(tmp string) {
+	dirs, _ := filepath.Glob(filepath.Join(tmp, dirPrefix+"*"))
+	for _, dir := range dirs {
+		b, err := os.ReadFile(filepath.Join(dir, "owner"))
+		if err != nil {
+			continue
+		}
+		owner, err := strconv.Atoi(string(b))
+		if err != nil || owner <= 0 || syscall.Kill(owner, 0) != syscall.ESRCH {
+			continue
+		}
+		if pm := postmaster(dir); pm > 0 && syscall.Kill(pm, syscall.SIGQUIT) == nil {
+			// SIGQUIT is the immediate shutdown; wait (10 s at most) until
+			// it is no longer a postgres of this directory (exited, or a
+			// zombie nobody reaps), so that its port is free.
+			for i := 0; i < 1000 && postmaster(dir) == pm; i++ {
+				time.Sleep(10 * time.Millisecond)
+			}
+		}
+		os.RemoveAll(dir)
+	}
+}
+
+// postmaster returns the process ID of the server running on dir/data, or
+// 0: the PID in postmaster.pid, if that process is a postgres of this data
+// directory (a stale file may name a process that has since reused it).
+func postmaster(dir string) int {
+	data := filepath.Join(dir, "data")
+	b, err := os.ReadFile(filepath.Join(data, "postmaster.pid"))
+	if err != nil {
+		return 0
+	}
+	first, _, _ := strings.Cut(string(b), "\n")
+	pid, err := strconv.Atoi(strings.TrimSpace(first))
+	if err != nil || pid <= 0 {
+		return 0
+	}
+	cmdline, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+	if err != nil || !strings.Contains(string(cmdline), data) {
+		return 0
+	}
+	return pid
 }
 
 // findBin returns a directory holding both initdb and pg_ctl: initdb's on

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"runtime"
 	"strconv"
@@ -111,6 +112,32 @@ func TestNewDatabase(t *testing.T) {
 		}
 		conn.Close(ctx)
 	}
+}
+
+// TestReap: a cluster whose test process is gone (its owner file names a
+// process that exited) is stopped and removed by the next Start's reap; a
+// cluster whose test process lives is left running.
+func TestReap(t *testing.T) {
+	dead := Start(t)
+	live := Start(t)
+	exited := exec.Command("true")
+	if err := exited.Run(); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dead.Dir, "owner"), []byte(strconv.Itoa(exited.Process.Pid)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	t0 := time.Now()
+	reap(filepath.Dir(dead.Dir))
+	t.Logf("reap took %v", time.Since(t0))
+	dead.up = false // reaped: the test's cleanup has nothing to stop
+	if _, err := os.Stat(dead.Dir); !os.IsNotExist(err) {
+		t.Errorf("the dead test's cluster directory %s is still there (%v)", dead.Dir, err)
+	}
+	if listening(dead.Port) {
+		t.Error("the dead test's cluster still listens")
+	}
+	connect(t, live.DSN).Close(context.Background())
 }
 
 // TestSkipOnlyWhenOff: TETHER_TEST_PG=off skips; any other value runs.
