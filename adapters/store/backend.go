@@ -35,7 +35,9 @@ type Records interface {
 	// durable; on error none of it is applied. An empty batch is a no-op.
 	Apply(recs []core.Record) error
 	// Load returns the live records and the log lines of the live leases,
-	// sorted by key; not the history of archived runs (SPEC §7a).
+	// sorted by key; not the history of archived runs (SPEC §7a) nor the
+	// audit log. A sealed record the secrets key does not open is an error
+	// (ErrSecretsKey), never other bytes.
 	Load() ([]core.Record, error)
 	// Close releases the backend; closing twice is harmless. Calls after it
 	// return ErrClosed.
