@@ -354,19 +354,15 @@ func (a *api) listRuns(r *http.Request) (int, any, error) {
 	if err != nil {
 		return 0, nil, err
 	}
-	var lo uint64 // every run numbered in [lo, cursor) was examined
+	arch, lo, err := a.d.st.ListRuns(rq.filter, rq.cursor, rq.limit) // every run numbered in [lo, cursor) was examined
+	if err != nil {
+		return 0, nil, err
+	}
 	seen := map[string]bool{}
 	var all []entry
-	{
-		arch, next, err := a.d.st.ListRuns(rq.filter, rq.cursor, rq.limit)
-		if err != nil {
-			return 0, nil, err
-		}
-		lo = next
-		for _, s := range arch {
-			seen[string(s.ID)] = true
-			all = append(all, entry{s.Seq, summaryView(s)})
-		}
+	for _, s := range arch {
+		seen[string(s.ID)] = true
+		all = append(all, entry{s.Seq, summaryView(s)})
 	}
 	for _, e := range live {
 		if e.seq >= lo && !seen[e.run.ID] {

@@ -539,7 +539,10 @@ func resolveServeConfig(e *env) (serverConfig, error) {
 	if cfg.DataDir == "" {
 		return cfg, usageErrorf("the data directory (--data-dir or data_dir:) is empty; name a directory")
 	}
-	spec, from := e.getenv(storeEnv), "$"+storeEnv
+	spec, from := "", "$"+storeEnv
+	if e.getenv != nil { // nil: a test resolving flags alone
+		spec = e.getenv(storeEnv)
+	}
 	if set["store"] {
 		spec, from = e.opts.store, "--store"
 	}
