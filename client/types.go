@@ -27,7 +27,7 @@ const (
 	CodeOutOfRange       Code = "out_of_range"       // 416: an offset past the end of a stream
 	CodeInternal         Code = "internal"           // 500: a fault of the orchestrator
 	CodeUnsupported      Code = "unsupported"        // 501: this orchestrator cannot do it (a store without backup)
-	CodeUnavailable      Code = "unavailable"        // 503: stopping, not answering in time, or no data store
+	CodeUnavailable      Code = "unavailable"        // 503: stopping, not answering in time, a cap reached, or no secrets key
 )
 
 // Codes lists every Code, in status order.

@@ -822,9 +822,6 @@ func (a *api) putBundle(r *http.Request) (int, any, error) {
 	// A bundle is streamed into a blob, not held in memory (SPEC §14);
 	// ServeHTTP bounds it by MaxBundleBody, and a body that stalls is cut.
 	m, err := a.d.PutBundleFrom(r.Context(), r.Body, a.d.opts.MaxBundleBody)
-	if errors.Is(err, ErrNoDataStore) {
-		return 0, nil, &httpError{code: http.StatusServiceUnavailable, msg: err.Error()}
-	}
 	if err != nil {
 		var mbe *http.MaxBytesError
 		if errors.As(err, &mbe) || errors.Is(err, store.ErrTooLarge) || errors.Is(err, ErrBodyStalled) {
@@ -839,10 +836,7 @@ func (a *api) putBundle(r *http.Request) (int, any, error) {
 }
 
 func (a *api) showBundle(fp string) (int, any, error) {
-	if a.d.ds == nil {
-		return 0, nil, &httpError{code: http.StatusServiceUnavailable, msg: ErrNoDataStore.Error()}
-	}
-	m, err := a.d.ds.Bundle(fp)
+	m, err := a.d.st.Bundle(fp)
 	switch {
 	case errors.Is(err, store.ErrNotFound):
 		return 0, nil, errorf(http.StatusNotFound, "unknown bundle %s", fp)

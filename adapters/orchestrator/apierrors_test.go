@@ -4,10 +4,10 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"path/filepath"
-	"strings"
 	"testing"
 	"time"
 
@@ -16,22 +16,27 @@ import (
 	"github.com/tether-run/tether/client"
 )
 
-// noBackupStore hides every capability of a store but the Store interface:
-// no backup (501), no data store (503 for bundles).
-type noBackupStore struct{ orchestrator.Store }
+// noBackupStore is a backend whose snapshots are taken by other means
+// (store.Maintenance): no backup (501).
+type noBackupStore struct{ store.Backend }
+
+func (noBackupStore) Backup(io.Writer) error {
+	return fmt.Errorf("snapshots are the database's own: %w", errors.ErrUnsupported)
+}
 
 // failingBackupStore's backup fails before its first byte (500).
-type failingBackupStore struct{ orchestrator.Store }
+type failingBackupStore struct{ store.Backend }
 
 func (failingBackupStore) Backup(io.Writer) error { return errors.New("the disk is on fire") }
 
-func startWithStore(t *testing.T, wrap func(orchestrator.Store) orchestrator.Store) *client.Client {
+func startWithStore(t *testing.T, wrap func(store.Backend) store.Backend, opts orchestrator.Options) *client.Client {
 	t.Helper()
 	bst, err := store.Open(filepath.Join(t.TempDir(), "tether.db"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	d, err := orchestrator.Start(orchestrator.Options{Addr: "127.0.0.1:0", Store: wrap(bst), AdminToken: adminToken, Logger: testLogger(t)})
+	opts.Addr, opts.Store, opts.AdminToken, opts.Logger = "127.0.0.1:0", wrap(bst), adminToken, testLogger(t)
+	d, err := orchestrator.Start(opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -128,13 +133,18 @@ func TestAPIErrorCodes(t *testing.T) {
 	_, err = c.Submit(r.ctx, "big.yaml", bytes.Repeat([]byte("#"), orchestrator.DefaultMaxSubmitBody+1))
 	want("a definition over the limit", client.CodeTooLarge, err)
 
-	bare := startWithStore(t, func(s orchestrator.Store) orchestrator.Store { return noBackupStore{s} })
+	bare := startWithStore(t, func(s store.Backend) store.Backend { return noBackupStore{s} }, orchestrator.Options{MaxEventStreams: 1})
 	_, err = bare.Backup(r.ctx)
 	want("a backup of a store that cannot", client.CodeUnsupported, err)
-	_, err = bare.PutBundle(r.ctx, strings.NewReader("bytes"))
-	want("a bundle without a data store", client.CodeUnavailable, err)
+	first, err := bare.Events(r.ctx, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = bare.Events(r.ctx, "")
+	want("a live event stream over the cap", client.CodeUnavailable, err)
+	first.Close()
 
-	failing := startWithStore(t, func(s orchestrator.Store) orchestrator.Store { return failingBackupStore{s} })
+	failing := startWithStore(t, func(s store.Backend) store.Backend { return failingBackupStore{s} }, orchestrator.Options{})
 	_, err = failing.Backup(r.ctx)
 	want("a backup that fails before its first byte", client.CodeInternal, err)
 

@@ -77,33 +77,7 @@ const (
 	dataTimeout = 5 * time.Minute
 )
 
-// DataStore is what the data plane needs of the store besides Store;
-// *store.Store is one. ApplyWithData must make the records and the data
-// writes durable in one atomic transaction. WriteBlob streams a PUT's or a
-// bundle's bytes into a pinned blob (off the loop) that an op then names;
-// ReleaseBlob unpins it once the op was answered, collecting it if no
-// record names it.
-type DataStore interface {
-	ApplyWithData(recs []core.Record, ops []store.DataOp) ([]store.DataResult, error)
-	WriteBlob(r io.Reader, limit int64) (store.BlobRef, error)
-	ReleaseBlob(ref store.BlobRef)
-	OpenBlob(sha string) (io.ReadSeekCloser, error)
-	Data(id string, version uint64) (store.DataMeta, error)
-	Request(lease uint64, id string) (store.RequestEntry, bool, error)
-	QueryData(q store.DataQuery) ([]store.DataMeta, string, error)
-	Versions(id string) ([]store.DataMeta, error)
-	Stream(id string) (store.StreamMeta, error)
-	Bundle(fp string) (store.BundleMeta, error)
-	BundleFile(fp, relPath string) (store.FileSpan, error)
-	DataReader(m store.DataMeta) io.ReadCloser
-	StreamReader(id string, offset, end int64) io.Reader
-	BundleReader(m store.BundleMeta, offset, size int64) io.ReadCloser
-}
-
 var (
-	// ErrNoDataStore is returned when the store the driver was given does
-	// not implement DataStore, so it has no data plane.
-	ErrNoDataStore = errors.New("orchestrator: the store has no data plane")
 	// ErrFenced is returned, wrapping the core's reason, when a write's
 	// lease is not current for its worker.
 	ErrFenced = errors.New("write refused")
@@ -376,8 +350,6 @@ func (p *dataPlane) classify(err error) *httpError {
 		return &httpError{code: http.StatusRequestTimeout, msg: err.Error()}
 	case errors.Is(err, store.ErrBadID), errors.Is(err, store.ErrBadFingerprint), errors.Is(err, store.ErrBadPath):
 		return &httpError{code: http.StatusBadRequest, msg: strings.TrimPrefix(err.Error(), "store: ")}
-	case errors.Is(err, ErrNoDataStore):
-		return &httpError{code: http.StatusServiceUnavailable, msg: err.Error()}
 	}
 	return (&api{d: p.d}).classify(err)
 }
@@ -390,10 +362,7 @@ func (p *dataPlane) serveOperator(w http.ResponseWriter, r *http.Request, path s
 		if herr != nil {
 			return herr
 		}
-		if p.d.ds == nil {
-			return ErrNoDataStore
-		}
-		return serveRead(w, r, p.d.ds, rt)
+		return serveRead(w, r, p.d.st, rt)
 	}()
 	if err != nil {
 		p.fail(w, r, err)
@@ -419,10 +388,7 @@ func (p *dataPlane) serve(w http.ResponseWriter, r *http.Request) error {
 	if cred == "" {
 		return fmt.Errorf("%w: missing (send Authorization: Bearer <session credential>)", ErrUnauthenticated)
 	}
-	ds := p.d.ds
-	if ds == nil {
-		return ErrNoDataStore
-	}
+	ds := p.d.st
 	if rt.write {
 		return p.write(w, r, rt, cred)
 	}
@@ -493,12 +459,12 @@ func (p *dataPlane) write(w http.ResponseWriter, r *http.Request, rt dataRoute, 
 	if r.ContentLength > limit {
 		return tooLarge(r.ContentLength, limit)
 	}
-	ref, err := p.d.ds.WriteBlob(http.MaxBytesReader(w, r.Body, limit), limit)
+	ref, err := p.d.st.WriteBlob(http.MaxBytesReader(w, r.Body, limit), limit)
 	if err != nil {
 		return bodyError(err, limit)
 	}
 	op := store.DataOp{Kind: store.OpPut, ID: rt.id, Lease: uint64(lease), Blob: ref, Request: req, Attributes: attrs}
-	res, err := p.d.writeData(r.Context(), cred, lease, op, func() { p.d.ds.ReleaseBlob(ref) })
+	res, err := p.d.writeData(r.Context(), cred, lease, op, func() { p.d.st.ReleaseBlob(ref) })
 	if err != nil {
 		return err
 	}
@@ -584,7 +550,7 @@ func (s *sliceWriter) Write(p []byte) (int, error) {
 }
 
 // serveRead answers the read routes from the store.
-func serveRead(w http.ResponseWriter, r *http.Request, ds DataStore, rt dataRoute) error {
+func serveRead(w http.ResponseWriter, r *http.Request, ds store.DataPlane, rt dataRoute) error {
 	switch rt.kind {
 	case routeQuery:
 		q, err := parseQuery(r.URL.Query())
@@ -778,10 +744,6 @@ func (d *Driver) writeData(ctx context.Context, cred string, lease core.LeaseID,
 	if release == nil {
 		release = func() {}
 	}
-	if d.ds == nil {
-		release()
-		return store.DataResult{}, ErrNoDataStore
-	}
 	reply := make(chan dataAnswer, 1)
 	if err := d.push(ctx, dataWrite{cred: cred, lease: lease, op: op, reply: reply}); err != nil {
 		release()
@@ -808,15 +770,12 @@ func (d *Driver) writeData(ctx context.Context, cred string, lease core.LeaseID,
 // writeBlob streams body into a pinned blob (at most limit bytes), has the
 // loop apply op naming it, and releases the blob once answered.
 func (d *Driver) writeBlob(ctx context.Context, cred string, lease core.LeaseID, op store.DataOp, body io.Reader, limit int64) (store.DataResult, error) {
-	if d.ds == nil {
-		return store.DataResult{}, ErrNoDataStore
-	}
-	ref, err := d.ds.WriteBlob(body, limit)
+	ref, err := d.st.WriteBlob(body, limit)
 	if err != nil {
 		return store.DataResult{}, err
 	}
 	op.Blob = ref
-	return d.writeData(ctx, cred, lease, op, func() { d.ds.ReleaseBlob(ref) })
+	return d.writeData(ctx, cred, lease, op, func() { d.st.ReleaseBlob(ref) })
 }
 
 // PutData stores body as the next version of id, fenced by lease, for the
@@ -854,21 +813,18 @@ func (d *Driver) PutBundle(ctx context.Context, body []byte) (store.BundleMeta, 
 // its SHA-256; an uncompressed tar is indexed, from the blob, so that its
 // files can be fetched one by one. It returns once the bundle is durable.
 func (d *Driver) PutBundleFrom(ctx context.Context, body io.Reader, limit int64) (store.BundleMeta, error) {
-	if d.ds == nil {
-		return store.BundleMeta{}, ErrNoDataStore
-	}
-	ref, err := d.ds.WriteBlob(body, limit)
+	ref, err := d.st.WriteBlob(body, limit)
 	if err != nil {
 		return store.BundleMeta{}, fmt.Errorf("put bundle: %w", err)
 	}
-	f, err := d.ds.OpenBlob(ref.SHA256)
+	f, err := d.st.OpenBlob(ref.SHA256)
 	if err != nil {
-		d.ds.ReleaseBlob(ref)
+		d.st.ReleaseBlob(ref)
 		return store.BundleMeta{}, fmt.Errorf("put bundle: %w", err)
 	}
 	files, _ := store.TarIndexReader(f, ref.Size) // nil when it is not an indexable tar
 	f.Close()
-	res, err := d.writeData(ctx, "", 0, store.DataOp{Kind: store.OpBundle, Blob: ref, Files: files}, func() { d.ds.ReleaseBlob(ref) })
+	res, err := d.writeData(ctx, "", 0, store.DataOp{Kind: store.OpBundle, Blob: ref, Files: files}, func() { d.st.ReleaseBlob(ref) })
 	if err != nil {
 		return store.BundleMeta{}, fmt.Errorf("put bundle: %w", err)
 	}
@@ -908,7 +864,7 @@ func (d *Driver) admitWrite(in *dataWrite, step func(core.Input) core.Ready) err
 		// A refused repeat whose first is durable (it landed after the
 		// handler looked) gets the first's answer from the store.
 		if a := rd.Writes[0]; in.op.Request != "" && a.Worker != "" && !a.Refusal.Credential() {
-			if e, ok, _ := d.ds.Request(uint64(in.lease), in.op.Request); ok && core.WorkerID(e.Worker) == a.Worker {
+			if e, ok, _ := d.st.Request(uint64(in.lease), in.op.Request); ok && core.WorkerID(e.Worker) == a.Worker {
 				in.op.RepeatOnly, in.op.Worker = true, e.Worker
 				k := requestKey{lease: in.lease, id: in.op.Request}
 				pr := d.pendingReq[k]

@@ -118,9 +118,9 @@ type Options struct {
 	Listener net.Listener
 	// StorePath is the bbolt file. An existing file is restored (SPEC §7).
 	StorePath string
-	// Store, if set, is used instead of opening StorePath (tests wrap the
-	// bbolt store with it). The driver closes it.
-	Store Store
+	// Store, if set, is the backend used instead of opening StorePath with
+	// bbolt (tests wrap the bbolt store with it). The driver closes it.
+	Store store.Backend
 	// SecretsKeyFile holds the key that seals secrets at rest (SPEC §14a):
 	// 64 hex digits, created (mode 0600) when missing. Empty: StorePath +
 	// ".secrets-key", or SecretsKey, or no secrets when neither is set.
@@ -196,14 +196,6 @@ type Options struct {
 	MaxEventStreams int
 }
 
-// Store is what the driver needs of durable storage; *store.Store is one.
-// Apply must make the whole batch durable atomically before returning nil.
-type Store interface {
-	Apply(recs []core.Record) error
-	Load() ([]core.Record, error)
-	Close() error
-}
-
 // EnvSnapshot returns this process's environment as a map, for Config.Env.
 func EnvSnapshot() map[string]string {
 	env := map[string]string{}
@@ -219,13 +211,11 @@ func EnvSnapshot() map[string]string {
 type Driver struct {
 	opts    Options
 	log     *slog.Logger
-	st      Store
-	ds      DataStore    // nil: the store has no data plane
-	hs      HistoryStore // nil: the store keeps no history the API can read
-	secrets bool         // the store was given its secrets key (secrets.go)
-	mux     *routeMux    // the server's routes
-	dp      *dataPlane   // its HTTP side
-	streams *broker      // the live event streams (events.go)
+	st      store.Backend // durable storage (store.Backend states its promises)
+	secrets bool          // the store was given its secrets key (secrets.go)
+	mux     *routeMux     // the server's routes
+	dp      *dataPlane    // its HTTP side
+	streams *broker       // the live event streams (events.go)
 	ln      *capListener
 	srv     *http.Server
 
@@ -397,8 +387,6 @@ func Start(opts Options) (*Driver, error) {
 		st = bst
 	}
 	d.st = st
-	d.ds, _ = st.(DataStore)
-	d.hs, _ = st.(HistoryStore)
 	if err := d.openSecrets(opts); err != nil {
 		st.Close()
 		return nil, fmt.Errorf("orchestrator: %w", err)
@@ -433,12 +421,10 @@ func Start(opts Options) (*Driver, error) {
 		d.emitLogs(rd)
 	}
 	d.refreshOperators()
-	archived := -1 // unknown: the store does not count them
-	if c, ok := st.(interface{ ArchivedRuns() (int, error) }); ok {
-		if archived, err = c.ArchivedRuns(); err != nil {
-			st.Close()
-			return nil, fmt.Errorf("orchestrator: %w", err)
-		}
+	archived, err := st.ArchivedRuns()
+	if err != nil {
+		st.Close()
+		return nil, fmt.Errorf("orchestrator: %w", err)
 	}
 	d.log.Info("orchestrator restored", "store", opts.StorePath, "records", len(recs), "live_runs", len(o.RunIDs()), "archived_runs", archived)
 
@@ -506,14 +492,9 @@ func Start(opts Options) (*Driver, error) {
 	d.arm(rd.Deadline)
 
 	go d.run()
-	if p, ok := st.(Pruner); ok {
-		d.wg.Add(1)
-		go d.pruner(p, o.Config().Retention)
-	}
-	if r, ok := st.(Releaser); ok {
-		d.wg.Add(1)
-		go d.releaser(r)
-	}
+	d.wg.Add(2)
+	go d.pruner(st, o.Config().Retention)
+	go d.releaser(st)
 	go func() {
 		var err error
 		if opts.TLS != nil {
@@ -526,7 +507,7 @@ func Start(opts Options) (*Driver, error) {
 		}
 	}()
 	d.ready.Store(true)
-	d.log.Info("control plane listening", "url", d.URL(), "data_plane", d.DataURL(), "tls", opts.TLS != nil, "data_store", d.ds != nil)
+	d.log.Info("control plane listening", "url", d.URL(), "data_plane", d.DataURL(), "tls", opts.TLS != nil)
 	started = true
 	return d, nil
 }
@@ -784,7 +765,7 @@ func (d *Driver) launch(f *flight) {
 			defer func() { f.records, f.took = len(recs), time.Since(t0) }()
 			if len(f.ops) > 0 {
 				var err error
-				if f.results, err = d.ds.ApplyWithData(recs, f.ops); err != nil {
+				if f.results, err = d.st.ApplyWithData(recs, f.ops); err != nil {
 					return fmt.Errorf("persist batch of %d records and %d data writes: %w", len(recs), len(f.ops), err)
 				}
 				return nil

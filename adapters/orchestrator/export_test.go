@@ -27,5 +27,5 @@ func APIRouteList() (out []APIRoute) {
 
 // PruneOnce runs one pass of the retention's pruner at cutoff.
 func PruneOnce(d *Driver, cutoff time.Time) (store.PruneStats, error) {
-	return d.pruneOnce(d.st.(Pruner), cutoff)
+	return d.pruneOnce(d.st, cutoff)
 }

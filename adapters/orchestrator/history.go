@@ -21,18 +21,9 @@ import (
 	"github.com/tether-run/tether/core"
 )
 
-// HistoryStore is what the API needs of the history of archived runs;
-// *store.Store is one. A Store without it serves live runs only.
-type HistoryStore interface {
-	History(run core.RunID) (core.RunHistory, error)
-	HistoryLogs(leases []core.LeaseID, after string, limit int) ([]core.StepLogLine, string, error)
-	ListRuns(f store.RunFilter, cursor uint64, limit int) ([]store.RunSummary, uint64, error)
-}
-
 // History is the store's history of archived runs, read without the loop
-// (each call a short read transaction of its own); nil when the store keeps
-// none the API can read.
-func (d *Driver) History() HistoryStore { return d.hs }
+// (each call a short read transaction of its own).
+func (d *Driver) History() store.Histories { return d.st }
 
 // Listing limits of GET /api/runs.
 const (
@@ -223,10 +214,7 @@ func (a *api) workerNames(ctx context.Context) (map[core.WorkerID]string, error)
 
 // history reads an archived run; false if the store has none of it.
 func (a *api) history(id core.RunID) (core.RunHistory, bool, error) {
-	if a.d.hs == nil {
-		return core.RunHistory{}, false, nil
-	}
-	h, err := a.d.hs.History(id)
+	h, err := a.d.st.History(id)
 	if errors.Is(err, store.ErrNotFound) {
 		return core.RunHistory{}, false, nil
 	}
@@ -266,7 +254,7 @@ func (a *api) archivedLines(src *runSource, steps []core.StepID) ([]core.StepLog
 	byLease := map[core.LeaseID][]core.StepLogLine{}
 	after := ""
 	for len(leases) > 0 {
-		page, next, err := a.d.hs.HistoryLogs(leases, after, store.MaxLogPage)
+		page, next, err := a.d.st.HistoryLogs(leases, after, store.MaxLogPage)
 		if err != nil {
 			return nil, err
 		}
@@ -366,19 +354,15 @@ func (a *api) listRuns(r *http.Request) (int, any, error) {
 	if err != nil {
 		return 0, nil, err
 	}
-	var lo uint64 // every run numbered in [lo, cursor) was examined
+	arch, lo, err := a.d.st.ListRuns(rq.filter, rq.cursor, rq.limit) // every run numbered in [lo, cursor) was examined
+	if err != nil {
+		return 0, nil, err
+	}
 	seen := map[string]bool{}
 	var all []entry
-	if a.d.hs != nil {
-		arch, next, err := a.d.hs.ListRuns(rq.filter, rq.cursor, rq.limit)
-		if err != nil {
-			return 0, nil, err
-		}
-		lo = next
-		for _, s := range arch {
-			seen[string(s.ID)] = true
-			all = append(all, entry{s.Seq, summaryView(s)})
-		}
+	for _, s := range arch {
+		seen[string(s.ID)] = true
+		all = append(all, entry{s.Seq, summaryView(s)})
 	}
 	for _, e := range live {
 		if e.seq >= lo && !seen[e.run.ID] {

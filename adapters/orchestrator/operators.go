@@ -25,21 +25,6 @@ import (
 	"github.com/tether-run/tether/core"
 )
 
-// AuditStore is a store that keeps the audit log readable (*store.Store).
-type AuditStore interface {
-	Audit(q store.AuditQuery) ([]core.AuditEntry, uint64, error)
-}
-
-// AuditPruner is a store whose audit log the retention prunes.
-type AuditPruner interface {
-	PruneAudit(cutoff time.Time, budget int) (store.PruneStats, error)
-}
-
-var (
-	_ AuditStore  = (*store.Store)(nil)
-	_ AuditPruner = (*store.Store)(nil)
-)
-
 // operatorView is the HTTP side's copy of the operator tokens, by name.
 type operatorView map[string]core.OperatorRecord
 
@@ -251,16 +236,12 @@ func (a *api) revokeOperator(r *http.Request) (int, any, error) {
 }
 
 func (a *api) listAudit(r *http.Request) (int, any, error) {
-	as, ok := a.d.st.(AuditStore)
-	if !ok {
-		return 0, nil, &httpError{code: http.StatusNotImplemented, msg: "this orchestrator's store keeps no readable audit log"}
-	}
 	q := r.URL.Query()
 	rq, err := parseRunQuery(url.Values{"limit": q["limit"], "cursor": q["cursor"], "since": q["since"]}, time.Now())
 	if err != nil {
 		return 0, nil, err
 	}
-	entries, next, err := as.Audit(store.AuditQuery{Before: rq.cursor, Since: rq.filter.Since, Actor: q.Get("actor"), Action: q.Get("action"), Limit: rq.limit})
+	entries, next, err := a.d.st.Audit(store.AuditQuery{Before: rq.cursor, Since: rq.filter.Since, Actor: q.Get("actor"), Action: q.Get("action"), Limit: rq.limit})
 	if err != nil {
 		return 0, nil, err
 	}

@@ -10,13 +10,6 @@ import (
 	"github.com/tether-run/tether/core"
 )
 
-// Pruner is what retention needs of a store (SPEC §7a); *store.Store is
-// one. Each call works in bounded transactions, off the loop.
-type Pruner interface {
-	PruneHistory(cutoff time.Time, budget int) (store.PruneStats, error)
-	PruneData(cutoff time.Time, keepBundle func(fp string) bool, budget int) (store.PruneStats, error)
-}
-
 // pruneEvery is how often the pruner looks for what the retention lets go:
 // a tenth of the retention, between a second and ten minutes.
 func pruneEvery(retention time.Duration) time.Duration {
@@ -28,12 +21,12 @@ func pruneEvery(retention time.Duration) time.Duration {
 // its transactions makes at most store.PruneBudget deletions, so a commit of
 // the loop never waits for it long. The core prunes workers and tokens
 // itself, at its sweeps.
-func (d *Driver) pruner(p Pruner, retention time.Duration) {
+func (d *Driver) pruner(p store.Retention, retention time.Duration) {
 	d.every(pruneEvery(retention), func() { d.pruneOnce(p, time.Now().Add(-retention)) })
 }
 
 // pruneOnce is one pass at cutoff.
-func (d *Driver) pruneOnce(p Pruner, cutoff time.Time) (store.PruneStats, error) {
+func (d *Driver) pruneOnce(p store.Retention, cutoff time.Time) (store.PruneStats, error) {
 	var st store.PruneStats
 	h, err := p.PruneHistory(cutoff, store.PruneBudget)
 	st.Add(h)
@@ -41,13 +34,11 @@ func (d *Driver) pruneOnce(p Pruner, cutoff time.Time) (store.PruneStats, error)
 		d.log.Error("pruning history", "err", err)
 		return st, err
 	}
-	if ap, ok := p.(AuditPruner); ok {
-		a, err := ap.PruneAudit(cutoff, store.PruneBudget)
-		st.Add(a)
-		if err != nil {
-			d.log.Error("pruning the audit log", "err", err)
-			return st, err
-		}
+	a, err := p.PruneAudit(cutoff, store.PruneBudget)
+	st.Add(a)
+	if err != nil {
+		d.log.Error("pruning the audit log", "err", err)
+		return st, err
 	}
 	// A bundle a live run names is kept: its spec (command, environment)
 	// mentions the fingerprint.
@@ -86,5 +77,3 @@ func (d *Driver) pruneOnce(p Pruner, cutoff time.Time) (store.PruneStats, error)
 	}
 	return st, nil
 }
-
-var _ Pruner = (*store.Store)(nil)

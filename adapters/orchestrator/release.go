@@ -1,12 +1,10 @@
 package orchestrator
 
-import "time"
+import (
+	"time"
 
-// Releaser is a store whose reads map its file into memory and that can
-// let go of those pages (*store.Store is one: ReleaseMapped).
-type Releaser interface {
-	ReleaseMapped() error
-}
+	"github.com/tether-run/tether/adapters/store"
+)
 
 // releaseEvery is how often the driver lets go of the store's mapped pages:
 // the resident set then holds at most the pages read in the last interval,
@@ -14,7 +12,7 @@ type Releaser interface {
 const releaseEvery = 5 * time.Second
 
 // releaser calls ReleaseMapped every releaseEvery until the driver stops.
-func (d *Driver) releaser(r Releaser) {
+func (d *Driver) releaser(r store.Maintenance) {
 	d.every(releaseEvery, func() {
 		if err := r.ReleaseMapped(); err != nil {
 			d.log.Warn("releasing the store's mapped pages", "err", err)

@@ -31,12 +31,6 @@ import (
 	"github.com/tether-run/tether/core"
 )
 
-// SecretStore is what secrets need of the store besides DataStore;
-// *store.Store is one.
-type SecretStore interface {
-	Secret(name string) ([]byte, error)
-}
-
 var (
 	// ErrSecretRefused wraps the core's refusal of a step's secret read or
 	// write for a name its step does not declare (403).
@@ -96,7 +90,7 @@ func codeStatus(code string) int {
 // SecretWrite) and, admitted, apply op with its group; it returns once
 // durable or refused.
 func (d *Driver) changeSecret(ctx context.Context, in core.Input, op store.DataOp) error {
-	if _, ok := d.st.(SecretStore); !ok || d.ds == nil || !d.secrets {
+	if !d.secrets {
 		return ErrNoSecrets
 	}
 	reply := make(chan dataAnswer, 1)
@@ -134,18 +128,13 @@ func (d *Driver) RemoveSecret(ctx context.Context, name string) error {
 // openSecrets gives the store its secrets key (Options.SecretsKeyFile,
 // SecretsKey, or the file next to the store, created on first start).
 func (d *Driver) openSecrets(opts Options) error {
-	ks, ok := d.st.(interface{ SetSecretsKey([]byte) error })
-	if !ok {
-		return nil
-	}
 	key := opts.SecretsKey
 	path := opts.SecretsKeyFile
 	if path == "" && key == nil && opts.StorePath != "" {
 		path = opts.StorePath + ".secrets-key"
 	}
 	if path != "" {
-		hs, ok := d.st.(interface{ HoldsSealed() bool })
-		if _, err := os.Stat(path); errors.Is(err, fs.ErrNotExist) && ok && hs.HoldsSealed() {
+		if _, err := os.Stat(path); errors.Is(err, fs.ErrNotExist) && d.st.HoldsSealed() {
 			return fmt.Errorf("%w: the secrets key file %s does not exist, and the store holds values sealed with a key: "+
 				"put that key file there (a backup does not carry it) or name it with --secrets-key-file; a new key would open none of them", store.ErrNoSecretsKey, path)
 		}
@@ -161,7 +150,7 @@ func (d *Driver) openSecrets(opts Options) error {
 	if key == nil {
 		return nil
 	}
-	if err := ks.SetSecretsKey(key); err != nil {
+	if err := d.st.SetSecretsKey(key); err != nil {
 		return err
 	}
 	d.secrets = true
@@ -233,8 +222,8 @@ func (p *dataPlane) secret(w http.ResponseWriter, r *http.Request, cred string) 
 	case core.CheckSecretName(name) != nil:
 		return &httpError{code: http.StatusBadRequest, msg: core.CheckSecretName(name).Error()}
 	}
-	ss, ok := p.d.st.(SecretStore)
-	if !ok || !p.d.secrets {
+	ss := p.d.st
+	if !p.d.secrets {
 		return ErrNoSecrets
 	}
 	lease, err := parseLease(r)
@@ -285,7 +274,7 @@ func (p *dataPlane) token(w http.ResponseWriter, r *http.Request, cred string) e
 	if r.Method != http.MethodPost {
 		return &httpError{code: http.StatusMethodNotAllowed, msg: fmt.Sprintf("method %s is not allowed on /token (allowed: POST)", r.Method), allow: "POST"}
 	}
-	if _, ok := p.d.st.(SecretStore); !ok || !p.d.secrets {
+	if !p.d.secrets {
 		return ErrNoSecrets
 	}
 	lease, err := parseLease(r)

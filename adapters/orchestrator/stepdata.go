@@ -99,7 +99,7 @@ func attributes(r *http.Request) (map[string]string, error) {
 // reading the body. done is false when there is none (the write goes on).
 // The credential must be accepted and the first write its worker's.
 func (p *dataPlane) repeat(w http.ResponseWriter, r *http.Request, cred string, lease core.LeaseID, req string, kind store.DataOpKind, id string) (bool, error) {
-	e, ok, err := p.d.ds.Request(uint64(lease), req) // a read of the store, off the loop
+	e, ok, err := p.d.st.Request(uint64(lease), req) // a read of the store, off the loop
 	if err != nil || !ok {
 		return false, err
 	}
@@ -280,7 +280,7 @@ func (p *dataPlane) serveStep(w http.ResponseWriter, r *http.Request, rt dataRou
 	}
 	if a, ok := out.(StepOutputAnswer); ok { // its writes: the versions made under its leases
 		run, _, _ := strings.Cut(a.Step, "/")
-		items, next, err := p.d.ds.QueryData(store.DataQuery{Run: run, Step: a.Step, Limit: store.MaxQueryLimit})
+		items, next, err := p.d.st.QueryData(store.DataQuery{Run: run, Step: a.Step, Limit: store.MaxQueryLimit})
 		if err != nil {
 			return err
 		}

@@ -72,6 +72,8 @@ type options struct {
 	actor, action string
 	// secret put; serve --secrets-key-file (SPEC §14a)
 	fromFile, secretsKeyFile string
+	// serve --store (SPEC §11)
+	store string
 }
 
 // env is what a command runs with.

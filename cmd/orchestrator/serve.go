@@ -34,6 +34,7 @@ const (
 	defaultConfigFile = "server-config.yaml"
 	adminTokenFile    = "admin-token"
 	metricsTokenEnv   = "TETHER_METRICS_TOKEN" // rather than argv, which ps shows
+	storeEnv          = "TETHER_STORE"         // the default of --store
 	storeFile         = "tether.db"
 	shutdownTimeout   = 10 * time.Second
 	maxConfigSize     = 1 << 20
@@ -47,13 +48,20 @@ var serveCmd = &command{
 	short: "run the orchestrator: control plane, operator API and store",
 	long: `Run the orchestrator in the foreground until SIGINT or SIGTERM.
 
-It keeps all durable state in <data-dir>/tether.db (bbolt; an existing file is
-restored: in-flight steps wait for their workers to reconnect) and listens on
+It keeps all durable state in its store (an existing store is restored:
+in-flight steps wait for their workers to reconnect) and listens on
 --addr for workers (WebSocket at /control, the HTTP/2 data plane at /data/ and
 /bundle/) and operators (HTTP JSON API under /api/; probes at /livez and
 /readyz, Prometheus metrics at /metrics, SPEC §16). On the first start it
 creates an admin token in <data-dir>/admin-token (mode 0600) and prints it
 once; client commands read that file.
+
+The store is named by --store (default: $TETHER_STORE, else
+bbolt:<data-dir>/tether.db):
+
+  bbolt:PATH     one bbolt file (and PATH.blobs/ beside it) on this machine;
+                 PATH relative to the working directory
+  postgres://…   refused for now: the PostgreSQL backend is not built yet
 
 Without a certificate everything is cleartext: HTTP/1.1 and HTTP/2 with prior
 knowledge (h2c). With --tls-cert and --tls-key (PEM files) everything is TLS,
@@ -126,7 +134,8 @@ next start within their grace window. SIGHUP is ignored.`,
 		fs.StringVar(&o.tlsKey, "tls-key", "", "the TLS private key `file` (PEM)")
 		fs.StringVar(&o.retain, "retain", "720h", "keep finished runs, gone workers and used tokens this long (`duration`: 720h, 30d, 1m; SPEC §7a)")
 		fs.StringVar(&o.metricsToken, "metrics-token", "", "bearer `token` /metrics asks for (default: $"+metricsTokenEnv+"; neither: /metrics is open, SPEC §16)")
-		fs.StringVar(&o.secretsKeyFile, "secrets-key-file", "", "the key `file` sealing secrets at rest (64 hex digits; created, mode 0600, when missing; default <data-dir>/tether.db.secrets-key); every orchestrator serving one store needs the same (SPEC §14a)")
+		fs.StringVar(&o.secretsKeyFile, "secrets-key-file", "", "the key `file` sealing secrets at rest (64 hex digits; created, mode 0600, when missing; default the store file's path + .secrets-key); every orchestrator serving one store needs the same (SPEC §14a)")
+		fs.StringVar(&o.store, "store", "", "the `store`: bbolt:PATH (default: $"+storeEnv+", else bbolt:<data-dir>/tether.db); postgres://… is refused for now (SPEC §11)")
 		fs.StringVar(&o.pprof, "pprof", "", "serve Go's runtime profiles (/debug/pprof/) on this loopback `address`; off by default")
 		fs.Int64Var(&o.maxSubmitBody, "max-submit-body", orchestrator.DefaultMaxSubmitBody, "largest workflow definition accepted by POST /api/runs, in `bytes` (at most 1048576)")
 		fs.IntVar(&o.maxConns, "max-conns", defaultMaxConns, "worker connections that sent a Hello, at most (`n`, not per address)")
@@ -145,6 +154,7 @@ next start within their grace window. SIGHUP is ignored.`,
 type serverConfig struct {
 	Addr              string
 	DataDir           string
+	StorePath         string // the bbolt file (--store, $TETHER_STORE; default <DataDir>/tether.db)
 	TLSCert, TLSKey   string // both or neither
 	HeartbeatTimeout  time.Duration
 	SweepInterval     time.Duration
@@ -529,6 +539,16 @@ func resolveServeConfig(e *env) (serverConfig, error) {
 	if cfg.DataDir == "" {
 		return cfg, usageErrorf("the data directory (--data-dir or data_dir:) is empty; name a directory")
 	}
+	spec, from := "", "$"+storeEnv
+	if e.getenv != nil { // nil: a test resolving flags alone
+		spec = e.getenv(storeEnv)
+	}
+	if set["store"] {
+		spec, from = e.opts.store, "--store"
+	}
+	if cfg.StorePath, err = parseStore(spec, cfg.DataDir); err != nil {
+		return cfg, usageErrorf("%s: %v", from, err) // not echoed: a URL may carry a password
+	}
 	if set["max-conns"] {
 		cfg.MaxConns = e.opts.maxConns
 	}
@@ -649,7 +669,7 @@ func serve(ctx context.Context, e *env, _ []string) error {
 	} else if fi, err := os.Stat(tokenPath); err == nil && fi.Mode().Perm()&0o077 != 0 {
 		log.Warn("admin token file is readable by other users; chmod 600 it", "path", tokenPath, "mode", fi.Mode().Perm().String())
 	}
-	storePath := filepath.Join(cfg.DataDir, storeFile)
+	storePath := cfg.StorePath
 	shipped := orchestrator.ShipEnv(cfg.ShipEnv)
 	if len(cfg.ShipEnv) > 0 {
 		names := make([]string, 0, len(shipped))
@@ -812,4 +832,22 @@ func parseRetention(s string) (time.Duration, error) {
 		return 0, fmt.Errorf("%q: at least %s", s, minRetention)
 	}
 	return d, nil
+}
+
+// parseStore resolves a store's name (--store, $TETHER_STORE; SPEC §11) to
+// the bbolt file it names: empty means <dataDir>/tether.db.
+func parseStore(spec, dataDir string) (string, error) {
+	switch {
+	case spec == "":
+		return filepath.Join(dataDir, storeFile), nil
+	case strings.HasPrefix(spec, "bbolt:"):
+		path := strings.TrimPrefix(spec, "bbolt:")
+		if path == "" {
+			return "", errors.New("bbolt: names no file; want bbolt:PATH")
+		}
+		return path, nil
+	case strings.HasPrefix(spec, "postgres://"), strings.HasPrefix(spec, "postgresql://"):
+		return "", errors.New("the PostgreSQL backend is not built yet; use bbolt:PATH (the default is bbolt:<data-dir>/tether.db)")
+	}
+	return "", errors.New("unknown kind of store; want bbolt:PATH (postgres://… is not built yet)")
 }

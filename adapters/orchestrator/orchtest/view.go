@@ -15,12 +15,12 @@ import (
 	"github.com/tether-run/tether/core"
 )
 
-// View is the core's live state and the store's history (nil: none). Its
+// View is the core's live state and the store's history. Its
 // run, step, event, lease and log queries answer as the core's did before
 // archival; the rest are the core's.
 type View struct {
 	*core.Orchestrator
-	H orchestrator.HistoryStore
+	H store.Histories
 }
 
 // Snapshot calls f with a View of d, on d's loop (Driver.Snapshot).
