@@ -554,11 +554,8 @@ func (a *api) submit(r *http.Request) (int, any, error) {
 }
 
 func (a *api) showRun(ctx context.Context, id core.RunID) (int, any, error) {
-	var src runSource
 	var names map[core.WorkerID]string
-	found := false
-	err := a.d.Snapshot(ctx, func(o *core.Orchestrator) {
-		src, found = liveSource(o, id)
+	src, err := a.runSource(ctx, id, liveSource, func(o *core.Orchestrator) {
 		names = map[core.WorkerID]string{}
 		for _, w := range o.Workers() {
 			names[w.ID] = w.Name
@@ -567,19 +564,33 @@ func (a *api) showRun(ctx context.Context, id core.RunID) (int, any, error) {
 	if err != nil {
 		return 0, nil, err
 	}
-	if !found {
-		// Not in the core: archived (the store has it: the batch that
-		// archived it was durable before the snapshot ran), or unknown.
-		h, ok, err := a.history(id)
-		if err != nil {
-			return 0, nil, err
-		}
-		if !ok {
-			return 0, nil, errorf(http.StatusNotFound, "unknown run %q", id)
-		}
-		src = archivedSource(h)
-	}
 	return http.StatusOK, src.detail(names), nil
+}
+
+// runSource reads run id with live from a snapshot of the core (also
+// calling also, if not nil, in that snapshot), or from its history record
+// once archived: the store has it, as the batch that archived it was
+// durable before the snapshot ran. An unknown run is 404.
+func (a *api) runSource(ctx context.Context, id core.RunID, live func(*core.Orchestrator, core.RunID) (runSource, bool), also func(*core.Orchestrator)) (runSource, error) {
+	var src runSource
+	found := false
+	err := a.d.Snapshot(ctx, func(o *core.Orchestrator) {
+		src, found = live(o, id)
+		if also != nil {
+			also(o)
+		}
+	})
+	if err != nil || found {
+		return src, err
+	}
+	h, ok, err := a.history(id)
+	if err != nil {
+		return runSource{}, err
+	}
+	if !ok {
+		return runSource{}, errorf(http.StatusNotFound, "unknown run %q", id)
+	}
+	return archivedSource(h), nil
 }
 
 func (a *api) cancelRun(r *http.Request, id core.RunID) (int, any, error) {

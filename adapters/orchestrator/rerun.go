@@ -37,20 +37,9 @@ func (a *api) rerun(r *http.Request) (int, any, error) {
 	if err := decodeJSON(r, &body); err != nil {
 		return 0, nil, err
 	}
-	var src runSource
-	found := false
-	if err := a.d.Snapshot(r.Context(), func(o *core.Orchestrator) { src, found = liveRun(o, id) }); err != nil {
+	src, err := a.runSource(r.Context(), id, liveRun, nil)
+	if err != nil {
 		return 0, nil, err
-	}
-	if !found {
-		h, ok, err := a.history(id)
-		if err != nil {
-			return 0, nil, err
-		}
-		if !ok {
-			return 0, nil, errorf(http.StatusNotFound, "unknown run %q", id)
-		}
-		src = archivedSource(h)
 	}
 	var reuse []core.ReusedStep
 	if body.FailedOnly {

@@ -533,10 +533,20 @@ func runSubmit(ctx context.Context, e *env, args []string) error {
 	if err != nil {
 		return fmt.Errorf("read workflow: %w", err)
 	}
+	return startedRun(ctx, e, func(ctx context.Context, c *client.Client) (string, error) {
+		return c.SubmitChild(ctx, e.opts.parent, filepath.Base(name), src)
+	})
+}
+
+// startedRun starts a run with start, prints its id on stdout (or -o's
+// answer), and with --wait follows it: its steps as they change, for
+// people, on stderr (stdout holds only the run's id, for a script), and
+// its outcome as the exit code.
+func startedRun(ctx context.Context, e *env, start func(context.Context, *client.Client) (string, error)) error {
 	var run string
-	err = withClient(ctx, e, func(ctx context.Context, c *client.Client) error {
+	err := withClient(ctx, e, func(ctx context.Context, c *client.Client) error {
 		var err error
-		if run, err = c.SubmitChild(ctx, e.opts.parent, filepath.Base(name), src); err != nil {
+		if run, err = start(ctx, c); err != nil {
 			return err
 		}
 		out := client.Submitted{Run: run}
@@ -549,9 +559,6 @@ func runSubmit(ctx context.Context, e *env, args []string) error {
 	if err != nil || !e.opts.wait {
 		return err
 	}
-	// The run's steps as they change, for people, on stderr (stdout holds
-	// only the run's id, or -o's answer, for a script); the exit code is
-	// its outcome.
 	o := *e.opts
 	o.output, o.json = "table", false
 	we := *e
@@ -760,27 +767,9 @@ func outcome(run, status string) error {
 // stdout, then with --wait its steps on stderr and its outcome as the exit
 // code, as runSubmit.
 func runRerun(ctx context.Context, e *env, args []string) error {
-	var run string
-	err := withClient(ctx, e, func(ctx context.Context, c *client.Client) error {
-		var err error
-		if run, err = c.Rerun(ctx, args[0], e.opts.failedOnly); err != nil {
-			return err
-		}
-		out := client.Submitted{Run: run}
-		if ok, err := e.printStructured(out); ok {
-			return err
-		}
-		fmt.Fprintln(e.stdout, out.Run)
-		return nil
+	return startedRun(ctx, e, func(ctx context.Context, c *client.Client) (string, error) {
+		return c.Rerun(ctx, args[0], e.opts.failedOnly)
 	})
-	if err != nil || !e.opts.wait {
-		return err
-	}
-	o := *e.opts
-	o.output, o.json = "table", false
-	we := *e
-	we.opts = &o
-	return watch(ctx, &we, e.stderr, run)
 }
 
 func runCancel(ctx context.Context, e *env, args []string) error {
