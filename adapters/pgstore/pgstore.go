@@ -66,6 +66,8 @@ type Store struct {
 	creating int             // WriteBlobs under way
 
 	aead atomic.Pointer[cipher.AEAD] // the secrets key (secrets.go)
+
+	dataMu sync.Mutex // one ApplyWithData at a time decides on its reads (applydata.go)
 }
 
 var _ store.Backend = (*Store)(nil)

@@ -229,6 +229,11 @@ func (s *Store) PruneData(cutoff time.Time, keepBundle func(fp string) bool, bud
 			return nil, false, err
 		}
 		leases = append(leases, make([]int64, len(leases))...) // each counted out of the total (lease 0) too
+		// The counts' rows locked in lease order, as ApplyWithData's writes
+		// lock them: the two never wait for each other in a cycle.
+		if _, err := tx.Exec(ctx, "SELECT 1 FROM tether_request_count WHERE lease = ANY($1::bigint[]) ORDER BY lease FOR UPDATE", leases); err != nil {
+			return nil, false, err
+		}
 		_, err = tx.Exec(ctx, `UPDATE tether_request_count c SET n = c.n - d.k
 			FROM (SELECT l, count(*) AS k FROM unnest($1::bigint[]) AS l GROUP BY l) d WHERE c.lease = d.l`, leases)
 		if err == nil {
