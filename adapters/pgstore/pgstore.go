@@ -11,7 +11,8 @@
 // written, unless the epoch is the Store's; the caller gets an error
 // wrapping store.ErrDeposed. Apply of an empty batch is then the proof of
 // leadership on its own: the driver calls it before any group that leaves
-// without records.
+// without records, and it reads the epoch without a transaction of its
+// own to commit.
 //
 // Apply, the driver's hot path, is one round trip: the fence, one
 // multi-row upsert and one delete per table the batch touches, sent as one
@@ -207,8 +208,8 @@ func (s *Store) Apply(recs []core.Record) error {
 	if err := s.check(); err != nil {
 		return err
 	}
-	if len(recs) == 0 && s.epoch == 0 {
-		return nil
+	if len(recs) == 0 {
+		return s.prove()
 	}
 	if err := checkRecords(recs); err != nil {
 		return err
@@ -221,6 +222,23 @@ func (s *Store) Apply(recs []core.Record) error {
 	err := s.pool.SendBatch(s.ctx, b).Close()
 	if err != nil {
 		return fmt.Errorf("pgstore: apply %d records: %w", len(recs), s.mapErr(err))
+	}
+	return nil
+}
+
+// prove is the proof of leadership of an empty Apply: the leader row's
+// epoch is the Store's now. A plain read: with nothing to commit there is
+// nothing to hold the row for, and it asks no flush of the WAL.
+func (s *Store) prove() error {
+	if s.epoch == 0 {
+		return nil
+	}
+	var epoch int64
+	if err := s.pool.QueryRow(s.ctx, "SELECT epoch FROM tether_leader WHERE id = 1").Scan(&epoch); err != nil {
+		return fmt.Errorf("pgstore: proof of leadership: %w", s.mapErr(err))
+	}
+	if epoch != s.epoch {
+		return fmt.Errorf("pgstore: proof of leadership: %w: the leader epoch is %d, this orchestrator's is %d", store.ErrDeposed, epoch, s.epoch)
 	}
 	return nil
 }

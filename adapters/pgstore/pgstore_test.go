@@ -6,8 +6,10 @@ import (
 	"fmt"
 	"os"
 	"reflect"
+	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -171,6 +173,12 @@ func TestFence(t *testing.T) {
 	}
 	if _, err := one.ApplyWithData([]core.Record{{Key: "worker/c", Value: []byte("late")}}, nil); !errors.Is(err, store.ErrDeposed) {
 		t.Errorf("the deposed leader's ApplyWithData: %v, want ErrDeposed", err)
+	}
+	if _, err := one.WriteBlob(strings.NewReader("late bytes"), 100); !errors.Is(err, store.ErrDeposed) {
+		t.Errorf("the deposed leader's WriteBlob: %v, want ErrDeposed", err)
+	}
+	if _, err := one.PruneAudit(time.Now(), 0); !errors.Is(err, store.ErrDeposed) {
+		t.Errorf("the deposed leader's PruneAudit: %v, want ErrDeposed", err)
 	}
 	want := map[string]string{"worker/a": "by one"}
 	if got := loadMap(t, two); !reflect.DeepEqual(got, want) {
