@@ -16,8 +16,9 @@
 //
 // Apply, the driver's hot path, is one round trip: the fence, one
 // multi-row upsert and one delete per table the batch touches, sent as one
-// pgx.Batch, which PostgreSQL runs as one implicit transaction (committed,
-// and with synchronous_commit=on flushed, before it answers).
+// pgx.Batch, which PostgreSQL runs as one implicit transaction, committed
+// and flushed before it answers: the Store's sessions run with
+// synchronous_commit=on (or what the URL asks beyond it; off is refused).
 package pgstore
 
 import (
@@ -80,6 +81,15 @@ func Open(ctx context.Context, dsn string, o Options) (*Store, error) {
 	if err != nil {
 		// The DSN may carry a password: not echoed.
 		return nil, fmt.Errorf("pgstore: the store URL does not parse as a PostgreSQL connection string")
+	}
+	// A commit is answered only once it is on stable storage (SPEC §11),
+	// whatever the server's default; a connection string may ask for more
+	// (remote_apply, with standbys), never for less.
+	switch cfg.ConnConfig.RuntimeParams["synchronous_commit"] {
+	case "":
+		cfg.ConnConfig.RuntimeParams["synchronous_commit"] = "on"
+	case "off":
+		return nil, fmt.Errorf("pgstore: synchronous_commit=off would answer commits a crash can lose (SPEC §11); drop it from the store URL")
 	}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {

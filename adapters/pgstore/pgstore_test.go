@@ -248,3 +248,30 @@ func TestMigrations(t *testing.T) {
 		t.Errorf("Open of a database of a newer schema: %v, want ErrSchemaTooNew", err)
 	}
 }
+
+// A database restarted as a crash would (SPEC §11): what was committed is
+// there, and after a bounded number of calls failing on the connections
+// the restart cut, the Store works again on new ones.
+func TestDatabaseRestart(t *testing.T) {
+	s := open(t, database(t), pgstore.Options{})
+	if err := s.Apply([]core.Record{{Key: "worker/a", Value: []byte("before")}}); err != nil {
+		t.Fatal(err)
+	}
+	cluster.Restart(t)
+	var failed int
+	for {
+		err := s.Apply([]core.Record{{Key: "worker/b", Value: []byte("after")}})
+		if err == nil {
+			break
+		}
+		// Each failure costs the pool one cut connection: a bounded number.
+		if failed++; failed > int(s.Pool().Config().MaxConns) {
+			t.Fatalf("Apply still fails after the restart, %d times: %v", failed, err)
+		}
+		t.Logf("Apply after the restart: %v", err)
+	}
+	want := map[string]string{"worker/a": "before", "worker/b": "after"}
+	if got := loadMap(t, s); !reflect.DeepEqual(got, want) {
+		t.Errorf("after the restart: %v, want %v", got, want)
+	}
+}
