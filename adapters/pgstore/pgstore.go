@@ -75,7 +75,8 @@ type Store struct {
 var _ store.Backend = (*Store)(nil)
 
 // Open connects to the database at dsn, runs the migrations it lacks
-// (schema.go) and collects the blobs no record names.
+// (schema.go) and collects the blobs no record names and what unfinished
+// blob writes left.
 func Open(ctx context.Context, dsn string, o Options) (*Store, error) {
 	cfg, err := pgxpool.ParseConfig(dsn)
 	if err != nil {
@@ -108,6 +109,13 @@ func Open(ctx context.Context, dsn string, o Options) (*Store, error) {
 	}
 	s := &Store{pool: pool, epoch: int64(o.Epoch), pins: map[string]int{}, unsure: map[string]bool{}}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
+	if err := s.write(func(ctx context.Context, tx pgx.Tx) error {
+		_, err := tx.Exec(ctx, `DELETE FROM tether_blob_chunk c WHERE NOT EXISTS (SELECT 1 FROM tether_blob b WHERE b.chunks = c.chunks)`)
+		return err
+	}); err != nil {
+		s.Close()
+		return nil, fmt.Errorf("pgstore: unfinished blobs: %w", err)
+	}
 	if _, err := s.CollectBlobs(); err != nil {
 		s.Close()
 		return nil, err

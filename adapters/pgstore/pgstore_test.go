@@ -275,3 +275,43 @@ func TestDatabaseRestart(t *testing.T) {
 		t.Errorf("after the restart: %v, want %v", got, want)
 	}
 }
+
+// A blob's bytes are chunks: a body over its limit leaves none, and Open
+// removes those no blob names (a write a crash cut).
+func TestBlobChunks(t *testing.T) {
+	dsn := database(t)
+	s := open(t, dsn, pgstore.Options{})
+	chunks := func() (n int) {
+		t.Helper()
+		if err := s.Pool().QueryRow(context.Background(), "SELECT count(*) FROM tether_blob_chunk").Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	body := strings.Repeat("x", 2*pgstore.ChunkSize+1)
+	ref, err := s.WriteBlob(strings.NewReader(body), int64(len(body)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := chunks(); n != 3 {
+		t.Errorf("a blob of 2 chunks and a byte is %d chunks", n)
+	}
+	if _, err := s.WriteBlob(strings.NewReader(body+"y"), int64(len(body))); !errors.Is(err, store.ErrTooLarge) {
+		t.Fatalf("a body over its limit: %v", err)
+	}
+	if n := chunks(); n != 3 {
+		t.Errorf("a body over its limit left %d chunks beside the blob's 3", n-3)
+	}
+	if _, err := s.Pool().Exec(context.Background(), "INSERT INTO tether_blob_chunk VALUES ('cut', 0, 'abc')"); err != nil {
+		t.Fatal(err)
+	}
+	s.ReleaseBlob(ref) // unnamed: collected
+	if n := chunks(); n != 1 {
+		t.Errorf("after the blob was collected %d chunks are left, want the cut write's 1", n)
+	}
+	s.Close()
+	s = open(t, dsn, pgstore.Options{})
+	if n := chunks(); n != 0 {
+		t.Errorf("after a reopen %d chunks of a cut write are left", n)
+	}
+}
