@@ -48,6 +48,10 @@ type Options struct {
 	Epoch uint64
 }
 
+// DefaultMaxConns is the pool's size unless the store URL sets
+// pool_max_conns.
+const DefaultMaxConns = 16
+
 // MaxKeyLength bounds a record's key: a PostgreSQL index entry holds at
 // most about a third of a page.
 const MaxKeyLength = 2000
@@ -82,6 +86,12 @@ func Open(ctx context.Context, dsn string, o Options) (*Store, error) {
 	if err != nil {
 		// The DSN may carry a password: not echoed.
 		return nil, fmt.Errorf("pgstore: the store URL does not parse as a PostgreSQL connection string")
+	}
+	// Commits, reads of the API and the data plane, blob chunks and the
+	// leader's renewals share the pool: more than pgxpool's default of 4,
+	// unless the URL says (pool_max_conns).
+	if !strings.Contains(dsn, "pool_max_conns") {
+		cfg.MaxConns = DefaultMaxConns
 	}
 	// A commit is answered only once it is on stable storage (SPEC §11),
 	// whatever the server's default; a connection string may ask for more
