@@ -4,10 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"reflect"
+	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -207,6 +210,7 @@ func loadMap(t *testing.T, s *pgstore.Store) map[string]string {
 
 // Migrations: Opens at once on a new database agree (one migrates, the
 // others find it done); a database a newer binary migrated is refused.
+// Backup is pg_dump's, not the Store's.
 func TestMigrations(t *testing.T) {
 	dsn := database(t)
 	var wg sync.WaitGroup
@@ -237,6 +241,10 @@ func TestMigrations(t *testing.T) {
 	}
 	if version != pgstore.SchemaVersion || leaders != 1 {
 		t.Errorf("after 4 Opens: schema version %d with %d leader rows; want %d and 1", version, leaders, pgstore.SchemaVersion)
+	}
+	s := open(t, dsn, pgstore.Options{})
+	if err := s.Backup(io.Discard); !errors.Is(err, errors.ErrUnsupported) {
+		t.Errorf("Backup: %v, want an error wrapping ErrUnsupported (pg_dump backs a database up)", err)
 	}
 	if _, err := conn.Exec(context.Background(), "UPDATE tether_schema SET version = version + 1"); err != nil {
 		t.Fatal(err)
@@ -313,5 +321,46 @@ func TestBlobChunks(t *testing.T) {
 	s = open(t, dsn, pgstore.Options{})
 	if n := chunks(); n != 0 {
 		t.Errorf("after a reopen %d chunks of a cut write are left", n)
+	}
+}
+
+var icuDatabases atomic.Int32
+
+// Keys sort in byte order (Go's string order, as bbolt's) even in a
+// database whose collation sorts text otherwise (ICU's English: case and
+// punctuation second): Load's order is the core's, and it finds the live
+// leases' log lines by their keys' range.
+func TestByteOrder(t *testing.T) {
+	database(t) // skips or fails as every test here does without a cluster
+	name := fmt.Sprintf("tether_icu_%d_%d", os.Getpid(), icuDatabases.Add(1))
+	admin, err := pgx.Connect(context.Background(), strings.Replace(cluster.DSN, "/"+pgtest.Database+"?", "/postgres?", 1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close(context.Background())
+	if _, err := admin.Exec(context.Background(), "CREATE DATABASE "+name+" LOCALE_PROVIDER icu ICU_LOCALE 'en-US' TEMPLATE template0"); err != nil {
+		t.Fatal(err)
+	}
+	s := open(t, strings.Replace(cluster.DSN, "/"+pgtest.Database+"?", "/"+name+"?", 1), pgstore.Options{})
+	keys := []string{"worker/a", "worker/B", "worker/_x", "worker/-y", "worker/Z9", "worker/a-b", "worker/ab",
+		"lease/00000000000000000007", "log/00000000000000000007/0000000000", "leases", "lease-x", "lease0"}
+	var recs []core.Record
+	for _, k := range keys {
+		recs = append(recs, core.Record{Key: k, Value: []byte("v")})
+	}
+	if err := s.Apply(recs); err != nil {
+		t.Fatal(err)
+	}
+	got, err := s.Load()
+	if err != nil {
+		t.Fatalf("Load in a database of ICU's collation: %v", err)
+	}
+	sort.Strings(keys)
+	var order []string
+	for _, r := range got {
+		order = append(order, r.Key)
+	}
+	if !reflect.DeepEqual(order, keys) {
+		t.Errorf("Load's order %q, want byte order %q", order, keys)
 	}
 }
