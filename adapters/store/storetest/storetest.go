@@ -263,6 +263,14 @@ func testData(t *testing.T, h *harness) {
 		if err != nil || len(items) != 1 || items[0].ID != "a" || items[0].Version != 2 || next != "" {
 			t.Errorf("%s: query by run: %+v %q %v; want a version 2", when, items, next, err)
 		}
+		items, next, err = h.b.QueryData(store.DataQuery{Prefix: "a", Limit: 2})
+		if err != nil || len(items) != 2 || items[0].Version != 1 || items[1].Version != 2 || next == "" {
+			t.Fatalf("%s: first page of prefix a: %+v %q %v; want a 1, a 2 and more", when, items, next, err)
+		}
+		items, next, err = h.b.QueryData(store.DataQuery{Prefix: "a", Limit: 2, After: next})
+		if err != nil || len(items) != 1 || items[0].ID != "a" || items[0].Version != 3 || next != "" {
+			t.Errorf("%s: second page of prefix a: %+v %q %v; want a 3 alone (b is not of the prefix)", when, items, next, err)
+		}
 	})
 	// A malformed op refuses the whole call: nothing of it is written.
 	if _, err := h.b.ApplyWithData([]core.Record{rec("worker/w9", "no")}, []store.DataOp{{Kind: store.OpAppend, ID: "c", Body: []byte("x")},
