@@ -80,8 +80,44 @@ var _ store.Backend = (*Store)(nil)
 
 // Open connects to the database at dsn, runs the migrations it lacks
 // (schema.go) and collects the blobs no record names and what unfinished
-// blob writes left.
+// blob writes left. Only the orchestrator that writes opens a Store (alone
+// with no epoch, or the leader with its epoch): that collection would take
+// the blobs a running leader is writing. A standby runs Migrate.
 func Open(ctx context.Context, dsn string, o Options) (*Store, error) {
+	pool, err := connect(ctx, dsn)
+	if err != nil {
+		return nil, err
+	}
+	s := &Store{pool: pool, epoch: int64(o.Epoch), pins: map[string]int{}, unsure: map[string]bool{}}
+	s.ctx, s.cancel = context.WithCancel(context.Background())
+	if err := s.write(func(ctx context.Context, tx pgx.Tx) error {
+		_, err := tx.Exec(ctx, `DELETE FROM tether_blob_chunk c WHERE NOT EXISTS (SELECT 1 FROM tether_blob b WHERE b.chunks = c.chunks)`)
+		return err
+	}); err != nil {
+		s.Close()
+		return nil, fmt.Errorf("pgstore: unfinished blobs: %w", err)
+	}
+	if _, err := s.CollectBlobs(); err != nil {
+		s.Close()
+		return nil, err
+	}
+	return s, nil
+}
+
+// Migrate runs the migrations the database at dsn lacks, as Open does, and
+// nothing else: what a standby does before it campaigns, so that the
+// leader row exists.
+func Migrate(ctx context.Context, dsn string) error {
+	pool, err := connect(ctx, dsn)
+	if err != nil {
+		return err
+	}
+	pool.Close()
+	return nil
+}
+
+// connect makes the pool and migrates the database.
+func connect(ctx context.Context, dsn string) (*pgxpool.Pool, error) {
 	cfg, err := pgxpool.ParseConfig(dsn)
 	if err != nil {
 		// The DSN may carry a password: not echoed.
@@ -117,20 +153,7 @@ func Open(ctx context.Context, dsn string, o Options) (*Store, error) {
 		pool.Close()
 		return nil, err
 	}
-	s := &Store{pool: pool, epoch: int64(o.Epoch), pins: map[string]int{}, unsure: map[string]bool{}}
-	s.ctx, s.cancel = context.WithCancel(context.Background())
-	if err := s.write(func(ctx context.Context, tx pgx.Tx) error {
-		_, err := tx.Exec(ctx, `DELETE FROM tether_blob_chunk c WHERE NOT EXISTS (SELECT 1 FROM tether_blob b WHERE b.chunks = c.chunks)`)
-		return err
-	}); err != nil {
-		s.Close()
-		return nil, fmt.Errorf("pgstore: unfinished blobs: %w", err)
-	}
-	if _, err := s.CollectBlobs(); err != nil {
-		s.Close()
-		return nil, err
-	}
-	return s, nil
+	return pool, nil
 }
 
 // Pool is the Store's connection pool (the leader election shares it).

@@ -208,8 +208,8 @@ func loadMap(t *testing.T, s *pgstore.Store) map[string]string {
 	return m
 }
 
-// Migrations: Opens at once on a new database agree (one migrates, the
-// others find it done); a database a newer binary migrated is refused.
+// Migrations: Opens and Migrates at once on a new database agree (one
+// migrates, the others find it done); a database a newer binary migrated is refused.
 // Backup is pg_dump's, not the Store's.
 func TestMigrations(t *testing.T) {
 	dsn := database(t)
@@ -217,6 +217,10 @@ func TestMigrations(t *testing.T) {
 	errs := make([]error, 4)
 	for i := range errs {
 		wg.Go(func() {
+			if i%2 == 1 { // what a standby runs
+				errs[i] = pgstore.Migrate(context.Background(), dsn)
+				return
+			}
 			s, err := pgstore.Open(context.Background(), dsn, pgstore.Options{})
 			if err == nil {
 				s.Close()
@@ -227,7 +231,7 @@ func TestMigrations(t *testing.T) {
 	wg.Wait()
 	for i, err := range errs {
 		if err != nil {
-			t.Errorf("Open %d of 4 at once: %v", i+1, err)
+			t.Errorf("Open or Migrate %d of 4 at once: %v", i+1, err)
 		}
 	}
 	conn, err := pgx.Connect(context.Background(), dsn)
@@ -240,7 +244,7 @@ func TestMigrations(t *testing.T) {
 		t.Fatal(err)
 	}
 	if version != pgstore.SchemaVersion || leaders != 1 {
-		t.Errorf("after 4 Opens: schema version %d with %d leader rows; want %d and 1", version, leaders, pgstore.SchemaVersion)
+		t.Errorf("after 4 Opens and Migrates: schema version %d with %d leader rows; want %d and 1", version, leaders, pgstore.SchemaVersion)
 	}
 	s := open(t, dsn, pgstore.Options{})
 	if err := s.Backup(io.Discard); !errors.Is(err, errors.ErrUnsupported) {
