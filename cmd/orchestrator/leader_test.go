@@ -30,8 +30,8 @@ func TestServeLeaderStandby(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), 2*e2eTimeout)
 	defer cancel()
 	orchBin, _ := buildBinaries(t, ctx)
-	shared := t.TempDir() // what every orchestrator of the store names: the secrets key, the admin token
-	const lease = 2 * time.Second
+	shared := t.TempDir()         // what every orchestrator of the store names: the secrets key, the admin token
+	const lease = 3 * time.Second // renewed every 750 ms: a loaded machine does not depose the leader by accident
 	n := 0
 	serveOne := func() (*proc, string) {
 		t.Helper()

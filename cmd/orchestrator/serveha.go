@@ -178,11 +178,15 @@ func serveLeading(ctx context.Context, e *env, log *slog.Logger, cfg serverConfi
 			log.Warn("could not resign the lead; a standby takes over once the lease lapses", "err", err)
 		}
 	}
-	st, err := pgstore.Open(ctx, cfg.StoreDSN, pgstore.Options{Epoch: uint64(epoch)})
-	if err != nil {
-		if errors.Is(err, store.ErrDeposed) {
-			return stepDown(log, epoch, err)
-		}
+	st, err := pgstore.Open(ctx, cfg.StoreDSN, pgstore.Options{Epoch: epoch})
+	switch {
+	case errors.Is(err, store.ErrDeposed):
+		return stepDown(log, epoch, err)
+	case err != nil && ctx.Err() != nil:
+		resign()
+		log.Info("stopped before serving; the lead resigned", "reason", "signal", "epoch", epoch)
+		return nil
+	case err != nil:
 		resign()
 		return fmt.Errorf("store %s: %w", where, err)
 	}
