@@ -15,26 +15,21 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/tether-run/tether/adapters/pglead"
+	"github.com/tether-run/tether/adapters/pgstore"
 	"github.com/tether-run/tether/adapters/pgtest"
 	"github.com/tether-run/tether/adapters/store"
 )
 
-// leaderDDL is the leader table as the store's first migration makes it.
-const leaderDDL = `CREATE TABLE tether_leader (id int PRIMARY KEY CHECK (id = 1), epoch bigint NOT NULL, holder text NOT NULL, url text NOT NULL, expires_at timestamptz NOT NULL);
-INSERT INTO tether_leader VALUES (1, 0, '', '', '-infinity');`
-
-// newPool opens a pool on a fresh database of c holding the leader table.
+// newPool opens a fresh database of c, migrated by the store (its leader
+// table), and returns the store's pool.
 func newPool(t *testing.T, c *pgtest.Cluster) *pgxpool.Pool {
 	t.Helper()
-	pool, err := pgxpool.New(t.Context(), c.NewDatabase(t))
+	st, err := pgstore.Open(t.Context(), c.NewDatabase(t), pgstore.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(pool.Close)
-	if _, err := pool.Exec(t.Context(), leaderDDL); err != nil {
-		t.Fatal(err)
-	}
-	return pool
+	t.Cleanup(func() { st.Close() })
+	return st.Pool()
 }
 
 // expiresAt reads the lease's end and the database's now.
