@@ -2,9 +2,11 @@ package pgstore_test
 
 import (
 	"fmt"
+	"os"
 	"testing"
 
 	"github.com/tether-run/tether/adapters/pgstore"
+	"github.com/tether-run/tether/adapters/pgtest"
 	"github.com/tether-run/tether/core"
 )
 
@@ -40,6 +42,9 @@ func BenchmarkApply(b *testing.B) {
 }
 
 func openB(b *testing.B) *pgstore.Store {
+	if os.Getenv(pgtest.SkipEnv) == "off" {
+		b.Skip(pgtest.SkipEnv + "=off: the PostgreSQL benchmarks are skipped")
+	}
 	if cluster == nil {
 		b.Fatalf("no PostgreSQL cluster: %s", clusterErr)
 	}

@@ -211,8 +211,11 @@ func (s *Store) QueryData(q store.DataQuery) ([]store.DataMeta, string, error) {
 	out := []store.DataMeta{}
 	next := ""
 	err := s.read(func(ctx context.Context, tx pgx.Tx) error {
+		// Every id sorts below the prefix followed by '~', past the
+		// characters an id may hold (store.ValidateID): the scan ends
+		// where the prefix's ids end.
 		rows, err := tx.Query(ctx, `SELECT id, version, meta FROM tether_data
-			WHERE starts_with(id, $1) AND (id, version) > ($2, $3) ORDER BY id, version LIMIT $4`,
+			WHERE id >= $1 AND id < $1 || '~' AND (id, version) > ($2, $3) ORDER BY id, version LIMIT $4`,
 			q.Prefix, aid, av, store.MaxQueryScan+1)
 		if err != nil {
 			return err

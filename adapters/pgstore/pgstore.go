@@ -48,6 +48,10 @@ type Options struct {
 	Epoch uint64
 }
 
+// DefaultMaxConns is the pool's size unless the store URL sets
+// pool_max_conns.
+const DefaultMaxConns = 16
+
 // MaxKeyLength bounds a record's key: a PostgreSQL index entry holds at
 // most about a third of a page.
 const MaxKeyLength = 2000
@@ -75,12 +79,55 @@ type Store struct {
 var _ store.Backend = (*Store)(nil)
 
 // Open connects to the database at dsn, runs the migrations it lacks
-// (schema.go) and collects the blobs no record names.
+// (schema.go) and collects the blobs no record names and what unfinished
+// blob writes left. Only the orchestrator that writes opens a Store (alone
+// with no epoch, or the leader with its epoch): that collection would take
+// the blobs a running leader is writing. A standby runs Migrate.
 func Open(ctx context.Context, dsn string, o Options) (*Store, error) {
+	pool, err := connect(ctx, dsn)
+	if err != nil {
+		return nil, err
+	}
+	s := &Store{pool: pool, epoch: int64(o.Epoch), pins: map[string]int{}, unsure: map[string]bool{}}
+	s.ctx, s.cancel = context.WithCancel(context.Background())
+	if err := s.write(func(ctx context.Context, tx pgx.Tx) error {
+		_, err := tx.Exec(ctx, `DELETE FROM tether_blob_chunk c WHERE NOT EXISTS (SELECT 1 FROM tether_blob b WHERE b.chunks = c.chunks)`)
+		return err
+	}); err != nil {
+		s.Close()
+		return nil, fmt.Errorf("pgstore: unfinished blobs: %w", err)
+	}
+	if _, err := s.CollectBlobs(); err != nil {
+		s.Close()
+		return nil, err
+	}
+	return s, nil
+}
+
+// Migrate runs the migrations the database at dsn lacks, as Open does, and
+// nothing else: what a standby does before it campaigns, so that the
+// leader row exists.
+func Migrate(ctx context.Context, dsn string) error {
+	pool, err := connect(ctx, dsn)
+	if err != nil {
+		return err
+	}
+	pool.Close()
+	return nil
+}
+
+// connect makes the pool and migrates the database.
+func connect(ctx context.Context, dsn string) (*pgxpool.Pool, error) {
 	cfg, err := pgxpool.ParseConfig(dsn)
 	if err != nil {
 		// The DSN may carry a password: not echoed.
 		return nil, fmt.Errorf("pgstore: the store URL does not parse as a PostgreSQL connection string")
+	}
+	// Commits, reads of the API and the data plane, blob chunks and the
+	// leader's renewals share the pool: more than pgxpool's default of 4,
+	// unless the URL says (pool_max_conns).
+	if !strings.Contains(dsn, "pool_max_conns") {
+		cfg.MaxConns = DefaultMaxConns
 	}
 	// A commit is answered only once it is on stable storage (SPEC §11),
 	// whatever the server's default; a connection string may ask for more
@@ -106,13 +153,7 @@ func Open(ctx context.Context, dsn string, o Options) (*Store, error) {
 		pool.Close()
 		return nil, err
 	}
-	s := &Store{pool: pool, epoch: int64(o.Epoch), pins: map[string]int{}, unsure: map[string]bool{}}
-	s.ctx, s.cancel = context.WithCancel(context.Background())
-	if _, err := s.CollectBlobs(); err != nil {
-		s.Close()
-		return nil, err
-	}
-	return s, nil
+	return pool, nil
 }
 
 // Pool is the Store's connection pool (the leader election shares it).

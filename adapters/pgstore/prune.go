@@ -179,17 +179,29 @@ func (s *Store) PruneData(cutoff time.Time, keepBundle func(fp string) bool, bud
 		keepBundle = func(string) bool { return false }
 	}
 	c := nanos(cutoff)
+	// Versions and streams are scanned in key order from where the last
+	// transaction stopped, at most budget rows each: a pass costs the
+	// table once, however many rows stay (an id's newest version stays).
+	fromID, fromVersion := "", int64(0)
 	versions := func(ctx context.Context, tx pgx.Tx, budget int, st *store.PruneStats) ([]string, bool, error) {
-		rows, err := tx.Query(ctx, `DELETE FROM tether_data WHERE (id, version) IN
-			(SELECT id, version FROM tether_data x WHERE created_ns < $1
-				AND EXISTS (SELECT 1 FROM tether_data y WHERE y.id = x.id AND y.version > x.version)
-				ORDER BY id, version LIMIT $2) RETURNING sha`, c, budget)
+		var lastID *string
+		var lastVersion *int64
+		var scanned int
+		var shas []*string
+		err := tx.QueryRow(ctx, `WITH scan AS (
+				SELECT id, version, created_ns FROM tether_data WHERE (id, version) > ($2, $3) ORDER BY id, version LIMIT $4),
+			gone AS (
+				DELETE FROM tether_data d USING scan s WHERE d.id = s.id AND d.version = s.version AND s.created_ns < $1
+					AND EXISTS (SELECT 1 FROM tether_data y WHERE y.id = s.id AND y.version > s.version)
+				RETURNING d.sha),
+			last AS (SELECT id, version FROM scan ORDER BY id DESC, version DESC LIMIT 1)
+			SELECT (SELECT id FROM last), (SELECT version FROM last), (SELECT count(*) FROM scan),
+				coalesce((SELECT array_agg(sha) FROM gone), '{}')`, c, fromID, fromVersion, budget).Scan(&lastID, &lastVersion, &scanned, &shas)
 		if err != nil {
 			return nil, false, err
 		}
-		shas, err := pgx.CollectRows(rows, pgx.RowTo[*string])
-		if err != nil {
-			return nil, false, err
+		if lastID != nil {
+			fromID, fromVersion = *lastID, *lastVersion
 		}
 		st.Versions += len(shas)
 		var blobs []string
@@ -198,17 +210,24 @@ func (s *Store) PruneData(cutoff time.Time, keepBundle func(fp string) bool, bud
 				blobs = append(blobs, *sha)
 			}
 		}
-		return blobs, len(shas) == budget, nil
+		return blobs, scanned == budget, nil
 	}
+	fromStream := ""
 	streams := func(ctx context.Context, tx pgx.Tx, budget int, st *store.PruneStats) ([]string, bool, error) {
-		rows, err := tx.Query(ctx, `DELETE FROM tether_stream WHERE id IN
-			(SELECT id FROM tether_stream WHERE updated_ns < $1 ORDER BY id LIMIT $2) RETURNING id`, c, budget)
+		var last *string
+		var scanned int
+		var ids []string
+		err := tx.QueryRow(ctx, `WITH scan AS (
+				SELECT id, updated_ns FROM tether_stream WHERE id > $2 ORDER BY id LIMIT $3),
+			gone AS (
+				DELETE FROM tether_stream t USING scan s WHERE t.id = s.id AND s.updated_ns < $1 RETURNING t.id)
+			SELECT (SELECT max(id) FROM scan), (SELECT count(*) FROM scan),
+				coalesce((SELECT array_agg(id) FROM gone), '{}')`, c, fromStream, budget).Scan(&last, &scanned, &ids)
 		if err != nil {
 			return nil, false, err
 		}
-		ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
-		if err != nil {
-			return nil, false, err
+		if last != nil {
+			fromStream = *last
 		}
 		if len(ids) > 0 {
 			if _, err := tx.Exec(ctx, "DELETE FROM tether_stream_chunk WHERE id = ANY($1::text[])", ids); err != nil {
@@ -216,7 +235,7 @@ func (s *Store) PruneData(cutoff time.Time, keepBundle func(fp string) bool, bud
 			}
 		}
 		st.Streams += len(ids)
-		return nil, len(ids) == budget, nil
+		return nil, scanned == budget, nil
 	}
 	requests := func(ctx context.Context, tx pgx.Tx, budget int, st *store.PruneStats) ([]string, bool, error) {
 		rows, err := tx.Query(ctx, `DELETE FROM tether_request WHERE (lease, id) IN

@@ -263,6 +263,14 @@ func testData(t *testing.T, h *harness) {
 		if err != nil || len(items) != 1 || items[0].ID != "a" || items[0].Version != 2 || next != "" {
 			t.Errorf("%s: query by run: %+v %q %v; want a version 2", when, items, next, err)
 		}
+		items, next, err = h.b.QueryData(store.DataQuery{Prefix: "a", Limit: 2})
+		if err != nil || len(items) != 2 || items[0].Version != 1 || items[1].Version != 2 || next == "" {
+			t.Fatalf("%s: first page of prefix a: %+v %q %v; want a 1, a 2 and more", when, items, next, err)
+		}
+		items, next, err = h.b.QueryData(store.DataQuery{Prefix: "a", Limit: 2, After: next})
+		if err != nil || len(items) != 1 || items[0].ID != "a" || items[0].Version != 3 || next != "" {
+			t.Errorf("%s: second page of prefix a: %+v %q %v; want a 3 alone (b is not of the prefix)", when, items, next, err)
+		}
 	})
 	// A malformed op refuses the whole call: nothing of it is written.
 	if _, err := h.b.ApplyWithData([]core.Record{rec("worker/w9", "no")}, []store.DataOp{{Kind: store.OpAppend, ID: "c", Body: []byte("x")},
@@ -342,10 +350,26 @@ func testBlobs(t *testing.T, h *harness) {
 		t.Error("a released blob no record names is still there")
 	}
 	m := h.put("kept", []byte("named by a version"), t0).Data
+	big := make([]byte, 1300<<10) // more than a MiB: several pieces wherever a backend cuts them
+	for i := range big {
+		big[i] = byte(i*7 + i>>10)
+	}
+	bm := h.put("big", big, t0).Data
 	h.twice(func(when string) {
 		if got := h.read(must2(t)(h.b.OpenBlob(m.SHA256))); got != "named by a version" {
 			t.Errorf("%s: a named blob reads %q", when, got)
 		}
+		if got := h.read(h.b.DataReader(bm)); got != string(big) {
+			t.Errorf("%s: a blob of %d bytes reads back %d bytes, not the same", when, len(big), len(got))
+		}
+		f := must2(t)(h.b.OpenBlob(bm.SHA256))
+		if _, err := f.Seek(1<<20-3, io.SeekStart); err != nil {
+			t.Fatal(err)
+		}
+		if got := h.read(io.LimitReader(f, 6)); got != string(big[1<<20-3:1<<20+3]) {
+			t.Errorf("%s: 6 bytes across the first MiB read %q, want %q", when, got, big[1<<20-3:1<<20+3])
+		}
+		f.Close()
 	})
 	// A put naming no pinned blob is refused alone.
 	res, err := h.b.ApplyWithData(nil, []store.DataOp{{Kind: store.OpPut, ID: "ghost", Blob: loose, At: t0}})
