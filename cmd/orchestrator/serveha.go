@@ -14,7 +14,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math"
 	"net"
 	"net/http"
 	"net/url"
@@ -44,9 +43,6 @@ const (
 	// leaderHeader names the leader's advertised base URL in a standby's
 	// answers.
 	leaderHeader = "Tether-Leader"
-	// standbyEpoch is an epoch no take-over reaches: a store opened with it
-	// migrates the schema and can write nothing.
-	standbyEpoch = math.MaxInt64
 	// standbyStopWait bounds how long a standby's requests in progress may
 	// finish once it leads.
 	standbyStopWait = 2 * time.Second
@@ -104,13 +100,9 @@ func serveLeading(ctx context.Context, e *env, log *slog.Logger, cfg serverConfi
 			return err
 		}
 	}
-	// The schema first, so the leader row exists: a store with an epoch no
-	// take-over reaches migrates and then writes nothing (its start's
-	// collection of unnamed blobs is refused, ErrDeposed, which is no
-	// error here: the leader's blobs in progress are not a standby's).
-	if st, err := pgstore.Open(ctx, cfg.StoreDSN, pgstore.Options{Epoch: standbyEpoch}); err == nil {
-		st.Close()
-	} else if !errors.Is(err, store.ErrDeposed) {
+	// The schema first, so the leader row exists; nothing else of the
+	// store is a standby's (Open collects blobs, which are the leader's).
+	if err := pgstore.Migrate(ctx, cfg.StoreDSN); err != nil {
 		return fmt.Errorf("store %s: %w", where, err)
 	}
 	pcfg, err := pgxpool.ParseConfig(cfg.StoreDSN)
