@@ -6,7 +6,8 @@ package main
 // killed (SIGKILL), the standby takes over and holds the run submitted
 // before; a restarted one comes back as a standby; a leader paused past
 // its lease is deposed and exits 75 once resumed; a leader shut down
-// resigns, so the standby takes over at once.
+// resigns, so the standby takes over at once; a leader whose database is
+// gone exits 75.
 
 import (
 	"context"
@@ -168,8 +169,11 @@ func TestServeLeaderStandby(t *testing.T) {
 	if !strings.Contains(b2.stdout.String(), "leading: epoch 4") {
 		t.Errorf("b2's take-over is not epoch 4: %s", b2.stdout)
 	}
-	b2.signal(t, syscall.SIGTERM)
-	if code := b2.wait(t, ctx); code != exitOK {
-		t.Errorf("b2 on SIGTERM: exit %d: %s", code, b2.stderr)
+
+	// The database gone: b2 can prove nothing, so it stops leading.
+	conn.Close(ctx)
+	c.Stop(t)
+	if code := b2.wait(t, ctx); code != exitDeposed || !strings.Contains(b2.stderr.String(), "stopped leading") {
+		t.Errorf("b2 without its database: exit %d, stderr %s; want exit %d, stopped leading", code, b2.stderr, exitDeposed)
 	}
 }

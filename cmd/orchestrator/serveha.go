@@ -173,7 +173,7 @@ func serveLeading(ctx context.Context, e *env, log *slog.Logger, cfg serverConfi
 	st, err := pgstore.Open(ctx, cfg.StoreDSN, pgstore.Options{Epoch: epoch})
 	switch {
 	case errors.Is(err, store.ErrDeposed):
-		return stepDown(log, epoch, err)
+		return stepDown(log, epoch, unknownOutcome, err)
 	case err != nil && ctx.Err() != nil:
 		resign()
 		log.Info("stopped before serving; the lead resigned", "reason", "signal", "epoch", epoch)
@@ -188,7 +188,7 @@ func serveLeading(ctx context.Context, e *env, log *slog.Logger, cfg serverConfi
 	d, err := orchestrator.Start(opts)
 	if err != nil { // Start closed the store
 		if errors.Is(err, store.ErrDeposed) {
-			return stepDown(log, epoch, err)
+			return stepDown(log, epoch, unknownOutcome, err)
 		}
 		resign()
 		return err
@@ -202,7 +202,7 @@ func serveLeading(ctx context.Context, e *env, log *slog.Logger, cfg serverConfi
 		defer cancel()
 		serr := d.Shutdown(sctx)
 		if errors.Is(serr, store.ErrDeposed) {
-			return stepDown(log, epoch, serr)
+			return stepDown(log, epoch, unknownOutcome, serr)
 		}
 		resign()
 		if serr != nil {
@@ -213,25 +213,23 @@ func serveLeading(ctx context.Context, e *env, log *slog.Logger, cfg serverConfi
 	case err := <-held:
 		st.Close() // at once: a commit waiting on an unreachable database ends now
 		d.Close()  // its commits fail (the fence, or the closed store): nothing more leaves
-		if err == nil {
-			err = errors.New("the lease stopped being renewed")
-		}
-		return stepDown(log, epoch, err)
+		return stepDown(log, epoch, "the lease went a whole lease without a renewal (the store unreachable): a standby may lead by now", err)
 	case <-d.Done():
 		err := d.Close()
 		if err == nil {
 			err = errors.New("the orchestrator loop stopped")
 		}
-		return stepDown(log, epoch, err)
+		return stepDown(log, epoch, unknownOutcome, err)
 	}
 }
 
+// unknownOutcome is why a leader stops on a store error.
+const unknownOutcome = "a commit's outcome is unknown (a store error): only a restore from the store settles it"
+
 // stepDown logs why this orchestrator stopped leading and returns the
-// error that exits 75: deposed (another epoch leads), or a store error that
-// left a commit's outcome unknown, which only a restore from the store
-// settles.
-func stepDown(log *slog.Logger, epoch uint64, err error) error {
-	why := "a commit's outcome is unknown (a store error): only a restore from the store settles it"
+// error that exits 75: deposed (another epoch leads, whatever why says),
+// or why.
+func stepDown(log *slog.Logger, epoch uint64, why string, err error) error {
 	if errors.Is(err, store.ErrDeposed) {
 		why = "deposed: another orchestrator leads (a newer epoch)"
 	}
