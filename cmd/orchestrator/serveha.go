@@ -8,6 +8,7 @@ package main
 // exits with status 75; its supervisor restarts it as a standby.
 
 import (
+	"cmp"
 	"context"
 	"crypto/tls"
 	"encoding/json"
@@ -24,6 +25,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"golang.org/x/net/netutil"
 
 	"github.com/tether-run/tether/adapters/orchestrator"
 	"github.com/tether-run/tether/adapters/pglead"
@@ -122,15 +124,18 @@ func serveLeading(ctx context.Context, e *env, log *slog.Logger, cfg serverConfi
 	sctx, stopStandby := context.WithCancel(ctx)
 	watched := make(chan struct{})
 	go func() { defer close(watched); sb.watch(sctx, el) }()
-	srv := standbyServer(sb, opts.TLS, log)
+	srv := standbyServer(sb, opts.TLS, cmp.Or(opts.HeaderTimeout, orchestrator.DefaultHeaderTimeout), log)
 	served := make(chan struct{})
+	// Bounded as the orchestrator's own listener is (SPEC §12): beyond the
+	// cap a connection waits in the backlog.
+	sbln := netutil.LimitListener(feed.listener(), cmp.Or(opts.MaxTCPConns, opts.MaxConns+orchestrator.DefaultExtraTCPConns))
 	go func() {
 		defer close(served)
 		var err error
 		if opts.TLS != nil {
-			err = srv.ServeTLS(feed.listener(), "", "")
+			err = srv.ServeTLS(sbln, "", "")
 		} else {
-			err = srv.Serve(feed.listener())
+			err = srv.Serve(sbln)
 		}
 		if err != nil && !errors.Is(err, http.ErrServerClosed) {
 			log.Error("standby listener stopped", "err", err)
@@ -323,7 +328,7 @@ func probeAnswer(w http.ResponseWriter, r *http.Request, code int, body string) 
 // standbyServer serves the standby's answers in the protocols the
 // orchestrator speaks (a worker's HTTP/2 data-plane client with prior
 // knowledge must read the refusal too).
-func standbyServer(h http.Handler, tlsConf *tls.Config, log *slog.Logger) *http.Server {
+func standbyServer(h http.Handler, tlsConf *tls.Config, headerTimeout time.Duration, log *slog.Logger) *http.Server {
 	protocols := new(http.Protocols)
 	protocols.SetHTTP1(true)
 	if tlsConf != nil {
@@ -333,7 +338,7 @@ func standbyServer(h http.Handler, tlsConf *tls.Config, log *slog.Logger) *http.
 	}
 	srv := &http.Server{
 		Handler: h, Protocols: protocols,
-		ReadHeaderTimeout: orchestrator.DefaultHeaderTimeout,
+		ReadHeaderTimeout: headerTimeout,
 		IdleTimeout:       10 * time.Second,
 		MaxHeaderBytes:    64 << 10,
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
