@@ -19,6 +19,7 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -78,6 +79,26 @@ func defaultAdvertise(addr net.Addr, tlsOn bool) (string, error) {
 		scheme = "https"
 	}
 	return scheme + "://" + ta.String(), nil
+}
+
+// leaderDSN is the store's URL for the leader's sessions: unless the URL
+// says otherwise, the server ends a session idle in a transaction for a
+// lease. A leader paused inside a write transaction holds the leader row
+// FOR SHARE (the fence), which a take-over's UPDATE waits for: without the
+// timeout no standby could take over until the paused one resumed.
+func leaderDSN(dsn string, lease time.Duration) string {
+	const param = "idle_in_transaction_session_timeout"
+	u, err := url.Parse(dsn)
+	if err != nil {
+		return dsn // pgstore.Open names the problem
+	}
+	q := u.Query()
+	if q.Has(param) {
+		return dsn
+	}
+	q.Set(param, strconv.FormatInt(lease.Milliseconds(), 10))
+	u.RawQuery = q.Encode()
+	return u.String()
 }
 
 // redactDSN names a PostgreSQL store without its password.
@@ -175,7 +196,7 @@ func serveLeading(ctx context.Context, e *env, log *slog.Logger, cfg serverConfi
 			log.Warn("could not resign the lead; a standby takes over once the lease lapses", "err", err)
 		}
 	}
-	st, err := pgstore.Open(ctx, cfg.StoreDSN, pgstore.Options{Epoch: epoch})
+	st, err := pgstore.Open(ctx, leaderDSN(cfg.StoreDSN, c.Lease), pgstore.Options{Epoch: epoch})
 	switch {
 	case errors.Is(err, store.ErrDeposed):
 		return stepDown(log, epoch, unknownOutcome, err)
