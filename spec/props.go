@@ -185,7 +185,7 @@ func (t *Timeouts) learnStep(o View, id core.StepID, now time.Time) {
 	s, ok1 := o.StepByID(id)
 	sp, ok2 := o.StepSpecOf(id)
 	if ok1 && ok2 && sp.Timeout > 0 && s.State == core.StateRunning {
-		t.steps[id] = s.StartedAt.Add(sp.Timeout)
+		t.steps[id] = latest(s.StartedAt.Add(sp.Timeout), s.TimeoutAt) // a restore's re-armed window (SPEC §7)
 	}
 }
 
