@@ -148,11 +148,10 @@ func (w *world) orchFrozen() bool {
 // atomically with its write (SELECT epoch … FOR SHARE); then it records
 // who committed in which epoch for PropOneWriterPerEpoch.
 func (w *world) storeCheck(in *haInstance, fence uint64) error {
-	h := w.ha
 	if in.cutUntil.After(w.now) {
 		return errStoreCut
 	}
-	if h.row.epoch != fence {
+	if w.ha.row.epoch != fence {
 		return errDeposed
 	}
 	w.observeCommit(in, fence)
