@@ -30,6 +30,7 @@ type orchNode struct {
 	// process and the epoch it leads with.
 	inst  *haInstance
 	fence uint64
+	woke  time.Time // the end of the last pause its properties have seen
 }
 
 // pendingBatch is one stepped batch, or a read answered only once everything
@@ -59,6 +60,10 @@ func (w *world) orchInput(in core.Input) core.Ready {
 		return core.Ready{}
 	}
 	now := w.onow()
+	if n.inst != nil && !n.inst.pausedUntil.IsZero() && !n.woke.Equal(n.inst.pausedUntil) {
+		n.woke = n.inst.pausedUntil
+		w.props.timeouts.Woke(now)
+	}
 	w.chk.Input(now, in)
 	held := w.heldReported(in)
 	from := w.inputFrom(in)

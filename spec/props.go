@@ -174,6 +174,18 @@ func (t *Timeouts) Reset(o View, now time.Time) {
 	}
 }
 
+// Woke is the orchestrator process waking from a pause (the simulator's
+// failover fault): frozen, it could fire nothing, so what fell due while it
+// was is due at now, its first batch awake.
+func (t *Timeouts) Woke(now time.Time) {
+	for id, d := range t.steps {
+		t.steps[id] = latest(d, now)
+	}
+	for id, d := range t.runs {
+		t.runs[id] = latest(d, now)
+	}
+}
+
 func latest(a, b time.Time) time.Time {
 	if a.After(b) {
 		return a
