@@ -304,6 +304,7 @@ func (w *world) restartOrch() {
 	}
 	w.doctor(&rd)
 	w.chk.Restored(now, o, rd)
+	w.checkArmedTimeouts()
 	w.props.timeouts.Reset(w.view(), now)
 	w.props.poolView(w).Restored(now)
 	w.grants.restored = true

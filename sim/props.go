@@ -20,12 +20,13 @@ const (
 	// and no commit (nor proof of leadership) lands with an epoch older
 	// than the store's. Judged at the shared store (observeCommit).
 	PropOneWriterPerEpoch = "failover-one-writer-per-epoch"
-	// PropTimeoutNotEarly: the orchestrator's timer never fails a step for
-	// its timeout, nor cancels a run for its own, before the timeout has
-	// run in true time since the step's START or the run's submission —
-	// the window measured on the clock of the instance that started it
-	// (hosts' clocks differ by offsets, not rates), whichever instance
-	// fires it (SPEC §7). Applies to every seed.
+	// PropTimeoutNotEarly: no step or run timeout is armed, or fires,
+	// earlier in true time than its window after the step's START or the
+	// run's submission — the window measured on the clock of the instance
+	// that started it (hosts' clocks differ by offsets, not rates),
+	// whichever instance holds it (SPEC §7). Fires are judged at every
+	// batch, the deadlines a restore or takeover armed at once (in the
+	// leader's clock, converted to true time). Applies to every seed.
 	PropTimeoutNotEarly = "timeout-not-early"
 )
 
@@ -55,6 +56,48 @@ func (w *world) checkTimeoutNotEarly(rd core.Ready) {
 				w.fail(PropTimeoutNotEarly, fmt.Sprintf("run %s cancelled for its timeout of %s only %s after its submission", e.Run, r.Spec.Timeout, w.now.Sub(sub)))
 				return
 			}
+		}
+	}
+}
+
+// checkArmedTimeouts is PropTimeoutNotEarly over the deadlines a restore
+// (or a takeover) armed: each, converted from the leader's clock to true
+// time, is no earlier than its window after the START or the submission.
+func (w *world) checkArmedTimeouts() {
+	v := w.view()
+	fires := func(d time.Time) time.Time {
+		if !d.After(w.onow()) {
+			return w.now // due: it fires at the next batch
+		}
+		return w.trueAt(d)
+	}
+	for _, s := range v.Steps() {
+		if s.State != core.StateRunning && s.State != core.StateRecovering {
+			continue
+		}
+		sp, ok := v.StepSpecOf(s.ID)
+		start, ok2 := w.startedTrue[s.ID]
+		if !ok || !ok2 || sp.Timeout <= 0 || s.StartedAt.IsZero() {
+			continue
+		}
+		d := s.StartedAt.Add(sp.Timeout)
+		if s.TimeoutAt.After(d) {
+			d = s.TimeoutAt
+		}
+		if at := fires(d); at.Sub(start) < sp.Timeout {
+			w.fail(PropTimeoutNotEarly, fmt.Sprintf("the restored step %s's timeout is armed to fire %s after its START, before its timeout of %s (leader clock offset %s)", s.ID, at.Sub(start), sp.Timeout, w.skew))
+			return
+		}
+	}
+	for _, id := range v.RunIDs() {
+		r, _, ok := v.Run(id)
+		sub, ok2 := w.submittedTrue[id]
+		if !ok || !ok2 || r.Finished || r.CancelReason != "" || r.Deadline.IsZero() {
+			continue
+		}
+		if at := fires(r.Deadline); at.Sub(sub) < r.Spec.Timeout {
+			w.fail(PropTimeoutNotEarly, fmt.Sprintf("the restored run %s's timeout is armed to fire %s after its submission, before its timeout of %s (leader clock offset %s)", id, at.Sub(sub), r.Spec.Timeout, w.skew))
+			return
 		}
 	}
 }
