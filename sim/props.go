@@ -42,17 +42,17 @@ func (w *world) checkTimeoutNotEarly(rd core.Ready) {
 		switch {
 		case e.Step == "" && e.Kind == "run-submitted":
 			w.submittedTrue[e.Run] = w.now
-		case e.Step != "" && e.Cause == core.CauseStepTimeout && !strings.Contains(e.Message, "its worker stopped it"):
+		case e.Step != "" && e.Cause == core.CauseStepTimeout: // the timer's (a worker's own timed-out report has none)
 			start, ok := w.startedTrue[e.Step]
 			sp, ok2 := w.view().StepSpecOf(e.Step)
 			if ok && ok2 && w.now.Sub(start) < sp.Timeout {
 				w.fail(PropTimeoutNotEarly, fmt.Sprintf("step %s timed out %s after its START, before its timeout of %s (event %q)", e.Step, w.now.Sub(start), sp.Timeout, e.Message))
 				return
 			}
-		case e.Step == "" && e.Kind == "run-cancel" && strings.HasPrefix(e.Message, "run exceeded its timeout"):
+		case e.Step == "" && e.Kind == "run-cancel":
 			sub, ok := w.submittedTrue[e.Run]
 			r, _, ok2 := w.view().Run(e.Run)
-			if ok && ok2 && w.now.Sub(sub) < r.Spec.Timeout {
+			if ok && ok2 && r.CancelClass == core.ClassRunTimeout && w.now.Sub(sub) < r.Spec.Timeout {
 				w.fail(PropTimeoutNotEarly, fmt.Sprintf("run %s cancelled for its timeout of %s only %s after its submission", e.Run, r.Spec.Timeout, w.now.Sub(sub)))
 				return
 			}

@@ -479,3 +479,30 @@ func TestSimLocksCoverage(t *testing.T) {
 		t.Errorf("the workload does not exercise SPEC §8a: %s", sum)
 	}
 }
+
+// TestSimFailoverCoverage: across the first seeds with Options.Failover,
+// standbys take over (some with a clock ahead of the leader before them,
+// where an early timeout could show), leaders frozen or cut off from the
+// store past their lease become zombies that the epoch check refuses, and
+// cut-off leaders exit on a failed commit — so PropOneWriterPerEpoch and
+// PropTimeoutNotEarly are checked where they can fail.
+func TestSimFailoverCoverage(t *testing.T) {
+	var sum FailoverStats
+	seeds := 0
+	for seed := uint64(1); seeds < 5 && seed < 200; seed++ {
+		opt := Swarm(seed)
+		if opt.Failover == 0 {
+			continue
+		}
+		seeds++
+		r := Simulate(seed, opt, Config{VizDir: t.TempDir()})
+		if r.Failure != nil {
+			t.Fatalf("seed %d:\n%s", seed, r.Failure)
+		}
+		sum.add(r.Failover)
+	}
+	t.Logf("%d seeds: %s", seeds, sum)
+	if sum.Takeovers < seeds || sum.SkewedTimes == 0 || sum.Zombies == 0 || sum.Deposed == 0 || sum.Cut == 0 {
+		t.Errorf("the failover fault is not exercised: %s", sum)
+	}
+}
