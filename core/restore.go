@@ -242,7 +242,10 @@ func (o *Orchestrator) rearm() {
 	// table's time bound runs from here too (closed.go, rule 4).
 	o.meta.RestoredAt = o.now
 	o.markMeta()
-	if o.meta.NextSweep.Before(o.now) {
+	// A sweep overdue, or due at this very instant (a takeover whose clock
+	// is behind restores at the latest recorded time), waits a full
+	// interval: the unmatched waits start over (SPEC §7).
+	if !o.meta.NextSweep.After(o.now) {
 		o.meta.NextSweep = o.now.Add(o.cfg.SweepInterval)
 		o.markMeta()
 	}
