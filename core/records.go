@@ -76,32 +76,29 @@ type RunRecord struct {
 
 // StepRecord is a step (one forEach instance is one step).
 type StepRecord struct {
-	ID        StepID
-	Run       RunID
-	Name      string // the spec name (without "[i]")
-	Index     int    // forEach instance index, -1 if not fanned out
-	Item      string `json:",omitempty"`
-	Deps      []StepID
-	State     State
-	Class     FailureClass `json:",omitempty"`
-	Message   string       `json:",omitempty"`
-	SkippedBy StepID       `json:",omitempty"`
-	Attempts  int          // lease grants so far
-	Lease     LeaseID      // current lease, 0 when none
-	QueuedAt  time.Time    `json:",omitzero"`
-	StartedAt time.Time    `json:",omitzero"`
-	WaitUntil time.Time    `json:",omitzero"` // waiting gate
-	HoldUntil time.Time    `json:",omitzero"` // held gate expiry
-	ForceAt   time.Time    `json:",omitzero"` // cancelling force deadline
-	// TimeoutAt, when later than START + its timeout, is the step's
-	// timeout deadline: a restore re-arms the window from its own clock
-	// (SPEC §7).
-	TimeoutAt    time.Time `json:",omitzero"`
-	Outcome      *Outcome  `json:",omitempty"`
-	FinishedAt   time.Time `json:",omitzero"`
-	EverStarted  bool      // some lease of this step's current try recorded START (§1 RETRY)
-	RejectedBy   WorkerID  `json:",omitempty"` // last worker that rejected a dispatch of it
-	RequiredTags []string  `json:",omitempty"`
+	ID           StepID
+	Run          RunID
+	Name         string // the spec name (without "[i]")
+	Index        int    // forEach instance index, -1 if not fanned out
+	Item         string `json:",omitempty"`
+	Deps         []StepID
+	State        State
+	Class        FailureClass `json:",omitempty"`
+	Message      string       `json:",omitempty"`
+	SkippedBy    StepID       `json:",omitempty"`
+	Attempts     int          // lease grants so far
+	Lease        LeaseID      // current lease, 0 when none
+	QueuedAt     time.Time    `json:",omitzero"`
+	StartedAt    time.Time    `json:",omitzero"`
+	WaitUntil    time.Time    `json:",omitzero"` // waiting gate
+	HoldUntil    time.Time    `json:",omitzero"` // held gate expiry
+	ForceAt      time.Time    `json:",omitzero"` // cancelling force deadline
+	TimeoutAt    time.Time    `json:",omitzero"` // timeout deadline a restore re-armed, if later than START + timeout (SPEC §7)
+	Outcome      *Outcome     `json:",omitempty"`
+	FinishedAt   time.Time    `json:",omitzero"`
+	EverStarted  bool         // some lease of this step's current try recorded START (§1 RETRY)
+	RejectedBy   WorkerID     `json:",omitempty"` // last worker that rejected a dispatch of it
+	RequiredTags []string     `json:",omitempty"`
 	// MissedBy lists, sorted, the workers that let a dispatch of this step
 	// pass its dispatch-ack deadline and have not been heard from since:
 	// none of them is chosen for it (§8).
