@@ -193,7 +193,7 @@ func (e *recEncoder) step(s *StepRecord) {
 	for _, f := range [...]struct {
 		name string
 		t    time.Time
-	}{{"QueuedAt", s.QueuedAt}, {"StartedAt", s.StartedAt}, {"WaitUntil", s.WaitUntil}, {"HoldUntil", s.HoldUntil}, {"ForceAt", s.ForceAt}} {
+	}{{"QueuedAt", s.QueuedAt}, {"StartedAt", s.StartedAt}, {"WaitUntil", s.WaitUntil}, {"HoldUntil", s.HoldUntil}, {"ForceAt", s.ForceAt}, {"TimeoutAt", s.TimeoutAt}} {
 		if !f.t.IsZero() {
 			e.key(false, f.name)
 			e.time(f.t)

@@ -166,7 +166,7 @@ func TestEncodeMatchesEncodingJSON(t *testing.T) {
 			State: State(rapid.Uint8().Draw(t, "state")), Class: FailureClass(genString().Draw(t, "class")),
 			Message: genString().Draw(t, "message"), SkippedBy: StepID(genString().Draw(t, "skipped")),
 			Attempts: rapid.Int().Draw(t, "attempts"), Lease: LeaseID(rapid.Uint64().Draw(t, "lease")),
-			QueuedAt: genTime().Draw(t, "queued"), StartedAt: genTime().Draw(t, "started"), WaitUntil: genTime().Draw(t, "wait"),
+			QueuedAt: genTime().Draw(t, "queued"), StartedAt: genTime().Draw(t, "started"), TimeoutAt: genTime().Draw(t, "timeoutat"), WaitUntil: genTime().Draw(t, "wait"),
 			HoldUntil: genTime().Draw(t, "hold"), ForceAt: genTime().Draw(t, "force"), FinishedAt: genTime().Draw(t, "finished"),
 			EverStarted: rapid.Bool().Draw(t, "ever"), RejectedBy: WorkerID(genString().Draw(t, "rejected")),
 			RequiredTags: genStrings("tags").Draw(t, "tags"),

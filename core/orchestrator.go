@@ -609,7 +609,7 @@ func (o *Orchestrator) transition(s *StepRecord, e Event) {
 	case to == StateQueued:
 		s.QueuedAt = o.now
 	case to == StateRunning && from == StateQueued:
-		s.StartedAt = o.now
+		s.StartedAt, s.TimeoutAt = o.now, time.Time{}
 		s.EverStarted = true
 	}
 	if to == StateRunning {
@@ -662,7 +662,7 @@ func (o *Orchestrator) retryOrFail(s *StepRecord, class FailureClass, msg string
 	if s.Lease != 0 {
 		o.endLease(o.leases[s.Lease], "step retrying")
 	}
-	s.Attempts, s.EverStarted, s.Outcome, s.StartedAt = 0, false, nil, time.Time{}
+	s.Attempts, s.EverStarted, s.Outcome, s.StartedAt, s.TimeoutAt = 0, false, nil, time.Time{}, time.Time{}
 	s.WaitUntil = o.now.Add(delay)
 	o.arm(s.WaitUntil, tWait, string(s.ID))
 	o.transition(s, EvRetry)

@@ -93,6 +93,7 @@ type StepRecord struct {
 	WaitUntil    time.Time    `json:",omitzero"` // waiting gate
 	HoldUntil    time.Time    `json:",omitzero"` // held gate expiry
 	ForceAt      time.Time    `json:",omitzero"` // cancelling force deadline
+	TimeoutAt    time.Time    `json:",omitzero"` // timeout deadline a restore re-armed, if later than START + timeout (SPEC §7)
 	Outcome      *Outcome     `json:",omitempty"`
 	FinishedAt   time.Time    `json:",omitzero"`
 	EverStarted  bool         // some lease of this step's current try recorded START (§1 RETRY)

@@ -206,11 +206,46 @@ func (o *Orchestrator) rearm() {
 			o.markStep(s)
 		}
 	}
+	// Timeouts (SPEC §7): the recorded instants are another clock's (the
+	// process before, perhaps on another host, minutes apart from this
+	// one), so a remainder computed from them could be short by the skew,
+	// and a deadline they say has passed may not have. What holds on any
+	// clock is that the window began no later than now: every armed
+	// timeout is re-armed for its full window from now if that is later.
+	// A restore may lengthen a window (by at most what had run of it),
+	// never shorten it.
+	for _, id := range sortedKeys(o.steps) {
+		s := o.steps[id]
+		if s.State != StateRunning && s.State != StateRecovering {
+			continue
+		}
+		d := o.stepDeadline(s)
+		if d.IsZero() {
+			continue
+		}
+		if full := o.now.Add(o.specOf[id].Timeout); full.After(d) {
+			s.TimeoutAt = full
+			o.markStep(s)
+		}
+	}
+	for _, id := range sortedKeys(o.runs) {
+		r := o.runs[id]
+		if r.Finished || r.CancelReason != "" || r.Deadline.IsZero() {
+			continue
+		}
+		if full := o.now.Add(r.Spec.Timeout); full.After(r.Deadline) {
+			r.Deadline = full
+			o.markRun(r)
+		}
+	}
 	// A restart gives every credential a fresh lifetime: the closed-lease
 	// table's time bound runs from here too (closed.go, rule 4).
 	o.meta.RestoredAt = o.now
 	o.markMeta()
-	if o.meta.NextSweep.Before(o.now) {
+	// A sweep overdue, or due at this very instant (a takeover whose clock
+	// is behind restores at the latest recorded time), waits a full
+	// interval: the unmatched waits start over (SPEC §7).
+	if !o.meta.NextSweep.After(o.now) {
 		o.meta.NextSweep = o.now.Add(o.cfg.SweepInterval)
 		o.markMeta()
 	}

@@ -24,9 +24,11 @@ worker/w1	{"ID":"w1","Name":"w1","Token":"tok","Slots":2,"Scaler":false,"Grace":
 
 // TestRestoreStoreOfFb9fc3a: a store written before the timeout timers and
 // the MissedBy field restores (new fields take their zero values), and the
-// restored machine re-arms both timeouts from the records (SPEC §5, §7): a
-// reclaims under its old lease and fails step-timeout at exactly +35s; the
-// run is cancelled run-timeout at exactly +100s.
+// restored machine re-arms both timeouts for their full windows from the
+// restore at +10s, later than the records' deadlines (SPEC §5, §7: a restore
+// never shortens a window): a reclaims under its old lease and fails
+// step-timeout at exactly +40s (not START +35s); the run is cancelled
+// run-timeout at exactly +110s (not submit +100s).
 func TestRestoreStoreOfFb9fc3a(t *testing.T) {
 	var recs []Record
 	for _, line := range strings.Split(strings.TrimSpace(storeOfFb9fc3a), "\n") {
@@ -48,20 +50,24 @@ func TestRestoreStoreOfFb9fc3a(t *testing.T) {
 	if s, _ := o.StepByID("run-1/a"); s.State != StateRunning {
 		t.Fatalf("a is %s after w1's reconnect, want running (reclaimed): %v", s.State, DescribeReady(rd, t0, func(ConnID) string { return "w1" }))
 	}
-	if want := t0.Add(35 * time.Second); !rd.Deadline.Equal(want) {
+	if want := t0.Add(40 * time.Second); !rd.Deadline.Equal(want) {
 		t.Errorf("next deadline after the reclaim: %s, want a's timeout at %s", DescribeAt(rd.Deadline, t0), DescribeAt(want, t0))
 	}
-	o.Step(t0.Add(35*time.Second), Tick{})
-	if s, _ := o.StepByID("run-1/a"); s.State != StateFailed || s.Class != ClassStepTimeout {
-		t.Errorf("a at +35s: %s %s, want failed step-timeout", s.State, s.Class)
+	o.Step(t0.Add(39*time.Second), Tick{})
+	if s, _ := o.StepByID("run-1/a"); s.State != StateRunning {
+		t.Errorf("a at +39s: %s, want running (its window re-armed from the restore)", s.State)
 	}
-	o.Step(t0.Add(99*time.Second), Received{Conn: 7, Msg: Heartbeat{}})
+	o.Step(t0.Add(40*time.Second), Tick{})
+	if s, _ := o.StepByID("run-1/a"); s.State != StateFailed || s.Class != ClassStepTimeout {
+		t.Errorf("a at +40s: %s %s, want failed step-timeout", s.State, s.Class)
+	}
+	o.Step(t0.Add(109*time.Second), Received{Conn: 7, Msg: Heartbeat{}})
 	if r, _, _ := o.Run("run-1"); r.CancelReason != "" {
 		t.Fatalf("run-1 cancelled before its deadline: %s", r.CancelReason)
 	}
 	// The cancelled run finishes and leaves the core in that batch (§7a):
 	// b is read from its history record.
-	rd = o.Step(t0.Add(100*time.Second), Tick{})
+	rd = o.Step(t0.Add(110*time.Second), Tick{})
 	var hist *RunHistory
 	for _, r := range rd.Records {
 		if r.Key == HistoryKey("run-1") {
@@ -73,9 +79,9 @@ func TestRestoreStoreOfFb9fc3a(t *testing.T) {
 		}
 	}
 	if hist == nil {
-		t.Fatal("run-1 finished at +100s but was not archived")
+		t.Fatal("run-1 finished at +110s but was not archived")
 	}
 	if s, _ := hist.Step("run-1/b"); s.State != StateCancelled || s.Class != ClassRunTimeout {
-		t.Errorf("b at +100s: %s %s, want cancelled run-timeout", s.State, s.Class)
+		t.Errorf("b at +110s: %s %s, want cancelled run-timeout", s.State, s.Class)
 	}
 }

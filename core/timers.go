@@ -199,11 +199,19 @@ func (o *Orchestrator) rebuildTimers() {
 }
 
 // stepDeadline is when a started step with a timeout times out: START +
-// its timeout (§5); zero for a step without one.
+// its timeout (§5), or later if a restore re-armed it (TimeoutAt, §7); zero
+// for a step without one.
 func (o *Orchestrator) stepDeadline(s *StepRecord) time.Time {
 	sp := o.specOf[s.ID]
 	if sp == nil || sp.Timeout <= 0 || s.StartedAt.IsZero() {
 		return time.Time{}
 	}
-	return s.StartedAt.Add(sp.Timeout)
+	return latestTime(s.StartedAt.Add(sp.Timeout), s.TimeoutAt)
+}
+
+func latestTime(a, b time.Time) time.Time {
+	if b.After(a) {
+		return b
+	}
+	return a
 }

@@ -223,7 +223,7 @@ func (w *world) forwardWrite(wn *workerNode, gen int, lease core.LeaseID, id str
 // admitted write is stored once its group is durable.
 func (w *world) arriveWrite(writer core.WorkerID, in core.DataWrite) {
 	d := w.dataState()
-	if !w.orch.up {
+	if !w.orch.up || w.orchFrozen() {
 		d.stats.Lost++
 		return
 	}

@@ -22,7 +22,7 @@ func (w *world) checkGrants(rd core.Ready) {
 	}
 	restored := p.restored
 	p.restored = false
-	v := p.g.Check(rd, spec.GrantView{O: w.view(), Now: w.now, Restored: restored, LostBatches: true,
+	v := p.g.Check(rd, spec.GrantView{O: w.view(), Now: w.onow(), Restored: restored, LostBatches: true,
 		WorkerOf: w.workerOfConn, TagsOf: w.declaredTags})
 	if v != nil {
 		w.fail(v.Invariant, v.Detail)

@@ -93,6 +93,17 @@ type Options struct {
 	Locks   bool
 	CatchUp string
 
+	// Failover: this many orchestrator instances (2 or 3) over one shared
+	// store with a leader row (failover.go); 0 = one orchestrator.
+	// LeaderLease is the lease a standby waits out before it takes over;
+	// HostSkewMax bounds each instance's clock offset either way;
+	// FailoverEvery is the mean time between pauses of the leader and cuts
+	// between it and the store.
+	Failover      int
+	LeaderLease   time.Duration
+	HostSkewMax   time.Duration
+	FailoverEvery time.Duration
+
 	// Mutate, if set, plants a bug in the orchestrator's driver: it doctors
 	// every batch the orchestrator produces, as spec.Scope.Mutate does in
 	// the explorer (see doctor). Tests only (spec.PlantedBugs).
@@ -195,6 +206,14 @@ func Swarm(seed uint64) Options {
 		o.Locks = true
 		o.CatchUp = []string{core.CatchUpNone, core.CatchUpOne, core.CatchUpAll}[r.IntN(3)]
 	}
+	// Drawn last, so the options above are what they were before it: the
+	// failover fault for 40% of the seeds, hosts up to minutes apart.
+	if r.Float64() < 0.4 {
+		o.Failover = 2 + r.IntN(2)
+		o.LeaderLease = dur(5*time.Second, 30*time.Second)
+		o.HostSkewMax = []time.Duration{0, 30 * time.Second, 5 * time.Minute}[r.IntN(3)]
+		o.FailoverEvery = dur(3*time.Minute, 20*time.Minute)
+	}
 	return o
 }
 
@@ -229,6 +248,7 @@ func (o Options) Describe() string {
 	fmt.Fprintf(&b, "retry=%.2f rerun every=%s child runs=%.2f\n", o.RetryFrac, o.RerunEvery, o.ChildFrac)
 	fmt.Fprintf(&b, "credential ttl=%s\n", o.CredentialTTL)
 	fmt.Fprintf(&b, "locks=%v catch-up=%s\n", o.Locks, o.CatchUp)
+	fmt.Fprintf(&b, "failover instances=%d lease=%s host skew<=%s pause/cut every=%s\n", o.Failover, o.LeaderLease, o.HostSkewMax, o.FailoverEvery)
 	fmt.Fprintf(&b, "runs=%d steps<=%d writes=%.2f fail=%.2f exec=%s..%s fault phase=%s\n", o.Runs, o.StepsMax, o.WriteFrac, o.FailProb, o.ExecMin, o.ExecMax, o.FaultPhase)
 	fmt.Fprintf(&b, "output lines<=%d burst<=%d window=%d cap=%d\n", o.LinesMax, o.BurstMax, o.LogWindow, o.OutputCap)
 	sites := make([]string, 0, len(o.Buggify))

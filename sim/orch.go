@@ -25,6 +25,12 @@ type orchNode struct {
 	pending    []*pendingBatch // stepped, not yet being persisted
 	persisting []*pendingBatch // in the fsync now
 	tickAt     time.Time
+
+	// With the failover fault (failover.go): the instance running this
+	// process and the epoch it leads with.
+	inst  *haInstance
+	fence uint64
+	woke  time.Time // the end of the last pause its properties have seen
 }
 
 // pendingBatch is one stepped batch, or a read answered only once everything
@@ -42,15 +48,32 @@ func (w *world) orchInput(in core.Input) core.Ready {
 	if !n.up {
 		return core.Ready{}
 	}
-	w.chk.Input(w.now, in)
+	if w.orchFrozen() {
+		// A paused process reads nothing: the input waits for it to wake,
+		// and dies with it if it is deposed meanwhile.
+		epoch := n.epoch
+		w.at(n.inst.pausedUntil, evToOrch, -1, nil, "after a pause", func() {
+			if n.epoch == epoch && n.up {
+				w.orchInput(in)
+			}
+		})
+		return core.Ready{}
+	}
+	now := w.onow()
+	if n.inst != nil && !n.inst.pausedUntil.IsZero() && !n.woke.Equal(n.inst.pausedUntil) {
+		n.woke = n.inst.pausedUntil
+		w.props.timeouts.Woke(now)
+	}
+	w.chk.Input(now, in)
 	held := w.heldReported(in)
 	from := w.inputFrom(in)
 	w.noteLate(in)
 	arch := w.chk.Archive() // the history seen before this input
 	w.idem().Listing(in, from, func(l core.LeaseID) bool { _, ok := arch.Lease(l); return ok })
-	rd := n.o.Step(w.now, in)
+	rd := n.o.Step(now, in)
+	w.ofloor = n.o.Now()
 	w.doctor(&rd)
-	w.chk.Batch(w.now, n.o, rd)
+	w.chk.Batch(now, n.o, rd)
 	w.checkBatch(held, from, rd)
 	pb := &pendingBatch{rd: rd}
 	w.checkIdempotent(in, from, pb)
@@ -87,21 +110,29 @@ func (w *world) maybePersist() {
 	}
 	epoch := n.epoch
 	live := func() bool { return n.epoch == epoch && n.up }
-	w.after(d, evPersist, -1, nil, "", func() {
+	var fsynced func()
+	fsynced = func() {
 		if !live() {
+			return
+		}
+		if w.orchFrozen() {
+			w.at(n.inst.pausedUntil, evPersist, -1, nil, "after a pause", fsynced)
 			return
 		}
 		group := n.persisting
 		n.persisting = nil
 		if archives(group) && w.buggify(SiteCrashAfterArchive) {
 			// Synced, and the process dies before anything of it leaves.
-			w.persist(group)
+			if w.ha == nil || w.storeCheck(n.inst, n.fence) == nil {
+				w.persist(group)
+			}
 			w.crashOrchAt("orchestrator-crash-after-archive")
 			return
 		}
 		w.commit(group)
 		w.maybePersist()
-	}).on(0, live).folded()
+	}
+	w.after(d, evPersist, -1, nil, "", fsynced).on(0, live).folded()
 }
 
 // archives says whether a group archives a run (SPEC §7a).
@@ -124,7 +155,7 @@ func (w *world) persist(group []*pendingBatch) {
 			continue
 		}
 		n.disk.Apply(pb.rd.Records)
-		w.chk.Persisted(w.now, pb.rd)
+		w.chk.Persisted(w.onow(), pb.rd)
 		w.props.poolView(w).Persisted()
 		w.persistedArchive(pb.rd)
 		w.persistedChildren(pb.rd)
@@ -149,6 +180,13 @@ func (w *world) commit(group []*pendingBatch) {
 		if !w.healed && w.chance(w.opt.FsyncCrashP) {
 			return errCrashInFsync // the process dies before the sync completes
 		}
+		if w.ha != nil {
+			// Every group, records or none, is preceded by the epoch
+			// check, atomically with its write (SPEC §11).
+			if err := w.storeCheck(w.orch.inst, w.orch.fence); err != nil {
+				return err
+			}
+		}
 		w.persist(group)
 		return nil
 	}, func(e core.Envelope) { w.sendToWorker(e.Conn, e.Msg) }, w.answered)
@@ -156,7 +194,17 @@ func (w *world) commit(group []*pendingBatch) {
 		// Nothing of the group became durable: it dies with the process.
 		w.orch.pending = append(group, w.orch.pending...)
 		w.orch.persisting = nil
-		w.crashOrchAt("orchestrator-crash-in-fsync")
+		switch {
+		case errors.Is(err, errStoreCut):
+			// The real driver exits when a commit's fate is unknown.
+			w.ha.stats.Cut++
+			w.crashOrchAt("orchestrator-exits-store-unreachable")
+		case errors.Is(err, errDeposed):
+			w.ha.stats.Deposed++
+			w.crashOrchAt("orchestrator-deposed")
+		default:
+			w.crashOrchAt("orchestrator-crash-in-fsync")
+		}
 		return
 	}
 	for _, pb := range group {
@@ -171,13 +219,13 @@ func (w *world) scheduleOrchTick(at time.Time) {
 	if at.IsZero() {
 		return
 	}
-	if !n.tickAt.IsZero() && !n.tickAt.Before(w.now) && !at.Before(n.tickAt) {
+	if !n.tickAt.IsZero() && !n.tickAt.Before(w.onow()) && !at.Before(n.tickAt) {
 		return
 	}
 	n.tickAt = at
 	epoch := n.epoch
 	live := func() bool { return n.epoch == epoch && n.up && n.tickAt.Equal(at) }
-	w.at(at, evOrchTick, -1, nil, "", func() {
+	w.at(w.trueAt(at), evOrchTick, -1, nil, "", func() {
 		if !live() {
 			return
 		}
@@ -198,15 +246,31 @@ func (w *world) crashOrchAt(kind string) {
 		return
 	}
 	w.fault(kind)
-	if len(n.persisting) > 0 && w.chance(0.5) {
+	if len(n.persisting) > 0 && w.chance(0.5) && (w.ha == nil || w.storeCheck(n.inst, n.fence) == nil) {
 		w.persist(n.persisting) // synced, but nothing of it was sent
 		n.persisting = nil
 	}
+	w.loseOrch()
+	if w.ha != nil {
+		w.instanceDown(n.inst)
+		return
+	}
+	down := w.uniform(time.Second, max(time.Second, w.opt.OrchDownMax))
+	if w.healed {
+		down = time.Second
+	}
+	w.after(down, evFault, -1, nil, "orchestrator restarts", w.restartOrch)
+}
+
+// loseOrch: the orchestrator process is gone from the world: memory,
+// connections (what it had sent still arrives), every batch not synced.
+func (w *world) loseOrch() {
+	n := w.orch
 	n.up = false
 	n.epoch++
 	n.pending, n.persisting = nil, nil
 	n.tickAt = time.Time{}
-	w.chk.Crash(w.now)
+	w.chk.Crash(w.onow())
 	w.props.poolView(w).Crash()
 	for _, c := range w.sortedConns() {
 		if c.orchOpen {
@@ -217,11 +281,6 @@ func (w *world) crashOrchAt(kind string) {
 	for _, call := range w.calls {
 		call.lost = true
 	}
-	down := w.uniform(time.Second, max(time.Second, w.opt.OrchDownMax))
-	if w.healed {
-		down = time.Second
-	}
-	w.after(down, evFault, -1, nil, "orchestrator restarts", w.restartOrch)
 }
 
 // restartOrch rebuilds the orchestrator from what was durable (SPEC §7).
@@ -230,21 +289,24 @@ func (w *world) restartOrch() {
 	if n.up {
 		return
 	}
-	o, rd, err := core.Restore(w.coreConfig(), w.now, n.disk.Records())
+	now := w.onow()
+	o, rd, err := core.Restore(w.coreConfig(), now, n.disk.Records())
 	if err != nil {
 		w.fail("restore", err.Error())
 		return
 	}
 	n.o = o
 	n.up = true
+	w.ofloor = o.Now()
 	if w.fired {
 		w.locks.Restarts++ // a restart after a fire: the next fire must not repeat it
 		w.fired = false
 	}
 	w.doctor(&rd)
-	w.chk.Restored(w.now, o, rd)
-	w.props.timeouts.Reset(w.view(), w.now)
-	w.props.poolView(w).Restored(w.now)
+	w.chk.Restored(now, o, rd)
+	w.checkArmedTimeouts()
+	w.props.timeouts.Reset(w.view(), now)
+	w.props.poolView(w).Restored(now)
 	w.grants.restored = true
 	w.checkBatch(nil, "", rd)
 	w.queueBatch(&pendingBatch{rd: rd})

@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"fmt"
 	"strings"
 	"time"
 
@@ -12,6 +13,94 @@ import (
 // spec.PropInFlightHonoured) need facts only the simulated world has: the
 // workers' configured reconnect delays and what a worker said in its Hello.
 // The code is spec's, shared with the explorer; the world keeps the state.
+
+// The properties of the failover fault (failover.go), each one condition.
+const (
+	// PropOneWriterPerEpoch: at most one instance commits in any epoch,
+	// and no commit (nor proof of leadership) lands with an epoch older
+	// than the store's. Judged at the shared store (observeCommit).
+	PropOneWriterPerEpoch = "failover-one-writer-per-epoch"
+	// PropTimeoutNotEarly: no step or run timeout is armed, or fires,
+	// earlier in true time than its window after the step's START or the
+	// run's submission — the window measured on the clock of the instance
+	// that started it (hosts' clocks differ by offsets, not rates),
+	// whichever instance holds it (SPEC §7). Fires are judged at every
+	// batch, the deadlines a restore or takeover armed at once (in the
+	// leader's clock, converted to true time). Applies to every seed.
+	PropTimeoutNotEarly = "timeout-not-early"
+)
+
+// checkTimeoutNotEarly is PropTimeoutNotEarly over one batch: it learns
+// STARTs and submissions (in true time) and judges the timers' fires.
+func (w *world) checkTimeoutNotEarly(rd core.Ready) {
+	for _, t := range rd.Transitions {
+		if t.To == core.StateRunning && t.From == core.StateQueued {
+			w.startedTrue[t.Step] = w.now
+		}
+	}
+	for _, e := range rd.Events {
+		switch {
+		case e.Step == "" && e.Kind == "run-submitted":
+			w.submittedTrue[e.Run] = w.now
+		case e.Step != "" && e.Cause == core.CauseStepTimeout: // the timer's (a worker's own timed-out report has none)
+			start, ok := w.startedTrue[e.Step]
+			sp, ok2 := w.view().StepSpecOf(e.Step)
+			if ok && ok2 && w.now.Sub(start) < sp.Timeout {
+				w.fail(PropTimeoutNotEarly, fmt.Sprintf("step %s timed out %s after its START, before its timeout of %s (event %q)", e.Step, w.now.Sub(start), sp.Timeout, e.Message))
+				return
+			}
+		case e.Step == "" && e.Kind == "run-cancel":
+			sub, ok := w.submittedTrue[e.Run]
+			r, _, ok2 := w.view().Run(e.Run)
+			if ok && ok2 && r.CancelClass == core.ClassRunTimeout && w.now.Sub(sub) < r.Spec.Timeout {
+				w.fail(PropTimeoutNotEarly, fmt.Sprintf("run %s cancelled for its timeout of %s only %s after its submission", e.Run, r.Spec.Timeout, w.now.Sub(sub)))
+				return
+			}
+		}
+	}
+}
+
+// checkArmedTimeouts is PropTimeoutNotEarly over the deadlines a restore
+// (or a takeover) armed: each, converted from the leader's clock to true
+// time, is no earlier than its window after the START or the submission.
+func (w *world) checkArmedTimeouts() {
+	v := w.view()
+	fires := func(d time.Time) time.Time {
+		if !d.After(w.onow()) {
+			return w.now // due: it fires at the next batch
+		}
+		return w.trueAt(d)
+	}
+	for _, s := range v.Steps() {
+		if s.State != core.StateRunning && s.State != core.StateRecovering {
+			continue
+		}
+		sp, ok := v.StepSpecOf(s.ID)
+		start, ok2 := w.startedTrue[s.ID]
+		if !ok || !ok2 || sp.Timeout <= 0 || s.StartedAt.IsZero() {
+			continue
+		}
+		d := s.StartedAt.Add(sp.Timeout)
+		if s.TimeoutAt.After(d) {
+			d = s.TimeoutAt
+		}
+		if at := fires(d); at.Sub(start) < sp.Timeout {
+			w.fail(PropTimeoutNotEarly, fmt.Sprintf("the restored step %s's timeout is armed to fire %s after its START, before its timeout of %s (leader clock offset %s)", s.ID, at.Sub(start), sp.Timeout, w.skew))
+			return
+		}
+	}
+	for _, id := range v.RunIDs() {
+		r, _, ok := v.Run(id)
+		sub, ok2 := w.submittedTrue[id]
+		if !ok || !ok2 || r.Finished || r.CancelReason != "" || r.Deadline.IsZero() {
+			continue
+		}
+		if at := fires(r.Deadline); at.Sub(sub) < r.Spec.Timeout {
+			w.fail(PropTimeoutNotEarly, fmt.Sprintf("the restored run %s's timeout is armed to fire %s after its submission, before its timeout of %s (leader clock offset %s)", id, at.Sub(sub), r.Spec.Timeout, w.skew))
+			return
+		}
+	}
+}
 
 // props tracks what the properties need across batches.
 type props struct {
@@ -43,11 +132,13 @@ func (w *world) checkBatch(held map[core.StepID]core.LeaseID, from core.WorkerID
 			w.retries++
 		}
 	}
+	now := w.onow()
 	entered, left := spec.RecoveryChanges(rd)
 	for _, id := range entered {
-		p.recoverAt[id] = w.now
+		p.recoverAt[id] = now
 	}
-	if v := spec.CheckProps(rd, w.now, 2*w.opt.MaxDelayWork, p.recoverAt, held); v != nil {
+	w.checkTimeoutNotEarly(rd)
+	if v := spec.CheckProps(rd, now, 2*w.opt.MaxDelayWork, p.recoverAt, held); v != nil {
 		w.fail(v.Invariant, v.Detail)
 	}
 	if v := spec.CheckReuse(w.view(), rd); v != nil {
@@ -56,13 +147,13 @@ func (w *world) checkBatch(held map[core.StepID]core.LeaseID, from core.WorkerID
 	if v := spec.CheckNoWriteFailures(w.view(), rd); v != nil {
 		w.fail(v.Invariant, v.Detail)
 	}
-	if v := p.timeouts.Check(w.view(), rd, w.now); v != nil {
+	if v := p.timeouts.Check(w.view(), rd, now); v != nil {
 		w.fail(v.Invariant, v.Detail)
 	}
 	if p.dispatch == nil {
 		p.dispatch = spec.NewDispatches(w.orch.o.Config().HeartbeatInterval)
 	}
-	if v := p.dispatch.Check(rd, w.now, from, w.workerOfConn); v != nil {
+	if v := p.dispatch.Check(rd, now, from, w.workerOfConn); v != nil {
 		w.fail(v.Invariant, v.Detail)
 	}
 	w.checkGrants(rd)
@@ -87,7 +178,7 @@ func (w *world) checkBatch(held map[core.StepID]core.LeaseID, from core.WorkerID
 			}
 		}
 	}
-	if v := p.poolView(w).Check(w.view(), w.now, p.in, rd); v != nil {
+	if v := p.poolView(w).Check(w.view(), now, p.in, rd); v != nil {
 		w.fail(v.Invariant, v.Detail)
 	}
 	p.in = nil

@@ -88,11 +88,11 @@ func (w *world) secretRead(wn *workerNode, p *proc, dur time.Duration) {
 // arriveSecretRead is a secret read reaching the orchestrator: the core's
 // query decides it, and the decision is checked.
 func (w *world) arriveSecretRead(reader core.WorkerID, cred string, lease core.LeaseID, name string) {
-	if !w.orch.up || w.failure != nil {
+	if !w.orch.up || w.orchFrozen() || w.failure != nil {
 		return
 	}
 	d := w.dataState()
-	a := w.orch.o.CheckSecret(w.now, cred, lease, name, false)
+	a := w.orch.o.CheckSecret(w.onow(), cred, lease, name, false)
 	d.stats.Secrets.Reads++
 	switch a.Refusal {
 	case core.WriteAdmitted:

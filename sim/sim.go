@@ -19,6 +19,9 @@ func Simulate(seed uint64, opt Options, cfg Config) Result {
 	w := newWorld(seed, opt, cfg)
 	w.orchCfg.CredentialTTL = opt.CredentialTTL // 0: the core's default
 	w.orch = &orchNode{o: core.NewOrchestrator(w.coreConfig()), up: true, disk: core.Disk{}}
+	if opt.Failover > 0 {
+		w.newCluster()
+	}
 	for i := 0; i < opt.Workers; i++ {
 		allTags := i == 0
 		w.requestToken(func(tok string) { w.spawnWorker(tok, false, allTags) })
@@ -28,6 +31,7 @@ func Simulate(seed uint64, opt Options, cfg Config) Result {
 	}
 	w.startOperator()
 	w.startFaults()
+	w.startFailoverFaults()
 	w.at(w.faultEnd, evHeal, -1, nil, "heal: faults stop", w.heal)
 	w.run()
 	res := Result{Seed: seed, Events: w.events, SimTime: w.now.Sub(t0), Faults: w.faults, Buggified: w.buggified, Retries: w.retries, Reruns: w.reruns,
@@ -44,6 +48,9 @@ func Simulate(seed uint64, opt Options, cfg Config) Result {
 	res.Archive = w.arch.stats
 	res.ChildRuns = w.childRuns
 	res.Locks = w.locks
+	if w.ha != nil {
+		res.Failover = w.ha.stats
+	}
 	if w.orch.up {
 		v := w.view()
 		for _, id := range v.RunIDs() {

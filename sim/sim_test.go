@@ -50,6 +50,7 @@ type summary struct {
 	archive         ArchiveStats
 	childRuns       int
 	locks           LockStats
+	failover        FailoverStats
 }
 
 func (s *summary) add(r Result) {
@@ -71,6 +72,7 @@ func (s *summary) add(r Result) {
 	s.archive.add(r.Archive)
 	s.childRuns += r.ChildRuns
 	s.locks.add(r.Locks)
+	s.failover.add(r.Failover)
 	s.largestStep = max(s.largestStep, r.LargestStep)
 	s.retries += r.Retries
 	s.reruns += r.Reruns
@@ -90,9 +92,9 @@ func kv(m map[string]int) string {
 }
 
 func (s *summary) String() string {
-	return fmt.Sprintf("sim: %d seeds (%d again with shifted worker clocks, %d under another drift), %.1f simulated hours, %d events, %d invariant checks, %d porcupine operations (largest step history %d of at most %d), %d failures, %d inconclusive; faults: %s; buggify fired: %s; worker log lines: %s; %s; archival: runs archived=%d late-after-archive=%d (after a restart %d) listings of archived leases=%d; step retries=%d reruns=%d; child runs started=%d; %s",
+	return fmt.Sprintf("sim: %d seeds (%d again with shifted worker clocks, %d under another drift), %.1f simulated hours, %d events, %d invariant checks, %d porcupine operations (largest step history %d of at most %d), %d failures, %d inconclusive; faults: %s; buggify fired: %s; worker log lines: %s; %s; archival: runs archived=%d late-after-archive=%d (after a restart %d) listings of archived leases=%d; step retries=%d reruns=%d; child runs started=%d; %s; %s",
 		s.seeds, s.shifted, s.drift, s.simTime.Hours(), s.events, s.checks, s.porcOps, s.largestStep, s.bound, s.failures, s.inconclusive, kv(s.faults), kv(s.buggified), kv(s.workerLogs), s.data,
-		s.archive.Archived, s.archive.Late, s.archive.Restarted, s.archive.Listed, s.retries, s.reruns, s.childRuns, s.locks)
+		s.archive.Archived, s.archive.Late, s.archive.Restarted, s.archive.Listed, s.retries, s.reruns, s.childRuns, s.locks, s.failover)
 }
 
 // TestSim runs the default seed budget, each seed twice: the second run
@@ -475,5 +477,32 @@ func TestSimLocksCoverage(t *testing.T) {
 	t.Logf("%d seeds: %s", seeds, sum)
 	if sum.Waits == 0 || sum.Admitted == 0 || sum.Superseded == 0 || sum.Fired < 2*seeds || sum.CaughtUp == 0 || sum.Restarts == 0 {
 		t.Errorf("the workload does not exercise SPEC §8a: %s", sum)
+	}
+}
+
+// TestSimFailoverCoverage: across the first seeds with Options.Failover,
+// standbys take over (some with a clock ahead of the leader before them,
+// where an early timeout could show), leaders frozen or cut off from the
+// store past their lease become zombies that the epoch check refuses, and
+// cut-off leaders exit on a failed commit — so PropOneWriterPerEpoch and
+// PropTimeoutNotEarly are checked where they can fail.
+func TestSimFailoverCoverage(t *testing.T) {
+	var sum FailoverStats
+	seeds := 0
+	for seed := uint64(1); seeds < 5 && seed < 200; seed++ {
+		opt := Swarm(seed)
+		if opt.Failover == 0 {
+			continue
+		}
+		seeds++
+		r := Simulate(seed, opt, Config{VizDir: t.TempDir()})
+		if r.Failure != nil {
+			t.Fatalf("seed %d:\n%s", seed, r.Failure)
+		}
+		sum.add(r.Failover)
+	}
+	t.Logf("%d seeds: %s", seeds, sum)
+	if sum.Takeovers < seeds || sum.SkewedTimes == 0 || sum.Zombies == 0 || sum.Deposed == 0 || sum.Cut == 0 {
+		t.Errorf("the failover fault is not exercised: %s", sum)
 	}
 }

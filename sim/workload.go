@@ -17,7 +17,7 @@ type apiCall struct {
 
 // call sends an operator API call; a down orchestrator refuses it at once.
 func (w *world) call(mk func(core.CallID) core.Input, on func(core.APIAnswer)) bool {
-	if !w.orch.up {
+	if !w.orch.up || w.orchFrozen() {
 		return false
 	}
 	w.callSeq++
@@ -276,7 +276,7 @@ func (w *world) rerunRun(run core.RunID) {
 	}
 	v := w.view()
 	r, _, ok := v.Run(run)
-	if !ok || !r.Finished || w.now.Sub(r.FinishedAt) < time.Minute {
+	if !ok || !r.Finished || w.onow().Sub(r.FinishedAt) < time.Minute {
 		return
 	}
 	var steps []core.StepRecord
@@ -601,8 +601,8 @@ func (w *world) heal() {
 			w.resume(wn)
 		}
 	}
-	if !w.orch.up {
-		w.restartOrch()
+	if !w.orch.up && w.ha == nil {
+		w.restartOrch() // with the failover fault, a standby takes over
 	}
 	w.requestToken(func(token string) { w.spawnWorker(token, false, true) })
 	if w.opt.Locks {
@@ -673,7 +673,7 @@ func (w *world) hostileHellos() {
 	w.call(func(id core.CallID) core.Input {
 		return core.CreateToken{Call: id, Name: "hostile", TTL: time.Hour, Secret: secret}
 	}, func(a core.APIAnswer) {
-		if a.Err != "" || !w.orch.up {
+		if a.Err != "" || !w.orch.up || w.orchFrozen() {
 			return
 		}
 		base := core.Hello{Version: core.ProtocolVersion, Token: a.Token, Worker: "hostile", Name: "hostile", Slots: 1, MaxDelay: time.Minute}
@@ -687,7 +687,7 @@ func (w *world) hostileHellos() {
 		for i, h := range bad {
 			c := hostileConn + core.ConnID(i)
 			rd := w.orchInput(core.Received{Conn: c, Msg: h})
-			if !w.orch.up {
+			if !w.orch.up || w.orchFrozen() {
 				return
 			}
 			refused := false

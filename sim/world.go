@@ -104,12 +104,13 @@ type Result struct {
 	StepsTotal int
 	WorkerLogs map[string]int // the workers' own log lines by level
 	Output     OutputStats
-	Archive    ArchiveStats // archival and late reports (archive.go)
-	Data       DataStats    // the data plane's writes (sim/data.go)
-	Retries    int          // RETRY transitions seen (SPEC §1), a lost batch's included
-	Reruns     int          // reruns accepted, their successes reused (SPEC §2)
-	ChildRuns  int          // child runs started by workflow steps, durably (sim/child.go)
-	Locks      LockStats    // concurrency groups and schedules (Options.Locks)
+	Archive    ArchiveStats  // archival and late reports (archive.go)
+	Data       DataStats     // the data plane's writes (sim/data.go)
+	Retries    int           // RETRY transitions seen (SPEC §1), a lost batch's included
+	Reruns     int           // reruns accepted, their successes reused (SPEC §2)
+	ChildRuns  int           // child runs started by workflow steps, durably (sim/child.go)
+	Locks      LockStats     // concurrency groups and schedules (Options.Locks)
+	Failover   FailoverStats // the failover fault (Options.Failover)
 	// Inconclusive, if set, says why the end-of-run linearizability check
 	// could not judge the history (spec.CheckSteps): the seed neither
 	// passed nor violated it. Failure is nil then.
@@ -282,6 +283,17 @@ type world struct {
 	grants       grantProps      // spec.Grants and what it needs (grants.go)
 	arch         archiveState    // archival's counters and memories (archive.go)
 	childRuns    int             // child runs started, durably (child.go)
+
+	// The failover fault (failover.go): the instances and the shared
+	// store's leader row (nil: one orchestrator); the leader's clock
+	// offset; the orchestrator's time so far (its clock never goes back).
+	ha     *haCluster
+	skew   time.Duration
+	ofloor time.Time
+	// When each step last started and each run was submitted, in true
+	// time (PropTimeoutNotEarly).
+	startedTrue   map[core.StepID]time.Time
+	submittedTrue map[core.RunID]time.Time
 }
 
 func newWorld(seed uint64, opt Options, cfg Config) *world {
@@ -299,6 +311,9 @@ func newWorld(seed uint64, opt Options, cfg Config) *world {
 		buggified: map[string]int{},
 		wlogs:     map[string]int{},
 		hash:      fnv.New64a(),
+
+		startedTrue:   map[core.StepID]time.Time{},
+		submittedTrue: map[core.RunID]time.Time{},
 	}
 	w.hist = newHistory()
 	w.props = newProps()

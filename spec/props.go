@@ -174,6 +174,18 @@ func (t *Timeouts) Reset(o View, now time.Time) {
 	}
 }
 
+// Woke is the orchestrator process waking from a pause (the simulator's
+// failover fault): frozen, it could fire nothing, so what fell due while it
+// was is due at now, its first batch awake.
+func (t *Timeouts) Woke(now time.Time) {
+	for id, d := range t.steps {
+		t.steps[id] = latest(d, now)
+	}
+	for id, d := range t.runs {
+		t.runs[id] = latest(d, now)
+	}
+}
+
 func latest(a, b time.Time) time.Time {
 	if a.After(b) {
 		return a
@@ -185,7 +197,7 @@ func (t *Timeouts) learnStep(o View, id core.StepID, now time.Time) {
 	s, ok1 := o.StepByID(id)
 	sp, ok2 := o.StepSpecOf(id)
 	if ok1 && ok2 && sp.Timeout > 0 && s.State == core.StateRunning {
-		t.steps[id] = s.StartedAt.Add(sp.Timeout)
+		t.steps[id] = latest(s.StartedAt.Add(sp.Timeout), s.TimeoutAt) // a restore's re-armed window (SPEC §7)
 	}
 }
 
