@@ -1,0 +1,529 @@
+package main
+
+// Failover of a highly available group (SPEC §11), with the real binaries:
+// a private PostgreSQL cluster, two `serve --store postgres://…` processes
+// each under a supervisor loop (restarted when it exits, as systemd would:
+// a deposed leader exits 75), three worker processes given both URLs, and
+// one submission of a parent workflow whose two child runs are a forEach of
+// write-bearing steps and a forEach of no-write steps. Every step appends
+// "<step> <lease>" to a marker file of its own. Mid-run the leader is
+// SIGKILLed, or SIGSTOPped past its lease and resumed, or the database is
+// restarted. Each time the standby leads soon after the lease lapses, the
+// run ends success, every step has its marker, no write-bearing step's
+// marker has two lines (it never ran twice), and every step reported
+// succeeded has its marker (no committed result lost).
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/tether-run/tether/adapters/pgtest"
+	"github.com/tether-run/tether/client"
+)
+
+// Timings of the failover tests. The lease is short so that a takeover is
+// quick; the workers' reconnect delay is short so that they find the new
+// leader soon after it takes over (their grace window, twice it, is ample).
+const (
+	failoverLease     = 3 * time.Second
+	failoverTimeout   = 150 * time.Second
+	failoverExitCode  = 75 // serve's exit code when deposed (EX_TEMPFAIL)
+	failoverTakeover  = 5 * time.Second
+	failoverFarBeyond = 30 * time.Second // only this late a takeover fails the test
+)
+
+// supervised is one `serve` process kept running by a loop, as a supervisor
+// would: when it exits it is started again after a moment, with the same
+// arguments, until the test ends.
+type supervised struct {
+	name string
+	bin  string
+	args []string
+	url  string // its advertised base URL, http://127.0.0.1:PORT
+
+	mu    sync.Mutex
+	lives []*life
+	stop  chan struct{}
+	done  chan struct{}
+}
+
+// life is one process of a supervised serve.
+type life struct {
+	cmd     *exec.Cmd
+	stdout  *syncBuffer
+	stderr  *syncBuffer
+	started time.Time
+	exited  chan struct{}
+	code    int // once exited: its exit code (-1 when killed by a signal)
+}
+
+func supervise(t *testing.T, name, bin, url string, args ...string) *supervised {
+	s := &supervised{name: name, bin: bin, url: url, args: args, stop: make(chan struct{}), done: make(chan struct{})}
+	go s.loop()
+	t.Cleanup(func() {
+		close(s.stop)
+		if l := s.current(); l != nil {
+			l.cmd.Process.Kill() // only our own child, by its pid
+		}
+		<-s.done
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		for i, l := range s.lives {
+			if strings.Contains(l.stderr.String(), "WARNING: DATA RACE") {
+				t.Errorf("%s (process %d): the race detector found a data race", name, i+1)
+			}
+			if t.Failed() {
+				t.Logf("--- %s, process %d (exit %d) stderr:\n%s", name, i+1, l.code, tail(l.stderr.String(), 8000))
+			}
+		}
+	})
+	return s
+}
+
+func (s *supervised) loop() {
+	defer close(s.done)
+	for {
+		l := &life{stdout: &syncBuffer{}, stderr: &syncBuffer{}, exited: make(chan struct{}), started: time.Now()}
+		l.cmd = exec.Command(s.bin, s.args...)
+		l.cmd.Stdout, l.cmd.Stderr = l.stdout, l.stderr
+		l.cmd.Env = append(os.Environ(), "TETHER_ADMIN_TOKEN=", "TETHER_STORE=")
+		err := l.cmd.Start()
+		s.mu.Lock()
+		select {
+		case <-s.stop:
+			s.mu.Unlock()
+			if err == nil {
+				l.cmd.Process.Kill()
+				l.cmd.Wait()
+			}
+			return
+		default:
+		}
+		if err == nil {
+			s.lives = append(s.lives, l)
+		}
+		s.mu.Unlock()
+		if err == nil {
+			l.cmd.Wait()
+			l.code = l.cmd.ProcessState.ExitCode()
+			close(l.exited)
+		}
+		select {
+		case <-s.stop:
+			return
+		case <-time.After(200 * time.Millisecond): // systemd's RestartSec, about
+		}
+	}
+}
+
+// current is the process running now (or last), nil before the first.
+func (s *supervised) current() *life {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.lives) == 0 {
+		return nil
+	}
+	return s.lives[len(s.lives)-1]
+}
+
+func (s *supervised) signal(t *testing.T, sig syscall.Signal) *life {
+	t.Helper()
+	l := s.current()
+	if l == nil {
+		t.Fatalf("%s: no process to signal", s.name)
+	}
+	if err := l.cmd.Process.Signal(sig); err != nil {
+		t.Fatalf("%s: signal %v: %v", s.name, sig, err)
+	}
+	return l
+}
+
+// ready says whether it answers /readyz 200: it leads and serves.
+func (s *supervised) ready() bool {
+	c := http.Client{Timeout: time.Second}
+	resp, err := c.Get(s.url + "/readyz")
+	if err != nil {
+		return false
+	}
+	resp.Body.Close()
+	return resp.StatusCode == http.StatusOK
+}
+
+func tail(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return "…" + s[len(s)-n:]
+}
+
+// freeAddr returns a loopback address no one listens on now.
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+// leaderRow reads the leader table (SPEC §11).
+func leaderRow(ctx context.Context, dsn string) (epoch uint64, url string, err error) {
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		return 0, "", err
+	}
+	defer conn.Close(ctx)
+	err = conn.QueryRow(ctx, "SELECT epoch, url FROM tether_leader WHERE id = 1").Scan(&epoch, &url)
+	return epoch, url, err
+}
+
+// failoverRig is the cluster of one scenario.
+type failoverRig struct {
+	t        *testing.T
+	ctx      context.Context
+	pg       *pgtest.Cluster
+	orchBin  string
+	serves   [2]*supervised
+	api      *client.Client // given both URLs: it follows the leader
+	markers  string         // the steps' marker directories
+	dataDirs [2]string
+}
+
+func newFailoverRig(t *testing.T, ctx context.Context) *failoverRig {
+	t.Helper()
+	orchBin, workerBin := buildBinaries(t, ctx)
+	pg := pgtest.Start(t)
+	dir := t.TempDir()
+	r := &failoverRig{t: t, ctx: ctx, pg: pg, orchBin: orchBin, markers: filepath.Join(dir, "markers")}
+	if err := os.MkdirAll(r.markers, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	// What a standby needs to take over (SPEC §11, §14a): the database, the
+	// secrets key, and (for the operator) the same admin token.
+	var key, admin [32]byte
+	rand.Read(key[:])
+	rand.Read(admin[:])
+	keyFile := filepath.Join(dir, "secrets-key")
+	if err := os.WriteFile(keyFile, []byte(hex.EncodeToString(key[:])+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	adminToken := hex.EncodeToString(admin[:])
+	var urls []string
+	for i := range r.serves {
+		addr := freeAddr(t)
+		url := "http://" + addr
+		urls = append(urls, url)
+		r.dataDirs[i] = filepath.Join(dir, fmt.Sprintf("data-%d", i))
+		if err := os.MkdirAll(r.dataDirs[i], 0o700); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(r.dataDirs[i], adminTokenFile), []byte(adminToken+"\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		name := fmt.Sprintf("serve %c", 'A'+i)
+		r.serves[i] = supervise(t, name, orchBin, url, "serve", "--addr", addr, "--advertise", url, "--data-dir", r.dataDirs[i],
+			"--store", pg.DSN, "--leader-lease", failoverLease.String(), "--secrets-key-file", keyFile, "--log-level", "debug")
+		if i == 0 {
+			// A leads first: the scenarios fault the leader, whichever it is.
+			poll(t, ctx, "serve A to lead", r.serves[0].ready)
+		}
+	}
+	api, err := client.New(urls[0], adminToken, client.WithURLs(urls[1]))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.api = api
+	for i := range 3 {
+		tok, err := api.CreateToken(ctx, fmt.Sprintf("w%d", i+1), 10*time.Minute)
+		if err != nil {
+			t.Fatalf("token create: %v", err)
+		}
+		start(t, ctx, fmt.Sprintf("worker w%d", i+1), workerBin, "connect",
+			"--url", "ws://"+strings.TrimPrefix(urls[0], "http://")+"/control",
+			"--url", "ws://"+strings.TrimPrefix(urls[1], "http://")+"/control",
+			"--token", tok.Token, "--tags", "script", "--slots", "8", "--max-reconnect-delay", "2s",
+			"--state-dir", filepath.Join(dir, fmt.Sprintf("worker-%d", i+1)))
+	}
+	poll(t, ctx, "the three workers to connect", func() bool {
+		l, err := api.Workers(ctx)
+		if err != nil {
+			return false
+		}
+		n := 0
+		for _, w := range l.Workers {
+			if w.State == "connected" {
+				n++
+			}
+		}
+		return n == 3
+	})
+	return r
+}
+
+// leader returns the serve that leads now, by the leader table.
+func (r *failoverRig) leader() (*supervised, uint64) {
+	r.t.Helper()
+	epoch, url, err := leaderRow(r.ctx, r.pg.DSN)
+	if err != nil {
+		r.t.Fatalf("the leader table: %v", err)
+	}
+	for _, s := range r.serves {
+		if s.url == url {
+			return s, epoch
+		}
+	}
+	r.t.Fatalf("the leader table names %q, neither serve", url)
+	return nil, 0
+}
+
+// other is the serve that is not s.
+func (r *failoverRig) other(s *supervised) *supervised {
+	if r.serves[0] == s {
+		return r.serves[1]
+	}
+	return r.serves[0]
+}
+
+// submit writes the workflow (a parent of two child runs: writes instances
+// of a write-bearing step, noWrites of a no-write one) and submits it with
+// the CLI given both URLs; it returns the parent run's id.
+func (r *failoverRig) submit(writes, noWrites int) string {
+	r.t.Helper()
+	dir := r.t.TempDir()
+	items := func(n int) string {
+		var b strings.Builder
+		for i := range n {
+			if i > 0 {
+				b.WriteString(", ")
+			}
+			fmt.Fprintf(&b, "%q", strconv.Itoa(i))
+		}
+		return b.String()
+	}
+	// One marker file per step, in a directory of its own: the step's name
+	// and item, and the lease it ran under.
+	step := func(name string, writes bool, n int) string {
+		return fmt.Sprintf(`name: %s
+env: {MARKERS: %q}
+steps:
+  - name: %s
+    writes: %v
+    forEach: [%s]
+    run: |
+      d="$MARKERS/%s-$TETHER_ITEM"
+      mkdir -p "$d"
+      echo "%s[$TETHER_ITEM] $TETHER_LEASE" >> "$d/marker"
+`, name, r.markers, name, writes, items(n), name, name)
+	}
+	files := map[string]string{
+		"w.yaml": step("w", true, writes),
+		"n.yaml": step("n", false, noWrites),
+		"failover.yaml": `name: failover
+steps:
+  - name: writes
+    workflow: w.yaml
+  - name: no-writes
+    workflow: n.yaml
+`,
+	}
+	for f, src := range files {
+		if err := os.WriteFile(filepath.Join(dir, f), []byte(src), 0o600); err != nil {
+			r.t.Fatal(err)
+		}
+	}
+	args := []string{"run", "submit", filepath.Join(dir, "failover.yaml"), "--data-dir", r.dataDirs[0]}
+	for _, s := range r.serves {
+		args = append(args, "--url", s.url)
+	}
+	out, errOut, code := orchCLI(r.t, r.ctx, r.orchBin, args...)
+	if code != 0 {
+		r.t.Fatalf("run submit: exit %d\n%s", code, errOut)
+	}
+	return strings.TrimSpace(out)
+}
+
+// markerCount counts the steps that have a marker.
+func (r *failoverRig) markerCount() int {
+	ents, _ := os.ReadDir(r.markers)
+	return len(ents)
+}
+
+// waitMarkers waits until n steps have their marker.
+func (r *failoverRig) waitMarkers(n int) {
+	r.t.Helper()
+	poll(r.t, r.ctx, fmt.Sprintf("%d steps to run", n), func() bool { return r.markerCount() >= n })
+}
+
+// takenOver waits until the serve other than old leads with an epoch past
+// oldEpoch, and logs how long after since that took (fatal only far beyond
+// the lease plus failoverTakeover).
+func (r *failoverRig) takenOver(old *supervised, oldEpoch uint64, since time.Time, what string) {
+	r.t.Helper()
+	next := r.other(old)
+	poll(r.t, r.ctx, "the standby to lead", func() bool {
+		epoch, url, err := leaderRow(r.ctx, r.pg.DSN)
+		return err == nil && epoch > oldEpoch && url == next.url && next.ready()
+	})
+	took := time.Since(since)
+	r.t.Logf("%s: %s leads %v after it (lease %v; the goal: within the lease + %v)", what, next.name, took.Round(time.Millisecond), failoverLease, failoverTakeover)
+	if took > failoverLease+failoverFarBeyond {
+		r.t.Fatalf("%s: the standby took %v to lead, far beyond the lease (%v) + %v", what, took, failoverLease, failoverTakeover)
+	}
+}
+
+// finish waits for the parent run to end and checks the run and the
+// markers: success; every step of both child runs succeeded and has its
+// marker; no write-bearing step's marker has two lines.
+func (r *failoverRig) finish(run string, writes, noWrites int) {
+	r.t.Helper()
+	var det *client.RunDetail
+	poll(r.t, r.ctx, run+" to finish", func() bool {
+		d, err := r.api.Run(r.ctx, run)
+		if err != nil {
+			return false // between leaders
+		}
+		det = d
+		return !d.Run.FinishedAt.IsZero()
+	})
+	var problems []string
+	if det.Status != "success" {
+		problems = append(problems, fmt.Sprintf("%s ended %s, want success", run, det.Status))
+	}
+	steps := 0
+	for _, ps := range det.Steps {
+		if ps.Child == "" {
+			problems = append(problems, fmt.Sprintf("step %s started no child run (%s)", ps.ID, ps.State))
+			continue
+		}
+		child, err := r.api.Run(r.ctx, ps.Child)
+		if err != nil {
+			r.t.Fatalf("child run %s: %v", ps.Child, err)
+		}
+		for _, s := range child.Steps {
+			steps++
+			b, err := os.ReadFile(filepath.Join(r.markers, s.Name+"-"+s.Item, "marker"))
+			lines := strings.Count(string(b), "\n")
+			switch {
+			case s.State != "success":
+				problems = append(problems, fmt.Sprintf("%s: %s %s %s", s.ID, s.State, s.Class, s.Message))
+			case err != nil:
+				problems = append(problems, fmt.Sprintf("%s succeeded without its marker: %v", s.ID, err))
+			}
+			if s.Writes && lines > 1 {
+				problems = append(problems, fmt.Sprintf("write-bearing %s ran %d times:\n%s", s.ID, lines, b))
+			}
+		}
+	}
+	if steps != writes+noWrites {
+		problems = append(problems, fmt.Sprintf("%d steps in the child runs, want %d", steps, writes+noWrites))
+	}
+	if n := r.markerCount(); n != writes+noWrites {
+		problems = append(problems, fmt.Sprintf("%d markers, want %d", n, writes+noWrites))
+	}
+	if len(problems) > 10 {
+		problems = append(problems[:10], fmt.Sprintf("… and %d more", len(problems)-10))
+	}
+	if len(problems) > 0 {
+		r.t.Fatalf("after the failover:\n  %s", strings.Join(problems, "\n  "))
+	}
+}
+
+// TestFailoverLeaderKilled: the leader is SIGKILLed mid-run (SPEC §11).
+// 2,000 steps: 1,000 write-bearing, 1,000 no-write.
+func TestFailoverLeaderKilled(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs the binaries")
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), failoverTimeout)
+	defer cancel()
+	r := newFailoverRig(t, ctx)
+	const writes, noWrites = 1000, 1000
+	run := r.submit(writes, noWrites)
+	r.waitMarkers((writes + noWrites) / 4)
+	old, epoch := r.leader()
+	r.t.Logf("killing %s (epoch %d) with %d of %d steps run", old.name, epoch, r.markerCount(), writes+noWrites)
+	killed := time.Now()
+	old.signal(t, syscall.SIGKILL)
+	r.takenOver(old, epoch, killed, "SIGKILL")
+	r.finish(run, writes, noWrites)
+}
+
+// TestFailoverLeaderPaused: the leader is SIGSTOPped for longer than its
+// lease, then resumed: by then the standby leads (a newer epoch), and the
+// old leader commits nothing more: it exits 75 (deposed) and its supervisor
+// starts it again as a standby.
+func TestFailoverLeaderPaused(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs the binaries")
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), failoverTimeout)
+	defer cancel()
+	r := newFailoverRig(t, ctx)
+	const writes, noWrites = 300, 300
+	run := r.submit(writes, noWrites)
+	r.waitMarkers((writes + noWrites) / 4)
+	old, epoch := r.leader()
+	r.t.Logf("stopping %s (epoch %d) with %d of %d steps run", old.name, epoch, r.markerCount(), writes+noWrites)
+	stopped := time.Now()
+	paused := old.signal(t, syscall.SIGSTOP)
+	r.takenOver(old, epoch, stopped, "SIGSTOP")
+	old.signal(t, syscall.SIGCONT)
+	select {
+	case <-paused.exited:
+	case <-ctx.Done():
+		t.Fatalf("%s resumed after it was deposed and did not exit", old.name)
+	}
+	if paused.code != failoverExitCode {
+		t.Fatalf("%s resumed deposed and exited %d, want %d:\n%s", old.name, paused.code, failoverExitCode, tail(paused.stderr.String(), 4000))
+	}
+	if !strings.Contains(strings.ToLower(paused.stderr.String()), "depose") {
+		t.Errorf("%s exited %d without saying it was deposed:\n%s", old.name, paused.code, tail(paused.stderr.String(), 4000))
+	}
+	if now, _ := r.leader(); now == old {
+		t.Fatalf("%s leads again", old.name)
+	}
+	r.finish(run, writes, noWrites)
+}
+
+// TestFailoverDatabaseRestarted: the database restarts mid-run; the
+// orchestrators ride it out (a leader whose commit's fate is unknown exits
+// 75 and comes back as a standby) and the run finishes.
+func TestFailoverDatabaseRestarted(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs the binaries")
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), failoverTimeout)
+	defer cancel()
+	r := newFailoverRig(t, ctx)
+	const writes, noWrites = 300, 300
+	run := r.submit(writes, noWrites)
+	r.waitMarkers((writes + noWrites) / 4)
+	_, epoch := r.leader()
+	r.t.Logf("restarting the database (epoch %d) with %d of %d steps run", epoch, r.markerCount(), writes+noWrites)
+	began := time.Now()
+	r.pg.Restart(t)
+	poll(t, ctx, "an orchestrator to lead again", func() bool {
+		return r.serves[0].ready() || r.serves[1].ready()
+	})
+	t.Logf("database restart: an orchestrator leads %v after it began", time.Since(began).Round(time.Millisecond))
+	r.finish(run, writes, noWrites)
+	if e, _, err := leaderRow(ctx, r.pg.DSN); err == nil {
+		t.Logf("epoch %d → %d", epoch, e)
+	}
+}
