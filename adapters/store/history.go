@@ -157,6 +157,11 @@ func summaryOf(v []byte) (RunSummary, error) {
 	return h.summary(), nil
 }
 
+// SummaryOf is the summary of the history a history record's value (its
+// JSON, as the core wrote it) holds, as Apply indexes it: another backend
+// (adapters/pgstore) derives the same listing.
+func SummaryOf(v []byte) (RunSummary, error) { return summaryOf(v) }
+
 // headSummary is the summary from a history value's head; false when it
 // has none (or a zero one: the record was not made by archiving).
 func headSummary(v []byte) (RunSummary, bool, error) {

@@ -21,6 +21,7 @@ const (
 	exitUsage   = 2 // bad flags or arguments, a bad config file, no admin token
 	exitRefused = 3 // the orchestrator refused the request (HTTP 4xx: bad admin token, invalid workflow, unknown id, wrong state)
 	exitUnsound = 4 // store check found a problem: the store is unsound
+	// exitDeposed (75, serveha.go): serve stopped leading a PostgreSQL store.
 
 	// A run's outcome, with run show --exit-status, run watch and run
 	// submit --wait (a run that succeeded exits 0).
@@ -39,7 +40,10 @@ const exitCodesHelp = `Exit codes:
   4  unsound store (store check found a problem)
   10 the run failed      (run show --exit-status, run watch, run submit --wait)
   11 the run was cancelled                     (the same commands)
-  12 the run has not ended yet                 (run show --exit-status)`
+  12 the run has not ended yet                 (run show --exit-status)
+  75 serve stopped leading a PostgreSQL store: another orchestrator took the
+     lead, or a commit's outcome is unknown; restart it (it comes back as a
+     standby, SPEC §11)`
 
 // exitErr carries an exit code with its error; an empty error prints
 // nothing (the command has said what it had to).

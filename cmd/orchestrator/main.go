@@ -73,8 +73,9 @@ type options struct {
 	actor, action string
 	// secret put; serve --secrets-key-file (SPEC §14a)
 	fromFile, secretsKeyFile string
-	// serve --store (SPEC §11)
-	store string
+	// serve --store, --admin-token-file, --advertise, --leader-lease (SPEC §11)
+	store, adminTokenFile, advertise string
+	leaderLease                      time.Duration
 }
 
 // env is what a command runs with.

@@ -21,6 +21,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"go.yaml.in/yaml/v3"
 
 	"github.com/tether-run/tether/adapters/orchestrator"
@@ -61,7 +62,27 @@ bbolt:<data-dir>/tether.db):
 
   bbolt:PATH     one bbolt file (and PATH.blobs/ beside it) on this machine;
                  PATH relative to the working directory
-  postgres://…   refused for now: the PostgreSQL backend is not built yet
+  postgres://…   a PostgreSQL database (a connection URL, postgresql:// too)
+
+On PostgreSQL any number of serve processes may share one database, one
+leading at a time (SPEC §11). Each starts as a standby: /livez answers 200,
+/readyz 503 ("standby; leader at URL"), the operator API (/api/…) redirects
+(307) to the leader, and every other path (the workers' /control, /data/,
+/bundle/, …) answers 503 with the header Tether-Leader: URL (when one
+leads). The leader renews a lease in the database (--leader-lease, default
+10s, judged by the database's clock); when it lapses a standby takes over,
+restores from the database exactly as a restart does (SPEC §7), and serves
+on the address it already holds. A leader that finds another has taken
+over (or whose commit's outcome is unknown after a store error) stops at
+once and exits with status 75: run serve under a supervisor that restarts
+it (systemd Restart=always); it comes back as a standby. On SIGINT/SIGTERM
+a leader shuts down and resigns, so a standby takes over at once.
+Every orchestrator of a PostgreSQL store must name, with
+--secrets-key-file and --admin-token-file, the same secrets key and admin
+token (each file is created on the first start when missing: copy both to
+the other hosts before starting them), and --advertise the URL the others,
+the workers and the clients reach it at (default: http(s)://--addr when it
+names a host).
 
 Without a certificate everything is cleartext: HTTP/1.1 and HTTP/2 with prior
 knowledge (h2c). With --tls-cert and --tls-key (PEM files) everything is TLS,
@@ -135,7 +156,10 @@ next start within their grace window. SIGHUP is ignored.`,
 		fs.StringVar(&o.retain, "retain", "720h", "keep finished runs, gone workers and used tokens this long (`duration`: 720h, 30d, 1m; SPEC §7a)")
 		fs.StringVar(&o.metricsToken, "metrics-token", "", "bearer `token` /metrics asks for (default: $"+metricsTokenEnv+"; neither: /metrics is open, SPEC §16)")
 		fs.StringVar(&o.secretsKeyFile, "secrets-key-file", "", "the key `file` sealing secrets at rest (64 hex digits; created, mode 0600, when missing; default the store file's path + .secrets-key); every orchestrator serving one store needs the same (SPEC §14a)")
-		fs.StringVar(&o.store, "store", "", "the `store`: bbolt:PATH (default: $"+storeEnv+", else bbolt:<data-dir>/tether.db); postgres://… is refused for now (SPEC §11)")
+		fs.StringVar(&o.store, "store", "", "the `store`: bbolt:PATH or postgres://… (default: $"+storeEnv+", else bbolt:<data-dir>/tether.db; SPEC §11)")
+		fs.StringVar(&o.adminTokenFile, "admin-token-file", "", "the admin token `file` (created, mode 0600, when missing; default <data-dir>/admin-token); every orchestrator of a PostgreSQL store needs the same")
+		fs.StringVar(&o.advertise, "advertise", "", "with a PostgreSQL store: the base `URL` other orchestrators, workers and clients reach this one at (default: http(s)://--addr, when it names a host)")
+		fs.DurationVar(&o.leaderLease, "leader-lease", defaultLeaderLease, "with a PostgreSQL store: the leader's lease (`duration`, 1s to 10m): a standby takes over once it lapses unrenewed (SPEC §11)")
 		fs.StringVar(&o.pprof, "pprof", "", "serve Go's runtime profiles (/debug/pprof/) on this loopback `address`; off by default")
 		fs.Int64Var(&o.maxSubmitBody, "max-submit-body", orchestrator.DefaultMaxSubmitBody, "largest workflow definition accepted by POST /api/runs, in `bytes` (at most 1048576)")
 		fs.IntVar(&o.maxConns, "max-conns", defaultMaxConns, "worker connections that sent a Hello, at most (`n`, not per address)")
@@ -155,6 +179,10 @@ type serverConfig struct {
 	Addr              string
 	DataDir           string
 	StorePath         string // the bbolt file (--store, $TETHER_STORE; default <DataDir>/tether.db)
+	StoreDSN          string // or the PostgreSQL database (--store postgres://…)
+	AdminTokenFile    string // --admin-token-file; default <DataDir>/admin-token
+	Advertise         string // --advertise: this orchestrator's base URL (PostgreSQL)
+	LeaderLease       time.Duration
 	TLSCert, TLSKey   string // both or neither
 	HeartbeatTimeout  time.Duration
 	SweepInterval     time.Duration
@@ -546,8 +574,39 @@ func resolveServeConfig(e *env) (serverConfig, error) {
 	if set["store"] {
 		spec, from = e.opts.store, "--store"
 	}
-	if cfg.StorePath, err = parseStore(spec, cfg.DataDir); err != nil {
+	if cfg.StorePath, cfg.StoreDSN, err = parseStore(spec, cfg.DataDir); err != nil {
 		return cfg, usageErrorf("%s: %v", from, err) // not echoed: a URL may carry a password
+	}
+	cfg.AdminTokenFile = filepath.Join(cfg.DataDir, adminTokenFile)
+	if set["admin-token-file"] {
+		if e.opts.adminTokenFile == "" {
+			return cfg, usageErrorf("--admin-token-file is empty; name a file")
+		}
+		cfg.AdminTokenFile = e.opts.adminTokenFile
+	}
+	cfg.LeaderLease = defaultLeaderLease
+	if set["leader-lease"] {
+		if e.opts.leaderLease < minLeaderLease || e.opts.leaderLease > maxLeaderLease {
+			return cfg, usageErrorf("--leader-lease %s: want %s to %s", e.opts.leaderLease, minLeaderLease, maxLeaderLease)
+		}
+		cfg.LeaderLease = e.opts.leaderLease
+	}
+	if set["advertise"] {
+		if cfg.Advertise, err = advertiseURL(e.opts.advertise); err != nil {
+			return cfg, usageErrorf("--advertise %v", err)
+		}
+	}
+	if cfg.StoreDSN != "" {
+		// SPEC §11, §14a: whichever orchestrator leads opens what the
+		// others sealed, and takes the operators' admin token.
+		for _, f := range []string{"secrets-key-file", "admin-token-file"} {
+			if !set[f] || (f == "secrets-key-file" && e.opts.secretsKeyFile == "") {
+				return cfg, usageErrorf("a PostgreSQL store needs --%s: every orchestrator sharing the store must use the same file "+
+					"(created on the first start when missing; copy it to the other hosts before starting them)", f)
+			}
+		}
+	} else if set["advertise"] || set["leader-lease"] {
+		return cfg, usageErrorf("--advertise and --leader-lease are for a PostgreSQL store (--store postgres://…); a bbolt store has one orchestrator")
 	}
 	if set["max-conns"] {
 		cfg.MaxConns = e.opts.maxConns
@@ -656,14 +715,16 @@ func serve(ctx context.Context, e *env, _ []string) error {
 			ln.Close()
 		}
 	}()
-	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
-		return fmt.Errorf("data dir: %w", err)
+	if cfg.StoreDSN == "" || filepath.Dir(cfg.AdminTokenFile) == filepath.Clean(cfg.DataDir) {
+		if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
+			return fmt.Errorf("data dir: %w", err)
+		}
 	}
-	token, created, err := ensureAdminToken(cfg.DataDir)
+	tokenPath := cfg.AdminTokenFile
+	token, created, err := ensureAdminTokenFile(tokenPath)
 	if err != nil {
 		return err
 	}
-	tokenPath := filepath.Join(cfg.DataDir, adminTokenFile)
 	if created {
 		fmt.Fprintf(e.stdout, "Admin token (saved to %s, mode 0600; printed only on this first start):\n  %s\n", tokenPath, token)
 	} else if fi, err := os.Stat(tokenPath); err == nil && fi.Mode().Perm()&0o077 != 0 {
@@ -724,6 +785,10 @@ func serve(ctx context.Context, e *env, _ []string) error {
 		defer stop()
 		log.Info("runtime profiles", "url", "http://"+at+"/debug/pprof/")
 	}
+	if cfg.StoreDSN != "" {
+		started = true // serveLeading owns the listener
+		return serveLeading(ctx, e, log, cfg, ln, opts)
+	}
 	d, err := orchestrator.Start(opts)
 	started = true // Start closed the listener if it failed
 	if err != nil {
@@ -757,7 +822,12 @@ func serve(ctx context.Context, e *env, _ []string) error {
 // random bits, hex, file mode 0600) if there is none; created says so.
 // Creation is atomic and exclusive: a temp file is linked into place.
 func ensureAdminToken(dataDir string) (token string, created bool, err error) {
-	path := filepath.Join(dataDir, adminTokenFile)
+	return ensureAdminTokenFile(filepath.Join(dataDir, adminTokenFile))
+}
+
+// ensureAdminTokenFile is ensureAdminToken of the file at path.
+func ensureAdminTokenFile(path string) (token string, created bool, err error) {
+	dataDir := filepath.Dir(path)
 	if tok, err := readAdminToken(path); err == nil {
 		return tok, false, nil
 	} else if !errors.Is(err, fs.ErrNotExist) {
@@ -835,19 +905,23 @@ func parseRetention(s string) (time.Duration, error) {
 }
 
 // parseStore resolves a store's name (--store, $TETHER_STORE; SPEC §11) to
-// the bbolt file it names: empty means <dataDir>/tether.db.
-func parseStore(spec, dataDir string) (string, error) {
+// the bbolt file it names (empty means <dataDir>/tether.db) or the
+// PostgreSQL database's connection URL.
+func parseStore(spec, dataDir string) (path, dsn string, err error) {
 	switch {
 	case spec == "":
-		return filepath.Join(dataDir, storeFile), nil
+		return filepath.Join(dataDir, storeFile), "", nil
 	case strings.HasPrefix(spec, "bbolt:"):
 		path := strings.TrimPrefix(spec, "bbolt:")
 		if path == "" {
-			return "", errors.New("bbolt: names no file; want bbolt:PATH")
+			return "", "", errors.New("bbolt: names no file; want bbolt:PATH")
 		}
-		return path, nil
+		return path, "", nil
 	case strings.HasPrefix(spec, "postgres://"), strings.HasPrefix(spec, "postgresql://"):
-		return "", errors.New("the PostgreSQL backend is not built yet; use bbolt:PATH (the default is bbolt:<data-dir>/tether.db)")
+		if _, err := pgxpool.ParseConfig(spec); err != nil {
+			return "", "", errors.New("the URL does not parse as a PostgreSQL connection string")
+		}
+		return "", spec, nil
 	}
-	return "", errors.New("unknown kind of store; want bbolt:PATH (postgres://… is not built yet)")
+	return "", "", errors.New("unknown kind of store; want bbolt:PATH or postgres://…")
 }

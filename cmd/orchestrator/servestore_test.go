@@ -1,8 +1,9 @@
 package main
 
 // serve --store and $TETHER_STORE (SPEC §11): bbolt:PATH is the file the
-// orchestrator serves from; postgres://… is refused, before anything is
-// created and without echoing the URL (it may carry a password).
+// orchestrator serves from; postgres://… without what a pair of
+// orchestrators must share is refused, before anything is created and
+// without echoing the URL (it may carry a password).
 
 import (
 	"context"
@@ -25,12 +26,17 @@ func TestServeStoreRefused(t *testing.T) {
 		env  string
 		want string
 	}{
-		{"postgres flag", []string{"--store", url}, "", "--store: the PostgreSQL backend is not built yet"},
-		{"postgresql flag", []string{"--store", "postgresql://db/tether"}, "", "--store: the PostgreSQL backend is not built yet"},
-		{"postgres env", nil, url, "$TETHER_STORE: the PostgreSQL backend is not built yet"},
-		{"flag over env", []string{"--store", url}, "bbolt:" + filepath.Join(t.TempDir(), "x.db"), "--store: the PostgreSQL"},
+		{"postgres without a secrets key", []string{"--store", url}, "", "a PostgreSQL store needs --secrets-key-file"},
+		{"postgresql without a secrets key", []string{"--store", "postgresql://db/tether"}, "", "a PostgreSQL store needs --secrets-key-file"},
+		{"postgres env without a secrets key", nil, url, "a PostgreSQL store needs --secrets-key-file"},
+		{"postgres without an admin token file", []string{"--store", url, "--secrets-key-file", "k"}, "", "a PostgreSQL store needs --admin-token-file"},
+		{"postgres, a bad URL", []string{"--store", "postgres://hunter2@db:port/x"}, "", "--store: the URL does not parse"},
+		{"flag over env", []string{"--store", "postgres://tether:hunter2@db:bad/x"}, "bbolt:" + filepath.Join(t.TempDir(), "x.db"), "--store: the URL does not parse"},
+		{"bad advertise", []string{"--store", url, "--secrets-key-file", "k", "--admin-token-file", "a", "--advertise", "10.0.0.5:7420"}, "", "--advertise \"10.0.0.5:7420\": want the base URL"},
+		{"short lease", []string{"--store", url, "--leader-lease", "10ms"}, "", "--leader-lease 10ms: want 1s to 10m0s"},
+		{"lease without postgres", []string{"--leader-lease", "5s"}, "", "--advertise and --leader-lease are for a PostgreSQL store"},
 		{"empty bbolt", []string{"--store", "bbolt:"}, "", "bbolt: names no file"},
-		{"unknown kind", []string{"--store", "mysql://hunter2@db"}, "", "unknown kind of store; want bbolt:PATH"},
+		{"unknown kind", []string{"--store", "mysql://hunter2@db"}, "", "unknown kind of store; want bbolt:PATH or postgres://…"},
 	} {
 		dataDir := filepath.Join(t.TempDir(), "data")
 		var stdout, stderr syncBuffer

@@ -1,0 +1,459 @@
+// Package pgstore is store.Backend on PostgreSQL (SPEC §11): the live
+// records, the history of archived runs, the audit log, the data plane
+// (its bytes chunked in the database too) and the sealed secrets, in the
+// tables of schema.go, so that any number of orchestrators can point at
+// one database and one of them leads.
+//
+// The fence. A Store opened with a nonzero Options.Epoch begins every write
+// transaction with tether_fence (schema.go): it reads the leader row FOR
+// SHARE (a take-over, which updates that row, waits for the transaction or
+// makes it wait) and aborts the transaction, before anything of it is
+// written, unless the epoch is the Store's; the caller gets an error
+// wrapping store.ErrDeposed. Apply of an empty batch is then the proof of
+// leadership on its own: the driver calls it before any group that leaves
+// without records, and it reads the epoch without a transaction of its
+// own to commit.
+//
+// Apply, the driver's hot path, is one round trip: the fence, one
+// multi-row upsert and one delete per table the batch touches, sent as one
+// pgx.Batch, which PostgreSQL runs as one implicit transaction, committed
+// and flushed before it answers: the Store's sessions run with
+// synchronous_commit=on (or what the URL asks beyond it; off is refused).
+package pgstore
+
+import (
+	"context"
+	"crypto/cipher"
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/tether-run/tether/adapters/store"
+	"github.com/tether-run/tether/core"
+)
+
+// Options configure a Store.
+type Options struct {
+	// Epoch, when nonzero, fences every write transaction: it commits only
+	// while tether_leader's epoch is this one, else it fails with an error
+	// wrapping store.ErrDeposed. Zero: no fence (one orchestrator alone).
+	Epoch uint64
+}
+
+// DefaultMaxConns is the pool's size unless the store URL sets
+// pool_max_conns.
+const DefaultMaxConns = 16
+
+// MaxKeyLength bounds a record's key: a PostgreSQL index entry holds at
+// most about a third of a page.
+const MaxKeyLength = 2000
+
+// Store is a PostgreSQL database of Tether's state. It is safe for
+// concurrent use.
+type Store struct {
+	pool   *pgxpool.Pool
+	epoch  int64
+	closed atomic.Bool
+
+	ctx    context.Context // canceled by Close
+	cancel context.CancelFunc
+
+	blobMu   sync.Mutex
+	pins     map[string]int  // blobs written and not yet released
+	unsure   map[string]bool // released blobs to collect unless a record names them
+	creating int             // WriteBlobs under way
+
+	aead atomic.Pointer[cipher.AEAD] // the secrets key (secrets.go)
+
+	dataMu sync.Mutex // one ApplyWithData at a time decides on its reads (applydata.go)
+}
+
+var _ store.Backend = (*Store)(nil)
+
+// Open connects to the database at dsn, runs the migrations it lacks
+// (schema.go) and collects the blobs no record names and what unfinished
+// blob writes left. Only the orchestrator that writes opens a Store (alone
+// with no epoch, or the leader with its epoch): that collection would take
+// the blobs a running leader is writing. A standby runs Migrate.
+func Open(ctx context.Context, dsn string, o Options) (*Store, error) {
+	pool, err := connect(ctx, dsn)
+	if err != nil {
+		return nil, err
+	}
+	s := &Store{pool: pool, epoch: int64(o.Epoch), pins: map[string]int{}, unsure: map[string]bool{}}
+	s.ctx, s.cancel = context.WithCancel(context.Background())
+	if err := s.write(func(ctx context.Context, tx pgx.Tx) error {
+		_, err := tx.Exec(ctx, `DELETE FROM tether_blob_chunk c WHERE NOT EXISTS (SELECT 1 FROM tether_blob b WHERE b.chunks = c.chunks)`)
+		return err
+	}); err != nil {
+		s.Close()
+		return nil, fmt.Errorf("pgstore: unfinished blobs: %w", err)
+	}
+	if _, err := s.CollectBlobs(); err != nil {
+		s.Close()
+		return nil, err
+	}
+	return s, nil
+}
+
+// Migrate runs the migrations the database at dsn lacks, as Open does, and
+// nothing else: what a standby does before it campaigns, so that the
+// leader row exists.
+func Migrate(ctx context.Context, dsn string) error {
+	pool, err := connect(ctx, dsn)
+	if err != nil {
+		return err
+	}
+	pool.Close()
+	return nil
+}
+
+// connect makes the pool and migrates the database.
+func connect(ctx context.Context, dsn string) (*pgxpool.Pool, error) {
+	cfg, err := pgxpool.ParseConfig(dsn)
+	if err != nil {
+		// The DSN may carry a password: not echoed.
+		return nil, fmt.Errorf("pgstore: the store URL does not parse as a PostgreSQL connection string")
+	}
+	// Commits, reads of the API and the data plane, blob chunks and the
+	// leader's renewals share the pool: more than pgxpool's default of 4,
+	// unless the URL says (pool_max_conns).
+	if !strings.Contains(dsn, "pool_max_conns") {
+		cfg.MaxConns = DefaultMaxConns
+	}
+	// A commit is answered only once it is on stable storage (SPEC §11),
+	// whatever the server's default; a connection string may ask for more
+	// (remote_apply, with standbys), never for less.
+	switch cfg.ConnConfig.RuntimeParams["synchronous_commit"] {
+	case "":
+		cfg.ConnConfig.RuntimeParams["synchronous_commit"] = "on"
+	case "off":
+		return nil, fmt.Errorf("pgstore: synchronous_commit=off would answer commits a crash can lose (SPEC §11); drop it from the store URL")
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("pgstore: connect: %w", err)
+	}
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		pool.Close()
+		return nil, fmt.Errorf("pgstore: connect: %w", err)
+	}
+	err = migrate(ctx, conn.Conn(), migrations)
+	conn.Release()
+	if err != nil {
+		pool.Close()
+		return nil, err
+	}
+	return pool, nil
+}
+
+// Pool is the Store's connection pool (the leader election shares it).
+func (s *Store) Pool() *pgxpool.Pool { return s.pool }
+
+// Close closes the pool; closing twice is harmless. Calls after it return
+// store.ErrClosed.
+func (s *Store) Close() error {
+	if s.closed.Swap(true) {
+		return nil
+	}
+	s.cancel()
+	s.pool.Close()
+	return nil
+}
+
+// check refuses a call after Close.
+func (s *Store) check() error {
+	if s.closed.Load() {
+		return store.ErrClosed
+	}
+	return nil
+}
+
+// mapErr names what an error of the database means to the caller.
+func (s *Store) mapErr(err error) error {
+	var pe *pgconn.PgError
+	switch {
+	case err == nil:
+		return nil
+	case errors.As(err, &pe) && pe.Code == fenceCode:
+		return fmt.Errorf("%w: %s", store.ErrDeposed, pe.Message)
+	case s.closed.Load():
+		return store.ErrClosed
+	}
+	return err
+}
+
+// fence queues the epoch check first in b, when the Store has an epoch.
+func (s *Store) fence(b *pgx.Batch) {
+	if s.epoch != 0 {
+		b.Queue("SELECT tether_fence($1)", s.epoch)
+	}
+}
+
+// fenceTx runs the epoch check in tx, when the Store has an epoch.
+func (s *Store) fenceTx(ctx context.Context, tx pgx.Tx) error {
+	if s.epoch == 0 {
+		return nil
+	}
+	_, err := tx.Exec(ctx, "SELECT tether_fence($1)", s.epoch)
+	return err
+}
+
+// write runs f in one fenced transaction.
+func (s *Store) write(f func(ctx context.Context, tx pgx.Tx) error) error {
+	if err := s.check(); err != nil {
+		return err
+	}
+	ctx := s.ctx
+	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		if err := s.fenceTx(ctx, tx); err != nil {
+			return err
+		}
+		return f(ctx, tx)
+	})
+	return s.mapErr(err)
+}
+
+// read runs f in one read-only transaction (a consistent snapshot).
+func (s *Store) read(f func(ctx context.Context, tx pgx.Tx) error) error {
+	if err := s.check(); err != nil {
+		return err
+	}
+	ctx := s.ctx
+	err := pgx.BeginTxFunc(ctx, s.pool, pgx.TxOptions{AccessMode: pgx.ReadOnly, IsoLevel: pgx.RepeatableRead}, func(tx pgx.Tx) error {
+		return f(ctx, tx)
+	})
+	return s.mapErr(err)
+}
+
+// checkRecords refuses a batch with a record the store cannot hold.
+func checkRecords(recs []core.Record) error {
+	for i, r := range recs {
+		switch {
+		case r.Key == "":
+			return fmt.Errorf("pgstore: apply record %d of %d: %w", i+1, len(recs), store.ErrEmptyKey)
+		case len(r.Key) > MaxKeyLength:
+			return fmt.Errorf("pgstore: apply record %d of %d (%.40q…): %w", i+1, len(recs), r.Key, store.ErrKeyTooLarge)
+		case !r.Delete && r.Value == nil:
+			return fmt.Errorf("pgstore: apply record %q: %w", r.Key, store.ErrNoValue)
+		case strings.ContainsRune(r.Key, 0):
+			return fmt.Errorf("pgstore: apply record %q: a key holds no NUL byte: %w", r.Key, store.ErrEmptyKey)
+		}
+	}
+	return nil
+}
+
+// Apply writes a batch of records in one transaction, fenced: upserts put
+// their value, deletes remove their key, a later record of a key winning.
+// An empty batch with an epoch is the proof of leadership alone.
+func (s *Store) Apply(recs []core.Record) error {
+	if err := s.check(); err != nil {
+		return err
+	}
+	if len(recs) == 0 {
+		return s.prove()
+	}
+	if err := checkRecords(recs); err != nil {
+		return err
+	}
+	b := &pgx.Batch{}
+	s.fence(b)
+	if err := s.queueRecords(b, recs); err != nil {
+		return err
+	}
+	err := s.pool.SendBatch(s.ctx, b).Close()
+	if err != nil {
+		return fmt.Errorf("pgstore: apply %d records: %w", len(recs), s.mapErr(err))
+	}
+	return nil
+}
+
+// prove is the proof of leadership of an empty Apply: the leader row's
+// epoch is the Store's now. A plain read: with nothing to commit there is
+// nothing to hold the row for, and it asks no flush of the WAL.
+func (s *Store) prove() error {
+	if s.epoch == 0 {
+		return nil
+	}
+	var epoch int64
+	if err := s.pool.QueryRow(s.ctx, "SELECT epoch FROM tether_leader WHERE id = 1").Scan(&epoch); err != nil {
+		return fmt.Errorf("pgstore: proof of leadership: %w", s.mapErr(err))
+	}
+	if epoch != s.epoch {
+		return fmt.Errorf("pgstore: proof of leadership: %w: the leader epoch is %d, this orchestrator's is %d", store.ErrDeposed, epoch, s.epoch)
+	}
+	return nil
+}
+
+// tableRows are the upserts and deletes of one table in a batch.
+type tableRows struct {
+	keys   []string
+	values [][]byte
+	dels   []string
+	// per table extra columns
+	leases          []string // tether_log
+	ats             []int64  // tether_audit
+	actors, actions []string // tether_audit
+	hist            []histRow
+}
+
+type histRow struct {
+	run                 string
+	seq                 int64
+	finished, submitted int64
+	status, name        string
+	summary, value      []byte
+}
+
+// queueRecords queues the statements that apply recs: the batch deduped
+// (a later record of a key wins), then per table one upsert and one delete.
+func (s *Store) queueRecords(b *pgx.Batch, recs []core.Record) error {
+	last := make(map[string]int, len(recs))
+	for i, r := range recs {
+		last[r.Key] = i
+	}
+	var live, logs, audit, hist tableRows
+	for i, r := range recs {
+		if last[r.Key] != i {
+			continue
+		}
+		switch {
+		case core.IsHistoryKey(r.Key):
+			run := strings.TrimPrefix(r.Key, core.KindHistory+"/")
+			if r.Delete {
+				hist.dels = append(hist.dels, run)
+				continue
+			}
+			h, err := s.historyRow(core.RunID(run), r.Value)
+			if err != nil {
+				return fmt.Errorf("pgstore: record %q: %w", r.Key, err)
+			}
+			hist.hist = append(hist.hist, h)
+		case strings.HasPrefix(r.Key, core.KindLog+"/"):
+			if r.Delete {
+				logs.dels = append(logs.dels, r.Key)
+				continue
+			}
+			lease, _, _ := strings.Cut(strings.TrimPrefix(r.Key, core.KindLog+"/"), "/")
+			logs.keys, logs.values, logs.leases = append(logs.keys, r.Key), append(logs.values, r.Value), append(logs.leases, lease)
+		case core.IsAuditKey(r.Key):
+			if r.Delete {
+				audit.dels = append(audit.dels, r.Key)
+				continue
+			}
+			var e core.AuditEntry
+			if err := jsonUnmarshal(r.Value, &e); err != nil {
+				return fmt.Errorf("pgstore: audit record %q: %w", r.Key, err)
+			}
+			audit.keys, audit.values = append(audit.keys, r.Key), append(audit.values, r.Value)
+			audit.ats, audit.actors, audit.actions = append(audit.ats, nanos(e.At)), append(audit.actors, e.Actor), append(audit.actions, e.Action)
+		default:
+			if r.Delete {
+				live.dels = append(live.dels, r.Key)
+				continue
+			}
+			v := r.Value
+			if s.sealsRecord(r.Key) {
+				var err error
+				if v, err = s.seal(r.Key, v); err != nil {
+					return err
+				}
+			}
+			live.keys, live.values = append(live.keys, r.Key), append(live.values, v)
+		}
+	}
+	if len(live.keys) > 0 {
+		b.Queue(`INSERT INTO tether_record (key, value) SELECT * FROM unnest($1::text[], $2::bytea[])
+			ON CONFLICT (key) DO UPDATE SET value = excluded.value`, live.keys, live.values)
+	}
+	if len(live.dels) > 0 {
+		b.Queue(`DELETE FROM tether_record WHERE key = ANY($1::text[])`, live.dels)
+	}
+	if len(logs.keys) > 0 {
+		b.Queue(`INSERT INTO tether_log (key, lease, value) SELECT * FROM unnest($1::text[], $2::text[], $3::bytea[])
+			ON CONFLICT (key) DO UPDATE SET value = excluded.value`, logs.keys, logs.leases, logs.values)
+	}
+	if len(logs.dels) > 0 {
+		b.Queue(`DELETE FROM tether_log WHERE key = ANY($1::text[])`, logs.dels)
+	}
+	if len(audit.keys) > 0 {
+		b.Queue(`INSERT INTO tether_audit (key, at_ns, actor, action, value) SELECT * FROM unnest($1::text[], $2::bigint[], $3::text[], $4::text[], $5::bytea[])
+			ON CONFLICT (key) DO UPDATE SET at_ns = excluded.at_ns, actor = excluded.actor, action = excluded.action, value = excluded.value`,
+			audit.keys, audit.ats, audit.actors, audit.actions, audit.values)
+	}
+	if len(audit.dels) > 0 {
+		b.Queue(`DELETE FROM tether_audit WHERE key = ANY($1::text[])`, audit.dels)
+	}
+	if len(hist.hist) > 0 {
+		n := len(hist.hist)
+		runs, seqs, fins, subs := make([]string, n), make([]int64, n), make([]int64, n), make([]int64, n)
+		stats, names, sums, vals := make([]string, n), make([]string, n), make([][]byte, n), make([][]byte, n)
+		for i, h := range hist.hist {
+			runs[i], seqs[i], fins[i], subs[i], stats[i], names[i], sums[i], vals[i] = h.run, h.seq, h.finished, h.submitted, h.status, h.name, h.summary, h.value
+		}
+		b.Queue(`INSERT INTO tether_history (run, seq, finished_ns, submitted_ns, status, name, summary, value)
+			SELECT * FROM unnest($1::text[], $2::bigint[], $3::bigint[], $4::bigint[], $5::text[], $6::text[], $7::bytea[], $8::bytea[])
+			ON CONFLICT (run) DO UPDATE SET seq = excluded.seq, finished_ns = excluded.finished_ns, submitted_ns = excluded.submitted_ns,
+			status = excluded.status, name = excluded.name, summary = excluded.summary, value = excluded.value`,
+			runs, seqs, fins, subs, stats, names, sums, vals)
+	}
+	if len(hist.dels) > 0 {
+		b.Queue(`DELETE FROM tether_history WHERE run = ANY($1::text[])`, hist.dels)
+	}
+	return nil
+}
+
+// nanos is t in Unix nanoseconds, the zero time (and before 1970) as 0.
+func nanos(t time.Time) int64 {
+	if t.IsZero() || t.UnixNano() < 0 {
+		return 0
+	}
+	return t.UnixNano()
+}
+
+// Load returns the live records and the log lines of the live leases,
+// sorted by key, in one query.
+func (s *Store) Load() ([]core.Record, error) {
+	if err := s.check(); err != nil {
+		return nil, err
+	}
+	rows, err := s.pool.Query(s.ctx, `
+		SELECT key, value FROM tether_record
+		UNION ALL
+		SELECT key, value FROM tether_log WHERE lease IN (SELECT substr(key, 7) FROM tether_record WHERE key >= 'lease/' AND key < 'lease0')
+		ORDER BY 1`)
+	if err != nil {
+		return nil, fmt.Errorf("pgstore: load: %w", s.mapErr(err))
+	}
+	var recs []core.Record
+	for rows.Next() {
+		var r core.Record
+		if err := rows.Scan(&r.Key, &r.Value); err != nil {
+			rows.Close()
+			return nil, fmt.Errorf("pgstore: load: %w", err)
+		}
+		if strings.HasPrefix(r.Key, core.KindRun+"/") && sealed(r.Value) {
+			if r.Value, err = s.open(r.Key, r.Value); err != nil {
+				rows.Close()
+				return nil, fmt.Errorf("pgstore: load: %w", err)
+			}
+		}
+		recs = append(recs, r)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("pgstore: load: %w", s.mapErr(err))
+	}
+	if !sort.SliceIsSorted(recs, func(i, j int) bool { return recs[i].Key < recs[j].Key }) {
+		return nil, fmt.Errorf("pgstore: load: the database did not return the records in byte order (its keys' collation is not \"C\")")
+	}
+	return recs, nil
+}

@@ -1,0 +1,370 @@
+package pgstore_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"reflect"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/tether-run/tether/adapters/pgstore"
+	"github.com/tether-run/tether/adapters/pgtest"
+	"github.com/tether-run/tether/adapters/store"
+	"github.com/tether-run/tether/adapters/store/storetest"
+	"github.com/tether-run/tether/core"
+)
+
+// The package's tests share one cluster (pgtest.Start costs more than a
+// database): TestMain starts it, each test takes a database of its own.
+var (
+	cluster    *pgtest.Cluster
+	clusterErr string // why Start failed, reported by every test
+)
+
+// mainTB is the testing.TB pgtest.Start gets outside any test: its
+// cleanups run when the package's tests are done.
+type mainTB struct {
+	testing.TB
+	cleanups []func()
+	failed   string
+}
+
+type startFailed struct{}
+
+func (m *mainTB) Helper()                   {}
+func (m *mainTB) Cleanup(f func())          { m.cleanups = append(m.cleanups, f) }
+func (m *mainTB) Skip(args ...any)          { m.failed = fmt.Sprint(args...); panic(startFailed{}) }
+func (m *mainTB) Errorf(f string, a ...any) { fmt.Fprintf(os.Stderr, f+"\n", a...) }
+func (m *mainTB) Fatalf(f string, a ...any) {
+	m.failed = fmt.Sprintf(f, a...)
+	panic(startFailed{})
+}
+
+func TestMain(m *testing.M) {
+	tb := &mainTB{}
+	if os.Getenv(pgtest.SkipEnv) != "off" {
+		func() {
+			defer func() {
+				if r := recover(); r != nil {
+					if _, ok := r.(startFailed); !ok {
+						panic(r)
+					}
+					clusterErr = tb.failed
+				}
+			}()
+			cluster = pgtest.Start(tb)
+		}()
+	}
+	code := m.Run()
+	for i := len(tb.cleanups) - 1; i >= 0; i-- {
+		tb.cleanups[i]()
+	}
+	os.Exit(code)
+}
+
+// database returns the DSN of a new empty database, skipping the test only
+// when TETHER_TEST_PG=off says so.
+func database(t *testing.T) string {
+	t.Helper()
+	if os.Getenv(pgtest.SkipEnv) == "off" {
+		t.Skip(pgtest.SkipEnv + "=off: the PostgreSQL tests are skipped")
+	}
+	if cluster == nil {
+		t.Fatalf("no PostgreSQL cluster: %s", clusterErr)
+	}
+	return cluster.NewDatabase(t)
+}
+
+func open(t *testing.T, dsn string, o pgstore.Options) *pgstore.Store {
+	t.Helper()
+	s, err := pgstore.Open(context.Background(), dsn, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+// TestContractPostgres runs the store contract (store.Backend) on
+// PostgreSQL: a new database per case, reopened by closing the Store and
+// opening the same database.
+func TestContractPostgres(t *testing.T) {
+	dsns := map[store.Backend]string{}
+	var mu sync.Mutex
+	openB := func(t *testing.T) store.Backend {
+		dsn := database(t)
+		s, err := pgstore.Open(context.Background(), dsn, pgstore.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		mu.Lock()
+		dsns[s] = dsn
+		mu.Unlock()
+		return s
+	}
+	reopen := func(t *testing.T, b store.Backend) store.Backend {
+		mu.Lock()
+		dsn := dsns[b]
+		mu.Unlock()
+		if err := b.Close(); err != nil {
+			t.Fatal(err)
+		}
+		s, err := pgstore.Open(context.Background(), dsn, pgstore.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		mu.Lock()
+		dsns[s] = dsn
+		mu.Unlock()
+		return s
+	}
+	storetest.Run(t, openB, reopen)
+}
+
+// takeOver bumps the leader's epoch as a standby's take-over does.
+func takeOver(t *testing.T, s *pgstore.Store, holder string) uint64 {
+	t.Helper()
+	var epoch uint64
+	err := s.Pool().QueryRow(context.Background(), `UPDATE tether_leader SET epoch = epoch + 1, holder = $1, url = $2,
+		expires_at = now() + $3 WHERE id = 1 AND expires_at <= now() RETURNING epoch`, holder, "http://"+holder, "10 seconds").Scan(&epoch)
+	if err != nil {
+		t.Fatalf("take-over by %s: %v", holder, err)
+	}
+	// The lease lapses at once, so the next take-over may follow.
+	if _, err := s.Pool().Exec(context.Background(), "UPDATE tether_leader SET expires_at = now() WHERE id = 1"); err != nil {
+		t.Fatal(err)
+	}
+	return epoch
+}
+
+// The fence (SPEC §11): once another orchestrator took over (epoch 2), the
+// store of epoch 1 commits nothing — not a batch, not data, not the proof
+// of an empty batch — and says it was deposed; the store of epoch 2
+// commits.
+func TestFence(t *testing.T) {
+	dsn := database(t)
+	admin := open(t, dsn, pgstore.Options{})
+	if e := takeOver(t, admin, "one"); e != 1 {
+		t.Fatalf("first take-over made epoch %d, want 1", e)
+	}
+	one := open(t, dsn, pgstore.Options{Epoch: 1})
+	if err := one.Apply(nil); err != nil {
+		t.Fatalf("the leader's proof: %v", err)
+	}
+	if err := one.Apply([]core.Record{{Key: "worker/a", Value: []byte("by one")}}); err != nil {
+		t.Fatalf("the leader's commit: %v", err)
+	}
+	if e := takeOver(t, admin, "two"); e != 2 {
+		t.Fatalf("second take-over made epoch %d, want 2", e)
+	}
+	two := open(t, dsn, pgstore.Options{Epoch: 2})
+
+	if err := one.Apply(nil); !errors.Is(err, store.ErrDeposed) {
+		t.Errorf("the deposed leader's proof (an empty Apply): %v, want ErrDeposed", err)
+	}
+	if err := one.Apply([]core.Record{{Key: "worker/a", Value: []byte("late")}, {Key: "worker/b", Value: []byte("late")}}); !errors.Is(err, store.ErrDeposed) {
+		t.Errorf("the deposed leader's Apply: %v, want ErrDeposed", err)
+	}
+	if _, err := one.ApplyWithData([]core.Record{{Key: "worker/c", Value: []byte("late")}}, nil); !errors.Is(err, store.ErrDeposed) {
+		t.Errorf("the deposed leader's ApplyWithData: %v, want ErrDeposed", err)
+	}
+	if _, err := one.WriteBlob(strings.NewReader("late bytes"), 100); !errors.Is(err, store.ErrDeposed) {
+		t.Errorf("the deposed leader's WriteBlob: %v, want ErrDeposed", err)
+	}
+	if _, err := one.PruneAudit(time.Now(), 0); !errors.Is(err, store.ErrDeposed) {
+		t.Errorf("the deposed leader's PruneAudit: %v, want ErrDeposed", err)
+	}
+	want := map[string]string{"worker/a": "by one"}
+	if got := loadMap(t, two); !reflect.DeepEqual(got, want) {
+		t.Errorf("after the deposed leader's writes the state is %v, want %v (nothing of them)", got, want)
+	}
+	if err := two.Apply([]core.Record{{Key: "worker/a", Value: []byte("by two")}}); err != nil {
+		t.Fatalf("the new leader's commit: %v", err)
+	}
+	if got := loadMap(t, two)["worker/a"]; got != "by two" {
+		t.Errorf("the new leader's commit reads %q", got)
+	}
+}
+
+func loadMap(t *testing.T, s *pgstore.Store) map[string]string {
+	t.Helper()
+	recs, err := s.Load()
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := map[string]string{}
+	for _, r := range recs {
+		m[r.Key] = string(r.Value)
+	}
+	return m
+}
+
+// Migrations: Opens and Migrates at once on a new database agree (one
+// migrates, the others find it done); a database a newer binary migrated is refused.
+// Backup is pg_dump's, not the Store's.
+func TestMigrations(t *testing.T) {
+	dsn := database(t)
+	var wg sync.WaitGroup
+	errs := make([]error, 4)
+	for i := range errs {
+		wg.Go(func() {
+			if i%2 == 1 { // what a standby runs
+				errs[i] = pgstore.Migrate(context.Background(), dsn)
+				return
+			}
+			s, err := pgstore.Open(context.Background(), dsn, pgstore.Options{})
+			if err == nil {
+				s.Close()
+			}
+			errs[i] = err
+		})
+	}
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			t.Errorf("Open or Migrate %d of 4 at once: %v", i+1, err)
+		}
+	}
+	conn, err := pgx.Connect(context.Background(), dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	var version, leaders int
+	if err := conn.QueryRow(context.Background(), "SELECT version, (SELECT count(*) FROM tether_leader) FROM tether_schema").Scan(&version, &leaders); err != nil {
+		t.Fatal(err)
+	}
+	if version != pgstore.SchemaVersion || leaders != 1 {
+		t.Errorf("after 4 Opens and Migrates: schema version %d with %d leader rows; want %d and 1", version, leaders, pgstore.SchemaVersion)
+	}
+	s := open(t, dsn, pgstore.Options{})
+	if err := s.Backup(io.Discard); !errors.Is(err, errors.ErrUnsupported) {
+		t.Errorf("Backup: %v, want an error wrapping ErrUnsupported (pg_dump backs a database up)", err)
+	}
+	if _, err := conn.Exec(context.Background(), "UPDATE tether_schema SET version = version + 1"); err != nil {
+		t.Fatal(err)
+	}
+	if s, err := pgstore.Open(context.Background(), dsn, pgstore.Options{}); !errors.Is(err, pgstore.ErrSchemaTooNew) {
+		if err == nil {
+			s.Close()
+		}
+		t.Errorf("Open of a database of a newer schema: %v, want ErrSchemaTooNew", err)
+	}
+}
+
+// A database restarted as a crash would (SPEC §11): what was committed is
+// there, and after a bounded number of calls failing on the connections
+// the restart cut, the Store works again on new ones.
+func TestDatabaseRestart(t *testing.T) {
+	s := open(t, database(t), pgstore.Options{})
+	if err := s.Apply([]core.Record{{Key: "worker/a", Value: []byte("before")}}); err != nil {
+		t.Fatal(err)
+	}
+	cluster.Restart(t)
+	var failed int
+	for {
+		err := s.Apply([]core.Record{{Key: "worker/b", Value: []byte("after")}})
+		if err == nil {
+			break
+		}
+		// Each failure costs the pool one cut connection: a bounded number.
+		if failed++; failed > int(s.Pool().Config().MaxConns) {
+			t.Fatalf("Apply still fails after the restart, %d times: %v", failed, err)
+		}
+		t.Logf("Apply after the restart: %v", err)
+	}
+	want := map[string]string{"worker/a": "before", "worker/b": "after"}
+	if got := loadMap(t, s); !reflect.DeepEqual(got, want) {
+		t.Errorf("after the restart: %v, want %v", got, want)
+	}
+}
+
+// A blob's bytes are chunks: a body over its limit leaves none, and Open
+// removes those no blob names (a write a crash cut).
+func TestBlobChunks(t *testing.T) {
+	dsn := database(t)
+	s := open(t, dsn, pgstore.Options{})
+	chunks := func() (n int) {
+		t.Helper()
+		if err := s.Pool().QueryRow(context.Background(), "SELECT count(*) FROM tether_blob_chunk").Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	body := strings.Repeat("x", 2*pgstore.ChunkSize+1)
+	ref, err := s.WriteBlob(strings.NewReader(body), int64(len(body)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := chunks(); n != 3 {
+		t.Errorf("a blob of 2 chunks and a byte is %d chunks", n)
+	}
+	if _, err := s.WriteBlob(strings.NewReader(body+"y"), int64(len(body))); !errors.Is(err, store.ErrTooLarge) {
+		t.Fatalf("a body over its limit: %v", err)
+	}
+	if n := chunks(); n != 3 {
+		t.Errorf("a body over its limit left %d chunks beside the blob's 3", n-3)
+	}
+	if _, err := s.Pool().Exec(context.Background(), "INSERT INTO tether_blob_chunk VALUES ('cut', 0, 'abc')"); err != nil {
+		t.Fatal(err)
+	}
+	s.ReleaseBlob(ref) // unnamed: collected
+	if n := chunks(); n != 1 {
+		t.Errorf("after the blob was collected %d chunks are left, want the cut write's 1", n)
+	}
+	s.Close()
+	s = open(t, dsn, pgstore.Options{})
+	if n := chunks(); n != 0 {
+		t.Errorf("after a reopen %d chunks of a cut write are left", n)
+	}
+}
+
+var icuDatabases atomic.Int32
+
+// Keys sort in byte order (Go's string order, as bbolt's) even in a
+// database whose collation sorts text otherwise (ICU's English: case and
+// punctuation second): Load's order is the core's, and it finds the live
+// leases' log lines by their keys' range.
+func TestByteOrder(t *testing.T) {
+	database(t) // skips or fails as every test here does without a cluster
+	name := fmt.Sprintf("tether_icu_%d_%d", os.Getpid(), icuDatabases.Add(1))
+	admin, err := pgx.Connect(context.Background(), strings.Replace(cluster.DSN, "/"+pgtest.Database+"?", "/postgres?", 1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close(context.Background())
+	if _, err := admin.Exec(context.Background(), "CREATE DATABASE "+name+" LOCALE_PROVIDER icu ICU_LOCALE 'en-US' TEMPLATE template0"); err != nil {
+		t.Fatal(err)
+	}
+	s := open(t, strings.Replace(cluster.DSN, "/"+pgtest.Database+"?", "/"+name+"?", 1), pgstore.Options{})
+	keys := []string{"worker/a", "worker/B", "worker/_x", "worker/-y", "worker/Z9", "worker/a-b", "worker/ab",
+		"lease/00000000000000000007", "log/00000000000000000007/0000000000", "leases", "lease-x", "lease0"}
+	var recs []core.Record
+	for _, k := range keys {
+		recs = append(recs, core.Record{Key: k, Value: []byte("v")})
+	}
+	if err := s.Apply(recs); err != nil {
+		t.Fatal(err)
+	}
+	got, err := s.Load()
+	if err != nil {
+		t.Fatalf("Load in a database of ICU's collation: %v", err)
+	}
+	sort.Strings(keys)
+	var order []string
+	for _, r := range got {
+		order = append(order, r.Key)
+	}
+	if !reflect.DeepEqual(order, keys) {
+		t.Errorf("Load's order %q, want byte order %q", order, keys)
+	}
+}

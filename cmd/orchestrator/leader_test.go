@@ -1,0 +1,175 @@
+package main
+
+// Two serve processes on one PostgreSQL store (SPEC §7, §11): one leads,
+// the other stands by — /readyz 503 naming the leader, a worker endpoint
+// 503 with Tether-Leader, the operator API 307 to the leader. The leader
+// killed (SIGKILL), the standby takes over and holds the run submitted
+// before; a restarted one comes back as a standby; a leader paused past
+// its lease is deposed and exits 75 once resumed; a leader shut down
+// resigns, so the standby takes over at once.
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/tether-run/tether/adapters/pgtest"
+)
+
+func TestServeLeaderStandby(t *testing.T) {
+	c := pgtest.Start(t)
+	ctx, cancel := context.WithTimeout(t.Context(), 2*e2eTimeout)
+	defer cancel()
+	orchBin, _ := buildBinaries(t, ctx)
+	shared := t.TempDir()         // what every orchestrator of the store names: the secrets key, the admin token
+	const lease = 3 * time.Second // renewed every 750 ms: a loaded machine does not depose the leader by accident
+	n := 0
+	serveOne := func() (*proc, string) {
+		t.Helper()
+		n++
+		name := "orchestrator-" + string(rune('a'+n-1))
+		p := start(t, ctx, name, orchBin, "serve", "--addr", "127.0.0.1:0", "--data-dir", filepath.Join(t.TempDir(), "data"),
+			"--store", c.DSN, "--secrets-key-file", filepath.Join(shared, "secrets-key"),
+			"--admin-token-file", filepath.Join(shared, "admin-token"), "--leader-lease", lease.String())
+		var url string
+		at := regexp.MustCompile(`advertised as (http://[0-9.:]+)\)`)
+		poll(t, ctx, name+" standing by", func() bool {
+			m := at.FindStringSubmatch(p.stdout.String())
+			if m != nil {
+				url = m[1]
+			}
+			return m != nil
+		})
+		return p, url
+	}
+	noRedirect := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	get := func(url string) (*http.Response, string) {
+		t.Helper()
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+		resp, err := noRedirect.Do(req)
+		if err != nil {
+			t.Fatalf("GET %s: %v", url, err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp, string(b)
+	}
+	readyz := func(url string) (int, string) {
+		resp, body := get(url + "/readyz")
+		return resp.StatusCode, strings.TrimSpace(body)
+	}
+	leads := func(p *proc, url string) func() bool {
+		return func() bool {
+			code, _ := readyz(url)
+			return code == http.StatusOK && strings.Contains(p.stdout.String(), "listening on")
+		}
+	}
+	// standsBy checks what a standby answers while leader leads.
+	standsBy := func(url, leader string) {
+		t.Helper()
+		poll(t, ctx, "the standby to name the leader", func() bool {
+			code, body := readyz(url)
+			return code == http.StatusServiceUnavailable && body == "standby; leader at "+leader
+		})
+		if resp, body := get(url + "/livez"); resp.StatusCode != http.StatusOK {
+			t.Errorf("standby /livez: %d %q", resp.StatusCode, body)
+		}
+		for _, path := range []string{"/control", "/data/x"} {
+			resp, body := get(url + path)
+			if resp.StatusCode != http.StatusServiceUnavailable || resp.Header.Get("Tether-Leader") != leader || !strings.Contains(body, `"error":"standby"`) {
+				t.Errorf("standby %s: %d, Tether-Leader %q, %q; want 503, %s, error standby", path, resp.StatusCode, resp.Header.Get("Tether-Leader"), body, leader)
+			}
+		}
+		resp, _ := get(url + "/api/runs?limit=1")
+		if resp.StatusCode != http.StatusTemporaryRedirect || resp.Header.Get("Location") != leader+"/api/runs?limit=1" || resp.Header.Get("Tether-Leader") != leader {
+			t.Errorf("standby /api/runs: %d, Location %q, Tether-Leader %q; want 307 to %s/api/runs?limit=1", resp.StatusCode, resp.Header.Get("Location"), resp.Header.Get("Tether-Leader"), leader)
+		}
+	}
+	cli := func(url string, args ...string) string {
+		t.Helper()
+		p := start(t, ctx, "cli", orchBin, append(args, "--url", url, "--data-dir", shared)...)
+		if code := p.wait(t, ctx); code != exitOK {
+			t.Fatalf("orchestrator %s --url %s: exit %d: %s", strings.Join(args, " "), url, code, p.stderr)
+		}
+		return p.stdout.String()
+	}
+
+	a, aURL := serveOne()
+	poll(t, ctx, "a to lead", leads(a, aURL))
+	b, bURL := serveOne()
+	standsBy(bURL, aURL)
+	if strings.Contains(b.stdout.String(), "listening on") {
+		t.Fatalf("b leads beside a: %s", b.stdout)
+	}
+	dag := filepath.Join(t.TempDir(), "held.yaml")
+	if err := os.WriteFile(dag, []byte("steps:\n  - name: held\n    tags: [nobody-has-this]\n    run: true\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	run := strings.TrimSpace(cli(aURL, "run", "submit", dag))
+
+	// The leader killed: the standby leads once the lease lapsed.
+	killed := time.Now()
+	a.signal(t, syscall.SIGKILL)
+	poll(t, ctx, "b to lead", leads(b, bURL))
+	t.Logf("b leads %s after a was killed (lease %s; SPEC §11 wants at most lease + 5 s)", time.Since(killed).Round(time.Millisecond), lease)
+	if !strings.Contains(b.stdout.String(), "leading: epoch 2") {
+		t.Errorf("b's take-over is not epoch 2: %s", b.stdout)
+	}
+	if out := cli(bURL, "run", "show", run); !strings.Contains(out, run) {
+		t.Errorf("the run submitted to a before it was killed is not on b: %q", out)
+	}
+
+	// a, restarted (as its supervisor would), stands by.
+	a2, a2URL := serveOne()
+	standsBy(a2URL, bURL)
+
+	// b paused past its lease: a2 takes over; b, resumed, is deposed.
+	b.signal(t, syscall.SIGSTOP)
+	poll(t, ctx, "a2 to lead", leads(a2, a2URL))
+	b.signal(t, syscall.SIGCONT)
+	if code := b.wait(t, ctx); code != exitDeposed || !strings.Contains(b.stderr.String(), "deposed") {
+		t.Errorf("b, deposed while paused: exit %d, stderr %s; want exit %d saying deposed", code, b.stderr, exitDeposed)
+	}
+	if out := cli(a2URL, "run", "show", run); !strings.Contains(out, run) {
+		t.Errorf("the run is not on a2: %q", out)
+	}
+
+	// a2 shut down resigns: a standby leads at once, not a lease later.
+	b2, b2URL := serveOne()
+	standsBy(b2URL, a2URL)
+	a2.signal(t, syscall.SIGTERM)
+	if code := a2.wait(t, ctx); code != exitOK {
+		t.Errorf("a2 on SIGTERM: exit %d: %s", code, a2.stderr)
+	}
+	// At a2's exit its lease has ended: the row is a2's, lapsed, or b2's.
+	conn, err := pgx.Connect(ctx, c.DSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	var epoch int64
+	var lapsed bool
+	if err := conn.QueryRow(ctx, "SELECT epoch, expires_at <= now() FROM tether_leader WHERE id = 1").Scan(&epoch, &lapsed); err != nil {
+		t.Fatal(err)
+	}
+	if epoch == 3 && !lapsed {
+		t.Errorf("a2 exited on SIGTERM still holding its lease (epoch 3): it did not resign")
+	}
+	poll(t, ctx, "b2 to lead", leads(b2, b2URL))
+	if !strings.Contains(b2.stdout.String(), "leading: epoch 4") {
+		t.Errorf("b2's take-over is not epoch 4: %s", b2.stdout)
+	}
+	b2.signal(t, syscall.SIGTERM)
+	if code := b2.wait(t, ctx); code != exitOK {
+		t.Errorf("b2 on SIGTERM: exit %d: %s", code, b2.stderr)
+	}
+}
