@@ -213,7 +213,7 @@ func (c *Client) send(ctx context.Context, method, path string, body io.Reader, 
 			c.mu.Unlock()
 			return resp, nil
 		}
-		e := answerError(resp)
+		e, standby := answerError(resp)
 		if leader := resp.Header.Get(LeaderHeader); leader != "" && hops < maxLeaderHops &&
 			(resp.StatusCode == http.StatusTemporaryRedirect || resp.StatusCode == http.StatusServiceUnavailable) {
 			if lb, err := apiBase(leader); err == nil && lb != base {
@@ -224,7 +224,7 @@ func (c *Client) send(ctx context.Context, method, path string, body io.Reader, 
 				continue
 			}
 		}
-		if resp.StatusCode == http.StatusServiceUnavailable && e.Message == "standby" {
+		if resp.StatusCode == http.StatusServiceUnavailable && standby {
 			lastErr = e // no leader known there: another URL may lead
 			continue
 		}
@@ -241,16 +241,18 @@ func notSent(err error) bool {
 	return errors.As(err, &op) && op.Op == "dial"
 }
 
-// answerError reads an error answer (and closes it) into an *Error.
-func answerError(resp *http.Response) *Error {
+// answerError reads an error answer (and closes it) into an *Error;
+// standby says it is a standby's refusal ({"error": "standby", …}, SPEC §11).
+func answerError(resp *http.Response) (e *Error, standby bool) {
 	defer resp.Body.Close()
 	b, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
 	if err != nil {
-		return &Error{Status: resp.StatusCode, Code: CodeFor(resp.StatusCode), Message: "reading the answer: " + err.Error()}
+		return &Error{Status: resp.StatusCode, Code: CodeFor(resp.StatusCode), Message: "reading the answer: " + err.Error()}, false
 	}
-	e := &Error{Status: resp.StatusCode, Code: CodeFor(resp.StatusCode), Message: strings.TrimSpace(string(b))}
+	e = &Error{Status: resp.StatusCode, Code: CodeFor(resp.StatusCode), Message: strings.TrimSpace(string(b))}
 	var eb ErrorBody
 	if json.Unmarshal(b, &eb) == nil {
+		standby = eb.Error == "standby"
 		if eb.Code != "" {
 			e.Code = eb.Code
 		}
@@ -264,7 +266,7 @@ func answerError(resp *http.Response) *Error {
 	if e.Message == "" {
 		e.Message = http.StatusText(resp.StatusCode)
 	}
-	return e
+	return e, standby
 }
 
 // call sends one request and decodes a 2xx JSON answer into out.

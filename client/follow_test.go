@@ -20,7 +20,7 @@ func standby(t *testing.T, leader, location string, hits *atomic.Int32) *httptes
 		if leader == "" {
 			w.Header().Set("Content-Type", "application/json")
 			w.WriteHeader(http.StatusServiceUnavailable)
-			json.NewEncoder(w).Encode(map[string]string{"error": "standby", "leader": ""})
+			json.NewEncoder(w).Encode(map[string]string{"error": "standby", "leader": "", "message": "this orchestrator is a standby and no orchestrator leads now"})
 			return
 		}
 		w.Header().Set(client.LeaderHeader, leader)
