@@ -56,10 +56,11 @@ type supervised struct {
 	args []string
 	url  string // its advertised base URL, http://127.0.0.1:PORT
 
-	mu    sync.Mutex
-	lives []*life
-	stop  chan struct{}
-	done  chan struct{}
+	mu     sync.Mutex
+	lives  []*life
+	gaveUp bool // a process exited with a usage error: restarting cannot help
+	stop   chan struct{}
+	done   chan struct{}
 }
 
 // life is one process of a supervised serve.
@@ -87,7 +88,7 @@ func supervise(t *testing.T, name, bin, url string, args ...string) *supervised 
 			if strings.Contains(l.stderr.String(), "WARNING: DATA RACE") {
 				t.Errorf("%s (process %d): the race detector found a data race", name, i+1)
 			}
-			if t.Failed() {
+			if t.Failed() && (i < 2 || i >= len(s.lives)-2) {
 				t.Logf("--- %s, process %d (exit %d) stderr:\n%s", name, i+1, l.code, tail(l.stderr.String(), 8000))
 			}
 		}
@@ -123,6 +124,12 @@ func (s *supervised) loop() {
 			l.code = l.cmd.ProcessState.ExitCode()
 			close(l.exited)
 		}
+		if err != nil || l.code == exitUsage { // as systemd's RestartPreventExitStatus would
+			s.mu.Lock()
+			s.gaveUp = true
+			s.mu.Unlock()
+			return
+		}
 		select {
 		case <-s.stop:
 			return
@@ -153,8 +160,16 @@ func (s *supervised) signal(t *testing.T, sig syscall.Signal) *life {
 	return l
 }
 
-// ready says whether it answers /readyz 200: it leads and serves.
-func (s *supervised) ready() bool {
+// ready says whether it answers /readyz 200: it leads and serves. It
+// fails the test when the supervisor gave up.
+func (s *supervised) ready(t *testing.T) bool {
+	s.mu.Lock()
+	gaveUp := s.gaveUp
+	s.mu.Unlock()
+	if gaveUp {
+		l := s.current()
+		t.Fatalf("%s exited %d, not to be restarted:\n%s", s.name, l.code, tail(l.stderr.String(), 4000))
+	}
 	c := http.Client{Timeout: time.Second}
 	resp, err := c.Get(s.url + "/readyz")
 	if err != nil {
@@ -224,6 +239,10 @@ func newFailoverRig(t *testing.T, ctx context.Context) *failoverRig {
 		t.Fatal(err)
 	}
 	adminToken := hex.EncodeToString(admin[:])
+	adminFile := filepath.Join(dir, "admin-token")
+	if err := os.WriteFile(adminFile, []byte(adminToken+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	var urls []string
 	for i := range r.serves {
 		addr := freeAddr(t)
@@ -238,10 +257,10 @@ func newFailoverRig(t *testing.T, ctx context.Context) *failoverRig {
 		}
 		name := fmt.Sprintf("serve %c", 'A'+i)
 		r.serves[i] = supervise(t, name, orchBin, url, "serve", "--addr", addr, "--advertise", url, "--data-dir", r.dataDirs[i],
-			"--store", pg.DSN, "--leader-lease", failoverLease.String(), "--secrets-key-file", keyFile, "--log-level", "debug")
+			"--store", pg.DSN, "--leader-lease", failoverLease.String(), "--secrets-key-file", keyFile, "--admin-token-file", adminFile, "--log-level", "debug")
 		if i == 0 {
 			// A leads first: the scenarios fault the leader, whichever it is.
-			poll(t, ctx, "serve A to lead", r.serves[0].ready)
+			poll(t, ctx, "serve A to lead", func() bool { return r.serves[0].ready(t) })
 		}
 	}
 	api, err := client.New(urls[0], adminToken, client.WithURLs(urls[1]))
@@ -372,7 +391,7 @@ func (r *failoverRig) takenOver(oldEpoch uint64, since time.Time, what string) *
 			return false
 		}
 		for _, s := range r.serves {
-			if s.url == url && s.ready() {
+			if s.url == url && s.ready(r.t) {
 				next = s
 				return true
 			}
@@ -516,7 +535,7 @@ func TestFailoverDatabaseRestarted(t *testing.T) {
 	began := time.Now()
 	r.pg.Restart(t)
 	poll(t, ctx, "an orchestrator to lead again", func() bool {
-		return r.serves[0].ready() || r.serves[1].ready()
+		return r.serves[0].ready(t) || r.serves[1].ready(t)
 	})
 	t.Logf("database restart: an orchestrator leads %v after it began", time.Since(began).Round(time.Millisecond))
 	r.finish(ids, steps)
