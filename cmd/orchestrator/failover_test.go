@@ -24,6 +24,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -65,6 +66,7 @@ type supervised struct {
 
 // life is one process of a supervised serve.
 type life struct {
+	app     string // its sessions' application_name
 	cmd     *exec.Cmd
 	stdout  *syncBuffer
 	stderr  *syncBuffer
@@ -102,7 +104,12 @@ func (s *supervised) loop() {
 		l := &life{stdout: &syncBuffer{}, stderr: &syncBuffer{}, exited: make(chan struct{}), started: time.Now()}
 		l.cmd = exec.Command(s.bin, s.args...)
 		l.cmd.Stdout, l.cmd.Stderr = l.stdout, l.stderr
-		l.cmd.Env = append(os.Environ(), "TETHER_ADMIN_TOKEN=", "TETHER_STORE=")
+		s.mu.Lock()
+		l.app = s.appName(len(s.lives))
+		s.mu.Unlock()
+		// Its sessions are named in the database (application_name), so
+		// that what each process wrote can be told apart (noteWrites).
+		l.cmd.Env = append(os.Environ(), "TETHER_ADMIN_TOKEN=", "TETHER_STORE=", "PGAPPNAME="+l.app)
 		err := l.cmd.Start()
 		s.mu.Lock()
 		select {
@@ -136,6 +143,11 @@ func (s *supervised) loop() {
 		case <-time.After(200 * time.Millisecond): // systemd's RestartSec, about
 		}
 	}
+}
+
+// appName names the sessions of its i-th process (from 0).
+func (s *supervised) appName(i int) string {
+	return strings.ReplaceAll(s.name, " ", "-") + "-" + strconv.Itoa(i+1)
 }
 
 // current is the process running now (or last), nil before the first.
@@ -293,6 +305,81 @@ func newFailoverRig(t *testing.T, ctx context.Context) *failoverRig {
 		return n == 3
 	})
 	return r
+}
+
+// noteWrites makes every table of the store but the leader table note each
+// statement that changes it, in failover_writes: the session's
+// application_name and the database's clock. A note is kept only if the
+// statement's transaction commits: it is a record of commits, by process.
+func (r *failoverRig) noteWrites() {
+	r.t.Helper()
+	conn, err := pgx.Connect(r.ctx, r.pg.DSN)
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	defer conn.Close(r.ctx)
+	for _, q := range []string{
+		`CREATE TABLE failover_writes (app text NOT NULL, at timestamptz NOT NULL, tbl text NOT NULL)`,
+		`CREATE FUNCTION failover_note() RETURNS trigger LANGUAGE plpgsql AS $$
+		 BEGIN
+		   INSERT INTO failover_writes VALUES (current_setting('application_name'), clock_timestamp(), TG_TABLE_NAME);
+		   RETURN NULL;
+		 END $$`,
+		`DO $$ DECLARE t text;
+		 BEGIN
+		   FOR t IN SELECT tablename FROM pg_tables WHERE schemaname = current_schema()
+		            AND tablename NOT IN ('tether_leader', 'failover_writes') LOOP
+		     EXECUTE format('CREATE TRIGGER failover_note AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE ON %I
+		                     FOR EACH STATEMENT EXECUTE FUNCTION failover_note()', t);
+		   END LOOP;
+		 END $$`,
+	} {
+		if _, err := conn.Exec(r.ctx, q); err != nil {
+			r.t.Fatalf("noting writes: %v", err)
+		}
+	}
+}
+
+// commitsSince returns the tables that a process (by application_name)
+// committed a change to at or after the database's time since.
+func (r *failoverRig) commitsSince(app string, since time.Time) []string {
+	r.t.Helper()
+	conn, err := pgx.Connect(r.ctx, r.pg.DSN)
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	defer conn.Close(r.ctx)
+	var tbls []string
+	rows, err := conn.Query(r.ctx, `SELECT tbl || ' at ' || at::text FROM failover_writes WHERE app = $1 AND at >= $2 ORDER BY at`, app, since)
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	for rows.Next() {
+		var s string
+		if err := rows.Scan(&s); err != nil {
+			r.t.Fatal(err)
+		}
+		tbls = append(tbls, s)
+	}
+	if err := rows.Err(); err != nil {
+		r.t.Fatal(err)
+	}
+	return tbls
+}
+
+// dbNow reads the database's clock.
+func (r *failoverRig) dbNow() time.Time {
+	r.t.Helper()
+	conn, err := pgx.Connect(r.ctx, r.pg.DSN)
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	defer conn.Close(r.ctx)
+	var now time.Time
+	if err := conn.QueryRow(r.ctx, "SELECT clock_timestamp()").Scan(&now); err != nil {
+		r.t.Fatal(err)
+	}
+	return now
 }
 
 // leader returns the serve that leads now, by the leader table.
@@ -488,6 +575,7 @@ func TestFailoverLeaderPaused(t *testing.T) {
 	defer cancel()
 	r := newFailoverRig(t, ctx)
 	const runs, writes, noWrites = 2, 500, 500
+	r.noteWrites()
 	ids := r.submit(runs, writes, noWrites)
 	const steps = runs * (writes + noWrites)
 	r.waitMarkers(steps / 4)
@@ -498,6 +586,7 @@ func TestFailoverLeaderPaused(t *testing.T) {
 	if next := r.takenOver(epoch, stopped, "SIGSTOP"); next == old {
 		t.Fatalf("%s leads while it is stopped", old.name)
 	}
+	resumed := r.dbNow()
 	old.signal(t, syscall.SIGCONT)
 	select {
 	case <-paused.exited:
@@ -512,6 +601,12 @@ func TestFailoverLeaderPaused(t *testing.T) {
 	}
 	if now, _ := r.leader(); now == old {
 		t.Fatalf("%s leads again", old.name)
+	}
+	if len(r.commitsSince(paused.app, time.Time{})) == 0 {
+		t.Fatalf("no commit of %s is noted, not even before its pause: the notes do not work", old.name)
+	}
+	if c := r.commitsSince(paused.app, resumed); len(c) > 0 {
+		t.Fatalf("%s committed after it resumed, deposed:\n  %s", old.name, strings.Join(c, "\n  "))
 	}
 	r.finish(ids, steps)
 }
