@@ -6,7 +6,8 @@ package main
 // killed (SIGKILL), the standby takes over and holds the run submitted
 // before; a restarted one comes back as a standby; a leader paused past
 // its lease is deposed and exits 75 once resumed; a leader shut down
-// resigns, so the standby takes over at once.
+// resigns, so the standby takes over at once; a leader whose database is
+// gone exits 75.
 
 import (
 	"context"
@@ -21,7 +22,10 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/tether-run/tether/adapters/pglead"
+	"github.com/tether-run/tether/adapters/pgstore"
 	"github.com/tether-run/tether/adapters/pgtest"
 )
 
@@ -168,8 +172,48 @@ func TestServeLeaderStandby(t *testing.T) {
 	if !strings.Contains(b2.stdout.String(), "leading: epoch 4") {
 		t.Errorf("b2's take-over is not epoch 4: %s", b2.stdout)
 	}
-	b2.signal(t, syscall.SIGTERM)
-	if code := b2.wait(t, ctx); code != exitOK {
-		t.Errorf("b2 on SIGTERM: exit %d: %s", code, b2.stderr)
+
+	// The database gone: b2 can prove nothing, so it stops leading.
+	conn.Close(ctx)
+	c.Stop(t)
+	if code := b2.wait(t, ctx); code != exitDeposed || !strings.Contains(b2.stderr.String(), "stopped leading") {
+		t.Errorf("b2 without its database: exit %d, stderr %s; want exit %d, stopped leading", code, b2.stderr, exitDeposed)
+	}
+}
+
+// A leader paused inside a write transaction holds the leader row FOR SHARE
+// (the fence): the server ends its session after a lease idle, so a
+// standby's take-over does not wait for it to resume.
+func TestLeaderSessionPausedInTransaction(t *testing.T) {
+	if got := leaderDSN("postgres://h/db?idle_in_transaction_session_timeout=5000", time.Second); got != "postgres://h/db?idle_in_transaction_session_timeout=5000" {
+		t.Errorf("leaderDSN overrode the URL's own timeout: %s", got)
+	}
+	c := pgtest.Start(t)
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	if err := pgstore.Migrate(ctx, c.DSN); err != nil {
+		t.Fatal(err)
+	}
+	paused, err := pgx.Connect(ctx, leaderDSN(c.DSN, time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer paused.Close(context.Background())
+	tx, err := paused.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, "SELECT epoch FROM tether_leader WHERE id = 1 FOR SHARE"); err != nil {
+		t.Fatal(err)
+	}
+	// The transaction stays open, as a paused process leaves it.
+	pool, err := pgxpool.New(ctx, c.DSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	epoch, ok, err := pglead.New(pool, pglead.Config{URL: "http://b", Lease: time.Hour}).TryTakeOver(ctx)
+	if !ok || err != nil || epoch != 1 {
+		t.Fatalf("a take-over behind a paused leader's transaction: ok %v epoch %d, %v; want epoch 1 once the server ended that session", ok, epoch, err)
 	}
 }

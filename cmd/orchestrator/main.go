@@ -115,7 +115,8 @@ func init() {
 const topHelp = `orchestrator — Tether's orchestrator, and the operator's client for it.
 
 The orchestrator owns all durable state of Tether (runs, steps, leases, the
-worker pool, enrollment tokens, the data steps write) in one bbolt file,
+worker pool, enrollment tokens, the data steps write) in its store — one
+bbolt file, or a PostgreSQL database it shares with standbys (serve --help) —
 hands steps to workers that dial its WebSocket control plane at /control,
 serves their HTTP/2 data plane at /data/ and /bundle/, and serves an operator
 HTTP JSON API under /api/ on the same address, authenticated with an admin

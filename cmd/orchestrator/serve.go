@@ -54,8 +54,8 @@ in-flight steps wait for their workers to reconnect) and listens on
 --addr for workers (WebSocket at /control, the HTTP/2 data plane at /data/ and
 /bundle/) and operators (HTTP JSON API under /api/; probes at /livez and
 /readyz, Prometheus metrics at /metrics, SPEC §16). On the first start it
-creates an admin token in <data-dir>/admin-token (mode 0600) and prints it
-once; client commands read that file.
+creates an admin token in <data-dir>/admin-token (or --admin-token-file;
+mode 0600) and prints it once; client commands read that file.
 
 The store is named by --store (default: $TETHER_STORE, else
 bbolt:<data-dir>/tether.db):
@@ -73,8 +73,8 @@ leads). The leader renews a lease in the database (--leader-lease, default
 10s, judged by the database's clock); when it lapses a standby takes over,
 restores from the database exactly as a restart does (SPEC §7), and serves
 on the address it already holds. A leader that finds another has taken
-over (or whose commit's outcome is unknown after a store error) stops at
-once and exits with status 75: run serve under a supervisor that restarts
+over, whose commit's outcome is unknown after a store error, or that could
+not renew its lease for a whole lease, stops at once and exits with status 75: run serve under a supervisor that restarts
 it (systemd Restart=always); it comes back as a standby. On SIGINT/SIGTERM
 a leader shuts down and resigns, so a standby takes over at once.
 Every orchestrator of a PostgreSQL store must name, with
@@ -145,7 +145,9 @@ connection with a going-away close frame (1001), and exits 0: nothing already
 answered is lost, and workers keep running their steps and reconnect to the
 next start within their grace window. SIGHUP is ignored.`,
 	example: `  orchestrator serve --data-dir /var/lib/tether --addr 0.0.0.0:7420
-  orchestrator serve --config /etc/tether/server-config.yaml --log-format json`,
+  orchestrator serve --config /etc/tether/server-config.yaml --log-format json
+  orchestrator serve --addr 10.0.0.5:7420 --store postgres://tether@db/tether \
+      --secrets-key-file /etc/tether/secrets-key --admin-token-file /etc/tether/admin-token`,
 	nargs: 0,
 	flags: func(fs *flag.FlagSet, o *options) {
 		fs.StringVar(&o.addr, "addr", defaultAddr, "listen `address` for workers (/control) and the operator API (/api/)")

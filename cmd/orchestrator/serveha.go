@@ -8,6 +8,7 @@ package main
 // exits with status 75; its supervisor restarts it as a standby.
 
 import (
+	"cmp"
 	"context"
 	"crypto/tls"
 	"encoding/json"
@@ -18,12 +19,14 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"golang.org/x/net/netutil"
 
 	"github.com/tether-run/tether/adapters/orchestrator"
 	"github.com/tether-run/tether/adapters/pglead"
@@ -78,6 +81,26 @@ func defaultAdvertise(addr net.Addr, tlsOn bool) (string, error) {
 	return scheme + "://" + ta.String(), nil
 }
 
+// leaderDSN is the store's URL for the leader's sessions: unless the URL
+// says otherwise, the server ends a session idle in a transaction for a
+// lease. A leader paused inside a write transaction holds the leader row
+// FOR SHARE (the fence), which a take-over's UPDATE waits for: without the
+// timeout no standby could take over until the paused one resumed.
+func leaderDSN(dsn string, lease time.Duration) string {
+	const param = "idle_in_transaction_session_timeout"
+	u, err := url.Parse(dsn)
+	if err != nil {
+		return dsn // pgstore.Open names the problem
+	}
+	q := u.Query()
+	if q.Has(param) {
+		return dsn
+	}
+	q.Set(param, strconv.FormatInt(lease.Milliseconds(), 10))
+	u.RawQuery = q.Encode()
+	return u.String()
+}
+
 // redactDSN names a PostgreSQL store without its password.
 func redactDSN(dsn string) string {
 	c, err := pgxpool.ParseConfig(dsn)
@@ -122,15 +145,18 @@ func serveLeading(ctx context.Context, e *env, log *slog.Logger, cfg serverConfi
 	sctx, stopStandby := context.WithCancel(ctx)
 	watched := make(chan struct{})
 	go func() { defer close(watched); sb.watch(sctx, el) }()
-	srv := standbyServer(sb, opts.TLS, log)
+	srv := standbyServer(sb, opts.TLS, cmp.Or(opts.HeaderTimeout, orchestrator.DefaultHeaderTimeout), log)
 	served := make(chan struct{})
+	// Bounded as the orchestrator's own listener is (SPEC §12): beyond the
+	// cap a connection waits in the backlog.
+	sbln := netutil.LimitListener(feed.listener(), cmp.Or(opts.MaxTCPConns, opts.MaxConns+orchestrator.DefaultExtraTCPConns))
 	go func() {
 		defer close(served)
 		var err error
 		if opts.TLS != nil {
-			err = srv.ServeTLS(feed.listener(), "", "")
+			err = srv.ServeTLS(sbln, "", "")
 		} else {
-			err = srv.Serve(feed.listener())
+			err = srv.Serve(sbln)
 		}
 		if err != nil && !errors.Is(err, http.ErrServerClosed) {
 			log.Error("standby listener stopped", "err", err)
@@ -170,10 +196,10 @@ func serveLeading(ctx context.Context, e *env, log *slog.Logger, cfg serverConfi
 			log.Warn("could not resign the lead; a standby takes over once the lease lapses", "err", err)
 		}
 	}
-	st, err := pgstore.Open(ctx, cfg.StoreDSN, pgstore.Options{Epoch: epoch})
+	st, err := pgstore.Open(ctx, leaderDSN(cfg.StoreDSN, c.Lease), pgstore.Options{Epoch: epoch})
 	switch {
 	case errors.Is(err, store.ErrDeposed):
-		return stepDown(log, epoch, err)
+		return stepDown(log, epoch, unknownOutcome, err)
 	case err != nil && ctx.Err() != nil:
 		resign()
 		log.Info("stopped before serving; the lead resigned", "reason", "signal", "epoch", epoch)
@@ -188,7 +214,7 @@ func serveLeading(ctx context.Context, e *env, log *slog.Logger, cfg serverConfi
 	d, err := orchestrator.Start(opts)
 	if err != nil { // Start closed the store
 		if errors.Is(err, store.ErrDeposed) {
-			return stepDown(log, epoch, err)
+			return stepDown(log, epoch, unknownOutcome, err)
 		}
 		resign()
 		return err
@@ -202,7 +228,7 @@ func serveLeading(ctx context.Context, e *env, log *slog.Logger, cfg serverConfi
 		defer cancel()
 		serr := d.Shutdown(sctx)
 		if errors.Is(serr, store.ErrDeposed) {
-			return stepDown(log, epoch, serr)
+			return stepDown(log, epoch, unknownOutcome, serr)
 		}
 		resign()
 		if serr != nil {
@@ -213,25 +239,23 @@ func serveLeading(ctx context.Context, e *env, log *slog.Logger, cfg serverConfi
 	case err := <-held:
 		st.Close() // at once: a commit waiting on an unreachable database ends now
 		d.Close()  // its commits fail (the fence, or the closed store): nothing more leaves
-		if err == nil {
-			err = errors.New("the lease stopped being renewed")
-		}
-		return stepDown(log, epoch, err)
+		return stepDown(log, epoch, "the lease went a whole lease without a renewal (the store unreachable): a standby may lead by now", err)
 	case <-d.Done():
 		err := d.Close()
 		if err == nil {
 			err = errors.New("the orchestrator loop stopped")
 		}
-		return stepDown(log, epoch, err)
+		return stepDown(log, epoch, unknownOutcome, err)
 	}
 }
 
+// unknownOutcome is why a leader stops on a store error.
+const unknownOutcome = "a commit's outcome is unknown (a store error): only a restore from the store settles it"
+
 // stepDown logs why this orchestrator stopped leading and returns the
-// error that exits 75: deposed (another epoch leads), or a store error that
-// left a commit's outcome unknown, which only a restore from the store
-// settles.
-func stepDown(log *slog.Logger, epoch uint64, err error) error {
-	why := "a commit's outcome is unknown (a store error): only a restore from the store settles it"
+// error that exits 75: deposed (another epoch leads, whatever why says),
+// or why.
+func stepDown(log *slog.Logger, epoch uint64, why string, err error) error {
 	if errors.Is(err, store.ErrDeposed) {
 		why = "deposed: another orchestrator leads (a newer epoch)"
 	}
@@ -325,7 +349,7 @@ func probeAnswer(w http.ResponseWriter, r *http.Request, code int, body string) 
 // standbyServer serves the standby's answers in the protocols the
 // orchestrator speaks (a worker's HTTP/2 data-plane client with prior
 // knowledge must read the refusal too).
-func standbyServer(h http.Handler, tlsConf *tls.Config, log *slog.Logger) *http.Server {
+func standbyServer(h http.Handler, tlsConf *tls.Config, headerTimeout time.Duration, log *slog.Logger) *http.Server {
 	protocols := new(http.Protocols)
 	protocols.SetHTTP1(true)
 	if tlsConf != nil {
@@ -335,7 +359,7 @@ func standbyServer(h http.Handler, tlsConf *tls.Config, log *slog.Logger) *http.
 	}
 	srv := &http.Server{
 		Handler: h, Protocols: protocols,
-		ReadHeaderTimeout: orchestrator.DefaultHeaderTimeout,
+		ReadHeaderTimeout: headerTimeout,
 		IdleTimeout:       10 * time.Second,
 		MaxHeaderBytes:    64 << 10,
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
