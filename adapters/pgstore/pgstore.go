@@ -300,7 +300,6 @@ type tableRows struct {
 	values [][]byte
 	dels   []string
 	// per table extra columns
-	leases          []string // tether_log
 	ats             []int64  // tether_audit
 	actors, actions []string // tether_audit
 	hist            []histRow
@@ -343,8 +342,7 @@ func (s *Store) queueRecords(b *pgx.Batch, recs []core.Record) error {
 				logs.dels = append(logs.dels, r.Key)
 				continue
 			}
-			lease, _, _ := strings.Cut(strings.TrimPrefix(r.Key, core.KindLog+"/"), "/")
-			logs.keys, logs.values, logs.leases = append(logs.keys, r.Key), append(logs.values, r.Value), append(logs.leases, lease)
+			logs.keys, logs.values = append(logs.keys, r.Key), append(logs.values, r.Value)
 		case core.IsAuditKey(r.Key):
 			if r.Delete {
 				audit.dels = append(audit.dels, r.Key)
@@ -379,8 +377,8 @@ func (s *Store) queueRecords(b *pgx.Batch, recs []core.Record) error {
 		b.Queue(`DELETE FROM tether_record WHERE key = ANY($1::text[])`, live.dels)
 	}
 	if len(logs.keys) > 0 {
-		b.Queue(`INSERT INTO tether_log (key, lease, value) SELECT * FROM unnest($1::text[], $2::text[], $3::bytea[])
-			ON CONFLICT (key) DO UPDATE SET value = excluded.value`, logs.keys, logs.leases, logs.values)
+		b.Queue(`INSERT INTO tether_log (key, value) SELECT * FROM unnest($1::text[], $2::bytea[])
+			ON CONFLICT (key) DO UPDATE SET value = excluded.value`, logs.keys, logs.values)
 	}
 	if len(logs.dels) > 0 {
 		b.Queue(`DELETE FROM tether_log WHERE key = ANY($1::text[])`, logs.dels)
@@ -429,7 +427,8 @@ func (s *Store) Load() ([]core.Record, error) {
 	rows, err := s.pool.Query(s.ctx, `
 		SELECT key, value FROM tether_record
 		UNION ALL
-		SELECT key, value FROM tether_log WHERE lease IN (SELECT substr(key, 7) FROM tether_record WHERE key >= 'lease/' AND key < 'lease0')
+		SELECT l.key, l.value FROM tether_record r JOIN tether_log l ON l.key >= 'log/' || substr(r.key, 7) || '/' AND l.key < 'log/' || substr(r.key, 7) || '0'
+			WHERE r.key >= 'lease/' AND r.key < 'lease0'
 		ORDER BY 1`)
 	if err != nil {
 		return nil, fmt.Errorf("pgstore: load: %w", s.mapErr(err))

@@ -250,6 +250,9 @@ func TestMigrations(t *testing.T) {
 	if err := s.Backup(io.Discard); !errors.Is(err, errors.ErrUnsupported) {
 		t.Errorf("Backup: %v, want an error wrapping ErrUnsupported (pg_dump backs a database up)", err)
 	}
+	if err := s.ReleaseMapped(); err != nil {
+		t.Errorf("ReleaseMapped: %v; a PostgreSQL store maps nothing", err)
+	}
 	if _, err := conn.Exec(context.Background(), "UPDATE tether_schema SET version = version + 1"); err != nil {
 		t.Fatal(err)
 	}

@@ -151,7 +151,9 @@ func (s *Store) PruneHistory(cutoff time.Time, budget int) (store.PruneStats, er
 				return nil, false, err
 			}
 			tag, err := tx.Exec(ctx, `DELETE FROM tether_log WHERE key IN
-				(SELECT key FROM tether_log WHERE lease = ANY($1::text[]) ORDER BY key LIMIT $2)`, leases, left)
+				(SELECT l.key FROM unnest($1::text[]) AS q(lease)
+					JOIN tether_log l ON l.key >= 'log/' || q.lease || '/' AND l.key < 'log/' || q.lease || '0'
+					ORDER BY l.key LIMIT $2)`, leases, left)
 			if err != nil {
 				return nil, false, err
 			}

@@ -47,8 +47,7 @@ BEGIN
 END $$;
 
 CREATE TABLE tether_record (key text COLLATE "C" PRIMARY KEY, value bytea NOT NULL);
-CREATE TABLE tether_log (key text COLLATE "C" PRIMARY KEY, lease text COLLATE "C" NOT NULL, value bytea NOT NULL);
-CREATE INDEX tether_log_lease ON tether_log (lease, key);
+CREATE TABLE tether_log (key text COLLATE "C" PRIMARY KEY, value bytea NOT NULL);
 CREATE TABLE tether_audit (key text COLLATE "C" PRIMARY KEY, at_ns bigint NOT NULL, actor text NOT NULL, action text NOT NULL, value bytea NOT NULL);
 CREATE TABLE tether_history (run text COLLATE "C" PRIMARY KEY, seq bigint NOT NULL UNIQUE, finished_ns bigint NOT NULL,
 	submitted_ns bigint NOT NULL, status text NOT NULL, name text NOT NULL, summary bytea NOT NULL, value bytea NOT NULL);
