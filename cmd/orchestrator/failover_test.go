@@ -8,10 +8,13 @@ package main
 // no-write steps, submitted with the CLI given both URLs. Every step appends
 // "<step> <lease>" to a marker file of its own. Mid-run the leader is
 // SIGKILLed, or SIGSTOPped past its lease and resumed, or the database is
-// restarted. Each time the standby leads soon after the lease lapses, the
-// runs end success, every step has its marker, no write-bearing step's
-// marker has two lines (it never ran twice), and every step reported
-// succeeded has its marker (no committed result lost).
+// restarted. Each time the standby leads soon after the lease lapses (the
+// time is logged), the runs end success, every step has its marker, no
+// write-bearing step's marker has two lines (it never ran twice), and every
+// step reported succeeded has its marker (no committed result lost). The
+// paused leader must exit 75 once resumed, and the database's own note of
+// each commit (a trigger on every table, by the committing process's
+// application_name) must hold none of it after it resumed.
 
 import (
 	"context"
