@@ -30,6 +30,9 @@ const LeaderHeader = "Tether-Leader"
 // lookupHost resolves a host name (a variable for a test).
 var lookupHost = net.DefaultResolver.LookupHost
 
+// minDialShare is the least time one URL is given within a dial attempt.
+const minDialShare = time.Second
+
 // maxLeaderHops bounds how many standbys' pointers one dial attempt follows.
 const maxLeaderHops = 3
 
@@ -105,8 +108,11 @@ func expand(ctx context.Context, raw string) []target {
 }
 
 // dialAny dials the URLs of order in turn (each expanded), following a
-// standby's LeaderHeader, until one connects. On failure, next is the
-// leader last named (to be dialed first next time) and err says what each
+// standby's LeaderHeader, until one connects. Each URL has an equal share
+// of the attempt's timeout (at least minDialShare), so that one that never
+// answers (its host gone, its packets dropped) cannot keep the others from
+// being tried. On failure, next is the URL to dial first next time: the
+// leader last named, else the URL after the first, and err says what each
 // attempt met.
 func (d *Driver) dialAny(ctx context.Context, order []string, timeout time.Duration) dialed {
 	var (
@@ -114,10 +120,16 @@ func (d *Driver) dialAny(ctx context.Context, order []string, timeout time.Durat
 		next string
 		hops int
 	)
+	if len(order) > 1 {
+		next = order[1]
+	}
+	share := max(timeout/time.Duration(len(order)), min(minDialShare, timeout))
 	for i := 0; i < len(order) && ctx.Err() == nil; i++ {
 	targets:
 		for _, at := range expand(ctx, order[i]) {
-			ws, cc, leader, err := d.dialOne(ctx, at, timeout)
+			actx, cancel := context.WithTimeout(ctx, share)
+			ws, cc, leader, err := d.dialOne(actx, at, share)
+			cancel()
 			if err == nil {
 				return dialed{ws: ws, cc: cc, at: at}
 			}

@@ -115,9 +115,15 @@ func (f *fakeOrch) serve(w http.ResponseWriter, r *http.Request) {
 
 // runWorker runs a worker dialing urls until the test ends.
 func runWorker(t *testing.T, urls ...string) *Driver {
+	return runWorkerWith(t, core.WorkerConfig{}, urls...)
+}
+
+// runWorkerWith is runWorker with the core's dial timeout of cfg.
+func runWorkerWith(t *testing.T, cfg core.WorkerConfig, urls ...string) *Driver {
 	d, err := New(Options{
 		URL: urls[0], URLs: urls[1:],
-		Config:         core.WorkerConfig{Name: "w1", Token: "w1.00", Slots: 1, BackoffBase: 10 * time.Millisecond, BackoffMax: 100 * time.Millisecond},
+		Config: core.WorkerConfig{Name: "w1", Token: "w1.00", Slots: 1, BackoffBase: 10 * time.Millisecond, BackoffMax: 100 * time.Millisecond,
+			DialTimeout: cfg.DialTimeout},
 		Logger:         slog.New(slog.NewTextHandler(io.Discard, nil)),
 		NoStepEndpoint: true,
 	})
@@ -189,6 +195,35 @@ func TestWorkerTriesEveryURL(t *testing.T) {
 	if got := d.Data().URL(); got != leader.srv.URL {
 		t.Fatalf("the data plane is at %s, want the leader %s", got, leader.srv.URL)
 	}
+}
+
+// TestWorkerPassesSilentURL: a URL whose server accepts the connection and
+// never answers (a host gone dark) has only its share of the dial timeout;
+// it was the one connected last, yet the worker reaches the next URL.
+func TestWorkerPassesSilentURL(t *testing.T) {
+	silent, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { silent.Close() })
+	go func() {
+		var held []net.Conn // accepted and never answered
+		defer func() {
+			for _, c := range held {
+				c.Close()
+			}
+		}()
+		for {
+			c, err := silent.Accept()
+			if err != nil {
+				return
+			}
+			held = append(held, c)
+		}
+	}()
+	leader := newFakeOrch(t, nil)
+	runWorkerWith(t, core.WorkerConfig{DialTimeout: 2 * time.Second}, "ws://"+silent.Addr().String()+"/control", leader.control())
+	waitWelcome(t, leader)
 }
 
 // TestWorkerNameOfSeveralAddresses: one host name that resolves to several
