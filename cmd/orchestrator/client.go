@@ -46,6 +46,7 @@ API's JSON answer instead, -o yaml the same as YAML.`
 func clientFlags(extra func(fs *flag.FlagSet, o *options)) func(fs *flag.FlagSet, o *options) {
 	return func(fs *flag.FlagSet, o *options) {
 		fs.StringArrayVar(&o.urls, "url", []string{defaultURL}, "orchestrator `URL` (its operator API is under /api/); https:// when it serves TLS; repeat it for each orchestrator of a highly available group (a standby's answer names the leader, which is then asked); $"+urlEnv+" (comma-separated) when not given")
+		fs.Lookup("url").DefValue = defaultURL // printed as the URL, not "[http://…]"
 		fs.StringVar(&o.ca, "ca", "", "trust the orchestrator's TLS certificate if this CA `file` (PEM) signed it")
 		fs.StringVar(&o.adminToken, "admin-token", "", "admin or other operator `token` (default: $"+adminTokenEnv+", then <data-dir>/admin-token)")
 		fs.StringVar(&o.dataDir, "data-dir", defaultDataDir, "orchestrator data `directory` holding admin-token")
