@@ -15,10 +15,13 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/tether-run/tether/adapters/dataplane"
@@ -31,10 +34,14 @@ const DefaultMaxAnswer = 256 << 20
 // Client calls one orchestrator's operator API. It is safe for concurrent
 // use.
 type Client struct {
-	base      string // "http://host:port/api"
+	bases     []string // "http://host:port/api", the given URLs in order
 	token     string
 	hc        *http.Client
 	maxAnswer int64
+	more      []string // WithURLs' raw URLs, checked by New
+
+	mu  sync.Mutex
+	cur string // the base that answered last (the leader, SPEC §11): tried first
 }
 
 // Option configures a Client.
@@ -47,23 +54,76 @@ func WithHTTPClient(hc *http.Client) Option { return func(c *Client) { c.hc = hc
 // WithMaxAnswer bounds a JSON answer to n bytes.
 func WithMaxAnswer(n int64) Option { return func(c *Client) { c.maxAnswer = n } }
 
+// WithURLs adds more orchestrators of one highly available group (SPEC
+// §11), tried in order after New's URL when one cannot be reached or is a
+// standby that knows no leader.
+func WithURLs(urls ...string) Option { return func(c *Client) { c.more = append(c.more, urls...) } }
+
+// LeaderHeader names the header with which a standby orchestrator answers
+// (SPEC §11): the leader's advertised base URL. A 307 carrying it is
+// followed by the client itself, with the token, to that URL alone (never
+// to the Location of a redirect that does not carry it).
+const LeaderHeader = "Tether-Leader"
+
+// maxLeaderHops bounds how many standbys' pointers one request follows.
+const maxLeaderHops = 3
+
 // New returns a client of the orchestrator at baseURL (http:// or
 // https://HOST:PORT, with or without its /api suffix), authenticated with
 // the admin token.
 func New(baseURL, adminToken string, opts ...Option) (*Client, error) {
-	u, err := url.Parse(strings.TrimRight(baseURL, "/"))
-	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return nil, fmt.Errorf("client: URL %q: want http://HOST:PORT or https://HOST:PORT", baseURL)
-	}
-	c := &Client{base: strings.TrimSuffix(u.String(), "/api") + "/api", token: adminToken, hc: http.DefaultClient, maxAnswer: DefaultMaxAnswer}
+	c := &Client{token: adminToken, hc: http.DefaultClient, maxAnswer: DefaultMaxAnswer}
 	for _, o := range opts {
 		o(c)
 	}
+	for _, raw := range append([]string{baseURL}, c.more...) {
+		b, err := apiBase(raw)
+		if err != nil {
+			return nil, err
+		}
+		if !slices.Contains(c.bases, b) {
+			c.bases = append(c.bases, b)
+		}
+	}
+	c.more = nil
+	c.cur = c.bases[0]
+	// A redirect carrying LeaderHeader is followed by send, not by the
+	// http.Client (which would follow its Location, with or without the
+	// token depending on the host).
+	hc := *c.hc
+	check := hc.CheckRedirect
+	hc.CheckRedirect = func(req *http.Request, via []*http.Request) error {
+		if req.Response != nil && req.Response.Header.Get(LeaderHeader) != "" {
+			return http.ErrUseLastResponse
+		}
+		if check != nil {
+			return check(req, via)
+		}
+		if len(via) >= 10 {
+			return errors.New("stopped after 10 redirects")
+		}
+		return nil
+	}
+	c.hc = &hc
 	return c, nil
 }
 
-// URL returns the orchestrator's base URL (without /api).
-func (c *Client) URL() string { return strings.TrimSuffix(c.base, "/api") }
+// apiBase turns an orchestrator URL into its API's base, "…/api".
+func apiBase(raw string) (string, error) {
+	u, err := url.Parse(strings.TrimRight(raw, "/"))
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return "", fmt.Errorf("client: URL %q: want http://HOST:PORT or https://HOST:PORT", raw)
+	}
+	return strings.TrimSuffix(u.String(), "/api") + "/api", nil
+}
+
+// URL returns the base URL (without /api) of the orchestrator that answered
+// last, at first the one given to New.
+func (c *Client) URL() string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return strings.TrimSuffix(c.cur, "/api")
+}
 
 // Error is an error answer of the API.
 type Error struct {
@@ -95,29 +155,104 @@ func (c *Client) Do(ctx context.Context, method, path string, body io.Reader, co
 	return c.send(ctx, method, path, body, h)
 }
 
-// send is Do with the request's headers (the token is added).
+// send is Do with the request's headers (the token is added). It starts at
+// the orchestrator that answered last; a standby's 307 or 503 carrying
+// LeaderHeader sends it to the leader named there (at most maxLeaderHops
+// times); a URL that cannot be reached, or a standby that knows no leader,
+// sends it to the next URL given (a request that may have arrived, a write
+// whose connection broke after it was sent, is not sent again). A body is
+// sent again only when the request can replay it (GetBody: a *bytes.Reader,
+// *bytes.Buffer or *strings.Reader).
 func (c *Client) send(ctx context.Context, method, path string, body io.Reader, h http.Header) (*http.Response, error) {
-	req, err := http.NewRequestWithContext(ctx, method, c.base+path, body)
-	if err != nil {
-		return nil, err
+	c.mu.Lock()
+	queue := []string{c.cur}
+	c.mu.Unlock()
+	for _, b := range c.bases {
+		if b != queue[0] {
+			queue = append(queue, b)
+		}
 	}
-	req.Header = h
-	req.Header.Set("Authorization", "Bearer "+c.token)
-	resp, err := c.hc.Do(req)
-	if err != nil {
-		return nil, fmt.Errorf("cannot reach the orchestrator at %s: %w", c.URL(), err)
+	var (
+		getBody func() (io.ReadCloser, error)
+		lastErr error
+		hops    int
+	)
+	for i := 0; i < len(queue); i++ {
+		base := queue[i]
+		var rd io.Reader = body
+		if i > 0 && body != nil {
+			if getBody == nil {
+				return nil, lastErr // the body cannot be sent twice
+			}
+			b, err := getBody()
+			if err != nil {
+				return nil, lastErr
+			}
+			rd = b
+		}
+		req, err := http.NewRequestWithContext(ctx, method, base+path, rd)
+		if err != nil {
+			return nil, err
+		}
+		if i == 0 {
+			getBody = req.GetBody
+		}
+		req.Header = h.Clone()
+		req.Header.Set("Authorization", "Bearer "+c.token)
+		resp, err := c.hc.Do(req)
+		if err != nil {
+			lastErr = fmt.Errorf("cannot reach the orchestrator at %s: %w", strings.TrimSuffix(base, "/api"), err)
+			if ctx.Err() == nil && (notSent(err) || method == http.MethodGet || method == http.MethodHead) {
+				continue
+			}
+			return nil, lastErr
+		}
+		if resp.StatusCode/100 == 2 {
+			c.mu.Lock()
+			c.cur = base
+			c.mu.Unlock()
+			return resp, nil
+		}
+		e, standby := answerError(resp)
+		if leader := resp.Header.Get(LeaderHeader); leader != "" && hops < maxLeaderHops &&
+			(resp.StatusCode == http.StatusTemporaryRedirect || resp.StatusCode == http.StatusServiceUnavailable) {
+			if lb, err := apiBase(leader); err == nil && lb != base {
+				hops++
+				lastErr = e
+				rest := slices.DeleteFunc(slices.Clone(queue[i+1:]), func(s string) bool { return s == lb })
+				queue = append(append(queue[:i+1:i+1], lb), rest...)
+				continue
+			}
+		}
+		if resp.StatusCode == http.StatusServiceUnavailable && standby {
+			lastErr = e // no leader known there: another URL may lead
+			continue
+		}
+		return nil, e
 	}
-	if resp.StatusCode/100 == 2 {
-		return resp, nil
-	}
+	return nil, lastErr
+}
+
+// notSent says whether a transport error happened before the request could
+// reach the server (its connection was never made), so that sending it to
+// another orchestrator cannot make it twice.
+func notSent(err error) bool {
+	var op *net.OpError
+	return errors.As(err, &op) && op.Op == "dial"
+}
+
+// answerError reads an error answer (and closes it) into an *Error;
+// standby says it is a standby's refusal ({"error": "standby", …}, SPEC §11).
+func answerError(resp *http.Response) (e *Error, standby bool) {
 	defer resp.Body.Close()
 	b, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
 	if err != nil {
-		return nil, fmt.Errorf("reading the answer: %w", err)
+		return &Error{Status: resp.StatusCode, Code: CodeFor(resp.StatusCode), Message: "reading the answer: " + err.Error()}, false
 	}
-	e := &Error{Status: resp.StatusCode, Code: CodeFor(resp.StatusCode), Message: strings.TrimSpace(string(b))}
+	e = &Error{Status: resp.StatusCode, Code: CodeFor(resp.StatusCode), Message: strings.TrimSpace(string(b))}
 	var eb ErrorBody
 	if json.Unmarshal(b, &eb) == nil {
+		standby = eb.Error == "standby"
 		if eb.Code != "" {
 			e.Code = eb.Code
 		}
@@ -131,7 +266,7 @@ func (c *Client) send(ctx context.Context, method, path string, body io.Reader, 
 	if e.Message == "" {
 		e.Message = http.StatusText(resp.StatusCode)
 	}
-	return nil, e
+	return e, standby
 }
 
 // call sends one request and decodes a 2xx JSON answer into out.

@@ -35,6 +35,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/tether-run/tether/adapters/dataplane"
@@ -108,9 +109,14 @@ func (e *DataError) Is(target error) bool {
 // the same id, after a failure that may have lost its answer (DefaultRetry;
 // see write.go): the orchestrator answers a repeat with its first answer.
 type DataClient struct {
-	base *url.URL
+	cur  atomic.Pointer[dataTarget] // where requests go now
+	tls  *tls.Config
 	cred func() string
-	hc   *http.Client
+
+	// follow: the client goes where the control plane connected, and to
+	// the leader a standby names (SPEC §11; leader.go).
+	follow   bool
+	onLeader func(leader string) // logs a switch to a named leader; nil: silent
 
 	retry   Retry
 	onRetry func(method, path, requestID string, attempt int, err error) // logs a retry; nil: silent
@@ -128,30 +134,69 @@ func NewDataClient(base string, tlsConf *tls.Config, cred func() string) (*DataC
 	if err != nil || u.Host == "" || (u.Scheme != "http" && u.Scheme != "https") {
 		return nil, fmt.Errorf("%w %q: want http://HOST:PORT or https://HOST:PORT", ErrBadDataURL, base)
 	}
+	c := &DataClient{tls: tlsConf, cred: cred, retry: DefaultRetry}
+	c.cur.Store(c.newTarget(u, ""))
+	return c, nil
+}
+
+// dataTarget is one orchestrator the data client talks to: its base URL,
+// the address dialed for it ("" to resolve the URL's host) and a client of
+// its own, so that no connection to another orchestrator is reused.
+type dataTarget struct {
+	base *url.URL
+	addr string
+	hc   *http.Client
+}
+
+func (c *DataClient) newTarget(u *url.URL, addr string) *dataTarget {
+	nd := &net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}
 	tr := &http.Transport{
-		Proxy:               nil, // a worker talks to its orchestrator directly
-		DialContext:         (&net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+		Proxy: nil, // a worker talks to its orchestrator directly
+		DialContext: func(ctx context.Context, network, a string) (net.Conn, error) {
+			if addr != "" {
+				a = addr
+			}
+			return nd.DialContext(ctx, network, a)
+		},
 		TLSHandshakeTimeout: 10 * time.Second,
 		IdleConnTimeout:     90 * time.Second,
 		Protocols:           new(http.Protocols),
 	}
 	if u.Scheme == "https" {
 		tr.Protocols.SetHTTP2(true)
-		if tlsConf != nil {
-			tr.TLSClientConfig = tlsConf.Clone()
+		if c.tls != nil {
+			tr.TLSClientConfig = c.tls.Clone()
 			tr.TLSClientConfig.NextProtos = nil // the transport offers h2
 		}
 	} else {
 		tr.Protocols.SetUnencryptedHTTP2(true) // h2c with prior knowledge
 	}
-	return &DataClient{base: u, cred: cred, hc: &http.Client{Transport: tr}, retry: DefaultRetry}, nil
+	return &dataTarget{base: u, addr: addr, hc: &http.Client{Transport: tr}}
+}
+
+// switchTo makes base (dialed at addr, "" to resolve it) where requests go,
+// unless it is so already; it says whether it changed.
+func (c *DataClient) switchTo(base, addr string) bool {
+	u, err := url.Parse(strings.TrimRight(base, "/"))
+	if err != nil || u.Host == "" || (u.Scheme != "http" && u.Scheme != "https") {
+		return false
+	}
+	old := c.cur.Load()
+	if old.base.String() == u.String() && old.addr == addr {
+		return false
+	}
+	if !c.cur.CompareAndSwap(old, c.newTarget(u, addr)) {
+		return false // another switch came first
+	}
+	old.hc.CloseIdleConnections() // requests in flight there finish or fail
+	return true
 }
 
 // Close closes idle connections.
-func (c *DataClient) Close() { c.hc.CloseIdleConnections() }
+func (c *DataClient) Close() { c.cur.Load().hc.CloseIdleConnections() }
 
 // URL returns the data plane's base URL.
-func (c *DataClient) URL() string { return c.base.String() }
+func (c *DataClient) URL() string { return c.cur.Load().base.String() }
 
 // do sends one request with the credential (and the lease, if not zero);
 // path is unescaped.
@@ -166,33 +211,43 @@ func (c *DataClient) doHeader(ctx context.Context, method, path, rawQuery string
 	if cred == "" {
 		return nil, ErrNoCredential
 	}
-	u := *c.base
-	u.Path, u.RawQuery = path, rawQuery
-	req, err := http.NewRequestWithContext(ctx, method, u.String(), body)
-	if err != nil {
-		return nil, err
-	}
-	if body != nil {
-		req.ContentLength = size
-	}
-	for k, vs := range hdr {
-		for _, v := range vs {
-			req.Header.Add(k, v)
+	for try := 0; ; try++ {
+		t := c.cur.Load()
+		u := *t.base
+		u.Path, u.RawQuery = path, rawQuery
+		req, err := http.NewRequestWithContext(ctx, method, u.String(), body)
+		if err != nil {
+			return nil, err
 		}
-	}
-	req.Header.Set("Authorization", "Bearer "+cred)
-	if lease != 0 {
-		req.Header.Set(dataplane.LeaseHeader, strconv.FormatUint(uint64(lease), 10))
-	}
-	resp, err := c.hc.Do(req)
-	if err != nil {
-		return nil, fmt.Errorf("data plane: %s %s: %w", method, core.Quote(path), err)
-	}
-	if resp.StatusCode/100 != 2 {
+		if body != nil {
+			req.ContentLength = size
+		}
+		for k, vs := range hdr {
+			for _, v := range vs {
+				req.Header.Add(k, v)
+			}
+		}
+		req.Header.Set("Authorization", "Bearer "+cred)
+		if lease != 0 {
+			req.Header.Set(dataplane.LeaseHeader, strconv.FormatUint(uint64(lease), 10))
+		}
+		resp, err := t.hc.Do(req)
+		if err != nil {
+			return nil, fmt.Errorf("data plane: %s %s: %w", method, core.Quote(path), err)
+		}
+		if resp.StatusCode/100 == 2 {
+			return resp, nil
+		}
+		if c.followLeader(resp) && body == nil && try == 0 {
+			// A request without a body (a read; a delete, whose request
+			// id makes it safe) goes to the leader at once; one with a
+			// body is sent again by write, after its backoff.
+			resp.Body.Close()
+			continue
+		}
 		defer resp.Body.Close()
 		return nil, answerError(resp)
 	}
-	return resp, nil
 }
 
 func answerError(resp *http.Response) error {

@@ -18,8 +18,10 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"net/http"
 	"net/url"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -47,6 +49,12 @@ var ErrNoURL = errors.New("worker: no orchestrator URL")
 type Options struct {
 	// URL is the orchestrator's control plane, e.g. ws://127.0.0.1:7070/control.
 	URL string
+	// URLs are more orchestrators of one highly available group (SPEC §11),
+	// each dialed after URL in turn (see leader.go): a dial that fails, or
+	// a standby's refusal, moves on to the leader it names, else to the
+	// next URL; a host name that resolves to several addresses is each of
+	// them.
+	URLs []string
 	// Config configures the core worker; an empty ID gets a random UUID and
 	// a zero Seed a random one.
 	Config core.WorkerConfig
@@ -121,6 +129,11 @@ type Driver struct {
 	endpoint *stepEndpoint          // nil when off
 	workDir  string                 // each dispatch's directories (SPEC §10)
 	tempWork bool                   // workDir was made by Run: removed when it returns
+	urls     []string               // the control URLs given, in order (Options.URL, then URLs)
+
+	// Owned by the loop goroutine: the URL to dial first (the one that
+	// connected last, or the leader a standby named).
+	pref string
 
 	// Owned by the loop goroutine.
 	ctx        context.Context
@@ -138,10 +151,12 @@ type Driver struct {
 type (
 	input  interface{}
 	dialed struct {
-		gen uint64
-		ws  *websocket.Conn
-		cc  *wire.CorkConn // the TCP connection under ws (and under TLS, for wss)
-		err error
+		gen  uint64
+		ws   *websocket.Conn
+		cc   *wire.CorkConn // the TCP connection under ws (and under TLS, for wss)
+		at   target         // where ws is connected
+		next string         // after a failure: the URL to dial first next time ("": as before)
+		err  error
 	}
 	received struct {
 		gen uint64
@@ -192,12 +207,22 @@ func New(opts Options) (*Driver, error) {
 			opts.Config.Seed = opts.Config.Seed<<8 | uint64(x)
 		}
 	}
-	if opts.DataURL == "" {
+	followData := opts.DataURL == "" // the data plane is the connected orchestrator's
+	if followData {
 		u, err := DataURLFor(opts.URL)
 		if err != nil {
 			return nil, err
 		}
 		opts.DataURL = u
+	}
+	urls := []string{opts.URL}
+	for _, u := range opts.URLs {
+		if _, err := DataURLFor(u); err != nil {
+			return nil, err
+		}
+		if !slices.Contains(urls, u) {
+			urls = append(urls, u)
+		}
 	}
 	d := &Driver{
 		opts:   opts,
@@ -206,6 +231,8 @@ func New(opts Options) (*Driver, error) {
 		done:   make(chan struct{}),
 		procs:  map[core.LeaseID]*proc{},
 		saved:  opts.Config.Credential,
+		urls:   urls,
+		pref:   urls[0],
 	}
 	d.log = opts.Logger.With("worker", opts.Config.Name, "worker_id", string(opts.Config.ID))
 	data, err := NewDataClient(opts.DataURL, opts.TLS, func() string {
@@ -218,6 +245,10 @@ func New(opts Options) (*Driver, error) {
 		return nil, fmt.Errorf("worker: %w", err)
 	}
 	d.data = data
+	data.follow = followData
+	data.onLeader = func(leader string) {
+		d.log.Warn("data plane: a standby answered; following the leader it names", "leader", leader)
+	}
 	data.onRetry = func(method, path, requestID string, attempt int, err error) {
 		d.log.Warn("data plane: sending a write again with the same request id", "method", method, "path", path,
 			"request_id", requestID, "attempt", attempt, "err", err)
@@ -337,9 +368,17 @@ func (d *Driver) translate(raw input) core.WorkerInput {
 		}
 		d.dialCancel()
 		d.dialCancel = nil
+		if in.next != "" {
+			d.pref = in.next
+		}
 		if in.err != nil {
 			return core.WDialFailed{Reason: in.err.Error()}
 		}
+		if in.at.url != d.pref || len(d.urls) > 1 {
+			d.log.Info("connected", "url", in.at.url, "addr", in.at.addr)
+		}
+		d.pref = in.at.url
+		d.data.setTarget(in.at)
 		d.cur = d.startConn(in.gen, in.ws, in.cc)
 		return core.WConnected{Conn: core.ConnID(in.gen)}
 	case received:
@@ -484,8 +523,9 @@ func split(m core.Msg) []core.Msg {
 	return nil
 }
 
-// dial opens a new connection in the background; the result comes back as a
-// dialed input of the new generation.
+// dial opens a new connection in the background, trying the URLs in the
+// order of dialOrder (leader.go); the result comes back as a dialed input
+// of the new generation.
 func (d *Driver) dial() {
 	d.gen++
 	gen := d.gen
@@ -495,45 +535,59 @@ func (d *Driver) dial() {
 	timeout := d.w.Config().DialTimeout
 	ctx, cancel := context.WithTimeout(d.ctx, timeout)
 	d.dialCancel = cancel
+	order := dialOrder(d.pref, d.urls)
 	d.wg.Add(1)
 	go func() {
 		defer d.wg.Done()
-		var cc *wire.CorkConn
-		dialer := websocket.Dialer{HandshakeTimeout: timeout, ReadBufferSize: 4096, WriteBufferSize: 4096,
-			NetDialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
-				var nd net.Dialer
-				nc, err := nd.DialContext(ctx, network, addr)
-				if err != nil {
-					return nil, err
-				}
-				cc = wire.NewCorkConn(nc)
-				return cc, nil
-			}}
-		if d.opts.TLS != nil {
-			dialer.TLSClientConfig = d.opts.TLS.Clone()
-			dialer.TLSClientConfig.NextProtos = nil // the upgrade is HTTP/1.1
-		}
-		ws, resp, err := dialer.DialContext(ctx, d.opts.URL, nil)
-		var why []byte // a refused upgrade's reason (SPEC §12: 503 over a cap)
-		if resp != nil && resp.Body != nil {
-			if err != nil {
-				why, _ = io.ReadAll(io.LimitReader(resp.Body, maxRefusalBytes))
-			}
-			resp.Body.Close()
-		}
-		if err != nil {
-			err = fmt.Errorf("dial %s: %w", d.opts.URL, err)
-			if resp != nil {
-				err = fmt.Errorf("%w (HTTP %s)", err, resp.Status)
-			}
-			if s := strings.TrimSpace(strings.ToValidUTF8(string(why), "")); s != "" {
-				err = fmt.Errorf("%w: %s", err, strconv.Quote(s))
-			}
-		}
-		if !d.push(dialed{gen: gen, ws: ws, cc: cc, err: err}) && ws != nil {
-			ws.Close()
+		in := d.dialAny(ctx, order, timeout)
+		in.gen = gen
+		if !d.push(in) && in.ws != nil {
+			in.ws.Close()
 		}
 	}()
+}
+
+// dialOne dials one target; leader is the LeaderHeader of a refusal.
+func (d *Driver) dialOne(ctx context.Context, at target, timeout time.Duration) (ws *websocket.Conn, cc *wire.CorkConn, leader string, err error) {
+	dialer := websocket.Dialer{HandshakeTimeout: timeout, ReadBufferSize: 4096, WriteBufferSize: 4096,
+		NetDialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+			var nd net.Dialer
+			nc, err := nd.DialContext(ctx, network, at.dialAddr(addr))
+			if err != nil {
+				return nil, err
+			}
+			cc = wire.NewCorkConn(nc)
+			return cc, nil
+		}}
+	if d.opts.TLS != nil {
+		dialer.TLSClientConfig = d.opts.TLS.Clone()
+		dialer.TLSClientConfig.NextProtos = nil // the upgrade is HTTP/1.1
+	}
+	ws, resp, err := dialer.DialContext(ctx, at.url, nil)
+	var why []byte // a refused upgrade's reason (SPEC §12: 503 over a cap)
+	if resp != nil && resp.Body != nil {
+		if err != nil {
+			why, _ = io.ReadAll(io.LimitReader(resp.Body, maxRefusalBytes))
+		}
+		resp.Body.Close()
+	}
+	if err != nil {
+		where := at.url
+		if at.addr != "" {
+			where += " (" + at.addr + ")"
+		}
+		err = fmt.Errorf("dial %s: %w", where, err)
+		if resp != nil {
+			err = fmt.Errorf("%w (HTTP %s)", err, resp.Status)
+			if resp.StatusCode == http.StatusServiceUnavailable {
+				leader = resp.Header.Get(LeaderHeader)
+			}
+		}
+		if s := strings.TrimSpace(strings.ToValidUTF8(string(why), "")); s != "" {
+			err = fmt.Errorf("%w: %s", err, strconv.Quote(s))
+		}
+	}
+	return ws, cc, leader, err
 }
 
 // push hands an input to the loop; false once Run is returning.

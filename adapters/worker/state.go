@@ -54,9 +54,10 @@ type State struct {
 	Version    int           `json:"version"`
 	Worker     core.WorkerID `json:"worker_id"`
 	Name       string        `json:"name"`
-	Credential string        `json:"credential"`  // "<worker id>.<secret>": a secret, hence mode 0600
-	URL        string        `json:"url"`         // the orchestrator it was issued by (informational)
-	EnrolledAt time.Time     `json:"enrolled_at"` // by the worker's clock (informational)
+	Credential string        `json:"credential"`     // "<worker id>.<secret>": a secret, hence mode 0600
+	URL        string        `json:"url"`            // the orchestrator it was issued by (informational)
+	URLs       []string      `json:"urls,omitempty"` // every control URL the worker was given (SPEC §11), URL first
+	EnrolledAt time.Time     `json:"enrolled_at"`    // by the worker's clock (informational)
 }
 
 // StateDir is an open, locked state directory.

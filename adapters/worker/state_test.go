@@ -4,6 +4,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -19,7 +20,7 @@ func TestStateDirSaveLoad(t *testing.T) {
 	if st, err := sd.Load(); st != nil || err != nil {
 		t.Fatalf("empty directory: Load = %+v, %v; want nothing", st, err)
 	}
-	want := State{Worker: "w-1", Name: "b1", Credential: "w-1.abc", URL: "ws://o/control", EnrolledAt: time.Unix(1, 0).UTC()}
+	want := State{Worker: "w-1", Name: "b1", Credential: "w-1.abc", URL: "ws://o/control", URLs: []string{"ws://o/control", "ws://p/control"}, EnrolledAt: time.Unix(1, 0).UTC()}
 	if err := sd.Save(want); err != nil {
 		t.Fatal(err)
 	}
@@ -28,7 +29,7 @@ func TestStateDirSaveLoad(t *testing.T) {
 		t.Fatal(err)
 	}
 	want.Version = stateVersion
-	if *got != want {
+	if !reflect.DeepEqual(*got, want) {
 		t.Fatalf("Load = %+v, want %+v", *got, want)
 	}
 	for _, p := range []string{sd.Path(), filepath.Join(dir, LockFileName)} {

@@ -507,3 +507,49 @@ func mustJSON(v any) []byte {
 	b, _ := json.Marshal(v)
 	return b
 }
+
+// TestCLIFollowsLeader: --url repeated (and $TETHER_URL comma-separated)
+// names a highly available group (SPEC §15): the first refuses
+// connections, the second is a standby whose 307 names the leader, which
+// answers, with the token.
+func TestCLIFollowsLeader(t *testing.T) {
+	var got []string
+	var mu sync.Mutex
+	leader := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		got = append(got, r.URL.Path+" "+r.Header.Get("Authorization"))
+		mu.Unlock()
+		w.Header().Set("Content-Type", "application/json")
+		io.WriteString(w, `{"tokens":[]}`)
+	}))
+	defer leader.Close()
+	standby := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set(client.LeaderHeader, leader.URL)
+		http.Redirect(w, r, leader.URL+r.URL.RequestURI(), http.StatusTemporaryRedirect)
+	}))
+	defer standby.Close()
+	dead := httptest.NewServer(http.NotFoundHandler())
+	dead.Close()
+	for _, c := range []struct {
+		args []string
+		env  string
+	}{
+		{args: []string{"--url", dead.URL, "--url", standby.URL}},
+		{env: dead.URL + "," + standby.URL},
+	} {
+		var out, errb bytes.Buffer
+		args := append([]string{"token", "list", "--admin-token", "t"}, c.args...)
+		code := run(t.Context(), args, &out, &errb, func(k string) string {
+			if k == urlEnv {
+				return c.env
+			}
+			return ""
+		})
+		if code != 0 {
+			t.Fatalf("token list %q ($TETHER_URL %q): exit %d\n%s", c.args, c.env, code, errb.String())
+		}
+	}
+	if !slices.Equal(got, []string{"/api/tokens Bearer t", "/api/tokens Bearer t"}) {
+		t.Fatalf("the leader got %q; want the token list twice, with the token", got)
+	}
+}

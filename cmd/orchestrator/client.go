@@ -45,7 +45,8 @@ API's JSON answer instead, -o yaml the same as YAML.`
 // clientFlags registers the flags every client command takes.
 func clientFlags(extra func(fs *flag.FlagSet, o *options)) func(fs *flag.FlagSet, o *options) {
 	return func(fs *flag.FlagSet, o *options) {
-		fs.StringVar(&o.url, "url", defaultURL, "orchestrator `URL` (its operator API is under /api/); https:// when it serves TLS; $"+urlEnv+" when not given")
+		fs.StringArrayVar(&o.urls, "url", []string{defaultURL}, "orchestrator `URL` (its operator API is under /api/); https:// when it serves TLS; repeat it for each orchestrator of a highly available group (a standby's answer names the leader, which is then asked); $"+urlEnv+" (comma-separated) when not given")
+		fs.Lookup("url").DefValue = defaultURL // printed as the URL, not "[http://…]"
 		fs.StringVar(&o.ca, "ca", "", "trust the orchestrator's TLS certificate if this CA `file` (PEM) signed it")
 		fs.StringVar(&o.adminToken, "admin-token", "", "admin or other operator `token` (default: $"+adminTokenEnv+", then <data-dir>/admin-token)")
 		fs.StringVar(&o.dataDir, "data-dir", defaultDataDir, "orchestrator data `directory` holding admin-token")
@@ -298,13 +299,21 @@ current leases and last heartbeat.` + clientHelp,
 // bounding only the wait for an answer's headers).
 func newClient(e *env, timeout time.Duration) (*client.Client, error) {
 	o := e.opts
-	raw, from := o.url, "--url"
+	raws, from := o.urls, "--url"
 	if v := e.getenv(urlEnv); v != "" && !e.flags.Changed("url") {
-		raw, from = v, "$"+urlEnv
+		raws, from = strings.Split(v, ","), "$"+urlEnv
 	}
-	u, err := url.Parse(strings.TrimRight(raw, "/"))
-	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return nil, usageErrorf("%s %q: want http://HOST:PORT", from, raw)
+	var urls []string
+	for _, raw := range raws {
+		raw = strings.TrimSpace(raw)
+		u, err := url.Parse(strings.TrimRight(raw, "/"))
+		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			return nil, usageErrorf("%s %q: want http://HOST:PORT", from, raw)
+		}
+		urls = append(urls, u.String())
+	}
+	if len(urls) == 0 {
+		return nil, usageErrorf("%s: no URL", from)
 	}
 	tok := o.adminToken
 	if tok == "" {
@@ -336,7 +345,7 @@ func newClient(e *env, timeout time.Duration) (*client.Client, error) {
 		tr.TLSClientConfig = &tls.Config{RootCAs: pool}
 	}
 	hc.Transport = tr
-	return client.New(u.String(), tok, client.WithHTTPClient(hc), client.WithMaxAnswer(maxAnswerSize))
+	return client.New(urls[0], tok, client.WithHTTPClient(hc), client.WithMaxAnswer(maxAnswerSize), client.WithURLs(urls[1:]...))
 }
 
 // answerErr turns a client error into the command's: an error answer

@@ -30,10 +30,11 @@ type options struct {
 	logFormat, logLevel string
 
 	// client commands
-	url, adminToken, dataDir, ca string
-	output                       string // -o: table, json or yaml
-	json                         bool   // --json: -o json
-	timeout                      time.Duration
+	urls                    []string // --url, repeatable: one highly available group (SPEC §11)
+	adminToken, dataDir, ca string
+	output                  string // -o: table, json or yaml
+	json                    bool   // --json: -o json
+	timeout                 time.Duration
 
 	// serve
 	addr, config, tlsCert, tlsKey string

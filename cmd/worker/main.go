@@ -19,6 +19,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -162,6 +163,15 @@ Steps are matched to workers by target (--name), labels, platform and tags:
 a step runs here only if every tag it requires is in --tags (type script needs
 "script", runner docker needs "docker", and so on, plus the step's own tags:).
 
+Highly available orchestrators (SPEC §11): give --url once for each
+orchestrator of the group (or one host name that resolves to each of
+them). Each connection attempt dials them in turn, starting with the one
+last connected to: a standby refuses with 503 and names the leader (header
+Tether-Leader), which is dialed next; any other failure moves on to the next
+URL; only when all failed does the backoff above apply. The data plane
+(the worker's and its steps') follows the same leader; a write refused by a
+deposed leader is sent again, with its request id, to the new one.
+
 Against an orchestrator that serves TLS, use a wss:// URL; --ca names the PEM
 file of the CA that signed its certificate when it is not a public one.
 
@@ -184,7 +194,7 @@ by SHA-256, up to --cache-size.
 The optional config file (YAML) takes the same settings; flags given on the
 command line override it, and an unknown key is an error naming its line:
 
-  url: ws://127.0.0.1:7420/control
+  url: ws://127.0.0.1:7420/control    # or a list: [ws://a:7420, ws://b:7420]
   ca: /etc/tether/ca.pem
   token: builder-1.0123abcd...
   name: builder-1
@@ -226,7 +236,9 @@ func main() {
 
 // settings are the worker's settings: defaults, then the config file, then flags.
 type settings struct {
-	URL         string
+	// URLs are the orchestrators' control planes, the first dialed first
+	// (SPEC §11: a group of a leader and standbys).
+	URLs        []string
 	Token       string
 	Name        string
 	Tags        []string
@@ -331,7 +343,7 @@ func parseConnect(args []string, stdout io.Writer) (final settings, logFormat, l
 		executor     string
 		outputCap    string
 	)
-	flags.StringVar(&s.URL, "url", defaultURL, "orchestrator control plane `URL` (ws:// or wss://; http(s):// and a bare host:port work too)")
+	flags.Var((*urlList)(&s.URLs), "url", "orchestrator control plane `URL` (ws:// or wss://; http(s):// and a bare host:port work too); repeat it for each orchestrator of a highly available group (default "+defaultURL+")")
 	flags.StringVar(&s.Token, "token", "", "enrollment `token` NAME.SECRET (required unless --state-dir holds a saved identity); ps shows it: prefer $"+workerTokenEnv+" or --token-file")
 	var tokenFile string
 	flags.StringVar(&tokenFile, "token-file", "", "read the enrollment token from this `file`")
@@ -377,7 +389,7 @@ func parseConnect(args []string, stdout io.Writer) (final settings, logFormat, l
 	flags.Visit(func(f *flag.Flag) { set[f.Name] = true })
 
 	// Config file, then the flags given.
-	final = settings{URL: defaultURL, Slots: 1}
+	final = settings{URLs: []string{defaultURL}, Slots: 1}
 	src, rerr := os.ReadFile(config)
 	switch {
 	case rerr == nil:
@@ -389,7 +401,7 @@ func parseConnect(args []string, stdout io.Writer) (final settings, logFormat, l
 		return settings{}, "", "", fmt.Errorf("config file: %v", rerr)
 	}
 	if set["url"] {
-		final.URL = s.URL
+		final.URLs = s.URLs
 	}
 	if v := getenv(workerTokenEnv); v != "" {
 		final.Token = strings.TrimSpace(v)
@@ -494,9 +506,12 @@ func parseConnect(args []string, stdout io.Writer) (final settings, logFormat, l
 	if final.Slots < 1 || final.Slots > 1024 {
 		return settings{}, "", "", fmt.Errorf("--slots %d: want 1..1024", final.Slots)
 	}
-	if final.URL, err = controlURL(final.URL); err != nil {
-		return settings{}, "", "", err
+	for i, u := range final.URLs {
+		if final.URLs[i], err = controlURL(u); err != nil {
+			return settings{}, "", "", err
+		}
 	}
+	final.URLs = slices.Compact(final.URLs)
 	if final.Name == "" {
 		final.Name, _, _ = strings.Cut(final.Token, ".")
 	}
@@ -667,7 +682,8 @@ func connectOnce(ctx context.Context, stops <-chan os.Signal, s settings, sd *wo
 		cfg.ID, cfg.Token = core.WorkerID(id), s.Token
 	}
 	d, err := worker.New(worker.Options{
-		URL:    s.URL,
+		URL:    s.URLs[0],
+		URLs:   s.URLs[1:],
 		TLS:    tlsConf,
 		Logger: log,
 		Noop:   s.Noop,
@@ -682,7 +698,7 @@ func connectOnce(ctx context.Context, stops <-chan os.Signal, s settings, sd *wo
 			if sd == nil {
 				return nil // single use: nothing to restart from
 			}
-			return sd.Save(worker.State{Worker: cfg.ID, Name: cfg.Name, Credential: cred, URL: s.URL, EnrolledAt: time.Now().UTC()})
+			return sd.Save(worker.State{Worker: cfg.ID, Name: cfg.Name, Credential: cred, URL: s.URLs[0], URLs: s.URLs, EnrolledAt: time.Now().UTC()})
 		},
 	})
 	if err != nil {
@@ -712,7 +728,7 @@ func connectOnce(ctx context.Context, stops <-chan os.Signal, s settings, sd *wo
 			}
 		}
 	}()
-	log.Info("worker starting", "worker", cfg.Name, "worker_id", string(cfg.ID), "url", s.URL, "tags", strings.Join(s.Tags, ","),
+	log.Info("worker starting", "worker", cfg.Name, "worker_id", string(cfg.ID), "url", strings.Join(s.URLs, " "), "tags", strings.Join(s.Tags, ","),
 		"slots", s.Slots, "no_reconnect", s.NoReconnect, "max_reconnect_delay", cmp.Or(s.MaxReconnectDelay, defaultMaxReconnectDelay),
 		"noop_executor", s.Noop, "step_shim", shim != "", "output_cap_bytes", cmp.Or(s.OutputCapBytes, defaultOutputCapBytes),
 		"state_file", statePath(sd), "saved_identity", saved != nil, "single_use", s.SingleUse)
@@ -759,6 +775,21 @@ func controlURL(raw string) (string, error) {
 	return u.String(), nil
 }
 
+// urlList is --url, repeatable.
+type urlList []string
+
+func (l *urlList) String() string {
+	if l == nil {
+		return ""
+	}
+	return strings.Join(*l, " ")
+}
+
+func (l *urlList) Set(v string) error {
+	*l = append(*l, v)
+	return nil
+}
+
 func splitList(s string) []string {
 	var out []string
 	for _, p := range strings.Split(s, ",") {
@@ -783,7 +814,7 @@ func parseLabels(s string) (map[string]string, error) {
 
 // loadConfig reads a worker config file over the defaults.
 func loadConfig(path string, src []byte) (settings, error) {
-	s := settings{URL: defaultURL, Slots: 1}
+	s := settings{URLs: []string{defaultURL}, Slots: 1}
 	if len(src) > maxConfigSize {
 		return s, fmt.Errorf("%s: %d bytes, at most %d", path, len(src), maxConfigSize)
 	}
@@ -822,7 +853,17 @@ func loadConfig(path string, src []byte) (settings, error) {
 		seen[k.Value] = true
 		switch k.Value {
 		case "url":
-			s.URL = scalar(v, k.Value)
+			s.URLs = nil
+			if v.Kind == yaml.SequenceNode {
+				for _, c := range v.Content {
+					s.URLs = append(s.URLs, scalar(c, "url entries"))
+				}
+			} else {
+				s.URLs = []string{scalar(v, k.Value)}
+			}
+			if len(s.URLs) == 0 {
+				errf(v, "url must be a URL or a list of them")
+			}
 		case "ca":
 			s.CA = scalar(v, k.Value)
 			if s.CA != "" && !filepath.IsAbs(s.CA) {

@@ -79,7 +79,7 @@ drain_timeout: 90s
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := settings{URL: "ws://orch:7420/control", Token: "b1.abc", Name: "b1", Tags: []string{"script", "docker"},
+	want := settings{URLs: []string{"ws://orch:7420/control"}, Token: "b1.abc", Name: "b1", Tags: []string{"script", "docker"},
 		Labels: map[string]string{"zone": "eu"}, Platform: "linux/amd64", Slots: 3, NoReconnect: true, MaxReconnectDelay: 2 * time.Second, OutputCapBytes: 2 << 20,
 		DrainTimeout: 90 * time.Second, CA: filepath.Join(filepath.Dir(cfg), "tls", "ca.pem")} // relative to the file
 	if !reflect.DeepEqual(s, want) {
@@ -113,6 +113,24 @@ drain_timeout: 90s
 	}
 }
 
+// TestURLList: the orchestrators of a highly available group (SPEC §11) as
+// a list in the config file, or --url repeated (which replaces the file's),
+// each normalized, in the order given.
+func TestURLList(t *testing.T) {
+	cfg := writeFile(t, "worker-config.yaml", "token: b1.abc\nurl: [orch-a:7420, \"http://orch-b:7420\"]\n")
+	s, _, _, err := parseConnect([]string{"--config", cfg}, io.Discard)
+	if want := []string{"ws://orch-a:7420/control", "ws://orch-b:7420/control"}; err != nil || !reflect.DeepEqual(s.URLs, want) {
+		t.Errorf("url list in the file: %q, %v; want %q", s.URLs, err, want)
+	}
+	s, _, _, err = parseConnect([]string{"--config", cfg, "--url", "ws://c:1/control", "--url", "d:2"}, io.Discard)
+	if want := []string{"ws://c:1/control", "ws://d:2/control"}; err != nil || !reflect.DeepEqual(s.URLs, want) {
+		t.Errorf("--url twice over the file: %q, %v; want %q", s.URLs, err, want)
+	}
+	if _, _, _, err := parseConnect([]string{"--config", cfg, "--url", "ws://c:1/control", "--url", "ftp://x"}, io.Discard); err == nil {
+		t.Error("a bad second --url: no error")
+	}
+}
+
 func TestConfigFileErrors(t *testing.T) {
 	for name, c := range map[string]struct{ src, want string }{
 		"unknown key": {"token: a.b\nslot: 2\n", "worker-config.yaml:2: unknown key \"slot\""},
@@ -126,6 +144,7 @@ func TestConfigFileErrors(t *testing.T) {
 		"tiny cap":    {"output_cap: 100\n", "worker-config.yaml:1: output_cap must be a size"},
 		"not a map":   {"- a\n", "worker-config.yaml:1: worker config must be a mapping"},
 		"twice":       {"name: a\nname: b\n", "worker-config.yaml:2: key \"name\" appears twice"},
+		"no urls":     {"url: []\n", "worker-config.yaml:1: url must be"},
 	} {
 		p := writeFile(t, "worker-config.yaml", c.src)
 		_, _, _, err := parseConnect([]string{"--config", p}, io.Discard)
