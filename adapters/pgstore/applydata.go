@@ -290,7 +290,7 @@ func (d *dataTx) apply(op store.DataOp) (store.DataResult, error) {
 			d.files.offs, d.files.sizes = append(d.files.offs, op.Files[p].Offset), append(d.files.sizes, op.Files[p].Size)
 		}
 	case store.OpSecretPut:
-		v, err := d.s.seal(op.ID, op.Body)
+		v, err := d.s.keys.Seal(op.ID, op.Body)
 		if err != nil {
 			return r, err
 		}

@@ -74,7 +74,7 @@ func (s *Store) checkOp(op store.DataOp) error {
 			return fmt.Errorf("%w: a secret op with no name or value", store.ErrBadOp)
 		}
 		if op.Kind == store.OpSecretPut {
-			if _, err := s.gcm(); err != nil {
+			if err := s.keys.Keyed(); err != nil {
 				return err
 			}
 		}

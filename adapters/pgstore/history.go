@@ -39,8 +39,8 @@ func (s *Store) historyRow(id core.RunID, v []byte) (histRow, error) {
 	if err != nil {
 		return histRow{}, err
 	}
-	if key := core.HistoryKey(id); s.sealsRecord(key) {
-		if v, err = s.seal(key, v); err != nil {
+	if key := core.HistoryKey(id); s.keys.SealsRecord(key) {
+		if v, err = s.keys.Seal(key, v); err != nil {
 			return histRow{}, err
 		}
 	}
@@ -51,8 +51,8 @@ func (s *Store) historyRow(id core.RunID, v []byte) (histRow, error) {
 // decodeHistory decodes a stored history value, opening it if sealed.
 func (s *Store) decodeHistory(run core.RunID, v []byte) (core.RunHistory, error) {
 	var h core.RunHistory
-	if sealed(v) {
-		plain, err := s.open(core.HistoryKey(run), v)
+	if store.Sealed(v) {
+		plain, err := s.keys.Open(core.HistoryKey(run), v)
 		if err != nil {
 			return h, err
 		}

@@ -23,7 +23,6 @@ package pgstore
 
 import (
 	"context"
-	"crypto/cipher"
 	"errors"
 	"fmt"
 	"sort"
@@ -71,7 +70,7 @@ type Store struct {
 	unsure   map[string]bool // released blobs to collect unless a record names them
 	creating int             // WriteBlobs under way
 
-	aead atomic.Pointer[cipher.AEAD] // the secrets key (secrets.go)
+	keys store.Sealer // the secrets key (secrets.go)
 
 	dataMu sync.Mutex // one ApplyWithData at a time decides on its reads (applydata.go)
 }
@@ -360,9 +359,9 @@ func (s *Store) queueRecords(b *pgx.Batch, recs []core.Record) error {
 				continue
 			}
 			v := r.Value
-			if s.sealsRecord(r.Key) {
+			if s.keys.SealsRecord(r.Key) {
 				var err error
-				if v, err = s.seal(r.Key, v); err != nil {
+				if v, err = s.keys.Seal(r.Key, v); err != nil {
 					return err
 				}
 			}
@@ -440,8 +439,8 @@ func (s *Store) Load() ([]core.Record, error) {
 			rows.Close()
 			return nil, fmt.Errorf("pgstore: load: %w", err)
 		}
-		if strings.HasPrefix(r.Key, core.KindRun+"/") && sealed(r.Value) {
-			if r.Value, err = s.open(r.Key, r.Value); err != nil {
+		if strings.HasPrefix(r.Key, core.KindRun+"/") && store.Sealed(r.Value) {
+			if r.Value, err = s.keys.Open(r.Key, r.Value); err != nil {
 				rows.Close()
 				return nil, fmt.Errorf("pgstore: load: %w", err)
 			}

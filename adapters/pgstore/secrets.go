@@ -11,91 +11,20 @@ package pgstore
 
 import (
 	"context"
-	"crypto/aes"
-	"crypto/cipher"
-	"crypto/rand"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"strings"
 
 	"github.com/jackc/pgx/v5"
 
 	"github.com/tether-run/tether/adapters/store"
-	"github.com/tether-run/tether/core"
 )
-
-const sealVersion = 1
 
 func jsonUnmarshal(b []byte, v any) error { return json.Unmarshal(b, v) }
 
 // SetSecretsKey gives the store its secrets key (store.SecretsKeySize
 // bytes), once, before it serves secrets.
-func (s *Store) SetSecretsKey(key []byte) error {
-	if len(key) != store.SecretsKeySize {
-		return fmt.Errorf("pgstore: a secrets key is %d bytes, not %d", store.SecretsKeySize, len(key))
-	}
-	block, err := aes.NewCipher(key)
-	if err != nil {
-		return err
-	}
-	g, err := cipher.NewGCM(block)
-	if err != nil {
-		return err
-	}
-	s.aead.Store(&g)
-	return nil
-}
-
-func (s *Store) gcm() (cipher.AEAD, error) {
-	g := s.aead.Load()
-	if g == nil {
-		return nil, store.ErrNoSecretsKey
-	}
-	return *g, nil
-}
-
-func (s *Store) seal(name string, plain []byte) ([]byte, error) {
-	g, err := s.gcm()
-	if err != nil {
-		return nil, err
-	}
-	out := make([]byte, 1+g.NonceSize(), 1+g.NonceSize()+len(plain)+g.Overhead())
-	out[0] = sealVersion
-	if _, err := rand.Read(out[1:]); err != nil {
-		return nil, fmt.Errorf("pgstore: nonce: %w", err)
-	}
-	return g.Seal(out, out[1:], plain, []byte(name)), nil
-}
-
-func (s *Store) open(name string, sealed []byte) ([]byte, error) {
-	g, err := s.gcm()
-	if err != nil {
-		return nil, err
-	}
-	if len(sealed) < 1+g.NonceSize() || sealed[0] != sealVersion {
-		return nil, fmt.Errorf("%w: %q is not a sealed value", store.ErrSecretsKey, name)
-	}
-	n := 1 + g.NonceSize()
-	plain, err := g.Open(nil, sealed[1:n], sealed[n:], []byte(name))
-	if err != nil {
-		return nil, fmt.Errorf("%w (%q)", store.ErrSecretsKey, name)
-	}
-	return plain, nil
-}
-
-// sealsRecord says whether a record of this key is sealed: a run's record
-// or history, once the store has a key.
-func (s *Store) sealsRecord(key string) bool {
-	if s.aead.Load() == nil {
-		return false
-	}
-	return strings.HasPrefix(key, core.KindRun+"/") || strings.HasPrefix(key, core.KindHistory+"/")
-}
-
-// sealed says whether a run's record or history value is sealed (a plain
-// one is JSON, starting with '{').
-func sealed(v []byte) bool { return len(v) > 0 && v[0] == sealVersion }
+func (s *Store) SetSecretsKey(key []byte) error { return s.keys.SetKey(key) }
 
 // HoldsSealed says whether the database holds a value sealed with a key:
 // a secret, or a run's record or history (the first of each tells: all are
@@ -123,5 +52,5 @@ func (s *Store) Secret(name string) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	return s.open(name, v)
+	return s.keys.Open(name, v)
 }

@@ -259,8 +259,8 @@ func checkRecordValues(c *checker) {
 			c.problem(core.Quote(key), "is in bucket %s, not %s", name, want)
 		}
 		kind, id, _ := strings.Cut(key, "/")
-		if kind == core.KindRun && sealed(v) { // secrets.go
-			plain, err := c.keyed.open(key, v)
+		if kind == core.KindRun && Sealed(v) { // secrets.go
+			plain, err := c.keyed.keys.Open(key, v)
 			if err != nil {
 				c.problem(core.Quote(key), "is sealed and does not open: %v", err)
 				return

@@ -395,7 +395,7 @@ func (s *Store) checkOp(op DataOp) error {
 			return fmt.Errorf("%w: a secret op with no name or value", ErrBadOp)
 		}
 		if op.Kind == OpSecretPut {
-			if _, err := s.gcm(); err != nil {
+			if err := s.keys.Keyed(); err != nil {
 				return err
 			}
 		}

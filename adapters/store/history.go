@@ -304,7 +304,7 @@ func putHistory(tx *bolt.Tx, r core.Record, sl *Store) error {
 	}
 	v := compressHistory(r.Value)
 	if sl.sealsRecord(r.Key) { // a run's history carries its env: (secrets.go)
-		if v, err = sl.seal(r.Key, v); err != nil {
+		if v, err = sl.keys.Seal(r.Key, v); err != nil {
 			return err
 		}
 	}

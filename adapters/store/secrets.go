@@ -9,8 +9,6 @@ package store
 // carries ciphertext only.
 
 import (
-	"crypto/aes"
-	"crypto/cipher"
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
@@ -106,60 +104,7 @@ func ReadKeyFile(path string) ([]byte, error) {
 
 // SetSecretsKey gives the store its secrets key (SecretsKeySize bytes).
 // Call it once, before the store serves secrets.
-func (s *Store) SetSecretsKey(key []byte) error {
-	if len(key) != SecretsKeySize {
-		return fmt.Errorf("store: a secrets key is %d bytes, not %d", SecretsKeySize, len(key))
-	}
-	block, err := aes.NewCipher(key)
-	if err != nil {
-		return err
-	}
-	g, err := cipher.NewGCM(block)
-	if err != nil {
-		return err
-	}
-	s.aead.Store(&g)
-	return nil
-}
-
-func (s *Store) gcm() (cipher.AEAD, error) {
-	g := s.aead.Load()
-	if g == nil {
-		return nil, ErrNoSecretsKey
-	}
-	return *g, nil
-}
-
-// seal encrypts plain with the name as additional data.
-func (s *Store) seal(name string, plain []byte) ([]byte, error) {
-	g, err := s.gcm()
-	if err != nil {
-		return nil, err
-	}
-	out := make([]byte, 1+g.NonceSize(), 1+g.NonceSize()+len(plain)+g.Overhead())
-	out[0] = sealVersion
-	if _, err := rand.Read(out[1:]); err != nil {
-		return nil, fmt.Errorf("store: nonce: %w", err)
-	}
-	return g.Seal(out, out[1:], plain, []byte(name)), nil
-}
-
-// open decrypts a sealed value stored under name.
-func (s *Store) open(name string, sealed []byte) ([]byte, error) {
-	g, err := s.gcm()
-	if err != nil {
-		return nil, err
-	}
-	if len(sealed) < 1+g.NonceSize() || sealed[0] != sealVersion {
-		return nil, fmt.Errorf("%w: %q is not a sealed value", ErrSecretsKey, name)
-	}
-	n := 1 + g.NonceSize()
-	plain, err := g.Open(nil, sealed[1:n], sealed[n:], []byte(name))
-	if err != nil {
-		return nil, fmt.Errorf("%w (%q)", ErrSecretsKey, name)
-	}
-	return plain, nil
-}
+func (s *Store) SetSecretsKey(key []byte) error { return s.keys.SetKey(key) }
 
 // putSecret seals op.Body under op.ID in tx.
 func (s *Store) putSecret(tx *bolt.Tx, op DataOp) error {
@@ -167,7 +112,7 @@ func (s *Store) putSecret(tx *bolt.Tx, op DataOp) error {
 	if err != nil {
 		return err
 	}
-	sealed, err := s.seal(op.ID, op.Body)
+	sealed, err := s.keys.Seal(op.ID, op.Body)
 	if err != nil {
 		return err
 	}
@@ -197,7 +142,7 @@ func (s *Store) Secret(name string) ([]byte, error) {
 	if len(sealed) == 0 {
 		return nil, fmt.Errorf("%w: secret %q", ErrNotFound, name)
 	}
-	return s.open(name, sealed)
+	return s.keys.Open(name, sealed)
 }
 
 // The workflow's env: at rest. A run's record (run/ID) and its history
@@ -212,20 +157,15 @@ func (s *Store) Secret(name string) ([]byte, error) {
 // being read.
 
 // sealsRecord says whether a record of this key is sealed by s.
-func (s *Store) sealsRecord(key string) bool {
-	if s == nil || s.aead.Load() == nil {
-		return false
-	}
-	return strings.HasPrefix(key, core.KindRun+"/") || strings.HasPrefix(key, core.KindHistory+"/")
-}
+func (s *Store) sealsRecord(key string) bool { return s != nil && s.keys.SealsRecord(key) }
 
-// sealed says whether a run's record or history value is sealed.
-func sealed(v []byte) bool { return len(v) > 0 && v[0] == sealVersion }
+// Sealed says whether a run's record or history value is sealed.
+func Sealed(v []byte) bool { return len(v) > 0 && v[0] == sealVersion }
 
 // decodeHistory decodes a history value of run, opening it if sealed.
 func (s *Store) decodeHistory(run core.RunID, v []byte) (core.RunHistory, error) {
-	if sealed(v) {
-		plain, err := s.open(core.HistoryKey(run), v)
+	if Sealed(v) {
+		plain, err := s.keys.Open(core.HistoryKey(run), v)
 		if err != nil {
 			return core.RunHistory{}, err
 		}
@@ -274,7 +214,7 @@ func holdsSealed(db *bolt.DB) bool {
 		for _, name := range [][]byte{bktSecret, bktRuns, bktHistory} {
 			if b := tx.Bucket(name); b != nil {
 				k, v := b.Cursor().First()
-				found = found || (k != nil && sealed(v))
+				found = found || (k != nil && Sealed(v))
 			}
 		}
 		return nil
@@ -299,10 +239,10 @@ func checkSecrets(c *checker) {
 		c.count("secrets", 1)
 		where := "secret " + core.Quote(string(k))
 		switch {
-		case !sealed(v):
+		case !Sealed(v):
 			c.problem(where, "its value is not sealed")
-		case c.keyed.aead.Load() != nil:
-			if _, err := c.keyed.open(string(k), v); err != nil {
+		case c.keyed.keys.Keyed() == nil:
+			if _, err := c.keyed.keys.Open(string(k), v); err != nil {
 				c.problem(where, "does not open: %v", err)
 			}
 		}

@@ -15,12 +15,10 @@ package store
 
 import (
 	"bytes"
-	"crypto/cipher"
 	"errors"
 	"fmt"
 	"sort"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
@@ -93,7 +91,7 @@ type Store struct {
 	creating int             // WriteBlobs under way
 	holds    int             // Backups under way: no blob is collected (tools.go)
 
-	aead atomic.Pointer[cipher.AEAD] // the secrets key (secrets.go); nil: none
+	keys Sealer // the secrets key (seal.go, secrets.go); none until SetSecretsKey
 }
 
 // Open opens (creating if needed) the store file at path, and its blob
@@ -204,7 +202,7 @@ func putRecords(tx *bolt.Tx, recs []core.Record, sl *Store) error {
 		case core.IsHistoryKey(r.Key):
 			err = putHistory(tx, r, sl)
 		case !r.Delete && sl.sealsRecord(r.Key):
-			if r.Value, err = sl.seal(r.Key, r.Value); err == nil {
+			if r.Value, err = sl.keys.Seal(r.Key, r.Value); err == nil {
 				err = putIn(tx.Bucket(bktRuns), r)
 			}
 		case isLogKey(r.Key):
@@ -238,8 +236,8 @@ func (s *Store) Load() ([]core.Record, error) {
 		var leases [][]byte
 		for _, name := range liveBuckets {
 			err := tx.Bucket(name).ForEach(func(k, v []byte) error {
-				if bytes.Equal(name, bktRuns) && sealed(v) { // a run's record, sealed (secrets.go)
-					plain, err := s.open(string(k), v)
+				if bytes.Equal(name, bktRuns) && Sealed(v) { // a run's record, sealed (secrets.go)
+					plain, err := s.keys.Open(string(k), v)
 					if err != nil {
 						return err
 					}
