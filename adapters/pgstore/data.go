@@ -241,7 +241,7 @@ func (s *Store) QueryData(q store.DataQuery) ([]store.DataMeta, string, error) {
 			if err := json.Unmarshal(v, &m); err != nil {
 				return fmt.Errorf("data %q: %w", id, err)
 			}
-			if matches(q, m) {
+			if q.Matches(m) {
 				out = append(out, m)
 			}
 		}
@@ -251,20 +251,6 @@ func (s *Store) QueryData(q store.DataQuery) ([]store.DataMeta, string, error) {
 		return nil, "", err
 	}
 	return out, next, nil
-}
-
-func matches(q store.DataQuery, m store.DataMeta) bool {
-	switch {
-	case q.Run != "" && m.Run != q.Run, q.Step != "" && m.Step != q.Step,
-		!q.Since.IsZero() && m.Created.Before(q.Since), !q.Until.IsZero() && !m.Created.Before(q.Until):
-		return false
-	}
-	for k, v := range q.Attrs {
-		if m.Attributes[k] != v {
-			return false
-		}
-	}
-	return true
 }
 
 // Stream returns the metadata of id's append stream.
@@ -343,36 +329,16 @@ func (s *Store) BundleReader(m store.BundleMeta, offset, size int64) io.ReadClos
 // StreamReader reads id's stream from offset up to end, one query per
 // append read.
 func (s *Store) StreamReader(id string, offset, end int64) io.Reader {
-	return &streamReader{s: s, id: id, pos: offset, end: end}
-}
-
-type streamReader struct {
-	s        *Store
-	id       string
-	pos, end int64
-	buf      []byte
-	bufAt    int64
-}
-
-func (r *streamReader) Read(p []byte) (int, error) {
-	if r.pos >= r.end {
-		return 0, io.EOF
-	}
-	if r.buf == nil || r.pos < r.bufAt || r.pos >= r.bufAt+int64(len(r.buf)) {
-		err := r.s.read(func(ctx context.Context, tx pgx.Tx) error {
+	return store.AppendReader(id, offset, end, func(pos int64, buf []byte) (int64, []byte, error) {
+		var at int64
+		err := s.read(func(ctx context.Context, tx pgx.Tx) error {
 			// The append that holds pos started at or before it.
 			return tx.QueryRow(ctx, "SELECT off, bytes FROM tether_stream_chunk WHERE id = $1 AND off <= $2 ORDER BY off DESC LIMIT 1",
-				r.id, r.pos).Scan(&r.bufAt, &r.buf)
+				id, pos).Scan(&at, &buf)
 		})
-		if errors.Is(err, pgx.ErrNoRows) || err == nil && (r.pos < r.bufAt || r.pos >= r.bufAt+int64(len(r.buf))) {
-			return 0, fmt.Errorf("pgstore: stream %q has no bytes at %d", r.id, r.pos)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return 0, nil, store.ErrNotFound
 		}
-		if err != nil {
-			return 0, err
-		}
-	}
-	from := r.pos - r.bufAt
-	n := copy(p, r.buf[from:min(int64(len(r.buf)), r.end-r.bufAt)])
-	r.pos += int64(n)
-	return n, nil
+		return at, buf, err
+	})
 }

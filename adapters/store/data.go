@@ -731,40 +731,55 @@ func (r *chunkReader) Read(p []byte) (int, error) {
 // Stream: what was appended later is not read), one short read transaction
 // per append read.
 func (s *Store) StreamReader(id string, offset, end int64) io.Reader {
-	return &streamReader{s: s, id: id, pos: offset, end: end}
+	return AppendReader(id, offset, end, func(pos int64, buf []byte) (int64, []byte, error) { return s.streamChunk(id, pos, buf) })
 }
 
-type streamReader struct {
-	s        *Store
+// streamChunk reads the append of stream id that holds pos.
+func (s *Store) streamChunk(id string, pos int64, buf []byte) (int64, []byte, error) {
+	var at int64
+	err := s.db.View(func(tx *bolt.Tx) error {
+		c := tx.Bucket(bktStreamChunk).Cursor()
+		k, v := seekAtOrBefore(c, offsetKey(id, pos)) // the append that holds pos started at or before it
+		prefix := append([]byte(id), 0)
+		if k == nil || !bytes.HasPrefix(k, prefix) || len(k) != len(prefix)+8 {
+			return ErrNotFound
+		}
+		at = int64(binary.BigEndian.Uint64(k[len(prefix):]))
+		buf = append(buf[:0], v...)
+		return nil
+	})
+	return at, buf, s.mapErr(err)
+}
+
+// AppendReader reads a stream's bytes in [offset, end) one append at a
+// time: fetch(pos, buf) returns the append holding pos (its offset, its
+// bytes, reusing buf) or ErrNotFound if none does. Every backend reads its
+// streams with it.
+func AppendReader(id string, offset, end int64, fetch func(pos int64, buf []byte) (int64, []byte, error)) io.Reader {
+	return &appendReader{id: id, pos: offset, end: end, fetch: fetch}
+}
+
+type appendReader struct {
 	id       string
 	pos, end int64
 	buf      []byte
 	bufAt    int64
+	fetch    func(pos int64, buf []byte) (int64, []byte, error)
 }
 
-func (r *streamReader) Read(p []byte) (int, error) {
+func (r *appendReader) Read(p []byte) (int, error) {
 	if r.pos >= r.end {
 		return 0, io.EOF
 	}
 	if r.buf == nil || r.pos < r.bufAt || r.pos >= r.bufAt+int64(len(r.buf)) {
-		err := r.s.db.View(func(tx *bolt.Tx) error {
-			c := tx.Bucket(bktStreamChunk).Cursor()
-			want := offsetKey(r.id, r.pos)
-			k, v := seekAtOrBefore(c, want) // the append that holds pos started at or before it
-			prefix := append([]byte(r.id), 0)
-			if k == nil || !bytes.HasPrefix(k, prefix) || len(k) != len(prefix)+8 {
-				return fmt.Errorf("store: stream %q has no bytes at %d", r.id, r.pos)
-			}
-			r.bufAt = int64(binary.BigEndian.Uint64(k[len(prefix):]))
-			r.buf = append(r.buf[:0], v...)
-			return nil
-		})
-		if err != nil {
-			return 0, r.s.mapErr(err)
-		}
-		if r.pos < r.bufAt || r.pos >= r.bufAt+int64(len(r.buf)) {
+		at, buf, err := r.fetch(r.pos, r.buf)
+		if errors.Is(err, ErrNotFound) || err == nil && (r.pos < at || r.pos >= at+int64(len(buf))) {
 			return 0, fmt.Errorf("store: stream %q has no bytes at %d", r.id, r.pos)
 		}
+		if err != nil {
+			return 0, err
+		}
+		r.bufAt, r.buf = at, buf
 	}
 	from := r.pos - r.bufAt
 	n := copy(p, r.buf[from:min(int64(len(r.buf)), r.end-r.bufAt)])

@@ -306,7 +306,7 @@ func (s *Store) QueryData(q DataQuery) ([]DataMeta, string, error) {
 			if err := json.Unmarshal(v, &m); err != nil {
 				return fmt.Errorf("data %q: %w", k, err)
 			}
-			if q.matches(m) {
+			if q.Matches(m) {
 				out = append(out, m)
 			}
 		}
@@ -318,7 +318,9 @@ func (s *Store) QueryData(q DataQuery) ([]DataMeta, string, error) {
 	return out, next, nil
 }
 
-func (q DataQuery) matches(m DataMeta) bool {
+// Matches says whether version m passes q's filters other than the id
+// prefix (run, step, time range, attributes).
+func (q DataQuery) Matches(m DataMeta) bool {
 	switch {
 	case q.Run != "" && m.Run != q.Run, q.Step != "" && m.Step != q.Step,
 		!q.Since.IsZero() && m.Created.Before(q.Since), !q.Until.IsZero() && !m.Created.Before(q.Until):
