@@ -1,14 +1,17 @@
 package pgstore
 
 // Blobs (SPEC §14) in the database: a blob is a row of tether_blob (its
-// SHA-256 and size) and its bytes in ChunkSize rows of tether_blob_chunk,
-// so no value is one huge bytea. WriteBlob streams a body into chunks in
-// one transaction of its own, off the driver's loop, hashing as it goes;
-// the chunks are written under a temporary name and renamed to the
-// SHA-256 at the end, or dropped if that blob is already there. A blob is
-// named when a data version or a bundle names it; one no record names and
-// no write pins is collected, as the bbolt store's are (pins and the
-// collection are this process's: only the leader writes).
+// SHA-256, its size, the name of its chunks) and its bytes in ChunkSize
+// rows of tether_blob_chunk, so no value is one huge bytea. WriteBlob
+// streams a body off the driver's loop, hashing as it goes, each chunk in
+// a short transaction of its own under a new random name (no connection
+// is held while the body arrives), then names the blob in one more: its
+// row is inserted, or, when the same bytes are there already, the new
+// chunks are deleted. A blob is named when a data version or a bundle
+// names it; one no record names and no write pins is collected, as the
+// bbolt store's are. Pins are this process's (only the leader writes);
+// Open removes the chunks no blob row names (writes a crash or a
+// deposed leader left unfinished).
 
 import (
 	"context"
@@ -45,63 +48,65 @@ func (s *Store) WriteBlob(r io.Reader, limit int64) (store.BlobRef, error) {
 }
 
 func (s *Store) createBlob(r io.Reader, limit int64) (store.BlobRef, error) {
-	var tmp [16]byte
-	rand.Read(tmp[:])
-	name := "tmp-" + hex.EncodeToString(tmp[:])
-	var ref store.BlobRef
-	err := s.write(func(ctx context.Context, tx pgx.Tx) error {
-		h := sha256.New()
-		buf := make([]byte, ChunkSize)
-		var n int64
-		for i := 0; ; i++ {
-			k, err := io.ReadFull(r, buf)
-			if k > 0 {
-				n += int64(k)
-				if n > limit {
-					return fmt.Errorf("%w of %d bytes", store.ErrTooLarge, limit)
-				}
-				h.Write(buf[:k])
-				if _, err := tx.Exec(ctx, "INSERT INTO tether_blob_chunk (sha, n, bytes) VALUES ($1, $2, $3)", name, i, buf[:k]); err != nil {
-					return err
-				}
-			}
-			if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
-				break
-			}
-			if err != nil {
-				return readErr{err}
-			}
-		}
-		ref = store.BlobRef{SHA256: hex.EncodeToString(h.Sum(nil)), Size: n}
-		// Same name, same bytes: a blob already there is kept as it is.
-		tag, err := tx.Exec(ctx, "INSERT INTO tether_blob (sha, size) VALUES ($1, $2) ON CONFLICT (sha) DO NOTHING", ref.SHA256, n)
-		if err != nil {
+	var id [16]byte
+	rand.Read(id[:])
+	chunks := hex.EncodeToString(id[:])
+	drop := func() { // best effort: Open collects what is left
+		s.write(func(ctx context.Context, tx pgx.Tx) error {
+			_, err := tx.Exec(ctx, "DELETE FROM tether_blob_chunk WHERE chunks = $1", chunks)
 			return err
+		})
+	}
+	h := sha256.New()
+	buf := make([]byte, ChunkSize)
+	var n int64
+	for i := 0; ; i++ {
+		k, err := io.ReadFull(r, buf)
+		if k > 0 {
+			if n += int64(k); n > limit {
+				drop()
+				return store.BlobRef{}, fmt.Errorf("%w of %d bytes", store.ErrTooLarge, limit)
+			}
+			h.Write(buf[:k])
+			werr := s.write(func(ctx context.Context, tx pgx.Tx) error {
+				_, err := tx.Exec(ctx, "INSERT INTO tether_blob_chunk (chunks, n, bytes) VALUES ($1, $2, $3)", chunks, i, buf[:k])
+				return err
+			})
+			if werr != nil {
+				drop()
+				return store.BlobRef{}, blobErr(werr)
+			}
 		}
-		if tag.RowsAffected() == 0 {
-			_, err = tx.Exec(ctx, "DELETE FROM tether_blob_chunk WHERE sha = $1", name)
-		} else {
-			_, err = tx.Exec(ctx, "UPDATE tether_blob_chunk SET sha = $1 WHERE sha = $2", ref.SHA256, name)
+		if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
+			break
+		}
+		if err != nil {
+			drop()
+			return store.BlobRef{}, err // the reader's error, as it is
+		}
+	}
+	ref := store.BlobRef{SHA256: hex.EncodeToString(h.Sum(nil)), Size: n}
+	err := s.write(func(ctx context.Context, tx pgx.Tx) error {
+		// Same name, same bytes: a blob already there is kept as it is.
+		tag, err := tx.Exec(ctx, "INSERT INTO tether_blob (sha, size, chunks) VALUES ($1, $2, $3) ON CONFLICT (sha) DO NOTHING", ref.SHA256, n, chunks)
+		if err == nil && tag.RowsAffected() == 0 {
+			_, err = tx.Exec(ctx, "DELETE FROM tether_blob_chunk WHERE chunks = $1", chunks)
 		}
 		return err
 	})
-	var re readErr
-	if errors.As(err, &re) {
-		return store.BlobRef{}, re.err // the reader's error, as it is
-	}
 	if err != nil {
-		if errors.Is(err, store.ErrTooLarge) || errors.Is(err, store.ErrClosed) || errors.Is(err, store.ErrDeposed) {
-			return store.BlobRef{}, err
-		}
-		return store.BlobRef{}, fmt.Errorf("pgstore: write blob: %w", err)
+		drop()
+		return store.BlobRef{}, blobErr(err)
 	}
 	return ref, nil
 }
 
-// readErr is the body reader's error, passed through the transaction.
-type readErr struct{ err error }
-
-func (e readErr) Error() string { return e.err.Error() }
+func blobErr(err error) error {
+	if errors.Is(err, store.ErrClosed) || errors.Is(err, store.ErrDeposed) {
+		return err
+	}
+	return fmt.Errorf("pgstore: write blob: %w", err)
+}
 
 // ReleaseBlob unpins a blob WriteBlob returned; a blob no record names and
 // no other write pinned is then removed.
@@ -151,7 +156,7 @@ func (s *Store) removeUnnamed(shas []string) (int, error) {
 	err := s.write(func(ctx context.Context, tx pgx.Tx) error {
 		rows, err := tx.Query(ctx, `DELETE FROM tether_blob b WHERE sha = ANY($1::text[])
 			AND NOT EXISTS (SELECT 1 FROM tether_data d WHERE d.sha = b.sha)
-			AND NOT EXISTS (SELECT 1 FROM tether_bundle u WHERE u.fp = b.sha) RETURNING sha`, shas)
+			AND NOT EXISTS (SELECT 1 FROM tether_bundle u WHERE u.fp = b.sha) RETURNING chunks`, shas)
 		if err != nil {
 			return err
 		}
@@ -161,7 +166,7 @@ func (s *Store) removeUnnamed(shas []string) (int, error) {
 		}
 		n = len(gone)
 		if n > 0 {
-			_, err = tx.Exec(ctx, "DELETE FROM tether_blob_chunk WHERE sha = ANY($1::text[])", gone)
+			_, err = tx.Exec(ctx, "DELETE FROM tether_blob_chunk WHERE chunks = ANY($1::text[])", gone)
 		}
 		return err
 	})
@@ -202,8 +207,9 @@ func (s *Store) OpenBlob(sha string) (io.ReadSeekCloser, error) {
 		return nil, err
 	}
 	var size int64
+	var chunks string
 	err := s.read(func(ctx context.Context, tx pgx.Tx) error {
-		return tx.QueryRow(ctx, "SELECT size FROM tether_blob WHERE sha = $1", sha).Scan(&size)
+		return tx.QueryRow(ctx, "SELECT size, chunks FROM tether_blob WHERE sha = $1", sha).Scan(&size, &chunks)
 	})
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, fmt.Errorf("%w: blob %s", store.ErrNotFound, sha)
@@ -211,7 +217,7 @@ func (s *Store) OpenBlob(sha string) (io.ReadSeekCloser, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &blobReader{s: s, sha: sha, size: size}, nil
+	return &blobReader{s: s, sha: sha, chunks: chunks, size: size}, nil
 }
 
 // section reads n bytes of blob sha from off.
@@ -219,10 +225,12 @@ func (s *Store) section(sha string, off, n int64) io.ReadCloser {
 	return &blobReader{s: s, sha: sha, size: off + n, pos: off}
 }
 
-// blobReader reads a blob a chunk (one query) at a time.
+// blobReader reads a blob a chunk (one query) at a time; it finds the
+// name of the blob's chunks at its first read when not given it.
 type blobReader struct {
 	s         *Store
 	sha       string
+	chunks    string
 	size, pos int64
 	buf       []byte
 	bufAt     int64
@@ -235,7 +243,12 @@ func (r *blobReader) Read(p []byte) (int, error) {
 	if r.buf == nil || r.pos < r.bufAt || r.pos >= r.bufAt+int64(len(r.buf)) {
 		n := r.pos / ChunkSize
 		err := r.s.read(func(ctx context.Context, tx pgx.Tx) error {
-			return tx.QueryRow(ctx, "SELECT bytes FROM tether_blob_chunk WHERE sha = $1 AND n = $2", r.sha, n).Scan(&r.buf)
+			if r.chunks == "" {
+				if err := tx.QueryRow(ctx, "SELECT chunks FROM tether_blob WHERE sha = $1", r.sha).Scan(&r.chunks); err != nil {
+					return err
+				}
+			}
+			return tx.QueryRow(ctx, "SELECT bytes FROM tether_blob_chunk WHERE chunks = $1 AND n = $2", r.chunks, n).Scan(&r.buf)
 		})
 		if errors.Is(err, pgx.ErrNoRows) {
 			return 0, fmt.Errorf("pgstore: chunk %d of blob %s is missing", n, r.sha)

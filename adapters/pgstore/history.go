@@ -2,8 +2,9 @@ package pgstore
 
 // The history of archived runs (SPEC §7a), the log lines and the audit
 // log (SPEC §15a): Apply routes a record by its key's kind, as the bbolt
-// store does: live state to tether_record, log lines to tether_log (with
-// their lease's id, so Load joins the live leases' lines), archived runs to
+// store does: live state to tether_record, log lines to tether_log (a
+// lease's lines are the range of keys "log/<lease>/…": Load and HistoryLogs
+// read them with one index range each), archived runs to
 // tether_history with the columns their listing filters on (the summary
 // derived once, store.SummaryOf), audit entries to tether_audit. PostgreSQL
 // compresses a history's JSON itself (TOAST) unless it is sealed.
@@ -97,7 +98,9 @@ func (s *Store) HistoryLogs(leases []core.LeaseID, after string, limit int) ([]c
 	sort.Strings(ids)
 	var recs []core.Record
 	err := s.read(func(ctx context.Context, tx pgx.Tx) error {
-		rows, err := tx.Query(ctx, "SELECT key, value FROM tether_log WHERE lease = ANY($1::text[]) AND key > $2 ORDER BY key LIMIT $3", ids, after, limit+1)
+		rows, err := tx.Query(ctx, `SELECT l.key, l.value FROM unnest($1::text[]) AS q(lease)
+			JOIN tether_log l ON l.key >= 'log/' || q.lease || '/' AND l.key < 'log/' || q.lease || '0'
+			WHERE l.key > $2 ORDER BY l.key LIMIT $3`, ids, after, limit+1)
 		if err != nil {
 			return err
 		}

@@ -11,12 +11,14 @@
 // written, unless the epoch is the Store's; the caller gets an error
 // wrapping store.ErrDeposed. Apply of an empty batch is then the proof of
 // leadership on its own: the driver calls it before any group that leaves
-// without records.
+// without records, and it reads the epoch without a transaction of its
+// own to commit.
 //
 // Apply, the driver's hot path, is one round trip: the fence, one
 // multi-row upsert and one delete per table the batch touches, sent as one
-// pgx.Batch, which PostgreSQL runs as one implicit transaction (committed,
-// and with synchronous_commit=on flushed, before it answers).
+// pgx.Batch, which PostgreSQL runs as one implicit transaction, committed
+// and flushed before it answers: the Store's sessions run with
+// synchronous_commit=on (or what the URL asks beyond it; off is refused).
 package pgstore
 
 import (
@@ -46,6 +48,10 @@ type Options struct {
 	Epoch uint64
 }
 
+// DefaultMaxConns is the pool's size unless the store URL sets
+// pool_max_conns.
+const DefaultMaxConns = 16
+
 // MaxKeyLength bounds a record's key: a PostgreSQL index entry holds at
 // most about a third of a page.
 const MaxKeyLength = 2000
@@ -66,17 +72,71 @@ type Store struct {
 	creating int             // WriteBlobs under way
 
 	aead atomic.Pointer[cipher.AEAD] // the secrets key (secrets.go)
+
+	dataMu sync.Mutex // one ApplyWithData at a time decides on its reads (applydata.go)
 }
 
 var _ store.Backend = (*Store)(nil)
 
 // Open connects to the database at dsn, runs the migrations it lacks
-// (schema.go) and collects the blobs no record names.
+// (schema.go) and collects the blobs no record names and what unfinished
+// blob writes left. Only the orchestrator that writes opens a Store (alone
+// with no epoch, or the leader with its epoch): that collection would take
+// the blobs a running leader is writing. A standby runs Migrate.
 func Open(ctx context.Context, dsn string, o Options) (*Store, error) {
+	pool, err := connect(ctx, dsn)
+	if err != nil {
+		return nil, err
+	}
+	s := &Store{pool: pool, epoch: int64(o.Epoch), pins: map[string]int{}, unsure: map[string]bool{}}
+	s.ctx, s.cancel = context.WithCancel(context.Background())
+	if err := s.write(func(ctx context.Context, tx pgx.Tx) error {
+		_, err := tx.Exec(ctx, `DELETE FROM tether_blob_chunk c WHERE NOT EXISTS (SELECT 1 FROM tether_blob b WHERE b.chunks = c.chunks)`)
+		return err
+	}); err != nil {
+		s.Close()
+		return nil, fmt.Errorf("pgstore: unfinished blobs: %w", err)
+	}
+	if _, err := s.CollectBlobs(); err != nil {
+		s.Close()
+		return nil, err
+	}
+	return s, nil
+}
+
+// Migrate runs the migrations the database at dsn lacks, as Open does, and
+// nothing else: what a standby does before it campaigns, so that the
+// leader row exists.
+func Migrate(ctx context.Context, dsn string) error {
+	pool, err := connect(ctx, dsn)
+	if err != nil {
+		return err
+	}
+	pool.Close()
+	return nil
+}
+
+// connect makes the pool and migrates the database.
+func connect(ctx context.Context, dsn string) (*pgxpool.Pool, error) {
 	cfg, err := pgxpool.ParseConfig(dsn)
 	if err != nil {
 		// The DSN may carry a password: not echoed.
 		return nil, fmt.Errorf("pgstore: the store URL does not parse as a PostgreSQL connection string")
+	}
+	// Commits, reads of the API and the data plane, blob chunks and the
+	// leader's renewals share the pool: more than pgxpool's default of 4,
+	// unless the URL says (pool_max_conns).
+	if !strings.Contains(dsn, "pool_max_conns") {
+		cfg.MaxConns = DefaultMaxConns
+	}
+	// A commit is answered only once it is on stable storage (SPEC §11),
+	// whatever the server's default; a connection string may ask for more
+	// (remote_apply, with standbys), never for less.
+	switch cfg.ConnConfig.RuntimeParams["synchronous_commit"] {
+	case "":
+		cfg.ConnConfig.RuntimeParams["synchronous_commit"] = "on"
+	case "off":
+		return nil, fmt.Errorf("pgstore: synchronous_commit=off would answer commits a crash can lose (SPEC §11); drop it from the store URL")
 	}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
@@ -93,13 +153,7 @@ func Open(ctx context.Context, dsn string, o Options) (*Store, error) {
 		pool.Close()
 		return nil, err
 	}
-	s := &Store{pool: pool, epoch: int64(o.Epoch), pins: map[string]int{}, unsure: map[string]bool{}}
-	s.ctx, s.cancel = context.WithCancel(context.Background())
-	if _, err := s.CollectBlobs(); err != nil {
-		s.Close()
-		return nil, err
-	}
-	return s, nil
+	return pool, nil
 }
 
 // Pool is the Store's connection pool (the leader election shares it).
@@ -205,8 +259,8 @@ func (s *Store) Apply(recs []core.Record) error {
 	if err := s.check(); err != nil {
 		return err
 	}
-	if len(recs) == 0 && s.epoch == 0 {
-		return nil
+	if len(recs) == 0 {
+		return s.prove()
 	}
 	if err := checkRecords(recs); err != nil {
 		return err
@@ -223,13 +277,29 @@ func (s *Store) Apply(recs []core.Record) error {
 	return nil
 }
 
+// prove is the proof of leadership of an empty Apply: the leader row's
+// epoch is the Store's now. A plain read: with nothing to commit there is
+// nothing to hold the row for, and it asks no flush of the WAL.
+func (s *Store) prove() error {
+	if s.epoch == 0 {
+		return nil
+	}
+	var epoch int64
+	if err := s.pool.QueryRow(s.ctx, "SELECT epoch FROM tether_leader WHERE id = 1").Scan(&epoch); err != nil {
+		return fmt.Errorf("pgstore: proof of leadership: %w", s.mapErr(err))
+	}
+	if epoch != s.epoch {
+		return fmt.Errorf("pgstore: proof of leadership: %w: the leader epoch is %d, this orchestrator's is %d", store.ErrDeposed, epoch, s.epoch)
+	}
+	return nil
+}
+
 // tableRows are the upserts and deletes of one table in a batch.
 type tableRows struct {
 	keys   []string
 	values [][]byte
 	dels   []string
 	// per table extra columns
-	leases          []string // tether_log
 	ats             []int64  // tether_audit
 	actors, actions []string // tether_audit
 	hist            []histRow
@@ -272,8 +342,7 @@ func (s *Store) queueRecords(b *pgx.Batch, recs []core.Record) error {
 				logs.dels = append(logs.dels, r.Key)
 				continue
 			}
-			lease, _, _ := strings.Cut(strings.TrimPrefix(r.Key, core.KindLog+"/"), "/")
-			logs.keys, logs.values, logs.leases = append(logs.keys, r.Key), append(logs.values, r.Value), append(logs.leases, lease)
+			logs.keys, logs.values = append(logs.keys, r.Key), append(logs.values, r.Value)
 		case core.IsAuditKey(r.Key):
 			if r.Delete {
 				audit.dels = append(audit.dels, r.Key)
@@ -308,8 +377,8 @@ func (s *Store) queueRecords(b *pgx.Batch, recs []core.Record) error {
 		b.Queue(`DELETE FROM tether_record WHERE key = ANY($1::text[])`, live.dels)
 	}
 	if len(logs.keys) > 0 {
-		b.Queue(`INSERT INTO tether_log (key, lease, value) SELECT * FROM unnest($1::text[], $2::text[], $3::bytea[])
-			ON CONFLICT (key) DO UPDATE SET value = excluded.value`, logs.keys, logs.leases, logs.values)
+		b.Queue(`INSERT INTO tether_log (key, value) SELECT * FROM unnest($1::text[], $2::bytea[])
+			ON CONFLICT (key) DO UPDATE SET value = excluded.value`, logs.keys, logs.values)
 	}
 	if len(logs.dels) > 0 {
 		b.Queue(`DELETE FROM tether_log WHERE key = ANY($1::text[])`, logs.dels)
@@ -358,7 +427,8 @@ func (s *Store) Load() ([]core.Record, error) {
 	rows, err := s.pool.Query(s.ctx, `
 		SELECT key, value FROM tether_record
 		UNION ALL
-		SELECT key, value FROM tether_log WHERE lease IN (SELECT substr(key, 7) FROM tether_record WHERE key >= 'lease/' AND key < 'lease0')
+		SELECT l.key, l.value FROM tether_record r JOIN tether_log l ON l.key >= 'log/' || substr(r.key, 7) || '/' AND l.key < 'log/' || substr(r.key, 7) || '0'
+			WHERE r.key >= 'lease/' AND r.key < 'lease0'
 		ORDER BY 1`)
 	if err != nil {
 		return nil, fmt.Errorf("pgstore: load: %w", s.mapErr(err))

@@ -4,10 +4,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"reflect"
+	"sort"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -172,6 +177,12 @@ func TestFence(t *testing.T) {
 	if _, err := one.ApplyWithData([]core.Record{{Key: "worker/c", Value: []byte("late")}}, nil); !errors.Is(err, store.ErrDeposed) {
 		t.Errorf("the deposed leader's ApplyWithData: %v, want ErrDeposed", err)
 	}
+	if _, err := one.WriteBlob(strings.NewReader("late bytes"), 100); !errors.Is(err, store.ErrDeposed) {
+		t.Errorf("the deposed leader's WriteBlob: %v, want ErrDeposed", err)
+	}
+	if _, err := one.PruneAudit(time.Now(), 0); !errors.Is(err, store.ErrDeposed) {
+		t.Errorf("the deposed leader's PruneAudit: %v, want ErrDeposed", err)
+	}
 	want := map[string]string{"worker/a": "by one"}
 	if got := loadMap(t, two); !reflect.DeepEqual(got, want) {
 		t.Errorf("after the deposed leader's writes the state is %v, want %v (nothing of them)", got, want)
@@ -197,14 +208,19 @@ func loadMap(t *testing.T, s *pgstore.Store) map[string]string {
 	return m
 }
 
-// Migrations: Opens at once on a new database agree (one migrates, the
-// others find it done); a database a newer binary migrated is refused.
+// Migrations: Opens and Migrates at once on a new database agree (one
+// migrates, the others find it done); a database a newer binary migrated is refused.
+// Backup is pg_dump's, not the Store's.
 func TestMigrations(t *testing.T) {
 	dsn := database(t)
 	var wg sync.WaitGroup
 	errs := make([]error, 4)
 	for i := range errs {
 		wg.Go(func() {
+			if i%2 == 1 { // what a standby runs
+				errs[i] = pgstore.Migrate(context.Background(), dsn)
+				return
+			}
 			s, err := pgstore.Open(context.Background(), dsn, pgstore.Options{})
 			if err == nil {
 				s.Close()
@@ -215,7 +231,7 @@ func TestMigrations(t *testing.T) {
 	wg.Wait()
 	for i, err := range errs {
 		if err != nil {
-			t.Errorf("Open %d of 4 at once: %v", i+1, err)
+			t.Errorf("Open or Migrate %d of 4 at once: %v", i+1, err)
 		}
 	}
 	conn, err := pgx.Connect(context.Background(), dsn)
@@ -228,7 +244,14 @@ func TestMigrations(t *testing.T) {
 		t.Fatal(err)
 	}
 	if version != pgstore.SchemaVersion || leaders != 1 {
-		t.Errorf("after 4 Opens: schema version %d with %d leader rows; want %d and 1", version, leaders, pgstore.SchemaVersion)
+		t.Errorf("after 4 Opens and Migrates: schema version %d with %d leader rows; want %d and 1", version, leaders, pgstore.SchemaVersion)
+	}
+	s := open(t, dsn, pgstore.Options{})
+	if err := s.Backup(io.Discard); !errors.Is(err, errors.ErrUnsupported) {
+		t.Errorf("Backup: %v, want an error wrapping ErrUnsupported (pg_dump backs a database up)", err)
+	}
+	if err := s.ReleaseMapped(); err != nil {
+		t.Errorf("ReleaseMapped: %v; a PostgreSQL store maps nothing", err)
 	}
 	if _, err := conn.Exec(context.Background(), "UPDATE tether_schema SET version = version + 1"); err != nil {
 		t.Fatal(err)
@@ -238,5 +261,113 @@ func TestMigrations(t *testing.T) {
 			s.Close()
 		}
 		t.Errorf("Open of a database of a newer schema: %v, want ErrSchemaTooNew", err)
+	}
+}
+
+// A database restarted as a crash would (SPEC §11): what was committed is
+// there, and after a bounded number of calls failing on the connections
+// the restart cut, the Store works again on new ones.
+func TestDatabaseRestart(t *testing.T) {
+	s := open(t, database(t), pgstore.Options{})
+	if err := s.Apply([]core.Record{{Key: "worker/a", Value: []byte("before")}}); err != nil {
+		t.Fatal(err)
+	}
+	cluster.Restart(t)
+	var failed int
+	for {
+		err := s.Apply([]core.Record{{Key: "worker/b", Value: []byte("after")}})
+		if err == nil {
+			break
+		}
+		// Each failure costs the pool one cut connection: a bounded number.
+		if failed++; failed > int(s.Pool().Config().MaxConns) {
+			t.Fatalf("Apply still fails after the restart, %d times: %v", failed, err)
+		}
+		t.Logf("Apply after the restart: %v", err)
+	}
+	want := map[string]string{"worker/a": "before", "worker/b": "after"}
+	if got := loadMap(t, s); !reflect.DeepEqual(got, want) {
+		t.Errorf("after the restart: %v, want %v", got, want)
+	}
+}
+
+// A blob's bytes are chunks: a body over its limit leaves none, and Open
+// removes those no blob names (a write a crash cut).
+func TestBlobChunks(t *testing.T) {
+	dsn := database(t)
+	s := open(t, dsn, pgstore.Options{})
+	chunks := func() (n int) {
+		t.Helper()
+		if err := s.Pool().QueryRow(context.Background(), "SELECT count(*) FROM tether_blob_chunk").Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	body := strings.Repeat("x", 2*pgstore.ChunkSize+1)
+	ref, err := s.WriteBlob(strings.NewReader(body), int64(len(body)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := chunks(); n != 3 {
+		t.Errorf("a blob of 2 chunks and a byte is %d chunks", n)
+	}
+	if _, err := s.WriteBlob(strings.NewReader(body+"y"), int64(len(body))); !errors.Is(err, store.ErrTooLarge) {
+		t.Fatalf("a body over its limit: %v", err)
+	}
+	if n := chunks(); n != 3 {
+		t.Errorf("a body over its limit left %d chunks beside the blob's 3", n-3)
+	}
+	if _, err := s.Pool().Exec(context.Background(), "INSERT INTO tether_blob_chunk VALUES ('cut', 0, 'abc')"); err != nil {
+		t.Fatal(err)
+	}
+	s.ReleaseBlob(ref) // unnamed: collected
+	if n := chunks(); n != 1 {
+		t.Errorf("after the blob was collected %d chunks are left, want the cut write's 1", n)
+	}
+	s.Close()
+	s = open(t, dsn, pgstore.Options{})
+	if n := chunks(); n != 0 {
+		t.Errorf("after a reopen %d chunks of a cut write are left", n)
+	}
+}
+
+var icuDatabases atomic.Int32
+
+// Keys sort in byte order (Go's string order, as bbolt's) even in a
+// database whose collation sorts text otherwise (ICU's English: case and
+// punctuation second): Load's order is the core's, and it finds the live
+// leases' log lines by their keys' range.
+func TestByteOrder(t *testing.T) {
+	database(t) // skips or fails as every test here does without a cluster
+	name := fmt.Sprintf("tether_icu_%d_%d", os.Getpid(), icuDatabases.Add(1))
+	admin, err := pgx.Connect(context.Background(), strings.Replace(cluster.DSN, "/"+pgtest.Database+"?", "/postgres?", 1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close(context.Background())
+	if _, err := admin.Exec(context.Background(), "CREATE DATABASE "+name+" LOCALE_PROVIDER icu ICU_LOCALE 'en-US' TEMPLATE template0"); err != nil {
+		t.Fatal(err)
+	}
+	s := open(t, strings.Replace(cluster.DSN, "/"+pgtest.Database+"?", "/"+name+"?", 1), pgstore.Options{})
+	keys := []string{"worker/a", "worker/B", "worker/_x", "worker/-y", "worker/Z9", "worker/a-b", "worker/ab",
+		"lease/00000000000000000007", "log/00000000000000000007/0000000000", "leases", "lease-x", "lease0"}
+	var recs []core.Record
+	for _, k := range keys {
+		recs = append(recs, core.Record{Key: k, Value: []byte("v")})
+	}
+	if err := s.Apply(recs); err != nil {
+		t.Fatal(err)
+	}
+	got, err := s.Load()
+	if err != nil {
+		t.Fatalf("Load in a database of ICU's collation: %v", err)
+	}
+	sort.Strings(keys)
+	var order []string
+	for _, r := range got {
+		order = append(order, r.Key)
+	}
+	if !reflect.DeepEqual(order, keys) {
+		t.Errorf("Load's order %q, want byte order %q", order, keys)
 	}
 }

@@ -151,7 +151,9 @@ func (s *Store) PruneHistory(cutoff time.Time, budget int) (store.PruneStats, er
 				return nil, false, err
 			}
 			tag, err := tx.Exec(ctx, `DELETE FROM tether_log WHERE key IN
-				(SELECT key FROM tether_log WHERE lease = ANY($1::text[]) ORDER BY key LIMIT $2)`, leases, left)
+				(SELECT l.key FROM unnest($1::text[]) AS q(lease)
+					JOIN tether_log l ON l.key >= 'log/' || q.lease || '/' AND l.key < 'log/' || q.lease || '0'
+					ORDER BY l.key LIMIT $2)`, leases, left)
 			if err != nil {
 				return nil, false, err
 			}
@@ -179,17 +181,29 @@ func (s *Store) PruneData(cutoff time.Time, keepBundle func(fp string) bool, bud
 		keepBundle = func(string) bool { return false }
 	}
 	c := nanos(cutoff)
+	// Versions and streams are scanned in key order from where the last
+	// transaction stopped, at most budget rows each: a pass costs the
+	// table once, however many rows stay (an id's newest version stays).
+	fromID, fromVersion := "", int64(0)
 	versions := func(ctx context.Context, tx pgx.Tx, budget int, st *store.PruneStats) ([]string, bool, error) {
-		rows, err := tx.Query(ctx, `DELETE FROM tether_data WHERE (id, version) IN
-			(SELECT id, version FROM tether_data x WHERE created_ns < $1
-				AND EXISTS (SELECT 1 FROM tether_data y WHERE y.id = x.id AND y.version > x.version)
-				ORDER BY id, version LIMIT $2) RETURNING sha`, c, budget)
+		var lastID *string
+		var lastVersion *int64
+		var scanned int
+		var shas []*string
+		err := tx.QueryRow(ctx, `WITH scan AS (
+				SELECT id, version, created_ns FROM tether_data WHERE (id, version) > ($2, $3) ORDER BY id, version LIMIT $4),
+			gone AS (
+				DELETE FROM tether_data d USING scan s WHERE d.id = s.id AND d.version = s.version AND s.created_ns < $1
+					AND EXISTS (SELECT 1 FROM tether_data y WHERE y.id = s.id AND y.version > s.version)
+				RETURNING d.sha),
+			last AS (SELECT id, version FROM scan ORDER BY id DESC, version DESC LIMIT 1)
+			SELECT (SELECT id FROM last), (SELECT version FROM last), (SELECT count(*) FROM scan),
+				coalesce((SELECT array_agg(sha) FROM gone), '{}')`, c, fromID, fromVersion, budget).Scan(&lastID, &lastVersion, &scanned, &shas)
 		if err != nil {
 			return nil, false, err
 		}
-		shas, err := pgx.CollectRows(rows, pgx.RowTo[*string])
-		if err != nil {
-			return nil, false, err
+		if lastID != nil {
+			fromID, fromVersion = *lastID, *lastVersion
 		}
 		st.Versions += len(shas)
 		var blobs []string
@@ -198,17 +212,24 @@ func (s *Store) PruneData(cutoff time.Time, keepBundle func(fp string) bool, bud
 				blobs = append(blobs, *sha)
 			}
 		}
-		return blobs, len(shas) == budget, nil
+		return blobs, scanned == budget, nil
 	}
+	fromStream := ""
 	streams := func(ctx context.Context, tx pgx.Tx, budget int, st *store.PruneStats) ([]string, bool, error) {
-		rows, err := tx.Query(ctx, `DELETE FROM tether_stream WHERE id IN
-			(SELECT id FROM tether_stream WHERE updated_ns < $1 ORDER BY id LIMIT $2) RETURNING id`, c, budget)
+		var last *string
+		var scanned int
+		var ids []string
+		err := tx.QueryRow(ctx, `WITH scan AS (
+				SELECT id, updated_ns FROM tether_stream WHERE id > $2 ORDER BY id LIMIT $3),
+			gone AS (
+				DELETE FROM tether_stream t USING scan s WHERE t.id = s.id AND s.updated_ns < $1 RETURNING t.id)
+			SELECT (SELECT max(id) FROM scan), (SELECT count(*) FROM scan),
+				coalesce((SELECT array_agg(id) FROM gone), '{}')`, c, fromStream, budget).Scan(&last, &scanned, &ids)
 		if err != nil {
 			return nil, false, err
 		}
-		ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
-		if err != nil {
-			return nil, false, err
+		if last != nil {
+			fromStream = *last
 		}
 		if len(ids) > 0 {
 			if _, err := tx.Exec(ctx, "DELETE FROM tether_stream_chunk WHERE id = ANY($1::text[])", ids); err != nil {
@@ -216,7 +237,7 @@ func (s *Store) PruneData(cutoff time.Time, keepBundle func(fp string) bool, bud
 			}
 		}
 		st.Streams += len(ids)
-		return nil, len(ids) == budget, nil
+		return nil, scanned == budget, nil
 	}
 	requests := func(ctx context.Context, tx pgx.Tx, budget int, st *store.PruneStats) ([]string, bool, error) {
 		rows, err := tx.Query(ctx, `DELETE FROM tether_request WHERE (lease, id) IN
@@ -229,6 +250,11 @@ func (s *Store) PruneData(cutoff time.Time, keepBundle func(fp string) bool, bud
 			return nil, false, err
 		}
 		leases = append(leases, make([]int64, len(leases))...) // each counted out of the total (lease 0) too
+		// The counts' rows locked in lease order, as ApplyWithData's writes
+		// lock them: the two never wait for each other in a cycle.
+		if _, err := tx.Exec(ctx, "SELECT 1 FROM tether_request_count WHERE lease = ANY($1::bigint[]) ORDER BY lease FOR UPDATE", leases); err != nil {
+			return nil, false, err
+		}
 		_, err = tx.Exec(ctx, `UPDATE tether_request_count c SET n = c.n - d.k
 			FROM (SELECT l, count(*) AS k FROM unnest($1::bigint[]) AS l GROUP BY l) d WHERE c.lease = d.l`, leases)
 		if err == nil {

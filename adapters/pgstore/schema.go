@@ -47,8 +47,7 @@ BEGIN
 END $$;
 
 CREATE TABLE tether_record (key text COLLATE "C" PRIMARY KEY, value bytea NOT NULL);
-CREATE TABLE tether_log (key text COLLATE "C" PRIMARY KEY, lease text COLLATE "C" NOT NULL, value bytea NOT NULL);
-CREATE INDEX tether_log_lease ON tether_log (lease, key);
+CREATE TABLE tether_log (key text COLLATE "C" PRIMARY KEY, value bytea NOT NULL);
 CREATE TABLE tether_audit (key text COLLATE "C" PRIMARY KEY, at_ns bigint NOT NULL, actor text NOT NULL, action text NOT NULL, value bytea NOT NULL);
 CREATE TABLE tether_history (run text COLLATE "C" PRIMARY KEY, seq bigint NOT NULL UNIQUE, finished_ns bigint NOT NULL,
 	submitted_ns bigint NOT NULL, status text NOT NULL, name text NOT NULL, summary bytea NOT NULL, value bytea NOT NULL);
@@ -56,8 +55,8 @@ CREATE INDEX tether_history_finished ON tether_history (finished_ns, run);
 CREATE TABLE tether_pruning (run text COLLATE "C" PRIMARY KEY, leases text[] NOT NULL);
 CREATE TABLE tether_secret (name text COLLATE "C" PRIMARY KEY, value bytea NOT NULL);
 
-CREATE TABLE tether_blob (sha text COLLATE "C" PRIMARY KEY, size bigint NOT NULL);
-CREATE TABLE tether_blob_chunk (sha text COLLATE "C", n int, bytes bytea NOT NULL, PRIMARY KEY (sha, n));
+CREATE TABLE tether_blob (sha text COLLATE "C" PRIMARY KEY, size bigint NOT NULL, chunks text COLLATE "C" NOT NULL UNIQUE);
+CREATE TABLE tether_blob_chunk (chunks text COLLATE "C", n int, bytes bytea NOT NULL, PRIMARY KEY (chunks, n));
 CREATE TABLE tether_data (id text COLLATE "C", version bigint, created_ns bigint NOT NULL, sha text COLLATE "C", meta bytea NOT NULL, PRIMARY KEY (id, version));
 CREATE INDEX tether_data_sha ON tether_data (sha) WHERE sha IS NOT NULL;
 CREATE TABLE tether_stream (id text COLLATE "C" PRIMARY KEY, updated_ns bigint NOT NULL, meta bytea NOT NULL);

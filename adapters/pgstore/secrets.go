@@ -104,8 +104,8 @@ func (s *Store) HoldsSealed() bool {
 	var found bool
 	err := s.read(func(ctx context.Context, tx pgx.Tx) error {
 		return tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM tether_secret)
-			OR coalesce((SELECT get_byte(value, 0) = 1 FROM tether_record WHERE key >= 'run/' AND key < 'run0' ORDER BY key LIMIT 1), false)
-			OR coalesce((SELECT get_byte(value, 0) = 1 FROM tether_history ORDER BY run LIMIT 1), false)`).Scan(&found)
+			OR coalesce((SELECT substr(value, 1, 1) = '\x01'::bytea FROM tether_record WHERE key >= 'run/' AND key < 'run0' ORDER BY key LIMIT 1), false)
+			OR coalesce((SELECT substr(value, 1, 1) = '\x01'::bytea FROM tether_history ORDER BY run LIMIT 1), false)`).Scan(&found)
 	})
 	return err == nil && found
 }

@@ -2,6 +2,7 @@ package store_test
 
 import (
 	"path/filepath"
+	"sync"
 	"testing"
 
 	"github.com/tether-run/tether/adapters/store"
@@ -9,17 +10,22 @@ import (
 )
 
 // TestContractBbolt runs the store contract (store.Backend) on bbolt: a
-// new file per case, reopened by closing it and opening the same path.
+// new file per case, reopened by closing it and opening the same path
+// (remembered: a closed Store no longer knows it).
 func TestContractBbolt(t *testing.T) {
+	var paths sync.Map // store.Backend → its path
 	open := func(t *testing.T) store.Backend {
-		s, err := store.Open(filepath.Join(t.TempDir(), "tether.db"))
+		path := filepath.Join(t.TempDir(), "tether.db")
+		s, err := store.Open(path)
 		if err != nil {
 			t.Fatal(err)
 		}
+		paths.Store(store.Backend(s), path)
 		return s
 	}
 	reopen := func(t *testing.T, b store.Backend) store.Backend {
-		path := b.(*store.Store).Path()
+		p, _ := paths.Load(b)
+		path := p.(string)
 		if err := b.Close(); err != nil {
 			t.Fatal(err)
 		}
@@ -27,6 +33,7 @@ func TestContractBbolt(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		paths.Store(store.Backend(s), path)
 		return s
 	}
 	storetest.Run(t, open, reopen)

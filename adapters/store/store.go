@@ -79,10 +79,6 @@ var (
 	// holds the store file open: bbolt's lock was not free within
 	// openTimeout.
 	ErrLocked = errors.New("store: locked by another process")
-	// ErrDeposed is returned when another orchestrator has taken the lead
-	// (a newer epoch, SPEC §11): nothing of the write was committed, and
-	// the caller must stop acting.
-	ErrDeposed = errors.New("store: deposed: another orchestrator leads (a newer epoch)")
 )
 
 // Store is a bbolt file of core.Records. It is safe for concurrent use, though

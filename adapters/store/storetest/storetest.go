@@ -15,6 +15,7 @@ import (
 	"reflect"
 	"sort"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -43,6 +44,9 @@ func Run(t *testing.T, open func(t *testing.T) store.Backend, reopen func(t *tes
 	r("Audit", testAudit)
 	r("Secrets", testSecrets)
 	r("Retention", testRetention)
+	r("RequestLimits", testRequestLimits)
+	r("ConcurrentBlobs", testConcurrentBlobs)
+	r("Closed", testClosed)
 }
 
 // harness holds the backend under test.
@@ -259,6 +263,14 @@ func testData(t *testing.T, h *harness) {
 		if err != nil || len(items) != 1 || items[0].ID != "a" || items[0].Version != 2 || next != "" {
 			t.Errorf("%s: query by run: %+v %q %v; want a version 2", when, items, next, err)
 		}
+		items, next, err = h.b.QueryData(store.DataQuery{Prefix: "a", Limit: 2})
+		if err != nil || len(items) != 2 || items[0].Version != 1 || items[1].Version != 2 || next == "" {
+			t.Fatalf("%s: first page of prefix a: %+v %q %v; want a 1, a 2 and more", when, items, next, err)
+		}
+		items, next, err = h.b.QueryData(store.DataQuery{Prefix: "a", Limit: 2, After: next})
+		if err != nil || len(items) != 1 || items[0].ID != "a" || items[0].Version != 3 || next != "" {
+			t.Errorf("%s: second page of prefix a: %+v %q %v; want a 3 alone (b is not of the prefix)", when, items, next, err)
+		}
 	})
 	// A malformed op refuses the whole call: nothing of it is written.
 	if _, err := h.b.ApplyWithData([]core.Record{rec("worker/w9", "no")}, []store.DataOp{{Kind: store.OpAppend, ID: "c", Body: []byte("x")},
@@ -338,10 +350,26 @@ func testBlobs(t *testing.T, h *harness) {
 		t.Error("a released blob no record names is still there")
 	}
 	m := h.put("kept", []byte("named by a version"), t0).Data
+	big := make([]byte, 1300<<10) // more than a MiB: several pieces wherever a backend cuts them
+	for i := range big {
+		big[i] = byte(i*7 + i>>10)
+	}
+	bm := h.put("big", big, t0).Data
 	h.twice(func(when string) {
 		if got := h.read(must2(t)(h.b.OpenBlob(m.SHA256))); got != "named by a version" {
 			t.Errorf("%s: a named blob reads %q", when, got)
 		}
+		if got := h.read(h.b.DataReader(bm)); got != string(big) {
+			t.Errorf("%s: a blob of %d bytes reads back %d bytes, not the same", when, len(big), len(got))
+		}
+		f := must2(t)(h.b.OpenBlob(bm.SHA256))
+		if _, err := f.Seek(1<<20-3, io.SeekStart); err != nil {
+			t.Fatal(err)
+		}
+		if got := h.read(io.LimitReader(f, 6)); got != string(big[1<<20-3:1<<20+3]) {
+			t.Errorf("%s: 6 bytes across the first MiB read %q, want %q", when, got, big[1<<20-3:1<<20+3])
+		}
+		f.Close()
 	})
 	// A put naming no pinned blob is refused alone.
 	res, err := h.b.ApplyWithData(nil, []store.DataOp{{Kind: store.OpPut, ID: "ghost", Blob: loose, At: t0}})
@@ -676,4 +704,170 @@ func testRetention(t *testing.T, h *harness) {
 			t.Errorf("%s: audit after pruning: %+v; want 15 alone", when, es)
 		}
 	})
+}
+
+// The remembered answers are bounded: a lease's past MaxRequestsPerLease
+// is refused alone and writes nothing, the bound holds after a reopen, and
+// retention makes room again.
+func testRequestLimits(t *testing.T, h *harness) {
+	ops := make([]store.DataOp, store.MaxRequestsPerLease+1)
+	for i := range ops {
+		ops[i] = store.DataOp{Kind: store.OpAppend, ID: "s", Body: []byte("x"), At: t0, Lease: 3, Request: fmt.Sprintf("r-%d", i)}
+	}
+	res, err := h.b.ApplyWithData(nil, ops)
+	must(t, err)
+	for i, r := range res[:store.MaxRequestsPerLease] {
+		if r.Err != nil {
+			t.Fatalf("request %d of %d refused: %v", i+1, store.MaxRequestsPerLease, r.Err)
+		}
+	}
+	if err := res[store.MaxRequestsPerLease].Err; !errors.Is(err, store.ErrRequestsFull) {
+		t.Errorf("request %d of one lease: %v, want ErrRequestsFull", store.MaxRequestsPerLease+1, err)
+	}
+	over := store.DataOp{Kind: store.OpAppend, ID: "s", Body: []byte("y"), At: t0.Add(time.Hour), Lease: 3, Request: "over"}
+	other := store.DataOp{Kind: store.OpAppend, ID: "s", Body: []byte("z"), At: t0.Add(time.Hour), Lease: 4, Request: "r-0"}
+	h.twice(func(when string) {
+		res, err := h.b.ApplyWithData(nil, []store.DataOp{over})
+		if err != nil || !errors.Is(res[0].Err, store.ErrRequestsFull) {
+			t.Errorf("%s: one more of the full lease: %v %+v, want ErrRequestsFull", when, err, res)
+		}
+		if s, _ := h.b.Stream("s"); s.Length != store.MaxRequestsPerLease {
+			t.Errorf("%s: the stream holds %d bytes, want %d (a refused append writes nothing)", when, s.Length, store.MaxRequestsPerLease)
+		}
+	})
+	if res, err := h.b.ApplyWithData(nil, []store.DataOp{other}); err != nil || res[0].Err != nil {
+		t.Errorf("another lease's request: %v %+v", err, res)
+	}
+	// Retention removes the full lease's answers (older than the cutoff),
+	// and with them its count.
+	if _, err := h.b.PruneData(t0.Add(time.Minute), nil, 0); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok, _ := h.b.Request(3, "r-0"); ok {
+		t.Error("an answer older than the cutoff was kept")
+	}
+	if _, ok, _ := h.b.Request(4, "r-0"); !ok {
+		t.Error("an answer newer than the cutoff was pruned")
+	}
+	if res, err := h.b.ApplyWithData(nil, []store.DataOp{over}); err != nil || res[0].Err != nil {
+		t.Errorf("a request of the lease once retention made room: %v %+v", err, res)
+	}
+}
+
+// Blobs written, named, released and left unnamed from several goroutines
+// while records commit: each version reads its bytes, a blob both named
+// and left by another write stays, a blob only left goes.
+func testConcurrentBlobs(t *testing.T, h *harness) {
+	// First one interleaving, in order: two writes of the same bytes; the
+	// one that leaves it unnamed is answered first, and the blob must stay
+	// for the other, which names it.
+	a := h.blob([]byte("shared"))
+	b := h.blob([]byte("shared"))
+	h.b.ReleaseBlob(b)
+	res, err := h.b.ApplyWithData(nil, []store.DataOp{{Kind: store.OpPut, ID: "shared", Blob: a, At: t0}})
+	h.b.ReleaseBlob(a)
+	if err != nil || res[0].Err != nil {
+		t.Fatalf("a put of a blob another write released: %v %+v", err, res)
+	}
+	if got := h.read(h.b.DataReader(res[0].Data)); got != "shared" {
+		t.Fatalf("a blob one write released while another pinned it reads %q", got)
+	}
+	const writers, rounds = 4, 8
+	var wg sync.WaitGroup
+	errs := make(chan error, writers*rounds*2)
+	loose := make(chan string, writers*rounds)
+	for w := range writers {
+		wg.Go(func() {
+			for i := range rounds {
+				body := []byte(fmt.Sprintf("body %d", i)) // every writer writes the same bytes, round by round
+				ref, err := h.b.WriteBlob(bytes.NewReader(body), 100)
+				if err != nil {
+					errs <- err
+					return
+				}
+				if w%2 == 1 { // left unnamed
+					h.b.ReleaseBlob(ref)
+					if i%2 == 1 {
+						own, err := h.b.WriteBlob(strings.NewReader(fmt.Sprintf("only %d of %d", i, w)), 100)
+						if err != nil {
+							errs <- err
+							return
+						}
+						h.b.ReleaseBlob(own)
+						loose <- own.SHA256
+					}
+					continue
+				}
+				res, err := h.b.ApplyWithData([]core.Record{rec(fmt.Sprintf("worker/w%d", w), fmt.Sprint(i))},
+					[]store.DataOp{{Kind: store.OpPut, ID: fmt.Sprintf("d%d", w), Blob: ref, At: t0}})
+				h.b.ReleaseBlob(ref)
+				if err == nil && res[0].Err != nil {
+					err = res[0].Err
+				}
+				if err != nil {
+					errs <- err
+				}
+			}
+		})
+	}
+	wg.Go(func() {
+		for i := range rounds * 4 {
+			if err := h.b.Apply([]core.Record{rec("worker/beat", fmt.Sprint(i))}); err != nil {
+				errs <- err
+				return
+			}
+		}
+	})
+	wg.Wait()
+	close(errs)
+	close(loose)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	h.twice(func(when string) {
+		for w := 0; w < writers; w += 2 {
+			vs, err := h.b.Versions(fmt.Sprintf("d%d", w))
+			if err != nil || len(vs) != rounds {
+				t.Fatalf("%s: versions of d%d: %d, %v; want %d", when, w, len(vs), err, rounds)
+			}
+			for i, m := range vs {
+				if got, want := h.read(h.b.DataReader(m)), fmt.Sprintf("body %d", i); got != want {
+					t.Errorf("%s: d%d version %d reads %q, want %q", when, w, m.Version, got, want)
+				}
+			}
+		}
+		for sha := range loose {
+			if f, err := h.b.OpenBlob(sha); err == nil {
+				f.Close()
+				t.Errorf("%s: a blob only ever released, never named, is still there", when)
+			}
+		}
+	})
+}
+
+// After Close: the calls fail with ErrClosed, and closing again is
+// harmless.
+func testClosed(t *testing.T, h *harness) {
+	must(t, h.b.Apply([]core.Record{rec("worker/w1", "one")}))
+	must(t, h.b.Close())
+	must(t, h.b.Close())
+	if err := h.b.Apply([]core.Record{rec("worker/w2", "two")}); !errors.Is(err, store.ErrClosed) {
+		t.Errorf("Apply after Close: %v, want ErrClosed", err)
+	}
+	if _, err := h.b.ApplyWithData([]core.Record{rec("worker/w2", "two")}, nil); !errors.Is(err, store.ErrClosed) {
+		t.Errorf("ApplyWithData after Close: %v, want ErrClosed", err)
+	}
+	if _, err := h.b.Load(); !errors.Is(err, store.ErrClosed) {
+		t.Errorf("Load after Close: %v, want ErrClosed", err)
+	}
+	if _, err := h.b.History("run-1"); !errors.Is(err, store.ErrClosed) {
+		t.Errorf("History after Close: %v, want ErrClosed", err)
+	}
+	if _, err := h.b.Data("a", 0); !errors.Is(err, store.ErrClosed) {
+		t.Errorf("Data after Close: %v, want ErrClosed", err)
+	}
+	h.restart()
+	if got := keys(h.load()); !reflect.DeepEqual(got, map[string]string{"worker/w1": "one"}) {
+		t.Errorf("after a reopen: %v; want the commit before Close alone", got)
+	}
 }
