@@ -88,6 +88,9 @@ func run(dsn string, jobs, batch, workers, samples int, cooldown, poll time.Dura
 		return err
 	}
 	cfg.MaxConns = 32 // River's producer, completer and notifier share it
+	// Durable as Tether's store is, whatever the server's default: a
+	// commit answers once its WAL is flushed.
+	cfg.ConnConfig.RuntimeParams["synchronous_commit"] = "on"
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return err
