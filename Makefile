@@ -54,11 +54,18 @@ vet:
 	$(GO) vet $(PKGS)
 
 ## bench: benchmarks only (figures are quoted with this command): the micro-benchmarks,
-## then the end-to-end one (real bbolt fsyncs, 4 worker processes; BENCHCOUNT repeats it)
+## then the end-to-end one (real bbolt fsyncs, 4 worker processes; BENCHCOUNT repeats it).
+## STORE=postgres runs the end-to-end one on a private PostgreSQL cluster (fsync and
+## synchronous_commit on; adapters/pgtest), then River (bench/peers/river) on the same
+## cluster in the same shape; STORE=postgres://… uses that server instead; BENCH_PEERS=1
+## runs River beside the default store too (on a private cluster)
 BENCHCOUNT ?= 1
+STORE ?=
+BENCH_PEERS ?=
 bench:
 	$(GO) test -run '^$$' -bench . -skip EndToEnd -benchmem $(PKGS)
-	$(GO) test -run '^$$' -bench EndToEnd -benchtime 1x -count $(BENCHCOUNT) ./adapters/orchestrator
+	TETHER_BENCH_STORE='$(STORE)' BENCH_PEERS='$(BENCH_PEERS)' \
+	  $(GO) test -run '^$$' -bench EndToEnd -benchtime 1x -count $(BENCHCOUNT) -timeout 60m ./adapters/orchestrator
 
 ## soak: the soak (cmd/soak): 1,000,000 no-op steps through the orchestrator binary and 4
 ## worker processes, a line per 100,000 (RSS, peak RSS, store size, steps/s), the restart

@@ -2,8 +2,9 @@ package orchestrator_test
 
 // The end-to-end benchmark that `make bench` quotes: the real driver (in this
 // process, so that a CPU profile sees it) with a real bbolt file, every
-// commit fsync'd, and four real worker processes (cmd/worker) on loopback
-// WebSockets. The workers run with --executor noop, a benchmarking aid that
+// commit fsync'd (or PostgreSQL: `make bench STORE=postgres`, see
+// bench_peers_test.go), and four real worker processes (cmd/worker) on
+// loopback WebSockets. The workers run with --executor noop, a benchmarking aid that
 // completes every step at once without starting a process, so the figures
 // measure the orchestrator and the protocol, not fork and exec.
 //
@@ -11,7 +12,8 @@ package orchestrator_test
 //
 // Throughput: 20,000 no-op steps, submitted as 100 runs of 200 independent
 // steps, from the first Submit to the durable commit of the last run's
-// finish, once with 16 slots per worker and once with 1.
+// finish, once with 16 slots per worker (64 concurrent steps) and once
+// with 1.
 //
 // Latency: on an idle system, one single-step run at a time; "start" is the
 // moment the orchestrator's START of the step (queued → running) is durable,
@@ -47,11 +49,11 @@ const (
 	benchTimeout   = 5 * time.Minute
 )
 
-// watchStore is the bbolt store with a hook that sees every batch once it is
+// watchStore is the benchmark's store with a hook that sees every batch once it is
 // durable. The hook runs on the driver's loop goroutine, so it must be cheap:
 // it only looks for byte patterns in the records' values.
 type watchStore struct {
-	*store.Store
+	store.Backend
 	mu    sync.Mutex
 	watch func(recs []core.Record, at time.Time)
 	busy  time.Duration // time spent in Apply (writing and syncing)
@@ -60,7 +62,7 @@ type watchStore struct {
 
 func (s *watchStore) Apply(recs []core.Record) error {
 	t0 := time.Now()
-	if err := s.Store.Apply(recs); err != nil {
+	if err := s.Backend.Apply(recs); err != nil {
 		return err
 	}
 	s.mu.Lock()
@@ -174,16 +176,13 @@ func buildWorker(tb testing.TB) string {
 	return bin
 }
 
-// startRig starts the orchestrator on a fresh bbolt file and `workers` worker
-// processes with `slots` slots each, and waits until all are connected.
-func startRig(tb testing.TB, workers, slots int) *benchRig {
+// startRig starts the orchestrator on a fresh store of bs (nil: a bbolt
+// file) and `workers` worker processes with `slots` slots each, and waits
+// until all are connected.
+func startRig(tb testing.TB, bs *benchStore, workers, slots int) *benchRig {
 	tb.Helper()
 	bin := buildWorker(tb)
-	bst, err := store.Open(filepath.Join(tb.TempDir(), "tether.db"))
-	if err != nil {
-		tb.Fatal(err)
-	}
-	st := &watchStore{Store: bst}
+	st := &watchStore{Backend: bs.open(tb)}
 	d, err := orchestrator.Start(orchestrator.Options{
 		Addr: "127.0.0.1:0", Store: st,
 		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
@@ -412,9 +411,10 @@ func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond)
 // this file. Each iteration does the whole workload (20,000 steps, or 2,000
 // latency samples), so run it with -benchtime 1x (repeat with -count).
 func BenchmarkEndToEnd(b *testing.B) {
+	bs := benchStoreFromEnv(b)
 	for _, slots := range []int{16, 1} {
 		b.Run(fmt.Sprintf("steps=%d/workers=%d/slots=%d", benchSteps, benchWorkers, slots), func(b *testing.B) {
-			r := startRig(b, benchWorkers, slots)
+			r := startRig(b, bs, benchWorkers, slots)
 			var total time.Duration
 			commits := 0
 			u0 := r.usage(b)
@@ -453,7 +453,7 @@ func BenchmarkEndToEnd(b *testing.B) {
 		// The largest valid submission (largestRun), on an idle
 		// orchestrator with a real bbolt file, submitted b.N times;
 		// loop-max-ms is the longest batch the loop ran.
-		r := startRig(b, 1, 1)
+		r := startRig(b, bs, 1, 1)
 		spec := largestRun()
 		if err := spec.Validate(); err != nil {
 			b.Fatal(err)
@@ -477,7 +477,7 @@ func BenchmarkEndToEnd(b *testing.B) {
 		b.ReportMetric(0, "ns/op")
 	})
 	b.Run("latency/idle", func(b *testing.B) {
-		r := startRig(b, benchWorkers, 16)
+		r := startRig(b, bs, benchWorkers, 16)
 		var lat []latency
 		b.ResetTimer()
 		for range b.N {
@@ -501,6 +501,7 @@ func BenchmarkEndToEnd(b *testing.B) {
 		}
 		b.ReportMetric(0, "ns/op")
 	})
+	benchPeers(b, bs)
 }
 
 // largestRun is a run at the submission limits (SPEC §12): 1,000 expanded
@@ -553,7 +554,7 @@ func TestEndToEndBenchRig(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and runs the worker binary")
 	}
-	r := startRig(t, 2, 4)
+	r := startRig(t, nil, 2, 4)
 	d, commits, check := r.throughput(t, 400, benchRunSize)
 	if d <= 0 || commits == 0 {
 		t.Errorf("throughput: %s, %d commits", d, commits)
