@@ -150,6 +150,10 @@ type Options struct {
 	// MetricsToken, if set, is the bearer token /metrics asks for; empty
 	// serves /metrics to anyone who can reach the listener (SPEC §16).
 	MetricsToken string
+	// Epoch is the leadership epoch this driver leads in on a shared store
+	// (SPEC §11); 0 on a store of one orchestrator. It decides nothing
+	// here (the store fences with it); /metrics shows it.
+	Epoch uint64
 	// AdminToken, if set, mounts the operator HTTP API (APIHandler) under
 	// /api/ on the control plane's server; the token is the operator token
 	// "admin" (SPEC §15a: created at the first start, given this hash when

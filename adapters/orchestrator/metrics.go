@@ -108,6 +108,14 @@ func newMetrics(d *Driver) *metrics {
 			total, perAddr := d.ln.Refused()
 			return float64(total + perAddr)
 		}),
+		// A running driver leads (SPEC §11); a standby serves the same
+		// two families with tether_leader 0 (cmd/orchestrator).
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "tether_leader", Help: "1 while this orchestrator leads; a standby reports 0 (SPEC §11).",
+		}, func() float64 { return 1 }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "tether_leader_epoch", Help: "The leadership epoch this orchestrator leads in (0: a store of one orchestrator); on a standby, the leader's.",
+		}, func() float64 { return float64(d.opts.Epoch) }),
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 	)

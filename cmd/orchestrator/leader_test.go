@@ -128,6 +128,9 @@ func TestServeLeaderStandby(t *testing.T) {
 	if !strings.Contains(b.stdout.String(), "leading: epoch 2") {
 		t.Errorf("b's take-over is not epoch 2: %s", b.stdout)
 	}
+	if _, m := get(bURL + "/metrics"); !regexp.MustCompile(`(?m)^tether_leader 1$`).MatchString(m) || !regexp.MustCompile(`(?m)^tether_leader_epoch 2$`).MatchString(m) {
+		t.Errorf("b's /metrics lacks tether_leader 1 and tether_leader_epoch 2 (SPEC §16)")
+	}
 	if out := cli(bURL, "run", "show", run); !strings.Contains(out, run) {
 		t.Errorf("the run submitted to a before it was killed is not on b: %q", out)
 	}

@@ -10,6 +10,7 @@ package main
 import (
 	"cmp"
 	"context"
+	"crypto/subtle"
 	"crypto/tls"
 	"encoding/json"
 	"errors"
@@ -26,6 +27,9 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"golang.org/x/net/netutil"
 
 	"github.com/tether-run/tether/adapters/orchestrator"
@@ -141,7 +145,7 @@ func serveLeading(ctx context.Context, e *env, log *slog.Logger, cfg serverConfi
 	host, _ := os.Hostname()
 	el := pglead.New(pool, pglead.Config{Holder: fmt.Sprintf("%s pid %d", host, os.Getpid()), URL: advertise, Lease: cfg.LeaderLease, Logger: log})
 
-	sb := &standby{self: advertise}
+	sb := newStandby(advertise, opts.MetricsToken)
 	sctx, stopStandby := context.WithCancel(ctx)
 	watched := make(chan struct{})
 	go func() { defer close(watched); sb.watch(sctx, el) }()
@@ -211,6 +215,7 @@ func serveLeading(ctx context.Context, e *env, log *slog.Logger, cfg serverConfi
 	opts.Store = st
 	opts.StorePath = where // for its logs: the secrets key is --secrets-key-file
 	opts.Listener = feed.listener()
+	opts.Epoch = epoch
 	d, err := orchestrator.Start(opts)
 	if err != nil { // Start closed the store
 		if errors.Is(err, store.ErrDeposed) {
@@ -267,8 +272,39 @@ func stepDown(log *slog.Logger, epoch uint64, why string, err error) error {
 // probes, a redirect of the operator API to the leader, and a refusal
 // naming the leader to everything else (the workers' endpoints).
 type standby struct {
-	self   string                 // this orchestrator's advertised URL
-	leader atomic.Pointer[string] // the leader's advertised URL; "" when none leads
+	self    string                 // this orchestrator's advertised URL
+	leader  atomic.Pointer[string] // the leader's advertised URL; "" when none leads
+	epoch   atomic.Uint64          // the leader's epoch, as last read
+	metrics http.Handler           // /metrics: tether_leader 0 and the leader's epoch
+}
+
+// newStandby makes the standby's answers; its /metrics asks for the
+// metrics token when one is set (operator tokens live in the store, which
+// a standby does not read).
+func newStandby(self, metricsToken string) *standby {
+	s := &standby{self: self}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "tether_leader", Help: "1 while this orchestrator leads; a standby reports 0 (SPEC §11).",
+		}, func() float64 { return 0 }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "tether_leader_epoch", Help: "The leadership epoch this orchestrator leads in (0: a store of one orchestrator); on a standby, the leader's.",
+		}, func() float64 { return float64(s.epoch.Load()) }),
+		collectors.NewGoCollector(),
+		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+	)
+	h := promhttp.HandlerFor(reg, promhttp.HandlerOpts{MaxRequestsInFlight: 2})
+	s.metrics = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		got, _ := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+		if metricsToken != "" && subtle.ConstantTimeCompare([]byte(got), []byte(metricsToken)) != 1 {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="tether-metrics"`)
+			http.Error(w, "metrics: missing or wrong bearer token (a standby takes only the metrics token)", http.StatusUnauthorized)
+			return
+		}
+		h.ServeHTTP(w, r)
+	})
+	return s
 }
 
 // watch keeps the leader's URL current, reading it every poll, until ctx
@@ -277,8 +313,9 @@ func (s *standby) watch(ctx context.Context, el *pglead.Elector) {
 	t := time.NewTicker(el.Config().Poll)
 	defer t.Stop()
 	for {
-		url, _, live, err := el.Leader(ctx)
+		url, epoch, live, err := el.Leader(ctx)
 		if err == nil {
+			s.epoch.Store(epoch)
 			if !live || url == s.self { // a lapsed lease, or this address's own before a restart
 				url = ""
 			}
@@ -311,6 +348,9 @@ func (s *standby) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			why = "standby; leader at " + leader
 		}
 		probeAnswer(w, r, http.StatusServiceUnavailable, why)
+		return
+	case r.URL.Path == "/metrics":
+		s.metrics.ServeHTTP(w, r)
 		return
 	}
 	w.Header().Set("Cache-Control", "no-store")

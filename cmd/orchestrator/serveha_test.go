@@ -8,15 +8,21 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"regexp"
 	"strings"
 	"testing"
 )
 
 func TestStandbyAnswers(t *testing.T) {
-	sb := &standby{}
-	ask := func(method, path string) *http.Response {
+	sb := newStandby("http://10.0.0.9:7420", "mtok")
+	sb.epoch.Store(7)
+	ask := func(method, path string, header ...string) *http.Response {
 		w := httptest.NewRecorder()
-		sb.ServeHTTP(w, httptest.NewRequest(method, path, nil))
+		r := httptest.NewRequest(method, path, nil)
+		for i := 0; i+1 < len(header); i += 2 {
+			r.Header.Set(header[i], header[i+1])
+		}
+		sb.ServeHTTP(w, r)
 		return w.Result()
 	}
 	body := func(r *http.Response) string { b, _ := io.ReadAll(r.Body); return strings.TrimSpace(string(b)) }
@@ -32,7 +38,17 @@ func TestStandbyAnswers(t *testing.T) {
 		if r := ask("GET", "/readyz"); r.StatusCode != 503 || body(r) != wantReady {
 			t.Errorf("leader %q: /readyz %d %q; want 503 %q", leader, r.StatusCode, body(r), wantReady)
 		}
-		for _, path := range []string{"/control", "/data/x", "/bundle/f", "/metrics", "/"} {
+		// /metrics: tether_leader 0 and the leader's epoch, behind the
+		// metrics token (SPEC §16).
+		if r := ask("GET", "/metrics"); r.StatusCode != 401 {
+			t.Errorf("leader %q: /metrics without the token %d; want 401", leader, r.StatusCode)
+		}
+		if r := ask("GET", "/metrics", "Authorization", "Bearer mtok"); r.StatusCode != 200 {
+			t.Errorf("leader %q: /metrics %d; want 200", leader, r.StatusCode)
+		} else if m := body(r); !regexp.MustCompile(`(?m)^tether_leader 0$`).MatchString(m) || !regexp.MustCompile(`(?m)^tether_leader_epoch 7$`).MatchString(m) {
+			t.Errorf("leader %q: /metrics lacks tether_leader 0 and tether_leader_epoch 7:\n%s", leader, m)
+		}
+		for _, path := range []string{"/control", "/data/x", "/bundle/f", "/"} {
 			r := ask("GET", path)
 			if r.StatusCode != 503 || r.Header.Get(leaderHeader) != leader || !strings.Contains(body(r), `"leader":"`+leader+`"`) {
 				t.Errorf("leader %q: %s %d, %s %q; want 503 naming the leader", leader, path, r.StatusCode, leaderHeader, r.Header.Get(leaderHeader))
