@@ -106,6 +106,11 @@ var (
 	// the orchestrator refuses an operator call (an invalid run, an unknown
 	// token, ...).
 	ErrRefused = errors.New("orchestrator: refused")
+	// ErrAdminMismatch is returned by Start when Options.AdminShared is set
+	// and the admin token differs from the one the store holds: on a store
+	// that several orchestrators share, one with another copy of the file
+	// must not reset the token of the others (SPEC §11, §15a).
+	ErrAdminMismatch = errors.New("orchestrator: the admin token differs from the one the store holds")
 )
 
 // Options configures a Driver.
@@ -159,6 +164,10 @@ type Options struct {
 	// "admin" (SPEC §15a: created at the first start, given this hash when
 	// it changed), and the API takes every live operator token.
 	AdminToken string
+	// AdminShared says the store is shared by several orchestrators (SPEC
+	// §11): an AdminToken other than the one the store holds is refused
+	// (ErrAdminMismatch) rather than taken as a reset of the token.
+	AdminShared bool
 	// TLS, if set, serves everything over TLS (it needs a certificate);
 	// HTTP/2 is negotiated by ALPN and workers dial wss://. Nil serves
 	// cleartext: HTTP/1.1 and h2c.
@@ -417,7 +426,16 @@ func Start(opts Options) (*Driver, error) {
 	d.emitLogs(rd)
 	if opts.AdminToken != "" {
 		// The admin-token file is the operator token "admin" (SPEC §15a).
-		rd := o.Step(time.Now(), core.SetAdmin{Hash: sha256.Sum256([]byte(opts.AdminToken))})
+		hash := sha256.Sum256([]byte(opts.AdminToken))
+		if opts.AdminShared {
+			for _, t := range o.Operators() {
+				if t.Name == core.AdminOperator && t.Hash != hash {
+					st.Close()
+					return nil, fmt.Errorf("%w: every orchestrator of a shared store needs the same admin-token file; copy the one the others use", ErrAdminMismatch)
+				}
+			}
+		}
+		rd := o.Step(time.Now(), core.SetAdmin{Hash: hash})
 		if err := st.Apply(rd.Records); err != nil {
 			st.Close()
 			return nil, fmt.Errorf("orchestrator: persist the admin token: %w", err)

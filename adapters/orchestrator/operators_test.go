@@ -3,6 +3,7 @@ package orchestrator_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"net/http"
 	"net/url"
 	"path/filepath"
@@ -415,5 +416,42 @@ func TestWebSessionActsAsItsToken(t *testing.T) {
 	r.ok("revoke alice", admin.RevokeOperatorToken(r.ctx, "alice"))
 	if a := rw.do("GET", "/", nil, nil); a.code != http.StatusSeeOther || !strings.HasPrefix(a.h.Get("Location"), "/login") {
 		t.Errorf("a revoked token's session: HTTP %d to %q, want a redirect to /login", a.code, a.h.Get("Location"))
+	}
+}
+
+// TestAdminSharedRefusesAnotherToken: on a shared store (SPEC §11, §15a)
+// an orchestrator whose admin-token file differs from the store's is
+// refused at Start and writes nothing; on a store of its own the same
+// start is a reset of the token, and the old one stops working.
+func TestAdminSharedRefusesAnotherToken(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "tether.db")
+	start := func(token string, shared bool) (*orchestrator.Driver, error) {
+		return orchestrator.Start(orchestrator.Options{Addr: "127.0.0.1:0", StorePath: path, AdminToken: token, AdminShared: shared, Logger: testLogger(t)})
+	}
+	d, err := start("first-admin-token", true) // the first start sets it
+	if err != nil {
+		t.Fatal(err)
+	}
+	d.Close()
+	if _, err := start("other-admin-token", true); !errors.Is(err, orchestrator.ErrAdminMismatch) {
+		t.Fatalf("a shared store started with another admin token: %v; want ErrAdminMismatch", err)
+	}
+	d, err = start("first-admin-token", true) // the same token still leads, and still works
+	if err != nil {
+		t.Fatalf("the store's own admin token refused after a mismatch: %v", err)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), testTimeout)
+	defer cancel()
+	if code, _ := get(t, ctx, d.APIURL()+"/runs", "first-admin-token"); code != http.StatusOK {
+		t.Errorf("the admin token after a refused start: %d; want 200", code)
+	}
+	d.Close()
+	d, err = start("other-admin-token", false) // not shared: a reset
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	if code, _ := get(t, ctx, d.APIURL()+"/runs", "first-admin-token"); code != http.StatusUnauthorized {
+		t.Errorf("the replaced admin token after a reset: %d; want 401", code)
 	}
 }

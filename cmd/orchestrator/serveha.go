@@ -216,12 +216,16 @@ func serveLeading(ctx context.Context, e *env, log *slog.Logger, cfg serverConfi
 	opts.StorePath = where // for its logs: the secrets key is --secrets-key-file
 	opts.Listener = feed.listener()
 	opts.Epoch = epoch
+	opts.AdminShared = true // another copy of the admin-token file is refused, not a reset (SPEC §15a)
 	d, err := orchestrator.Start(opts)
 	if err != nil { // Start closed the store
 		if errors.Is(err, store.ErrDeposed) {
 			return stepDown(log, epoch, unknownOutcome, err)
 		}
 		resign()
+		if errors.Is(err, orchestrator.ErrAdminMismatch) { // a setting to fix, as a wrong secrets key is: exit 2
+			return usageErrorf("--admin-token-file %s: %v", cfg.AdminTokenFile, err)
+		}
 		return err
 	}
 	fmt.Fprintf(e.stdout, "Tether orchestrator listening on %s (store %s, leading: epoch %d, advertised as %s)\n  workers connect to: %s\n  operator API:       %s\n  data plane:         %s\n",
