@@ -220,3 +220,59 @@ func TestLeaderSessionPausedInTransaction(t *testing.T) {
 		t.Fatalf("a take-over behind a paused leader's transaction: ok %v epoch %d, %v; want epoch 1 once the server ended that session", ok, epoch, err)
 	}
 }
+
+// TestServeRefusesAnotherKeyOrToken: every orchestrator of a PostgreSQL
+// store must name the same secrets key and admin token (SPEC §11): one
+// with another admin-token file, or another key, exits 2 naming the flag
+// and resigns, and the store keeps the first token (it is not reset).
+func TestServeRefusesAnotherKeyOrToken(t *testing.T) {
+	c := pgtest.Start(t)
+	ctx, cancel := context.WithTimeout(t.Context(), e2eTimeout)
+	defer cancel()
+	orchBin, _ := buildBinaries(t, ctx)
+	first, other := t.TempDir(), t.TempDir()
+	serve := func(name, keyDir, tokenDir string) *proc {
+		return start(t, ctx, name, orchBin, "serve", "--addr", "127.0.0.1:0", "--data-dir", filepath.Join(t.TempDir(), "data"),
+			"--store", c.DSN, "--secrets-key-file", filepath.Join(keyDir, "secrets-key"),
+			"--admin-token-file", filepath.Join(tokenDir, "admin-token"), "--leader-lease", "2s")
+	}
+	a := serve("orchestrator-a", first, first)
+	var url string
+	at := regexp.MustCompile(`workers connect to: ws://([0-9.:]+)/control`)
+	poll(t, ctx, "a to lead", func() bool {
+		m := at.FindStringSubmatch(a.stdout.String())
+		if m != nil {
+			url = "http://" + m[1]
+		}
+		return m != nil
+	})
+	dag := filepath.Join(t.TempDir(), "sealed.yaml") // a run's record is sealed with the key (SPEC §14a)
+	if err := os.WriteFile(dag, []byte("env:\n  K: v\nsteps:\n  - name: held\n    tags: [nobody-has-this]\n    run: true\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if p := start(t, ctx, "cli", orchBin, "run", "submit", dag, "--url", url, "--data-dir", first); p.wait(t, ctx) != exitOK {
+		t.Fatalf("run submit: %s", p.stderr)
+	}
+	a.signal(t, syscall.SIGTERM) // resigns: the next one leads at once
+	if code := a.wait(t, ctx); code != exitOK {
+		t.Fatalf("a on SIGTERM: exit %d: %s", code, a.stderr)
+	}
+	for _, tc := range []struct {
+		name, keyDir, tokenDir, flag string
+	}{
+		{"another-admin-token", first, other, "--admin-token-file"},
+		{"another-secrets-key", other, first, "--secrets-key-file"},
+	} {
+		p := serve(tc.name, tc.keyDir, tc.tokenDir)
+		if code := p.wait(t, ctx); code != exitUsage || !strings.Contains(p.stderr.String(), tc.flag) {
+			t.Errorf("%s: exit %d, stderr %q; want exit %d naming %s", tc.name, code, p.stderr, exitUsage, tc.flag)
+		}
+	}
+	// The first token still leads, and was not reset.
+	b := serve("orchestrator-b", first, first)
+	poll(t, ctx, "b to lead", func() bool { return strings.Contains(b.stdout.String(), "leading: epoch") })
+	m := at.FindStringSubmatch(b.stdout.String())
+	if p := start(t, ctx, "cli", orchBin, "run", "list", "--url", "http://"+m[1], "--data-dir", first); p.wait(t, ctx) != exitOK {
+		t.Errorf("run list with the first admin token after the refused starts: %s", p.stderr)
+	}
+}

@@ -223,8 +223,11 @@ func serveLeading(ctx context.Context, e *env, log *slog.Logger, cfg serverConfi
 			return stepDown(log, epoch, unknownOutcome, err)
 		}
 		resign()
-		if errors.Is(err, orchestrator.ErrAdminMismatch) { // a setting to fix, as a wrong secrets key is: exit 2
+		switch { // a setting to fix: exit 2
+		case errors.Is(err, orchestrator.ErrAdminMismatch):
 			return usageErrorf("--admin-token-file %s: %v", cfg.AdminTokenFile, err)
+		case errors.Is(err, store.ErrSecretsKey), errors.Is(err, store.ErrNoSecretsKey):
+			return usageErrorf("--secrets-key-file: %v", err)
 		}
 		return err
 	}
