@@ -80,9 +80,9 @@ a leader shuts down and resigns, so a standby takes over at once.
 Every orchestrator of a PostgreSQL store must name, with
 --secrets-key-file and --admin-token-file, the same secrets key and admin
 token (each file is created on the first start when missing: copy both to
-the other hosts before starting them), and --advertise the URL the others,
-the workers and the clients reach it at (default: http(s)://--addr when it
-names a host).
+the other hosts before starting them; one with another key or admin token
+exits 2), and --advertise the URL the others, the workers and the clients
+reach it at (default: http(s)://--addr when it names a host).
 
 Without a certificate everything is cleartext: HTTP/1.1 and HTTP/2 with prior
 knowledge (h2c). With --tls-cert and --tls-key (PEM files) everything is TLS,
