@@ -364,7 +364,7 @@ func (s *standby) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if leader != "" {
 		w.Header().Set(leaderHeader, leader)
 	}
-	if leader != "" && (r.URL.Path == "/api" || strings.HasPrefix(r.URL.Path, "/api/")) {
+	if leader != "" && (r.URL.Path == "/api" || strings.HasPrefix(r.URL.Path, "/api/") || statusPage(r)) {
 		http.Redirect(w, r, leader+r.URL.RequestURI(), http.StatusTemporaryRedirect)
 		return
 	}
@@ -376,6 +376,20 @@ func (s *standby) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Retry-After", "1")
 	w.WriteHeader(http.StatusServiceUnavailable)
 	_ = json.NewEncoder(w).Encode(map[string]string{"error": "standby", "leader": leader, "message": msg})
+}
+
+// statusPage says whether r reads a page of the status page (SPEC §18),
+// which a standby sends to the leader's as it does the operator API.
+func statusPage(r *http.Request) bool {
+	if r.Method != http.MethodGet && r.Method != http.MethodHead {
+		return false
+	}
+	switch p := r.URL.Path; p {
+	case "/", "/login", "/events", "/workers", "/tokens":
+		return true
+	default:
+		return strings.HasPrefix(p, "/runs/")
+	}
 }
 
 // probeAnswer answers /livez and /readyz as the orchestrator does.

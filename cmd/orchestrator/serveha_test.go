@@ -48,11 +48,25 @@ func TestStandbyAnswers(t *testing.T) {
 		} else if m := body(r); !regexp.MustCompile(`(?m)^tether_leader 0$`).MatchString(m) || !regexp.MustCompile(`(?m)^tether_leader_epoch 7$`).MatchString(m) {
 			t.Errorf("leader %q: /metrics lacks tether_leader 0 and tether_leader_epoch 7:\n%s", leader, m)
 		}
-		for _, path := range []string{"/control", "/data/x", "/bundle/f", "/"} {
+		for _, path := range []string{"/control", "/data/x", "/bundle/f", "/step/definition"} {
 			r := ask("GET", path)
 			if r.StatusCode != 503 || r.Header.Get(leaderHeader) != leader || !strings.Contains(body(r), `"leader":"`+leader+`"`) {
 				t.Errorf("leader %q: %s %d, %s %q; want 503 naming the leader", leader, path, r.StatusCode, leaderHeader, r.Header.Get(leaderHeader))
 			}
+		}
+		// The status page's pages go to the leader's (SPEC §18); its
+		// actions (POST) are refused as any other write.
+		for _, path := range []string{"/", "/runs/run-1", "/workers"} {
+			r := ask("GET", path)
+			switch {
+			case leader == "" && r.StatusCode != 503:
+				t.Errorf("no leader: GET %s %d; want 503", path, r.StatusCode)
+			case leader != "" && (r.StatusCode != 307 || r.Header.Get("Location") != leader+path):
+				t.Errorf("leader %q: GET %s %d to %q; want 307 to the same page there", leader, path, r.StatusCode, r.Header.Get("Location"))
+			}
+		}
+		if r := ask("POST", "/runs/run-1/cancel"); r.StatusCode != 503 {
+			t.Errorf("leader %q: POST /runs/run-1/cancel %d; want 503", leader, r.StatusCode)
 		}
 		r := ask("POST", "/api/runs?file=a.yaml")
 		switch {
