@@ -13,6 +13,7 @@ import (
 	"io"
 	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -72,6 +73,7 @@ type link struct {
 	id           uint64
 	client, peer net.Conn
 	once         sync.Once
+	frozen       atomic.Bool // Freeze: what is read is dropped, nothing is forwarded
 }
 
 // sever closes both connections; with reset, as an abortive close (RST).
@@ -181,7 +183,7 @@ func (p *Proxy) pipe(l *link, dir Dir, src, dst net.Conn) {
 	buf := make([]byte, 32<<10)
 	for {
 		n, err := src.Read(buf)
-		if n > 0 {
+		if n > 0 && !l.frozen.Load() {
 			if p.tap != nil {
 				p.tap.Read(l.id, dir, buf[:n], time.Now())
 			}
@@ -212,6 +214,19 @@ func (p *Proxy) Cut() int {
 		l.sever(true)
 	}
 	return len(links)
+}
+
+// Freeze stops every live link forwarding, in both directions, while its
+// sockets stay open: what either side sends is read and dropped, as when
+// the peer's host died without a FIN or its process was stopped. Links
+// made later forward as usual. It returns how many links it froze.
+func (p *Proxy) Freeze() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, l := range p.links {
+		l.frozen.Store(true)
+	}
+	return len(p.links)
 }
 
 // Restore lets new connections through again after Cut.

@@ -58,13 +58,20 @@ func (r *faultRig) url() string { return "ws://" + r.p.Addr() + "/control" }
 
 // worker runs a worker driver through the proxy until the test ends.
 func (r *faultRig) worker(cfg core.WorkerConfig) *worker.Driver {
+	return r.workerWith(worker.Options{}, cfg)
+}
+
+// workerWith is worker with more options (URL, Logger and Config are the
+// rig's).
+func (r *faultRig) workerWith(opts worker.Options, cfg core.WorkerConfig) *worker.Driver {
 	r.t.Helper()
 	tok, err := r.d.CreateToken(r.ctx, cfg.Name, time.Minute)
 	if err != nil {
 		r.t.Fatal(err)
 	}
 	cfg.Token = tok
-	w, err := worker.New(worker.Options{URL: r.url(), Logger: testLogger(r.t).With("side", "worker", "name", cfg.Name), Config: cfg})
+	opts.URL, opts.Logger, opts.Config = r.url(), testLogger(r.t).With("side", "worker", "name", cfg.Name), cfg
+	w, err := worker.New(opts)
 	if err != nil {
 		r.t.Fatal(err)
 	}
@@ -603,4 +610,31 @@ func TestFaultAnswerLostInCut(t *testing.T) {
 		return false
 	})
 	checkHistory(t, r.rec)
+}
+
+// TestFaultFrozenOrchestratorLeft: the orchestrator's end of the link goes
+// silent with its sockets open — its host died without a FIN, or its
+// process is stopped — while the worker has nothing to send. The worker
+// pings, hears no pong, and dials again within its ReadWait (SPEC §10),
+// as it must to reach a standby that took over (SPEC §11), rather than
+// waiting for a write to fail.
+func TestFaultFrozenOrchestratorLeft(t *testing.T) {
+	r := startFaultRig(t)
+	const readWait = 2 * time.Second
+	r.workerWith(worker.Options{ReadWait: readWait}, core.WorkerConfig{Name: "w1", Slots: 1})
+	r.poll("the worker to connect", func() bool { return r.p.Links() == 1 && r.p.Accepted() == 1 })
+	// Idle but answering, the link lives on past ReadWait: the worker's
+	// pings get pongs (the orchestrator's own pings are 20 s apart).
+	select {
+	case <-time.After(5 * readWait / 2):
+	case <-r.ctx.Done():
+		t.Fatal(r.ctx.Err())
+	}
+	if n := r.p.Accepted(); n != 1 {
+		t.Fatalf("an idle, answering link was dialed %d times in %v; want once (ReadWait %v)", n, 5*readWait/2, readWait)
+	}
+	if n := r.p.Freeze(); n != 1 {
+		t.Fatalf("froze %d links; want the worker's one", n)
+	}
+	r.poll("the worker to leave the frozen link and dial again", func() bool { return r.p.Accepted() >= 2 })
 }

@@ -1,6 +1,7 @@
 package worker
 
 import (
+	"cmp"
 	"sync"
 	"time"
 
@@ -9,10 +10,13 @@ import (
 	"github.com/tether-run/tether/adapters/wire"
 )
 
-// Control-plane timing and limits (the orchestrator pings every 20 s).
+// Control-plane timing and limits (the orchestrator pings every 20 s, the
+// worker every ReadWait/4).
 const (
-	readWait  = 60 * time.Second // no frame and no ping this long: the connection is dead
-	writeWait = 10 * time.Second // one frame must be written within this
+	// DefaultReadWait is Options.ReadWait's default: no frame, ping or
+	// pong this long and the connection is dead.
+	DefaultReadWait = 20 * time.Second
+	writeWait       = 10 * time.Second // one frame must be written within this
 )
 
 // The send queue has no overflow rule (SPEC §10): what the core sends is
@@ -23,9 +27,10 @@ const (
 
 // conn is the worker's side of one control connection.
 type conn struct {
-	gen uint64
-	ws  *websocket.Conn
-	cc  *wire.CorkConn // under ws: the writer gathers queued frames into one write
+	gen      uint64
+	ws       *websocket.Conn
+	cc       *wire.CorkConn // under ws: the writer gathers queued frames into one write
+	readWait time.Duration  // silent this long: dead (Options.ReadWait)
 
 	mu       sync.Mutex
 	queue    [][]byte      // frames waiting for the writer, oldest first
@@ -38,7 +43,7 @@ type conn struct {
 
 // startConn runs the read loop and the writer of a new connection.
 func (d *Driver) startConn(gen uint64, ws *websocket.Conn, cc *wire.CorkConn) *conn {
-	c := &conn{gen: gen, ws: ws, cc: cc, wake: make(chan struct{}, 1), stop: make(chan struct{})}
+	c := &conn{gen: gen, ws: ws, cc: cc, readWait: cmp.Or(d.opts.ReadWait, DefaultReadWait), wake: make(chan struct{}, 1), stop: make(chan struct{})}
 	d.wg.Add(2)
 	go func() {
 		defer d.wg.Done()
@@ -57,11 +62,14 @@ func (d *Driver) startConn(gen uint64, ws *websocket.Conn, cc *wire.CorkConn) *c
 // returns why. A frame that does not decode ends the connection.
 func (d *Driver) readLoop(c *conn) string {
 	c.ws.SetReadLimit(wire.MaxFrame)
-	c.ws.SetReadDeadline(time.Now().Add(readWait))
+	c.ws.SetReadDeadline(time.Now().Add(c.readWait))
 	c.ws.SetPingHandler(func(data string) error {
-		c.ws.SetReadDeadline(time.Now().Add(readWait))
+		c.ws.SetReadDeadline(time.Now().Add(c.readWait))
 		c.ws.WriteControl(websocket.PongMessage, []byte(data), time.Now().Add(writeWait)) // best effort
 		return nil
+	})
+	c.ws.SetPongHandler(func(string) error { // the answer to writeLoop's pings
+		return c.ws.SetReadDeadline(time.Now().Add(c.readWait))
 	})
 	var frames wire.FrameBuffer
 	for {
@@ -73,7 +81,7 @@ func (d *Driver) readLoop(c *conn) string {
 		if err != nil {
 			return err.Error()
 		}
-		c.ws.SetReadDeadline(time.Now().Add(readWait))
+		c.ws.SetReadDeadline(time.Now().Add(c.readWait))
 		if typ != websocket.TextMessage {
 			c.hangUp(websocket.CloseUnsupportedData, "binary frame")
 			return "orchestrator sent a binary frame"
@@ -95,9 +103,13 @@ func (c *conn) writeText(b []byte) error { return wire.WriteText(c.ws, b, writeW
 
 // writeLoop writes queued frames until the queue is closed (then it sends a
 // close frame) or the connection is aborted or fails. The frames queued at
-// one moment go out in one write.
+// one moment go out in one write. It pings every readWait/4: an
+// orchestrator that answers nothing, not even a pong, is left within
+// readWait (readLoop's deadline).
 func (c *conn) writeLoop() {
 	defer c.ws.Close()
+	ping := time.NewTicker(c.readWait / 4)
+	defer ping.Stop()
 	for {
 		c.mu.Lock()
 		frames, closed := c.queue, c.closed
@@ -116,6 +128,11 @@ func (c *conn) writeLoop() {
 		}
 		select {
 		case <-c.wake:
+		case <-ping.C:
+			if err := c.ws.WriteControl(websocket.PingMessage, nil, time.Now().Add(writeWait)); err != nil {
+				c.abort()
+				return
+			}
 		case <-c.stop:
 			return
 		}

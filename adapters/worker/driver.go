@@ -55,6 +55,13 @@ type Options struct {
 	// next URL; a host name that resolves to several addresses is each of
 	// them.
 	URLs []string
+	// ReadWait is how long the control connection may be silent — no
+	// frame, ping or pong from the orchestrator — before the worker takes
+	// it for dead and dials again (zero: DefaultReadWait). The worker
+	// pings every ReadWait/4, so an orchestrator whose host died without
+	// closing its sockets, or whose process is stopped, is left within
+	// ReadWait (SPEC §10), not at the next write.
+	ReadWait time.Duration
 	// Config configures the core worker; an empty ID gets a random UUID and
 	// a zero Seed a random one.
 	Config core.WorkerConfig

@@ -407,6 +407,17 @@ func (r *failoverRig) leader() (*supervised, uint64) {
 // most 1,000 steps, child runs included, SPEC §12: 2,000 steps are two
 // runs.) Each step appends "<name>[<item>] <lease>" to its own marker file,
 // in a directory of its own; the items are unique across the runs.
+// midRun submits the scenarios' 2,000 steps — two runs of 500
+// write-bearing and 500 no-write steps, as a submission expands to at most
+// 1,000 (SPEC §12) — and returns once a quarter of them have run.
+func (r *failoverRig) midRun() (ids []string, steps int) {
+	const runs, writes, noWrites = 2, 500, 500
+	ids = r.submit(runs, writes, noWrites)
+	steps = runs * (writes + noWrites)
+	r.waitMarkers(steps / 4)
+	return ids, steps
+}
+
 func (r *failoverRig) submit(runs, writes, noWrites int) []string {
 	r.t.Helper()
 	dir := r.t.TempDir()
@@ -546,7 +557,6 @@ func (r *failoverRig) finish(runs []string, steps int) {
 }
 
 // TestFailoverLeaderKilled: the leader is SIGKILLed mid-run (SPEC §11).
-// 2,000 steps: two runs, each of 500 write-bearing and 500 no-write.
 func TestFailoverLeaderKilled(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and runs the binaries")
@@ -554,10 +564,7 @@ func TestFailoverLeaderKilled(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), failoverTimeout)
 	defer cancel()
 	r := newFailoverRig(t, ctx)
-	const runs, writes, noWrites = 2, 500, 500
-	ids := r.submit(runs, writes, noWrites)
-	const steps = runs * (writes + noWrites)
-	r.waitMarkers(steps / 4)
+	ids, steps := r.midRun()
 	old, epoch := r.leader()
 	r.t.Logf("killing %s (epoch %d) with %d of %d steps run", old.name, epoch, r.markerCount(), steps)
 	killed := time.Now()
@@ -577,11 +584,8 @@ func TestFailoverLeaderPaused(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), failoverTimeout)
 	defer cancel()
 	r := newFailoverRig(t, ctx)
-	const runs, writes, noWrites = 2, 500, 500
 	r.noteWrites()
-	ids := r.submit(runs, writes, noWrites)
-	const steps = runs * (writes + noWrites)
-	r.waitMarkers(steps / 4)
+	ids, steps := r.midRun()
 	old, epoch := r.leader()
 	r.t.Logf("stopping %s (epoch %d) with %d of %d steps run", old.name, epoch, r.markerCount(), steps)
 	stopped := time.Now()
@@ -624,10 +628,7 @@ func TestFailoverDatabaseRestarted(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), failoverTimeout)
 	defer cancel()
 	r := newFailoverRig(t, ctx)
-	const runs, writes, noWrites = 2, 500, 500
-	ids := r.submit(runs, writes, noWrites)
-	const steps = runs * (writes + noWrites)
-	r.waitMarkers(steps / 4)
+	ids, steps := r.midRun()
 	_, epoch := r.leader()
 	r.t.Logf("restarting the database (epoch %d) with %d of %d steps run", epoch, r.markerCount(), steps)
 	began := time.Now()
