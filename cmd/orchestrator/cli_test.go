@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -17,6 +18,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -551,5 +553,67 @@ func TestCLIFollowsLeader(t *testing.T) {
 	}
 	if !slices.Equal(got, []string{"/api/tokens Bearer t", "/api/tokens Bearer t"}) {
 		t.Fatalf("the leader got %q; want the token list twice, with the token", got)
+	}
+}
+
+// silentListener is a loopback address whose host seems gone: its accept
+// queue is full (backlog 0, one connection queued, none accepted), so the
+// kernel drops every further SYN and a dial hangs, as one to a dead host
+// does.
+func silentListener(t *testing.T) string {
+	t.Helper()
+	fd, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_STREAM, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { syscall.Close(fd) })
+	if err := syscall.Bind(fd, &syscall.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Listen(fd, 0); err != nil {
+		t.Fatal(err)
+	}
+	sa, err := syscall.Getsockname(fd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := fmt.Sprintf("127.0.0.1:%d", sa.(*syscall.SockaddrInet4).Port)
+	for i := 0; ; i++ { // fill the queue until a dial hangs
+		c, err := net.DialTimeout("tcp", addr, 300*time.Millisecond)
+		if err != nil {
+			break
+		}
+		t.Cleanup(func() { c.Close() })
+		if i == 8 {
+			t.Fatalf("%s still completes connections with its accept queue full: this test needs a kernel that drops SYNs then (Linux does)", addr)
+		}
+	}
+	return addr
+}
+
+// TestCLIPassesOverASilentHost: the first --url's host answers no SYN (a
+// dead leader's): the CLI gives each URL a share of --timeout to connect,
+// so even a write (which is never sent twice) reaches the next one within
+// the timeout (SPEC §15).
+func TestCLIPassesOverASilentHost(t *testing.T) {
+	var got []string
+	var mu sync.Mutex
+	leader := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		got = append(got, r.Method+" "+r.URL.Path)
+		mu.Unlock()
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusCreated)
+		io.WriteString(w, `{"name":"ci","token":"ci.SECRET"}`)
+	}))
+	defer leader.Close()
+	silent := "http://" + silentListener(t)
+	var out, errb bytes.Buffer
+	args := []string{"token", "create", "ci", "--admin-token", "t", "--timeout", "4s", "--url", silent, "--url", leader.URL}
+	if code := run(t.Context(), args, &out, &errb, func(string) string { return "" }); code != 0 {
+		t.Fatalf("token create past a silent first URL: exit %d\n%s", code, errb.String())
+	}
+	if !slices.Equal(got, []string{"POST /api/tokens"}) {
+		t.Fatalf("the second URL got %q; want the one POST", got)
 	}
 }

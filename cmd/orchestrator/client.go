@@ -10,6 +10,7 @@ import (
 	flag "github.com/spf13/pflag"
 	"io"
 	"io/fs"
+	"net"
 	"net/http"
 	"net/url"
 	"os"
@@ -336,6 +337,14 @@ func newClient(e *env, timeout time.Duration) (*client.Client, error) {
 		// a live stream: no deadline on the whole answer; --timeout bounds
 		// the wait for its headers
 		tr.ResponseHeaderTimeout = o.timeout
+	}
+	if len(urls) > 1 && o.timeout > 0 {
+		// Each URL gets an equal share of --timeout to connect (at least
+		// 1 s): a host gone silent — a dead leader's answers no SYN —
+		// cannot use it all up before the others are tried, and a dial
+		// that failed sent nothing, so any request moves on (SPEC §15).
+		share := max(o.timeout/time.Duration(len(urls)), time.Second)
+		tr.DialContext = (&net.Dialer{Timeout: share, KeepAlive: 30 * time.Second}).DialContext
 	}
 	if o.ca != "" {
 		pool, err := tlsconf.LoadCA(o.ca)
