@@ -76,6 +76,7 @@ type FailoverStats struct {
 	Zombies     int // a leader deposed while frozen or cut off
 	Deposed     int // a zombie's commit or proof refused by the epoch check
 	Cut         int // a leader's commit failed because the store was unreachable
+	Unacked     int // of those, commits that landed though the leader heard a failure
 	SkewedTimes int // takeovers by an instance whose clock is ahead of the previous leader's
 }
 
@@ -84,12 +85,13 @@ func (s *FailoverStats) add(o FailoverStats) {
 	s.Zombies += o.Zombies
 	s.Deposed += o.Deposed
 	s.Cut += o.Cut
+	s.Unacked += o.Unacked
 	s.SkewedTimes += o.SkewedTimes
 }
 
 func (s FailoverStats) String() string {
-	return fmt.Sprintf("failover: takeovers=%d (by a clock ahead %d) zombies=%d deposed=%d store-cut commits=%d",
-		s.Takeovers, s.SkewedTimes, s.Zombies, s.Deposed, s.Cut)
+	return fmt.Sprintf("failover: takeovers=%d (by a clock ahead %d) zombies=%d deposed=%d store-cut commits=%d (landed unacknowledged %d)",
+		s.Takeovers, s.SkewedTimes, s.Zombies, s.Deposed, s.Cut, s.Unacked)
 }
 
 var (

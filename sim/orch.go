@@ -184,6 +184,15 @@ func (w *world) commit(group []*pendingBatch) {
 			// Every group, records or none, is preceded by the epoch
 			// check, atomically with its write (SPEC §11).
 			if err := w.storeCheck(w.orch.inst, w.orch.fence); err != nil {
+				if errors.Is(err, errStoreCut) && w.ha.row.epoch == w.orch.fence && w.chance(0.3) {
+					// The link broke after the commit reached the
+					// store: it landed, and the leader heard only the
+					// failure. Its fate unknown, the leader exits
+					// (SPEC §11); the next leader restores it.
+					w.observeCommit(w.orch.inst, w.orch.fence)
+					w.persist(group)
+					w.ha.stats.Unacked++
+				}
 				return err
 			}
 		}
