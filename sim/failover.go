@@ -77,6 +77,7 @@ type FailoverStats struct {
 	Deposed     int // a zombie's commit or proof refused by the epoch check
 	Cut         int // a leader's commit failed because the store was unreachable
 	Unacked     int // of those, commits that landed though the leader heard a failure
+	Impaired    int // a standby paused or cut off from the store
 	SkewedTimes int // takeovers by an instance whose clock is ahead of the previous leader's
 }
 
@@ -86,12 +87,13 @@ func (s *FailoverStats) add(o FailoverStats) {
 	s.Deposed += o.Deposed
 	s.Cut += o.Cut
 	s.Unacked += o.Unacked
+	s.Impaired += o.Impaired
 	s.SkewedTimes += o.SkewedTimes
 }
 
 func (s FailoverStats) String() string {
-	return fmt.Sprintf("failover: takeovers=%d (by a clock ahead %d) zombies=%d deposed=%d store-cut commits=%d (landed unacknowledged %d)",
-		s.Takeovers, s.SkewedTimes, s.Zombies, s.Deposed, s.Cut, s.Unacked)
+	return fmt.Sprintf("failover: takeovers=%d (by a clock ahead %d) zombies=%d deposed=%d store-cut commits=%d (landed unacknowledged %d) standbys-impaired=%d",
+		s.Takeovers, s.SkewedTimes, s.Zombies, s.Deposed, s.Cut, s.Unacked, s.Impaired)
 }
 
 var (
@@ -338,6 +340,31 @@ func (w *world) cutLeader() {
 	in.cutUntil = w.now.Add(w.uniform(w.ha.lease/2, 3*w.ha.lease+time.Minute))
 }
 
+// impairStandby pauses a standby, or cuts it off from the store, for as
+// long as a leader's fault lasts: it cannot take over meanwhile, so a
+// lapsed lease may wait for another standby or for it to recover.
+func (w *world) impairStandby() {
+	var standbys []*haInstance // in index order: the draw below decides, never a map
+	for _, in := range w.ha.inst {
+		if in.state == haStandby && !in.pausedUntil.After(w.now) && !in.cutUntil.After(w.now) {
+			standbys = append(standbys, in)
+		}
+	}
+	if w.healed || len(standbys) == 0 {
+		return
+	}
+	in := standbys[w.r.IntN(len(standbys))]
+	until := w.now.Add(w.uniform(w.ha.lease/2, 3*w.ha.lease+time.Minute))
+	w.ha.stats.Impaired++
+	if w.chance(0.5) {
+		w.fault("orchestrator-standby-pause")
+		in.pausedUntil = until
+	} else {
+		w.fault("orchestrator-standby-store-partition")
+		in.cutUntil = until
+	}
+}
+
 func (w *world) startFailoverFaults() {
 	if w.ha == nil {
 		return
@@ -347,10 +374,13 @@ func (w *world) startFailoverFaults() {
 		if w.healed {
 			return
 		}
-		if w.chance(0.5) {
+		switch r := w.r.Float64(); {
+		case r < 0.4:
 			w.pauseLeader()
-		} else {
+		case r < 0.8:
 			w.cutLeader()
+		default:
+			w.impairStandby()
 		}
 		w.after(w.exp(w.opt.FailoverEvery), evFault, -1, nil, "failover fault", f)
 	}

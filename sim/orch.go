@@ -63,6 +63,7 @@ func (w *world) orchInput(in core.Input) core.Ready {
 	if n.inst != nil && !n.inst.pausedUntil.IsZero() && !n.woke.Equal(n.inst.pausedUntil) {
 		n.woke = n.inst.pausedUntil
 		w.props.timeouts.Woke(now)
+		w.props.poolView(w).Woke(now)
 	}
 	w.chk.Input(now, in)
 	held := w.heldReported(in)

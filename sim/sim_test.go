@@ -485,8 +485,9 @@ func TestSimLocksCoverage(t *testing.T) {
 // where an early timeout could show), leaders frozen or cut off from the
 // store past their lease become zombies that the epoch check refuses, and
 // cut-off leaders exit on a failed commit, some of which landed (the
-// answer lost with the link) — so PropOneWriterPerEpoch and
-// PropTimeoutNotEarly are checked where they can fail.
+// answer lost with the link), and standbys are paused or cut off too — so
+// PropOneWriterPerEpoch and PropTimeoutNotEarly are checked where they can
+// fail.
 func TestSimFailoverCoverage(t *testing.T) {
 	var sum FailoverStats
 	seeds := 0
@@ -503,7 +504,7 @@ func TestSimFailoverCoverage(t *testing.T) {
 		sum.add(r.Failover)
 	}
 	t.Logf("%d seeds: %s", seeds, sum)
-	if sum.Takeovers < seeds || sum.SkewedTimes == 0 || sum.Zombies == 0 || sum.Deposed == 0 || sum.Cut == 0 || sum.Unacked == 0 {
+	if sum.Takeovers < seeds || sum.SkewedTimes == 0 || sum.Zombies == 0 || sum.Deposed == 0 || sum.Cut == 0 || sum.Unacked == 0 || sum.Impaired == 0 {
 		t.Errorf("the failover fault is not exercised: %s", sum)
 	}
 }

@@ -184,6 +184,19 @@ func (p *Pool) Restored(now time.Time) {
 	clear(p.stuck)
 }
 
+// Woke says the orchestrator process woke from a pause at now (the
+// simulator's failover fault, when no standby took over): frozen, it could
+// sweep nothing, so a wait that ran out while it was is due at now, its
+// first batch awake — as Timeouts.Woke does for the timeouts.
+func (p *Pool) Woke(now time.Time) {
+	limit := p.cfg.UnmatchedTimeout + p.cfg.SweepInterval + TimeoutSlack
+	for id, since := range p.stuck {
+		if now.Sub(since) > limit {
+			p.stuck[id] = now.Add(-limit)
+		}
+	}
+}
+
 // definitelyActive: the orchestrator holds the worker's connection, it was
 // revoked by no one, and its last Hello or heartbeat is younger than the
 // heartbeat timeout (so no stale-worker sweep can have found it).
