@@ -37,6 +37,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/tether-run/tether/adapters/pglead"
 	"github.com/tether-run/tether/adapters/pgstore"
 	"github.com/tether-run/tether/adapters/pgtest"
 	"github.com/tether-run/tether/adapters/store"
@@ -133,13 +134,10 @@ func (bs *benchStore) open(tb testing.TB) store.Backend {
 	}
 	// Take the lead as a standby does once the lease has lapsed (SPEC §11),
 	// for an hour: the benchmark needs no renewals.
-	var epoch uint64
-	err = st.Pool().QueryRow(ctx, `UPDATE tether_leader SET epoch = epoch + 1, holder = $1, url = $2,
-		expires_at = now() + $3::interval WHERE id = 1 AND expires_at <= now() RETURNING epoch`,
-		"bench", "", "1 hour").Scan(&epoch)
+	epoch, ok, err := pglead.New(st.Pool(), pglead.Config{Holder: "bench", Lease: time.Hour}).TryTakeOver(ctx)
 	st.Close()
-	if err != nil {
-		tb.Fatalf("taking the lead: %v", err)
+	if err != nil || !ok {
+		tb.Fatalf("taking the lead: ok %v, %v", ok, err)
 	}
 	st, err = pgstore.Open(ctx, dsn, pgstore.Options{Epoch: epoch})
 	if err != nil {

@@ -7,7 +7,7 @@ import (
 // livez answers the liveness probe (SPEC §16): 200 while the process
 // serves HTTP at all.
 func (d *Driver) livez(w http.ResponseWriter, r *http.Request) {
-	probe(w, r, http.StatusOK, "ok")
+	Probe(w, r, http.StatusOK, "ok")
 }
 
 // readyz answers the readiness probe (SPEC §16): 200 once the store is open
@@ -19,7 +19,7 @@ func (d *Driver) readyz(w http.ResponseWriter, r *http.Request) {
 	if why == "" {
 		code, why = http.StatusOK, "ok"
 	}
-	probe(w, r, code, why)
+	Probe(w, r, code, why)
 }
 
 // notReady says why the driver is not ready, or "" if it is.
@@ -40,8 +40,9 @@ func (d *Driver) notReady() string {
 	return ""
 }
 
-// probe writes a probe's plain-text answer; only GET and HEAD are probes.
-func probe(w http.ResponseWriter, r *http.Request, code int, body string) {
+// Probe writes a probe's plain-text answer (/livez, /readyz, SPEC §16);
+// only GET and HEAD are probes. A standby answers its probes with it too.
+func Probe(w http.ResponseWriter, r *http.Request, code int, body string) {
 	if r.Method != http.MethodGet && r.Method != http.MethodHead {
 		w.Header().Set("Allow", "GET, HEAD")
 		http.Error(w, "method not allowed", http.StatusMethodNotAllowed)

@@ -108,18 +108,30 @@ func newMetrics(d *Driver) *metrics {
 			total, perAddr := d.ln.Refused()
 			return float64(total + perAddr)
 		}),
-		// A running driver leads (SPEC §11); a standby serves the same
-		// two families with tether_leader 0 (cmd/orchestrator).
-		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-			Name: "tether_leader", Help: "1 while this orchestrator leads; a standby reports 0 (SPEC §11).",
-		}, func() float64 { return 1 }),
-		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-			Name: "tether_leader_epoch", Help: "The leadership epoch this orchestrator leads in (0: a store of one orchestrator); on a standby, the leader's.",
-		}, func() float64 { return float64(d.opts.Epoch) }),
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 	)
+	// A running driver leads (SPEC §11).
+	m.reg.MustRegister(LeaderGauges(true, func() uint64 { return d.opts.Epoch })...)
 	return m
+}
+
+// LeaderGauges are tether_leader (1 leading, 0 a standby) and
+// tether_leader_epoch (the epoch it leads in, or a standby's last reading
+// of the leader's) for /metrics (SPEC §16): the driver's, and a standby's.
+func LeaderGauges(leading bool, epoch func() uint64) []prometheus.Collector {
+	leads := 0.0
+	if leading {
+		leads = 1
+	}
+	return []prometheus.Collector{
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "tether_leader", Help: "1 while this orchestrator leads; a standby reports 0 (SPEC §11).",
+		}, func() float64 { return leads }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "tether_leader_epoch", Help: "The leadership epoch this orchestrator leads in (0: a store of one orchestrator); on a standby, the leader's.",
+		}, func() float64 { return float64(epoch()) }),
+	}
 }
 
 // handler serves /metrics: open, or behind a bearer token when token is set.

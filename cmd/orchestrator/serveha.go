@@ -291,13 +291,8 @@ type standby struct {
 func newStandby(self, metricsToken string) *standby {
 	s := &standby{self: self}
 	reg := prometheus.NewRegistry()
+	reg.MustRegister(orchestrator.LeaderGauges(false, s.epoch.Load)...)
 	reg.MustRegister(
-		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-			Name: "tether_leader", Help: "1 while this orchestrator leads; a standby reports 0 (SPEC §11).",
-		}, func() float64 { return 0 }),
-		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-			Name: "tether_leader_epoch", Help: "The leadership epoch this orchestrator leads in (0: a store of one orchestrator); on a standby, the leader's.",
-		}, func() float64 { return float64(s.epoch.Load()) }),
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 	)
@@ -347,14 +342,14 @@ func (s *standby) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	leader := s.leaderURL()
 	switch {
 	case r.URL.Path == "/livez":
-		probeAnswer(w, r, http.StatusOK, "ok")
+		orchestrator.Probe(w, r, http.StatusOK, "ok")
 		return
 	case r.URL.Path == "/readyz":
 		why := "standby; no orchestrator leads now"
 		if leader != "" {
 			why = "standby; leader at " + leader
 		}
-		probeAnswer(w, r, http.StatusServiceUnavailable, why)
+		orchestrator.Probe(w, r, http.StatusServiceUnavailable, why)
 		return
 	case r.URL.Path == "/metrics":
 		s.metrics.ServeHTTP(w, r)
@@ -389,21 +384,6 @@ func statusPage(r *http.Request) bool {
 		return true
 	default:
 		return strings.HasPrefix(p, "/runs/")
-	}
-}
-
-// probeAnswer answers /livez and /readyz as the orchestrator does.
-func probeAnswer(w http.ResponseWriter, r *http.Request, code int, body string) {
-	if r.Method != http.MethodGet && r.Method != http.MethodHead {
-		w.Header().Set("Allow", "GET, HEAD")
-		http.Error(w, "method not allowed", http.StatusMethodNotAllowed)
-		return
-	}
-	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-	w.Header().Set("Cache-Control", "no-store")
-	w.WriteHeader(code)
-	if r.Method == http.MethodGet {
-		_, _ = w.Write([]byte(body + "\n"))
 	}
 }
 
