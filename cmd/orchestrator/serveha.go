@@ -408,6 +408,11 @@ func standbyServer(h http.Handler, tlsConf *tls.Config, headerTimeout time.Durat
 	if tlsConf != nil {
 		srv.TLSConfig = tlsConf.Clone()
 	}
+	// Every answer closes its connection: when this standby leads, the
+	// listener passes to the orchestrator's server, and a client must not
+	// be left holding an idle connection the standby's server is closing
+	// (its next request would meet EOF, not the new leader).
+	srv.SetKeepAlivesEnabled(false)
 	return srv
 }
 

@@ -5,12 +5,14 @@ package main
 
 import (
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httptest"
 	"regexp"
 	"strings"
 	"testing"
+	"time"
 )
 
 func TestStandbyAnswers(t *testing.T) {
@@ -111,5 +113,27 @@ func TestConnFeedHandsOver(t *testing.T) {
 	f.close()
 	if _, err := second.Accept(); err == nil {
 		t.Fatal("a view of a closed feed accepts")
+	}
+}
+
+// TestStandbyClosesEachConnection: a standby's server answers with
+// Connection: close, so no client holds an idle connection to it when it
+// leads and hands the listener to the orchestrator's server (a request
+// sent on such a connection as it closes meets EOF, not the leader).
+func TestStandbyClosesEachConnection(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := standbyServer(newStandby("http://127.0.0.1:1", ""), nil, time.Second, slog.New(slog.DiscardHandler))
+	go srv.Serve(ln)
+	defer srv.Close()
+	resp, err := http.Get("http://" + ln.Addr().String() + "/livez")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || !resp.Close {
+		t.Fatalf("standby /livez: %d, Connection: close %v; want 200 and the connection closed", resp.StatusCode, resp.Close)
 	}
 }
