@@ -33,6 +33,9 @@ func DescribeMsg(m Msg) string {
 			kv("labels", describeMap(m.Labels))
 		}
 		kv("slots", m.Slots)
+		if m.Ahead > 0 {
+			kv("ahead", m.Ahead)
+		}
 		if m.Scaler {
 			kv("scaler", true)
 		}
@@ -45,6 +48,8 @@ func DescribeMsg(m Msg) string {
 	case Start:
 		kv("lease", m.Lease)
 		kv("req", m.Request)
+	case Held:
+		kv("lease", m.Lease)
 	case RejectDispatch:
 		kv("lease", m.Lease)
 		kv("reason", quote(m.Reason))
@@ -150,6 +155,9 @@ func describeRefs(refs []LeaseRef) string {
 	parts := make([]string, len(rs))
 	for i, r := range rs {
 		parts[i] = fmt.Sprintf("%s@%d", r.Step, r.Lease)
+		if r.Held {
+			parts[i] += "(held)"
+		}
 	}
 	return "[" + strings.Join(parts, " ") + "]"
 }
@@ -299,6 +307,9 @@ func DescribeLease(l LeaseRecord) string {
 	if l.Started {
 		out += " started"
 	}
+	if l.Held {
+		out += " held"
+	}
 	if l.Committed {
 		out += " committed"
 	}
@@ -327,6 +338,9 @@ func DescribeClosed(c ClosedLease, t0 time.Time) string {
 // DescribeWorker renders a worker in one line.
 func DescribeWorker(w WorkerView) string {
 	out := fmt.Sprintf("worker %s name=%s slots=%d leases=%d", w.ID, w.Name, w.Slots, w.Leases)
+	if w.Ahead > 0 {
+		out += fmt.Sprintf(" ahead=%d", w.Ahead)
+	}
 	switch {
 	case w.Revoked:
 		out += " revoked"

@@ -253,6 +253,10 @@ func (e *recEncoder) lease(l *LeaseRecord) {
 	e.bool(l.Current)
 	e.key(false, "Started")
 	e.bool(l.Started)
+	if l.Held {
+		e.key(false, "Held")
+		e.bool(true)
+	}
 	if !l.Deadline.IsZero() {
 		e.key(false, "Deadline")
 		e.time(l.Deadline)

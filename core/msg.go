@@ -42,6 +42,9 @@ type WorkerID string
 type LeaseRef struct {
 	Step  StepID
 	Lease LeaseID
+	// Held marks, in a Hello's or a Heartbeat's list, a lease the worker
+	// holds ahead, not started (SPEC §3 lease-ahead).
+	Held bool
 }
 
 // Msg is a control-plane message between a worker and the orchestrator.
@@ -61,9 +64,13 @@ type (
 		Labels     map[string]string
 		Platform   string
 		Slots      int
-		Scaler     bool          // scaler-managed: single use, no grace
-		MaxDelay   time.Duration // the worker's max reconnect delay; grace = 2×; at most MaxReconnectDelay
-		InFlight   []LeaseRef
+		// Ahead is how many leases beyond its slots the worker holds
+		// granted but not started (SPEC §3 lease-ahead): 0..min(Slots,
+		// MaxWorkerAhead).
+		Ahead    int
+		Scaler   bool          // scaler-managed: single use, no grace
+		MaxDelay time.Duration // the worker's max reconnect delay; grace = 2×; at most MaxReconnectDelay
+		InFlight []LeaseRef
 		// Buffered counts the log lines and events the worker buffered
 		// while offline and replays after the Welcome (observability only).
 		Buffered int
@@ -107,6 +114,10 @@ type (
 	}
 	// Refresh asks for the session credential's validity to slide forward.
 	Refresh struct{ Request uint64 }
+	// Held answers a dispatch the worker holds ahead (no free slot, room
+	// ahead: SPEC §3): it meets the dispatch-ack deadline; the worker starts
+	// it when a slot frees.
+	Held struct{ Lease LeaseID }
 	// Drain says the worker is draining (§4, §10): it takes no new work and
 	// exits once its leases are finished. The orchestrator dispatches nothing
 	// more to it. A draining worker sends it again after every Welcome.
@@ -219,6 +230,7 @@ func (Logs) Kind() string           { return "logs" }
 func (Events) Kind() string         { return "events" }
 func (Refresh) Kind() string        { return "refresh" }
 func (Drain) Kind() string          { return "drain" }
+func (Held) Kind() string           { return "held" }
 func (Welcome) Kind() string        { return "welcome" }
 func (Refused) Kind() string        { return "refused" }
 func (Dispatch) Kind() string       { return "dispatch" }
@@ -304,14 +316,15 @@ type LogLine struct {
 // as malformed (§3). Names (worker name, tags, label keys and values,
 // platform) are checked by CheckName: 1..MaxNameLength bytes, printable.
 const (
-	MaxWorkerSlots         = 1024           // a Hello declares 1..MaxWorkerSlots slots
-	MaxWorkerTags          = 64             // tags in a Hello
-	MaxWorkerLabels        = 64             // labels in a Hello
-	MaxInFlightLeases      = MaxWorkerSlots // leases a Hello or a Heartbeat lists (a worker holds at most its slots)
-	MaxCredentialBytes     = 256            // a Hello's enrollment token or session credential
-	MaxBufferedItems       = 1 << 30        // a Hello's count of buffered lines and events (observability only)
-	MaxRejectReasonBytes   = 1024           // a RejectDispatch's reason (it is stored in the step's events)
-	MaxOutcomeMessageBytes = 4096           // a Report's outcome message (stored with the lease's answers)
+	MaxWorkerSlots         = 1024                            // a Hello declares 1..MaxWorkerSlots slots
+	MaxWorkerTags          = 64                              // tags in a Hello
+	MaxWorkerLabels        = 64                              // labels in a Hello
+	MaxWorkerAhead         = 64                              // a Hello declares 0..min(slots, MaxWorkerAhead) leases ahead
+	MaxInFlightLeases      = MaxWorkerSlots + MaxWorkerAhead // leases a Hello or a Heartbeat lists (a worker holds at most slots + ahead)
+	MaxCredentialBytes     = 256                             // a Hello's enrollment token or session credential
+	MaxBufferedItems       = 1 << 30                         // a Hello's count of buffered lines and events (observability only)
+	MaxRejectReasonBytes   = 1024                            // a RejectDispatch's reason (it is stored in the step's events)
+	MaxOutcomeMessageBytes = 4096                            // a Report's outcome message (stored with the lease's answers)
 )
 
 // MaxReconnectDelay is the longest reconnect delay a Hello may declare; a

@@ -357,7 +357,6 @@ func (h *harness) secret() (s [16]byte) {
 	return s
 }
 
-// parseRefs reads "run-1/a@3,run-1/b@4".
 // oversize applies a Hello's oversized fields (SPEC §12's limits):
 // namebytes=N, name-esc, ntags=N, tag-nl, nlabels=N, labelbytes=N,
 // ninflight=N, credbytes=N.
@@ -402,6 +401,7 @@ func manyRefs(n int) []LeaseRef {
 	return refs
 }
 
+// parseRefs reads "run-1/a@3,run-1/b@4(held)".
 func (h *harness) parseRefs(d *datadriven.TestData, v string) []LeaseRef {
 	var refs []LeaseRef
 	for _, p := range strings.Split(v, ",") {
@@ -409,11 +409,12 @@ func (h *harness) parseRefs(d *datadriven.TestData, v string) []LeaseRef {
 			continue
 		}
 		step, lease, ok := strings.Cut(p, "@")
+		lease, held := strings.CutSuffix(lease, "(held)")
 		n, err := strconv.ParseUint(lease, 10, 64)
 		if !ok || err != nil {
 			h.t.Fatalf("%s: bad in-flight entry %q (want step@lease)", d.Pos, p)
 		}
-		refs = append(refs, LeaseRef{Step: StepID(step), Lease: LeaseID(n)})
+		refs = append(refs, LeaseRef{Step: StepID(step), Lease: LeaseID(n), Held: held})
 	}
 	return refs
 }
@@ -484,7 +485,7 @@ func (h *harness) command(d *datadriven.TestData) []string {
 		}
 		hello := Hello{Version: int(h.num(d, "version", ProtocolVersion)), Token: tok, Worker: WorkerID(w),
 			Name: h.argOr(d, "name", w), Platform: h.argOr(d, "platform", ""), Slots: int(h.num(d, "slots", 1)),
-			MaxDelay: h.dur(d, "maxdelay", 60*time.Second)}
+			Ahead: int(h.num(d, "ahead", 0)), MaxDelay: h.dur(d, "maxdelay", 60*time.Second)}
 		if v, ok := h.arg(d, "tags"); ok {
 			hello.Tags = strings.Split(v, ",")
 		}
@@ -540,6 +541,10 @@ func (h *harness) command(d *datadriven.TestData) []string {
 	case "start":
 		w := h.pos(d, 0)
 		return h.step(Received{Conn: h.conn(d, w), Msg: Start{Lease: LeaseID(h.num(d, "lease", 0)), Request: h.num(d, "req", 1)}})
+
+	case "held":
+		w := h.pos(d, 0)
+		return h.step(Received{Conn: h.conn(d, w), Msg: Held{Lease: LeaseID(h.num(d, "lease", 0))}})
 
 	case "reject":
 		w := h.pos(d, 0)

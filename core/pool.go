@@ -34,6 +34,8 @@ func (o *Orchestrator) receive(in Received) {
 		o.heartbeat(w, m)
 	case Start:
 		o.start(w, in.Conn, m)
+	case Held:
+		o.held(w, m.Lease)
 	case RejectDispatch:
 		o.rejectDispatch(w, m)
 	case Report:
@@ -65,6 +67,8 @@ func checkHello(h Hello) string {
 		return fmt.Sprintf("session credential of %d bytes, at most %d", len(h.Credential), MaxCredentialBytes)
 	case h.Slots < 1 || h.Slots > MaxWorkerSlots:
 		return fmt.Sprintf("slots %d out of range 1..%d", h.Slots, MaxWorkerSlots)
+	case h.Ahead < 0 || h.Ahead > min(h.Slots, MaxWorkerAhead):
+		return fmt.Sprintf("ahead %d out of range 0..%d (at most its slots and %d)", h.Ahead, min(h.Slots, MaxWorkerAhead), MaxWorkerAhead)
 	case len(h.Tags) > MaxWorkerTags:
 		return fmt.Sprintf("%d tags, at most %d", len(h.Tags), MaxWorkerTags)
 	case len(h.Labels) > MaxWorkerLabels:
@@ -247,7 +251,7 @@ func (o *Orchestrator) enroll(c ConnID, h Hello, entropy [16]byte) {
 	cred := hex.EncodeToString(entropy[:])
 	w := &WorkerRecord{
 		ID: h.Worker, Name: h.Name, Token: name, Tags: sortedCopy(h.Tags), Labels: copyMap(h.Labels),
-		Platform: h.Platform, Slots: h.Slots, Scaler: h.Scaler, Active: true,
+		Platform: h.Platform, Slots: h.Slots, Ahead: h.Ahead, Scaler: h.Scaler, Active: true,
 		CredHash: hashSecret([]byte(cred)), CredExpiry: o.now.Add(o.cfg.CredentialTTL),
 		LastHeartbeat: o.now, EnrolledAt: o.now,
 	}
@@ -312,6 +316,10 @@ func (o *Orchestrator) reconcile(w *WorkerRecord, inflight []LeaseRef, offline t
 		}
 		reported[l.ID] = true
 		s := o.steps[l.Step]
+		if r.Held && s.State == StateQueued && !l.Started && !l.Held {
+			// Its Held was lost with the connection: the Hello says it (§3).
+			o.hold(w, l)
+		}
 		if s.State == StateRecovering {
 			l.Deadline = time.Time{}
 			o.markLease(l)
@@ -497,7 +505,7 @@ func (o *Orchestrator) start(w *WorkerRecord, c ConnID, m Start) {
 	s := o.steps[l.Step]
 	switch s.State {
 	case StateQueued:
-		l.Started = true
+		l.Started, l.Held = true, false
 		l.Deadline = time.Time{}
 		o.markLease(l)
 		o.transition(s, EvStart)
@@ -510,6 +518,29 @@ func (o *Orchestrator) start(w *WorkerRecord, c ConnID, m Start) {
 		return
 	}
 	o.send(c, StartAck{Lease: m.Lease, Request: m.Request, OK: true})
+}
+
+// held records that the worker holds a dispatched lease ahead, not started
+// (SPEC §3 lease-ahead): the dispatch-ack deadline no longer applies; the
+// lease is requeued if the worker turns silent (§8) before starting it.
+func (o *Orchestrator) held(w *WorkerRecord, id LeaseID) {
+	l, _ := o.leaseFor(w, id)
+	if l == nil || !l.Current || l.Started || l.Held {
+		return
+	}
+	if s := o.steps[l.Step]; s.State != StateQueued {
+		return
+	}
+	o.hold(w, l)
+}
+
+// hold marks l held: its deadline becomes the instant its worker turns
+// silent, re-armed from the worker's heartbeat clock when it fires (fire).
+func (o *Orchestrator) hold(w *WorkerRecord, l *LeaseRecord) {
+	l.Held = true
+	l.Deadline = w.LastHeartbeat.Add(MaxSilentHeartbeats * o.cfg.HeartbeatInterval)
+	o.markLease(l)
+	o.arm(l.Deadline, tLease, leaseKeyID(l.ID))
 }
 
 func (o *Orchestrator) rejectDispatch(w *WorkerRecord, m RejectDispatch) {
@@ -850,6 +881,18 @@ func (o *Orchestrator) fire(t timer) {
 		switch s.State {
 		case StateQueued:
 			why := fmt.Sprintf("dispatch not started by worker %s within the deadline", l.Worker)
+			if l.Held {
+				w := o.workers[l.Worker]
+				silent := MaxSilentHeartbeats * o.cfg.HeartbeatInterval
+				if o.now.Sub(w.LastHeartbeat) < silent {
+					o.hold(w, l) // heard from since: watch the new window
+					break
+				}
+				// The hung-worker rule (§3, §8): a held lease of a silent
+				// worker is requeued as never started and the step
+				// records the miss, as a missed dispatch-ack deadline.
+				why = fmt.Sprintf("held ahead by worker %s, silent for %s", l.Worker, DescribeDuration(o.now.Sub(w.LastHeartbeat).Truncate(time.Second)))
+			}
 			done := o.because(CauseDispatchMissed, s.ID, l)
 			o.sendTo(l.Worker, Cancel{Lease: l.ID, Reason: why})
 			o.endLease(l, "never started: "+why)
@@ -1004,12 +1047,12 @@ func (o *Orchestrator) dispatch() {
 	// pool finds the free workers, and only they are sorted (by id: ties go
 	// to the smaller id, so map order decides nothing).
 	var free []*WorkerRecord
-	slots := 0 // free slots left among the free workers
+	slots := 0 // free slots and room ahead left among the free workers
 	silent := MaxSilentHeartbeats * o.cfg.HeartbeatInterval
 	for id, w := range o.workers {
-		if w.Active && !w.Revoked && !w.Draining && o.connected(id) && len(o.workerLeases[id]) < w.Slots && o.now.Sub(w.LastHeartbeat) < silent {
+		if w.Active && !w.Revoked && !w.Draining && o.connected(id) && len(o.workerLeases[id]) < w.Slots+w.Ahead && o.now.Sub(w.LastHeartbeat) < silent {
 			free = append(free, w)
-			slots += w.Slots - len(o.workerLeases[id])
+			slots += w.Slots + w.Ahead - len(o.workerLeases[id])
 		}
 	}
 	if len(free) == 0 {
@@ -1043,13 +1086,18 @@ func (o *Orchestrator) dispatch() {
 		if sp.Group.Name != "" && len(o.groupHeld[sp.Group.Name]) >= sp.Group.limit() {
 			continue // its step group is full (SPEC §8a)
 		}
-		// The least-loaded matching worker wins, ties to the smaller id; the
-		// worker that last rejected this step only when no other can take it;
-		// a worker that missed its dispatch-ack deadline never (§8).
+		// A worker with a free slot before one with only room ahead (§3);
+		// then the least-loaded matching worker wins, ties to the smaller
+		// id; the worker that last rejected this step only when no other
+		// can take it; a worker that missed its dispatch-ack deadline
+		// never (§8).
 		var best *WorkerRecord
 		better := func(w *WorkerRecord) bool {
 			if best == nil {
 				return true
+			}
+			if fw, fb := len(o.workerLeases[w.ID]) < w.Slots, len(o.workerLeases[best.ID]) < best.Slots; fw != fb {
+				return fw
 			}
 			if (w.ID == s.RejectedBy) != (best.ID == s.RejectedBy) {
 				return best.ID == s.RejectedBy
@@ -1057,7 +1105,7 @@ func (o *Orchestrator) dispatch() {
 			return len(o.workerLeases[w.ID]) < len(o.workerLeases[best.ID])
 		}
 		for _, w := range free {
-			if len(o.workerLeases[w.ID]) < w.Slots && !missedBy(s, w.ID) && o.matches(w, s) && better(w) {
+			if len(o.workerLeases[w.ID]) < w.Slots+w.Ahead && !missedBy(s, w.ID) && o.matches(w, s) && better(w) {
 				best = w
 			}
 		}

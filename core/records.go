@@ -120,8 +120,12 @@ type LeaseRecord struct {
 	Worker    WorkerID
 	GrantedAt time.Time
 	Current   bool
-	Started   bool      // START recorded under this lease
-	Deadline  time.Time `json:",omitzero"` // ack deadline (not started) or recovery deadline (recovering)
+	Started   bool // START recorded under this lease
+	// Held: the worker said Held (or listed it held in a Hello): it holds
+	// the lease ahead, not started (SPEC §3 lease-ahead). Deadline is then
+	// when the worker turns silent (§8), no dispatch-ack deadline.
+	Held      bool      `json:",omitempty"`
+	Deadline  time.Time `json:",omitzero"` // ack deadline (not started), silence (held) or recovery deadline (recovering)
 	EndReason string    `json:",omitempty"`
 	Committed bool
 	Answers   []AnsweredReport `json:",omitempty"`
@@ -144,6 +148,7 @@ type WorkerRecord struct {
 	Labels         map[string]string `json:",omitempty"`
 	Platform       string            `json:",omitempty"`
 	Slots          int
+	Ahead          int `json:",omitempty"` // leases held ahead beyond the slots (SPEC §3)
 	Scaler         bool
 	Grace          time.Duration
 	Active         bool

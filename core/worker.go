@@ -68,8 +68,13 @@ type WorkerConfig struct {
 	Tags       []string
 	Labels     map[string]string
 	Platform   string
-	Slots      int  // default 1, at most maxWorkerSlots
-	Scaler     bool // scaler-managed: single-use, never reconnects
+	Slots      int // default 1, at most maxWorkerSlots
+	// Ahead is how many dispatches beyond its slots the worker holds,
+	// granted but not started, so that the next step is already here when
+	// a slot frees (SPEC §3 lease-ahead, `worker connect --ahead`): 0..min(
+	// Slots, MaxWorkerAhead), default 0.
+	Ahead  int
+	Scaler bool // scaler-managed: single-use, never reconnects
 	// SingleUse (`worker connect --single-use`, SPEC §10) makes the first
 	// dispatch the worker accepts its last: it starts draining at once
 	// (with no drain timeout: the step's own timeout bounds it) and exits 0
@@ -109,8 +114,9 @@ func (c WorkerConfig) withDefaults() WorkerConfig {
 	c.Labels = copyMap(c.Labels)
 	c.Slots = clampInt(c.Slots, defaultWorkerSlots, maxWorkerSlots)
 	if c.SingleUse {
-		c.Scaler, c.Slots = true, 1
+		c.Scaler, c.Slots, c.Ahead = true, 1, 0
 	}
+	c.Ahead = max(0, min(c.Ahead, c.Slots, MaxWorkerAhead))
 	c.LogWindowLines = clampInt(c.LogWindowLines, defaultLogWindowLines, maxLogWindowLines)
 	c.LogWindowBytes = clampInt(c.LogWindowBytes, defaultLogWindowBytes, maxLogWindowBytes)
 	if c.OutputCapBytes <= 0 {
@@ -304,14 +310,23 @@ type execution struct {
 	// released: the lease is finished (answered, refused at start, or
 	// cancelled by a Welcome). Nothing more is ever emitted for it, it holds no
 	// slot and no request, and the record lives only until its process is gone.
-	released  bool
-	proc      procState
-	cancelled bool      // a Cancel arrived: the exit is reported as cancelled
-	stopped   bool      // the worker stopped it (drain stop): the exit is reported as worker-stopped
-	termed    bool      // ExecTerm was emitted
-	killAt    time.Time // non-zero while an ExecKill is due at this time
-	logSeq    uint64    // Seq of the last log line; lines are numbered from 1
-	eventSeq  uint64    // Seq of the last event; events are numbered from 1
+	released bool
+	// ahead: held ahead, not started (SPEC §3): Held was sent, no Start;
+	// it takes no slot until it starts (startHeld).
+	ahead bool
+	// reportSent: its Report went out once (so its output was all
+	// acknowledged): it takes no slot from then on. Every later send of
+	// it, after a reconnect too, precedes the Start of a lease started
+	// after it, so the orchestrator never sees more started leases than
+	// slots (§3).
+	reportSent bool
+	proc       procState
+	cancelled  bool      // a Cancel arrived: the exit is reported as cancelled
+	stopped    bool      // the worker stopped it (drain stop): the exit is reported as worker-stopped
+	termed     bool      // ExecTerm was emitted
+	killAt     time.Time // non-zero while an ExecKill is due at this time
+	logSeq     uint64    // Seq of the last log line; lines are numbered from 1
+	eventSeq   uint64    // Seq of the last event; events are numbered from 1
 	// Unacknowledged output (SPEC §10), oldest first: sent on the current
 	// connection, or not yet sent while offline. A LogAck drops the prefix it
 	// covers; after a Welcome all of it is sent again (the orchestrator
@@ -459,7 +474,9 @@ func (w *Worker) InFlight() []LeaseRef {
 	refs := []LeaseRef{}
 	for _, e := range w.leases {
 		if !e.released {
-			refs = append(refs, e.ref)
+			r := e.ref
+			r.Held = e.ahead
+			refs = append(refs, r)
 		}
 	}
 	sort.Slice(refs, func(i, j int) bool { return refs[i].Lease < refs[j].Lease })
@@ -475,6 +492,57 @@ func (w *Worker) heldCount() int {
 		}
 	}
 	return n
+}
+
+// busySlots counts the leases that take a slot: held, not ahead, and not
+// yet reported (SPEC §3 lease-ahead).
+func (w *Worker) busySlots() int {
+	n := 0
+	for _, e := range w.leases {
+		if !e.released && !e.ahead && !e.reportSent {
+			n++
+		}
+	}
+	return n
+}
+
+// oldestAhead returns the oldest lease held ahead that may still start
+// (neither cancelled nor stopped), or nil.
+func (w *Worker) oldestAhead() *execution {
+	var o *execution
+	for _, e := range w.leases {
+		if !e.released && e.ahead && !e.cancelled && !e.stopped && (o == nil || e.ref.Lease < o.ref.Lease) {
+			o = e
+		}
+	}
+	return o
+}
+
+// startAhead starts leases held ahead, oldest first, while a slot is free
+// and the worker is connected (a Start is ordered after the Reports that
+// freed the slots only on one connection); a draining worker gives them
+// back instead (RejectDispatch draining, §4).
+func (w *Worker) startAhead() {
+	if w.cfg.Ahead == 0 || w.phase != phaseReady || w.exited {
+		return
+	}
+	for {
+		e := w.oldestAhead()
+		if e == nil {
+			return
+		}
+		if w.draining {
+			w.leaseLog(LevelInfo, e.ref, "giving back lease %d held ahead: draining", e.ref.Lease)
+			w.send(RejectDispatch{Lease: e.ref.Lease, Reason: "draining"})
+			w.release(e)
+			continue
+		}
+		if w.busySlots() >= w.cfg.Slots {
+			return
+		}
+		e.ahead = false
+		w.begin(e)
+	}
 }
 
 // Buffered returns how many events and log lines of held leases wait for
@@ -556,6 +624,7 @@ func (w *Worker) Step(now time.Time, in WorkerInput) WorkerReady {
 	default:
 		panic(fmt.Sprintf("core.Worker: unknown input %T", in))
 	}
+	w.startAhead()
 	if w.phase == phaseReady && w.letGo >= heartbeatAfterReleases {
 		w.sendHeartbeat()
 	}
@@ -622,6 +691,7 @@ func (w *Worker) hello() Hello {
 		Labels:   copyMap(w.cfg.Labels),
 		Platform: w.cfg.Platform,
 		Slots:    w.cfg.Slots,
+		Ahead:    w.cfg.Ahead,
 		Scaler:   w.cfg.Scaler,
 		MaxDelay: w.cfg.BackoffMax,
 		InFlight: w.InFlight(),
@@ -834,8 +904,13 @@ func (w *Worker) dispatch(m Dispatch) {
 		w.send(RejectDispatch{Lease: m.Lease, Reason: "draining"})
 		return
 	}
-	if held := w.heldCount(); held >= w.cfg.Slots {
-		w.leaseLog(LevelInfo, LeaseRef{Step: m.Step, Lease: m.Lease}, "rejecting lease %d: busy (%d of %d slots)", m.Lease, held, w.cfg.Slots)
+	free := w.busySlots() < w.cfg.Slots && w.oldestAhead() == nil
+	if held := w.heldCount(); held >= w.cfg.Slots+w.cfg.Ahead {
+		ahead := ""
+		if w.cfg.Ahead > 0 {
+			ahead = fmt.Sprintf(" and %d ahead", w.cfg.Ahead)
+		}
+		w.leaseLog(LevelInfo, LeaseRef{Step: m.Step, Lease: m.Lease}, "rejecting lease %d: busy (%d of %d slots%s)", m.Lease, held, w.cfg.Slots, ahead)
 		w.send(RejectDispatch{Lease: m.Lease, Reason: "busy"})
 		return
 	}
@@ -848,10 +923,15 @@ func (w *Worker) dispatch(m Dispatch) {
 		timeout: max(m.Timeout, 0),
 	}
 	w.leases[m.Lease] = e
-	if !e.writes {
-		w.startProc(e) // a no-write step may start before START is recorded
+	if !free {
+		// No free slot, room ahead: held, and said so at once, which meets
+		// the dispatch-ack deadline (§3). It starts when a slot frees.
+		e.ahead = true
+		w.leaseLog(LevelInfo, e.ref, "holding lease %d ahead: no free slot", m.Lease)
+		w.send(Held{Lease: m.Lease})
+		return
 	}
-	w.newRequest(reqStart, e.ref, Outcome{})
+	w.begin(e)
 	if w.cfg.SingleUse && !w.draining {
 		// One step, then exit (SPEC §10): the Drain leaves before this
 		// lease's Report on the same connection, so the orchestrator
@@ -860,6 +940,16 @@ func (w *Worker) dispatch(m Dispatch) {
 		w.leaseLog(LevelInfo, e.ref, "single use: lease %d is this worker's only step; it exits once the step is reported", m.Lease)
 		w.send(Drain{})
 	}
+}
+
+// begin starts a lease that takes a slot: a no-write step's process at once
+// (it may start before START is recorded), a write-bearing one on
+// StartAck{ok} (the start handshake, §4).
+func (w *Worker) begin(e *execution) {
+	if !e.writes {
+		w.startProc(e)
+	}
+	w.newRequest(reqStart, e.ref, Outcome{})
 }
 
 func (w *Worker) startAck(m StartAck) {
@@ -1239,6 +1329,11 @@ func (w *Worker) waitsForAcks(r *request) bool {
 // transmit (re)sends r on the current connection.
 func (w *Worker) transmit(r *request) {
 	r.due = w.now.Add(w.cfg.RequestTimeout)
+	if r.kind == reqReport {
+		if e := w.held(r.ref.Lease); e != nil {
+			e.reportSent = true
+		}
+	}
 	w.send(r.msg())
 }
 
@@ -1499,7 +1594,7 @@ func (w *Worker) Fingerprint() uint64 {
 	e.str(c.Tags...)
 	e.strMap(c.Labels)
 	e.bool(c.Scaler, c.NoReconnect, c.SingleUse)
-	e.int(c.Slots, c.LogWindowLines, c.LogWindowBytes, c.RequestRetries)
+	e.int(c.Slots, c.Ahead, c.LogWindowLines, c.LogWindowBytes, c.RequestRetries)
 	e.u64(uint64(c.OutputCapBytes))
 	e.u64(c.Seed, math.Float64bits(c.BackoffFactor), math.Float64bits(c.BackoffJitter))
 	e.dur(c.BackoffBase, c.BackoffMax, c.RequestTimeout, c.KillGrace, c.DialTimeout)
@@ -1531,7 +1626,7 @@ func (w *Worker) Fingerprint() uint64 {
 		e.u64(uint64(len(x.secrets)))
 		e.str(x.secrets...)
 		e.str(x.secretsAs)
-		e.bool(x.writes, x.released, x.cancelled, x.termed, x.stopped, x.timedOut)
+		e.bool(x.writes, x.released, x.cancelled, x.termed, x.stopped, x.timedOut, x.ahead, x.reportSent)
 		e.time(x.killAt, x.timeoutAt)
 		e.dur(x.timeout)
 		e.int(x.lineBytes)
@@ -1640,8 +1735,11 @@ func (w *Worker) check() {
 			panic(fmt.Sprintf("core.Worker: lease %d output bookkeeping is off (%d bytes, counted %d; released %v; %d lines, %d events)", l, e.lineBytes, n, e.released, len(e.lines), len(e.events)))
 		}
 	}
-	if held > w.cfg.Slots {
-		panic(fmt.Sprintf("core.Worker: holds %d leases with %d slots", held, w.cfg.Slots))
+	if held > w.cfg.Slots+w.cfg.Ahead {
+		panic(fmt.Sprintf("core.Worker: holds %d leases with %d slots and %d ahead", held, w.cfg.Slots, w.cfg.Ahead))
+	}
+	if busy := w.busySlots(); busy > w.cfg.Slots {
+		panic(fmt.Sprintf("core.Worker: %d started leases take a slot, with %d slots", busy, w.cfg.Slots))
 	}
 	if len(w.requests) > 2*held+1 {
 		panic(fmt.Sprintf("core.Worker: %d requests for %d leases", len(w.requests), held))

@@ -86,6 +86,8 @@ func newWorkerHarness(t *testing.T, td *datadriven.TestData) *workerHarness {
 		switch a.Key {
 		case "slots":
 			cfg.Slots = argInt(t, a)
+		case "ahead":
+			cfg.Ahead = argInt(t, a)
 		case "no-reconnect":
 			cfg.NoReconnect = true
 		case "scaler":
@@ -596,8 +598,8 @@ func TestWorkerExitIsFinal(t *testing.T) {
 // field fail this test until it is covered here (and in Fingerprint).
 func TestWorkerFingerprintCoversState(t *testing.T) {
 	for typ, want := range map[reflect.Type]int{
-		reflect.TypeFor[Worker](): 26, reflect.TypeFor[execution](): 26,
-		reflect.TypeFor[request](): 6, reflect.TypeFor[WorkerConfig](): 24,
+		reflect.TypeFor[Worker](): 26, reflect.TypeFor[execution](): 28,
+		reflect.TypeFor[request](): 6, reflect.TypeFor[WorkerConfig](): 25,
 	} {
 		if typ.NumField() != want {
 			t.Errorf("%v has %d fields, this test knows %d: cover the new ones", typ, typ.NumField(), want)
@@ -617,7 +619,7 @@ func TestWorkerFingerprintCoversState(t *testing.T) {
 		"cfg.ID": func(c *Worker) { c.cfg.ID = "x" }, "cfg.Name": func(c *Worker) { c.cfg.Name = "x" },
 		"cfg.Token": func(c *Worker) { c.cfg.Token = "x" }, "cfg.Credential": func(c *Worker) { c.cfg.Credential = "x" }, "cfg.Tags": func(c *Worker) { c.cfg.Tags = []string{"x"} },
 		"cfg.Labels": func(c *Worker) { c.cfg.Labels = map[string]string{"x": ""} }, "cfg.Platform": func(c *Worker) { c.cfg.Platform = "x" },
-		"cfg.Slots": func(c *Worker) { c.cfg.Slots++ }, "cfg.Scaler": func(c *Worker) { c.cfg.Scaler = true },
+		"cfg.Slots": func(c *Worker) { c.cfg.Slots++ }, "cfg.Ahead": func(c *Worker) { c.cfg.Ahead++ }, "cfg.Scaler": func(c *Worker) { c.cfg.Scaler = true },
 		"cfg.NoReconnect": func(c *Worker) { c.cfg.NoReconnect = true }, "cfg.SingleUse": func(c *Worker) { c.cfg.SingleUse = true }, "cfg.Seed": func(c *Worker) { c.cfg.Seed++ },
 		"cfg.BackoffBase": func(c *Worker) { c.cfg.BackoffBase += d }, "cfg.BackoffFactor": func(c *Worker) { c.cfg.BackoffFactor++ },
 		"cfg.BackoffMax": func(c *Worker) { c.cfg.BackoffMax += d }, "cfg.BackoffJitter": func(c *Worker) { c.cfg.BackoffJitter = 0.5 },
@@ -657,6 +659,8 @@ func TestWorkerFingerprintCoversState(t *testing.T) {
 		"exec.cancelled":  func(c *Worker) { c.leases[1].cancelled = true },
 		"exec.termed":     func(c *Worker) { c.leases[1].termed = true },
 		"exec.stopped":    func(c *Worker) { c.leases[1].stopped = true },
+		"exec.ahead":      func(c *Worker) { c.leases[1].ahead = true },
+		"exec.reportSent": func(c *Worker) { c.leases[1].reportSent = !c.leases[1].reportSent },
 		"exec.killAt":     func(c *Worker) { c.leases[1].killAt = now },
 		"exec.timeout":    func(c *Worker) { c.leases[1].timeout += d },
 		"exec.timeoutAt":  func(c *Worker) { c.leases[1].timeoutAt = now },

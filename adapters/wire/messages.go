@@ -13,6 +13,7 @@ import (
 type leaseRef struct {
 	Step  core.StepID  `json:"step"`
 	Lease core.LeaseID `json:"lease"`
+	Held  bool         `json:"held,omitempty"` // held ahead, not started (SPEC §3)
 }
 
 type logLine struct {
