@@ -50,6 +50,11 @@ type Orchestrator struct {
 	logSeen      map[LeaseID]map[lineID]bool
 	logMark      map[LeaseID][2]uint64 // lazily: contiguous stored lines, events (logWatermark)
 
+	// restoredAt is when this process restored (zero if it never did): the
+	// unmatched wait of a queued step starts over then (SPEC §7, §5), as
+	// its QueuedAt may be another host's clock.
+	restoredAt time.Time
+
 	// Connections are not durable: after a restart every worker is disconnected.
 	conns  map[ConnID]WorkerID
 	connOf map[WorkerID]ConnID

@@ -973,7 +973,9 @@ func (o *Orchestrator) sweep() {
 	// 3. Unmatched steps.
 	for _, id := range sortedKeys(o.ready) {
 		s := o.steps[id]
-		if o.now.Sub(s.QueuedAt) < o.cfg.UnmatchedTimeout || o.anyActiveMatch(s) {
+		// The wait starts over at a restore (§7): QueuedAt may be another
+		// host's clock, and a skew must not shorten the window.
+		if o.now.Sub(latestTime(s.QueuedAt, o.restoredAt)) < o.cfg.UnmatchedTimeout || o.anyActiveMatch(s) {
 			continue
 		}
 		done := o.because(CauseUnmatched, s.ID, nil)

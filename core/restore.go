@@ -24,6 +24,7 @@ func Restore(cfg Config, now time.Time, recs []Record) (*Orchestrator, Ready, er
 		now = o.now
 	}
 	o.now = now
+	o.restoredAt = now
 	o.rearm()
 	// A store written before archival (SPEC §7a) holds finished runs: they
 	// leave the core in this first batch.
@@ -305,7 +306,7 @@ func (o *Orchestrator) Clone() *Orchestrator {
 	}
 	c.cloneClosed(o)
 	c.cfg.Env = copyMap(o.cfg.Env)
-	c.now = o.now
+	c.now, c.restoredAt = o.now, o.restoredAt
 	for k, v := range o.conns {
 		c.conns[k] = v
 	}
@@ -367,6 +368,7 @@ func (o *Orchestrator) Fingerprint() uint64 {
 	}
 	o.hashPending()
 	put(uint64(o.now.UnixNano()))
+	put(uint64(o.restoredAt.UnixNano()))
 	put(o.fp)
 	conns := make([]ConnID, 0, len(o.conns))
 	for c := range o.conns {
