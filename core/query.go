@@ -152,6 +152,16 @@ func (o *Orchestrator) Steps() []StepRecord {
 	return out
 }
 
+// Lease returns one lease record, if the core holds it (its answers shared:
+// read only).
+func (o *Orchestrator) Lease(id LeaseID) (LeaseRecord, bool) {
+	l := o.leases[id]
+	if l == nil {
+		return LeaseRecord{}, false
+	}
+	return *l, true
+}
+
 // Leases returns every lease, sorted by id.
 func (o *Orchestrator) Leases() []LeaseRecord {
 	out := make([]LeaseRecord, 0, len(o.leases))

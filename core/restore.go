@@ -193,6 +193,11 @@ func (o *Orchestrator) rearm() {
 		w := o.workers[l.Worker]
 		s := o.steps[l.Step]
 		l.Deadline = o.now.Add(w.Grace)
+		if l.Held {
+			// A held lease's window is the worker's silence (§3), and its
+			// heartbeat clock restarts now: a full window from now.
+			l.Deadline = w.LastHeartbeat.Add(MaxSilentHeartbeats * o.cfg.HeartbeatInterval)
+		}
 		o.markLease(l)
 		switch s.State {
 		case StateRunning:

@@ -19,6 +19,9 @@ type Options struct {
 	Scalers         int     // scaler-managed single-use workers alive at once
 	NoReconnectFrac float64 // chance a static worker runs with --no-reconnect
 	SlotsMax        int
+	// Ahead: each static worker declares a lease-ahead of 0..its slots
+	// (SPEC §3), drawn from its own stream.
+	Ahead bool
 
 	DelayMin, DelayMax time.Duration // per-message network delay
 	TailProb           float64       // chance of a long tail delay (×20)
@@ -214,6 +217,9 @@ func Swarm(seed uint64) Options {
 		o.HostSkewMax = []time.Duration{0, 30 * time.Second, 5 * time.Minute}[r.IntN(3)]
 		o.FailoverEvery = dur(3*time.Minute, 20*time.Minute)
 	}
+	// Drawn last, so the options above are what they were before it:
+	// lease-ahead (SPEC §3) for half the seeds.
+	o.Ahead = r.Float64() < 0.5
 	return o
 }
 
@@ -239,7 +245,7 @@ var BuggifySites = []string{
 // Describe renders the options one per line, sorted, for failure reports.
 func (o Options) Describe() string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "workers=%d scalers=%d no-reconnect=%.2f slots<=%d\n", o.Workers, o.Scalers, o.NoReconnectFrac, o.SlotsMax)
+	fmt.Fprintf(&b, "workers=%d scalers=%d no-reconnect=%.2f slots<=%d ahead=%v\n", o.Workers, o.Scalers, o.NoReconnectFrac, o.SlotsMax, o.Ahead)
 	fmt.Fprintf(&b, "net delay=%s..%s tail=%.3f dup=%.3f loss=%.4f notice<=%s\n", o.DelayMin, o.DelayMax, o.TailProb, o.DupProb, o.LossProb, o.NoticeMax)
 	fmt.Fprintf(&b, "partition every=%s for %s..%s clog every=%s\n", o.PartitionEvery, o.PartitionMin, o.PartitionMax, o.ClogEvery)
 	fmt.Fprintf(&b, "clock offset<=%s drift<=%.3f jump every=%s wobble=%s\n", o.ClockOffsetMax, o.DriftMax, o.JumpEvery, o.WobbleAmp)

@@ -108,6 +108,7 @@ type props struct {
 	timeouts  *spec.Timeouts            // deadlines of running steps and runs (spec.PropTimeoutsFire)
 	dispatch  *spec.Dispatches          // misses and silences (spec.PropMissedNotRedispatched); made at the first batch
 	pool      *spec.Pool                // the world's view of workers and leases (spec.PropUnmatchedVerdict, PropScalerNoGrace, PropWelcomeCancel)
+	held      *spec.HeldLeases          // leases held ahead (spec.PropHeldNotSilent); made at the first batch
 	in        core.Input                // the input of the batch being stepped (nil for a restore's)
 }
 
@@ -157,6 +158,15 @@ func (w *world) checkBatch(held map[core.StepID]core.LeaseID, from core.WorkerID
 		w.fail(v.Invariant, v.Detail)
 	}
 	w.checkGrants(rd)
+	if p.held == nil {
+		p.held = spec.NewHeldLeases(w.orch.o.Config().HeartbeatInterval)
+	}
+	if p.in != nil {
+		p.held.Input(p.in)
+	}
+	if v := p.held.Check(w.orch.o, now); v != nil {
+		w.fail(v.Invariant, v.Detail)
+	}
 	if v := spec.CheckChildRuns(w.view(), rd); v != nil {
 		w.fail(v.Invariant, v.Detail)
 	}

@@ -137,6 +137,9 @@ func (w *world) spawnWorker(token string, scaler, allTags bool) *workerNode {
 		Seed:        w.r.Uint64(), BackoffMax: w.opt.MaxDelayWork,
 		LogWindowLines: w.opt.LogWindow, OutputCapBytes: w.opt.OutputCap, DrainTimeout: w.opt.DrainTimeout,
 	}
+	if w.opt.Ahead && !scaler {
+		cfg.Ahead = w.aheadR.IntN(cfg.Slots + 1)
+	}
 	w.bootWorker(wn, cfg)
 	return wn
 }

@@ -241,6 +241,7 @@ type world struct {
 	clockR  *rand.Rand // worker clocks only
 	shiftR  *rand.Rand // Config.ShiftClocks' offsets only
 	driftR  *rand.Rand // Config.Redrift's drifts only
+	aheadR  *rand.Rand // Options.Ahead's lease-aheads only
 	now     time.Time
 	retries int // RETRY transitions seen (Result.Retries)
 	reruns  int // reruns accepted (Result.Reruns)
@@ -303,6 +304,7 @@ func newWorld(seed uint64, opt Options, cfg Config) *world {
 		clockR:    rand.New(rand.NewPCG(seed, 0xc10c)),
 		shiftR:    rand.New(rand.NewPCG(seed, 0x5417f7)),
 		driftR:    rand.New(rand.NewPCG(seed, 0xd71f7)),
+		aheadR:    rand.New(rand.NewPCG(seed, 0xa4ead)),
 		now:       t0,
 		chk:       spec.NewChecker(),
 		conns:     map[core.ConnID]*conn{},

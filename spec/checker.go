@@ -203,6 +203,7 @@ func (c *Checker) writeKey(s core.StepID, l core.LeaseID) core.StepID {
 type workerInfo struct {
 	WorkerTraits
 	slots   int
+	ahead   int // leases held ahead beyond the slots (SPEC §3)
 	active  bool
 	revoked bool
 }
@@ -494,7 +495,7 @@ func (c *Checker) Restored(now time.Time, o *core.Orchestrator, rd core.Ready) {
 func infoOf(w core.WorkerRecord) workerInfo {
 	return workerInfo{
 		WorkerTraits: WorkerTraits{Name: w.Name, Tags: w.Tags, Labels: w.Labels, Platform: w.Platform},
-		slots:        w.Slots, active: w.Active, revoked: w.Revoked,
+		slots:        w.Slots, ahead: w.Ahead, active: w.Active, revoked: w.Revoked,
 	}
 }
 
@@ -698,8 +699,10 @@ func CancelledNeverCommitted(c *Checker) *Violation {
 }
 
 // SlotsAndMatching is invariant 6: no worker holds more leases than its
-// slots; leases only go to matching workers. After every batch each worker
-// holds at most its slots in current leases, and every new lease went, by a
+// slots + ahead, nor more started ones than its slots (SPEC §3); leases only
+// go to matching workers. After every batch each worker holds at most its
+// slots + ahead in current leases, at most its slots of them with a step
+// running, recovering or cancelling, and every new lease went, by a
 // Dispatch on that worker's connection, to an enrolled, active, unrevoked
 // worker matching the queued, non-task step by SPEC §8 (target, labels,
 // platform, required tags ⊆ worker tags, the required tags derived by the
@@ -708,8 +711,8 @@ func SlotsAndMatching(c *Checker) *Violation {
 	c.checks++
 	if c.verifyDue(invSlots) {
 		for _, w := range c.o.Workers() {
-			if w.Leases > w.Slots {
-				c.fail(invSlots, "worker %s holds %d current leases with %d slots", w.ID, w.Leases, w.Slots)
+			if w.Leases > w.Slots+w.Ahead {
+				c.fail(invSlots, "worker %s holds %d current leases with %d slots and %d ahead", w.ID, w.Leases, w.Slots, w.Ahead)
 			}
 			if w.Leases != c.held[w.ID] {
 				c.fail(invSlots, "worker %s holds %d current leases, its records said %d", w.ID, w.Leases, c.held[w.ID])

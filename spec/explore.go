@@ -267,6 +267,7 @@ const (
 	SomeReportAfterArchiveRestart = "report-after-archive-restart" // the same, the orchestrator restarted since the run was archived
 	SomeChildRunFinished          = "child-run-finished"           // a workflow step took its child run's outcome (SPEC §2)
 	SomeStepGroupWait             = "step-group-wait"              // a queued step waited for its step group while another member held a lease (SPEC §8a)
+	SomeHeldStarted               = "held-started"                 // a lease held ahead started when its worker's slot freed (SPEC §3)
 )
 
 var sometimesAll = []string{
@@ -275,6 +276,7 @@ var sometimesAll = []string{
 	SomeWorkerRefused, SomeLeaseCancelledOnWelcome, SomeStepFailedUnmatched, SomeCredentialRefreshed,
 	SomeCredentialExpired, SomeStaleWorker, SomeCascadeSkip, SomeScalerLeaseTriaged, SomeDuplicateReport,
 	SomeRunArchived, SomeReportAfterArchive, SomeReportAfterArchiveRestart, SomeChildRunFinished, SomeStepGroupWait,
+	SomeHeldStarted,
 }
 
 func sometimesBit(name string) uint32 {
@@ -577,8 +579,28 @@ func LocksScope() Scope {
 	return sc
 }
 
+// AheadScope is lease-ahead (SPEC §3): one worker with one slot and one
+// lease ahead, a run of two independent steps, a write-bearing a and a
+// no-write b, so one of them is held while the other runs; 1 disconnect,
+// 1 orchestrator crash and 1 operator cancel reach a held lease (listed
+// held on reconnect, kept held by a restore, cancelled while held). It
+// must show a held lease started when the slot freed.
+func AheadScope() Scope {
+	sc := DefaultScope()
+	sc.Name = "ahead"
+	sc.Workers = 1
+	sc.Worker.Ahead = 1
+	sc.Steps = []core.StepSpec{
+		{Name: "a", Command: "write a", Writes: true},
+		{Name: "b", Command: "read b"},
+	}
+	sc.MaxDepth = 12
+	sc.Require = []string{SomeHeldStarted}
+	return sc
+}
+
 // ScopeNames lists every named scope, in the order the tests run them.
-var ScopeNames = []string{"default", "faults", "identity", "slow", "multiset", "timers", "tags", "chain", "scaler", "archive", "child", "locks", "large"}
+var ScopeNames = []string{"default", "faults", "identity", "slow", "multiset", "timers", "tags", "chain", "scaler", "archive", "child", "locks", "ahead", "large"}
 
 // ScopeByName returns a named scope (ScopeNames).
 func ScopeByName(name string) (Scope, bool) {
@@ -609,6 +631,8 @@ func ScopeByName(name string) (Scope, bool) {
 		return ChildScope(), true
 	case "locks":
 		return LocksScope(), true
+	case "ahead":
+		return AheadScope(), true
 	}
 	return Scope{}, false
 }

@@ -204,6 +204,9 @@ func (c *Checker) stateHash() uint64 {
 			h.s(string(id), w.Name, w.Platform)
 			h.s(w.Tags...)
 			h.u(uint64(len(w.Labels)), uint64(w.slots))
+			if w.ahead != 0 {
+				h.u(uint64(w.ahead))
+			}
 			h.b(w.active, w.revoked)
 		})
 	}

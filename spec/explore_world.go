@@ -430,6 +430,7 @@ type builder struct {
 	hits                                      uint32
 	completing                                bool          // a completion's step: see xstate.cOwnO
 	in                                        core.Input    // the orchestrator's input being observed (nil: a restore)
+	heldStart                                 bool          // that input is a Start of a lease held ahead (SomeHeldStarted)
 	from                                      core.WorkerID // the worker whose connection the delivered message came on
 	late                                      bool          // the input is a report of a lease in the closed-lease table (SPEC §7a)
 }
@@ -987,8 +988,12 @@ func (b *builder) orch(in core.Input) core.Ready {
 	s := b.s
 	b.mutChk()
 	held := b.heldReported(in)
-	b.late = false
+	b.late, b.heldStart = false, false
 	if r, ok := in.(core.Received); ok {
+		if m, ok := r.Msg.(core.Start); ok {
+			l, ok := s.o.Lease(m.Lease)
+			b.heldStart = ok && l.Current && l.Held
+		}
 		if m, ok := r.Msg.(core.Report); ok {
 			_, b.late = s.o.ClosedLease(b.from, m.Lease)
 		}
@@ -1211,6 +1216,13 @@ func (b *builder) observe(rd core.Ready, pre *PreBatch) {
 	}
 	if v := CheckNoWriteFailures(ov, rd); v != nil {
 		b.fail(v.Invariant, "%s", v.Detail)
+	}
+	if b.heldStart {
+		for _, t := range rd.Transitions {
+			if t.Event == core.EvStart {
+				b.hit(SomeHeldStarted)
+			}
+		}
 	}
 	if scopeHasGroups(b.x.sc) {
 		if v := CheckGroupCaps(s.o); v != nil {

@@ -272,6 +272,7 @@ type (
 		Labels   map[string]string
 		Platform string
 		Slots    int
+		Ahead    int
 		Active   bool
 		Revoked  bool
 	}
@@ -562,12 +563,12 @@ func (c *Checker) applyWorker(r core.Record) {
 		return
 	}
 	old, had := c.workers[wr.ID]
-	if had && old.active == wr.Active && old.revoked == wr.Revoked && old.slots == wr.Slots {
+	if had && old.active == wr.Active && old.revoked == wr.Revoked && old.slots == wr.Slots && old.ahead == wr.Ahead {
 		return // a heartbeat: nothing the invariants look at changed
 	}
 	c.setWorker(wr.ID, workerInfo{
 		WorkerTraits: WorkerTraits{Name: wr.Name, Tags: wr.Tags, Labels: wr.Labels, Platform: wr.Platform},
-		slots:        wr.Slots, active: wr.Active, revoked: wr.Revoked,
+		slots:        wr.Slots, ahead: wr.Ahead, active: wr.Active, revoked: wr.Revoked,
 	})
 	c.b.touchWorker(wr.ID)
 }
@@ -675,14 +676,37 @@ func (c *Checker) afterBatch(o *core.Orchestrator) {
 		switch {
 		case n > 0 && !ok:
 			c.fail(invSlots, "worker %s holds %d current leases but is not enrolled", w, n)
+		case n > info.slots+info.ahead:
+			c.fail(invSlots, "worker %s holds %d current leases %v with %d slots and %d ahead", w, n, c.leasesOf(w), info.slots, info.ahead)
 		case n > info.slots:
-			c.fail(invSlots, "worker %s holds %d current leases %v with %d slots", w, n, c.leasesOf(w), info.slots)
+			// Only a worker holding leases ahead can have more current
+			// leases than slots: at most its slots of them started.
+			if started := c.startedOf(w); len(started) > info.slots {
+				c.fail(invSlots, "worker %s holds %d started leases %v with %d slots", w, len(started), started, info.slots)
+			}
 		}
 		c.eval(invTokens)
 		if info.revoked && n > 0 {
 			c.fail(invTokens, "revoked worker %s holds %d current leases %v", w, n, c.leasesOf(w))
 		}
 	}
+}
+
+// startedOf lists a worker's current leases whose step is running,
+// recovering or cancelling (SPEC §3: at most its slots).
+func (c *Checker) startedOf(w core.WorkerID) []core.LeaseID {
+	var ls []core.LeaseID
+	for l, ow := range c.current {
+		if ow.worker != w {
+			continue
+		}
+		switch c.steps[ow.step] {
+		case core.StateRunning, core.StateRecovering, core.StateCancelling:
+			ls = append(ls, l)
+		}
+	}
+	slices.Sort(ls)
+	return ls
 }
 
 // leasesOf lists a worker's current leases (for a violation's detail only).

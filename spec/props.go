@@ -2,6 +2,8 @@ package spec
 
 import (
 	"fmt"
+	"maps"
+	"slices"
 	"sort"
 	"time"
 
@@ -346,4 +348,69 @@ func runSucceeded(o View, rd core.Ready) bool {
 		}
 	}
 	return false
+}
+
+// PropHeldNotSilent is SPEC §3's hung-worker rule for leases held ahead: a
+// held lease whose worker turns silent (§8: MaxSilentHeartbeats heartbeat
+// intervals since its heartbeat clock last moved) is requeued as never
+// started when the silence begins, so after every batch no current held
+// lease belongs to a silent worker.
+const PropHeldNotSilent = "HeldNotSilent"
+
+// HeldLeases tracks the leases a world saw held (a Held, or a Hello
+// listing a lease held) and checks PropHeldNotSilent over them.
+type HeldLeases struct {
+	silent time.Duration
+	seen   map[core.LeaseID]bool
+}
+
+// NewHeldLeases returns an empty tracker for an orchestrator whose
+// heartbeat interval is heartbeat.
+func NewHeldLeases(heartbeat time.Duration) *HeldLeases {
+	return &HeldLeases{silent: core.MaxSilentHeartbeats * heartbeat, seen: map[core.LeaseID]bool{}}
+}
+
+// Input notes the leases input in says are held.
+func (h *HeldLeases) Input(in core.Input) {
+	r, ok := in.(core.Received)
+	if !ok {
+		return
+	}
+	switch m := r.Msg.(type) {
+	case core.Held:
+		h.seen[m.Lease] = true
+	case core.Hello:
+		for _, ref := range m.InFlight {
+			if ref.Held {
+				h.seen[ref.Lease] = true
+			}
+		}
+	}
+}
+
+// Check checks o after a batch made at now. Leases no longer current and
+// held are forgotten.
+func (h *HeldLeases) Check(o *core.Orchestrator, now time.Time) *Violation {
+	if len(h.seen) == 0 {
+		return nil
+	}
+	var workers map[core.WorkerID]core.WorkerView
+	for _, id := range slices.Sorted(maps.Keys(h.seen)) {
+		l, ok := o.Lease(id)
+		if !ok || !l.Current || !l.Held {
+			delete(h.seen, id)
+			continue
+		}
+		if workers == nil {
+			workers = map[core.WorkerID]core.WorkerView{}
+			for _, w := range o.Workers() {
+				workers[w.ID] = w
+			}
+		}
+		if w := workers[l.Worker]; now.Sub(w.LastHeartbeat) >= h.silent {
+			return &Violation{Invariant: PropHeldNotSilent, Detail: fmt.Sprintf(
+				"lease %d of step %s is still held by worker %s, silent for %s (its heartbeat clock is at %s)", id, l.Step, l.Worker, now.Sub(w.LastHeartbeat), w.LastHeartbeat.Format(time.RFC3339Nano))}
+		}
+	}
+	return nil
 }
