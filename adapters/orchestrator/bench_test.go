@@ -12,8 +12,9 @@ package orchestrator_test
 //
 // Throughput: 20,000 no-op steps, submitted as 100 runs of 200 independent
 // steps, from the first Submit to the durable commit of the last run's
-// finish, once with 16 slots per worker (64 concurrent steps) and once
-// with 1.
+// finish, once with 16 slots per worker (64 concurrent steps), once
+// with 1, and once with 1 and one step held ahead (SPEC §3 lease-ahead:
+// `worker connect --ahead 1`, at most its slots).
 //
 // Latency: on an idle system, one single-step run at a time; "start" is the
 // moment the orchestrator's START of the step (queued → running) is durable,
@@ -177,9 +178,9 @@ func buildWorker(tb testing.TB) string {
 }
 
 // startRig starts the orchestrator on a fresh store of bs (nil: a bbolt
-// file) and `workers` worker processes with `slots` slots each, and waits
-// until all are connected.
-func startRig(tb testing.TB, bs *benchStore, workers, slots int) *benchRig {
+// file) and `workers` worker processes with `slots` slots each (and
+// ahead[0] leases ahead, if given), and waits until all are connected.
+func startRig(tb testing.TB, bs *benchStore, workers, slots int, ahead ...int) *benchRig {
 	tb.Helper()
 	bin := buildWorker(tb)
 	st := &watchStore{Backend: bs.open(tb)}
@@ -201,6 +202,9 @@ func startRig(tb testing.TB, bs *benchStore, workers, slots int) *benchRig {
 		}
 		cmd := exec.Command(bin, "connect", "--url", d.URL(), "--token", tok, "--slots", strconv.Itoa(slots),
 			"--executor", "noop", "--no-reconnect", "--state-dir", tb.TempDir())
+		if len(ahead) > 0 {
+			cmd.Args = append(cmd.Args, "--ahead", strconv.Itoa(ahead[0]))
+		}
 		buf := &lockedBuffer{}
 		cmd.Stdout, cmd.Stderr = buf, buf
 		if err := cmd.Start(); err != nil {
@@ -412,9 +416,14 @@ func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond)
 // latency samples), so run it with -benchtime 1x (repeat with -count).
 func BenchmarkEndToEnd(b *testing.B) {
 	bs := benchStoreFromEnv(b)
-	for _, slots := range []int{16, 1} {
-		b.Run(fmt.Sprintf("steps=%d/workers=%d/slots=%d", benchSteps, benchWorkers, slots), func(b *testing.B) {
-			r := startRig(b, bs, benchWorkers, slots)
+	for _, shape := range []struct{ slots, ahead int }{{16, 0}, {1, 0}, {1, 1}} {
+		slots := shape.slots
+		name := fmt.Sprintf("steps=%d/workers=%d/slots=%d", benchSteps, benchWorkers, slots)
+		if shape.ahead > 0 {
+			name += fmt.Sprintf("/ahead=%d", shape.ahead)
+		}
+		b.Run(name, func(b *testing.B) {
+			r := startRig(b, bs, benchWorkers, slots, shape.ahead)
 			var total time.Duration
 			commits := 0
 			u0 := r.usage(b)

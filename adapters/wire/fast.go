@@ -32,6 +32,9 @@ func fastEncode(m core.Msg) ([]byte, bool) {
 		e.uint(uint64(m.Lease))
 		e.lit(`,"request":`)
 		e.uint(m.Request)
+	case core.Held:
+		e.open("held", `{"lease":`, 48)
+		e.uint(uint64(m.Lease))
 	case core.Report:
 		e.open("report", `{"step":`, 160)
 		e.str(string(m.Step))
@@ -219,6 +222,11 @@ func fastDecode(b []byte) (core.Msg, bool) {
 		d.lit(`,"request":`)
 		s.Request = d.uint()
 		m = s
+	case "held":
+		if !d.lit(`","body":{"lease":`) {
+			return nil, false
+		}
+		m = core.Held{Lease: core.LeaseID(d.uint())}
 	case "report":
 		if !d.lit(`","body":{"step":`) {
 			return nil, false

@@ -52,9 +52,11 @@ func genLines() *rapid.Generator[[]core.LogLine] {
 func genHot() *rapid.Generator[core.Msg] {
 	lease := func(t *rapid.T) core.LeaseID { return core.LeaseID(rapid.Uint64().Draw(t, "lease")) }
 	return rapid.Custom(func(t *rapid.T) core.Msg {
-		switch rapid.IntRange(0, 6).Draw(t, "kind") {
+		switch rapid.IntRange(0, 7).Draw(t, "kind") {
 		case 0:
 			return core.Start{Lease: lease(t), Request: rapid.Uint64().Draw(t, "req")}
+		case 7:
+			return core.Held{Lease: lease(t)}
 		case 1:
 			return core.Report{Step: core.StepID(genText().Draw(t, "step")), Lease: lease(t), Request: rapid.Uint64().Draw(t, "req"),
 				Outcome: core.Outcome{Status: core.OutcomeStatus(rapid.IntRange(1, 4).Draw(t, "status")),

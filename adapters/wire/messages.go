@@ -38,6 +38,7 @@ type hello struct {
 	Labels     map[string]string `json:"labels,omitempty"`
 	Platform   string            `json:"platform,omitempty"`
 	Slots      int               `json:"slots"`
+	Ahead      int               `json:"ahead,omitempty"`
 	Scaler     bool              `json:"scaler,omitempty"`
 	MaxDelay   Duration          `json:"max_delay"`
 	InFlight   []leaseRef        `json:"in_flight,omitempty"`
@@ -52,6 +53,10 @@ type heartbeat struct {
 type start struct {
 	Lease   core.LeaseID `json:"lease"`
 	Request uint64       `json:"request"`
+}
+
+type held struct {
+	Lease core.LeaseID `json:"lease"`
 }
 
 type reject struct {
@@ -146,17 +151,19 @@ type closeMsg struct {
 func init() {
 	register(func(m core.Hello) hello {
 		return hello{Version: m.Version, Token: m.Token, Credential: m.Credential, Worker: m.Worker, Name: m.Name,
-			Tags: clone(m.Tags), Labels: cloneMap(m.Labels), Platform: m.Platform, Slots: m.Slots, Scaler: m.Scaler,
+			Tags: clone(m.Tags), Labels: cloneMap(m.Labels), Platform: m.Platform, Slots: m.Slots, Ahead: m.Ahead, Scaler: m.Scaler,
 			MaxDelay: Duration(m.MaxDelay), InFlight: refsOut(m.InFlight), Buffered: m.Buffered, Draining: m.Draining}
 	}, func(w hello) (core.Hello, error) {
 		return core.Hello{Version: w.Version, Token: w.Token, Credential: w.Credential, Worker: w.Worker, Name: w.Name,
-			Tags: clone(w.Tags), Labels: cloneMap(w.Labels), Platform: w.Platform, Slots: w.Slots, Scaler: w.Scaler,
+			Tags: clone(w.Tags), Labels: cloneMap(w.Labels), Platform: w.Platform, Slots: w.Slots, Ahead: w.Ahead, Scaler: w.Scaler,
 			MaxDelay: time.Duration(w.MaxDelay), InFlight: refsIn(w.InFlight), Buffered: w.Buffered, Draining: w.Draining}, nil
 	})
 	register(func(m core.Heartbeat) heartbeat { return heartbeat{InFlight: refsOut(m.InFlight)} },
 		func(w heartbeat) (core.Heartbeat, error) { return core.Heartbeat{InFlight: refsIn(w.InFlight)}, nil })
 	register(func(m core.Start) start { return start(m) },
 		func(w start) (core.Start, error) { return core.Start(w), nil })
+	register(func(m core.Held) held { return held(m) },
+		func(w held) (core.Held, error) { return core.Held(w), nil })
 	register(func(m core.RejectDispatch) reject { return reject(m) },
 		func(w reject) (core.RejectDispatch, error) { return core.RejectDispatch(w), nil })
 	register(func(m core.Report) report {

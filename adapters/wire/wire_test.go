@@ -20,10 +20,13 @@ var samples = []core.Msg{
 	core.Hello{Version: 1, Token: "ci.00ff", Worker: "0b9e-uuid", Name: "w1", Tags: []string{"docker", "script"},
 		Labels: map[string]string{"zone": "a"}, Platform: "linux/amd64", Slots: 4, Scaler: true,
 		MaxDelay: 60 * time.Second, InFlight: []core.LeaseRef{{Step: "run-1/a", Lease: 7}}},
+	core.Hello{Version: 2, Credential: "0b9e-uuid.abcd", Worker: "0b9e-uuid", Slots: 2, Ahead: 2,
+		InFlight: []core.LeaseRef{{Step: "run-1/a", Lease: 7}, {Step: "run-1/b", Lease: 8, Held: true}}},
 	core.Hello{Version: 1, Credential: "0b9e-uuid.abcd", Worker: "0b9e-uuid", Slots: 1},
 	core.Heartbeat{InFlight: []core.LeaseRef{{Step: "run-1/a", Lease: 7}, {Step: "run-1/b[2]", Lease: 9}}},
 	core.Heartbeat{},
 	core.Start{Lease: 7, Request: 3},
+	core.Held{Lease: 8},
 	core.RejectDispatch{Lease: 8, Reason: "busy"},
 	core.Report{Step: "run-1/a", Lease: 7, Request: 4, Outcome: core.Outcome{Status: core.OutcomeSuccess}},
 	core.Report{Step: "run-1/a", Lease: 7, Request: 5, Outcome: core.Outcome{Status: core.OutcomeFailure, ExitCode: 2, Message: "exit status 2"}},
@@ -79,8 +82,8 @@ func TestRoundTripEveryKind(t *testing.T) {
 			t.Errorf("no round-trip sample of kind %q", k)
 		}
 	}
-	if n := len(Kinds()); n != 18 {
-		t.Errorf("codec knows %d kinds, want the 18 of core/msg.go: %v", n, Kinds())
+	if n := len(Kinds()); n != 19 {
+		t.Errorf("codec knows %d kinds, want the 19 of core/msg.go: %v", n, Kinds())
 	}
 }
 

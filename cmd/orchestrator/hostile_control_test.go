@@ -322,7 +322,7 @@ var bigHelloWant = map[string]string{
 	"70,000 tags":                "70000 tags, at most 64",
 	"40,000 labels":              "40000 labels, at most 64",
 	"slots 0":                    "slots 0 out of range 1..1024",
-	"2,000 in-flight leases":     "in-flight list of 2000 leases, at most 1024",
+	"2,000 in-flight leases":     "in-flight list of 2000 leases, at most 1088",
 	"control character in a tag": "non-printable character U+001B",
 	"129-byte platform":          "platform is 129 bytes, at most 128",
 	"frame over 1 MiB":           fmt.Sprintf("frame larger than %d bytes", wire.MaxFrame),

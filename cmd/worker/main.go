@@ -155,6 +155,15 @@ that); without --token it exits 3. The token itself stays single-use. To
 start afresh, remove worker.json. Under systemd: StateDirectory=tether-worker,
 Restart=always, RestartPreventExitStatus=3 4.
 
+Lease-ahead: with --ahead N (0..--slots, at most 64; default 0) the worker
+also holds up to N granted steps it has not started yet, beyond its slots,
+so the next step is already here when a slot frees: short steps run back to
+back without a round trip to the orchestrator between them. A held step
+waits behind this worker's running one even if another worker frees up
+first, so it suits short steps, not long ones. A held step is a step never
+started: if this worker drains, goes silent or is lost, it goes back to the
+queue and runs elsewhere.
+
 With --single-use the worker is scaler-managed: it runs one step, then
 exits 0 (2 if its connection is lost first); it keeps no saved identity, so
 it needs a token each time and many may run side by side on one host.
@@ -202,6 +211,7 @@ command line override it, and an unknown key is an error naming its line:
   labels: {zone: eu, disk: ssd}
   platform: linux/amd64
   slots: 4
+  ahead: 0                            # steps held beyond the slots, 0..slots (at most 64)
   no_reconnect: false
   single_use: false
   max_reconnect_delay: 60s
@@ -238,13 +248,16 @@ func main() {
 type settings struct {
 	// URLs are the orchestrators' control planes, the first dialed first
 	// (SPEC §11: a group of a leader and standbys).
-	URLs        []string
-	Token       string
-	Name        string
-	Tags        []string
-	Labels      map[string]string
-	Platform    string
-	Slots       int
+	URLs     []string
+	Token    string
+	Name     string
+	Tags     []string
+	Labels   map[string]string
+	Platform string
+	Slots    int
+	// Ahead: steps held granted, not started, beyond the slots (SPEC §3
+	// lease-ahead): 0..min(Slots, 64).
+	Ahead       int
 	NoReconnect bool
 	// SingleUse: one step, then exit (scaler-managed, SPEC §10); no state
 	// directory is used, as the instance is never restarted.
@@ -352,6 +365,7 @@ func parseConnect(args []string, stdout io.Writer) (final settings, logFormat, l
 	flags.StringVar(&labels, "labels", "", "comma-separated `key=value` labels, e.g. zone=eu,disk=ssd")
 	flags.StringVar(&s.Platform, "platform", "", "`platform` for steps that declare one, e.g. linux/amd64")
 	flags.IntVar(&s.Slots, "slots", 1, "steps run at once (`N`, 1..1024)")
+	flags.IntVar(&s.Ahead, "ahead", 0, "steps held beyond the slots, granted but not started, so the next starts when a slot frees (`N`, 0..slots, at most 64; suits short steps)")
 	flags.StringVar(&s.CA, "ca", "", "trust the orchestrator's TLS certificate if this CA `file` (PEM) signed it")
 	flags.BoolVar(&s.SingleUse, "single-use", false, "scaler-managed: run one step, then exit 0 (no reconnect, no grace; slots 1; no saved identity, so --state-dir is not used)")
 	flags.BoolVar(&s.NoReconnect, "no-reconnect", false, "exit (code 2) when the connection is lost instead of reconnecting; no grace window")
@@ -433,6 +447,9 @@ func parseConnect(args []string, stdout io.Writer) (final settings, logFormat, l
 	if set["slots"] {
 		final.Slots = s.Slots
 	}
+	if set["ahead"] {
+		final.Ahead = s.Ahead
+	}
 	if set["no-reconnect"] {
 		final.NoReconnect = s.NoReconnect
 	}
@@ -505,6 +522,12 @@ func parseConnect(args []string, stdout io.Writer) (final settings, logFormat, l
 	}
 	if final.Slots < 1 || final.Slots > 1024 {
 		return settings{}, "", "", fmt.Errorf("--slots %d: want 1..1024", final.Slots)
+	}
+	if final.SingleUse && final.Ahead != 0 {
+		return settings{}, "", "", fmt.Errorf("--single-use runs one step: --ahead %d must be 0 (or left out)", final.Ahead)
+	}
+	if limit := min(final.Slots, core.MaxWorkerAhead); final.Ahead < 0 || final.Ahead > limit {
+		return settings{}, "", "", fmt.Errorf("--ahead %d: want 0..%d (at most --slots, %d, and at most %d)", final.Ahead, limit, final.Slots, core.MaxWorkerAhead)
 	}
 	for i, u := range final.URLs {
 		if final.URLs[i], err = controlURL(u); err != nil {
@@ -665,7 +688,7 @@ func connect(ctx context.Context, stops <-chan os.Signal, s settings, log *slog.
 // anything else. It returns the core's exit code and exit, or Run's error.
 func connectOnce(ctx context.Context, stops <-chan os.Signal, s settings, sd *worker.StateDir, saved *worker.State, tlsConf *tls.Config, shim string, log *slog.Logger) (int, *core.WorkerExit, error) {
 	cfg := core.WorkerConfig{
-		Name: s.Name, Tags: s.Tags, Labels: s.Labels, Platform: s.Platform, Slots: s.Slots,
+		Name: s.Name, Tags: s.Tags, Labels: s.Labels, Platform: s.Platform, Slots: s.Slots, Ahead: s.Ahead,
 		NoReconnect: s.NoReconnect, BackoffMax: s.MaxReconnectDelay, SingleUse: s.SingleUse,
 		OutputCapBytes: s.OutputCapBytes, DrainTimeout: s.DrainTimeout,
 	}
@@ -729,7 +752,7 @@ func connectOnce(ctx context.Context, stops <-chan os.Signal, s settings, sd *wo
 		}
 	}()
 	log.Info("worker starting", "worker", cfg.Name, "worker_id", string(cfg.ID), "url", strings.Join(s.URLs, " "), "tags", strings.Join(s.Tags, ","),
-		"slots", s.Slots, "no_reconnect", s.NoReconnect, "max_reconnect_delay", cmp.Or(s.MaxReconnectDelay, defaultMaxReconnectDelay),
+		"slots", s.Slots, "ahead", s.Ahead, "no_reconnect", s.NoReconnect, "max_reconnect_delay", cmp.Or(s.MaxReconnectDelay, defaultMaxReconnectDelay),
 		"noop_executor", s.Noop, "step_shim", shim != "", "output_cap_bytes", cmp.Or(s.OutputCapBytes, defaultOutputCapBytes),
 		"state_file", statePath(sd), "saved_identity", saved != nil, "single_use", s.SingleUse)
 	code, err := d.Run(ctx)
@@ -837,7 +860,7 @@ func loadConfig(path string, src []byte) (settings, error) {
 		return n.Value
 	}
 	root := doc.Content[0]
-	known := []string{"url", "ca", "token", "name", "tags", "labels", "platform", "slots", "no_reconnect", "max_reconnect_delay", "output_cap", "drain_timeout", "state_dir",
+	known := []string{"url", "ca", "token", "name", "tags", "labels", "platform", "slots", "ahead", "no_reconnect", "max_reconnect_delay", "output_cap", "drain_timeout", "state_dir",
 		"work_dir", "keep_scratch", "cache_size", "pass_env", "single_use"}
 	if root.Kind != yaml.MappingNode {
 		errf(root, "worker config must be a mapping of keys to values")
@@ -938,6 +961,12 @@ func loadConfig(path string, src []byte) (settings, error) {
 				errf(v, "slots must be a whole number 1..1024, not %q", v.Value)
 			}
 			s.Slots = n
+		case "ahead":
+			n, err := strconv.Atoi(v.Value)
+			if v.Kind != yaml.ScalarNode || err != nil || n < 0 || n > core.MaxWorkerAhead {
+				errf(v, "ahead must be a whole number 0..%d (and at most slots), not %q", core.MaxWorkerAhead, v.Value)
+			}
+			s.Ahead = n
 		case "no_reconnect":
 			var b bool
 			if v.Kind != yaml.ScalarNode || v.Decode(&b) != nil {

@@ -70,6 +70,7 @@ tags: [script, docker]
 labels: {zone: eu}
 platform: linux/amd64
 slots: 3
+ahead: 2
 no_reconnect: true
 max_reconnect_delay: 2s
 output_cap: 2MiB
@@ -80,18 +81,19 @@ drain_timeout: 90s
 		t.Fatal(err)
 	}
 	want := settings{URLs: []string{"ws://orch:7420/control"}, Token: "b1.abc", Name: "b1", Tags: []string{"script", "docker"},
-		Labels: map[string]string{"zone": "eu"}, Platform: "linux/amd64", Slots: 3, NoReconnect: true, MaxReconnectDelay: 2 * time.Second, OutputCapBytes: 2 << 20,
+		Labels: map[string]string{"zone": "eu"}, Platform: "linux/amd64", Slots: 3, Ahead: 2, NoReconnect: true, MaxReconnectDelay: 2 * time.Second, OutputCapBytes: 2 << 20,
 		DrainTimeout: 90 * time.Second, CA: filepath.Join(filepath.Dir(cfg), "tls", "ca.pem")} // relative to the file
 	if !reflect.DeepEqual(s, want) {
 		t.Errorf("from the file:\n got %+v\nwant %+v", s, want)
 	}
 	// Flags given override the file; flags not given do not.
-	s, format, _, err := parseConnect([]string{"--config", cfg, "--tags", "gpu", "--slots", "8", "--name", "n",
+	s, format, _, err := parseConnect([]string{"--config", cfg, "--tags", "gpu", "--slots", "8", "--ahead", "5", "--name", "n",
 		"--labels", "a=1, b = 2", "--no-reconnect=false", "--max-reconnect-delay", "750ms", "--log-format", "json", "--ca", "/etc/ca.pem", "--output-cap", "1048576",
 		"--drain-timeout", "3m"}, io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}
+	want.Ahead = 5
 	want.Tags, want.Slots, want.Name, want.Labels, want.NoReconnect, want.CA = []string{"gpu"}, 8, "n", map[string]string{"a": "1", "b": "2"}, false, "/etc/ca.pem"
 	want.MaxReconnectDelay, want.DrainTimeout = 750*time.Millisecond, 3*time.Minute
 	want.OutputCapBytes = 1 << 20
@@ -135,6 +137,7 @@ func TestConfigFileErrors(t *testing.T) {
 	for name, c := range map[string]struct{ src, want string }{
 		"unknown key": {"token: a.b\nslot: 2\n", "worker-config.yaml:2: unknown key \"slot\""},
 		"bad slots":   {"token: a.b\nslots: many\n", "worker-config.yaml:2: slots must be"},
+		"bad ahead":   {"token: a.b\nahead: 65\n", "worker-config.yaml:2: ahead must be"},
 		"bad bool":    {"no_reconnect: maybe\n", "worker-config.yaml:1: no_reconnect"},
 		"bad delay":   {"max_reconnect_delay: soon\n", "worker-config.yaml:1: max_reconnect_delay must be a duration"},
 		"tiny delay":  {"max_reconnect_delay: 1ms\n", "worker-config.yaml:1: max_reconnect_delay must be a duration"},
@@ -159,6 +162,7 @@ func TestUsageExitCodes(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
 	defer cancel()
 	missing := filepath.Join(t.TempDir(), "nope.yaml")
+	ahead3 := writeFile(t, "worker-config.yaml", "ahead: 3\n")
 	for _, args := range [][]string{
 		{},
 		{"bogus"},
@@ -166,6 +170,11 @@ func TestUsageExitCodes(t *testing.T) {
 		{"connect", "--token", "a.b", "--state-dir="},
 		{"connect", "--token", "no-dot"},
 		{"connect", "--token", "a.b", "--slots", "0"},
+		{"connect", "--token", "a.b", "--ahead", "2"},                    // beyond its 1 slot
+		{"connect", "--token", "a.b", "--slots", "100", "--ahead", "65"}, // beyond 64
+		{"connect", "--token", "a.b", "--ahead", "-1"},
+		{"connect", "--token", "a.b", "--single-use", "--ahead", "1"},
+		{"connect", "--token", "a.b", "--slots", "2", "--config", ahead3}, // the file's ahead 3, beyond the flag's 2 slots
 		{"connect", "--token", "a.b", "--max-reconnect-delay", "0s"},
 		{"connect", "--token", "a.b", "--max-reconnect-delay", "2h"},
 		{"connect", "--token", "a.b", "--max-reconnect-delay", "soon"},
