@@ -469,6 +469,46 @@ func TestSlotsAndMatchingCatchesOverSlots(t *testing.T) {
 	expectFirst(t, r.c, "SlotsAndMatching")
 }
 
+// enrollAhead enrolls w with slots and a lease-ahead (SPEC §3).
+func enrollAhead(r *rig, w core.WorkerID, slots, ahead int) {
+	r.t.Helper()
+	in := r.hello(w, slots)
+	h := in.Msg.(core.Hello)
+	h.Token, h.Ahead = r.createToken("tok-"+string(w), time.Hour), ahead
+	in.Msg = h
+	r.step(in)
+}
+
+// A worker with one slot and one ahead holds two leases, one started: the
+// worker's Report of the first before its Start of the held one keeps it
+// within its slot; a Start of the held lease while the first still runs is
+// two started leases on one slot (SPEC §3), which the orchestrator records
+// as the worker says, and the checker catches.
+func TestSlotsAndMatchingAhead(t *testing.T) {
+	for _, bad := range []bool{false, true} {
+		r := newRig(t)
+		enrollAhead(r, "w1", 1, 1)
+		run := r.submit(noWrite("a"), noWrite("b"))
+		la, lb := r.leaseOf(sid(run, "a")), r.leaseOf(sid(run, "b"))
+		if r.holder[la] != "w1" || r.holder[lb] != "w1" {
+			t.Fatalf("want a and b on w1 (one slot, one ahead): leases %d %d", la, lb)
+		}
+		r.step(r.msg("w1", core.Start{Lease: la, Request: 1}))
+		r.step(r.msg("w1", core.Held{Lease: lb}))
+		if bad {
+			r.c.Verify = false
+			r.land(r.produce(r.msg("w1", core.Start{Lease: lb, Request: 2})))
+			expectFirst(t, r.c, "SlotsAndMatching")
+			continue
+		}
+		r.report("w1", la, core.OutcomeSuccess)
+		r.step(r.msg("w1", core.Start{Lease: lb, Request: 2}))
+		if v := r.c.Check(); v != nil {
+			t.Fatalf("report, then start of the held lease: %v", v)
+		}
+	}
+}
+
 func TestSlotsAndMatchingCatchesMismatch(t *testing.T) {
 	r := newRig(t)
 	r.enroll("w1", 2, "script")
