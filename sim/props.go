@@ -161,6 +161,21 @@ func (w *world) checkBatch(held map[core.StepID]core.LeaseID, from core.WorkerID
 	if p.held == nil {
 		p.held = spec.NewHeldLeases(w.orch.o.Config().HeartbeatInterval)
 	}
+	if r, ok := p.in.(core.Received); ok {
+		switch m := r.Msg.(type) {
+		case core.Held:
+			w.ahead.Held++
+		case core.Start:
+			if p.held.Seen(m.Lease) {
+				w.ahead.Started++
+			}
+		}
+	}
+	for _, e := range rd.Events {
+		if e.Cause == core.CauseDispatchMissed && p.held.Seen(e.Lease) {
+			w.ahead.Silent++
+		}
+	}
 	if p.in != nil {
 		p.held.Input(p.in)
 	}

@@ -48,6 +48,7 @@ func Simulate(seed uint64, opt Options, cfg Config) Result {
 	res.Archive = w.arch.stats
 	res.ChildRuns = w.childRuns
 	res.Locks = w.locks
+	res.Ahead = w.ahead
 	if w.ha != nil {
 		res.Failover = w.ha.stats
 	}

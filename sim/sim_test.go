@@ -490,6 +490,33 @@ func TestSimLocksCoverage(t *testing.T) {
 	}
 }
 
+// TestSimAheadCoverage: across the first seeds with Options.Ahead, workers
+// hold leases ahead (Held), start them when a slot frees, and lose some to
+// the hung-worker rule (a paused worker's held leases requeued) — so
+// SlotsAndMatching's started bound and HeldNotSilent are checked where they
+// can fail. At least 4 such seeds, at most 30, stopping once all is shown.
+func TestSimAheadCoverage(t *testing.T) {
+	var sum AheadStats
+	seeds := 0
+	covered := func() bool { return sum.Held > 0 && sum.Started > 0 && sum.Silent > 0 }
+	for seed := uint64(1); seeds < 30 && seed < 300 && (seeds < 4 || !covered()); seed++ {
+		opt := Swarm(seed)
+		if !opt.Ahead {
+			continue
+		}
+		seeds++
+		r := Simulate(seed, opt, Config{VizDir: t.TempDir()})
+		if r.Failure != nil {
+			t.Fatalf("seed %d:\n%s", seed, r.Failure)
+		}
+		sum.add(r.Ahead)
+	}
+	t.Logf("%d seeds: %+v", seeds, sum)
+	if !covered() {
+		t.Errorf("the workload does not exercise lease-ahead (SPEC §3): %+v", sum)
+	}
+}
+
 // TestSimFailoverCoverage: across the first seeds with Options.Failover,
 // standbys take over (some with a clock ahead of the leader before them,
 // where an early timeout could show), leaders frozen or cut off from the

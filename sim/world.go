@@ -110,6 +110,7 @@ type Result struct {
 	Reruns     int           // reruns accepted, their successes reused (SPEC §2)
 	ChildRuns  int           // child runs started by workflow steps, durably (sim/child.go)
 	Locks      LockStats     // concurrency groups and schedules (Options.Locks)
+	Ahead      AheadStats    // leases held ahead (Options.Ahead)
 	Failover   FailoverStats // the failover fault (Options.Failover)
 	// Inconclusive, if set, says why the end-of-run linearizability check
 	// could not judge the history (spec.CheckSteps): the seed neither
@@ -123,6 +124,19 @@ type Result struct {
 // for their group and were admitted, runs superseded by cancel_in_progress,
 // runs a schedule started, fires that caught up missed fire times (after
 // the orchestrator was down), and restarts between two fires.
+// AheadStats counts what lease-ahead (SPEC §3) did in a run: Held answers
+// the orchestrator took, held leases it saw started, and held leases it
+// requeued because their worker turned silent.
+type AheadStats struct {
+	Held, Started, Silent int
+}
+
+func (s *AheadStats) add(o AheadStats) {
+	s.Held += o.Held
+	s.Started += o.Started
+	s.Silent += o.Silent
+}
+
 type LockStats struct {
 	Waits, Admitted, Superseded, Fired, CaughtUp, Restarts int
 }
@@ -283,6 +297,7 @@ type world struct {
 	batchText    strings.Builder // with Config.sums: this event's batch digests
 	grants       grantProps      // spec.Grants and what it needs (grants.go)
 	arch         archiveState    // archival's counters and memories (archive.go)
+	ahead        AheadStats      // Result.Ahead
 	childRuns    int             // child runs started, durably (child.go)
 
 	// The failover fault (failover.go): the instances and the shared

@@ -388,6 +388,9 @@ func (h *HeldLeases) Input(in core.Input) {
 	}
 }
 
+// Seen says whether lease l was seen held and is not forgotten yet.
+func (h *HeldLeases) Seen(l core.LeaseID) bool { return h.seen[l] }
+
 // Check checks o after a batch made at now. Leases no longer current and
 // held are forgotten.
 func (h *HeldLeases) Check(o *core.Orchestrator, now time.Time) *Violation {
