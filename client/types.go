@@ -240,6 +240,7 @@ type Worker struct {
 	Labels         map[string]string `json:"labels,omitempty"`
 	Platform       string            `json:"platform,omitempty"`
 	Slots          int               `json:"slots"`
+	Ahead          int               `json:"ahead,omitempty"` // leases it may hold ahead (SPEC §3)
 	Leases         int               `json:"leases"`
 	Scaler         bool              `json:"scaler,omitempty"`
 	LastHeartbeat  time.Time         `json:"last_heartbeat"`

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/tether-run/tether/adapters/worker"
+	"github.com/tether-run/tether/client"
 	"github.com/tether-run/tether/core"
 )
 
@@ -18,12 +19,11 @@ import (
 // lease ahead. While a runs, the next step is dispatched to it, held, and
 // recorded held (the worker's Held crossed the wire); every step, the
 // write-bearing one too, then runs once, on its first grant (a lost Held
-// would let the dispatch-ack deadline requeue it).
+// would let the dispatch-ack deadline requeue it). GET /api/workers shows
+// the worker's ahead.
 func TestLeaseAheadEndToEnd(t *testing.T) {
-	ctx, cancel := context.WithTimeout(t.Context(), testTimeout)
-	defer cancel()
-	d := startOrch(t, "127.0.0.1:0", filepath.Join(t.TempDir(), "tether.db"))
-	defer d.Close()
+	r := startAPI(t)
+	ctx, d := r.ctx, r.d
 	tok, err := d.CreateToken(ctx, "w1", time.Minute)
 	if err != nil {
 		t.Fatal(err)
@@ -67,6 +67,14 @@ func TestLeaseAheadEndToEnd(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitFor(t, ctx, d, "run to finish", finished(run))
+	c, err := client.New(d.DataURL(), adminToken)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ws, err := c.Workers(ctx)
+	if err != nil || len(ws.Workers) != 1 || ws.Workers[0].Ahead != 1 || ws.Workers[0].Slots != 1 {
+		t.Errorf("GET /api/workers: %+v, %v; want one worker with 1 slot and 1 ahead", ws, err)
+	}
 	viewer{d}.Snapshot(ctx, func(o view) {
 		if st := runStatus(o, run); st != "success" {
 			t.Fatalf("run finished %s:\n%s", st, describeSteps(o, run))

@@ -806,7 +806,7 @@ func (a *api) listWorkers(ctx context.Context) (int, any, error) {
 			v := APIWorker{
 				ID: string(w.ID), Name: w.Name, Connected: w.Connected, Token: w.Token,
 				Tags: append([]string{}, w.Tags...), Labels: w.Labels, Platform: w.Platform,
-				Slots: w.Slots, Leases: w.Leases, Scaler: w.Scaler, LastHeartbeat: w.LastHeartbeat,
+				Slots: w.Slots, Ahead: w.Ahead, Leases: w.Leases, Scaler: w.Scaler, LastHeartbeat: w.LastHeartbeat,
 				EnrolledAt: w.EnrolledAt, DisconnectedAt: w.DisconnectedAt, GraceUntil: w.GraceUntil,
 			}
 			switch {
