@@ -1329,7 +1329,9 @@ func (w *Worker) waitsForAcks(r *request) bool {
 // transmit (re)sends r on the current connection.
 func (w *Worker) transmit(r *request) {
 	r.due = w.now.Add(w.cfg.RequestTimeout)
-	if r.kind == reqReport {
+	if r.kind == reqReport && w.cfg.Ahead > 0 {
+		// Only lease-ahead reads it (busySlots): without it a worker's
+		// state stays what it was, one state for the explorer.
 		if e := w.held(r.ref.Lease); e != nil {
 			e.reportSent = true
 		}
