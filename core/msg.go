@@ -65,8 +65,8 @@ type (
 		Platform   string
 		Slots      int
 		// Ahead is how many leases beyond its slots the worker holds
-		// granted but not started (SPEC §3 lease-ahead): 0..min(Slots,
-		// MaxWorkerAhead).
+		// granted but not started (SPEC §3 lease-ahead): 0..MaxWorkerAhead,
+		// whatever its slots.
 		Ahead    int
 		Scaler   bool          // scaler-managed: single use, no grace
 		MaxDelay time.Duration // the worker's max reconnect delay; grace = 2×; at most MaxReconnectDelay
@@ -319,7 +319,7 @@ const (
 	MaxWorkerSlots         = 1024                            // a Hello declares 1..MaxWorkerSlots slots
 	MaxWorkerTags          = 64                              // tags in a Hello
 	MaxWorkerLabels        = 64                              // labels in a Hello
-	MaxWorkerAhead         = 64                              // a Hello declares 0..min(slots, MaxWorkerAhead) leases ahead
+	MaxWorkerAhead         = 64                              // a Hello declares 0..MaxWorkerAhead leases ahead, whatever its slots
 	MaxInFlightLeases      = MaxWorkerSlots + MaxWorkerAhead // leases a Hello or a Heartbeat lists (a worker holds at most slots + ahead)
 	MaxCredentialBytes     = 256                             // a Hello's enrollment token or session credential
 	MaxBufferedItems       = 1 << 30                         // a Hello's count of buffered lines and events (observability only)

@@ -67,8 +67,8 @@ func checkHello(h Hello) string {
 		return fmt.Sprintf("session credential of %d bytes, at most %d", len(h.Credential), MaxCredentialBytes)
 	case h.Slots < 1 || h.Slots > MaxWorkerSlots:
 		return fmt.Sprintf("slots %d out of range 1..%d", h.Slots, MaxWorkerSlots)
-	case h.Ahead < 0 || h.Ahead > min(h.Slots, MaxWorkerAhead):
-		return fmt.Sprintf("ahead %d out of range 0..%d (at most its slots and %d)", h.Ahead, min(h.Slots, MaxWorkerAhead), MaxWorkerAhead)
+	case h.Ahead < 0 || h.Ahead > MaxWorkerAhead:
+		return fmt.Sprintf("ahead %d out of range 0..%d", h.Ahead, MaxWorkerAhead)
 	case len(h.Tags) > MaxWorkerTags:
 		return fmt.Sprintf("%d tags, at most %d", len(h.Tags), MaxWorkerTags)
 	case len(h.Labels) > MaxWorkerLabels:

@@ -71,8 +71,8 @@ type WorkerConfig struct {
 	Slots      int // default 1, at most maxWorkerSlots
 	// Ahead is how many dispatches beyond its slots the worker holds,
 	// granted but not started, so that the next step is already here when
-	// a slot frees (SPEC §3 lease-ahead, `worker connect --ahead`): 0..min(
-	// Slots, MaxWorkerAhead), default 0.
+	// a slot frees (SPEC §3 lease-ahead, `worker connect --ahead`):
+	// 0..MaxWorkerAhead whatever the slots, default 0.
 	Ahead  int
 	Scaler bool // scaler-managed: single-use, never reconnects
 	// SingleUse (`worker connect --single-use`, SPEC §10) makes the first
@@ -116,7 +116,7 @@ func (c WorkerConfig) withDefaults() WorkerConfig {
 	if c.SingleUse {
 		c.Scaler, c.Slots, c.Ahead = true, 1, 0
 	}
-	c.Ahead = max(0, min(c.Ahead, c.Slots, MaxWorkerAhead))
+	c.Ahead = max(0, min(c.Ahead, MaxWorkerAhead))
 	c.LogWindowLines = clampInt(c.LogWindowLines, defaultLogWindowLines, maxLogWindowLines)
 	c.LogWindowBytes = clampInt(c.LogWindowBytes, defaultLogWindowBytes, maxLogWindowBytes)
 	if c.OutputCapBytes <= 0 {
@@ -427,7 +427,7 @@ type Worker struct {
 	// maxLease is the greatest lease ever dispatched here. Lease ids grow, and
 	// one connection is ordered, so a Dispatch at or below it is a duplicate.
 	maxLease LeaseID
-	// leases holds every held lease (at most Slots), plus released ones whose
+	// leases holds every held lease (at most Slots + Ahead), plus released ones whose
 	// process is still being stopped (each until its exit or its SIGKILL).
 	leases map[LeaseID]*execution
 

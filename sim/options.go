@@ -19,8 +19,9 @@ type Options struct {
 	Scalers         int     // scaler-managed single-use workers alive at once
 	NoReconnectFrac float64 // chance a static worker runs with --no-reconnect
 	SlotsMax        int
-	// Ahead: each static worker declares a lease-ahead of 0..its slots
-	// (SPEC §3), drawn from its own stream.
+	// Ahead: each static worker declares a lease-ahead of 0..max(its slots,
+	// 4) (SPEC §3: ahead is not bounded by the slots), drawn from its own
+	// stream.
 	Ahead bool
 
 	DelayMin, DelayMax time.Duration // per-message network delay

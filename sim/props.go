@@ -165,6 +165,9 @@ func (w *world) checkBatch(held map[core.StepID]core.LeaseID, from core.WorkerID
 		switch m := r.Msg.(type) {
 		case core.Held:
 			w.ahead.Held++
+			if w.heldBeyondSlots(m.Lease) {
+				w.ahead.Beyond++
+			}
 		case core.Start:
 			if p.held.Seen(m.Lease) {
 				w.ahead.Started++
@@ -221,6 +224,23 @@ func (p *props) poolView(w *world) *spec.Pool {
 }
 
 // workerOfConn names the worker at the other end of a connection.
+// heldBeyondSlots says whether the worker holding lease l holds more
+// current leases than twice its slots, so more held ahead than its slots
+// (at most its slots of them started, SPEC §3): ahead is not bounded by the
+// slots.
+func (w *world) heldBeyondSlots(l core.LeaseID) bool {
+	lv, ok := w.orch.o.Lease(l)
+	if !ok {
+		return false
+	}
+	for _, wv := range w.orch.o.Workers() {
+		if wv.ID == lv.Worker {
+			return wv.Leases > 2*wv.Slots
+		}
+	}
+	return false
+}
+
 func (w *world) workerOfConn(c core.ConnID) core.WorkerID {
 	if cn := w.conns[c]; cn != nil {
 		return w.workers[cn.worker].id

@@ -138,7 +138,7 @@ func (w *world) spawnWorker(token string, scaler, allTags bool) *workerNode {
 		LogWindowLines: w.opt.LogWindow, OutputCapBytes: w.opt.OutputCap, DrainTimeout: w.opt.DrainTimeout,
 	}
 	if w.opt.Ahead && !scaler {
-		cfg.Ahead = w.aheadR.IntN(cfg.Slots + 1)
+		cfg.Ahead = w.aheadR.IntN(max(cfg.Slots, 4) + 1)
 	}
 	w.bootWorker(wn, cfg)
 	return wn

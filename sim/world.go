@@ -125,14 +125,16 @@ type Result struct {
 // runs a schedule started, fires that caught up missed fire times (after
 // the orchestrator was down), and restarts between two fires.
 // AheadStats counts what lease-ahead (SPEC §3) did in a run: Held answers
-// the orchestrator took, held leases it saw started, and held leases it
-// requeued because their worker turned silent.
+// the orchestrator took (Beyond: of them, those taken while their worker
+// held more leases ahead than its slots), held leases it saw started, and
+// held leases it requeued because their worker turned silent.
 type AheadStats struct {
-	Held, Started, Silent int
+	Held, Beyond, Started, Silent int
 }
 
 func (s *AheadStats) add(o AheadStats) {
 	s.Held += o.Held
+	s.Beyond += o.Beyond
 	s.Started += o.Started
 	s.Silent += o.Silent
 }

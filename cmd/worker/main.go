@@ -155,7 +155,7 @@ that); without --token it exits 3. The token itself stays single-use. To
 start afresh, remove worker.json. Under systemd: StateDirectory=tether-worker,
 Restart=always, RestartPreventExitStatus=3 4.
 
-Lease-ahead: with --ahead N (0..--slots, at most 64; default 0) the worker
+Lease-ahead: with --ahead N (0..64, whatever --slots; default 0) the worker
 also holds up to N granted steps it has not started yet, beyond its slots,
 so the next step is already here when a slot frees: short steps run back to
 back without a round trip to the orchestrator between them. A held step
@@ -211,7 +211,7 @@ command line override it, and an unknown key is an error naming its line:
   labels: {zone: eu, disk: ssd}
   platform: linux/amd64
   slots: 4
-  ahead: 0                            # steps held beyond the slots, 0..slots (at most 64)
+  ahead: 0                            # steps held beyond the slots, 0..64
   no_reconnect: false
   single_use: false
   max_reconnect_delay: 60s
@@ -256,7 +256,7 @@ type settings struct {
 	Platform string
 	Slots    int
 	// Ahead: steps held granted, not started, beyond the slots (SPEC §3
-	// lease-ahead): 0..min(Slots, 64).
+	// lease-ahead): 0..64, whatever the slots.
 	Ahead       int
 	NoReconnect bool
 	// SingleUse: one step, then exit (scaler-managed, SPEC §10); no state
@@ -365,7 +365,7 @@ func parseConnect(args []string, stdout io.Writer) (final settings, logFormat, l
 	flags.StringVar(&labels, "labels", "", "comma-separated `key=value` labels, e.g. zone=eu,disk=ssd")
 	flags.StringVar(&s.Platform, "platform", "", "`platform` for steps that declare one, e.g. linux/amd64")
 	flags.IntVar(&s.Slots, "slots", 1, "steps run at once (`N`, 1..1024)")
-	flags.IntVar(&s.Ahead, "ahead", 0, "steps held beyond the slots, granted but not started, so the next starts when a slot frees (`N`, 0..slots, at most 64; suits short steps)")
+	flags.IntVar(&s.Ahead, "ahead", 0, "steps held beyond the slots, granted but not started, so the next starts when a slot frees (`N`, 0..64; suits short steps)")
 	flags.StringVar(&s.CA, "ca", "", "trust the orchestrator's TLS certificate if this CA `file` (PEM) signed it")
 	flags.BoolVar(&s.SingleUse, "single-use", false, "scaler-managed: run one step, then exit 0 (no reconnect, no grace; slots 1; no saved identity, so --state-dir is not used)")
 	flags.BoolVar(&s.NoReconnect, "no-reconnect", false, "exit (code 2) when the connection is lost instead of reconnecting; no grace window")
@@ -526,8 +526,8 @@ func parseConnect(args []string, stdout io.Writer) (final settings, logFormat, l
 	if final.SingleUse && final.Ahead != 0 {
 		return settings{}, "", "", fmt.Errorf("--single-use runs one step: --ahead %d must be 0 (or left out)", final.Ahead)
 	}
-	if limit := min(final.Slots, core.MaxWorkerAhead); final.Ahead < 0 || final.Ahead > limit {
-		return settings{}, "", "", fmt.Errorf("--ahead %d: want 0..%d (at most --slots, %d, and at most %d)", final.Ahead, limit, final.Slots, core.MaxWorkerAhead)
+	if final.Ahead < 0 || final.Ahead > core.MaxWorkerAhead {
+		return settings{}, "", "", fmt.Errorf("--ahead %d: want 0..%d", final.Ahead, core.MaxWorkerAhead)
 	}
 	for i, u := range final.URLs {
 		if final.URLs[i], err = controlURL(u); err != nil {
@@ -964,7 +964,7 @@ func loadConfig(path string, src []byte) (settings, error) {
 		case "ahead":
 			n, err := strconv.Atoi(v.Value)
 			if v.Kind != yaml.ScalarNode || err != nil || n < 0 || n > core.MaxWorkerAhead {
-				errf(v, "ahead must be a whole number 0..%d (and at most slots), not %q", core.MaxWorkerAhead, v.Value)
+				errf(v, "ahead must be a whole number 0..%d, not %q", core.MaxWorkerAhead, v.Value)
 			}
 			s.Ahead = n
 		case "no_reconnect":

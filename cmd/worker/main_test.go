@@ -108,6 +108,11 @@ drain_timeout: 90s
 	if s, _, _, err := parseConnect([]string{"--config", sd, "--state-dir", "/var/lib/w"}, io.Discard); err != nil || s.StateDir != "/var/lib/w" {
 		t.Errorf("--state-dir over the file: %q, %v", s.StateDir, err)
 	}
+	// Ahead is bounded by 64 alone, not by the slots (SPEC §3): one slot may
+	// hold 64 steps ahead.
+	if s, _, _, err := parseConnect([]string{"--config", cfg, "--slots", "1", "--ahead", "64"}, io.Discard); err != nil || s.Slots != 1 || s.Ahead != 64 {
+		t.Errorf("--slots 1 --ahead 64: slots %d ahead %d, err %v; want 1, 64, nil", s.Slots, s.Ahead, err)
+	}
 	// The benchmarking aid: --executor noop runs no process.
 	s, _, _, err = parseConnect([]string{"--config", cfg, "--executor", "noop"}, io.Discard)
 	if err != nil || !s.Noop {
@@ -162,7 +167,6 @@ func TestUsageExitCodes(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
 	defer cancel()
 	missing := filepath.Join(t.TempDir(), "nope.yaml")
-	ahead3 := writeFile(t, "worker-config.yaml", "ahead: 3\n")
 	for _, args := range [][]string{
 		{},
 		{"bogus"},
@@ -170,11 +174,10 @@ func TestUsageExitCodes(t *testing.T) {
 		{"connect", "--token", "a.b", "--state-dir="},
 		{"connect", "--token", "no-dot"},
 		{"connect", "--token", "a.b", "--slots", "0"},
-		{"connect", "--token", "a.b", "--ahead", "2"},                    // beyond its 1 slot
 		{"connect", "--token", "a.b", "--slots", "100", "--ahead", "65"}, // beyond 64
+		{"connect", "--token", "a.b", "--ahead", "65"},
 		{"connect", "--token", "a.b", "--ahead", "-1"},
 		{"connect", "--token", "a.b", "--single-use", "--ahead", "1"},
-		{"connect", "--token", "a.b", "--slots", "2", "--config", ahead3}, // the file's ahead 3, beyond the flag's 2 slots
 		{"connect", "--token", "a.b", "--max-reconnect-delay", "0s"},
 		{"connect", "--token", "a.b", "--max-reconnect-delay", "2h"},
 		{"connect", "--token", "a.b", "--max-reconnect-delay", "soon"},
