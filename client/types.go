@@ -371,6 +371,7 @@ type StreamWorker struct {
 	Name   string `json:"name"`
 	State  string `json:"state"`
 	Slots  int    `json:"slots"`
+	Ahead  int    `json:"ahead,omitempty"` // leases it may hold ahead (SPEC §3)
 	Leases int    `json:"leases"`
 }
 

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tether-run/tether/adapters/orchestrator"
 	"github.com/tether-run/tether/adapters/worker"
 	"github.com/tether-run/tether/client"
 	"github.com/tether-run/tether/core"
@@ -19,11 +20,12 @@ import (
 // lease ahead. While a runs, the next step is dispatched to it, held, and
 // recorded held (the worker's Held crossed the wire); every step, the
 // write-bearing one too, then runs once, on its first grant (a lost Held
-// would let the dispatch-ack deadline requeue it). GET /api/workers shows
-// the worker's ahead.
+// would let the dispatch-ack deadline requeue it). GET /api/workers and
+// the server stream's worker event show the worker's ahead.
 func TestLeaseAheadEndToEnd(t *testing.T) {
 	r := startAPI(t)
 	ctx, d := r.ctx, r.d
+	stream := openStream(t, ctx, d, "/events", "")
 	tok, err := d.CreateToken(ctx, "w1", time.Minute)
 	if err != nil {
 		t.Fatal(err)
@@ -74,6 +76,10 @@ func TestLeaseAheadEndToEnd(t *testing.T) {
 	ws, err := c.Workers(ctx)
 	if err != nil || len(ws.Workers) != 1 || ws.Workers[0].Ahead != 1 || ws.Workers[0].Slots != 1 {
 		t.Errorf("GET /api/workers: %+v, %v; want one worker with 1 slot and 1 ahead", ws, err)
+	}
+	got := stream.until("the worker's event", func(e sseEvent) bool { return e.kind == "worker" })
+	if v := decode[orchestrator.StreamWorker](t, got[len(got)-1]); v.Slots != 1 || v.Ahead != 1 {
+		t.Errorf("the server stream's worker event %+v: want 1 slot and 1 ahead", v)
 	}
 	viewer{d}.Snapshot(ctx, func(o view) {
 		if st := runStatus(o, run); st != "success" {

@@ -273,7 +273,7 @@ func (b *broker) subscribeServer(s *subscriber, o *core.Orchestrator, boot strin
 // workerView is a worker as the server stream shows it, with its lease
 // count from the broker's view (mu held).
 func workerView(w core.WorkerRecord) StreamWorker {
-	v := StreamWorker{Worker: string(w.ID), Name: w.Name, Slots: w.Slots}
+	v := StreamWorker{Worker: string(w.ID), Name: w.Name, Slots: w.Slots, Ahead: w.Ahead}
 	switch {
 	case w.Revoked:
 		v.State = "revoked"

@@ -617,3 +617,30 @@ func TestCLIPassesOverASilentHost(t *testing.T) {
 		t.Fatalf("the second URL got %q; want the one POST", got)
 	}
 }
+
+// TestWorkerListTable: `worker list` shows each worker's ahead (SPEC §3)
+// beside its slots, in its own column, so a worker holding more leases than
+// slots reads as lease-ahead, not as a bug.
+func TestWorkerListTable(t *testing.T) {
+	var b bytes.Buffer
+	if err := printWorkers(&b, []client.Worker{
+		{Name: "fast", ID: "w-1", State: "connected", Tags: []string{"linux"}, Slots: 1, Ahead: 4, Leases: 5},
+		{Name: "plain", ID: "w-2", State: "connected", Slots: 2, Leases: 1},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimSpace(b.String()), "\n")
+	want := [][]string{
+		{"NAME", "ID", "STATE", "TAGS", "SLOTS", "AHEAD", "LEASES", "LAST", "HEARTBEAT"},
+		{"fast", "w-1", "connected", "linux", "1", "4", "5", "-"},
+		{"plain", "w-2", "connected", "-", "2", "0", "1", "-"},
+	}
+	if len(lines) != len(want) {
+		t.Fatalf("worker list:\n%s", b.String())
+	}
+	for i, l := range lines {
+		if got := strings.Fields(l); !slices.Equal(got, want[i]) {
+			t.Errorf("worker list line %d: %q, want %q", i, got, want[i])
+		}
+	}
+}

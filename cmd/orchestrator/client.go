@@ -864,17 +864,23 @@ func workerList(ctx context.Context, e *env, _ []string) error {
 		if ok, err := e.printStructured(out); ok {
 			return err
 		}
-		tw := tabwriter.NewWriter(e.stdout, 0, 0, 2, ' ', 0)
-		fmt.Fprintln(tw, "NAME\tID\tSTATE\tTAGS\tSLOTS\tLEASES\tLAST HEARTBEAT")
-		for _, w := range out.Workers {
-			tags := make([]string, len(w.Tags))
-			for i, t := range w.Tags {
-				tags[i] = cell(t)
-			}
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\t%s\n", cell(w.Name), cell(w.ID), cell(w.State), orDash(strings.Join(tags, ",")), w.Slots, w.Leases, fmtTime(w.LastHeartbeat))
-		}
-		return tw.Flush()
+		return printWorkers(e.stdout, out.Workers)
 	})
+}
+
+// printWorkers is `worker list`'s table: AHEAD is the leases each worker
+// may hold ahead beyond its slots (SPEC §3), so LEASES may exceed SLOTS.
+func printWorkers(out io.Writer, ws []client.Worker) error {
+	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "NAME\tID\tSTATE\tTAGS\tSLOTS\tAHEAD\tLEASES\tLAST HEARTBEAT")
+	for _, w := range ws {
+		tags := make([]string, len(w.Tags))
+		for i, t := range w.Tags {
+			tags[i] = cell(t)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\t%d\t%s\n", cell(w.Name), cell(w.ID), cell(w.State), orDash(strings.Join(tags, ",")), w.Slots, w.Ahead, w.Leases, fmtTime(w.LastHeartbeat))
+	}
+	return tw.Flush()
 }
 
 // ---- formatting ----
