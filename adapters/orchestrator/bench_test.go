@@ -13,8 +13,8 @@ package orchestrator_test
 // Throughput: 20,000 no-op steps, submitted as 100 runs of 200 independent
 // steps, from the first Submit to the durable commit of the last run's
 // finish, once with 16 slots per worker (64 concurrent steps), once
-// with 1, and once with 1 and one step held ahead (SPEC §3 lease-ahead:
-// `worker connect --ahead 1`, at most its slots).
+// with 1, and once with 1 and eight steps held ahead (SPEC §3 lease-ahead:
+// `worker connect --ahead 8`; the best of 1, 2, 4 and 8 in PERFORMANCE.md).
 //
 // Latency: on an idle system, one single-step run at a time; "start" is the
 // moment the orchestrator's START of the step (queued → running) is durable,
@@ -416,7 +416,7 @@ func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond)
 // latency samples), so run it with -benchtime 1x (repeat with -count).
 func BenchmarkEndToEnd(b *testing.B) {
 	bs := benchStoreFromEnv(b)
-	for _, shape := range []struct{ slots, ahead int }{{16, 0}, {1, 0}, {1, 1}} {
+	for _, shape := range []struct{ slots, ahead int }{{16, 0}, {1, 0}, {1, 8}} {
 		slots := shape.slots
 		name := fmt.Sprintf("steps=%d/workers=%d/slots=%d", benchSteps, benchWorkers, slots)
 		if shape.ahead > 0 {
