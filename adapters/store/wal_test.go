@@ -93,7 +93,7 @@ func TestLogReplayTornTail(t *testing.T) {
 	holdApplier(s, true)
 	defer holdApplier(s, false)
 	const n = 7
-	var start, end int64 // the last entry's bytes in the log
+	var start, end int64      // the last entry's bytes in the log
 	for i := 4; i <= n; i++ { // logged only
 		start = s.log.pos
 		if err := s.Apply(walBatch(i)); err != nil {
