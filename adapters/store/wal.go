@@ -128,6 +128,7 @@ type wlog struct {
 	err     error      // the first failure to write, sync or apply: sticky
 	closed  bool
 	hold    bool          // the applier waits (tests: a crash before it applied)
+	waited  int           // writes that waited for the applier (tests)
 	done    chan struct{} // the applier has returned
 }
 
@@ -493,6 +494,7 @@ func (l *wlog) write() {
 	}
 	// Backpressure: past the limit, wait until every entry is applied.
 	for l.pos > walHeaderSize && l.pos+n > l.limit && l.applied < l.durable && l.err == nil {
+		l.waited++
 		l.cond.Wait()
 	}
 	if l.err != nil {

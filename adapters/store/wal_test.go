@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"reflect"
+	"runtime"
 	"strconv"
 	"strings"
 	"syscall"
@@ -252,6 +253,61 @@ func TestLogStaysBounded(t *testing.T) {
 		}
 	}
 	s.Close()
+}
+
+// A write that would pass the limit while entries are not applied waits
+// for the applier rather than overwrite them: a crash then loses nothing
+// acknowledged.
+func TestLogBackpressure(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "tether.db")
+	s, err := OpenWith(path, Options{LogLimit: walChunk})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	holdApplier(s, true)
+	defer holdApplier(s, false) // before Close
+	n := 0
+	for s.log.pos < walChunk*3/4 {
+		n++
+		b := walBatch(n)
+		b[0].Value = fmt.Appendf(nil, `{"pad":%q}`, strings.Repeat("f", 16<<10))
+		if err := s.Apply(b); err != nil {
+			t.Fatal(err)
+		}
+	}
+	big := walBatch(n + 1)
+	big[0].Value = fmt.Appendf(nil, `{"pad":%q}`, strings.Repeat("z", walChunk/2))
+	done := make(chan error, 1)
+	go func() { done <- s.Apply(big) }()
+	for returned := false; !returned; { // until it waits, or returned without
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Fatal(err)
+			}
+			returned = true
+		default:
+			s.log.mu.Lock()
+			returned = s.log.waited > 0
+			s.log.mu.Unlock()
+			runtime.Gosched()
+		}
+	}
+	got, err := loadAt(crashCopy(t, path)) // a crash now
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != n+1 || got[n].Key != fmt.Sprintf("step/run-1/s%05d", n) {
+		t.Fatalf("a crash with the log full: %d records, want the %d acknowledged", len(got), n+1)
+	}
+	holdApplier(s, false)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if got := load(t, s); len(got) != n+2 {
+		t.Fatalf("after the wait: %d records, want %d", len(got), n+2)
+	}
 }
 
 // The same store opens with and without the log, either way round, and
