@@ -7,7 +7,9 @@ package store
 // store will keep it (prepare: sealed, compressed), as one entry to the file
 // <store>.wal and fdatasyncs it: that is the durable point, and Apply
 // returns then. A goroutine, the applier, then applies every entry logged
-// and not yet applied in ONE bbolt transaction, synced as before, which
+// and not yet applied in ONE bbolt transaction, synced as before (once 1 MiB
+// or 256 entries gathered, the ring passed its turning point, or a caller
+// waits for them: its two syncs share the disk with the appends'), which
 // also records the last applied sequence number (bucket "wal"): a crash
 // between the two replays, at Open, the entries after it, in one
 // transaction, before anything is served. The records are keyed snapshots
@@ -73,6 +75,11 @@ const (
 	// DefaultLogLimit is the log's largest size (Options.LogLimit).
 	DefaultLogLimit = 64 << 20
 	walMaxEntry     = 1 << 31
+	// The applier lets entries gather (each bbolt commit syncs twice, on
+	// the disk the appends sync on) until this many bytes or entries wait,
+	// the ring is past its turning point, or a caller waits for them.
+	applyBytes   = 1 << 20
+	applyEntries = 256
 )
 
 var (
@@ -129,6 +136,8 @@ type wlog struct {
 	closed  bool
 	hold    bool          // the applier waits (tests: a crash before it applied)
 	waited  int           // writes that waited for the applier (tests)
+	urgent  int           // callers waiting for the applier (barrier, backpressure)
+	readyN  int64         // bytes in ready
 	done    chan struct{} // the applier has returned
 }
 
@@ -493,9 +502,14 @@ func (l *wlog) write() {
 		n += int64(len(e.buf))
 	}
 	// Backpressure: past the limit, wait until every entry is applied.
-	for l.pos > walHeaderSize && l.pos+n > l.limit && l.applied < l.durable && l.err == nil {
+	if l.pos > walHeaderSize && l.pos+n > l.limit && l.applied < l.durable {
 		l.waited++
-		l.cond.Wait()
+		l.urgent++
+		l.cond.Broadcast()
+		for l.applied < l.durable && l.err == nil {
+			l.cond.Wait()
+		}
+		l.urgent--
 	}
 	if l.err != nil {
 		return
@@ -514,6 +528,7 @@ func (l *wlog) write() {
 	l.pos = pos + n
 	l.durable = group[len(group)-1].seq
 	l.ready = append(l.ready, group...)
+	l.readyN += n
 }
 
 func (l *wlog) writeAt(group []walEntry, pos, n int64) error {
@@ -559,14 +574,14 @@ func (l *wlog) run() {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	for {
-		for (len(l.ready) == 0 || l.hold) && l.err == nil && !(l.closed && !l.writing && len(l.queue) == 0 && len(l.ready) == 0) {
+		for !l.due() && l.err == nil && !(l.closed && !l.writing && len(l.queue) == 0 && len(l.ready) == 0) {
 			l.cond.Wait()
 		}
 		if l.err != nil || len(l.ready) == 0 {
 			return
 		}
 		batch := l.ready
-		l.ready = nil
+		l.ready, l.readyN = nil, 0
 		last := batch[len(batch)-1].seq
 		l.mu.Unlock()
 		err := l.db.Update(func(tx *bolt.Tx) error {
@@ -589,13 +604,24 @@ func (l *wlog) run() {
 	}
 }
 
+// due says whether the applier should apply what is ready now.
+func (l *wlog) due() bool {
+	return len(l.ready) > 0 && !l.hold &&
+		(l.urgent > 0 || l.closed || l.readyN >= applyBytes || len(l.ready) >= applyEntries || l.pos >= l.wrap)
+}
+
 // barrier waits until every entry durable when it was called is applied.
 func (l *wlog) barrier() error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	t := l.durable
-	for l.applied < t && l.err == nil {
-		l.cond.Wait()
+	if l.applied < t {
+		l.urgent++
+		l.cond.Broadcast()
+		for l.applied < t && l.err == nil {
+			l.cond.Wait()
+		}
+		l.urgent--
 	}
 	return l.err
 }
