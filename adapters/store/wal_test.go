@@ -2,6 +2,7 @@ package store
 
 import (
 	"bufio"
+	"bytes"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -324,6 +325,19 @@ func TestLogSwitch(t *testing.T) {
 	p := crashCopy(t, path)
 	holdApplier(s, false)
 	s.Close()
+	// The tools that read the file alone replay the log first: a backup
+	// of it holds the batches.
+	var tarball bytes.Buffer
+	if err := BackupFile(crashCopy(t, p), &tarball); err != nil {
+		t.Fatal(err)
+	}
+	up := filepath.Join(t.TempDir(), "up.db")
+	if err := Unpack(&tarball, up); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := loadAt(up); err != nil || !reflect.DeepEqual(got, walPrefix(3)) {
+		t.Fatalf("a backup of a store a crash left with its log: %s %v", show(got), err)
+	}
 	// A crash left batches in the log only: without it, no Open.
 	os.Rename(p+".wal", p+".wal.away")
 	if _, err := loadAt(p); !errors.Is(err, ErrLog) {
