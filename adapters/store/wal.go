@@ -136,6 +136,7 @@ type wlog struct {
 	closed  bool
 	hold    bool          // the applier waits (tests: a crash before it applied)
 	waited  int           // writes that waited for the applier (tests)
+	writes  int           // writes (each one fdatasync) so far (tests)
 	urgent  int           // callers waiting for the applier (barrier, backpressure)
 	readyN  int64         // bytes in ready
 	done    chan struct{} // the applier has returned
@@ -526,6 +527,7 @@ func (l *wlog) write() {
 		return
 	}
 	l.pos = pos + n
+	l.writes++
 	l.durable = group[len(group)-1].seq
 	l.ready = append(l.ready, group...)
 	l.readyN += n

@@ -311,6 +311,52 @@ func TestLogBackpressure(t *testing.T) {
 	}
 }
 
+// Apply calls that arrive while a write is under way share the next write
+// and its one fdatasync (group commit), and a crash then keeps them all.
+func TestLogGroupCommit(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "tether.db")
+	s := open(t, path)
+	if err := s.Apply(walBatch(1)); err != nil {
+		t.Fatal(err)
+	}
+	s.log.mu.Lock()
+	s.log.writing = true // as if a write were under way
+	s.log.mu.Unlock()
+	const n = 6
+	errs := make(chan error, n)
+	for i := 2; i < 2+n; i++ {
+		go func() { errs <- s.Apply(walBatch(i)) }()
+	}
+	for queued := 0; queued < n; runtime.Gosched() {
+		s.log.mu.Lock()
+		queued = len(s.log.queue)
+		s.log.mu.Unlock()
+	}
+	holdApplier(s, true)
+	defer holdApplier(s, false)
+	s.log.mu.Lock()
+	before := s.log.writes
+	s.log.writing = false // that write is done
+	s.log.cond.Broadcast()
+	s.log.mu.Unlock()
+	for range n {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	s.log.mu.Lock()
+	w := s.log.writes - before
+	s.log.mu.Unlock()
+	if w != 1 {
+		t.Fatalf("%d Apply calls waiting made %d writes, want one", n, w)
+	}
+	// Their order among themselves is the goroutines'; all of them are there.
+	got, err := loadAt(crashCopy(t, path))
+	if err != nil || len(got) != n+2 {
+		t.Fatalf("after a crash: %d records (%v), want %d", len(got), err, n+2)
+	}
+}
+
 // The same store opens with and without the log, either way round, and
 // a store whose log is gone opens only if nothing in it was unapplied.
 func TestLogSwitch(t *testing.T) {
