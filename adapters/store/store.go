@@ -1,10 +1,11 @@
 // Package store is the orchestrator's durable record store on bbolt, and
 // the data plane's (data.go).
 //
-// A Store holds core.Records, keyed snapshots of entities. Apply writes a
-// batch of upserts and deletes in a single bbolt transaction, which bbolt
-// fsyncs on commit: when Apply returns nil the whole batch is on stable
-// storage, and after a crash either all of it or none of it is there.
+// A Store holds core.Records, keyed snapshots of entities. Apply appends a
+// batch of upserts and deletes as one entry of the store's log and
+// fdatasyncs it (wal.go), and the log's applier puts it in the bbolt file
+// later: when Apply returns nil the whole batch is on stable storage, and
+// after a crash either all of it or none of it is there.
 //
 // Records go to a bucket by their key's kind (history.go): live state to
 // "records", log lines to "logs", archived runs (SPEC §7a) to "history" with
