@@ -333,6 +333,10 @@ func scanLog(buf []byte, applied uint64) (payloads [][]byte, last uint64, err er
 		if seq <= applied || seq < b || group > seq || (group < b || (group == b && seq != b)) {
 			continue
 		}
+		// Entries b..seq-1 would lie between: each takes more than a head.
+		if seq-b > uint64(o-off)/(walEntryHead+1) {
+			continue
+		}
 		if s, _, _, ok := parseEntry(buf, o); ok {
 			return nil, 0, fmt.Errorf("%w: the entry at offset %d (number %d) is bad but entry %d, written after it was synced, follows at offset %d",
 				ErrLog, off, b, s, o)
