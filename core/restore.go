@@ -54,6 +54,12 @@ func (o *Orchestrator) load(recs []Record) error {
 			closed = append(closed, r)
 			continue
 		}
+		if l, ok := logKeyLease(r.Key); ok {
+			// Decoded below, once the leases are known: the lines of
+			// archived leases, most of a long-lived store, are not state.
+			logRecs = append(logRecs, logRec{l, r})
+			continue
+		}
 		v, err := DecodeRecord(r)
 		if err != nil {
 			return err
@@ -80,27 +86,30 @@ func (o *Orchestrator) load(recs []Record) error {
 		case *ServerEvent:
 			o.events[v.Run] = append(o.events[v.Run], *v)
 		case *StepLogLine:
-			o.logs[v.Lease] = append(o.logs[v.Lease], *v)
+			logRecs = append(logRecs, logRec{v.Lease, r}) // a key not of logKey's form
+			continue
 		}
-		if ln, ok := v.(*StepLogLine); ok {
-			logRecs = append(logRecs, logRec{ln.Lease, r})
-		} else {
-			o.cache(r)
-		}
+		o.cache(r)
 	}
 	if err := o.loadClosed(closed); err != nil {
 		return err
 	}
-	// Log lines of archived leases stay in the store; they are not state.
-	for id := range o.logs {
-		if o.leases[id] == nil {
-			delete(o.logs, id)
-		}
-	}
+	// Log lines of archived leases stay in the store; they are not state,
+	// and are not decoded.
 	for _, lr := range logRecs {
-		if o.leases[lr.lease] != nil {
-			o.cache(lr.r)
+		if o.leases[lr.lease] == nil {
+			continue
 		}
+		v, err := DecodeRecord(lr.r)
+		if err != nil {
+			return err
+		}
+		ln := v.(*StepLogLine)
+		if o.leases[ln.Lease] == nil {
+			continue
+		}
+		o.logs[ln.Lease] = append(o.logs[ln.Lease], *ln)
+		o.cache(lr.r)
 	}
 	for _, id := range sortedKeys(o.leases) {
 		l := o.leases[id]
