@@ -3,6 +3,7 @@ package core
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"time"
 )
@@ -148,6 +149,23 @@ func (o *Orchestrator) Steps() []StepRecord {
 	out := make([]StepRecord, 0, len(o.steps))
 	for _, id := range sortedKeys(o.steps) {
 		out = append(out, copyStep(o.steps[id]))
+	}
+	return out
+}
+
+// StepsIn returns the steps in state st, sorted by id: Steps filtered,
+// without copying the others.
+func (o *Orchestrator) StepsIn(st State) []StepRecord {
+	var ids []StepID
+	for id, s := range o.steps {
+		if s.State == st {
+			ids = append(ids, id)
+		}
+	}
+	slices.Sort(ids)
+	out := make([]StepRecord, len(ids))
+	for i, id := range ids {
+		out[i] = copyStep(o.steps[id])
 	}
 	return out
 }

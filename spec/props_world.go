@@ -505,10 +505,7 @@ func welcomeCancel(h core.Hello, wel *core.Welcome, before, after *leaseView) *V
 // which of those no worker that may be active matches.
 func (p *Pool) track(o View, now time.Time) {
 	ready := map[core.StepID]bool{}
-	for _, st := range o.Orchestrator.Steps() { // a queued step is live: only finished runs are archived
-		if st.State != core.StateQueued {
-			continue
-		}
+	for _, st := range o.Orchestrator.StepsIn(core.StateQueued) { // a queued step is live: only finished runs are archived
 		if _, leased := p.leases.byStep[st.ID]; leased {
 			continue
 		}
@@ -521,8 +518,8 @@ func (p *Pool) track(o View, now time.Time) {
 			p.ready[st.ID] = now
 		}
 		any := false
-		for _, id := range p.sortedWorkers() {
-			if w := p.workers[id]; p.maybeActive(w, now) && workerMatches(w, sp) {
+		for _, w := range p.workers { // whether any does: the order is immaterial
+			if p.maybeActive(w, now) && workerMatches(w, sp) {
 				any = true
 				break
 			}
