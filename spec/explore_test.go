@@ -301,19 +301,30 @@ func TestExploreWalk(t *testing.T) {
 }
 
 // TestExploreDFSMatchesBFS: depth-first with re-expansion of states met
-// again at a smaller depth reaches exactly the states breadth-first does.
+// again at a smaller depth reaches exactly the states breadth-first does,
+// on one goroutine or several sharing a frontier (explore_pdfs.go), and
+// shows every sometimes property breadth-first shows.
 func TestExploreDFSMatchesBFS(t *testing.T) {
 	sc := DefaultScope()
 	sc.MaxDepth = 8
 	bfs := Explore(sc)
-	sc.DFS = true
-	dfs := Explore(sc)
-	t.Logf("bfs: %s\ndfs: %s", bfs.Summary(), dfs.Summary())
-	if bfs.Violation != nil || dfs.Violation != nil {
-		t.Fatalf("violation: %v %v", bfs.Violation, dfs.Violation)
-	}
-	if bfs.States != dfs.States || bfs.MaxDepth != dfs.MaxDepth {
-		t.Errorf("bfs reached %d states (depth %d), dfs %d (depth %d)", bfs.States, bfs.MaxDepth, dfs.States, dfs.MaxDepth)
+	t.Logf("bfs: %s", bfs.Summary())
+	for _, par := range []int{1, 4} {
+		sc.DFS, sc.Parallel = true, par
+		dfs := Explore(sc)
+		t.Logf("dfs, %d goroutines: %s", par, dfs.Summary())
+		if bfs.Violation != nil || dfs.Violation != nil {
+			t.Fatalf("violation: %v %v", bfs.Violation, dfs.Violation)
+		}
+		if bfs.States != dfs.States || bfs.MaxDepth != dfs.MaxDepth || bfs.Pruned != dfs.Pruned {
+			t.Errorf("bfs reached %d states (depth %d, %d pruned), dfs on %d goroutines %d (depth %d, %d pruned)",
+				bfs.States, bfs.MaxDepth, bfs.Pruned, par, dfs.States, dfs.MaxDepth, dfs.Pruned)
+		}
+		for k, v := range bfs.Sometimes {
+			if v && !dfs.Sometimes[k] {
+				t.Errorf("bfs showed %s, dfs on %d goroutines did not", k, par)
+			}
+		}
 	}
 }
 
