@@ -44,7 +44,7 @@ func (o *Orchestrator) load(recs []Record) error {
 		lease LeaseID
 		r     Record
 	}
-	var logRecs []logRec
+	var odd []logRec // log lines whose key is not of logKey's form
 	for _, r := range recs {
 		if r.Delete || IsHistoryKey(r.Key) || IsAuditKey(r.Key) {
 			continue // history and the audit log are not state (archive.go, operators.go)
@@ -54,10 +54,9 @@ func (o *Orchestrator) load(recs []Record) error {
 			closed = append(closed, r)
 			continue
 		}
-		if l, ok := logKeyLease(r.Key); ok {
+		if _, ok := logKeyLease(r.Key); ok {
 			// Decoded below, once the leases are known: the lines of
 			// archived leases, most of a long-lived store, are not state.
-			logRecs = append(logRecs, logRec{l, r})
 			continue
 		}
 		v, err := DecodeRecord(r)
@@ -86,7 +85,7 @@ func (o *Orchestrator) load(recs []Record) error {
 		case *ServerEvent:
 			o.events[v.Run] = append(o.events[v.Run], *v)
 		case *StepLogLine:
-			logRecs = append(logRecs, logRec{v.Lease, r}) // a key not of logKey's form
+			odd = append(odd, logRec{v.Lease, r})
 			continue
 		}
 		o.cache(r)
@@ -96,20 +95,30 @@ func (o *Orchestrator) load(recs []Record) error {
 	}
 	// Log lines of archived leases stay in the store; they are not state,
 	// and are not decoded.
-	for _, lr := range logRecs {
-		if o.leases[lr.lease] == nil {
-			continue
-		}
-		v, err := DecodeRecord(lr.r)
+	line := func(r Record) error {
+		v, err := DecodeRecord(r)
 		if err != nil {
 			return err
 		}
-		ln := v.(*StepLogLine)
-		if o.leases[ln.Lease] == nil {
-			continue
+		if ln := v.(*StepLogLine); o.leases[ln.Lease] != nil {
+			o.logs[ln.Lease] = append(o.logs[ln.Lease], *ln)
+			o.cache(r)
 		}
-		o.logs[ln.Lease] = append(o.logs[ln.Lease], *ln)
-		o.cache(lr.r)
+		return nil
+	}
+	for _, r := range recs {
+		if l, ok := logKeyLease(r.Key); ok && !r.Delete && o.leases[l] != nil {
+			if err := line(r); err != nil {
+				return err
+			}
+		}
+	}
+	for _, lr := range odd {
+		if o.leases[lr.lease] != nil {
+			if err := line(lr.r); err != nil {
+				return err
+			}
+		}
 	}
 	for _, id := range sortedKeys(o.leases) {
 		l := o.leases[id]
