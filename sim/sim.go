@@ -18,7 +18,7 @@ import (
 func Simulate(seed uint64, opt Options, cfg Config) Result {
 	w := newWorld(seed, opt, cfg)
 	w.orchCfg.CredentialTTL = opt.CredentialTTL // 0: the core's default
-	w.orch = &orchNode{o: core.NewOrchestrator(w.coreConfig()), up: true, disk: core.Disk{}}
+	w.orch = &orchNode{o: core.NewOrchestrator(w.coreConfig()), up: true, disk: newSimDisk()}
 	if opt.Failover > 0 {
 		w.newCluster()
 	}
@@ -132,3 +132,4 @@ func writeViz(dir string, seed uint64, info porcupine.LinearizationInfo, notes [
 	}
 	return path, f.Close()
 }
+
