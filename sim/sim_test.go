@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"runtime"
+	"runtime/debug"
 	"sort"
 	"strings"
 	"sync"
@@ -112,6 +113,7 @@ func TestSim(t *testing.T) {
 	if cfg.VizDir == "" {
 		cfg.VizDir = t.TempDir()
 	}
+	defer debug.SetGCPercent(debug.SetGCPercent(GCPercent))
 	if *flagSeed != 0 {
 		replaySeed(t, *flagSeed, cfg)
 		return
@@ -370,6 +372,7 @@ func TestDrainsStaySafe(t *testing.T) {
 // (plain, shifted, drift); plain-events/s the plain runs' alone.
 func BenchmarkSimSeeds(b *testing.B) {
 	n := uint64(*flagBenchSeeds)
+	defer debug.SetGCPercent(debug.SetGCPercent(GCPercent))
 	var seeds, events, plain uint64
 	for i := 0; i < b.N; i++ {
 		for seed := uint64(1); seed <= n; seed++ {
