@@ -36,7 +36,7 @@ func Simulate(seed uint64, opt Options, cfg Config) Result {
 	w.run()
 	res := Result{Seed: seed, Events: w.events, SimTime: w.now.Sub(t0), Faults: w.faults, Buggified: w.buggified, Retries: w.retries, Reruns: w.reruns,
 		Checks: w.chk.Checks(), TraceHash: w.trace, Options: opt, WorkerLogs: w.wlogs}
-	if w.failure == nil {
+	if w.failure == nil && !cfg.traceOnly {
 		w.finalChecks()
 	}
 	res.PorcOps = w.hist.steps.Len()

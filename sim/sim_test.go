@@ -175,7 +175,6 @@ func TestSim(t *testing.T) {
 	close(seeds)
 	wg.Wait()
 	fmt.Println(sum)
-	traces.finish(t)
 	if len(failures) > 0 {
 		sort.Slice(failures, func(i, j int) bool { return failures[i].Seed < failures[j].Seed })
 		f := failures[0]
@@ -186,6 +185,7 @@ func TestSim(t *testing.T) {
 		t.Fatalf("%d of %d seeds are inconclusive (no violation was found, but they were not fully checked, so they do not pass):\n%s",
 			len(inconclusive), sum.seeds, strings.Join(inconclusive, "\n"))
 	}
+	traces.finish(t)
 }
 
 // judged is what judgeSeed made of a seed.
@@ -206,7 +206,7 @@ func judgeSeed(seed uint64, cfg Config, drift bool) judged {
 		return judged{f: a.Failure, a: a}
 	}
 	shifted := cfg
-	shifted.ShiftClocks = true
+	shifted.ShiftClocks, shifted.traceOnly = true, true
 	b := Simulate(seed, opt, shifted)
 	if b.TraceHash != a.TraceHash || b.Events != a.Events {
 		return judged{f: clockFailure(seed, opt, cfg, a, b), a: a, shifted: true}

@@ -22,6 +22,8 @@ import (
 // -sim.retrace, and the diff shows which seeds moved.
 const tracesFile = "testdata/traces.txt"
 
+var flagTraces = flag.Bool("sim.traces", true, "TestSim: compare the seeds' traces with "+tracesFile+" (the mutation harness turns it off: a planted bug changes what seeds do)")
+
 var flagRetrace = flag.Bool("sim.retrace", false, "TestSim: rewrite "+tracesFile+" with the traces of the seeds run (go test ./sim -run 'TestSim$' -sim.seeds 300 -sim.retrace)")
 
 // traceLine is one seed's line of the recorded traces.
@@ -50,7 +52,7 @@ type traceCheck struct {
 
 func newTraceCheck(cfg Config) *traceCheck {
 	tc := &traceCheck{lines: map[uint64]string{}}
-	if cfg.Canary || cfg.MaxStepOps != 0 || *flagDriftN != 2 {
+	if !*flagTraces || cfg.Canary || cfg.MaxStepOps != 0 || *flagDriftN != 2 {
 		return tc // another configuration: other traces
 	}
 	tc.on = true
