@@ -153,6 +153,9 @@ func (o *Orchestrator) Steps() []StepRecord {
 	return out
 }
 
+// StepIDs returns every step's id, sorted.
+func (o *Orchestrator) StepIDs() []StepID { return sortedKeys(o.steps) }
+
 // StepsIn returns the steps in state st, sorted by id: Steps filtered,
 // without copying the others.
 func (o *Orchestrator) StepsIn(st State) []StepRecord {

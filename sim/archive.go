@@ -89,9 +89,9 @@ func (w *world) persistedArchive(rd core.Ready) {
 			continue
 		}
 		w.arch.stats.Archived++
-		v, err := core.DecodeRecord(r)
-		h, ok := v.(*core.RunHistory)
-		if err != nil || !ok {
+		// The checker decoded it when it saw the batch.
+		h, ok := w.chk.Archive().Run(core.RunID(strings.TrimPrefix(r.Key, core.KindHistory+"/")))
+		if !ok || core.HistoryKey(h.Run.ID) != r.Key {
 			continue // the checker reports it (spec.PropArchivedWhenDone)
 		}
 		if w.arch.epoch == nil {
