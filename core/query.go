@@ -156,9 +156,8 @@ func (o *Orchestrator) Steps() []StepRecord {
 // StepIDs returns every step's id, sorted.
 func (o *Orchestrator) StepIDs() []StepID { return sortedKeys(o.steps) }
 
-// StepsIn returns the steps in state st, sorted by id: Steps filtered,
-// without copying the others.
-func (o *Orchestrator) StepsIn(st State) []StepRecord {
+// StepIDsIn returns the ids of the steps in state st, sorted.
+func (o *Orchestrator) StepIDsIn(st State) []StepID {
 	var ids []StepID
 	for id, s := range o.steps {
 		if s.State == st {
@@ -166,11 +165,7 @@ func (o *Orchestrator) StepsIn(st State) []StepRecord {
 		}
 	}
 	slices.Sort(ids)
-	out := make([]StepRecord, len(ids))
-	for i, id := range ids {
-		out[i] = copyStep(o.steps[id])
-	}
-	return out
+	return ids
 }
 
 // Leases returns every lease, sorted by id.

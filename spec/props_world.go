@@ -505,17 +505,17 @@ func welcomeCancel(h core.Hello, wel *core.Welcome, before, after *leaseView) *V
 // which of those no worker that may be active matches.
 func (p *Pool) track(o View, now time.Time) {
 	ready := map[core.StepID]bool{}
-	for _, st := range o.Orchestrator.StepsIn(core.StateQueued) { // a queued step is live: only finished runs are archived
-		if _, leased := p.leases.byStep[st.ID]; leased {
+	for _, id := range o.Orchestrator.StepIDsIn(core.StateQueued) { // a queued step is live: only finished runs are archived
+		if _, leased := p.leases.byStep[id]; leased {
 			continue
 		}
-		sp, ok := o.StepSpecOf(st.ID)
+		sp, ok := o.StepSpecOf(id)
 		if !ok || sp.Type == "task" || sp.Workflow != nil {
 			continue
 		}
-		ready[st.ID] = true
-		if _, ok := p.ready[st.ID]; !ok {
-			p.ready[st.ID] = now
+		ready[id] = true
+		if _, ok := p.ready[id]; !ok {
+			p.ready[id] = now
 		}
 		any := false
 		for _, w := range p.workers { // whether any does: the order is immaterial
@@ -525,9 +525,9 @@ func (p *Pool) track(o View, now time.Time) {
 			}
 		}
 		if any {
-			delete(p.stuck, st.ID)
-		} else if _, ok := p.stuck[st.ID]; !ok {
-			p.stuck[st.ID] = now
+			delete(p.stuck, id)
+		} else if _, ok := p.stuck[id]; !ok {
+			p.stuck[id] = now
 		}
 	}
 	for id := range p.ready {
