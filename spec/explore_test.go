@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -325,6 +326,18 @@ func TestExploreDFSMatchesBFS(t *testing.T) {
 				t.Errorf("bfs showed %s, dfs on %d goroutines did not", k, par)
 			}
 		}
+	}
+	// A planted bug: the parallel search finds it, and its path replays.
+	bug := PlantedBugs[0]
+	sc = bug.Plant(sc)
+	sc.Parallel = 4
+	res := Explore(sc)
+	if res.Violation == nil || !slices.Contains(bug.Invariants, res.Violation.Invariant) {
+		t.Fatalf("dfs on 4 goroutines with %s planted: %s", bug.Name, res.Summary())
+	}
+	v, err := Replay(sc, res.Violation.Path)
+	if err != nil || v == nil || v.Invariant != res.Violation.Invariant {
+		t.Fatalf("the counterexample of dfs on 4 goroutines does not replay: %v, %v\n%s", v, err, res.Violation)
 	}
 }
 
