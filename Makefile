@@ -81,7 +81,7 @@ soak:
 demo:
 	$(GO) run ./cmd/demo
 
-## explore: the explorer over the large scope (depth-first; 2 disconnects, worker and
+## explore: the explorer over the large scope (depth-first on every core; 2 disconnects, worker and
 ## orchestrator crashes, cancel, revoke; stops at its state or time budget and says so).
 ## `go test ./spec` (inside make test) explores the default scope to its own depth and
 ## every other scope but large to a smaller depth (TestExploreScopes), each required to

@@ -357,10 +357,18 @@ func (o *Orchestrator) finish() Ready {
 // lease that was archived in this very batch is not (it stays in the store,
 // outside the state).
 func (o *Orchestrator) cacheable(key string) bool {
-	if len(key) > len(KindLog)+21 && key[:len(KindLog)+1] == KindLog+"/" {
-		return o.leases[parseLeaseKey(key[len(KindLog)+1:len(KindLog)+21])] != nil
+	if l, ok := logKeyLease(key); ok {
+		return o.leases[l] != nil
 	}
 	return true
+}
+
+// logKeyLease is the lease a log line's key (logKey) names.
+func logKeyLease(key string) (LeaseID, bool) {
+	if len(key) > len(KindLog)+21 && key[:len(KindLog)+1] == KindLog+"/" {
+		return parseLeaseKey(key[len(KindLog)+1 : len(KindLog)+21]), true
+	}
+	return 0, false
 }
 
 func (o *Orchestrator) recordFor(key string) Record {

@@ -3,6 +3,7 @@ package core
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"time"
 )
@@ -160,6 +161,21 @@ func (o *Orchestrator) Lease(id LeaseID) (LeaseRecord, bool) {
 		return LeaseRecord{}, false
 	}
 	return *l, true
+}
+
+// StepIDs returns every step's id, sorted.
+func (o *Orchestrator) StepIDs() []StepID { return sortedKeys(o.steps) }
+
+// StepIDsIn returns the ids of the steps in state st, sorted.
+func (o *Orchestrator) StepIDsIn(st State) []StepID {
+	var ids []StepID
+	for id, s := range o.steps {
+		if s.State == st {
+			ids = append(ids, id)
+		}
+	}
+	slices.Sort(ids)
+	return ids
 }
 
 // Leases returns every lease, sorted by id.

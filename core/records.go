@@ -221,7 +221,11 @@ func DecodeRecord(r Record) (any, error) {
 	case KindEvent:
 		v = &ServerEvent{}
 	case KindLog:
-		v = &StepLogLine{}
+		ln := &StepLogLine{}
+		if err := decodeLogLine(r.Value, ln); err != nil {
+			return nil, fmt.Errorf("%w: key %q: %v", ErrBadRecord, r.Key, err)
+		}
+		return ln, nil
 	case KindHistory:
 		v = &RunHistory{}
 	case KindOperator:

@@ -45,7 +45,7 @@ func (o *Orchestrator) load(recs []Record) error {
 		lease LeaseID
 		r     Record
 	}
-	var logRecs []logRec
+	var odd []logRec // log lines whose key is not of logKey's form
 	for _, r := range recs {
 		if r.Delete || IsHistoryKey(r.Key) || IsAuditKey(r.Key) {
 			continue // history and the audit log are not state (archive.go, operators.go)
@@ -53,6 +53,11 @@ func (o *Orchestrator) load(recs []Record) error {
 		if isClosedKey(r.Key) {
 			o.cache(r)
 			closed = append(closed, r)
+			continue
+		}
+		if _, ok := logKeyLease(r.Key); ok {
+			// Decoded below, once the leases are known: the lines of
+			// archived leases, most of a long-lived store, are not state.
 			continue
 		}
 		v, err := DecodeRecord(r)
@@ -81,26 +86,39 @@ func (o *Orchestrator) load(recs []Record) error {
 		case *ServerEvent:
 			o.events[v.Run] = append(o.events[v.Run], *v)
 		case *StepLogLine:
-			o.logs[v.Lease] = append(o.logs[v.Lease], *v)
+			odd = append(odd, logRec{v.Lease, r})
+			continue
 		}
-		if ln, ok := v.(*StepLogLine); ok {
-			logRecs = append(logRecs, logRec{ln.Lease, r})
-		} else {
-			o.cache(r)
-		}
+		o.cache(r)
 	}
 	if err := o.loadClosed(closed); err != nil {
 		return err
 	}
-	// Log lines of archived leases stay in the store; they are not state.
-	for id := range o.logs {
-		if o.leases[id] == nil {
-			delete(o.logs, id)
+	// Log lines of archived leases stay in the store; they are not state,
+	// and are not decoded.
+	line := func(r Record) error {
+		v, err := DecodeRecord(r)
+		if err != nil {
+			return err
+		}
+		if ln := v.(*StepLogLine); o.leases[ln.Lease] != nil {
+			o.logs[ln.Lease] = append(o.logs[ln.Lease], *ln)
+			o.cache(r)
+		}
+		return nil
+	}
+	for _, r := range recs {
+		if l, ok := logKeyLease(r.Key); ok && !r.Delete && o.leases[l] != nil {
+			if err := line(r); err != nil {
+				return err
+			}
 		}
 	}
-	for _, lr := range logRecs {
+	for _, lr := range odd {
 		if o.leases[lr.lease] != nil {
-			o.cache(lr.r)
+			if err := line(lr.r); err != nil {
+				return err
+			}
 		}
 	}
 	for _, id := range sortedKeys(o.leases) {

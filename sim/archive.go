@@ -89,9 +89,9 @@ func (w *world) persistedArchive(rd core.Ready) {
 			continue
 		}
 		w.arch.stats.Archived++
-		v, err := core.DecodeRecord(r)
-		h, ok := v.(*core.RunHistory)
-		if err != nil || !ok {
+		// The checker decoded it when it saw the batch.
+		h, ok := w.chk.Archive().Run(core.RunID(strings.TrimPrefix(r.Key, core.KindHistory+"/")))
+		if !ok || core.HistoryKey(h.Run.ID) != r.Key {
 			continue // the checker reports it (spec.PropArchivedWhenDone)
 		}
 		if w.arch.epoch == nil {
@@ -118,15 +118,15 @@ func (w *world) storedLogs(l core.LeaseRecord) []core.StepLogLine {
 	}
 	if w.arch.logs == nil {
 		w.arch.logs = map[core.LeaseID][]core.StepLogLine{}
-		keys := make([]string, 0, len(w.orch.disk))
-		for k := range w.orch.disk {
+		keys := make([]string, 0, len(w.orch.disk.Disk))
+		for k := range w.orch.disk.Disk {
 			if strings.HasPrefix(k, core.KindLog+"/") {
 				keys = append(keys, k)
 			}
 		}
 		sort.Strings(keys) // a lease's records in index (arrival) order
 		for _, k := range keys {
-			v, err := core.DecodeRecord(core.Record{Key: k, Value: w.orch.disk[k]})
+			v, err := core.DecodeRecord(core.Record{Key: k, Value: w.orch.disk.Disk[k]})
 			if ln, ok := v.(*core.StepLogLine); err == nil && ok {
 				w.arch.logs[ln.Lease] = append(w.arch.logs[ln.Lease], *ln)
 			}

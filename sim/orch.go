@@ -20,7 +20,7 @@ type orchNode struct {
 	o     *core.Orchestrator
 	up    bool
 	epoch int // incarnation; a crash makes every older event moot
-	disk  core.Disk
+	disk  *simDisk
 
 	pending    []*pendingBatch // stepped, not yet being persisted
 	persisting []*pendingBatch // in the fsync now

@@ -122,7 +122,7 @@ func RunScript(sc *spec.Script, mutate func(rd *core.Ready), cfg Config) (res Sc
 	w.orchCfg = sc.Config
 	w.script = &scriptRun{sc: sc, conns: map[core.ConnID]core.ConnID{}, nodes: map[core.WorkerID]*workerNode{},
 		tokens: map[string]string{}}
-	w.orch = &orchNode{o: core.NewOrchestrator(w.coreConfig()), up: true, disk: core.Disk{}}
+	w.orch = &orchNode{o: core.NewOrchestrator(w.coreConfig()), up: true, disk: newSimDisk()}
 	res.Script = sc.Scope
 	defer func() {
 		res.Events, res.TraceHash, res.Trace = w.events, w.hash.Sum64(), w.script.trace

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"runtime"
+	"runtime/debug"
 	"sort"
 	"strings"
 	"sync"
@@ -18,17 +19,18 @@ import (
 )
 
 var (
-	flagSeed   = flag.Uint64("sim.seed", 0, "run only this seed (decimal or 0x hex), verbosely")
-	flagSeeds  = flag.Int("sim.seeds", 500, "number of seeds to run (-short: 100)")
-	flagFirst  = flag.Uint64("sim.first", 1, "first seed of the range")
-	flagCanary = flag.Bool("sim.canary", false, "enable the canary that fails 1 seed in 100")
-	flagStop   = flag.Bool("sim.stopfirst", false, "stop at the first failing seed")
-	flagViz    = flag.String("sim.viz", "", "directory for porcupine HTML on a linearizability failure (default: the test's temp dir)")
-	flagTrace  = flag.Bool("sim.trace", false, "with -sim.seed: print every event")
-	flagShift  = flag.Bool("sim.shift", false, "with -sim.seed: replay the seed with every worker clock shifted by hours (Config.ShiftClocks), as TestSim's second run does, and compare it with the unshifted run")
-	flagDrift  = flag.Bool("sim.drift", false, "with -sim.seed: replay the seed with every worker clock drifting differently (Config.Redrift), as TestSim's drift run does")
-	flagMaxOps = flag.Int("sim.maxstepops", 0, "operations of one step's history the linearizability check takes on (0: spec.MaxStepOps); a step over it makes the seed inconclusive")
-	flagDriftN = flag.Int("sim.driftevery", 2, "TestSim runs every n-th seed a third time under other clock drifts (0: none)")
+	flagSeed       = flag.Uint64("sim.seed", 0, "run only this seed (decimal or 0x hex), verbosely")
+	flagSeeds      = flag.Int("sim.seeds", 500, "number of seeds to run (-short: 100)")
+	flagFirst      = flag.Uint64("sim.first", 1, "first seed of the range")
+	flagCanary     = flag.Bool("sim.canary", false, "enable the canary that fails 1 seed in 100")
+	flagStop       = flag.Bool("sim.stopfirst", false, "stop at the first failing seed")
+	flagViz        = flag.String("sim.viz", "", "directory for porcupine HTML on a linearizability failure (default: the test's temp dir)")
+	flagTrace      = flag.Bool("sim.trace", false, "with -sim.seed: print every event")
+	flagShift      = flag.Bool("sim.shift", false, "with -sim.seed: replay the seed with every worker clock shifted by hours (Config.ShiftClocks), as TestSim's second run does, and compare it with the unshifted run")
+	flagDrift      = flag.Bool("sim.drift", false, "with -sim.seed: replay the seed with every worker clock drifting differently (Config.Redrift), as TestSim's drift run does")
+	flagMaxOps     = flag.Int("sim.maxstepops", 0, "operations of one step's history the linearizability check takes on (0: spec.MaxStepOps); a step over it makes the seed inconclusive")
+	flagDriftN     = flag.Int("sim.driftevery", 2, "TestSim runs every n-th seed a third time under other clock drifts (0: none)")
+	flagBenchSeeds = flag.Int("sim.benchseeds", 100, "BenchmarkSimSeeds judges seeds 1 to this")
 )
 
 // summary accumulates the one-line report of a batch of seeds.
@@ -111,6 +113,7 @@ func TestSim(t *testing.T) {
 	if cfg.VizDir == "" {
 		cfg.VizDir = t.TempDir()
 	}
+	defer debug.SetGCPercent(debug.SetGCPercent(GCPercent))
 	if *flagSeed != 0 {
 		replaySeed(t, *flagSeed, cfg)
 		return
@@ -123,6 +126,7 @@ func TestSim(t *testing.T) {
 	if cfg.MaxStepOps > 0 {
 		sum.bound = cfg.MaxStepOps
 	}
+	traces := newTraceCheck(cfg)
 	var mu sync.Mutex
 	var failures []*Failure
 	var inconclusive []string
@@ -136,6 +140,7 @@ func TestSim(t *testing.T) {
 			for seed := range seeds {
 				j := judgeSeed(seed, cfg, *flagDriftN > 0 && seed%uint64(*flagDriftN) == 0)
 				mu.Lock()
+				traces.add(seed, j)
 				sum.add(j.a)
 				if j.shifted {
 					sum.shifted++
@@ -180,6 +185,7 @@ func TestSim(t *testing.T) {
 		t.Fatalf("%d of %d seeds are inconclusive (no violation was found, but they were not fully checked, so they do not pass):\n%s",
 			len(inconclusive), sum.seeds, strings.Join(inconclusive, "\n"))
 	}
+	traces.finish(t)
 }
 
 // judged is what judgeSeed made of a seed.
@@ -187,6 +193,8 @@ type judged struct {
 	f              *Failure // the failure to report; nil if none
 	a              Result   // the plain run
 	shifted, drift bool     // the shifted run, the drift run ran
+	events         uint64   // the events of every run, shifted and drift runs included
+	driftTrace     uint64   // the drift run's trace hash
 }
 
 // judgeSeed runs one seed as TestSim does: plainly, then (if that passed)
@@ -198,13 +206,13 @@ func judgeSeed(seed uint64, cfg Config, drift bool) judged {
 		return judged{f: a.Failure, a: a}
 	}
 	shifted := cfg
-	shifted.ShiftClocks = true
+	shifted.ShiftClocks, shifted.traceOnly = true, true
 	b := Simulate(seed, opt, shifted)
 	if b.TraceHash != a.TraceHash || b.Events != a.Events {
 		return judged{f: clockFailure(seed, opt, cfg, a, b), a: a, shifted: true}
 	}
 	if !drift {
-		return judged{a: a, shifted: true}
+		return judged{a: a, shifted: true, events: a.Events + b.Events}
 	}
 	drifted := cfg
 	drifted.Redrift = true
@@ -215,7 +223,7 @@ func judgeSeed(seed uint64, cfg Config, drift bool) judged {
 		f.Flags = "-sim.drift"
 		return judged{f: &f, a: a, shifted: true, drift: true}
 	}
-	return judged{a: a, shifted: true, drift: true}
+	return judged{a: a, shifted: true, drift: true, events: a.Events + b.Events + c.Events, driftTrace: c.TraceHash}
 }
 
 // clockFailure reports a seed whose run with shifted worker clocks differs
@@ -353,6 +361,35 @@ func TestDrainsStaySafe(t *testing.T) {
 	if total["worker-drain"] == 0 || total["worker-drain-stop"] == 0 {
 		t.Fatalf("the seeds drained %d workers and stopped %d: the drain fault is not exercised", total["worker-drain"], total["worker-drain-stop"])
 	}
+}
+
+// BenchmarkSimSeeds judges a fixed seed set, seeds 1 to -sim.benchseeds
+// (default 100) of Swarm, exactly as TestSim does (judgeSeed: the plain
+// run, the run with shifted worker clocks, and every -sim.driftevery-th
+// seed a drift run), one seed after another on one goroutine: run it with
+// -cpu 1 for a per-core figure (TestSim runs GOMAXPROCS seeds at once).
+// seeds/s counts judged seeds; events/s every simulated event of every run
+// (plain, shifted, drift); plain-events/s the plain runs' alone.
+func BenchmarkSimSeeds(b *testing.B) {
+	n := uint64(*flagBenchSeeds)
+	defer debug.SetGCPercent(debug.SetGCPercent(GCPercent))
+	var seeds, events, plain uint64
+	for i := 0; i < b.N; i++ {
+		for seed := uint64(1); seed <= n; seed++ {
+			j := judgeSeed(seed, Config{}, *flagDriftN > 0 && seed%uint64(*flagDriftN) == 0)
+			if j.f != nil {
+				b.Fatalf("seed %#x:\n%s", seed, j.f)
+			}
+			seeds++
+			events += j.events
+			plain += j.a.Events
+		}
+	}
+	sec := b.Elapsed().Seconds()
+	b.ReportMetric(float64(seeds)/sec, "seeds/s")
+	b.ReportMetric(float64(events)/sec, "events/s")
+	b.ReportMetric(float64(plain)/sec, "plain-events/s")
+	b.ReportMetric(0, "ns/op")
 }
 
 func BenchmarkSimEvents(b *testing.B) {

@@ -318,11 +318,11 @@ func (w *world) rerunRun(run core.RunID) {
 // durable state and is returned once that state is synced.
 func (w *world) queryRandomStep() {
 	v := w.view() // an archived step is read as a live one (SPEC §7a)
-	steps := v.Steps()
-	if len(steps) == 0 {
+	ids := v.StepIDs()
+	if len(ids) == 0 {
 		return
 	}
-	s := steps[w.r.IntN(len(steps))]
+	s, _ := v.StepByID(ids[w.r.IntN(len(ids))])
 	if sp, _ := v.StepSpecOf(s.ID); sp.Type == "task" || sp.Workflow != nil || s.ReusedFrom != "" {
 		return // task, workflow and reused steps commit without a report: not in the model
 	}

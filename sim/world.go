@@ -6,12 +6,14 @@
 package sim
 
 import (
+	"bytes"
 	"container/heap"
 	"fmt"
 	"hash"
 	"hash/fnv"
 	"io"
 	"math/rand/v2"
+	"strconv"
 	"strings"
 	"time"
 
@@ -229,6 +231,11 @@ type Config struct {
 	MaxStepOps int
 
 	sums *[]traceSum // if set, the trace hash after every event (diverge)
+	// traceOnly skips the end-of-run checks (liveness, stored writes, log
+	// continuity, linearizability), which come after the trace hash: for
+	// TestSim's shifted run, judged by its trace alone (it must be the
+	// plain run's, whose end-of-run checks ran).
+	traceOnly bool
 }
 
 // The clock perturbations of Config.ShiftClocks and Config.Redrift.
@@ -297,6 +304,7 @@ type world struct {
 	// inconclusive says why a check could not judge the run (Result.Inconclusive).
 	inconclusive string
 	batchText    strings.Builder // with Config.sums: this event's batch digests
+	digestBuf    []byte          // digest's scratch
 	grants       grantProps      // spec.Grants and what it needs (grants.go)
 	arch         archiveState    // archival's counters and memories (archive.go)
 	ahead        AheadStats      // Result.Ahead
@@ -499,48 +507,56 @@ func (w *world) eventText(e *event) string {
 // with their connections, the answers, the server events' kinds and the next
 // deadline. Its own structured log lines are observability and left out.
 func (w *world) digest(rd core.Ready) {
-	var h io.Writer = w.hash
-	if w.cfg.sums != nil {
-		h = io.MultiWriter(w.hash, &w.batchText)
-	}
+	b := w.digestBuf[:0]
 	for _, r := range rd.Records {
-		fmt.Fprintf(h, "record %s delete=%t ", r.Key, r.Delete)
-		v := r.Value
+		b = append(b, "record "...)
+		b = append(b, r.Key...)
+		b = append(b, " delete="...)
+		b = strconv.AppendBool(b, r.Delete)
+		b = append(b, ' ')
 		if strings.HasPrefix(r.Key, core.KindLog+"/") {
-			v = withoutAt(v)
+			b = appendWithoutAt(b, r.Value)
+		} else {
+			b = append(b, r.Value...)
 		}
-		h.Write(v)
-		io.WriteString(h, "\n")
+		b = append(b, '\n')
 	}
 	for _, t := range rd.Transitions {
-		fmt.Fprintf(h, "transition %s %s %s %s\n", t.Step, t.From, t.Event, t.To)
+		b = fmt.Appendf(b, "transition %s %s %s %s\n", t.Step, t.From, t.Event, t.To)
 	}
 	for _, m := range rd.Messages {
-		fmt.Fprintf(h, "message conn=%d %s %+v\n", m.Conn, m.Msg.Kind(), m.Msg)
+		b = fmt.Appendf(b, "message conn=%d %s %+v\n", m.Conn, m.Msg.Kind(), m.Msg)
 	}
 	for _, a := range rd.Answers {
-		fmt.Fprintf(h, "answer call=%d err=%q run=%s token=%q\n", a.Call, a.Err, a.Run, a.Token)
+		b = fmt.Appendf(b, "answer call=%d err=%q run=%s token=%q\n", a.Call, a.Err, a.Run, a.Token)
 	}
 	for _, e := range rd.Events {
-		fmt.Fprintf(h, "event %s #%d at=%d %s %s\n", e.Run, e.Seq, e.At.UnixNano(), e.Step, e.Kind)
+		b = fmt.Appendf(b, "event %s #%d at=%d %s %s\n", e.Run, e.Seq, e.At.UnixNano(), e.Step, e.Kind)
 	}
-	fmt.Fprintf(h, "deadline %d\n", rd.Deadline.UnixNano())
+	b = append(b, "deadline "...)
+	b = strconv.AppendInt(b, rd.Deadline.UnixNano(), 10)
+	b = append(b, '\n')
+	w.hash.Write(b)
+	if w.cfg.sums != nil {
+		w.batchText.Write(b)
+	}
+	w.digestBuf = b
 }
 
-// withoutAt is a stored log line's canonical JSON (core.StepLogLine) without
-// the value of its line's "At" (the worker's stamp). JSON escapes every
-// quote inside a string, so the first `"At":"` is the field.
-func withoutAt(v []byte) []byte {
-	s := string(v)
-	i := strings.Index(s, `"At":"`)
+// appendWithoutAt appends a stored log line's canonical JSON
+// (core.StepLogLine) without the value of its line's "At" (the worker's
+// stamp). JSON escapes every quote inside a string, so the first `"At":"`
+// is the field.
+func appendWithoutAt(b, v []byte) []byte {
+	i := bytes.Index(v, []byte(`"At":"`))
 	if i < 0 {
-		return v
+		return append(b, v...)
 	}
-	j := strings.IndexByte(s[i+6:], '"')
+	j := bytes.IndexByte(v[i+6:], '"')
 	if j < 0 {
-		return v
+		return append(b, v...)
 	}
-	return []byte(s[:i+6] + s[i+6+j:])
+	return append(append(b, v[:i+6]...), v[i+6+j:]...)
 }
 
 // diverge runs a seed twice, with cfg a and cfg b, and describes the first

@@ -153,6 +153,19 @@ func (v View) Steps() []core.StepRecord {
 	return out
 }
 
+// StepIDs returns the ids of Steps, in its order.
+func (v View) StepIDs() []core.StepID {
+	out := v.Orchestrator.StepIDs()
+	if v.A.Len() == 0 {
+		return out
+	}
+	for id := range v.A.steps {
+		out = append(out, id)
+	}
+	slices.Sort(out)
+	return out
+}
+
 // Leases returns every live and archived lease, sorted by id.
 func (v View) Leases() []core.LeaseRecord {
 	out := v.Orchestrator.Leases()

@@ -96,7 +96,7 @@ type Scope struct {
 	MaxIdentityRestarts int
 
 	DFS      bool // depth-first (for deep bounds; the counterexample is then not necessarily shortest)
-	Parallel int  // goroutines expanding a BFS level (default GOMAXPROCS)
+	Parallel int  // goroutines expanding a BFS level, or searching depth-first (explore_pdfs.go); default GOMAXPROCS
 	Verify   bool // the Checker's costly cross-checks after every batch
 	// Progress, if set, is told of every finished BFS level (depth-first:
 	// of every millionth state, with the stack's depth and size).
@@ -423,7 +423,8 @@ func MultisetScope() Scope {
 // LargeScope is `-explore.scope=large` (make explore): the default world
 // with larger fault budgets — 2 disconnects, 1 orchestrator crash, 1
 // worker crash, 1 cancel, 1 token revocation — every path of up to 14
-// actions, depth-first (its memory is the visited set, not a frontier);
+// actions, depth-first (its memory is the visited set and a stack per
+// worker, not a BFS level), on every core (explore_pdfs.go);
 // stopped after 100 million states or 10 minutes (it then says so; make
 // explore EXPLOREFLAGS=-explore.time=1h searches longer).
 func LargeScope() Scope {
@@ -646,9 +647,16 @@ func Explore(sc Scope) Result {
 	defer debug.SetGCPercent(debug.SetGCPercent(exploreGOGC))
 	x.start = time.Now()
 	var res Result
-	if sc.DFS {
+	par := sc.Parallel
+	if par <= 0 {
+		par = runtime.GOMAXPROCS(0)
+	}
+	switch {
+	case sc.DFS && par > 1:
+		res = x.pdfs(par)
+	case sc.DFS:
 		res = x.dfs()
-	} else {
+	default:
 		res = x.bfs()
 	}
 	res.Scope = sc.Name

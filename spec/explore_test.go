@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -301,19 +302,42 @@ func TestExploreWalk(t *testing.T) {
 }
 
 // TestExploreDFSMatchesBFS: depth-first with re-expansion of states met
-// again at a smaller depth reaches exactly the states breadth-first does.
+// again at a smaller depth reaches exactly the states breadth-first does,
+// on one goroutine or several sharing a frontier (explore_pdfs.go), and
+// shows every sometimes property breadth-first shows.
 func TestExploreDFSMatchesBFS(t *testing.T) {
 	sc := DefaultScope()
 	sc.MaxDepth = 8
 	bfs := Explore(sc)
-	sc.DFS = true
-	dfs := Explore(sc)
-	t.Logf("bfs: %s\ndfs: %s", bfs.Summary(), dfs.Summary())
-	if bfs.Violation != nil || dfs.Violation != nil {
-		t.Fatalf("violation: %v %v", bfs.Violation, dfs.Violation)
+	t.Logf("bfs: %s", bfs.Summary())
+	for _, par := range []int{1, 4} {
+		sc.DFS, sc.Parallel = true, par
+		dfs := Explore(sc)
+		t.Logf("dfs, %d goroutines: %s", par, dfs.Summary())
+		if bfs.Violation != nil || dfs.Violation != nil {
+			t.Fatalf("violation: %v %v", bfs.Violation, dfs.Violation)
+		}
+		if bfs.States != dfs.States || bfs.MaxDepth != dfs.MaxDepth || bfs.Pruned != dfs.Pruned {
+			t.Errorf("bfs reached %d states (depth %d, %d pruned), dfs on %d goroutines %d (depth %d, %d pruned)",
+				bfs.States, bfs.MaxDepth, bfs.Pruned, par, dfs.States, dfs.MaxDepth, dfs.Pruned)
+		}
+		for k, v := range bfs.Sometimes {
+			if v && !dfs.Sometimes[k] {
+				t.Errorf("bfs showed %s, dfs on %d goroutines did not", k, par)
+			}
+		}
 	}
-	if bfs.States != dfs.States || bfs.MaxDepth != dfs.MaxDepth {
-		t.Errorf("bfs reached %d states (depth %d), dfs %d (depth %d)", bfs.States, bfs.MaxDepth, dfs.States, dfs.MaxDepth)
+	// A planted bug: the parallel search finds it, and its path replays.
+	bug := PlantedBugs[0]
+	sc = bug.Plant(sc)
+	sc.Parallel = 4
+	res := Explore(sc)
+	if res.Violation == nil || !slices.Contains(bug.Invariants, res.Violation.Invariant) {
+		t.Fatalf("dfs on 4 goroutines with %s planted: %s", bug.Name, res.Summary())
+	}
+	v, err := Replay(sc, res.Violation.Path)
+	if err != nil || v == nil || v.Invariant != res.Violation.Invariant {
+		t.Fatalf("the counterexample of dfs on 4 goroutines does not replay: %v, %v\n%s", v, err, res.Violation)
 	}
 }
 

@@ -505,32 +505,29 @@ func welcomeCancel(h core.Hello, wel *core.Welcome, before, after *leaseView) *V
 // which of those no worker that may be active matches.
 func (p *Pool) track(o View, now time.Time) {
 	ready := map[core.StepID]bool{}
-	for _, st := range o.Orchestrator.Steps() { // a queued step is live: only finished runs are archived
-		if st.State != core.StateQueued {
+	for _, id := range o.Orchestrator.StepIDsIn(core.StateQueued) { // a queued step is live: only finished runs are archived
+		if _, leased := p.leases.byStep[id]; leased {
 			continue
 		}
-		if _, leased := p.leases.byStep[st.ID]; leased {
-			continue
-		}
-		sp, ok := o.StepSpecOf(st.ID)
+		sp, ok := o.StepSpecOf(id)
 		if !ok || sp.Type == "task" || sp.Workflow != nil {
 			continue
 		}
-		ready[st.ID] = true
-		if _, ok := p.ready[st.ID]; !ok {
-			p.ready[st.ID] = now
+		ready[id] = true
+		if _, ok := p.ready[id]; !ok {
+			p.ready[id] = now
 		}
 		any := false
-		for _, id := range p.sortedWorkers() {
-			if w := p.workers[id]; p.maybeActive(w, now) && workerMatches(w, sp) {
+		for _, w := range p.workers { // whether any does: the order is immaterial
+			if p.maybeActive(w, now) && workerMatches(w, sp) {
 				any = true
 				break
 			}
 		}
 		if any {
-			delete(p.stuck, st.ID)
-		} else if _, ok := p.stuck[st.ID]; !ok {
-			p.stuck[st.ID] = now
+			delete(p.stuck, id)
+		} else if _, ok := p.stuck[id]; !ok {
+			p.stuck[id] = now
 		}
 	}
 	for id := range p.ready {

@@ -38,7 +38,7 @@ func (s *Store) Audit(q AuditQuery) (entries []core.AuditEntry, next uint64, err
 	}
 	q.Limit = min(q.Limit, 1000)
 	entries = []core.AuditEntry{}
-	err = s.db.View(func(tx *bolt.Tx) error {
+	err = s.view(func(tx *bolt.Tx) error {
 		c := tx.Bucket(bktAudit).Cursor()
 		var k, v []byte
 		if q.Before == 0 {

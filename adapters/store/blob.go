@@ -231,7 +231,11 @@ func (s *Store) collectLocked() {
 	}
 }
 
-// blobNamed says whether a record names the blob.
+// blobNamed says whether a record names the blob. The blob index is
+// written by ApplyWithData only, never through the log (wal.go), so this
+// read needs no barrier; it must not wait for one, as it holds blobMu,
+// which ApplyWithData's transaction takes, and the applier waits for that
+// transaction.
 func (s *Store) blobNamed(sha string) (bool, error) {
 	named := false
 	err := s.db.View(func(tx *bolt.Tx) error {

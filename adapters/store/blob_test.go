@@ -211,7 +211,7 @@ func TestLegacyStoreReadable(t *testing.T) {
 func onlyBundle(t *testing.T, s *Store) BundleMeta {
 	t.Helper()
 	var fps []string
-	err := s.db.View(func(tx *bolt.Tx) error {
+	err := s.view(func(tx *bolt.Tx) error {
 		return tx.Bucket(bktBundle).ForEach(func(k, _ []byte) error { fps = append(fps, string(k)); return nil })
 	})
 	if err != nil || len(fps) != 1 {

@@ -120,6 +120,7 @@ func init() {
 		{"audit", [][]byte{bktAudit}, checkAudit},
 		{"requests", [][]byte{bktRequest, bktRequestCount}, checkRequests},
 		{"secrets", [][]byte{bktSecret}, checkSecrets},
+		{"log", [][]byte{bktWAL}, checkWAL},
 	}
 }
 

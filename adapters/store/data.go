@@ -310,7 +310,7 @@ func (s *Store) ApplyWithData(recs []core.Record, ops []DataOp) ([]DataResult, e
 		}
 	}
 	var res []DataResult
-	err := s.db.Update(func(tx *bolt.Tx) error {
+	err := s.update(func(tx *bolt.Tx) error {
 		if err := putRecords(tx, recs, s); err != nil {
 			return err
 		}
@@ -513,7 +513,7 @@ func (s *Store) Data(id string, version uint64) (DataMeta, error) {
 		return DataMeta{}, err
 	}
 	var m DataMeta
-	err := s.db.View(func(tx *bolt.Tx) error {
+	err := s.view(func(tx *bolt.Tx) error {
 		if version == 0 {
 			var err error
 			if m, err = latestVersion(tx, id); err == nil && m.Deleted {
@@ -545,7 +545,7 @@ func (s *Store) Versions(id string) ([]DataMeta, error) {
 		return nil, err
 	}
 	var out []DataMeta
-	err := s.db.View(func(tx *bolt.Tx) error {
+	err := s.view(func(tx *bolt.Tx) error {
 		c := tx.Bucket(bktData).Cursor()
 		prefix := append([]byte(id), 0)
 		for k, v := c.Seek(prefix); k != nil && bytes.HasPrefix(k, prefix); k, v = c.Next() {
@@ -569,7 +569,7 @@ func (s *Store) Stream(id string) (StreamMeta, error) {
 		return StreamMeta{}, err
 	}
 	var m StreamMeta
-	err := s.db.View(func(tx *bolt.Tx) error {
+	err := s.view(func(tx *bolt.Tx) error {
 		v := tx.Bucket(bktStream).Get([]byte(id))
 		if v == nil {
 			return fmt.Errorf("%w: stream %q", ErrNotFound, id)
@@ -588,7 +588,7 @@ func (s *Store) Bundle(fp string) (BundleMeta, error) {
 		return BundleMeta{}, err
 	}
 	var m BundleMeta
-	err := s.db.View(func(tx *bolt.Tx) error {
+	err := s.view(func(tx *bolt.Tx) error {
 		v := tx.Bucket(bktBundle).Get([]byte(fp))
 		if v == nil {
 			return fmt.Errorf("%w: bundle %s", ErrNotFound, fp)
@@ -610,7 +610,7 @@ func (s *Store) BundleFile(fp, relPath string) (FileSpan, error) {
 		return FileSpan{}, err
 	}
 	var span FileSpan
-	err := s.db.View(func(tx *bolt.Tx) error {
+	err := s.view(func(tx *bolt.Tx) error {
 		v := tx.Bucket(bktBundleFile).Get([]byte(fp + "\x00" + relPath))
 		if len(v) != 16 {
 			return fmt.Errorf("%w: file %q in bundle %s", ErrNotFound, relPath, fp)
@@ -708,7 +708,7 @@ func (r *chunkReader) Read(p []byte) (int, error) {
 	}
 	if r.buf == nil || r.pos < r.bufAt || r.pos >= r.bufAt+int64(len(r.buf)) {
 		n := int(r.pos / ChunkSize)
-		err := r.s.db.View(func(tx *bolt.Tx) error {
+		err := r.s.view(func(tx *bolt.Tx) error {
 			v := tx.Bucket(r.bucket).Get(chunkKey(r.prefix, n))
 			if v == nil {
 				return fmt.Errorf("store: chunk %d of %q is missing", n, r.prefix)
@@ -737,7 +737,7 @@ func (s *Store) StreamReader(id string, offset, end int64) io.Reader {
 // streamChunk reads the append of stream id that holds pos.
 func (s *Store) streamChunk(id string, pos int64, buf []byte) (int64, []byte, error) {
 	var at int64
-	err := s.db.View(func(tx *bolt.Tx) error {
+	err := s.view(func(tx *bolt.Tx) error {
 		c := tx.Bucket(bktStreamChunk).Cursor()
 		k, v := seekAtOrBefore(c, offsetKey(id, pos)) // the append that holds pos started at or before it
 		prefix := append([]byte(id), 0)

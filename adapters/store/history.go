@@ -254,9 +254,40 @@ func decodeHistory(v []byte) (core.RunHistory, error) {
 	return h, nil
 }
 
-// putHistory applies a history record: the history and both indexes.
-func putHistory(tx *bolt.Tx, r core.Record, sl *Store) error {
+// prepareHistory checks a history record and makes what putHistory
+// writes: the compressed (and sealed) history, its summary, its finish key.
+func prepareHistory(r core.Record, sl *Store) (prep, error) {
 	id := core.RunID(strings.TrimPrefix(r.Key, core.KindHistory+"/"))
+	if _, ok := RunSeq(id); !ok {
+		return prep{}, fmt.Errorf("history of run %q, which has no run number", id)
+	}
+	if r.Delete {
+		return prep{key: r.Key, del: true, hist: true}, nil
+	}
+	sum, err := summaryOf(r.Value)
+	if err != nil {
+		return prep{}, fmt.Errorf("history value: %w", err)
+	}
+	if sum.ID != id {
+		return prep{}, fmt.Errorf("history record of %s holds run %q", id, sum.ID)
+	}
+	sj, err := json.Marshal(sum)
+	if err != nil {
+		return prep{}, err
+	}
+	v := compressHistory(r.Value)
+	if sl.sealsRecord(r.Key) { // a run's history carries its env: (secrets.go)
+		if v, err = sl.keys.Seal(r.Key, v); err != nil {
+			return prep{}, err
+		}
+	}
+	return prep{key: r.Key, val: v, hist: true, sum: sj, finish: finishKey(sum.FinishedAt, id)}, nil
+}
+
+// putHistory applies a prepared history record: the history and both
+// indexes.
+func putHistory(tx *bolt.Tx, p prep) error {
+	id := core.RunID(strings.TrimPrefix(p.key, core.KindHistory+"/"))
 	seq, ok := RunSeq(id)
 	if !ok {
 		return fmt.Errorf("history of run %q, which has no run number", id)
@@ -274,7 +305,7 @@ func putHistory(tx *bolt.Tx, r core.Record, sl *Store) error {
 			return err
 		}
 	}
-	if r.Delete {
+	if p.del {
 		if old == nil {
 			return nil
 		}
@@ -291,37 +322,20 @@ func putHistory(tx *bolt.Tx, r core.Record, sl *Store) error {
 			return err
 		}
 	}
-	sum, err := summaryOf(r.Value)
-	if err != nil {
-		return fmt.Errorf("history value: %w", err)
-	}
-	if sum.ID != id {
-		return fmt.Errorf("history record of %s holds run %q", id, sum.ID)
-	}
-	sj, err := json.Marshal(sum)
-	if err != nil {
+	if err := hb.Put([]byte(id), p.val); err != nil {
 		return err
 	}
-	v := compressHistory(r.Value)
-	if sl.sealsRecord(r.Key) { // a run's history carries its env: (secrets.go)
-		if v, err = sl.keys.Seal(r.Key, v); err != nil {
-			return err
-		}
-	}
-	if err := hb.Put([]byte(id), v); err != nil {
+	if err := sb.Put(be64(seq), p.sum); err != nil {
 		return err
 	}
-	if err := sb.Put(be64(seq), sj); err != nil {
-		return err
-	}
-	return fb.Put(finishKey(sum.FinishedAt, id), nil)
+	return fb.Put(p.finish, nil)
 }
 
 // History returns an archived run; ErrNotFound if the store has no history
 // of it (it is live, or unknown).
 func (s *Store) History(run core.RunID) (core.RunHistory, error) {
 	var v []byte
-	err := s.db.View(func(tx *bolt.Tx) error {
+	err := s.view(func(tx *bolt.Tx) error {
 		if b := tx.Bucket(bktHistory).Get([]byte(run)); b != nil {
 			v = append([]byte{}, b...)
 		}
@@ -351,7 +365,7 @@ func (s *Store) HistoryLogs(leases []core.LeaseID, after string, limit int) (lin
 	ids := append([]core.LeaseID(nil), leases...)
 	sort.Slice(ids, func(i, j int) bool { return ids[i] < ids[j] })
 	var recs []core.Record
-	err = s.db.View(func(tx *bolt.Tx) error {
+	err = s.view(func(tx *bolt.Tx) error {
 		c := tx.Bucket(bktLogs).Cursor()
 		for _, id := range ids {
 			prefix := leaseLogPrefix(id)
@@ -420,7 +434,7 @@ func (s *Store) ListRuns(f RunFilter, cursor uint64, limit int) (runs []RunSumma
 	if limit <= 0 {
 		return nil, cursor, nil
 	}
-	err = s.db.View(func(tx *bolt.Tx) error {
+	err = s.view(func(tx *bolt.Tx) error {
 		c := tx.Bucket(bktRunsBySeq).Cursor()
 		var k, v []byte
 		if cursor == 0 {
@@ -473,7 +487,7 @@ func addRuns(tx *bolt.Tx, delta int64) error {
 // walk of the index).
 func (s *Store) ArchivedRuns() (int, error) {
 	var n int
-	err := s.db.View(func(tx *bolt.Tx) error {
+	err := s.view(func(tx *bolt.Tx) error {
 		if v := tx.Bucket(bktHistoryStats).Get(statRuns); len(v) == 8 {
 			n = int(binary.BigEndian.Uint64(v))
 		}

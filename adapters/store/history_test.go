@@ -239,7 +239,7 @@ func TestMigrateOldLayout(t *testing.T) {
 		if err != nil || len(lines) != 1 {
 			t.Fatalf("round %d: lease 1's lines %v, %v", round, lines, err)
 		}
-		err = s.db.View(func(tx *bolt.Tx) error {
+		err = s.view(func(tx *bolt.Tx) error {
 			c := tx.Bucket(bucket).Cursor()
 			for _, p := range []string{"log/", "history/", "meta", "run/"} {
 				if k, _ := c.Seek([]byte(p)); k != nil && strings.HasPrefix(string(k), p) {

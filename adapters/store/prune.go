@@ -163,7 +163,7 @@ func (s *Store) prune(budget int, steps []pruneStep) (PruneStats, error) {
 		var from []byte
 		for more := true; more; {
 			p := &pruneTx{left: budget}
-			err := s.db.Update(func(tx *bolt.Tx) error {
+			err := s.update(func(tx *bolt.Tx) error {
 				var err error
 				more, err = step(tx, p, &from)
 				return err

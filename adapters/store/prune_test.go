@@ -200,7 +200,7 @@ func TestPruneHistory(t *testing.T) {
 	if err := s.Apply(archivedRun(t, 1, 1, at, 5)); err != nil {
 		t.Fatal(err)
 	}
-	err := s.db.Update(func(tx *bolt.Tx) error {
+	err := s.update(func(tx *bolt.Tx) error {
 		_, err := pruneRuns(tx, &pruneTx{left: 10}, at.Add(time.Hour), nil)
 		return err
 	})

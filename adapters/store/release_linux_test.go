@@ -47,7 +47,7 @@ func TestReleaseMapped(t *testing.T) {
 	for i := range val {
 		val[i] = byte(i * 7)
 	}
-	err = s.db.Update(func(tx *bolt.Tx) error {
+	err = s.update(func(tx *bolt.Tx) error {
 		b, err := tx.CreateBucket([]byte("release-test"))
 		if err != nil {
 			return err
@@ -64,7 +64,7 @@ func TestReleaseMapped(t *testing.T) {
 	}
 	before := rssFile(t)
 	sum := 0
-	err = s.db.View(func(tx *bolt.Tx) error {
+	err = s.view(func(tx *bolt.Tx) error {
 		return tx.Bucket([]byte("release-test")).ForEach(func(k, v []byte) error {
 			for i := 0; i < len(v); i += 1024 {
 				sum += int(v[i])
@@ -89,7 +89,7 @@ func TestReleaseMapped(t *testing.T) {
 	}
 	// Released pages read again are the same bytes.
 	again := 0
-	s.db.View(func(tx *bolt.Tx) error {
+	s.view(func(tx *bolt.Tx) error {
 		return tx.Bucket([]byte("release-test")).ForEach(func(k, v []byte) error {
 			for i := 0; i < len(v); i += 1024 {
 				again += int(v[i])

@@ -210,7 +210,7 @@ func count(v []byte) uint64 {
 func (s *Store) Request(lease uint64, id string) (RequestEntry, bool, error) {
 	var e RequestEntry
 	var found bool
-	err := s.db.View(func(tx *bolt.Tx) error {
+	err := s.view(func(tx *bolt.Tx) error {
 		b := tx.Bucket(bktRequest)
 		if b == nil {
 			return nil
@@ -285,7 +285,7 @@ func (s *Store) QueryData(q DataQuery) ([]DataMeta, string, error) {
 	}
 	out := []DataMeta{}
 	next := ""
-	err = s.db.View(func(tx *bolt.Tx) error {
+	err = s.view(func(tx *bolt.Tx) error {
 		c := tx.Bucket(bktData).Cursor()
 		start := []byte(q.Prefix)
 		if aid != "" {

@@ -130,7 +130,7 @@ func deleteSecret(tx *bolt.Tx, name string) error {
 // ErrSecretsKey if the store's key does not open it.
 func (s *Store) Secret(name string) ([]byte, error) {
 	var sealed []byte
-	err := s.db.View(func(tx *bolt.Tx) error {
+	err := s.view(func(tx *bolt.Tx) error {
 		if b := tx.Bucket(bktSecret); b != nil {
 			sealed = append([]byte(nil), b.Get([]byte(name))...)
 		}
@@ -224,7 +224,12 @@ func holdsSealed(db *bolt.DB) bool {
 
 // HoldsSealed says whether the store holds a value sealed with a secrets
 // key: a start without that key must not make a new one.
-func (s *Store) HoldsSealed() bool { return holdsSealed(s.db) }
+func (s *Store) HoldsSealed() bool {
+	if s.log != nil {
+		s.log.barrier() // an error: the read below says what the file holds
+	}
+	return holdsSealed(s.db)
+}
 
 // checkSecrets: every secret's value is sealed and, with the key, opens,
 // and it has its record (SPEC §14a).

@@ -54,7 +54,7 @@ func TestSecretsSealed(t *testing.T) {
 		t.Fatalf("Secret(A) = %q, %v", got, err)
 	}
 	var a, b []byte
-	s.db.View(func(tx *bolt.Tx) error {
+	s.view(func(tx *bolt.Tx) error {
 		a = append(a, tx.Bucket(bktSecret).Get([]byte("A"))...)
 		b = append(b, tx.Bucket(bktSecret).Get([]byte("B"))...)
 		return nil
@@ -63,7 +63,7 @@ func TestSecretsSealed(t *testing.T) {
 		t.Fatalf("two values share a nonce or a ciphertext")
 	}
 	// A value moved under another name does not open.
-	s.db.Update(func(tx *bolt.Tx) error { return tx.Bucket(bktSecret).Put([]byte("B"), a) })
+	s.update(func(tx *bolt.Tx) error { return tx.Bucket(bktSecret).Put([]byte("B"), a) })
 	if _, err := s.Secret("B"); !errors.Is(err, ErrSecretsKey) {
 		t.Fatalf("A's value under B: %v", err)
 	}

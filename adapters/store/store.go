@@ -1,10 +1,11 @@
 // Package store is the orchestrator's durable record store on bbolt, and
 // the data plane's (data.go).
 //
-// A Store holds core.Records, keyed snapshots of entities. Apply writes a
-// batch of upserts and deletes in a single bbolt transaction, which bbolt
-// fsyncs on commit: when Apply returns nil the whole batch is on stable
-// storage, and after a crash either all of it or none of it is there.
+// A Store holds core.Records, keyed snapshots of entities. Apply appends a
+// batch of upserts and deletes as one entry of the store's log and
+// fdatasyncs it (wal.go), and the log's applier puts it in the bbolt file
+// later: when Apply returns nil the whole batch is on stable storage, and
+// after a crash either all of it or none of it is there.
 //
 // Records go to a bucket by their key's kind (history.go): live state to
 // "records", log lines to "logs", archived runs (SPEC §7a) to "history" with
@@ -92,12 +93,18 @@ type Store struct {
 	holds    int             // Backups under way: no blob is collected (tools.go)
 
 	keys Sealer // the secrets key (seal.go, secrets.go); none until SetSecretsKey
+
+	log *wlog // the log in front of the file (wal.go); nil with Options.NoLog
 }
 
-// Open opens (creating if needed) the store file at path, and its blob
-// directory path+".blobs", collecting the blobs no record names. It fails
-// after a short wait if another Store holds the file.
-func Open(path string) (*Store, error) {
+// Open opens (creating if needed) the store file at path, its log
+// path+".wal" (wal.go) and its blob directory path+".blobs", replaying the
+// log's entries not yet in the file and collecting the blobs no record
+// names. It fails after a short wait if another Store holds the file.
+func Open(path string) (*Store, error) { return OpenWith(path, Options{}) }
+
+// OpenWith is Open with options.
+func OpenWith(path string, opts Options) (*Store, error) {
 	// NoFreelistSync: bbolt does not write its list of free pages at every
 	// commit, and rebuilds it by walking the file's pages when it opens it.
 	// Archival deletes records and rewrites the live ones, so the file keeps
@@ -133,6 +140,12 @@ func Open(path string) (*Store, error) {
 		db.Close()
 		return nil, fmt.Errorf("store: migrate %s: %w", path, err)
 	}
+	// The log's entries not yet in the file go in before anything reads it.
+	walSt, err := recoverLog(db, path, !opts.NoLog)
+	if err != nil {
+		db.Close()
+		return nil, err
+	}
 	blobs, err := openDirBlobs(path + ".blobs")
 	if err != nil {
 		db.Close()
@@ -155,13 +168,21 @@ func Open(path string) (*Store, error) {
 		db.Close()
 		return nil, fmt.Errorf("store: open %s: %w", path, err)
 	}
+	if !opts.NoLog {
+		if s.log, err = openLog(db, path, walSt, opts.LogLimit); err != nil {
+			db.Close()
+			return nil, err
+		}
+	}
 	return s, nil
 }
 
-// Apply writes a batch of records in one transaction: upserts put their
-// value, deletes remove their key, in order (a later record of the same key
-// wins). It returns only once the transaction is committed and synced; on
-// error nothing of the batch is applied.
+// Apply makes a batch of records durable: upserts put their value, deletes
+// remove their key, in order (a later record of the same key wins). With
+// the log, the batch is one entry of it, fdatasynced, and reaches the file
+// later (wal.go); without, it is one bbolt transaction, committed and
+// synced. It returns only once the batch is on stable storage; on error
+// nothing of it is applied.
 func (s *Store) Apply(recs []core.Record) error {
 	if len(recs) == 0 {
 		return nil
@@ -169,11 +190,46 @@ func (s *Store) Apply(recs []core.Record) error {
 	if err := checkRecords(recs); err != nil {
 		return err
 	}
+	if s.log != nil {
+		ps := make([]prep, len(recs))
+		for i, r := range recs {
+			var err error
+			if ps[i], err = prepare(r, s); err != nil {
+				return fmt.Errorf("store: apply %d records: record %q: %w", len(recs), r.Key, err)
+			}
+		}
+		if err := s.log.append(encodePayload(ps)); err != nil {
+			return fmt.Errorf("store: apply %d records: %w", len(recs), err)
+		}
+		return nil
+	}
 	err := s.db.Update(func(tx *bolt.Tx) error { return putRecords(tx, recs, s) })
 	if err != nil {
 		return fmt.Errorf("store: apply %d records: %w", len(recs), s.mapErr(err))
 	}
 	return nil
+}
+
+// view is a read transaction that sees every batch Apply acknowledged
+// before it was called (wal.go's barrier).
+func (s *Store) view(fn func(*bolt.Tx) error) error {
+	if s.log != nil {
+		if err := s.log.barrier(); err != nil {
+			return err
+		}
+	}
+	return s.db.View(fn)
+}
+
+// update is a synced write transaction after every batch Apply
+// acknowledged before it was called.
+func (s *Store) update(fn func(*bolt.Tx) error) error {
+	if s.log != nil {
+		if err := s.log.barrier(); err != nil {
+			return err
+		}
+	}
+	return s.db.Update(fn)
 }
 
 // checkRecords refuses a batch with a record bbolt cannot hold.
@@ -195,22 +251,10 @@ func checkRecords(recs []core.Record) error {
 // With sl's secrets key, a run's record and its history are sealed
 // (secrets.go: a run carries its env:); sl is nil where nothing is sealed.
 func putRecords(tx *bolt.Tx, recs []core.Record, sl *Store) error {
-	logs := tx.Bucket(bktLogs)
 	for _, r := range recs {
-		var err error
-		switch {
-		case core.IsHistoryKey(r.Key):
-			err = putHistory(tx, r, sl)
-		case !r.Delete && sl.sealsRecord(r.Key):
-			if r.Value, err = sl.keys.Seal(r.Key, r.Value); err == nil {
-				err = putIn(tx.Bucket(bktRuns), r)
-			}
-		case isLogKey(r.Key):
-			err = putIn(logs, r)
-		case core.IsAuditKey(r.Key):
-			err = putIn(tx.Bucket(bktAudit), r)
-		default:
-			err = putIn(tx.Bucket(liveBucket(r.Key)), r)
+		p, err := prepare(r, sl)
+		if err == nil {
+			err = p.put(tx)
 		}
 		if err != nil {
 			return fmt.Errorf("record %q: %w", r.Key, err)
@@ -219,11 +263,50 @@ func putRecords(tx *bolt.Tx, recs []core.Record, sl *Store) error {
 	return nil
 }
 
-func putIn(b *bolt.Bucket, r core.Record) error {
-	if r.Delete {
-		return b.Delete([]byte(r.Key))
+// prep is a record as the store keeps it: a run's record sealed, a
+// history compressed (and sealed) with the entries of its indexes. What
+// can refuse a record is done by prepare, so that the log (wal.go) holds
+// only batches whose application cannot fail but for the file itself.
+type prep struct {
+	key    string
+	val    []byte // the stored value; nil for a delete
+	del    bool
+	hist   bool   // a history record (SPEC §7a): val the history, sum and finish its indexes'
+	sum    []byte // runs_by_seq's value: the run's summary (JSON)
+	finish []byte // runs_by_finish's key
+}
+
+// prepare turns a record into what put writes. It reads nothing of the
+// file: its result is the same whenever it is applied.
+func prepare(r core.Record, sl *Store) (prep, error) {
+	switch {
+	case core.IsHistoryKey(r.Key):
+		return prepareHistory(r, sl)
+	case !r.Delete && sl.sealsRecord(r.Key):
+		v, err := sl.keys.Seal(r.Key, r.Value)
+		return prep{key: r.Key, val: v}, err
 	}
-	return b.Put([]byte(r.Key), r.Value)
+	return prep{key: r.Key, val: r.Value, del: r.Delete}, nil
+}
+
+// put writes a prepared record inside tx, to its kind's bucket.
+func (p prep) put(tx *bolt.Tx) error {
+	switch {
+	case p.hist:
+		return putHistory(tx, p)
+	case isLogKey(p.key):
+		return putIn(tx.Bucket(bktLogs), p)
+	case core.IsAuditKey(p.key):
+		return putIn(tx.Bucket(bktAudit), p)
+	}
+	return putIn(tx.Bucket(liveBucket(p.key)), p)
+}
+
+func putIn(b *bolt.Bucket, p prep) error {
+	if p.del {
+		return b.Delete([]byte(p.key))
+	}
+	return b.Put([]byte(p.key), p.val)
 }
 
 // Load returns the live records and the log lines of the live leases, sorted
@@ -232,7 +315,7 @@ func putIn(b *bolt.Bucket, r core.Record) error {
 // not read (SPEC §7a: Restore loads live state only).
 func (s *Store) Load() ([]core.Record, error) {
 	var recs []core.Record
-	err := s.db.View(func(tx *bolt.Tx) error {
+	err := s.view(func(tx *bolt.Tx) error {
 		var leases [][]byte
 		for _, name := range liveBuckets {
 			err := tx.Bucket(name).ForEach(func(k, v []byte) error {
@@ -271,11 +354,18 @@ func (s *Store) Load() ([]core.Record, error) {
 	return recs, nil
 }
 
-// Close closes the file; closing twice is harmless. Apply and Load return
-// ErrClosed afterwards.
+// Close applies what the log holds to the file and closes both; closing
+// twice is harmless. Apply and Load return ErrClosed afterwards.
 func (s *Store) Close() error {
+	var lerr error
+	if s.log != nil {
+		lerr = s.log.close()
+	}
 	if err := s.db.Close(); err != nil {
 		return fmt.Errorf("store: close: %w", err)
+	}
+	if lerr != nil {
+		return fmt.Errorf("store: close: %w", lerr)
 	}
 	return nil
 }

@@ -54,6 +54,11 @@ func (s *Store) Backup(w io.Writer) error {
 		s.collectLocked()
 		s.blobMu.Unlock()
 	}()
+	if s.log != nil {
+		if err := s.log.barrier(); err != nil { // everything acknowledged is in the snapshot
+			return fmt.Errorf("store: backup: %w", err)
+		}
+	}
 	return backup(s.db, s.blobs, filepath.Dir(s.Path()), w)
 }
 
@@ -157,7 +162,7 @@ func tarBlob(tw *tar.Writer, blobs Blobs, ref BlobRef, mod time.Time) error {
 // everything is on stable storage: on error nothing is left at path.
 func Unpack(r io.Reader, path string) (err error) {
 	blobDir := path + ".blobs"
-	for _, p := range []string{path, blobDir} {
+	for _, p := range []string{path, blobDir, walPath(path)} {
 		if _, err := os.Lstat(p); err == nil {
 			return fmt.Errorf("%w: %s; a backup never overwrites", ErrExists, p)
 		}
@@ -209,6 +214,11 @@ func Unpack(r io.Reader, path string) (err error) {
 		return fmt.Errorf("store: unpack: the stream holds no store file: not a backup of a store")
 	}
 	if err := tmp.Sync(); err != nil {
+		return fmt.Errorf("store: unpack: %w", err)
+	}
+	// The snapshot is whole without the log it was taken beside: the
+	// store unpacked starts a log of its own (wal.go).
+	if err := forgetLog(tmp.Name()); err != nil {
 		return fmt.Errorf("store: unpack: %w", err)
 	}
 	if err := syncDir(blobDir); err != nil {
@@ -297,8 +307,50 @@ func Compact(path string) (before, after int64, err error) {
 
 // openReadOnly opens an existing store file read-only, sharing bbolt's lock
 // with other readers (a serving orchestrator holds it exclusively:
-// ErrLocked).
-func openReadOnly(path string) (*bolt.DB, error) { return openLocked(path, true) }
+// ErrLocked). A file whose log may hold batches not yet in it (a crash)
+// has them replayed first (wal.go), the one change made to it.
+func openReadOnly(path string) (*bolt.DB, error) {
+	db, err := openLocked(path, true)
+	if err != nil {
+		return nil, err
+	}
+	var st walState
+	db.View(func(tx *bolt.Tx) error { st = readWALState(tx); return nil })
+	if st.clean {
+		return db, nil
+	}
+	db.Close()
+	if db, err = openLocked(path, false); err != nil {
+		return nil, err
+	}
+	_, err = recoverLog(db, path, false)
+	if cerr := db.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return nil, err
+	}
+	return openLocked(path, true)
+}
+
+// forgetLog removes the log's bucket from the bbolt file at path, which no
+// log is beside.
+func forgetLog(path string) error {
+	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: openTimeout})
+	if err != nil {
+		return err
+	}
+	err = db.Update(func(tx *bolt.Tx) error {
+		if tx.Bucket(bktWAL) == nil {
+			return nil
+		}
+		return tx.DeleteBucket(bktWAL)
+	})
+	if cerr := db.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}
 
 func openLocked(path string, readOnly bool) (*bolt.DB, error) {
 	if _, err := os.Stat(path); err != nil {

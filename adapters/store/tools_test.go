@@ -216,7 +216,7 @@ func TestBackupUnpackRoundTrip(t *testing.T) {
 	if err := s.Apply([]core.Record{put("token/later", `{"Name": "later"}`)}); err != nil {
 		t.Fatal(err)
 	}
-	if ents, _ := os.ReadDir(dir); len(ents) != 2 {
+	if ents, _ := os.ReadDir(dir); len(ents) != 3 { // the file, its log, its blobs
 		t.Errorf("the backup left files behind next to the store: %v", ents)
 	}
 	want := load(t, s)
@@ -373,7 +373,7 @@ func TestCompact(t *testing.T) {
 	if got := load(t, r); !reflect.DeepEqual(got, want) {
 		t.Fatalf("records changed by compact:\n%s\nwant\n%s", show(got), show(want))
 	}
-	if ents, _ := os.ReadDir(filepath.Dir(path)); len(ents) != 2 {
+	if ents, _ := os.ReadDir(filepath.Dir(path)); len(ents) != 3 { // the file, its log, its blobs
 		t.Errorf("compact left files behind: %v", ents)
 	}
 }

@@ -192,7 +192,13 @@ steps:
 	args[4] = api.enroll("builder-2")
 	start(t, ctx, "worker builder-2", workerBin, args...)
 	second := connectedAs("the new instance to enroll", func(w orchestrator.APIWorker) bool { return w.Name == "builder-2" })
-	b, _ := os.ReadFile(filepath.Join(stateDir, "worker.json"))
+	// The worker saves its credential when the Welcome reaches it, which
+	// the API may show connected a moment before.
+	var b []byte
+	poll(t, ctx, "the new instance's identity to be saved", func() bool {
+		b, _ = os.ReadFile(filepath.Join(stateDir, "worker.json"))
+		return strings.Contains(string(b), second.ID)
+	})
 	if second.ID == first.ID || !strings.Contains(string(b), second.ID) {
 		t.Errorf("the new instance %s (old %s) is not the one saved:\n%s", second.ID, first.ID, b)
 	}

@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"os"
 	"runtime"
+	"runtime/debug"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -27,6 +28,7 @@ func main() {
 	canary := flag.Bool("canary", false, "enable the canary (fails 1 seed in 100)")
 	maxStep := flag.Int("maxstepops", 0, "operations of one step's history the linearizability check takes on (0: spec.MaxStepOps); a step over it makes the seed inconclusive")
 	flag.Parse()
+	debug.SetGCPercent(sim.GCPercent)
 
 	var done, events, failed, inconclusive atomic.Uint64
 	var mu sync.Mutex

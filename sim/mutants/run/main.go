@@ -258,7 +258,7 @@ func runMutant(ctx context.Context, root string, files []string, patch string) (
 		return r
 	}
 	args := []string{"test", "./sim", "-run", "TestSim$", "-count=1", "-timeout=60m", "-v",
-		"-sim.seeds=" + strconv.Itoa(*flagSeeds), "-sim.first=" + strconv.FormatUint(*flagFirst, 10), "-sim.stopfirst"}
+		"-sim.seeds=" + strconv.Itoa(*flagSeeds), "-sim.first=" + strconv.FormatUint(*flagFirst, 10), "-sim.stopfirst", "-sim.traces=false"}
 	out, runErr := goTest(ctx, dir, args...)
 	if ctx.Err() != nil {
 		r.err = ctx.Err()
