@@ -41,6 +41,25 @@ import (
 	"github.com/tether-run/tether/core"
 )
 
+// benchShape is one throughput shape of BenchmarkEndToEnd: a fleet of
+// workers with slots each. The peers (bench_peers_test.go) run at each
+// shape's concurrency, workers × slots.
+type benchShape struct{ workers, slots int }
+
+// benchShapes are the throughput shapes, in the order they run.
+var benchShapes = []benchShape{
+	{workers: benchWorkers, slots: 16}, // 64 slots
+	{workers: benchWorkers, slots: 1},  // 4 slots
+}
+
+// name is the shape's sub-benchmark name (bench/report reads it).
+func (s benchShape) name() string {
+	return fmt.Sprintf("steps=%d/workers=%d/slots=%d", benchSteps, s.workers, s.slots)
+}
+
+// concurrency is how many steps the shape runs at once.
+func (s benchShape) concurrency() int { return s.workers * s.slots }
+
 const (
 	benchSteps     = 20000
 	benchRunSize   = 200 // independent steps per run
@@ -412,9 +431,9 @@ func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond)
 // latency samples), so run it with -benchtime 1x (repeat with -count).
 func BenchmarkEndToEnd(b *testing.B) {
 	bs := benchStoreFromEnv(b)
-	for _, slots := range []int{16, 1} {
-		b.Run(fmt.Sprintf("steps=%d/workers=%d/slots=%d", benchSteps, benchWorkers, slots), func(b *testing.B) {
-			r := startRig(b, bs, benchWorkers, slots)
+	for _, sh := range benchShapes {
+		b.Run(sh.name(), func(b *testing.B) {
+			r := startRig(b, bs, sh.workers, sh.slots)
 			var total time.Duration
 			commits := 0
 			u0 := r.usage(b)
