@@ -20,7 +20,8 @@ package orchestrator_test
 //
 // $TETHER_BENCH_HEAPPROFILE=FILE writes the heap profile at the end of the
 // window (go tool pprof -sample_index inuse_space FILE), when the swarm is
-// still connected.
+// still connected; $TETHER_BENCH_CPUPROFILE=FILE the CPU profile of the
+// window alone.
 
 import (
 	"bufio"
@@ -61,6 +62,7 @@ const (
 	// address is raised to twice it).
 	swarmDialers = 32
 	heapProfEnv  = "TETHER_BENCH_HEAPPROFILE"
+	cpuProfEnv   = "TETHER_BENCH_CPUPROFILE"
 )
 
 // idleRig is an orchestrator with a swarm of n idle workers connected.
@@ -257,9 +259,20 @@ type idleFigures struct {
 func (r *idleRig) measure(tb testing.TB, n int, settle, window time.Duration) idleFigures {
 	tb.Helper()
 	time.Sleep(settle)
+	if p := os.Getenv(cpuProfEnv); p != "" {
+		f, err := os.Create(p)
+		if err != nil {
+			tb.Fatal(err)
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			tb.Fatal(err)
+		}
+	}
 	cpu0, t0 := cpuSelf(tb), time.Now()
 	time.Sleep(window)
 	cpu1, t1 := cpuSelf(tb), time.Now()
+	pprof.StopCPUProfile()
 	rss1 := vmRSS(tb, os.Getpid())
 	var ms runtime.MemStats
 	runtime.ReadMemStats(&ms)

@@ -12,14 +12,18 @@ package orchestrator_test
 // leader row's epoch and opens the store with it, so every commit checks
 // the epoch.
 //
-// The peers are other job systems in the same shape (bench/peers, a module
-// of its own so that their dependencies stay out of Tether's): River
-// (bench/peers/river) runs after Tether's figures, on the same PostgreSQL
-// cluster when the store is PostgreSQL, and on a private cluster of its own
-// when BENCH_PEERS=1 asks for it beside the default store. Its shape is the
-// throughput run's: 20,000 no-op jobs inserted 200 at a time, one
-// InsertMany after the other (Tether's 100 runs of 200 steps), 64
-// concurrent workers (Tether's 4 workers × 16 slots).
+// The peers are other job systems in the same shapes (bench/peers, a
+// module of its own so that their dependencies stay out of Tether's), run
+// after Tether's figures at each shape's concurrency (benchShapes: 64 and
+// 4), 20,000 no-op jobs each, idle latency from 100 single jobs at the
+// first shape: River (bench/peers/river) on the same PostgreSQL cluster
+// when the store is PostgreSQL; and, when $BENCH_PEERS asks for them
+// beside the default store (peersWanted), asynq (bench/peers/asynq) on a
+// private Redis server without fsync and on one with appendfsync always
+// (startRedis), and River on a private cluster. River's jobs go in as
+// Tether's runs are submitted, 200 at a time, one InsertMany after the
+// other (Tether's 100 runs of 200 steps); asynq has no batch enqueue, so
+// its 20,000 are enqueued by 200 goroutines at once.
 
 import (
 	"context"
@@ -385,4 +389,32 @@ func TestEndToEndBenchRigPostgres(t *testing.T) {
 		t.Errorf("throughput: %s, %d commits", d, commits)
 	}
 	check()
+}
+
+// TestParsePeerLine: the peers' result lines, with and without their idle
+// latencies, give the run's time and the latencies; a line of another
+// count of jobs is refused.
+func TestParsePeerLine(t *testing.T) {
+	for _, c := range []struct {
+		out      string
+		elapsed  time.Duration
+		latency  bool
+		startP50 float64
+	}{
+		{"river: 20000 jobs (InsertMany of 200), 64 workers, 1580 jobs/s (12.66 s); idle (100 samples): insert→start p50 1.20 ms p99 3.40 ms, insert→done p50 250.10 ms p99 251.00 ms\n",
+			12660 * time.Millisecond, true, 1.2},
+		{"log line\nasynq: 20000 jobs (200 enqueuers), 4 workers, 5698 jobs/s (3.51 s)\n", 3510 * time.Millisecond, false, 0},
+	} {
+		r, err := parsePeerLine(c.out)
+		if err != nil {
+			t.Errorf("%q: %v", c.out, err)
+			continue
+		}
+		if r.elapsed != c.elapsed || r.latency != c.latency || r.startP50 != c.startP50 {
+			t.Errorf("%q: %+v", c.out, r)
+		}
+	}
+	if _, err := parsePeerLine("asynq: 2000 jobs (200 enqueuers), 4 workers, 5698 jobs/s (0.35 s)\n"); err == nil {
+		t.Error("a run of 2,000 jobs is taken for one of 20,000")
+	}
 }
