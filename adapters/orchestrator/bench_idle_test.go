@@ -7,14 +7,19 @@ package orchestrator_test
 // in a second process (this test binary again, swarmMain), each enrolling
 // with a token of its own as a worker does (a Hello with the token, then
 // the Welcome), then sending a Heartbeat at the interval the Welcome gives
-// (SPEC §9), and answering the orchestrator's pings. Once all are
-// connected it measures, over idleWindow with nothing to run:
+// (SPEC §9), and answering the orchestrator's pings; in the second
+// sub-benchmark (pings=5s) each also pings every 5 s, as cmd/worker does
+// (SPEC §9). Once all are connected it measures, over idleWindow with
+// nothing to run:
 //
 //   - rss-KiB/worker: this process's resident set (VmRSS) at the end of the
 //     window, less what it was before the first token was made, per
 //     worker;
 //   - %cpu-of-one-core: this process's CPU time (user and system) over the
-//     window, as a share of one core.
+//     window, as a share of one core;
+//   - heap-KiB/worker, stack-KiB/worker, goroutines/worker: the live heap
+//     after a collection at the end of the window, the goroutines' stacks,
+//     and the goroutines, less those before.
 //
 //	go test ./adapters/orchestrator -run '^$' -bench IdleWorkers -benchtime 1x
 //
@@ -63,6 +68,8 @@ const (
 	swarmDialers = 32
 	heapProfEnv  = "TETHER_BENCH_HEAPPROFILE"
 	cpuProfEnv   = "TETHER_BENCH_CPUPROFILE"
+	swarmPingEnv = "TETHER_BENCH_SWARM_PING" // how often each client pings (a duration; 0s: never)
+	workerPing   = 5 * time.Second           // cmd/worker's ping period (SPEC §9: it pings every 5 s)
 )
 
 // idleRig is an orchestrator with a swarm of n idle workers connected.
@@ -72,14 +79,16 @@ type idleRig struct {
 	stdin      io.WriteCloser
 	lines      chan string // the swarm's stdout
 	rss0       int64       // KiB, before the swarm
-	heap0      uint64
+	heap0      uint64      // live heap, before the swarm
+	stack0     uint64
 	goroutines int
 	enroll     time.Duration // from the swarm's start to the last Welcome
 }
 
 // startIdleRig starts the driver with caps for n workers, makes n tokens
-// and starts the swarm, and returns once all n are connected.
-func startIdleRig(tb testing.TB, n int) *idleRig {
+// and starts the swarm (each client pinging every ping; 0: never), and
+// returns once all n are connected.
+func startIdleRig(tb testing.TB, n int, ping time.Duration) *idleRig {
 	tb.Helper()
 	var lim syscall.Rlimit
 	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &lim); err != nil {
@@ -111,7 +120,7 @@ func startIdleRig(tb testing.TB, n int) *idleRig {
 	r.rss0 = vmRSS(tb, os.Getpid())
 	var ms runtime.MemStats
 	runtime.ReadMemStats(&ms)
-	r.heap0, r.goroutines = ms.HeapInuse, runtime.NumGoroutine()
+	r.heap0, r.stack0, r.goroutines = ms.HeapAlloc, ms.StackInuse, runtime.NumGoroutine()
 
 	// One token a worker, made concurrently (the commits group).
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
@@ -147,7 +156,7 @@ func startIdleRig(tb testing.TB, n int) *idleRig {
 
 	t0 := time.Now()
 	cmd := exec.Command(os.Args[0], "-test.run", "^$")
-	cmd.Env = append(os.Environ(), swarmEnv+"="+cfg)
+	cmd.Env = append(os.Environ(), swarmEnv+"="+cfg, swarmPingEnv+"="+ping.String())
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
 		tb.Fatal(err)
@@ -252,7 +261,7 @@ func cpuSelf(tb testing.TB) time.Duration {
 
 // idleFigures is what one window measured.
 type idleFigures struct {
-	rssPerWorker, heapPerWorker, goroutinesPerWorker, cpuShare float64
+	rssPerWorker, heapPerWorker, stackPerWorker, goroutinesPerWorker, cpuShare float64
 }
 
 // measure waits settle, then measures over window.
@@ -274,6 +283,7 @@ func (r *idleRig) measure(tb testing.TB, n int, settle, window time.Duration) id
 	cpu1, t1 := cpuSelf(tb), time.Now()
 	pprof.StopCPUProfile()
 	rss1 := vmRSS(tb, os.Getpid())
+	runtime.GC() // after the resident set is read: the live heap
 	var ms runtime.MemStats
 	runtime.ReadMemStats(&ms)
 	g := runtime.NumGoroutine()
@@ -293,7 +303,8 @@ func (r *idleRig) measure(tb testing.TB, n int, settle, window time.Duration) id
 	}
 	return idleFigures{
 		rssPerWorker:        float64(rss1-r.rss0) / float64(n),
-		heapPerWorker:       float64(int64(ms.HeapInuse)-int64(r.heap0)) / 1024 / float64(n),
+		heapPerWorker:       float64(int64(ms.HeapAlloc)-int64(r.heap0)) / 1024 / float64(n),
+		stackPerWorker:      float64(int64(ms.StackInuse)-int64(r.stack0)) / 1024 / float64(n),
 		goroutinesPerWorker: float64(g-r.goroutines) / float64(n),
 		cpuShare:            100 * (cpu1 - cpu0).Seconds() / t1.Sub(t0).Seconds(),
 	}
@@ -302,21 +313,30 @@ func (r *idleRig) measure(tb testing.TB, n int, settle, window time.Duration) id
 // BenchmarkIdleWorkers is `make bench`'s figure for idle workers; see the
 // top of this file. Run it with -benchtime 1x.
 func BenchmarkIdleWorkers(b *testing.B) {
-	b.Run(fmt.Sprintf("workers=%d", idleWorkers), func(b *testing.B) {
-		r := startIdleRig(b, idleWorkers)
-		var f idleFigures
-		for range b.N {
-			f = r.measure(b, idleWorkers, idleSettle, idleWindow)
+	for _, ping := range []time.Duration{0, workerPing} {
+		name := fmt.Sprintf("workers=%d", idleWorkers)
+		if ping > 0 {
+			name += "/pings=" + ping.String()
 		}
-		b.StopTimer()
-		b.Log(r.end(b))
-		b.ReportMetric(f.rssPerWorker, "rss-KiB/worker")
-		b.ReportMetric(f.heapPerWorker, "heap-KiB/worker")
-		b.ReportMetric(f.goroutinesPerWorker, "goroutines/worker")
-		b.ReportMetric(f.cpuShare, "%cpu-of-one-core")
-		b.ReportMetric(r.enroll.Seconds(), "enroll-s")
-		b.ReportMetric(0, "ns/op")
-	})
+		b.Run(name, func(b *testing.B) { benchIdle(b, ping) })
+	}
+}
+
+func benchIdle(b *testing.B, ping time.Duration) {
+	r := startIdleRig(b, idleWorkers, ping)
+	var f idleFigures
+	for range b.N {
+		f = r.measure(b, idleWorkers, idleSettle, idleWindow)
+	}
+	b.StopTimer()
+	b.Log(r.end(b))
+	b.ReportMetric(f.rssPerWorker, "rss-KiB/worker")
+	b.ReportMetric(f.heapPerWorker, "heap-KiB/worker")
+	b.ReportMetric(f.stackPerWorker, "stack-KiB/worker")
+	b.ReportMetric(f.goroutinesPerWorker, "goroutines/worker")
+	b.ReportMetric(f.cpuShare, "%cpu-of-one-core")
+	b.ReportMetric(r.enroll.Seconds(), "enroll-s")
+	b.ReportMetric(0, "ns/op")
 }
 
 // TestIdleWorkersRig keeps the idle workers' rig honest under `make test`
@@ -328,7 +348,7 @@ func TestIdleWorkersRig(t *testing.T) {
 		t.Skip("starts a second process")
 	}
 	const n = 20
-	r := startIdleRig(t, n)
+	r := startIdleRig(t, n, 10*time.Millisecond)
 	f := r.measure(t, n, 0, 0)
 	if f.goroutinesPerWorker < 1 || math.IsNaN(f.cpuShare) {
 		t.Errorf("figures: %+v", f)
@@ -341,10 +361,12 @@ func TestIdleWorkersRig(t *testing.T) {
 
 // swarmMain is the swarm: it enrolls a client per token, swarmDialers at
 // a time, prints "connected N" once all are welcomed, heartbeats each at
-// the Welcome's interval (spread evenly over it) until its stdin closes,
-// then prints "swarm: N connected, D dropped, H heartbeats" and exits. A
-// client is light: small buffers, one goroutine reading (which answers the
-// pings), the heartbeats from one goroutine for all.
+// the Welcome's interval and pings each every $TETHER_BENCH_SWARM_PING
+// (each spread evenly over its period) until its stdin closes,
+// then prints "swarm: N connected, D dropped, H heartbeats, P pings" and
+// exits. A client is light: small buffers, one goroutine reading (which
+// answers the orchestrator's pings), the heartbeats and pings from one
+// goroutine for all.
 func swarmMain() int {
 	b, err := os.ReadFile(os.Getenv(swarmEnv))
 	if err != nil {
@@ -442,30 +464,48 @@ func swarmMain() int {
 	}
 	stop := make(chan struct{})
 	go func() { io.Copy(io.Discard, os.Stdin); close(stop) }()
-	// The heartbeats, spread over the interval: every tick the next
-	// clients in turn.
+	ping, err := time.ParseDuration(os.Getenv(swarmPingEnv))
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	// The heartbeats and the pings, each spread over its period: every
+	// tick the next clients in turn.
 	const tick = 10 * time.Millisecond
-	per := max(1, int(math.Ceil(float64(len(conns))*float64(tick)/float64(interval))))
+	perTick := func(period time.Duration) int {
+		if period <= 0 {
+			return 0
+		}
+		return max(1, int(math.Ceil(float64(len(conns))*float64(tick)/float64(period))))
+	}
+	beatsPer, pingsPer := perTick(interval), perTick(ping)
 	t := time.NewTicker(tick)
 	defer t.Stop()
-	beats := 0
-	for i := 0; ; {
+	beats, pings := 0, 0
+	for i, j := 0, 0; ; {
 		select {
 		case <-stop:
 			closing.Store(true)
 			for _, ws := range conns {
 				ws.Close()
 			}
-			fmt.Printf("swarm: %d connected, %d dropped, %d heartbeats\n", len(conns), dropped.Load(), beats)
+			fmt.Printf("swarm: %d connected, %d dropped, %d heartbeats, %d pings\n", len(conns), dropped.Load(), beats, pings)
 			return 0
 		case <-t.C:
 		}
-		for range per {
+		for range beatsPer {
 			ws := conns[i%len(conns)]
 			i++
 			ws.SetWriteDeadline(time.Now().Add(10 * time.Second))
 			if err := ws.WriteMessage(websocket.TextMessage, hb); err == nil {
 				beats++
+			}
+		}
+		for range pingsPer {
+			ws := conns[j%len(conns)]
+			j++
+			if err := ws.WriteControl(websocket.PingMessage, nil, time.Now().Add(10*time.Second)); err == nil {
+				pings++
 			}
 		}
 	}

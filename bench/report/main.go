@@ -345,10 +345,23 @@ func summary(rs results) ([]row, []string) {
 				s, store, num(tv), best.name, best.label, num(best.jobs), tv/best.jobs))
 		}
 	}
-	idle := func(r result) bool { return strings.HasPrefix(r.name, "BenchmarkIdleWorkers") }
-	rows = append(rows,
-		figure(rs, "idle workers: RSS each", idle, "rss-KiB/worker", &target{bound: 50}),
-		figure(rs, "idle workers: CPU", idle, "%cpu-of-one-core", &target{bound: 1}))
+	// Idle workers: each sub-benchmark (the swarm's clients heartbeating,
+	// and also pinging as a worker process does).
+	var idles []string
+	for _, r := range rs.lines {
+		if strings.HasPrefix(r.name, "BenchmarkIdleWorkers/") && !slices.Contains(idles, r.name) {
+			idles = append(idles, r.name)
+		}
+	}
+	if len(idles) == 0 {
+		idles = append(idles, "BenchmarkIdleWorkers/")
+	}
+	for _, name := range idles {
+		what := "idle workers (" + strings.ReplaceAll(strings.TrimPrefix(name, "BenchmarkIdleWorkers/"), "/", ", ") + ")"
+		rows = append(rows,
+			figure(rs, what+": RSS each", named("bbolt", name), "rss-KiB/worker", &target{bound: 50}),
+			figure(rs, what+": CPU", named("bbolt", name), "%cpu-of-one-core", &target{bound: 1}))
+	}
 	// The simulator (per core: run at GOMAXPROCS=1) and the explorer, at
 	// each GOMAXPROCS they ran with.
 	for _, b := range []struct {
