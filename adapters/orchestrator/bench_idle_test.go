@@ -39,6 +39,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"runtime/debug"
 	"runtime/pprof"
 	"strconv"
 	"strings"
@@ -116,7 +117,10 @@ func startIdleRig(tb testing.TB, n int, ping time.Duration) *idleRig {
 		}
 	})
 	r := &idleRig{d: d}
-	runtime.GC()
+	// What a rig before this one freed goes back to the system first, so
+	// that the resident set grows with this swarm, not into pages an
+	// earlier one left.
+	debug.FreeOSMemory()
 	r.rss0 = vmRSS(tb, os.Getpid())
 	var ms runtime.MemStats
 	runtime.ReadMemStats(&ms)
