@@ -53,7 +53,7 @@ fmt:
 vet:
 	$(GO) vet $(PKGS)
 
-## bench: every figure of the performance targets in one run (about 7 minutes), each pass's
+## bench: every figure of the performance targets in one run (5–6 minutes), each pass's
 ## output kept in .bench/, then the summary (bench/report): figure, target, measured, met
 ## or MISSED, and the ratios to the peers measured in the same run. The passes: the
 ## micro-benchmarks; BenchmarkEndToEnd on bbolt (real fsyncs, 4 worker processes: 64 and
