@@ -61,7 +61,8 @@ vet:
 ## it); the same on PostgreSQL with River beside it on the same cluster (STORE: postgres, a
 ## private cluster (adapters/pgtest), the default; a postgres:// URL, that server; off,
 ## no PostgreSQL pass); BenchmarkIdleWorkers (10,000 idle workers); the simulator's
-## seeds/s and the explorer's states/s (BenchmarkSimSeeds, BenchmarkExplore).
+## seeds/s per core and the explorer's states/s (BenchmarkSimSeeds at -cpu 1,
+## BenchmarkExplore at -cpu 1,2).
 ## BENCH_PEERS=1 adds asynq (bench/peers/asynq, on private Redis servers: no fsync, and
 ## appendfsync always) beside the bbolt figures, and River too when STORE=off; it installs
 ## Debian's redis-server when it is missing (apt-get; needs root or sudo)
@@ -84,9 +85,10 @@ bench:
 	  -count $(BENCHCOUNT) -timeout 60m ./adapters/orchestrator | tee $(BENCHOUT)/postgres.out || rc=1; \
 	$(GO) test -run '^$$' -bench IdleWorkers -benchtime 1x -timeout 30m ./adapters/orchestrator \
 	  | tee $(BENCHOUT)/idle.out || rc=1; \
-	$(GO) test -run '^$$' -bench '^(BenchmarkSimSeeds|BenchmarkExplore)$$' -timeout 30m ./sim ./spec \
-	  | tee $(BENCHOUT)/sim.out || rc=1; \
-	$(GO) run ./bench/report $(BENCHOUT)/micro.out $(BENCHOUT)/bbolt.out $(BENCHOUT)/idle.out $(BENCHOUT)/sim.out \
+	$(GO) test -run '^$$' -bench '^BenchmarkSimSeeds$$' -cpu 1 -timeout 30m ./sim | tee $(BENCHOUT)/sim.out || rc=1; \
+	$(GO) test -run '^$$' -bench '^BenchmarkExplore$$' -cpu 1,2 -timeout 30m ./spec | tee $(BENCHOUT)/explore.out || rc=1; \
+	$(GO) run ./bench/report $(BENCHOUT)/micro.out $(BENCHOUT)/bbolt.out $(BENCHOUT)/idle.out \
+	  $(BENCHOUT)/sim.out $(BENCHOUT)/explore.out \
 	  $$([ -z "$$pg" ] || echo postgres=$(BENCHOUT)/postgres.out) || rc=1; \
 	exit $$rc
 
