@@ -3,7 +3,8 @@ package orchestrator_test
 // The end-to-end benchmark's store, and its peers.
 //
 // $TETHER_BENCH_STORE chooses the store BenchmarkEndToEnd runs on (`make
-// bench STORE=…` sets it): empty or "bbolt", a bbolt file per rig;
+// bench` runs it with "bbolt", then with its STORE, "postgres" unless
+// told otherwise): empty or "bbolt", a bbolt file per rig;
 // "postgres", a private PostgreSQL cluster on loopback started for the
 // benchmark (adapters/pgtest: fsync=on, synchronous_commit=on), a fresh
 // database per rig; a postgres:// URL, that server, on which each rig

@@ -2,7 +2,7 @@ package orchestrator_test
 
 // The end-to-end benchmark that `make bench` quotes: the real driver (in this
 // process, so that a CPU profile sees it) with a real bbolt file, every
-// commit fsync'd (or PostgreSQL: `make bench STORE=postgres`, see
+// commit fsync'd (or PostgreSQL: make bench's second pass, see
 // bench_peers_test.go), and four real worker processes (cmd/worker) on
 // loopback WebSockets. The workers run with --executor noop, a benchmarking aid that
 // completes every step at once without starting a process, so the figures
