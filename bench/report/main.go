@@ -363,12 +363,16 @@ func summary(rs results) ([]row, []string) {
 			figure(rs, what+": CPU", named("bbolt", name), "%cpu-of-one-core", &target{bound: 1}))
 	}
 	// The simulator (per core: run at GOMAXPROCS=1) and the explorer, at
-	// each GOMAXPROCS they ran with.
+	// each GOMAXPROCS they ran with. The simulator's target is four times
+	// e746263's figure on this benchmark, seeds judged as TestSim judges
+	// them (plain, shifted and drift runs): 2.34–2.84 seeds/s at load 4–5
+	// (`go test ./sim -run '^$' -bench SimSeeds -benchtime 1x -cpu 1`,
+	// PERFORMANCE.md "The simulator and the explorer"), so 4 × 2.84.
 	for _, b := range []struct {
 		bench, what, unit string
 		t                 *target
 	}{
-		{"BenchmarkSimSeeds", "simulator", "seeds/s", &target{atLeast: true, bound: 4 * 13}},
+		{"BenchmarkSimSeeds", "simulator", "seeds/s", &target{atLeast: true, bound: 4 * 2.84}},
 		{"BenchmarkSimSeeds", "simulator", "events/s", nil},
 		{"BenchmarkExplore", "explorer", "states/s", nil},
 	} {
