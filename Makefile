@@ -12,7 +12,7 @@ PKGS := ./...
 ## package's output)
 test: check
 	$(GO) test $(GOFLAGS) -count=1 $$($(GO) list ./... | grep -v -E "/(sim|spec)$$|^$$($(GO) list -m)/(adapters|cmd)/")
-	$(GO) test $(GOFLAGS) -race -count=1 ./adapters/... ./cmd/...
+	$(GO) test $(GOFLAGS) -race -count=1 -timeout 30m ./adapters/... ./cmd/...
 	@set -o pipefail; $(GO) test $(GOFLAGS) -count=1 -v -run . ./spec ./sim > .sim-test.log 2>&1 \
 	  && { grep -E '^(sim:|explore [a-z]+:|--- PASS: Test(Sim|Explore|Replay)|ok )' .sim-test.log; rm -f .sim-test.log; } \
 	  || { cat .sim-test.log; rm -f .sim-test.log; exit 1; }
@@ -53,19 +53,44 @@ fmt:
 vet:
 	$(GO) vet $(PKGS)
 
-## bench: benchmarks only (figures are quoted with this command): the micro-benchmarks,
-## then the end-to-end one (real bbolt fsyncs, 4 worker processes; BENCHCOUNT repeats it).
-## STORE=postgres runs the end-to-end one on a private PostgreSQL cluster (fsync and
-## synchronous_commit on; adapters/pgtest), then River (bench/peers/river) on the same
-## cluster in the same shape; STORE=postgres://… uses that server instead; BENCH_PEERS=1
-## runs River beside the default store too (on a private cluster)
+## bench: every figure of the performance targets in one run (5–6 minutes), each pass's
+## output kept in .bench/, then the summary (bench/report): figure, target, measured, met
+## or MISSED, and the ratios to the peers measured in the same run. The passes: the
+## micro-benchmarks; BenchmarkEndToEnd on bbolt (real fsyncs, 4 worker processes: 64 and
+## 4 slots, the loop's longest batch, submit → start on an idle system; BENCHCOUNT repeats
+## it); the same on PostgreSQL with River beside it on the same cluster (STORE: postgres, a
+## private cluster (adapters/pgtest), the default; a postgres:// URL, that server; off,
+## no PostgreSQL pass); BenchmarkIdleWorkers (10,000 idle workers); the simulator's
+## seeds/s per core and the explorer's states/s (BenchmarkSimSeeds at -cpu 1,
+## BenchmarkExplore at -cpu 1,2).
+## BENCH_PEERS=1 adds asynq (bench/peers/asynq, on private Redis servers: no fsync, and
+## appendfsync always) beside the bbolt figures, and River too when STORE=off; it installs
+## Debian's redis-server when it is missing (apt-get; needs root or sudo)
 BENCHCOUNT ?= 1
-STORE ?=
+STORE ?= postgres
 BENCH_PEERS ?=
+BENCHOUT := .bench
 bench:
-	$(GO) test -run '^$$' -bench . -skip EndToEnd -benchmem $(PKGS)
-	TETHER_BENCH_STORE='$(STORE)' BENCH_PEERS='$(BENCH_PEERS)' \
-	  $(GO) test -run '^$$' -bench EndToEnd -benchtime 1x -count $(BENCHCOUNT) -timeout 60m ./adapters/orchestrator
+	@if [ -n "$(BENCH_PEERS)" ] && ! command -v redis-server >/dev/null; then \
+	  sudo=$$([ "$$(id -u)" = 0 ] || echo sudo); \
+	  $$sudo apt-get update -qq && $$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server; fi
+	@mkdir -p $(BENCHOUT); rm -f $(BENCHOUT)/*.out; set -o pipefail; rc=0; \
+	peers='$(BENCH_PEERS)'; pg='$(STORE)'; case "$$pg" in ""|off|bbolt) pg=;; esac; \
+	[ -z "$$peers" ] || [ -z "$$pg" ] || peers=asynq; \
+	$(GO) test -run '^$$' -bench . -skip 'EndToEnd|IdleWorkers|SimSeeds|Explore' -benchmem $(PKGS) \
+	  | tee $(BENCHOUT)/micro.out || rc=1; \
+	TETHER_BENCH_STORE=bbolt BENCH_PEERS="$$peers" $(GO) test -run '^$$' -bench EndToEnd -benchtime 1x \
+	  -count $(BENCHCOUNT) -timeout 60m ./adapters/orchestrator | tee $(BENCHOUT)/bbolt.out || rc=1; \
+	[ -z "$$pg" ] || TETHER_BENCH_STORE="$$pg" BENCH_PEERS= $(GO) test -run '^$$' -bench EndToEnd -benchtime 1x \
+	  -count $(BENCHCOUNT) -timeout 60m ./adapters/orchestrator | tee $(BENCHOUT)/postgres.out || rc=1; \
+	$(GO) test -run '^$$' -bench IdleWorkers -benchtime 1x -timeout 30m ./adapters/orchestrator \
+	  | tee $(BENCHOUT)/idle.out || rc=1; \
+	$(GO) test -run '^$$' -bench '^BenchmarkSimSeeds$$' -cpu 1 -timeout 30m ./sim | tee $(BENCHOUT)/sim.out || rc=1; \
+	$(GO) test -run '^$$' -bench '^BenchmarkExplore$$' -cpu 1,2 -timeout 30m ./spec | tee $(BENCHOUT)/explore.out || rc=1; \
+	$(GO) run ./bench/report $(BENCHOUT)/micro.out $(BENCHOUT)/bbolt.out $(BENCHOUT)/idle.out \
+	  $(BENCHOUT)/sim.out $(BENCHOUT)/explore.out \
+	  $$([ -z "$$pg" ] || echo postgres=$(BENCHOUT)/postgres.out) || rc=1; \
+	exit $$rc
 
 ## soak: the soak (cmd/soak): 1,000,000 no-op steps through the orchestrator binary and 4
 ## worker processes, a line per 100,000 (RSS, peak RSS, store size, steps/s), the restart

@@ -34,6 +34,7 @@ type harness struct {
 	prev     map[StepID]State
 	tokens   map[string]string     // token name → full token, as the API answered
 	creds    map[string]string     // worker → session credential from its Welcome
+	aheads   map[string]int        // worker → the ahead it enrolled with, its reconnects' default
 	archive  map[RunID]*RunHistory // runs archived so far, from their history records
 	defs     map[string]RunSpec    // child workflows by name (define), for workflow=NAME
 }
@@ -45,6 +46,7 @@ func newHarness(t *testing.T) *harness {
 	h.prev = map[StepID]State{}
 	h.tokens = map[string]string{}
 	h.creds = map[string]string{}
+	h.aheads = map[string]int{}
 	h.archive = map[RunID]*RunHistory{}
 	return h
 }
@@ -486,6 +488,7 @@ func (h *harness) command(d *datadriven.TestData) []string {
 		hello := Hello{Version: int(h.num(d, "version", ProtocolVersion)), Token: tok, Worker: WorkerID(w),
 			Name: h.argOr(d, "name", w), Platform: h.argOr(d, "platform", ""), Slots: int(h.num(d, "slots", 1)),
 			Ahead: int(h.num(d, "ahead", 0)), MaxDelay: h.dur(d, "maxdelay", 60*time.Second)}
+		h.aheads[w] = hello.Ahead
 		if v, ok := h.arg(d, "tags"); ok {
 			hello.Tags = strings.Split(v, ",")
 		}
@@ -513,13 +516,15 @@ func (h *harness) command(d *datadriven.TestData) []string {
 		return append(pre, h.absorb(rd)...)
 
 	case "connect":
-		// connect w1 [inflight=step@lease,...] [credential=bad] [version=N] [draining]
+		// connect w1 [inflight=step@lease,...] [credential=bad] [version=N] [draining] [ahead=N]
+		// (ahead: the one it enrolled with unless given)
 		w := h.pos(d, 0)
 		cred := h.creds[w]
 		if v, ok := h.arg(d, "credential"); ok {
 			cred = v
 		}
-		hello := Hello{Version: int(h.num(d, "version", ProtocolVersion)), Credential: cred, Worker: WorkerID(w), Name: w, Slots: 1}
+		hello := Hello{Version: int(h.num(d, "version", ProtocolVersion)), Credential: cred, Worker: WorkerID(w), Name: w, Slots: 1,
+			Ahead: int(h.num(d, "ahead", uint64(h.aheads[w])))}
 		hello.InFlight = h.parseRefs(d, h.argOr(d, "inflight", ""))
 		hello.Draining = d.HasArg("draining")
 		h.oversize(d, &hello)

@@ -198,6 +198,9 @@ func (o *Orchestrator) hello(c ConnID, h Hello, entropy [16]byte) {
 	w.LastHeartbeat = o.now
 	w.GraceUntil = time.Time{}
 	w.Draining = h.Draining // a restarted process (§9) is not draining
+	// Ahead is the process's own (§3): one restarted with a smaller --ahead
+	// must not be sent what it would refuse as busy, at a grant each.
+	w.Ahead = h.Ahead
 	offline := o.now.Sub(w.DisconnectedAt)
 	w.DisconnectedAt = time.Time{}
 	o.markWorker(w)
@@ -316,7 +319,7 @@ func (o *Orchestrator) reconcile(w *WorkerRecord, inflight []LeaseRef, offline t
 		}
 		reported[l.ID] = true
 		s := o.steps[l.Step]
-		if r.Held && s.State == StateQueued && !l.Started && !l.Held {
+		if r.Held && s.State == StateQueued && !l.Started && !l.Held && w.Ahead > 0 {
 			// Its Held was lost with the connection: the Hello says it (§3).
 			o.hold(w, l)
 		}
@@ -529,6 +532,14 @@ func (o *Orchestrator) held(w *WorkerRecord, id LeaseID) {
 		return
 	}
 	if s := o.steps[l.Step]; s.State != StateQueued {
+		return
+	}
+	if w.Ahead == 0 {
+		// A worker that declared no ahead cannot shelve a step: the lease
+		// keeps its dispatch-ack deadline. (One that declared some holds
+		// at most slots + ahead leases, as granted; the count of its held
+		// ones is not checked here, as a lost Start can leave a started
+		// lease looking held for a while.)
 		return
 	}
 	o.hold(w, l)

@@ -312,7 +312,7 @@ type execution struct {
 	// slot and no request, and the record lives only until its process is gone.
 	released bool
 	// ahead: held ahead, not started (SPEC §3): Held was sent, no Start;
-	// it takes no slot until it starts (startHeld).
+	// it takes no slot until it starts (startAhead).
 	ahead bool
 	// reportSent: its Report went out once (so its output was all
 	// acknowledged): it takes no slot from then on. Every later send of

@@ -3,7 +3,8 @@ package orchestrator_test
 // The end-to-end benchmark's store, and its peers.
 //
 // $TETHER_BENCH_STORE chooses the store BenchmarkEndToEnd runs on (`make
-// bench STORE=…` sets it): empty or "bbolt", a bbolt file per rig;
+// bench` runs it with "bbolt", then with its STORE, "postgres" unless
+// told otherwise): empty or "bbolt", a bbolt file per rig;
 // "postgres", a private PostgreSQL cluster on loopback started for the
 // benchmark (adapters/pgtest: fsync=on, synchronous_commit=on), a fresh
 // database per rig; a postgres:// URL, that server, on which each rig
@@ -12,18 +13,24 @@ package orchestrator_test
 // leader row's epoch and opens the store with it, so every commit checks
 // the epoch.
 //
-// The peers are other job systems in the same shape (bench/peers, a module
-// of its own so that their dependencies stay out of Tether's): River
-// (bench/peers/river) runs after Tether's figures, on the same PostgreSQL
-// cluster when the store is PostgreSQL, and on a private cluster of its own
-// when BENCH_PEERS=1 asks for it beside the default store. Its shape is the
-// throughput run's: 20,000 no-op jobs inserted 200 at a time, one
-// InsertMany after the other (Tether's 100 runs of 200 steps), 64
-// concurrent workers (Tether's 4 workers × 16 slots).
+// The peers are other job systems in the same shapes (bench/peers, a
+// module of its own so that their dependencies stay out of Tether's), run
+// after Tether's figures at each shape's concurrency (benchShapes: 64 and
+// 4), 20,000 no-op jobs each, idle latency from 100 single jobs at the
+// first shape: River (bench/peers/river) on the same PostgreSQL cluster
+// when the store is PostgreSQL; and, when $BENCH_PEERS asks for them
+// beside the default store (peersWanted), asynq (bench/peers/asynq) on a
+// private Redis server without fsync and on one with appendfsync always
+// (startRedis), and River on a private cluster. River's jobs go in as
+// Tether's runs are submitted, 200 at a time, one InsertMany after the
+// other (Tether's 100 runs of 200 steps); asynq has no batch enqueue, so
+// its 20,000 are enqueued by 200 goroutines at once.
 
 import (
 	"context"
 	"fmt"
+	"io"
+	"net"
 	"net/url"
 	"os"
 	"os/exec"
@@ -32,6 +39,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -146,45 +154,172 @@ func (bs *benchStore) open(tb testing.TB) store.Backend {
 	return st
 }
 
-// benchPeers runs the peers after Tether's figures: on bs's cluster when
-// it is PostgreSQL, else only when BENCH_PEERS=1, on a private cluster.
-func benchPeers(b *testing.B, bs *benchStore) {
-	if bs == nil && os.Getenv(benchPeersEnv) != "1" {
-		return
-	}
-	b.Run(fmt.Sprintf("peer=river/jobs=%d/workers=%d", benchSteps, benchWorkers*16), func(b *testing.B) {
-		newDB := func(tb testing.TB) string { return pgtest.Start(tb).DSN }
+// The peers and their configurations. Each runs at every shape's
+// concurrency (benchShapes), latency samples only at the first.
+var benchPeerList = []struct {
+	name string // the sub-benchmark's peer=NAME (bench/report reads it)
+	prog string // bench/peers/PROG
+	// server starts what the peer runs against on a fresh, empty
+	// server and returns the program's flags for it; bs is the store of
+	// Tether's figures (nil: bbolt).
+	server func(tb testing.TB, bs *benchStore) []string
+}{
+	{"river", "river", func(tb testing.TB, bs *benchStore) []string {
 		if bs != nil {
-			newDB = bs.newDB
+			return []string{"-dsn", bs.newDB(tb), "-batch", strconv.Itoa(benchRunSize)} // the same cluster
 		}
-		bin := buildPeer(b, "river")
-		var elapsed time.Duration
-		var last peerResult
-		b.ResetTimer()
-		for range b.N {
-			b.StopTimer()
-			dsn := newDB(b)
-			b.StartTimer()
-			out, err := exec.Command(bin, "-dsn", dsn, "-jobs", strconv.Itoa(benchSteps),
-				"-batch", strconv.Itoa(benchRunSize), "-workers", strconv.Itoa(benchWorkers*16)).CombinedOutput()
-			if err != nil {
-				b.Fatalf("river: %v\n%s", err, out)
-			}
-			last, err = parsePeerLine(string(out))
-			if err != nil {
-				b.Fatal(err)
-			}
-			elapsed += last.elapsed
-			b.Log(strings.TrimSpace(last.line))
+		return []string{"-dsn", pgtest.Start(tb).DSN, "-batch", strconv.Itoa(benchRunSize)}
+	}},
+	{"asynq-nofsync", "asynq", func(tb testing.TB, _ *benchStore) []string {
+		return []string{"-redis", startRedis(tb, false), "-enqueuers", strconv.Itoa(benchRunSize)}
+	}},
+	{"asynq-fsync", "asynq", func(tb testing.TB, _ *benchStore) []string {
+		return []string{"-redis", startRedis(tb, true), "-enqueuers", strconv.Itoa(benchRunSize)}
+	}},
+}
+
+// peersWanted says which peers run after Tether's figures: on a
+// PostgreSQL store River always (on the same cluster); $BENCH_PEERS adds
+// more: "1" (or "all") every peer, or a comma-separated list of names
+// ("asynq" names both of its configurations), River on a private cluster
+// when the store is bbolt.
+func peersWanted(name string, bs *benchStore) bool {
+	v := os.Getenv(benchPeersEnv)
+	if bs != nil && name == "river" || v == "1" || v == "all" {
+		return true
+	}
+	for _, w := range strings.Split(v, ",") {
+		if w = strings.TrimSpace(w); w != "" && (w == name || strings.HasPrefix(name, w+"-")) {
+			return true
 		}
-		b.StopTimer()
-		b.ReportMetric(float64(benchSteps*b.N)/elapsed.Seconds(), "jobs/s")
-		b.ReportMetric(last.startP50, "start-p50-ms")
-		b.ReportMetric(last.startP99, "start-p99-ms")
-		b.ReportMetric(last.doneP50, "done-p50-ms")
-		b.ReportMetric(last.doneP99, "done-p99-ms")
-		b.ReportMetric(0, "ns/op")
+	}
+	return false
+}
+
+// benchPeers runs the peers in Tether's shapes after Tether's figures:
+// every shape's concurrency (workers × slots), 20,000 no-op jobs, the
+// jobs inserted as Tether's runs are submitted (River: InsertMany of 200,
+// one after the other; asynq, which has no batch enqueue: 200 enqueueing
+// goroutines at once).
+func benchPeers(b *testing.B, bs *benchStore) {
+	seen := map[int]bool{}
+	var concs []int
+	for _, sh := range benchShapes {
+		if c := sh.concurrency(); !seen[c] {
+			seen[c] = true
+			concs = append(concs, c)
+		}
+	}
+	for _, p := range benchPeerList {
+		if !peersWanted(p.name, bs) {
+			continue
+		}
+		for i, conc := range concs {
+			b.Run(fmt.Sprintf("peer=%s/jobs=%d/workers=%d", p.name, benchSteps, conc), func(b *testing.B) {
+				bin := buildPeer(b, p.prog)
+				samples := 0
+				if i == 0 {
+					samples = 100
+				}
+				var elapsed time.Duration
+				var last peerResult
+				b.ResetTimer()
+				for range b.N {
+					b.StopTimer()
+					args := append(p.server(b, bs), "-jobs", strconv.Itoa(benchSteps),
+						"-workers", strconv.Itoa(conc), "-latency", strconv.Itoa(samples))
+					b.StartTimer()
+					out, err := exec.Command(bin, args...).CombinedOutput()
+					if err != nil {
+						b.Fatalf("%s: %v\n%s", p.name, err, out)
+					}
+					last, err = parsePeerLine(string(out))
+					if err != nil {
+						b.Fatal(err)
+					}
+					elapsed += last.elapsed
+					b.Log(strings.TrimSpace(last.line))
+				}
+				b.StopTimer()
+				b.ReportMetric(float64(benchSteps*b.N)/elapsed.Seconds(), "jobs/s")
+				if last.latency {
+					b.ReportMetric(last.startP50, "start-p50-ms")
+					b.ReportMetric(last.startP99, "start-p99-ms")
+					b.ReportMetric(last.doneP50, "done-p50-ms")
+					b.ReportMetric(last.doneP99, "done-p99-ms")
+				}
+				b.ReportMetric(0, "ns/op")
+			})
+		}
+	}
+}
+
+// startRedis starts a private Redis server (redis-server on PATH: Debian's
+// redis-server package, which `make bench` installs when missing) on a
+// free loopback port in a temporary directory, stopped when tb ends, and
+// returns its address. Without fsync it keeps nothing (appendonly no, save
+// ""); with fsync every write is appended and fsync'd before the answer
+// (appendonly yes, appendfsync always).
+func startRedis(tb testing.TB, fsync bool) string {
+	tb.Helper()
+	bin, err := exec.LookPath("redis-server")
+	if err != nil {
+		tb.Fatalf("redis-server is not on PATH (Debian: apt-get install redis-server; make bench installs it): %v", err)
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close()
+	_, port, _ := net.SplitHostPort(addr)
+	dir := tb.TempDir()
+	args := []string{"--bind", "127.0.0.1", "--port", port, "--dir", dir, "--save", "", "--daemonize", "no", "--logfile", ""}
+	if fsync {
+		args = append(args, "--appendonly", "yes", "--appendfsync", "always")
+	} else {
+		args = append(args, "--appendonly", "no")
+	}
+	cmd := exec.Command(bin, args...)
+	log := &lockedBuffer{}
+	cmd.Stdout, cmd.Stderr = log, log
+	if err := cmd.Start(); err != nil {
+		tb.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	tb.Cleanup(func() {
+		cmd.Process.Signal(syscall.SIGTERM) // our own child, by pid
+		select {
+		case <-exited:
+		case <-time.After(10 * time.Second):
+			cmd.Process.Kill()
+			<-exited
+		}
 	})
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		if c, err := net.DialTimeout("tcp", addr, time.Second); err == nil {
+			c.SetDeadline(time.Now().Add(time.Second))
+			_, err = c.Write([]byte("PING\r\n"))
+			buf := make([]byte, 7)
+			if err == nil {
+				_, err = io.ReadFull(c, buf)
+			}
+			c.Close()
+			if err == nil && string(buf) == "+PONG\r\n" {
+				return addr
+			}
+		}
+		select {
+		case err := <-exited:
+			tb.Fatalf("redis-server exited: %v\n%s", err, log)
+		default:
+		}
+		if time.Now().After(deadline) {
+			tb.Fatalf("redis-server did not answer on %s\n%s", addr, log)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 }
 
 // buildPeer builds bench/peers/<name> into a temporary directory of tb's.
@@ -203,19 +338,20 @@ func buildPeer(tb testing.TB, name string) string {
 	return bin
 }
 
-// peerResult is a peer's line: its throughput run's time and its idle
-// latencies (ms).
+// peerResult is a peer's line: its throughput run's time and, if it
+// measured them, its idle latencies (ms).
 type peerResult struct {
 	line                                 string
 	elapsed                              time.Duration
+	latency                              bool
 	startP50, startP99, doneP50, doneP99 float64
 }
 
-var peerLine = regexp.MustCompile(`(?m)^\w+: (\d+) jobs \(InsertMany of \d+\), \d+ workers, [\d.]+ jobs/s \(([\d.]+) s\); idle \(\d+ samples\): ` +
-	`insert→start p50 ([\d.]+) ms p99 ([\d.]+) ms, insert→done p50 ([\d.]+) ms p99 ([\d.]+) ms$`)
+var peerLine = regexp.MustCompile(`(?m)^[\w-]+: (\d+) jobs \([^)]*\), \d+ workers, [\d.]+ jobs/s \(([\d.]+) s\)` +
+	`(?:; idle \(\d+ samples\): insert→start p50 ([\d.]+) ms p99 ([\d.]+) ms, insert→done p50 ([\d.]+) ms p99 ([\d.]+) ms)?$`)
 
 // parsePeerLine finds the result line in a peer's output (see
-// bench/peers/river).
+// bench/peers/river and bench/peers/asynq).
 func parsePeerLine(out string) (peerResult, error) {
 	m := peerLine.FindStringSubmatch(out)
 	if m == nil {
@@ -226,13 +362,16 @@ func parsePeerLine(out string) (peerResult, error) {
 	}
 	f := make([]float64, 5)
 	for i := range f {
+		if m[i+2] == "" {
+			continue
+		}
 		v, err := strconv.ParseFloat(m[i+2], 64)
 		if err != nil {
 			return peerResult{}, err
 		}
 		f[i] = v
 	}
-	return peerResult{line: m[0], elapsed: time.Duration(f[0] * float64(time.Second)),
+	return peerResult{line: m[0], elapsed: time.Duration(f[0] * float64(time.Second)), latency: m[3] != "",
 		startP50: f[1], startP99: f[2], doneP50: f[3], doneP99: f[4]}, nil
 }
 
@@ -251,4 +390,32 @@ func TestEndToEndBenchRigPostgres(t *testing.T) {
 		t.Errorf("throughput: %s, %d commits", d, commits)
 	}
 	check()
+}
+
+// TestParsePeerLine: the peers' result lines, with and without their idle
+// latencies, give the run's time and the latencies; a line of another
+// count of jobs is refused.
+func TestParsePeerLine(t *testing.T) {
+	for _, c := range []struct {
+		out      string
+		elapsed  time.Duration
+		latency  bool
+		startP50 float64
+	}{
+		{"river: 20000 jobs (InsertMany of 200), 64 workers, 1580 jobs/s (12.66 s); idle (100 samples): insert→start p50 1.20 ms p99 3.40 ms, insert→done p50 250.10 ms p99 251.00 ms\n",
+			12660 * time.Millisecond, true, 1.2},
+		{"log line\nasynq: 20000 jobs (200 enqueuers), 4 workers, 5698 jobs/s (3.51 s)\n", 3510 * time.Millisecond, false, 0},
+	} {
+		r, err := parsePeerLine(c.out)
+		if err != nil {
+			t.Errorf("%q: %v", c.out, err)
+			continue
+		}
+		if r.elapsed != c.elapsed || r.latency != c.latency || r.startP50 != c.startP50 {
+			t.Errorf("%q: %+v", c.out, r)
+		}
+	}
+	if _, err := parsePeerLine("asynq: 2000 jobs (200 enqueuers), 4 workers, 5698 jobs/s (0.35 s)\n"); err == nil {
+		t.Error("a run of 2,000 jobs is taken for one of 20,000")
+	}
 }

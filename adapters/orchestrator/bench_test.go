@@ -2,7 +2,7 @@ package orchestrator_test
 
 // The end-to-end benchmark that `make bench` quotes: the real driver (in this
 // process, so that a CPU profile sees it) with a real bbolt file, every
-// commit fsync'd (or PostgreSQL: `make bench STORE=postgres`, see
+// commit fsync'd (or PostgreSQL: make bench's second pass, see
 // bench_peers_test.go), and four real worker processes (cmd/worker) on
 // loopback WebSockets. The workers run with --executor noop, a benchmarking aid that
 // completes every step at once without starting a process, so the figures
@@ -41,6 +41,30 @@ import (
 	"github.com/tether-run/tether/adapters/store"
 	"github.com/tether-run/tether/core"
 )
+
+// benchShape is one throughput shape of BenchmarkEndToEnd: a fleet of
+// workers with slots each. The peers (bench_peers_test.go) run at each
+// shape's concurrency, workers × slots.
+type benchShape struct{ workers, slots, ahead int }
+
+// benchShapes are the throughput shapes, in the order they run.
+var benchShapes = []benchShape{
+	{workers: benchWorkers, slots: 16},          // 64 slots
+	{workers: benchWorkers, slots: 1},           // 4 slots
+	{workers: benchWorkers, slots: 1, ahead: 8}, // 4 slots, lease-ahead (SPEC §3)
+}
+
+// name is the shape's sub-benchmark name (bench/report reads it).
+func (s benchShape) name() string {
+	n := fmt.Sprintf("steps=%d/workers=%d/slots=%d", benchSteps, s.workers, s.slots)
+	if s.ahead > 0 {
+		n += fmt.Sprintf("/ahead=%d", s.ahead)
+	}
+	return n
+}
+
+// concurrency is how many steps the shape runs at once.
+func (s benchShape) concurrency() int { return s.workers * s.slots }
 
 const (
 	benchSteps     = 20000
@@ -416,14 +440,9 @@ func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond)
 // latency samples), so run it with -benchtime 1x (repeat with -count).
 func BenchmarkEndToEnd(b *testing.B) {
 	bs := benchStoreFromEnv(b)
-	for _, shape := range []struct{ slots, ahead int }{{16, 0}, {1, 0}, {1, 8}} {
-		slots := shape.slots
-		name := fmt.Sprintf("steps=%d/workers=%d/slots=%d", benchSteps, benchWorkers, slots)
-		if shape.ahead > 0 {
-			name += fmt.Sprintf("/ahead=%d", shape.ahead)
-		}
-		b.Run(name, func(b *testing.B) {
-			r := startRig(b, bs, benchWorkers, slots, shape.ahead)
+	for _, sh := range benchShapes {
+		b.Run(sh.name(), func(b *testing.B) {
+			r := startRig(b, bs, sh.workers, sh.slots, sh.ahead)
 			var total time.Duration
 			commits := 0
 			u0 := r.usage(b)

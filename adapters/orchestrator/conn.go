@@ -56,11 +56,18 @@ func closeCode(m core.Close) int {
 // connections to flush their queued frames and say going-away.
 const goingAwayWait = 2 * time.Second
 
+// upgrader makes the control connections. An idle connection holds no
+// buffer of its own but the HTTP server's reader it came in on (read
+// buffer size 0: gorilla reads through that one); a write takes a buffer
+// from writeBuffers and gives it back when the frame is out.
 var upgrader = websocket.Upgrader{
-	ReadBufferSize:   4096,
+	ReadBufferSize:   0,
 	WriteBufferSize:  4096,
+	WriteBufferPool:  &writeBuffers,
 	HandshakeTimeout: 10 * time.Second,
 }
+
+var writeBuffers sync.Pool
 
 // conn is one control connection: a read loop turning frames into inputs and
 // a writer goroutine draining out.
@@ -69,9 +76,9 @@ type conn struct {
 	ws *websocket.Conn
 	cc *wire.CorkConn // under ws: the writer gathers queued frames into one write
 
-	// out is written and closed only by the loop goroutine; a close means
-	// "write a close frame with code and reason, then hang up".
-	out    chan []byte
+	// out is pushed to and closed only by the loop goroutine; a close
+	// means "write a close frame with code and reason, then hang up".
+	out    frameQueue
 	code   int
 	reason string
 
@@ -115,8 +122,18 @@ func (d *Driver) serveControl(w http.ResponseWriter, r *http.Request) {
 		d.log.Warn("control upgrade failed", "remote", r.RemoteAddr, "err", err)
 		return // the upgrader has answered
 	}
-	c := &conn{id: core.ConnID(d.nextConn.Add(1)), ws: ws, cc: hj.cc, out: make(chan []byte, sendQueue), stop: make(chan struct{}),
+	c := &conn{id: core.ConnID(d.nextConn.Add(1)), ws: ws, cc: hj.cc, out: newFrameQueue(), stop: make(chan struct{}),
 		host: host, inputs: make(chan struct{}, connInputQueue)}
+	// The connection runs on a goroutine of its own, and the handler
+	// returns: what the HTTP server held for the request (its writer, the
+	// request, a deep stack) is then free, where a handler running for the
+	// connection's life would hold it.
+	go d.runControl(c, r.RemoteAddr)
+}
+
+// runControl runs an upgraded control connection until it ends.
+func (d *Driver) runControl(c *conn, remote string) {
+	ws := c.ws
 	defer func() {
 		c.leaveUnauth(d)
 		if c.hello.Load() {
@@ -142,7 +159,7 @@ func (d *Driver) serveControl(w http.ResponseWriter, r *http.Request) {
 		ws.Close()
 		return
 	}
-	d.log.Debug("control connection opened", "conn", uint64(c.id), "remote", r.RemoteAddr)
+	d.log.Debug("control connection opened", "conn", uint64(c.id), "remote", remote)
 	writerDone := make(chan struct{})
 	go func() {
 		defer close(writerDone)
@@ -324,17 +341,19 @@ func (c *conn) writeText(b []byte) error { return wire.WriteText(c.ws, b, writeW
 func (c *conn) writeLoop() {
 	ping := time.NewTicker(pingPeriod)
 	defer ping.Stop()
+	var frames [][]byte
 	for {
 		select {
-		case b, ok := <-c.out:
-			if ok {
-				var err error
-				if ok, err = c.cc.WriteQueued(b, c.out, c.writeText); err != nil {
+		case <-c.out.ready:
+			var closed bool
+			frames, closed = c.out.take(frames)
+			if len(frames) > 0 {
+				if err := c.cc.WriteAll(frames, c.writeText); err != nil {
 					c.writeFailed()
 					return
 				}
 			}
-			if !ok {
+			if closed {
 				c.hangUp(c.code, c.reason) // the read loop ends within lingerWait
 				return
 			}
@@ -356,9 +375,7 @@ func (c *conn) send(b []byte) {
 	if c.loopSide.closing {
 		return
 	}
-	select {
-	case c.out <- b:
-	default:
+	if !c.out.push(b) {
 		c.loopSide.closing = true
 		c.overOnce.Do(func() {
 			// Off the loop: the close frame may wait for the slow reader.
@@ -383,7 +400,65 @@ func (c *conn) closeAfterQueued(code int, reason string) {
 	}
 	c.loopSide.closing = true
 	c.code, c.reason = code, reason
-	close(c.out)
+	c.out.close()
+}
+
+// frameQueue is a connection's queue of frames to write, at most sendQueue
+// of them: pushed and closed by the loop goroutine, taken by the writer.
+// It holds no more than what waits in it (an idle connection's queue is
+// empty), where a channel of sendQueue frames would hold 24 KiB from the
+// start whatever waits in it.
+type frameQueue struct {
+	mu     sync.Mutex
+	frames [][]byte
+	closed bool
+	ready  chan struct{} // one token: there are frames, or the queue closed
+}
+
+func newFrameQueue() frameQueue { return frameQueue{ready: make(chan struct{}, 1)} }
+
+// push queues b, or says the queue is full.
+func (q *frameQueue) push(b []byte) bool {
+	q.mu.Lock()
+	if len(q.frames) >= sendQueue {
+		q.mu.Unlock()
+		return false
+	}
+	q.frames = append(q.frames, b)
+	q.mu.Unlock()
+	q.signal()
+	return true
+}
+
+// close marks the queue closed: the writer takes what is queued, then
+// hangs up.
+func (q *frameQueue) close() {
+	q.mu.Lock()
+	q.closed = true
+	q.mu.Unlock()
+	q.signal()
+}
+
+func (q *frameQueue) signal() {
+	select {
+	case q.ready <- struct{}{}:
+	default: // signalled already
+	}
+}
+
+// take returns the frames queued, in order, and whether the queue is
+// closed; spare (the slice the last take returned, its frames written) is
+// reused for the frames pushed next, unless it grew large.
+func (q *frameQueue) take(spare [][]byte) ([][]byte, bool) {
+	clear(spare)
+	if cap(spare) > 64 {
+		spare = nil
+	}
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	frames := q.frames
+	q.frames = spare[:0]
+	return frames, q.closed
 }
 
 // abort hangs up at once; the read loop then ends.

@@ -22,6 +22,9 @@ func TestMain(m *testing.M) {
 	if os.Getenv(stepEnv) != "" {
 		os.Exit(stepMain())
 	}
+	if os.Getenv(swarmEnv) != "" {
+		os.Exit(swarmMain()) // BenchmarkIdleWorkers's swarm (bench_idle_test.go)
+	}
 	os.Exit(m.Run())
 }
 

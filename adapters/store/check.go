@@ -174,8 +174,10 @@ func (c *checker) eachOf(names [][]byte, f func(name, k, v []byte)) {
 	}
 }
 
-// Check reads the store file at path and its blob directory, read-only (a
-// store an orchestrator serves is ErrLocked: check a backup of it). The
+// Check reads the store file at path and its blob directory (a store an
+// orchestrator serves is ErrLocked: check a backup of it). It changes
+// nothing, except that a log a crash left unapplied is replayed into the
+// file first (SPEC §7), as Open would. The
 // error is for a store that cannot be read at all; everything else is a
 // finding.
 func Check(path string) (*Report, error) {

@@ -181,8 +181,11 @@ func OpenWith(path string, opts Options) (*Store, error) {
 // remove their key, in order (a later record of the same key wins). With
 // the log, the batch is one entry of it, fdatasynced, and reaches the file
 // later (wal.go); without, it is one bbolt transaction, committed and
-// synced. It returns only once the batch is on stable storage; on error
-// nothing of it is applied.
+// synced. It returns only once the batch is on stable storage. On error
+// the batch was not acknowledged: without the log nothing of it is
+// applied; with it, an entry written whole before its fdatasync failed may
+// still be replayed at the next Open, as if the process had crashed before
+// answering (which the caller must assume anyway: it exits, SPEC §11).
 func (s *Store) Apply(recs []core.Record) error {
 	if len(recs) == 0 {
 		return nil

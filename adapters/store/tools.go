@@ -63,8 +63,9 @@ func (s *Store) Backup(w io.Writer) error {
 }
 
 // BackupFile writes a backup, as Backup does, of the store file at path,
-// which no process may hold open: it is opened read-only (ErrLocked if an
-// orchestrator serves it) and nothing of it is changed.
+// which no process may hold open (ErrLocked if an orchestrator serves it).
+// Nothing of it is changed, except that a log a crash left unapplied is
+// replayed into the file first (SPEC §7), as Open would.
 func BackupFile(path string, w io.Writer) error {
 	db, err := openReadOnly(path)
 	if err != nil {

@@ -31,8 +31,10 @@ package store
 // overwrites written blocks and fdatasync has no extent or size to
 // journal), and writing starts again after the header once every entry in
 // it is applied, which needs no file to be created, renamed or removed.
-// It never grows past the limit (Options.LogLimit): an append that would
-// waits for the applier (backpressure), never drops. Several Apply calls
+// It does not grow past the limit (Options.LogLimit): an append that would
+// waits for the applier (backpressure), never drops; the one exception is a
+// single write larger than the limit, which is written whole at the start
+// of the ring and grows the file to hold it. Several Apply calls
 // at once share one write and one fdatasync (group commit).
 //
 // Open reads the entries after the applied number: they follow one another

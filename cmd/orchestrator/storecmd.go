@@ -60,7 +60,8 @@ is refused (stop it first). FILE defaults to <--data-dir>/tether.db.` + storeHel
 		{
 			path: "store check", args: "[FILE]", nargs: -1,
 			short: "check the store's consistency; exit 4 if it is unsound",
-			long: `Read the store read-only and check it: bbolt's own page check; every record
+			long: `Read the store and check it (a log a crash left unapplied is first replayed
+into it, as serve would; nothing else is written): bbolt's own page check; every record
 decodes under its own key; every step's run exists and lists it, and every
 lease a step names is its; every current lease's step and worker exist; data
 versions, streams and bundles agree with their indexes; every blob the store

@@ -146,7 +146,8 @@ minutes from its last refresh; a connected worker refreshes every 5); the
 steps the old process was running are reported lost and handled as after a
 disconnect (never started: requeued; no-write: re-run; write-bearing:
 failed). The
-name, tags, labels, platform, slots and ahead are those it enrolled with. Only one
+name, tags, labels, platform and slots are those it enrolled with; --ahead
+is the restarted process's own. Only one
 process may use a directory at a time: a second one exits 4. If the saved
 credential is refused (expired, or its token revoked: 'orchestrator token
 revoke NAME' is how a copied state file is disabled), the worker says so
