@@ -505,13 +505,26 @@ func TestInconclusiveIsNoVerdict(t *testing.T) {
 // (half the seeds run with lease-ahead, which moves what each one reaches).
 func TestSimLocksCoverage(t *testing.T) {
 	var sum LockStats
-	seeds := 0
-	covered := func() bool {
+	covered := func(seeds int) bool {
 		return sum.Waits > 0 && sum.Admitted > 0 && sum.Superseded > 0 && sum.Fired >= 2*seeds && sum.CaughtUp > 0 && sum.Restarts > 0
 	}
-	for seed := uint64(1); seeds < 40 && seed < 500 && (seeds < 6 || !covered()); seed++ {
+	seeds := coverageSeeds(t, 6, 40, 500, covered, func(o Options) bool { return o.Locks }, func(r Result) { sum.add(r.Locks) })
+	t.Logf("%d seeds: %s", seeds, sum)
+	if !covered(seeds) {
+		t.Errorf("the workload does not exercise SPEC §8a: %s", sum)
+	}
+}
+
+// coverageSeeds simulates the swarm seeds from 1 on that pick selects,
+// handing each result to add, until covered holds after at least least
+// such seeds, or most of them ran, or the seed reaches limit; a failing
+// seed fails t. It returns how many seeds ran.
+func coverageSeeds(t *testing.T, least, most int, limit uint64, covered func(seeds int) bool, pick func(Options) bool, add func(Result)) int {
+	t.Helper()
+	seeds := 0
+	for seed := uint64(1); seeds < most && seed < limit && (seeds < least || !covered(seeds)); seed++ {
 		opt := Swarm(seed)
-		if !opt.Locks {
+		if !pick(opt) {
 			continue
 		}
 		seeds++
@@ -519,12 +532,9 @@ func TestSimLocksCoverage(t *testing.T) {
 		if r.Failure != nil {
 			t.Fatalf("seed %d:\n%s", seed, r.Failure)
 		}
-		sum.add(r.Locks)
+		add(r)
 	}
-	t.Logf("%d seeds: %s", seeds, sum)
-	if !covered() {
-		t.Errorf("the workload does not exercise SPEC §8a: %s", sum)
-	}
+	return seeds
 }
 
 // TestSimAheadCoverage: across the first seeds with Options.Ahead, workers
@@ -535,22 +545,10 @@ func TestSimLocksCoverage(t *testing.T) {
 // can fail. At least 4 such seeds, at most 30, stopping once all is shown.
 func TestSimAheadCoverage(t *testing.T) {
 	var sum AheadStats
-	seeds := 0
-	covered := func() bool { return sum.Held > 0 && sum.Beyond > 0 && sum.Started > 0 && sum.Silent > 0 }
-	for seed := uint64(1); seeds < 30 && seed < 300 && (seeds < 4 || !covered()); seed++ {
-		opt := Swarm(seed)
-		if !opt.Ahead {
-			continue
-		}
-		seeds++
-		r := Simulate(seed, opt, Config{VizDir: t.TempDir()})
-		if r.Failure != nil {
-			t.Fatalf("seed %d:\n%s", seed, r.Failure)
-		}
-		sum.add(r.Ahead)
-	}
+	covered := func(int) bool { return sum.Held > 0 && sum.Beyond > 0 && sum.Started > 0 && sum.Silent > 0 }
+	seeds := coverageSeeds(t, 4, 30, 300, covered, func(o Options) bool { return o.Ahead }, func(r Result) { sum.add(r.Ahead) })
 	t.Logf("%d seeds: %+v", seeds, sum)
-	if !covered() {
+	if !covered(seeds) {
 		t.Errorf("the workload does not exercise lease-ahead (SPEC §3): %+v", sum)
 	}
 }
