@@ -46,6 +46,11 @@ package store
 // loss. Entries left from an earlier turn of the ring have smaller numbers
 // than any written since, so they end the log too.
 //
+// Every Open that appends starts a fresh file under a fresh id, once the
+// old one is replayed, so that no entry of an earlier log is ever read as
+// this one's (a copied older store file beside a newer log of the same
+// store, say).
+//
 // The "wal" bucket also says whether the log may hold entries not yet
 // applied ("clean" is set by Close, and cleared by Open before the first
 // append): the tools that read the file without the orchestrator (Check,
@@ -76,7 +81,9 @@ const (
 	walChunk      = 1 << 20
 	// DefaultLogLimit is the log's largest size (Options.LogLimit).
 	DefaultLogLimit = 64 << 20
-	walMaxEntry     = 1 << 31
+	// MinLogLimit is the smallest limit Options.LogLimit sets: one chunk.
+	MinLogLimit = walChunk
+	walMaxEntry = 1 << 31
 	// The applier lets entries gather (each bbolt commit syncs twice, on
 	// the disk the appends sync on) until this many bytes or entries wait,
 	// the ring is past its turning point, or a caller waits for them.
@@ -104,7 +111,8 @@ type Options struct {
 	// NoLog commits each Apply as its own synced bbolt transaction (two
 	// syncs), as the store did before the log: for comparison only.
 	NoLog bool
-	// LogLimit bounds the log file's size; 0 is DefaultLogLimit.
+	// LogLimit bounds the log file's size; 0 is DefaultLogLimit, and a
+	// limit under MinLogLimit is MinLogLimit.
 	LogLimit int64
 }
 
@@ -347,20 +355,6 @@ func scanLog(buf []byte, applied uint64) (payloads [][]byte, last uint64, err er
 	return payloads, last, nil
 }
 
-// isLogOf says whether the file at lp starts with the header of id's log.
-func isLogOf(lp string, id []byte) bool {
-	f, err := os.Open(lp)
-	if err != nil {
-		return false
-	}
-	defer f.Close()
-	hd := make([]byte, walHeaderSize)
-	if _, err := io.ReadFull(f, hd); err != nil {
-		return false
-	}
-	return string(hd[:len(walMagic)]) == walMagic && bytes.Equal(hd[len(walMagic):len(walMagic)+16], id)
-}
-
 // newLogFile writes a log file for id: the header and one chunk of zeros,
 // synced, named only then.
 func newLogFile(path string, id []byte) error {
@@ -416,32 +410,40 @@ func recoverLog(db *bolt.DB, path string, keep bool) (walState, error) {
 			return st, fmt.Errorf("%s: %w", lp, err)
 		}
 	}
-	if keep {
-		if st.id == nil || st.clean && !isLogOf(lp, st.id) {
-			// A log with nothing to replay, not there or not this store's:
-			// a fresh file, written and named before the bucket names its id.
-			if st.id == nil {
-				st.id = make([]byte, 16)
-				rand.Read(st.id)
-			}
-			if err := newLogFile(lp, st.id); err != nil {
-				return st, fmt.Errorf("%w: create %s: %w", ErrLog, lp, err)
-			}
-		}
-	} else if st.clean {
+	if !keep && st.clean {
 		return st, nil
 	}
-	next := walState{id: st.id, applied: last, clean: !keep}
-	err := db.Update(func(tx *bolt.Tx) error {
-		for i, p := range payloads {
-			if err := applyPayload(tx, p); err != nil {
-				return fmt.Errorf("entry %d: %w", st.applied+1+uint64(i), err)
+	// Replay, and mark the log as no longer needed: everything in it is
+	// now in the store file.
+	next := walState{id: st.id, applied: last, clean: true}
+	if !st.clean {
+		err := db.Update(func(tx *bolt.Tx) error {
+			for i, p := range payloads {
+				if err := applyPayload(tx, p); err != nil {
+					return fmt.Errorf("entry %d: %w", st.applied+1+uint64(i), err)
+				}
 			}
+			return putWALState(tx, next)
+		})
+		if err != nil {
+			return st, fmt.Errorf("store: replay the log %s: %w", lp, err)
 		}
-		return putWALState(tx, next)
-	})
-	if err != nil {
-		return st, fmt.Errorf("store: replay the log %s: %w", lp, err)
+	}
+	if !keep {
+		return next, nil
+	}
+	// Every open that appends starts a fresh log with a fresh id, written
+	// and named before the bucket names it: entries of an earlier log can
+	// never be read as this one's, even beside a copied older store file
+	// of the same store whose log has since moved on.
+	next.id = make([]byte, 16)
+	rand.Read(next.id)
+	if err := newLogFile(lp, next.id); err != nil {
+		return st, fmt.Errorf("%w: create %s: %w", ErrLog, lp, err)
+	}
+	next.clean = false
+	if err := db.Update(func(tx *bolt.Tx) error { return putWALState(tx, next) }); err != nil {
+		return st, fmt.Errorf("store: open the log %s: %w", lp, err)
 	}
 	return next, nil
 }
@@ -451,6 +453,7 @@ func openLog(db *bolt.DB, path string, st walState, limit int64) (*wlog, error) 
 	if limit <= 0 {
 		limit = DefaultLogLimit
 	}
+	limit = max(limit, MinLogLimit)
 	f, err := os.OpenFile(walPath(path), os.O_RDWR, 0)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrLog, err)

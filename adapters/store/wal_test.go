@@ -481,3 +481,75 @@ func TestLogKilledMidAppend(t *testing.T) {
 		}
 	}
 }
+
+// An older clean copy of a store file put back beside a newer log of the
+// same store (a restore from a copy, say): the log's entries are not this
+// file's. A batch of the same length as the log's next entry, then a crash:
+// Open must replay that batch alone, never the newer log's entries after it.
+func TestLogOlderFileBesideNewerLog(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "tether.db")
+	s := open(t, path)
+	for i := 1; i <= 3; i++ {
+		if err := s.Apply(walBatch(i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	older, err := os.ReadFile(path) // clean, at batch 3
+	if err != nil {
+		t.Fatal(err)
+	}
+	s = open(t, path)
+	holdApplier(s, true)
+	for i := 4; i <= 6; i++ { // logged only
+		if err := s.Apply(walBatch(i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	newer := crashCopy(t, path)
+	holdApplier(s, false)
+	s.Close()
+	if err := os.WriteFile(newer, older, 0o600); err != nil { // the older file beside the newer log
+		t.Fatal(err)
+	}
+	s = open(t, newer)
+	holdApplier(s, true)
+	other := walBatch(4) // batch 4's length, other bytes
+	other[0].Value = bytes.ReplaceAll(other[0].Value, []byte("x"), []byte("w"))
+	other[1].Value = []byte(`{"last":9}`)
+	if err := s.Apply(other); err != nil {
+		t.Fatal(err)
+	}
+	crashed := crashCopy(t, newer)
+	holdApplier(s, false)
+	s.Close()
+	got, err := loadAt(crashed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := append(walPrefix(3)[1:], other[0])
+	want = append([]core.Record{other[1]}, want...)
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("after the crash: %s\nwant %s", show(got), show(want))
+	}
+}
+
+// A log limit under one chunk is one chunk: the ring always has room for
+// a chunk's writes before it waits.
+func TestLogLimitFloor(t *testing.T) {
+	for _, limit := range []int64{1, walChunk - 1} {
+		s, err := OpenWith(filepath.Join(t.TempDir(), "tether.db"), Options{LogLimit: limit})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if s.log.limit != MinLogLimit {
+			t.Errorf("LogLimit %d: the limit is %d, want %d", limit, s.log.limit, MinLogLimit)
+		}
+		if err := s.Apply(walBatch(1)); err != nil {
+			t.Fatal(err)
+		}
+		s.Close()
+	}
+}
