@@ -35,6 +35,7 @@ type harness struct {
 	tokens   map[string]string     // token name → full token, as the API answered
 	creds    map[string]string     // worker → session credential from its Welcome
 	aheads   map[string]int        // worker → the ahead it enrolled with, its reconnects' default
+	slots    map[string]int        // worker → the slots it enrolled with, its reconnects' default
 	archive  map[RunID]*RunHistory // runs archived so far, from their history records
 	defs     map[string]RunSpec    // child workflows by name (define), for workflow=NAME
 }
@@ -47,6 +48,7 @@ func newHarness(t *testing.T) *harness {
 	h.tokens = map[string]string{}
 	h.creds = map[string]string{}
 	h.aheads = map[string]int{}
+	h.slots = map[string]int{}
 	h.archive = map[RunID]*RunHistory{}
 	return h
 }
@@ -489,6 +491,7 @@ func (h *harness) command(d *datadriven.TestData) []string {
 			Name: h.argOr(d, "name", w), Platform: h.argOr(d, "platform", ""), Slots: int(h.num(d, "slots", 1)),
 			Ahead: int(h.num(d, "ahead", 0)), MaxDelay: h.dur(d, "maxdelay", 60*time.Second)}
 		h.aheads[w] = hello.Ahead
+		h.slots[w] = hello.Slots
 		if v, ok := h.arg(d, "tags"); ok {
 			hello.Tags = strings.Split(v, ",")
 		}
@@ -516,15 +519,15 @@ func (h *harness) command(d *datadriven.TestData) []string {
 		return append(pre, h.absorb(rd)...)
 
 	case "connect":
-		// connect w1 [inflight=step@lease,...] [credential=bad] [version=N] [draining] [ahead=N]
-		// (ahead: the one it enrolled with unless given)
+		// connect w1 [inflight=step@lease,...] [credential=bad] [version=N] [draining] [ahead=N] [slots=N]
+		// (ahead and slots: the ones it enrolled with unless given)
 		w := h.pos(d, 0)
 		cred := h.creds[w]
 		if v, ok := h.arg(d, "credential"); ok {
 			cred = v
 		}
-		hello := Hello{Version: int(h.num(d, "version", ProtocolVersion)), Credential: cred, Worker: WorkerID(w), Name: w, Slots: 1,
-			Ahead: int(h.num(d, "ahead", uint64(h.aheads[w])))}
+		hello := Hello{Version: int(h.num(d, "version", ProtocolVersion)), Credential: cred, Worker: WorkerID(w), Name: w,
+			Slots: int(h.num(d, "slots", uint64(max(h.slots[w], 1)))), Ahead: int(h.num(d, "ahead", uint64(h.aheads[w])))}
 		hello.InFlight = h.parseRefs(d, h.argOr(d, "inflight", ""))
 		hello.Draining = d.HasArg("draining")
 		h.oversize(d, &hello)

@@ -198,9 +198,10 @@ func (o *Orchestrator) hello(c ConnID, h Hello, entropy [16]byte) {
 	w.LastHeartbeat = o.now
 	w.GraceUntil = time.Time{}
 	w.Draining = h.Draining // a restarted process (§9) is not draining
-	// Ahead is the process's own (§3): one restarted with a smaller --ahead
-	// must not be sent what it would refuse as busy, at a grant each.
-	w.Ahead = h.Ahead
+	// Slots and ahead are the process's own (§3): one restarted with a
+	// smaller --slots or --ahead must not be sent what it would refuse as
+	// busy, at a grant each.
+	w.Slots, w.Ahead = h.Slots, h.Ahead
 	offline := o.now.Sub(w.DisconnectedAt)
 	w.DisconnectedAt = time.Time{}
 	o.markWorker(w)
