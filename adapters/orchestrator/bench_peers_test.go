@@ -58,6 +58,9 @@ import (
 const (
 	benchStoreEnv = "TETHER_BENCH_STORE"
 	benchPeersEnv = "BENCH_PEERS"
+	// benchPipelineEnv sets the PostgreSQL store's pipeline depth
+	// (pgstore.Options.Pipeline; empty: its default).
+	benchPipelineEnv = "TETHER_BENCH_PG_PIPELINE"
 )
 
 // benchStore is where the benchmark's rigs keep their state; nil is bbolt.
@@ -150,7 +153,13 @@ func (bs *benchStore) open(tb testing.TB) store.Backend {
 	if err != nil || !ok {
 		tb.Fatalf("taking the lead: ok %v, %v", ok, err)
 	}
-	st, err = pgstore.Open(ctx, dsn, pgstore.Options{Epoch: epoch})
+	depth := 0 // pgstore's default
+	if v := os.Getenv(benchPipelineEnv); v != "" {
+		if depth, err = strconv.Atoi(v); err != nil || depth < 1 {
+			tb.Fatalf("%s=%q: want the number of groups in flight at once (1: one at a time)", benchPipelineEnv, v)
+		}
+	}
+	st, err = pgstore.Open(ctx, dsn, pgstore.Options{Epoch: epoch, Pipeline: depth})
 	if err != nil {
 		tb.Fatal(err)
 	}

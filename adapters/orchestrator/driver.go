@@ -899,7 +899,13 @@ func (d *Driver) landAll() error {
 }
 
 // canLaunch says whether f may go in flight now: the pipeline has room,
-// and neither f nor a group in flight has data writes (those go alone).
+// neither f nor a group in flight has data writes (those go alone), and f
+// already holds as many inputs as the newest group in flight. That last
+// rule keeps groups as large as one at a time makes them: f goes early
+// only about when the group before it would have landed, which hides the
+// time between two commits without splitting what one would carry (a
+// step's slot spans its grant's group and its report's; a group put in
+// flight early would make it span three).
 func (d *Driver) canLaunch(f *flight) bool {
 	if len(d.inFlight) == 0 {
 		return true
@@ -912,7 +918,7 @@ func (d *Driver) canLaunch(f *flight) bool {
 			return false
 		}
 	}
-	return true
+	return f.inputs >= d.inFlight[len(d.inFlight)-1].inputs
 }
 
 // launchNext puts the next group in flight, if it holds anything and may
