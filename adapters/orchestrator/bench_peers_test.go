@@ -399,18 +399,26 @@ func parsePeerLine(out string) (peerResult, error) {
 // TestEndToEndBenchRigPostgres keeps the benchmark's PostgreSQL rig honest
 // under `make test`: a small throughput run through the orchestrator
 // leading a private cluster with the epoch it took (every commit fenced),
-// each run's history then read back from the database.
+// each run's history then read back from the database; one group in
+// flight at a time, then two.
 func TestEndToEndBenchRigPostgres(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and runs the worker binary")
 	}
 	c := pgtest.Start(t)
-	r := startRig(t, &benchStore{name: "postgres", newDB: c.NewDatabase}, 2, 4)
-	d, commits, check := r.throughput(t, 400, benchRunSize)
-	if d <= 0 || commits == 0 {
-		t.Errorf("throughput: %s, %d commits", d, commits)
+	// One group in flight at a time (the default), and two (the pipeline
+	// of SPEC §11: every commit ordered by tether_order).
+	for _, depth := range []string{"1", "2"} {
+		t.Run("pipeline="+depth, func(t *testing.T) {
+			t.Setenv(benchPipelineEnv, depth)
+			r := startRig(t, &benchStore{name: "postgres", newDB: c.NewDatabase}, 2, 4)
+			d, commits, check := r.throughput(t, 400, benchRunSize)
+			if d <= 0 || commits == 0 {
+				t.Errorf("throughput: %s, %d commits", d, commits)
+			}
+			check()
+		})
 	}
-	check()
 }
 
 // TestParsePeerLine: the peers' result lines, with and without their idle

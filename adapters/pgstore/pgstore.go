@@ -47,8 +47,9 @@ type Options struct {
 	// while tether_leader's epoch is this one, else it fails with an error
 	// wrapping store.ErrDeposed. Zero: no fence (one orchestrator alone).
 	Epoch uint64
-	// Pipeline is how many batches may be in flight at once through
-	// Reserve (pipeline.go); zero is DefaultPipeline, 1 one at a time.
+	// Pipeline is how many batches the driver may have in flight at once
+	// through Reserve (pipeline.go); zero is DefaultPipeline, 1 one at a
+	// time (Reserve still orders its places).
 	Pipeline int
 }
 
