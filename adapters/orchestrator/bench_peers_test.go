@@ -21,10 +21,13 @@ package orchestrator_test
 // when the store is PostgreSQL; and, when $BENCH_PEERS asks for them
 // beside the default store (peersWanted), asynq (bench/peers/asynq) on a
 // private Redis server without fsync and on one with appendfsync always
-// (startRedis), and River on a private cluster. River's jobs go in as
-// Tether's runs are submitted, 200 at a time, one InsertMany after the
-// other (Tether's 100 runs of 200 steps); asynq has no batch enqueue, so
-// its 20,000 are enqueued by 200 goroutines at once.
+// (startRedis), and River on a private cluster. River runs in two
+// submission shapes: "river", its jobs going in as Tether's runs are
+// submitted, 200 at a time, one InsertMany after the other (Tether's 100
+// runs of 200 steps); and "river-insert", one Insert per job (each its own
+// transaction, as issue 16 measured River) by 200 goroutines at once. asynq
+// has no batch enqueue, so its 20,000 are enqueued by 200 goroutines at
+// once.
 
 import (
 	"context"
@@ -55,6 +58,9 @@ import (
 const (
 	benchStoreEnv = "TETHER_BENCH_STORE"
 	benchPeersEnv = "BENCH_PEERS"
+	// benchPipelineEnv sets the PostgreSQL store's pipeline depth
+	// (pgstore.Options.Pipeline; empty: its default).
+	benchPipelineEnv = "TETHER_BENCH_PG_PIPELINE"
 )
 
 // benchStore is where the benchmark's rigs keep their state; nil is bbolt.
@@ -147,7 +153,13 @@ func (bs *benchStore) open(tb testing.TB) store.Backend {
 	if err != nil || !ok {
 		tb.Fatalf("taking the lead: ok %v, %v", ok, err)
 	}
-	st, err = pgstore.Open(ctx, dsn, pgstore.Options{Epoch: epoch})
+	depth := 0 // pgstore's default
+	if v := os.Getenv(benchPipelineEnv); v != "" {
+		if depth, err = strconv.Atoi(v); err != nil || depth < 1 {
+			tb.Fatalf("%s=%q: want the number of groups in flight at once (1: one at a time)", benchPipelineEnv, v)
+		}
+	}
+	st, err = pgstore.Open(ctx, dsn, pgstore.Options{Epoch: epoch, Pipeline: depth})
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -170,6 +182,15 @@ var benchPeerList = []struct {
 		}
 		return []string{"-dsn", pgtest.Start(tb).DSN, "-batch", strconv.Itoa(benchRunSize)}
 	}},
+	{"river-insert", "river", func(tb testing.TB, bs *benchStore) []string {
+		// One Insert (one transaction) per job, as issue 16's point measured
+		// River, by as many inserters at once as a run of Tether's has steps.
+		args := []string{"-batch", "1", "-inserters", strconv.Itoa(benchRunSize)}
+		if bs != nil {
+			return append(args, "-dsn", bs.newDB(tb))
+		}
+		return append(args, "-dsn", pgtest.Start(tb).DSN)
+	}},
 	{"asynq-nofsync", "asynq", func(tb testing.TB, _ *benchStore) []string {
 		return []string{"-redis", startRedis(tb, false), "-enqueuers", strconv.Itoa(benchRunSize)}
 	}},
@@ -179,13 +200,13 @@ var benchPeerList = []struct {
 }
 
 // peersWanted says which peers run after Tether's figures: on a
-// PostgreSQL store River always (on the same cluster); $BENCH_PEERS adds
+// PostgreSQL store River always, in both shapes (on the same cluster); $BENCH_PEERS adds
 // more: "1" (or "all") every peer, or a comma-separated list of names
 // ("asynq" names both of its configurations), River on a private cluster
 // when the store is bbolt.
 func peersWanted(name string, bs *benchStore) bool {
 	v := os.Getenv(benchPeersEnv)
-	if bs != nil && name == "river" || v == "1" || v == "all" {
+	if bs != nil && strings.HasPrefix(name, "river") || v == "1" || v == "all" {
 		return true
 	}
 	for _, w := range strings.Split(v, ",") {
@@ -378,18 +399,26 @@ func parsePeerLine(out string) (peerResult, error) {
 // TestEndToEndBenchRigPostgres keeps the benchmark's PostgreSQL rig honest
 // under `make test`: a small throughput run through the orchestrator
 // leading a private cluster with the epoch it took (every commit fenced),
-// each run's history then read back from the database.
+// each run's history then read back from the database; one group in
+// flight at a time, then two.
 func TestEndToEndBenchRigPostgres(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and runs the worker binary")
 	}
 	c := pgtest.Start(t)
-	r := startRig(t, &benchStore{name: "postgres", newDB: c.NewDatabase}, 2, 4)
-	d, commits, check := r.throughput(t, 400, benchRunSize)
-	if d <= 0 || commits == 0 {
-		t.Errorf("throughput: %s, %d commits", d, commits)
+	// One group in flight at a time (the default), and two (the pipeline
+	// of SPEC §11: every commit ordered by tether_order).
+	for _, depth := range []string{"1", "2"} {
+		t.Run("pipeline="+depth, func(t *testing.T) {
+			t.Setenv(benchPipelineEnv, depth)
+			r := startRig(t, &benchStore{name: "postgres", newDB: c.NewDatabase}, 2, 4)
+			d, commits, check := r.throughput(t, 400, benchRunSize)
+			if d <= 0 || commits == 0 {
+				t.Errorf("throughput: %s, %d commits", d, commits)
+			}
+			check()
+		})
 	}
-	check()
 }
 
 // TestParsePeerLine: the peers' result lines, with and without their idle
@@ -405,6 +434,7 @@ func TestParsePeerLine(t *testing.T) {
 		{"river: 20000 jobs (InsertMany of 200), 64 workers, 1580 jobs/s (12.66 s); idle (100 samples): insert→start p50 1.20 ms p99 3.40 ms, insert→done p50 250.10 ms p99 251.00 ms\n",
 			12660 * time.Millisecond, true, 1.2},
 		{"log line\nasynq: 20000 jobs (200 enqueuers), 4 workers, 5698 jobs/s (3.51 s)\n", 3510 * time.Millisecond, false, 0},
+		{"river: 20000 jobs (one Insert per job, 200 at once), 4 workers, 525 jobs/s (38.10 s)\n", 38100 * time.Millisecond, false, 0},
 	} {
 		r, err := parsePeerLine(c.out)
 		if err != nil {

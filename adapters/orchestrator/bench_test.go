@@ -101,6 +101,35 @@ func (s *watchStore) Apply(recs []core.Record) error {
 	return nil
 }
 
+// PipelineDepth and Reserve pass the backend's store.Pipeline through (a
+// depth of 1 without one: the driver then commits one group at a time),
+// each place watched as Apply is.
+func (s *watchStore) PipelineDepth() int {
+	if p, ok := s.Backend.(store.Pipeline); ok {
+		return p.PipelineDepth()
+	}
+	return 1
+}
+
+func (s *watchStore) Reserve() func([]core.Record) error {
+	apply := s.Backend.(store.Pipeline).Reserve()
+	return func(recs []core.Record) error {
+		t0 := time.Now()
+		if err := apply(recs); err != nil {
+			return err
+		}
+		s.mu.Lock()
+		w := s.watch
+		s.busy += time.Since(t0)
+		s.recs += len(recs)
+		s.mu.Unlock()
+		if w != nil {
+			w(recs, time.Now())
+		}
+		return nil
+	}
+}
+
 func (s *watchStore) busyTime() (time.Duration, int) {
 	s.mu.Lock()
 	defer s.mu.Unlock()

@@ -12,7 +12,9 @@
 // and arms a timer for the Deadline. The group is saved in ONE store
 // transaction (with the data-plane writes fenced among its inputs) on a
 // goroutine of its own while the loop steps what comes next into the next
-// group (a pipeline, SPEC §11); once it is durable, the loop sends its
+// group (a pipeline, SPEC §11; more than one group in flight when the store
+// is a store.Pipeline); once it and every group before it are durable, the
+// loop sends its
 // messages (each connection has its own buffered writer), closes the
 // connections the core closed, answers the API calls and the data writes,
 // runs the queued read-only queries, and hands the next group to the store.
@@ -224,11 +226,13 @@ func EnvSnapshot() map[string]string {
 type Driver struct {
 	opts    Options
 	log     *slog.Logger
-	st      store.Backend // durable storage (store.Backend states its promises)
-	secrets bool          // the store was given its secrets key (secrets.go)
-	mux     *routeMux     // the server's routes
-	dp      *dataPlane    // its HTTP side
-	streams *broker       // the live event streams (events.go)
+	st      store.Backend  // durable storage (store.Backend states its promises)
+	pipe    store.Pipeline // st, when it takes more than one group in flight; else nil
+	depth   int            // groups in flight at most: pipe's depth, else 1
+	secrets bool           // the store was given its secrets key (secrets.go)
+	mux     *routeMux      // the server's routes
+	dp      *dataPlane     // its HTTP side
+	streams *broker        // the live event streams (events.go)
 	ln      *capListener
 	srv     *http.Server
 
@@ -264,7 +268,7 @@ type Driver struct {
 	pendingReq map[requestKey]pendingRequest
 	timer      *time.Timer
 	deadline   time.Time // the core's next deadline, as armed
-	inFlight   *flight   // the group being made durable, if any (process)
+	inFlight   []*flight // the groups being made durable, oldest first (at most depth)
 	next       *flight   // the group stepped since, waiting for the store
 
 	stats loopStats // how long each batch held the loop (SPEC §12)
@@ -399,7 +403,10 @@ func Start(opts Options) (*Driver, error) {
 		}
 		st = bst
 	}
-	d.st = st
+	d.st, d.depth = st, 1
+	if p, ok := st.(store.Pipeline); ok && p.PipelineDepth() > 1 {
+		d.pipe, d.depth = p, p.PipelineDepth()
+	}
 	if err := d.openSecrets(opts); err != nil {
 		st.Close()
 		return nil, fmt.Errorf("orchestrator: %w", err)
@@ -634,7 +641,7 @@ func (d *Driver) Shutdown(ctx context.Context) error {
 // run is the loop goroutine; when the loop ends it tears everything down.
 func (d *Driver) run() {
 	err := d.loop()
-	if lerr := d.land(); err == nil { // a group still in flight after an error ends as any other
+	if lerr := d.landAll(); err == nil { // groups still in flight after an error end as any other
 		err = lerr
 	}
 	if d.next != nil { // stepped after an error: never durable, so nobody may hear "written"
@@ -709,8 +716,8 @@ func (d *Driver) loop() error {
 	for {
 		batch = batch[:0]
 		var landed <-chan struct{} // nil (never ready) when nothing is in flight
-		if d.inFlight != nil {
-			landed = d.inFlight.done
+		if len(d.inFlight) > 0 {
+			landed = d.inFlight[0].done
 		}
 		select {
 		case <-d.quit:
@@ -719,7 +726,7 @@ func (d *Driver) loop() error {
 			}
 			return d.flushQueued()
 		case <-landed:
-			// The store is free: release what it made durable, and hand it
+			// The oldest group is durable: release it, and hand the store
 			// what was stepped meanwhile.
 			t0 := time.Now()
 			err := d.land()
@@ -756,9 +763,15 @@ func (d *Driver) loop() error {
 
 // flight is a group of stepped batches on its way to the store. Its commit
 // runs on its own goroutine while the loop steps the next batches into the
-// next group (SPEC §12). At most one is in flight, and the loop releases it
-// (land) before it starts the next one's commit, so groups become durable,
-// and leave, in the order they were stepped.
+// next group (SPEC §12). At most depth are in flight: one, or, on a
+// store.Pipeline, its depth, each in the place the loop reserved for it
+// when it put the group in flight, so the store makes them durable in the
+// order they were stepped and never a later one without every earlier one.
+// The loop releases them (land) oldest first, each only once durable: a
+// group's messages leave only after every group before it left (SPEC §11).
+// A group with data writes goes alone (ApplyWithData is no place of the
+// pipeline): it is put in flight only when nothing is, and nothing follows
+// it into flight before it landed.
 type flight struct {
 	group   commit.Group   // the same write-ahead code the simulator runs
 	ops     []store.DataOp // fenced data writes, persisted with the group
@@ -776,10 +789,15 @@ type flight struct {
 	done                           chan struct{}      // closed when results and err are set
 }
 
-// launch starts f's commit on its own goroutine.
+// launch starts f's commit on its own goroutine, in the next place of the
+// pipeline when the store has one.
 func (d *Driver) launch(f *flight) {
 	f.done = make(chan struct{})
-	d.inFlight = f
+	d.inFlight = append(d.inFlight, f)
+	apply := d.st.Apply
+	if d.pipe != nil && len(f.ops) == 0 {
+		apply = d.pipe.Reserve() // on the loop: places in the order groups were stepped
+	}
 	go func() {
 		defer close(f.done)
 		f.err = f.group.Persist(func(recs []core.Record) error {
@@ -792,7 +810,7 @@ func (d *Driver) launch(f *flight) {
 				}
 				return nil
 			}
-			if err := d.st.Apply(recs); err != nil {
+			if err := apply(recs); err != nil {
 				return fmt.Errorf("persist batch of %d records: %w", len(recs), err)
 			}
 			return nil
@@ -800,22 +818,28 @@ func (d *Driver) launch(f *flight) {
 	}()
 }
 
-// land waits for the group in flight, if any, to be durable, then releases
-// it (core/doc.go, duty 4): its messages in order (closing what the core
-// closed), its API answers, its data writes' answers, its queries. If its
-// commit failed nothing of it leaves, and the error is returned.
+// land waits for the oldest group in flight, if any, to be durable, then
+// releases it (core/doc.go, duty 4): its messages in order (closing what the
+// core closed), its API answers, its data writes' answers, its queries. If
+// its commit failed nothing of it leaves, nor of any group in flight after
+// it, and the error is returned.
 func (d *Driver) land() error {
-	f := d.inFlight
-	if f == nil {
+	if len(d.inFlight) == 0 {
 		return nil
 	}
+	f := d.inFlight[0]
 	<-f.done
-	d.inFlight = nil
+	d.inFlight[0] = nil
+	d.inFlight = d.inFlight[1:]
 	d.released(f.ops)
 	if f.err != nil {
-		for _, pw := range f.writes { // nobody may hear "written"
-			close(pw.reply)
+		d.abandon(f)
+		for _, g := range d.inFlight { // whatever the store said of them, later groups stay unsaid
+			<-g.done
+			d.released(g.ops)
+			d.abandon(g)
 		}
+		d.inFlight = nil
 		return f.err
 	}
 	for _, rd := range f.group.Readys() {
@@ -856,30 +880,76 @@ func (d *Driver) land() error {
 	return nil
 }
 
-// launchNext puts the next group in flight, if it holds anything (the
-// store is free: nothing is in flight).
+// abandon ends a group that will never be released: nobody may hear
+// "written".
+func (d *Driver) abandon(f *flight) {
+	for _, pw := range f.writes {
+		close(pw.reply)
+	}
+}
+
+// landAll lands every group in flight, oldest first.
+func (d *Driver) landAll() error {
+	for len(d.inFlight) > 0 {
+		if err := d.land(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// canLaunch says whether f may go in flight now: the pipeline has room,
+// neither f nor a group in flight has data writes (those go alone), and f
+// already holds as many inputs as the newest group in flight. That last
+// rule keeps groups as large as one at a time makes them: f goes early
+// only about when the group before it would have landed, which hides the
+// time between two commits without splitting what one would carry (a
+// step's slot spans its grant's group and its report's; a group put in
+// flight early would make it span three).
+func (d *Driver) canLaunch(f *flight) bool {
+	if len(d.inFlight) == 0 {
+		return true
+	}
+	if len(d.inFlight) >= d.depth || len(f.ops) > 0 {
+		return false
+	}
+	for _, g := range d.inFlight {
+		if len(g.ops) > 0 {
+			return false
+		}
+	}
+	return f.inputs >= d.inFlight[len(d.inFlight)-1].inputs
+}
+
+// launchNext puts the next group in flight, if it holds anything and may
+// go now (canLaunch).
 func (d *Driver) launchNext() {
 	f := d.next
-	d.next = nil
 	if f == nil || (f.group.Len() == 0 && len(f.writes) == 0 && len(f.queries) == 0) {
+		d.next = nil
 		return
 	}
+	if !d.canLaunch(f) {
+		return
+	}
+	d.next = nil
 	d.launch(f)
 }
 
-// settle makes everything stepped durable and released: the group in
+// settle makes everything stepped durable and released: the groups in
 // flight, then the next one. Afterwards the core's state is durable.
 func (d *Driver) settle() error {
-	if err := d.land(); err != nil {
+	if err := d.landAll(); err != nil {
 		return err
 	}
 	d.launchNext()
-	return d.land()
+	return d.landAll()
 }
 
 // process steps a batch of inputs into the next group (core/doc.go, duties
-// 2 and 5), and puts that group in flight at once if the store is free or
-// the group is full; otherwise it waits for the group in flight to land
+// 2 and 5), and puts that group in flight at once if it may (canLaunch), or
+// once the oldest groups landed if it is full; otherwise it waits for the
+// oldest group in flight to land
 // (the loop's select), gathering more batches meanwhile (group commit). What
 // reads the state for an answer needs it durable: the data plane's early
 // checks are answered, and a batch's queries run, only after settle.
@@ -977,16 +1047,16 @@ func (d *Driver) process(batch []input) error {
 		d.arm(dl)
 	}
 	// Duties 3 and 4, in land and launch: a group is released only once
-	// durable, and only after the group before it.
+	// durable, and only after the groups before it.
 	if reads {
 		return d.settle()
 	}
-	if d.inFlight == nil || f.inputs >= maxBatch {
+	for f.inputs >= maxBatch && !d.canLaunch(f) {
 		if err := d.land(); err != nil {
 			return err
 		}
-		d.launchNext()
 	}
+	d.launchNext()
 	return nil
 }
 
@@ -1141,19 +1211,28 @@ func (d *Driver) do(ctx context.Context, mk func(core.CallID) core.Input) (core.
 	if err := d.push(ctx, call{in: mk(id), reply: reply}); err != nil {
 		return core.APIAnswer{}, err
 	}
+	var a core.APIAnswer
+	ok := false
 	select {
-	case a, ok := <-reply:
-		if !ok {
-			return core.APIAnswer{}, ErrClosed
+	case a, ok = <-reply:
+	case <-d.ended:
+		// The loop stopped: a call it took was answered or never will be
+		// (one pushed after it stopped stays in the queue).
+		select {
+		case a, ok = <-reply:
+		default:
 		}
-		noted(ctx)
-		if a.Err != "" {
-			return a, fmt.Errorf("%w: %s", ErrRefused, a.Err)
-		}
-		return a, nil
 	case <-ctx.Done():
 		return core.APIAnswer{}, ctx.Err()
 	}
+	if !ok {
+		return core.APIAnswer{}, ErrClosed
+	}
+	noted(ctx)
+	if a.Err != "" {
+		return a, fmt.Errorf("%w: %s", ErrRefused, a.Err)
+	}
+	return a, nil
 }
 
 // Submit submits a run and returns its id. The run is validated here first,

@@ -334,3 +334,147 @@ func TestSnapshotAbandoned(t *testing.T) {
 		t.Fatal("no Snapshot gave up: the test did not reach the case it is for")
 	}
 }
+
+// pipeStore is a store.Pipeline of depth 3 over the bbolt store that keeps
+// none of the pipeline's order itself: each place commits on its own, the
+// odd places 40 ms late, so the even place after one is durable first.
+// What it shows is the driver's half of SPEC §11: a group leaves only once
+// it and every group before it are durable, whatever order the store's
+// answers come in.
+type pipeStore struct {
+	*store.Store
+	mu                sync.Mutex
+	next              int            // places reserved
+	placeOf           map[string]int // a run record's key → the place that first wrote it
+	durable           map[int]bool   // places whose batch is durable
+	active, maxActive int            // places running at once
+	failAt            int            // this place fails (0: none)
+}
+
+func (s *pipeStore) PipelineDepth() int { return 3 }
+
+func (s *pipeStore) Reserve() func([]core.Record) error {
+	s.mu.Lock()
+	s.next++
+	p := s.next
+	s.mu.Unlock()
+	return func(recs []core.Record) error {
+		s.mu.Lock()
+		s.active++
+		s.maxActive = max(s.maxActive, s.active)
+		for _, r := range recs {
+			if _, ok := s.placeOf[r.Key]; !ok && strings.HasPrefix(r.Key, core.KindRun+"/") {
+				s.placeOf[r.Key] = p
+			}
+		}
+		fail := p == s.failAt
+		s.mu.Unlock()
+		if p%2 == 1 {
+			time.Sleep(40 * time.Millisecond)
+		}
+		err := errInjected
+		if !fail {
+			err = s.Store.Apply(recs)
+		}
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		s.active--
+		s.durable[p] = err == nil
+		return err
+	}
+}
+
+// check says what is wrong with run's Submit having been answered: its
+// place, or one before it, not durable.
+func (s *pipeStore) check(run core.RunID) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	p, ok := s.placeOf["run/"+string(run)]
+	if !ok {
+		return fmt.Errorf("Submit answered %s, which no place wrote", run)
+	}
+	for q := 1; q <= p; q++ {
+		if !s.durable[q] {
+			return fmt.Errorf("Submit answered %s (place %d) while place %d was not durable", run, p, q)
+		}
+	}
+	return nil
+}
+
+// TestPipelineWriteAhead: on a store.Pipeline, several groups are in flight
+// at once (never more than its depth), and a group's answers leave only
+// once every group up to it is durable; when a place fails, nothing of it
+// or of any later group leaves, even of those the store made durable, and
+// the driver stops.
+func TestPipelineWriteAhead(t *testing.T) {
+	ctx, cancel := context.WithTimeout(t.Context(), testTimeout)
+	defer cancel()
+	bst, err := store.Open(filepath.Join(t.TempDir(), "tether.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := &pipeStore{Store: bst, placeOf: map[string]int{}, durable: map[int]bool{}}
+	d, err := orchestrator.Start(orchestrator.Options{Addr: "127.0.0.1:0", Store: st, Logger: testLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+
+	spec := core.RunSpec{Name: "p", Steps: []core.StepSpec{{Name: "a", Command: "true"}}}
+	submit := func(submitters, each int) (answered int, errs []error) {
+		var mu sync.Mutex
+		var wg sync.WaitGroup
+		for range submitters {
+			wg.Go(func() {
+				for range each {
+					id, err := d.Submit(ctx, spec)
+					mu.Lock()
+					if err == nil {
+						answered++
+						err = st.check(id)
+					} else if errors.Is(err, orchestrator.ErrClosed) {
+						err = nil
+					}
+					if err != nil {
+						errs = append(errs, err)
+					}
+					mu.Unlock()
+				}
+			})
+		}
+		wg.Wait()
+		return answered, errs
+	}
+	if _, errs := submit(8, 10); len(errs) > 0 {
+		t.Fatal(errs)
+	}
+	st.mu.Lock()
+	most := st.maxActive
+	st.failAt = st.next + 3 // an odd place, whose next one is durable first
+	if st.failAt%2 == 0 {
+		st.failAt++
+	}
+	failAt := st.failAt
+	st.mu.Unlock()
+	if most > 3 || most < 2 {
+		t.Errorf("at most %d groups were in flight at once; want 2 or 3 (the store's depth, 3)", most)
+	}
+
+	answered, errs := submit(8, 10)
+	for _, err := range errs {
+		t.Error(err)
+	}
+	select {
+	case <-d.Done():
+	case <-ctx.Done():
+		t.Fatal("the driver did not stop after a failed place")
+	}
+	if err := d.Close(); !errors.Is(err, errInjected) {
+		t.Fatalf("Close = %v, want the failed place's error", err)
+	}
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if !st.durable[failAt+1] {
+		t.Logf("place %d after the failed one was not made durable by the store (%d answered)", failAt+1, answered)
+	}
+}

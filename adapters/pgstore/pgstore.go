@@ -19,6 +19,8 @@
 // pgx.Batch, which PostgreSQL runs as one implicit transaction, committed
 // and flushed before it answers: the Store's sessions run with
 // synchronous_commit=on (or what the URL asks beyond it; off is refused).
+// The driver's groups come through Reserve (pipeline.go, store.Pipeline):
+// the same round trip, ordered, more than one in flight.
 package pgstore
 
 import (
@@ -45,6 +47,10 @@ type Options struct {
 	// while tether_leader's epoch is this one, else it fails with an error
 	// wrapping store.ErrDeposed. Zero: no fence (one orchestrator alone).
 	Epoch uint64
+	// Pipeline is how many batches the driver may have in flight at once
+	// through Reserve (pipeline.go); zero is DefaultPipeline, 1 one at a
+	// time (Reserve still orders its places).
+	Pipeline int
 }
 
 // DefaultMaxConns is the pool's size unless the store URL sets
@@ -73,6 +79,13 @@ type Store struct {
 	keys store.Sealer // the secrets key (secrets.go)
 
 	dataMu sync.Mutex // one ApplyWithData at a time decides on its reads (applydata.go)
+
+	// The pipeline (pipeline.go).
+	depth       int
+	orderMu     sync.Mutex
+	last        *place // the last reserved; nil: none yet
+	failed      bool   // a place failed since the last committed was read
+	outstanding int    // places reserved whose functions have not returned
 }
 
 var _ store.Backend = (*Store)(nil)
@@ -87,7 +100,10 @@ func Open(ctx context.Context, dsn string, o Options) (*Store, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Store{pool: pool, epoch: int64(o.Epoch), pins: map[string]int{}, unsure: map[string]bool{}}
+	s := &Store{pool: pool, epoch: int64(o.Epoch), pins: map[string]int{}, unsure: map[string]bool{}, depth: o.Pipeline}
+	if s.depth <= 0 {
+		s.depth = DefaultPipeline
+	}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	if err := s.write(func(ctx context.Context, tx pgx.Tx) error {
 		_, err := tx.Exec(ctx, `DELETE FROM tether_blob_chunk c WHERE NOT EXISTS (SELECT 1 FROM tether_blob b WHERE b.chunks = c.chunks)`)

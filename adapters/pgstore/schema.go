@@ -26,8 +26,12 @@ const migrationLock int64 = 0x7465746865720001 // "tether" 0001
 var ErrSchemaTooNew = errors.New("pgstore: the database's schema is newer than this binary knows")
 
 // fenceCode is the SQLSTATE tether_fence raises when the epoch is not the
-// caller's.
-const fenceCode = "TR001"
+// caller's; orderCode, tether_order's when the place before is not the last
+// committed.
+const (
+	fenceCode = "TR001"
+	orderCode = "TR002"
+)
 
 // migrations are the schema's versions, in order: migrations[i] makes
 // version i+1. Append only; never edit one that has shipped.
@@ -66,6 +70,24 @@ CREATE TABLE tether_bundle_file (fp text COLLATE "C", path text COLLATE "C", off
 CREATE TABLE tether_request (lease bigint, id text COLLATE "C", at_ns bigint NOT NULL, entry bytea NOT NULL, PRIMARY KEY (lease, id));
 CREATE INDEX tether_request_at ON tether_request (at_ns);
 CREATE TABLE tether_request_count (lease bigint PRIMARY KEY, n bigint NOT NULL);
+`,
+	// 2: the commit order of the pipeline (pipeline.go).
+	`
+CREATE TABLE tether_order (id int PRIMARY KEY CHECK (id = 1), n bigint NOT NULL);
+INSERT INTO tether_order VALUES (1, 0);
+
+CREATE FUNCTION tether_order(want bigint, place bigint) RETURNS void LANGUAGE plpgsql AS $$
+DECLARE have bigint;
+BEGIN
+	IF want <> 0 THEN
+		PERFORM tether_fence(want);
+	END IF;
+	SELECT n INTO have FROM tether_order WHERE id = 1 FOR UPDATE;
+	IF have <> place - 1 THEN
+		RAISE EXCEPTION 'commit % of the pipeline is out of order: the last committed is %', place, have USING ERRCODE = 'TR002';
+	END IF;
+	UPDATE tether_order SET n = place WHERE id = 1;
+END $$;
 `,
 }
 

@@ -44,6 +44,28 @@ type Records interface {
 	Close() error
 }
 
+// Pipeline is what a Backend may add to Records (SPEC §11): more than one
+// batch of records in flight at once, made durable in an order the caller
+// fixes. A Backend without it takes one Apply at a time (bbolt: its log
+// syncs each Apply in turn).
+type Pipeline interface {
+	// PipelineDepth is how many places may be outstanding at once (≥ 1).
+	PipelineDepth() int
+	// Reserve takes the next place in the commit order: places are in the
+	// order of the Reserve calls, which one goroutine makes. It returns the
+	// function that applies the place's batch as Apply does (an empty
+	// batch too, as one transaction). Each is called exactly once, from
+	// any goroutine, concurrently with the other places' functions. What
+	// is durable is always every batch of a prefix of the places, never a
+	// later one without every earlier one: a function returns nil only
+	// once its batch and every earlier place's are durable; if an earlier
+	// place fails, it fails too (its error wraps ErrEarlierFailed) and
+	// none of its batch is applied. Once the failed places' functions have
+	// all returned, the next Reserve starts again after what is durable.
+	// Apply and ApplyWithData are not called while a place is outstanding.
+	Reserve() func(recs []core.Record) error
+}
+
 // DataPlane is the data plane's storage (SPEC §14): versioned values,
 // append streams, bundles, and the blobs that hold their bytes.
 type DataPlane interface {

@@ -36,6 +36,7 @@ func Run(t *testing.T, open func(t *testing.T) store.Backend, reopen func(t *tes
 		})
 	}
 	r("Records", testRecords)
+	r("Pipeline", testPipeline)
 	r("Data", testData)
 	r("Requests", testRequests)
 	r("Blobs", testBlobs)
@@ -140,6 +141,75 @@ func testRecords(t *testing.T, h *harness) {
 		}
 		if !sort.SliceIsSorted(recs, func(i, j int) bool { return recs[i].Key < recs[j].Key }) {
 			t.Errorf("%s: Load is not sorted by key", when)
+		}
+	})
+}
+
+// Pipeline, when the backend has it (SPEC §11): places commit in their
+// order whatever the order their functions run in, and a later place is
+// never durable without every earlier one; an earlier place's failure
+// fails the later one, which applies nothing; then the pipeline goes on
+// after what is durable.
+func testPipeline(t *testing.T, h *harness) {
+	p, ok := h.b.(store.Pipeline)
+	if !ok {
+		t.Log("the backend has no store.Pipeline: one Apply at a time, nothing more to check")
+		return
+	}
+	if d := p.PipelineDepth(); d < 1 {
+		t.Fatalf("PipelineDepth = %d, want at least 1", d)
+	}
+	run := func(f func([]core.Record) error, recs ...core.Record) chan error {
+		c := make(chan error, 1)
+		go func() { c <- f(recs) }()
+		return c
+	}
+	// Three places, their functions called last first.
+	f1, f2, f3 := p.Reserve(), p.Reserve(), p.Reserve()
+	r3 := run(f3, rec("worker/k", "three"), rec("worker/c", "3"), del("worker/x"))
+	r2 := run(f2, rec("worker/k", "two"), rec("worker/b", "2"), rec("worker/x", "born in 2"))
+	// Room for a backend that would commit them before the first place
+	// (not a measure of speed: a correct one waits however long it takes).
+	time.Sleep(200 * time.Millisecond)
+	if got := keys(h.load()); len(got) != 0 {
+		t.Fatalf("before the first place ran, the later places' records are there: %v", got)
+	}
+	select {
+	case err := <-r2:
+		t.Fatalf("place 2 returned (%v) before place 1 ran", err)
+	case err := <-r3:
+		t.Fatalf("place 3 returned (%v) before place 1 ran", err)
+	default:
+	}
+	must(t, f1([]core.Record{rec("worker/k", "one"), rec("worker/a", "1")}))
+	must(t, <-r2)
+	must(t, <-r3)
+	want := map[string]string{"worker/a": "1", "worker/b": "2", "worker/c": "3", "worker/k": "three"}
+	if got := keys(h.load()); !reflect.DeepEqual(got, want) {
+		t.Fatalf("after three places: Load = %v\nwant %v (the last place's record of a key wins)", got, want)
+	}
+
+	// The earlier place fails: the later one fails too, and nothing of
+	// either is applied.
+	g1, g2 := p.Reserve(), p.Reserve()
+	r := run(g2, rec("worker/d", "4"), rec("worker/k", "four"), del("worker/a"))
+	time.Sleep(100 * time.Millisecond)
+	if err := g1([]core.Record{rec("worker/e", "5"), {Key: "", Value: []byte("x")}}); err == nil {
+		t.Fatal("a record with an empty key was applied")
+	}
+	if err := <-r; !errors.Is(err, store.ErrEarlierFailed) {
+		t.Fatalf("the place after a failed one: %v, want an error wrapping ErrEarlierFailed", err)
+	}
+	if got := keys(h.load()); !reflect.DeepEqual(got, want) {
+		t.Fatalf("after a failed place and the one after it: Load = %v\nwant %v", got, want)
+	}
+	// Then it goes on after what is durable, an empty batch too.
+	must(t, p.Reserve()(nil))
+	must(t, p.Reserve()([]core.Record{rec("worker/f", "6")}))
+	want["worker/f"] = "6"
+	h.twice(func(when string) {
+		if got := keys(h.load()); !reflect.DeepEqual(got, want) {
+			t.Errorf("%s: Load = %v\nwant %v", when, got, want)
 		}
 	})
 }

@@ -4,7 +4,7 @@
 // W concurrent workers on one queue, against the PostgreSQL database at
 // -dsn (run `rivermigrate` up first, so any empty database will do).
 //
-//	go run ./river -dsn postgres://… [-jobs 20000] [-batch 200] [-workers 64]
+//	go run ./river -dsn postgres://… [-jobs 20000] [-batch 200 | -batch 1 -inserters N] [-workers 64]
 //
 // River's defaults are tightened as the comparison asks: FetchCooldown 1 ms
 // (default 100 ms); FetchPollInterval is left at its default (1 s) unless
@@ -14,7 +14,9 @@
 // Throughput: from the first call of InsertMany to the last job's
 // completion event (River emits it once the completion is committed); the
 // jobs go in with one InsertMany, or -batch at a time, one call after the
-// other, as Tether's benchmark submits its runs (100 runs of 200 steps). Latency: on the idle
+// other, as Tether's benchmark submits its runs (100 runs of 200 steps);
+// or, with -batch 1, one Insert (one transaction) per job, by -inserters
+// goroutines at once, each inserting one job after the other. Latency: on the idle
 // client, one job at a time (the next once the one before completed; River
 // commits completions in batches, every 250 ms when idle): insert→start is from calling Insert to the
 // worker's Work being called, insert→done to its completion event.
@@ -32,6 +34,7 @@ import (
 	"os"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -65,19 +68,20 @@ func (w *noopWorker) Work(ctx context.Context, job *river.Job[noopArgs]) error {
 func main() {
 	dsn := flag.String("dsn", os.Getenv("DATABASE_URL"), "the PostgreSQL database (default $DATABASE_URL)")
 	jobs := flag.Int("jobs", 20000, "no-op jobs for the throughput run")
-	batch := flag.Int("batch", 0, "jobs per InsertMany, one call after the other (0: all in one)")
+	batch := flag.Int("batch", 0, "jobs per InsertMany, one call after the other (0: all in one; 1: one Insert per job)")
+	inserters := flag.Int("inserters", 1, "with -batch 1: goroutines calling Insert at once, each one job after the other")
 	workers := flag.Int("workers", 64, "MaxWorkers of the one queue")
 	samples := flag.Int("latency", 100, "single jobs, one at a time, for the idle latency (0: none)")
 	cooldown := flag.Duration("cooldown", time.Millisecond, "FetchCooldown")
 	poll := flag.Duration("poll", 0, "FetchPollInterval (0: River's default, 1s)")
 	flag.Parse()
-	if err := run(*dsn, *jobs, *batch, *workers, *samples, *cooldown, *poll); err != nil {
+	if err := run(*dsn, *jobs, *batch, *inserters, *workers, *samples, *cooldown, *poll); err != nil {
 		fmt.Fprintln(os.Stderr, "river:", err)
 		os.Exit(1)
 	}
 }
 
-func run(dsn string, jobs, batch, workers, samples int, cooldown, poll time.Duration) error {
+func run(dsn string, jobs, batch, inserters, workers, samples int, cooldown, poll time.Duration) error {
 	if dsn == "" {
 		return fmt.Errorf("no -dsn")
 	}
@@ -135,16 +139,35 @@ func run(dsn string, jobs, batch, workers, samples int, cooldown, poll time.Dura
 	for i := range params {
 		params[i] = river.InsertManyParams{Args: noopArgs{}}
 	}
+	shape := fmt.Sprintf("InsertMany of %d", batch)
 	t0 := time.Now()
-	insertErr := make(chan error, 1)
-	go func() { // the workers start on the first batch while the rest go in
-		for n := 0; n < jobs; n += batch {
-			if _, err := client.InsertMany(ctx, params[:min(batch, jobs-n)]); err != nil {
-				insertErr <- fmt.Errorf("InsertMany: %w", err)
-				return
-			}
+	insertErr := make(chan error, max(inserters, 1))
+	if batch == 1 {
+		// One Insert per job, each its own transaction: inserters goroutines
+		// at once, taking the jobs one by one.
+		inserters = max(inserters, 1)
+		shape = fmt.Sprintf("one Insert per job, %d at once", inserters)
+		var next atomic.Int64
+		for range inserters {
+			go func() {
+				for next.Add(1) <= int64(jobs) {
+					if _, err := client.Insert(ctx, noopArgs{}, nil); err != nil {
+						insertErr <- fmt.Errorf("Insert: %w", err)
+						return
+					}
+				}
+			}()
 		}
-	}()
+	} else {
+		go func() { // the workers start on the first batch while the rest go in
+			for n := 0; n < jobs; n += batch {
+				if _, err := client.InsertMany(ctx, params[:min(batch, jobs-n)]); err != nil {
+					insertErr <- fmt.Errorf("InsertMany: %w", err)
+					return
+				}
+			}
+		}()
+	}
 	var t1 time.Time
 	for done := 0; done < jobs; {
 		select {
@@ -161,8 +184,8 @@ func run(dsn string, jobs, batch, workers, samples int, cooldown, poll time.Dura
 		}
 	}
 	elapsed := t1.Sub(t0)
-	line := fmt.Sprintf("river: %d jobs (InsertMany of %d), %d workers, %.0f jobs/s (%.2f s)",
-		jobs, batch, workers, float64(jobs)/elapsed.Seconds(), elapsed.Seconds())
+	line := fmt.Sprintf("river: %d jobs (%s), %d workers, %.0f jobs/s (%.2f s)",
+		jobs, shape, workers, float64(jobs)/elapsed.Seconds(), elapsed.Seconds())
 
 	// Idle latency.
 	if samples > 0 {
