@@ -15,10 +15,7 @@ package store
 // transaction, before anything is served. The records are keyed snapshots
 // (an upsert puts a whole value, a delete removes a key), so an entry
 // applied twice would leave what applying it once does; it is not, as the
-// applied number moves in the transaction that applies it. For the same
-// reason a transaction puts only the last of one key's records in the
-// entries it applies (applyPayloads): a step granted, started, reported
-// and archived within them is one delete in the file, not five writes.
+// applied number moves in the transaction that applies it.
 //
 // Every read of the store first waits until the applier has applied every
 // entry that was durable when the read was called (barrier): a read never
@@ -181,10 +178,9 @@ func encodePayload(ps []prep) []byte {
 	return b
 }
 
-// decodePayload appends an entry's records to ps, each marked with the
-// entry's index i. Their values are slices of payload, which outlives the
-// transaction that puts them.
-func decodePayload(ps []loggedPrep, payload []byte, i int) ([]loggedPrep, error) {
+// applyPayload decodes an entry's payload and puts its records in tx. Its
+// values are slices of payload, which outlives tx.
+func applyPayload(tx *bolt.Tx, payload []byte) error {
 	r := bytes.NewReader(payload)
 	bytesOf := func() ([]byte, error) {
 		n, err := binary.ReadUvarint(r)
@@ -197,69 +193,34 @@ func decodePayload(ps []loggedPrep, payload []byte, i int) ([]loggedPrep, error)
 	}
 	count, err := binary.ReadUvarint(r)
 	if err != nil {
-		return ps, fmt.Errorf("%w: an entry's payload does not decode", ErrLog)
+		return fmt.Errorf("%w: an entry's payload does not decode", ErrLog)
 	}
 	for range count {
 		flags, err := r.ReadByte()
 		if err != nil {
-			return ps, fmt.Errorf("%w: an entry's payload does not decode", ErrLog)
+			return fmt.Errorf("%w: an entry's payload does not decode", ErrLog)
 		}
 		p := prep{del: flags&1 != 0, hist: flags&2 != 0}
 		key, err := bytesOf()
 		if err != nil {
-			return ps, err
+			return err
 		}
 		p.key = string(key)
 		if !p.del {
 			if p.val, err = bytesOf(); err != nil {
-				return ps, err
+				return err
 			}
 			if p.hist {
 				if p.sum, err = bytesOf(); err != nil {
-					return ps, err
+					return err
 				}
 				if p.finish, err = bytesOf(); err != nil {
-					return ps, err
+					return err
 				}
 			}
 		}
-		ps = append(ps, loggedPrep{prep: p, entry: i})
-	}
-	return ps, nil
-}
-
-// loggedPrep is a record of a logged entry: which entry of those applied
-// together it came in.
-type loggedPrep struct {
-	prep
-	entry int
-}
-
-// applyPayloads puts the records of several entries, in their order, in
-// tx; seq(i) is the sequence number of payloads[i] (for errors). A record
-// is a keyed snapshot (SPEC §11: an upsert puts a whole value, a delete
-// removes a key), so of the records of one key only the last decides what
-// the transaction leaves: the others are not put. A step granted, started,
-// reported and archived within the entries applied together is so one
-// delete in the file rather than five writes.
-func applyPayloads(tx *bolt.Tx, payloads [][]byte, seq func(i int) uint64) error {
-	var ps []loggedPrep
-	for i, payload := range payloads {
-		var err error
-		if ps, err = decodePayload(ps, payload, i); err != nil {
-			return fmt.Errorf("entry %d: %w", seq(i), err)
-		}
-	}
-	last := make(map[string]int, len(ps))
-	for i := range ps {
-		last[ps[i].key] = i
-	}
-	for i := range ps {
-		if last[ps[i].key] != i {
-			continue // a later record of its key follows
-		}
-		if err := ps[i].put(tx); err != nil {
-			return fmt.Errorf("entry %d: record %q: %w", seq(ps[i].entry), ps[i].key, err)
+		if err := p.put(tx); err != nil {
+			return fmt.Errorf("record %q: %w", p.key, err)
 		}
 	}
 	return nil
@@ -472,8 +433,10 @@ func recoverLog(db *bolt.DB, path string, keep bool) (walState, error) {
 	}
 	next := walState{id: st.id, applied: last, clean: !keep}
 	err := db.Update(func(tx *bolt.Tx) error {
-		if err := applyPayloads(tx, payloads, func(i int) uint64 { return st.applied + 1 + uint64(i) }); err != nil {
-			return err
+		for i, p := range payloads {
+			if err := applyPayload(tx, p); err != nil {
+				return fmt.Errorf("entry %d: %w", st.applied+1+uint64(i), err)
+			}
 		}
 		return putWALState(tx, next)
 	})
@@ -630,12 +593,10 @@ func (l *wlog) run() {
 		last := batch[len(batch)-1].seq
 		l.mu.Unlock()
 		err := l.db.Update(func(tx *bolt.Tx) error {
-			payloads := make([][]byte, len(batch))
-			for i, e := range batch {
-				payloads[i] = e.buf[walEntryHead:]
-			}
-			if err := applyPayloads(tx, payloads, func(i int) uint64 { return batch[i].seq }); err != nil {
-				return err
+			for _, e := range batch {
+				if err := applyPayload(tx, e.buf[walEntryHead:]); err != nil {
+					return fmt.Errorf("entry %d: %w", e.seq, err)
+				}
 			}
 			b := tx.Bucket(bktWAL)
 			return b.Put(walKeyApplied, be64(last))
