@@ -1077,6 +1077,22 @@ func (w *Worker) release(e *execution) {
 	}
 }
 
+// holds is held(l) != nil, looked up in order (check asks it for every
+// request after every Step: a binary search over a short slice is cheaper
+// than as many map lookups).
+func (w *Worker) holds(l LeaseID) bool {
+	lo, hi := 0, len(w.order)
+	for lo < hi {
+		m := int(uint(lo+hi) >> 1)
+		if w.order[m].ref.Lease < l {
+			lo = m + 1
+		} else {
+			hi = m
+		}
+	}
+	return lo < len(w.order) && w.order[lo].ref.Lease == l && !w.order[lo].released
+}
+
 // addLease files a new execution under its lease.
 func (w *Worker) addLease(e *execution) {
 	l := e.ref.Lease
@@ -1777,7 +1793,7 @@ func (w *Worker) check() {
 		if r.id >= w.nextRequest || (i > 0 && r.id <= w.requests[i-1].id) {
 			panic(fmt.Sprintf("core.Worker: request %d out of order", r.id))
 		}
-		if r.kind != reqRefresh && w.held(r.ref.Lease) == nil {
+		if r.kind != reqRefresh && !w.holds(r.ref.Lease) {
 			panic(fmt.Sprintf("core.Worker: request %d for lease %d that is not held", r.id, r.ref.Lease))
 		}
 		if (w.phase == phaseReady && !w.waitsForAcks(r)) == r.due.IsZero() {
