@@ -1023,7 +1023,7 @@ func (w *Worker) refreshed(m Refreshed) {
 // --- executions ---
 
 func (w *Worker) held(l LeaseID) *execution {
-	if e := w.leases[l]; e != nil && !e.released {
+	if e := w.find(l); e != nil && !e.released {
 		return e
 	}
 	return nil
@@ -1077,10 +1077,11 @@ func (w *Worker) release(e *execution) {
 	}
 }
 
-// holds is held(l) != nil, looked up in order (check asks it for every
-// request after every Step: a binary search over a short slice is cheaper
-// than as many map lookups).
-func (w *Worker) holds(l LeaseID) bool {
+// find returns lease l's execution, or nil: a binary search in order,
+// which is as true as the map (check asserts it) and, over a short slice,
+// cheaper than a map lookup (check asks for every request's lease after
+// every Step).
+func (w *Worker) find(l LeaseID) *execution {
 	lo, hi := 0, len(w.order)
 	for lo < hi {
 		m := int(uint(lo+hi) >> 1)
@@ -1090,7 +1091,10 @@ func (w *Worker) holds(l LeaseID) bool {
 			hi = m
 		}
 	}
-	return lo < len(w.order) && w.order[lo].ref.Lease == l && !w.order[lo].released
+	if lo < len(w.order) && w.order[lo].ref.Lease == l {
+		return w.order[lo]
+	}
+	return nil
 }
 
 // addLease files a new execution under its lease.
@@ -1793,7 +1797,7 @@ func (w *Worker) check() {
 		if r.id >= w.nextRequest || (i > 0 && r.id <= w.requests[i-1].id) {
 			panic(fmt.Sprintf("core.Worker: request %d out of order", r.id))
 		}
-		if r.kind != reqRefresh && !w.holds(r.ref.Lease) {
+		if r.kind != reqRefresh && w.held(r.ref.Lease) == nil {
 			panic(fmt.Sprintf("core.Worker: request %d for lease %d that is not held", r.id, r.ref.Lease))
 		}
 		if (w.phase == phaseReady && !w.waitsForAcks(r)) == r.due.IsZero() {
