@@ -3,6 +3,7 @@ package core
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"testing"
 	"time"
 
@@ -274,5 +275,18 @@ func TestEncodeRefusesWhatEncodingJSONRefuses(t *testing.T) {
 			}()
 			encode(&StepRecord{QueuedAt: tm})
 		}()
+	}
+}
+
+// TestLeaseKeyDigits: a lease's key and timer name are its id in 20
+// zero-padded digits, fmt's "%020d", whose text order is numeric order.
+func TestLeaseKeyDigits(t *testing.T) {
+	for _, id := range []LeaseID{0, 1, 9, 10, 99, 100, 12345678901234567890, 1<<63 - 1, 1 << 63, ^LeaseID(0)} {
+		if got, want := leaseKey(id), fmt.Sprintf("%s/%020d", KindLease, uint64(id)); got != want {
+			t.Errorf("leaseKey(%d) = %q, want %q", uint64(id), got, want)
+		}
+		if got, want := leaseKeyID(id), fmt.Sprintf("%020d", uint64(id)); got != want {
+			t.Errorf("leaseKeyID(%d) = %q, want %q", uint64(id), got, want)
+		}
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"crypto/subtle"
 	"encoding/hex"
 	"fmt"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -318,7 +319,7 @@ func (o *Orchestrator) finish() Ready {
 		recs = append(recs, o.recordFor(k))
 	}
 	recs = append(recs, o.appends...)
-	sort.SliceStable(recs, func(i, j int) bool { return recs[i].Key < recs[j].Key })
+	slices.SortStableFunc(recs, byKey)
 	if !o.cfg.NoStateCache { // the real driver's core keeps no cache: nothing to walk
 		for _, r := range recs {
 			if o.cacheable(r.Key) {
@@ -328,12 +329,12 @@ func (o *Orchestrator) finish() Ready {
 	}
 	if len(o.history) > 0 {
 		recs = append(recs, o.history...)
-		sort.SliceStable(recs, func(i, j int) bool { return recs[i].Key < recs[j].Key })
+		slices.SortStableFunc(recs, byKey)
 		o.history = nil
 	}
 	if len(o.audits) > 0 {
 		recs = append(recs, o.audits...) // their keys sort after every other kind's but closed/…
-		sort.SliceStable(recs, func(i, j int) bool { return recs[i].Key < recs[j].Key })
+		slices.SortStableFunc(recs, byKey)
 		o.audits = nil
 	}
 	rd := o.rd
@@ -362,6 +363,10 @@ func (o *Orchestrator) cacheable(key string) bool {
 	}
 	return true
 }
+
+// byKey orders records by key (a stable sort keeps a key's records in
+// the order they were made).
+func byKey(a, b Record) int { return strings.Compare(a.Key, b.Key) }
 
 // logKeyLease is the lease a log line's key (logKey) names.
 func logKeyLease(key string) (LeaseID, bool) {
@@ -419,7 +424,7 @@ func (o *Orchestrator) recordFor(key string) Record {
 }
 
 // leaseKeyID is a lease id padded so that text order is numeric order.
-func leaseKeyID(id LeaseID) string { return fmt.Sprintf("%020d", uint64(id)) }
+func leaseKeyID(id LeaseID) string { return string(appendLeaseID(nil, id)) }
 
 func parseLeaseKey(s string) LeaseID {
 	n, _ := strconv.ParseUint(s, 10, 64)

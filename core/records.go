@@ -185,11 +185,23 @@ type StepLogLine struct {
 	Line  LogLine
 }
 
+// appendLeaseID appends id in 20 digits, zero-padded, so that text order
+// is numeric order (fmt's "%020d", without its cost: a key is made for
+// every lease record of every batch).
+func appendLeaseID(b []byte, id LeaseID) []byte {
+	var d [20]byte
+	for i := len(d) - 1; i >= 0; i-- {
+		d[i] = byte('0' + id%10)
+		id /= 10
+	}
+	return append(b, d[:]...)
+}
+
 // Key functions.
 func metaKey() string              { return KindMeta }
 func runKey(id RunID) string       { return KindRun + "/" + string(id) }
 func stepKey(id StepID) string     { return KindStep + "/" + string(id) }
-func leaseKey(id LeaseID) string   { return fmt.Sprintf("%s/%020d", KindLease, id) }
+func leaseKey(id LeaseID) string   { return string(appendLeaseID([]byte(KindLease+"/"), id)) }
 func workerKey(id WorkerID) string { return KindWorker + "/" + string(id) }
 func tokenKey(name string) string  { return KindToken + "/" + name }
 func eventKey(r RunID, seq int) string {

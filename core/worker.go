@@ -1,12 +1,14 @@
 package core
 
 import (
+	"cmp"
 	"encoding/binary"
 	"fmt"
 	"hash/fnv"
 	"iter"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -430,6 +432,10 @@ type Worker struct {
 	// leases holds every held lease (at most Slots + Ahead), plus released ones whose
 	// process is still being stopped (each until its exit or its SIGKILL).
 	leases map[LeaseID]*execution
+	// order holds the same executions by lease id: what every walk over
+	// them reads (a slice is walked in a fraction of a map's time, and
+	// several walks follow each Step).
+	order []*execution
 
 	now time.Time   // of the current Step
 	out WorkerReady // accumulated by the current Step
@@ -472,7 +478,7 @@ func (w *Worker) Exited() bool { return w.exited }
 // and not yet answered, refused or cancelled by a Welcome.
 func (w *Worker) InFlight() []LeaseRef {
 	refs := []LeaseRef{}
-	for _, e := range w.leases {
+	for _, e := range w.order {
 		if !e.released {
 			r := e.ref
 			r.Held = e.ahead
@@ -486,7 +492,7 @@ func (w *Worker) InFlight() []LeaseRef {
 // heldCount is len(w.InFlight()), without building it.
 func (w *Worker) heldCount() int {
 	n := 0
-	for _, e := range w.leases {
+	for _, e := range w.order {
 		if !e.released {
 			n++
 		}
@@ -498,7 +504,7 @@ func (w *Worker) heldCount() int {
 // yet reported (SPEC §3 lease-ahead).
 func (w *Worker) busySlots() int {
 	n := 0
-	for _, e := range w.leases {
+	for _, e := range w.order {
 		if !e.released && !e.ahead && !e.reportSent {
 			n++
 		}
@@ -510,7 +516,7 @@ func (w *Worker) busySlots() int {
 // (neither cancelled nor stopped), or nil.
 func (w *Worker) oldestAhead() *execution {
 	var o *execution
-	for _, e := range w.leases {
+	for _, e := range w.order {
 		if !e.released && e.ahead && !e.cancelled && !e.stopped && (o == nil || e.ref.Lease < o.ref.Lease) {
 			o = e
 		}
@@ -548,7 +554,7 @@ func (w *Worker) startAhead() {
 // Buffered returns how many events and log lines of held leases wait for
 // their LogAck.
 func (w *Worker) Buffered() (events, lines int) {
-	for _, e := range w.leases {
+	for _, e := range w.order {
 		if !e.released {
 			events += len(e.events)
 			lines += len(e.lines)
@@ -736,7 +742,7 @@ func (w *Worker) connLost(closeIt bool) {
 		for i := range w.requests {
 			w.requests[i].due, w.requests[i].retries = time.Time{}, 0
 		}
-		for _, e := range w.leases {
+		for _, e := range w.order {
 			e.outDue = time.Time{}
 		}
 	}
@@ -922,7 +928,7 @@ func (w *Worker) dispatch(m Dispatch) {
 		writes:  m.Writes,
 		timeout: max(m.Timeout, 0),
 	}
-	w.leases[m.Lease] = e
+	w.addLease(e)
 	if !free {
 		// No free slot, room ahead: held, and said so at once, which meets
 		// the dispatch-ack deadline (§3). It starts when a slot frees.
@@ -1017,7 +1023,7 @@ func (w *Worker) refreshed(m Refreshed) {
 // --- executions ---
 
 func (w *Worker) held(l LeaseID) *execution {
-	if e := w.leases[l]; e != nil && !e.released {
+	if e := w.find(l); e != nil && !e.released {
 		return e
 	}
 	return nil
@@ -1067,7 +1073,43 @@ func (w *Worker) release(e *execution) {
 	if e.proc == procRunning {
 		w.stop(e)
 	} else {
-		delete(w.leases, l)
+		w.dropLease(l)
+	}
+}
+
+// find returns lease l's execution, or nil: a binary search in order,
+// which is as true as the map (check asserts it) and, over a short slice,
+// cheaper than a map lookup (check asks for every request's lease after
+// every Step).
+func (w *Worker) find(l LeaseID) *execution {
+	lo, hi := 0, len(w.order)
+	for lo < hi {
+		m := int(uint(lo+hi) >> 1)
+		if w.order[m].ref.Lease < l {
+			lo = m + 1
+		} else {
+			hi = m
+		}
+	}
+	if lo < len(w.order) && w.order[lo].ref.Lease == l {
+		return w.order[lo]
+	}
+	return nil
+}
+
+// addLease files a new execution under its lease.
+func (w *Worker) addLease(e *execution) {
+	l := e.ref.Lease
+	w.leases[l] = e
+	i, _ := slices.BinarySearchFunc(w.order, l, func(x *execution, l LeaseID) int { return cmp.Compare(x.ref.Lease, l) })
+	w.order = slices.Insert(w.order, i, e)
+}
+
+// dropLease forgets lease l's execution.
+func (w *Worker) dropLease(l LeaseID) {
+	delete(w.leases, l)
+	if i, ok := slices.BinarySearchFunc(w.order, l, func(x *execution, l LeaseID) int { return cmp.Compare(x.ref.Lease, l) }); ok {
+		w.order = slices.Delete(w.order, i, i+1)
 	}
 }
 
@@ -1229,7 +1271,7 @@ func (w *Worker) procExited(x WExecExited) {
 	}
 	e.proc, e.killAt, e.timeoutAt = procExited, time.Time{}, time.Time{}
 	if e.released {
-		delete(w.leases, x.Lease)
+		w.dropLease(x.Lease)
 		return
 	}
 	var o Outcome
@@ -1373,7 +1415,7 @@ func (w *Worker) tick() {
 			e.killAt = time.Time{}
 			w.exec(ExecKill, e)
 			if e.released {
-				delete(w.leases, e.ref.Lease) // nothing is left to report
+				w.dropLease(e.ref.Lease) // nothing is left to report
 			}
 		}
 	}
@@ -1447,7 +1489,7 @@ func (w *Worker) deadline() time.Time {
 			d = t
 		}
 	}
-	for _, e := range w.leases {
+	for _, e := range w.order {
 		at(e.killAt)
 		if w.phase == phaseReady {
 			at(e.outDue)
@@ -1574,12 +1616,14 @@ func (w *Worker) Clone() *Worker {
 	}
 	c.requests = append([]request(nil), w.requests...)
 	c.leases = make(map[LeaseID]*execution, len(w.leases))
-	for l, e := range w.leases {
+	c.order = make([]*execution, len(w.order))
+	for i, e := range w.order {
 		ce := *e
 		ce.env = copyMap(e.env)
 		ce.lines = append([]LogLine(nil), e.lines...)
 		ce.events = append([]LogLine(nil), e.events...)
-		c.leases[l] = &ce
+		c.leases[e.ref.Lease] = &ce
+		c.order[i] = &ce
 	}
 	c.out = WorkerReady{}
 	return &c
@@ -1707,20 +1751,22 @@ func (e *enc) strMap(m map[string]string) {
 }
 
 func (w *Worker) sortedExecutions() []*execution {
-	es := make([]*execution, 0, len(w.leases))
-	for _, e := range w.leases {
-		es = append(es, e)
-	}
-	sort.Slice(es, func(i, j int) bool { return es[i].ref.Lease < es[j].ref.Lease })
-	return es
+	return slices.Clone(w.order) // a copy: a walk over it may drop leases
 }
 
 // check asserts cheap invariants after every Step.
 func (w *Worker) check() {
-	held := 0
-	for l, e := range w.leases {
-		if e.ref.Lease != l || l > w.maxLease {
+	held, busy := 0, 0
+	if len(w.order) != len(w.leases) {
+		panic(fmt.Sprintf("core.Worker: %d leases filed, %d in order", len(w.leases), len(w.order)))
+	}
+	for i, e := range w.order {
+		l := e.ref.Lease
+		if w.leases[l] != e || l > w.maxLease || (i > 0 && w.order[i-1].ref.Lease >= l) {
 			panic(fmt.Sprintf("core.Worker: lease %d misfiled", l))
+		}
+		if !e.released && !e.ahead && !e.reportSent {
+			busy++
 		}
 		if e.released && e.proc != procRunning {
 			panic(fmt.Sprintf("core.Worker: released lease %d kept without a process", l))
@@ -1740,7 +1786,7 @@ func (w *Worker) check() {
 	if held > w.cfg.Slots+w.cfg.Ahead {
 		panic(fmt.Sprintf("core.Worker: holds %d leases with %d slots and %d ahead", held, w.cfg.Slots, w.cfg.Ahead))
 	}
-	if busy := w.busySlots(); busy > w.cfg.Slots {
+	if busy > w.cfg.Slots {
 		panic(fmt.Sprintf("core.Worker: %d started leases take a slot, with %d slots", busy, w.cfg.Slots))
 	}
 	if len(w.requests) > 2*held+1 {

@@ -598,7 +598,7 @@ func TestWorkerExitIsFinal(t *testing.T) {
 // field fail this test until it is covered here (and in Fingerprint).
 func TestWorkerFingerprintCoversState(t *testing.T) {
 	for typ, want := range map[reflect.Type]int{
-		reflect.TypeFor[Worker](): 26, reflect.TypeFor[execution](): 28,
+		reflect.TypeFor[Worker](): 27, reflect.TypeFor[execution](): 28,
 		reflect.TypeFor[request](): 6, reflect.TypeFor[WorkerConfig](): 25,
 	} {
 		if typ.NumField() != want {
@@ -647,7 +647,8 @@ func TestWorkerFingerprintCoversState(t *testing.T) {
 		"request.outcome": func(c *Worker) { c.requests[len(c.requests)-1].outcome.Message = "x" },
 		"request.due":     func(c *Worker) { c.requests[0].due = now },
 		"request.retries": func(c *Worker) { c.requests[0].retries++ },
-		"leases":          func(c *Worker) { delete(c.leases, 1) },
+		"leases":          func(c *Worker) { c.dropLease(1) },
+		"order":           func(c *Worker) { c.order = c.order[1:] }, // the same executions, walked
 		"exec.ref":        func(c *Worker) { c.leases[1].ref.Step = "x" },
 		"exec.command":    func(c *Worker) { c.leases[1].command = "x" },
 		"exec.env":        func(c *Worker) { c.leases[1].env["k"] = "w" },

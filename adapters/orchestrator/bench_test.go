@@ -33,6 +33,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -214,6 +215,14 @@ func (r *benchRig) usage(tb testing.TB) usage {
 	return u
 }
 
+// $TETHER_BENCH_WORKER_CPUPROFILE=DIR writes each worker process's CPU
+// profile into DIR (worker-PID-N.cpu; go tool pprof DIR/*.cpu adds them up);
+// the orchestrator runs in this process, so -test.cpuprofile profiles it.
+const benchWorkerProfileEnv = "TETHER_BENCH_WORKER_CPUPROFILE"
+
+// workerSeq numbers the worker processes this process started.
+var workerSeq atomic.Int64
+
 // buildWorker builds cmd/worker into a temporary directory of tb's.
 func buildWorker(tb testing.TB) string {
 	tb.Helper()
@@ -257,6 +266,9 @@ func startRig(tb testing.TB, bs *benchStore, workers, slots int, ahead ...int) *
 			"--executor", "noop", "--no-reconnect", "--state-dir", tb.TempDir())
 		if len(ahead) > 0 {
 			cmd.Args = append(cmd.Args, "--ahead", strconv.Itoa(ahead[0]))
+		}
+		if dir := os.Getenv(benchWorkerProfileEnv); dir != "" { // each worker's CPU profile, from its start to its exit
+			cmd.Env = append(os.Environ(), fmt.Sprintf("TETHER_WORKER_CPUPROFILE=%s", filepath.Join(dir, fmt.Sprintf("worker-%d-%d.cpu", os.Getpid(), workerSeq.Add(1)))))
 		}
 		buf := &lockedBuffer{}
 		cmd.Stdout, cmd.Stderr = buf, buf

@@ -15,7 +15,9 @@ package store
 // transaction, before anything is served. The records are keyed snapshots
 // (an upsert puts a whole value, a delete removes a key), so an entry
 // applied twice would leave what applying it once does; it is not, as the
-// applied number moves in the transaction that applies it.
+// applied number moves in the transaction that applies it. For the same
+// reason a transaction puts only the last of one key's records in the
+// entries it applies (applyPayloads).
 //
 // Every read of the store first waits until the applier has applied every
 // entry that was durable when the read was called (barrier): a read never
@@ -186,9 +188,10 @@ func encodePayload(ps []prep) []byte {
 	return b
 }
 
-// applyPayload decodes an entry's payload and puts its records in tx. Its
-// values are slices of payload, which outlives tx.
-func applyPayload(tx *bolt.Tx, payload []byte) error {
+// eachRecord decodes an entry's payload and calls f with each record (its
+// key left empty) and the key's bytes. Its values are slices of payload,
+// which outlives the transaction that puts them.
+func eachRecord(payload []byte, f func(p prep, key []byte) error) error {
 	r := bytes.NewReader(payload)
 	bytesOf := func() ([]byte, error) {
 		n, err := binary.ReadUvarint(r)
@@ -213,7 +216,6 @@ func applyPayload(tx *bolt.Tx, payload []byte) error {
 		if err != nil {
 			return err
 		}
-		p.key = string(key)
 		if !p.del {
 			if p.val, err = bytesOf(); err != nil {
 				return err
@@ -227,8 +229,58 @@ func applyPayload(tx *bolt.Tx, payload []byte) error {
 				}
 			}
 		}
-		if err := p.put(tx); err != nil {
-			return fmt.Errorf("record %q: %w", p.key, err)
+		if err := f(p, key); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// lastOf is what applyPayloads keeps between calls (the applier's: one
+// goroutine), so that its index costs no allocation once grown.
+type lastOf struct {
+	last map[string]int // a key's last record, by number
+	keys []string       // each record's key, by number
+}
+
+// applyPayloads puts the records of payloads, in their order, in tx;
+// seq(i) is payloads[i]'s sequence number (for errors). A record is a
+// keyed snapshot (SPEC §11), so of one key's records only the last decides
+// what the transaction leaves, and only it is put: a step granted, started,
+// reported and archived within the entries is one delete, not five writes.
+func applyPayloads(tx *bolt.Tx, payloads [][]byte, seq func(i int) uint64, lo *lastOf) error {
+	if lo.last == nil || len(lo.keys) > 1<<16 {
+		*lo = lastOf{last: map[string]int{}} // clearing keeps a map's size, and costs it: after a large one, start afresh
+	}
+	clear(lo.last)
+	clear(lo.keys)
+	lo.keys = lo.keys[:0]
+	for i, payload := range payloads {
+		err := eachRecord(payload, func(_ prep, key []byte) error {
+			k := string(key)
+			lo.last[k] = len(lo.keys)
+			lo.keys = append(lo.keys, k)
+			return nil
+		})
+		if err != nil {
+			return fmt.Errorf("entry %d: %w", seq(i), err)
+		}
+	}
+	n := 0
+	for i, payload := range payloads {
+		err := eachRecord(payload, func(p prep, _ []byte) error {
+			p.key = lo.keys[n]
+			n++
+			if lo.last[p.key] != n-1 {
+				return nil // a later record of its key follows
+			}
+			if err := p.put(tx); err != nil {
+				return fmt.Errorf("record %q: %w", p.key, err)
+			}
+			return nil
+		})
+		if err != nil {
+			return fmt.Errorf("entry %d: %w", seq(i), err)
 		}
 	}
 	return nil
@@ -418,10 +470,8 @@ func recoverLog(db *bolt.DB, path string, keep bool) (walState, error) {
 	next := walState{id: st.id, applied: last, clean: true}
 	if !st.clean {
 		err := db.Update(func(tx *bolt.Tx) error {
-			for i, p := range payloads {
-				if err := applyPayload(tx, p); err != nil {
-					return fmt.Errorf("entry %d: %w", st.applied+1+uint64(i), err)
-				}
+			if err := applyPayloads(tx, payloads, func(i int) uint64 { return st.applied + 1 + uint64(i) }, &lastOf{}); err != nil {
+				return err
 			}
 			return putWALState(tx, next)
 		})
@@ -582,6 +632,8 @@ func (l *wlog) writeAt(group []walEntry, pos, n int64) error {
 // bbolt transaction, which records the last one's number.
 func (l *wlog) run() {
 	defer close(l.done)
+	var lo lastOf
+	var payloads [][]byte
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	for {
@@ -595,15 +647,18 @@ func (l *wlog) run() {
 		l.ready, l.readyN = nil, 0
 		last := batch[len(batch)-1].seq
 		l.mu.Unlock()
+		payloads = payloads[:0]
+		for _, e := range batch {
+			payloads = append(payloads, e.buf[walEntryHead:])
+		}
 		err := l.db.Update(func(tx *bolt.Tx) error {
-			for _, e := range batch {
-				if err := applyPayload(tx, e.buf[walEntryHead:]); err != nil {
-					return fmt.Errorf("entry %d: %w", e.seq, err)
-				}
+			if err := applyPayloads(tx, payloads, func(i int) uint64 { return batch[i].seq }, &lo); err != nil {
+				return err
 			}
 			b := tx.Bucket(bktWAL)
 			return b.Put(walKeyApplied, be64(last))
 		})
+		clear(payloads) // the entries' buffers are no longer needed
 		l.mu.Lock()
 		if err != nil {
 			l.err = fmt.Errorf("store: apply the log: %w", err)

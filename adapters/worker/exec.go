@@ -154,11 +154,11 @@ func (d *Driver) exec(c core.ExecCommand) {
 // failure to start, comes back as an exited input after all of its output.
 func (d *Driver) start(c core.ExecCommand) {
 	lease := c.Lease
-	log := d.log.With(logging.LeaseAttrs(lease, c.Step)...)
-	if d.opts.Noop {
+	if d.opts.Noop { // nothing runs, so nothing logs: no logger is made
 		d.local = append(d.local, exited{Lease: lease}) // the loop takes it next
 		return
 	}
+	log := d.log.With(logging.LeaseAttrs(lease, c.Step)...)
 	if !d.secretsReady(c) {
 		return // the loop starts it once its secrets are fetched (SPEC §14a)
 	}

@@ -19,6 +19,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"runtime/pprof"
 	"slices"
 	"sort"
 	"strconv"
@@ -242,7 +243,36 @@ func main() {
 	signal.Ignore(syscall.SIGHUP)
 	stops := make(chan os.Signal, 2)
 	signal.Notify(stops, os.Interrupt, syscall.SIGTERM)
-	os.Exit(runWith(context.Background(), stops, os.Args[1:], os.Stdout, os.Stderr))
+	stop, err := cpuProfile(os.Getenv(cpuProfileEnv))
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "worker: $%s: %v\n", cpuProfileEnv, err)
+		os.Exit(exitError)
+	}
+	code := runWith(context.Background(), stops, os.Args[1:], os.Stdout, os.Stderr)
+	stop()
+	os.Exit(code)
+}
+
+// cpuProfileEnv names a file for the process's CPU profile, written from
+// start to exit (Go's runtime/pprof format): how the end-to-end benchmark
+// profiles its worker processes (PERFORMANCE.md beside it).
+const cpuProfileEnv = "TETHER_WORKER_CPUPROFILE"
+
+// cpuProfile starts a CPU profile into path (none when path is empty); stop
+// ends it and closes the file.
+func cpuProfile(path string) (stop func(), err error) {
+	if path == "" {
+		return func() {}, nil
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, err
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		f.Close()
+		return nil, err
+	}
+	return func() { pprof.StopCPUProfile(); f.Close() }, nil
 }
 
 // settings are the worker's settings: defaults, then the config file, then flags.

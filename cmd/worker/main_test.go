@@ -293,3 +293,24 @@ func TestTokenSources(t *testing.T) {
 		t.Errorf("--token is not warned about:\n%s", stderr.String())
 	}
 }
+
+// TestCPUProfile: $TETHER_WORKER_CPUPROFILE's file holds a profile once
+// stopped (gzip'd, as runtime/pprof writes it), and an empty name starts
+// none.
+func TestCPUProfile(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "w.cpu")
+	stop, err := cpuProfile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop()
+	b, err := os.ReadFile(path)
+	if err != nil || len(b) < 2 || b[0] != 0x1f || b[1] != 0x8b {
+		t.Fatalf("the profile file holds %d bytes (%v), not a gzip'd profile", len(b), err)
+	}
+	stop, err = cpuProfile("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop()
+}
