@@ -152,6 +152,10 @@ type Options struct {
 	// HelloTimeout is how long a new control connection has to send its
 	// Hello before it is closed (1008); zero means 5 s.
 	HelloTimeout time.Duration
+	// ReadWait is how long a control connection may be silent (no frame,
+	// no pong) before it is closed as dead; zero means 60 s. One heard
+	// nothing from for half of it is pinged (SPEC §9).
+	ReadWait time.Duration
 	// MetricsToken, if set, is the bearer token /metrics asks for; empty
 	// serves /metrics to anyone who can reach the listener (SPEC §16).
 	MetricsToken string
@@ -329,6 +333,9 @@ func Start(opts Options) (*Driver, error) {
 	}
 	if opts.HelloTimeout <= 0 {
 		opts.HelloTimeout = DefaultHelloTimeout
+	}
+	if opts.ReadWait <= 0 {
+		opts.ReadWait = readWait
 	}
 	for _, l := range []struct {
 		v   *int64
