@@ -919,7 +919,9 @@ func (d *Driver) process(batch []input) error {
 	stepped, dl := false, d.deadline
 	step := func(in core.Input) core.Ready {
 		rd := d.o.Step(time.Now(), in)
-		f.group.Add(rd)
+		if !emptyReady(rd) { // an idle heartbeat's: nothing to persist or release
+			f.group.Add(rd)
+		}
 		d.m.stepped(d.o, rd, f)
 		stepped, dl = true, rd.Deadline // the last Ready's Deadline is the core's earliest timer now
 		return rd
@@ -995,6 +997,15 @@ func (d *Driver) process(batch []input) error {
 		d.launchNext()
 	}
 	return nil
+}
+
+// emptyReady says whether a batch holds nothing to persist or release (a
+// heartbeat that changed nothing, SPEC §8): it joins no group, so a group of
+// such batches costs no commit (on PostgreSQL, no proof of leadership,
+// which only what leaves needs) and no goroutine.
+func emptyReady(rd core.Ready) bool {
+	return len(rd.Records) == 0 && len(rd.Messages) == 0 && len(rd.Answers) == 0 && len(rd.Events) == 0 &&
+		len(rd.Logs) == 0 && len(rd.Transitions) == 0 && len(rd.Writes) == 0 && len(rd.Audit) == 0
 }
 
 // pendingWrite is a data write's answer, sent once its group is durable:
