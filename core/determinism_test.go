@@ -569,3 +569,41 @@ func TestNoStateCacheSameBatches(t *testing.T) {
 		}
 	}
 }
+
+// TestHeartbeatClockInCloneAndFingerprint: the heartbeat clock is state in
+// no record (SPEC §8), so Clone must carry it and Fingerprint must cover
+// it: two machines that differ only in a heartbeat decide differently (a
+// silent worker gets no work), and the explorer must never take one for the
+// other.
+func TestHeartbeatClockInCloneAndFingerprint(t *testing.T) {
+	o := NewOrchestrator(Config{})
+	var sec [16]byte
+	rd := o.Step(t0, CreateToken{Call: 1, Name: "t", TTL: time.Hour, Secret: sec})
+	o.Step(t0, Received{Conn: 1, Msg: Hello{Version: ProtocolVersion, Token: rd.Answers[0].Token, Worker: "w1", Slots: 1, MaxDelay: time.Minute}})
+	quiet := o.Clone()
+	at := t0.Add(50 * time.Second)
+	if rd := o.Step(at, Received{Conn: 1, Msg: Heartbeat{}}); len(rd.Records) != 0 || len(rd.Messages) != 0 {
+		t.Fatalf("a heartbeat that changes nothing else made a batch of %d records, %d messages", len(rd.Records), len(rd.Messages))
+	}
+	if rd := quiet.Step(at, Tick{}); len(rd.Records) != 0 {
+		t.Fatalf("a tick made %d records", len(rd.Records))
+	}
+	if o.Fingerprint() == quiet.Fingerprint() {
+		t.Fatal("a machine that heard a heartbeat has the fingerprint of one that did not")
+	}
+	// At +70s w1 is silent (60s) on the quiet machine only: a submit is
+	// dispatched by o and by its clone, not by quiet.
+	c := o.Clone()
+	if o.Fingerprint() != c.Fingerprint() {
+		t.Fatal("clone has a different fingerprint")
+	}
+	sub := Submit{Call: 2, Spec: RunSpec{Steps: []StepSpec{{Name: "a", Command: "x"}}}}
+	at = t0.Add(70 * time.Second)
+	ro, rc, rq := o.Step(at, sub), c.Step(at, sub), quiet.Step(at, sub)
+	if describeAll(ro) != describeAll(rc) {
+		t.Fatalf("original and clone diverged:\n--- original\n%s--- clone\n%s", describeAll(ro), describeAll(rc))
+	}
+	if describeAll(ro) == describeAll(rq) {
+		t.Fatalf("the heartbeat made no difference: the check is vacuous\n%s", describeAll(ro))
+	}
+}

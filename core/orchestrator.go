@@ -396,6 +396,7 @@ func (o *Orchestrator) recordFor(key string) Record {
 		}
 	case KindWorker:
 		if w := o.workers[WorkerID(id)]; w != nil {
+			w.LastHeartbeat = w.clock // the clock reaches the record with another change (§8)
 			v = w
 		}
 	case KindToken:

@@ -541,10 +541,31 @@ func (h *harness) command(d *datadriven.TestData) []string {
 		return h.step(Disconnected{Conn: c})
 
 	case "heartbeat":
+		// heartbeat w1 [inflight=…] [ninflight=N] [records]: with records,
+		// the keys of the records its batch wrote come first.
 		w := h.pos(d, 0)
 		refs := h.parseRefs(d, h.argOr(d, "inflight", ""))
 		refs = append(refs, manyRefs(int(h.num(d, "ninflight", 0)))...)
-		return h.step(Received{Conn: h.conn(d, w), Msg: Heartbeat{InFlight: refs}})
+		rd := h.o.Step(h.now, Received{Conn: h.conn(d, w), Msg: Heartbeat{InFlight: refs}})
+		var out []string
+		if d.HasArg("records") {
+			out = append(out, describeRecordKeys(rd.Records))
+		}
+		return append(out, h.absorb(rd)...)
+
+	case "clocks":
+		// Each worker's heartbeat clock (SPEC §8), in memory, and the one
+		// its record on the disk holds.
+		var out []string
+		for _, w := range h.o.Workers() {
+			v, err := DecodeRecord(Record{Key: workerKey(w.ID), Value: h.disk[workerKey(w.ID)]})
+			if err != nil {
+				h.t.Fatalf("%s: worker record %s: %v", d.Pos, w.ID, err)
+			}
+			out = append(out, fmt.Sprintf("worker %s clock=%s recorded=%s", w.ID,
+				DescribeAt(w.LastHeartbeat, t0), DescribeAt(v.(*WorkerRecord).LastHeartbeat, t0)))
+		}
+		return out
 
 	case "start":
 		w := h.pos(d, 0)
@@ -1169,4 +1190,16 @@ func splitFields(s string) []string {
 		out = append(out, cur.String())
 	}
 	return out
+}
+
+// describeRecordKeys renders the keys of a batch's records in one line.
+func describeRecordKeys(recs []Record) string {
+	if len(recs) == 0 {
+		return "records: none"
+	}
+	keys := make([]string, len(recs))
+	for i, r := range recs {
+		keys[i] = r.Key
+	}
+	return "records: " + strings.Join(keys, " ")
 }

@@ -195,7 +195,7 @@ func (o *Orchestrator) hello(c ConnID, h Hello, entropy [16]byte) {
 	o.attach(c, w, h.Version)
 	wasInactive := !w.Active
 	w.Active = true
-	w.LastHeartbeat = o.now
+	w.clock = o.now
 	w.GraceUntil = time.Time{}
 	w.Draining = h.Draining // a restarted process (§9) is not draining
 	// Slots and ahead are the process's own (§3): one restarted with a
@@ -257,7 +257,7 @@ func (o *Orchestrator) enroll(c ConnID, h Hello, entropy [16]byte) {
 		ID: h.Worker, Name: h.Name, Token: name, Tags: sortedCopy(h.Tags), Labels: copyMap(h.Labels),
 		Platform: h.Platform, Slots: h.Slots, Ahead: h.Ahead, Scaler: h.Scaler, Active: true,
 		CredHash: hashSecret([]byte(cred)), CredExpiry: o.now.Add(o.cfg.CredentialTTL),
-		LastHeartbeat: o.now, EnrolledAt: o.now,
+		LastHeartbeat: o.now, EnrolledAt: o.now, clock: o.now,
 	}
 	if w.Name == "" {
 		w.Name = name
@@ -419,7 +419,7 @@ func (o *Orchestrator) triage(s *StepRecord, l *LeaseRecord, cause Cause) {
 			msg = "agent disconnected with --no-reconnect mid-execution"
 		}
 	case CauseStaleWorker:
-		class, msg = ClassStaleWorker, fmt.Sprintf("worker %s sent no heartbeat for %s", w.ID, DescribeDuration(o.now.Sub(w.LastHeartbeat).Truncate(time.Second)))
+		class, msg = ClassStaleWorker, fmt.Sprintf("worker %s sent no heartbeat for %s", w.ID, DescribeDuration(o.now.Sub(w.clock).Truncate(time.Second)))
 	case CauseRevoked:
 		class, msg = ClassRevoked, fmt.Sprintf("worker %s's enrollment token was revoked", w.ID)
 	case CauseLost:
@@ -459,13 +459,15 @@ func (o *Orchestrator) requeue(s *StepRecord, why string) {
 	o.event(s.Run, s.ID, "step-requeued", "requeued, never started: "+why)
 }
 
+// heartbeat moves the worker's heartbeat clock, in memory only (§8): a
+// heartbeat that changes nothing else writes no record.
 func (o *Orchestrator) heartbeat(w *WorkerRecord, h Heartbeat) {
-	w.LastHeartbeat = o.now
+	w.clock = o.now
 	if !w.Active {
 		w.Active = true
+		o.markWorker(w)
 		o.logf("info", "worker reactivated", FieldWorker, string(w.ID))
 	}
-	o.markWorker(w)
 	for _, r := range h.InFlight {
 		if o.committedTo(r.Lease, w.ID, r.Step) {
 			continue // the answer to its report is on its way, or will be again
@@ -550,7 +552,7 @@ func (o *Orchestrator) held(w *WorkerRecord, id LeaseID) {
 // silent, re-armed from the worker's heartbeat clock when it fires (fire).
 func (o *Orchestrator) hold(w *WorkerRecord, l *LeaseRecord) {
 	l.Held = true
-	l.Deadline = w.LastHeartbeat.Add(MaxSilentHeartbeats * o.cfg.HeartbeatInterval)
+	l.Deadline = w.clock.Add(MaxSilentHeartbeats * o.cfg.HeartbeatInterval)
 	o.markLease(l)
 	o.arm(l.Deadline, tLease, leaseKeyID(l.ID))
 }
@@ -896,14 +898,14 @@ func (o *Orchestrator) fire(t timer) {
 			if l.Held {
 				w := o.workers[l.Worker]
 				silent := MaxSilentHeartbeats * o.cfg.HeartbeatInterval
-				if o.now.Sub(w.LastHeartbeat) < silent {
+				if o.now.Sub(w.clock) < silent {
 					o.hold(w, l) // heard from since: watch the new window
 					break
 				}
 				// The hung-worker rule (§3, §8): a held lease of a silent
 				// worker is requeued as never started and the step
 				// records the miss, as a missed dispatch-ack deadline.
-				why = fmt.Sprintf("held ahead by worker %s, silent for %s", l.Worker, DescribeDuration(o.now.Sub(w.LastHeartbeat).Truncate(time.Second)))
+				why = fmt.Sprintf("held ahead by worker %s, silent for %s", l.Worker, DescribeDuration(o.now.Sub(w.clock).Truncate(time.Second)))
 			}
 			done := o.because(CauseDispatchMissed, s.ID, l)
 			o.sendTo(l.Worker, Cancel{Lease: l.ID, Reason: why})
@@ -970,7 +972,7 @@ func (o *Orchestrator) sweep() {
 	// 1. Stale workers: connected but silent past the heartbeat timeout.
 	for _, id := range sortedKeys(o.workers) {
 		w := o.workers[id]
-		if !w.Active || !o.connected(w.ID) || o.now.Sub(w.LastHeartbeat) < o.cfg.HeartbeatTimeout {
+		if !w.Active || !o.connected(w.ID) || o.now.Sub(w.clock) < o.cfg.HeartbeatTimeout {
 			continue
 		}
 		w.Active = false
@@ -1064,7 +1066,7 @@ func (o *Orchestrator) dispatch() {
 	slots := 0 // free slots and room ahead left among the free workers
 	silent := MaxSilentHeartbeats * o.cfg.HeartbeatInterval
 	for id, w := range o.workers {
-		if w.Active && !w.Revoked && !w.Draining && o.connected(id) && len(o.workerLeases[id]) < w.Slots+w.Ahead && o.now.Sub(w.LastHeartbeat) < silent {
+		if w.Active && !w.Revoked && !w.Draining && o.connected(id) && len(o.workerLeases[id]) < w.Slots+w.Ahead && o.now.Sub(w.clock) < silent {
 			free = append(free, w)
 			slots += w.Slots + w.Ahead - len(o.workerLeases[id])
 		}
@@ -1188,17 +1190,16 @@ func copyMap(m map[string]string) map[string]string {
 }
 
 // MaxSilentHeartbeats is how many heartbeat intervals old a connected
-// worker's heartbeat clock (LastHeartbeat) may grow before the worker is
+// worker's heartbeat clock (WorkerRecord.clock) may grow before the worker is
 // silent: not dispatchable until any message from it ends the silence (§8).
 const MaxSilentHeartbeats = 2
 
-// heard notes a message from w (§8): it ends a silence (LastHeartbeat moves
-// to now, written only then: a heartbeat writes it anyway) and lifts every
-// dispatch-ack exclusion of w.
+// heard notes a message from w (§8): it ends a silence (the heartbeat
+// clock moves to now, in memory only, as a heartbeat moves it) and lifts
+// every dispatch-ack exclusion of w.
 func (o *Orchestrator) heard(w *WorkerRecord) {
-	if o.now.Sub(w.LastHeartbeat) >= MaxSilentHeartbeats*o.cfg.HeartbeatInterval {
-		w.LastHeartbeat = o.now
-		o.markWorker(w)
+	if o.now.Sub(w.clock) >= MaxSilentHeartbeats*o.cfg.HeartbeatInterval {
+		w.clock = o.now
 	}
 	steps := o.missed[w.ID]
 	if len(steps) == 0 {

@@ -194,6 +194,7 @@ func (o *Orchestrator) Workers() []WorkerView {
 	out := make([]WorkerView, 0, len(o.workers))
 	for _, id := range sortedKeys(o.workers) {
 		w := *o.workers[id]
+		w.LastHeartbeat = w.clock // the live clock, not the recorded one (§8)
 		w.Tags = append([]string(nil), w.Tags...)
 		w.Labels = copyMap(w.Labels)
 		out = append(out, WorkerView{WorkerRecord: w, Connected: o.connected(id), Leases: len(o.workerLeases[id])})

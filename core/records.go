@@ -155,7 +155,7 @@ type WorkerRecord struct {
 	Revoked        bool
 	CredHash       [32]byte
 	CredExpiry     time.Time
-	LastHeartbeat  time.Time // its last Hello or heartbeat, or a later message that ended a silence (§8)
+	LastHeartbeat  time.Time // the heartbeat clock when this record was last written: its last Hello at least (§8)
 	DisconnectedAt time.Time `json:",omitzero"` // zero while connected
 	GraceUntil     time.Time `json:",omitzero"`
 	EnrolledAt     time.Time
@@ -163,6 +163,12 @@ type WorkerRecord struct {
 	// a reconnect Hello says otherwise: a drained process exits, and a
 	// process restarted with the saved identity (§9) is not draining.
 	Draining bool `json:",omitempty"`
+	// clock is the heartbeat clock (§8): the last Hello or heartbeat, or a
+	// later message that ended a silence. It is kept in memory only: a
+	// heartbeat writes no record, and the clock reaches LastHeartbeat when
+	// the record is written for another change (recordFor). A restore
+	// restarts it at now (§7).
+	clock time.Time
 }
 
 // TokenRecord is an enrollment token; only the secret's hash is kept.

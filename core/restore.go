@@ -163,6 +163,7 @@ func (o *Orchestrator) load(recs []Record) error {
 		o.logSeen[id] = seen
 	}
 	for _, w := range o.workers {
+		w.clock = w.LastHeartbeat // Restore restarts it at now (rearm); Clone sets it
 		if w.LastHeartbeat.After(o.now) {
 			o.now = w.LastHeartbeat
 		}
@@ -186,7 +187,7 @@ func (o *Orchestrator) markStepIndex(s *StepRecord) {
 func (o *Orchestrator) rearm() {
 	for _, id := range sortedKeys(o.workers) {
 		w := o.workers[id]
-		w.LastHeartbeat = o.now // a restart is not the worker's silence
+		w.clock = o.now // a restart is not the worker's silence: its record gets it too
 		if w.Active && !w.Revoked {
 			// The outage was the orchestrator's: a worker that was in the
 			// pool must be able to come back even if its credential would
@@ -214,7 +215,7 @@ func (o *Orchestrator) rearm() {
 		if l.Held {
 			// A held lease's window is the worker's silence (§3), and its
 			// heartbeat clock restarts now: a full window from now.
-			l.Deadline = w.LastHeartbeat.Add(MaxSilentHeartbeats * o.cfg.HeartbeatInterval)
+			l.Deadline = w.clock.Add(MaxSilentHeartbeats * o.cfg.HeartbeatInterval)
 		}
 		o.markLease(l)
 		switch s.State {
@@ -328,6 +329,9 @@ func (o *Orchestrator) Clone() *Orchestrator {
 		panic("core: clone: " + err.Error())
 	}
 	c.cloneClosed(o)
+	for id, w := range o.workers { // the heartbeat clocks are in no record (§8)
+		c.workers[id].clock = w.clock
+	}
 	c.cfg.Env = copyMap(o.cfg.Env)
 	c.now, c.restoredAt = o.now, o.restoredAt
 	for k, v := range o.conns {
@@ -393,6 +397,7 @@ func (o *Orchestrator) Fingerprint() uint64 {
 	put(uint64(o.now.UnixNano()))
 	put(uint64(o.restoredAt.UnixNano()))
 	put(o.fp)
+	put(o.clocksHash())
 	conns := make([]ConnID, 0, len(o.conns))
 	for c := range o.conns {
 		conns = append(conns, c)
@@ -407,4 +412,17 @@ func (o *Orchestrator) Fingerprint() uint64 {
 		}
 	}
 	return h.Sum64()
+}
+
+// clocksHash mixes the workers' heartbeat clocks, which are state but in no
+// record (SPEC §8): the sum of each worker's hash, so map order cannot
+// matter.
+func (o *Orchestrator) clocksHash() uint64 {
+	var sum uint64
+	var b [8]byte
+	for id, w := range o.workers {
+		binary.LittleEndian.PutUint64(b[:], uint64(w.clock.UnixNano()))
+		sum += recordHash(string(id), b[:])
+	}
+	return sum
 }

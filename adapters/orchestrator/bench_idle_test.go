@@ -8,9 +8,9 @@ package orchestrator_test
 // with a token of its own as a worker does (a Hello with the token, then
 // the Welcome), then sending a Heartbeat at the interval the Welcome gives
 // (SPEC §9), and answering the orchestrator's pings; in the second
-// sub-benchmark (pings=5s) each also pings every 5 s, as cmd/worker does
-// (SPEC §9). Once all are connected it measures, over idleWindow with
-// nothing to run:
+// sub-benchmark (pings=idle10s) each also pings as cmd/worker does (SPEC
+// §9): every 5 s it pings if it has read nothing for 10 s. Once all are
+// connected it measures, over idleWindow with nothing to run:
 //
 //   - rss-KiB/worker: this process's resident set (VmRSS) at the end of the
 //     window, less what it was before the first token was made, per
@@ -69,8 +69,11 @@ const (
 	swarmDialers = 32
 	heapProfEnv  = "TETHER_BENCH_HEAPPROFILE"
 	cpuProfEnv   = "TETHER_BENCH_CPUPROFILE"
-	swarmPingEnv = "TETHER_BENCH_SWARM_PING" // how often each client pings (a duration; 0s: never)
-	workerPing   = 5 * time.Second           // cmd/worker's ping period (SPEC §9: it pings every 5 s)
+	swarmPingEnv = "TETHER_BENCH_SWARM_PING" // how often each client checks for a ping due (a duration; 0s: never)
+	// workerPing is how often cmd/worker checks whether a ping is due, and
+	// half how long it reads nothing before one is (SPEC §9: ReadWait/4,
+	// ReadWait/2).
+	workerPing = 5 * time.Second
 )
 
 // idleRig is an orchestrator with a swarm of n idle workers connected.
@@ -320,7 +323,7 @@ func BenchmarkIdleWorkers(b *testing.B) {
 	for _, ping := range []time.Duration{0, workerPing} {
 		name := fmt.Sprintf("workers=%d", idleWorkers)
 		if ping > 0 {
-			name += "/pings=" + ping.String()
+			name += "/pings=idle" + (2 * ping).String()
 		}
 		b.Run(name, func(b *testing.B) { benchIdle(b, ping) })
 	}
@@ -365,8 +368,9 @@ func TestIdleWorkersRig(t *testing.T) {
 
 // swarmMain is the swarm: it enrolls a client per token, swarmDialers at
 // a time, prints "connected N" once all are welcomed, heartbeats each at
-// the Welcome's interval and pings each every $TETHER_BENCH_SWARM_PING
-// (each spread evenly over its period) until its stdin closes,
+// the Welcome's interval and, every $TETHER_BENCH_SWARM_PING, pings each
+// that has read nothing for twice that, as cmd/worker does (each spread
+// evenly over its period) until its stdin closes,
 // then prints "swarm: N connected, D dropped, H heartbeats, P pings" and
 // exits. A client is light: small buffers, one goroutine reading (which
 // answers the orchestrator's pings), the heartbeats and pings from one
@@ -383,6 +387,7 @@ func swarmMain() int {
 	var (
 		mu       sync.Mutex
 		conns    = make([]*websocket.Conn, 0, len(toks))
+		heard    = make([]*atomic.Int64, 0, len(toks)) // when each last read a frame, ping or pong (unix ns)
 		interval time.Duration
 		dropped  atomic.Int64
 		failed   = make(chan error, 1)
@@ -420,8 +425,17 @@ func swarmMain() int {
 			if !ok {
 				return fmt.Errorf("%s: %#v, not a Welcome", name, m)
 			}
+			h := &atomic.Int64{}
+			h.Store(time.Now().UnixNano())
+			ws.SetPingHandler(func(data string) error {
+				h.Store(time.Now().UnixNano())
+				ws.WriteControl(websocket.PongMessage, []byte(data), time.Now().Add(10*time.Second))
+				return nil
+			})
+			ws.SetPongHandler(func(string) error { h.Store(time.Now().UnixNano()); return nil })
 			mu.Lock()
 			conns = append(conns, ws)
+			heard = append(heard, h)
 			interval = w.Heartbeat
 			mu.Unlock()
 			go func() { // reads (and so answers pings) until the connection ends
@@ -433,6 +447,7 @@ func swarmMain() int {
 						}
 						return
 					}
+					h.Store(time.Now().UnixNano())
 				}
 			}()
 			return nil
@@ -506,8 +521,11 @@ func swarmMain() int {
 			}
 		}
 		for range pingsPer {
-			ws := conns[j%len(conns)]
+			ws, h := conns[j%len(conns)], heard[j%len(conns)]
 			j++
+			if now := time.Now(); now.Sub(time.Unix(0, h.Load())) < 2*ping {
+				continue // heard from lately: no ping (SPEC §9)
+			}
 			if err := ws.WriteControl(websocket.PingMessage, nil, time.Now().Add(10*time.Second)); err == nil {
 				pings++
 			}

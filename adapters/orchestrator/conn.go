@@ -20,8 +20,7 @@ import (
 
 // Control-plane timing and limits (SPEC §12).
 const (
-	pingPeriod     = 20 * time.Second // the orchestrator pings every connection this often
-	readWait       = 60 * time.Second // a connection silent this long (no frame, no pong) is dead
+	readWait       = 60 * time.Second // a connection silent this long (no frame, no pong) is dead (Options.ReadWait)
 	writeWait      = 10 * time.Second // one frame must be written within this
 	sendQueue      = 1024             // frames queued per connection; a slower reader is closed (1013)
 	connInputQueue = 64               // inputs of one connection waiting for the loop; its reads wait beyond it
@@ -99,6 +98,12 @@ type conn struct {
 	lingerUntil atomic.Int64
 	closedWith  atomic.Int32 // the close code it was hung up with
 	bytesIn     int64        // frame bytes read (the read loop's; read after it ends)
+	// heard is when its last frame, ping or pong was read (unix ns);
+	// pingAfter is how long after it a ping is due (half Options.ReadWait,
+	// checked every third of it: a ping leaves at least a sixth for the
+	// pong).
+	heard     atomic.Int64
+	pingAfter time.Duration
 }
 
 // serveControl upgrades one connection and runs it until it ends. A
@@ -123,7 +128,8 @@ func (d *Driver) serveControl(w http.ResponseWriter, r *http.Request) {
 		return // the upgrader has answered
 	}
 	c := &conn{id: core.ConnID(d.nextConn.Add(1)), ws: ws, cc: hj.cc, out: newFrameQueue(), stop: make(chan struct{}),
-		host: host, inputs: make(chan struct{}, connInputQueue)}
+		host: host, inputs: make(chan struct{}, connInputQueue), pingAfter: d.opts.ReadWait / 2}
+	c.heard.Store(time.Now().UnixNano())
 	// The connection runs on a goroutine of its own, and the handler
 	// returns: what the HTTP server held for the request (its writer, the
 	// request, a deep stack) is then free, where a handler running for the
@@ -238,11 +244,23 @@ func (d *Driver) readLoop(c *conn) string {
 	helloBy := time.Now().Add(d.opts.HelloTimeout)
 	c.ws.SetReadDeadline(helloBy)
 	first := true
-	c.ws.SetPongHandler(func(string) error {
+	// A pong, or a worker's own ping, is heard from the peer as a frame is
+	// (SPEC §9): it extends the read deadline and spares the next ping.
+	heard := func() error {
 		if first || c.lingering() {
-			return nil // pongs do not extend the Hello deadline, nor a linger
+			return nil // they do not extend the Hello deadline, nor a linger
 		}
-		return c.ws.SetReadDeadline(time.Now().Add(readWait))
+		now := time.Now()
+		c.heard.Store(now.UnixNano())
+		return c.ws.SetReadDeadline(now.Add(d.opts.ReadWait))
+	}
+	c.ws.SetPongHandler(func(string) error { return heard() })
+	c.ws.SetPingHandler(func(data string) error {
+		if err := heard(); err != nil {
+			return err
+		}
+		c.ws.WriteControl(websocket.PongMessage, []byte(data), time.Now().Add(writeWait)) // best effort, as gorilla's own
+		return nil
 	})
 	var frames wire.FrameBuffer
 	for {
@@ -269,7 +287,9 @@ func (d *Driver) readLoop(c *conn) string {
 		if c.lingering() {
 			continue // hung up (its send queue overflowed): discard
 		}
-		c.ws.SetReadDeadline(time.Now().Add(readWait))
+		now := time.Now()
+		c.heard.Store(now.UnixNano())
+		c.ws.SetReadDeadline(now.Add(d.opts.ReadWait))
 		if typ != websocket.TextMessage {
 			c.hangUp(closeData, "binary frames are not part of the protocol")
 			return "binary frame"
@@ -337,9 +357,10 @@ func (c *conn) writeText(b []byte) error { return wire.WriteText(c.ws, b, writeW
 // writeLoop writes queued frames and pings until out is closed (then it
 // says goodbye with a close frame) or the connection is aborted or fails.
 // The frames queued at one moment (a batch's messages for this worker) go
-// out in one write.
+// out in one write. A connection is pinged only once nothing was read from
+// it for pingAfter (SPEC §9): a worker that heartbeats or pings needs none.
 func (c *conn) writeLoop() {
-	ping := time.NewTicker(pingPeriod)
+	ping := time.NewTicker(2 * c.pingAfter / 3)
 	defer ping.Stop()
 	var frames [][]byte
 	for {
@@ -357,8 +378,11 @@ func (c *conn) writeLoop() {
 				c.hangUp(c.code, c.reason) // the read loop ends within lingerWait
 				return
 			}
-		case <-ping.C:
-			if err := c.ws.WriteControl(websocket.PingMessage, nil, time.Now().Add(writeWait)); err != nil {
+		case now := <-ping.C:
+			if now.Sub(time.Unix(0, c.heard.Load())) < c.pingAfter {
+				continue // heard from lately: alive
+			}
+			if err := c.ws.WriteControl(websocket.PingMessage, nil, now.Add(writeWait)); err != nil {
 				c.writeFailed()
 				return
 			}

@@ -154,6 +154,10 @@ type Options struct {
 	// HelloTimeout is how long a new control connection has to send its
 	// Hello before it is closed (1008); zero means 5 s.
 	HelloTimeout time.Duration
+	// ReadWait is how long a control connection may be silent (no frame,
+	// no pong) before it is closed as dead; zero means 60 s. One heard
+	// nothing from for half of it is pinged (SPEC §9).
+	ReadWait time.Duration
 	// MetricsToken, if set, is the bearer token /metrics asks for; empty
 	// serves /metrics to anyone who can reach the listener (SPEC §16).
 	MetricsToken string
@@ -333,6 +337,9 @@ func Start(opts Options) (*Driver, error) {
 	}
 	if opts.HelloTimeout <= 0 {
 		opts.HelloTimeout = DefaultHelloTimeout
+	}
+	if opts.ReadWait <= 0 {
+		opts.ReadWait = readWait
 	}
 	for _, l := range []struct {
 		v   *int64
@@ -982,7 +989,9 @@ func (d *Driver) process(batch []input) error {
 	stepped, dl := false, d.deadline
 	step := func(in core.Input) core.Ready {
 		rd := d.o.Step(time.Now(), in)
-		f.group.Add(rd)
+		if !emptyReady(rd) { // an idle heartbeat's: nothing to persist or release
+			f.group.Add(rd)
+		}
 		d.m.stepped(d.o, rd, f)
 		stepped, dl = true, rd.Deadline // the last Ready's Deadline is the core's earliest timer now
 		return rd
@@ -1058,6 +1067,15 @@ func (d *Driver) process(batch []input) error {
 	}
 	d.launchNext()
 	return nil
+}
+
+// emptyReady says whether a batch holds nothing to persist or release (a
+// heartbeat that changed nothing, SPEC §8): it joins no group, so a group of
+// such batches costs no commit (on PostgreSQL, no proof of leadership,
+// which only what leaves needs) and no goroutine.
+func emptyReady(rd core.Ready) bool {
+	return len(rd.Records) == 0 && len(rd.Messages) == 0 && len(rd.Answers) == 0 && len(rd.Events) == 0 &&
+		len(rd.Logs) == 0 && len(rd.Transitions) == 0 && len(rd.Writes) == 0 && len(rd.Audit) == 0
 }
 
 // pendingWrite is a data write's answer, sent once its group is durable:

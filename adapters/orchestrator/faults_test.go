@@ -624,7 +624,7 @@ func TestFaultFrozenOrchestratorLeft(t *testing.T) {
 	r.workerWith(worker.Options{ReadWait: readWait}, core.WorkerConfig{Name: "w1", Slots: 1})
 	r.poll("the worker to connect", func() bool { return r.p.Links() == 1 && r.p.Accepted() == 1 })
 	// Idle but answering, the link lives on past ReadWait: the worker's
-	// pings get pongs (the orchestrator's own pings are 20 s apart).
+	// pings get pongs (the orchestrator pings only after 30 s of silence).
 	select {
 	case <-time.After(5 * readWait / 2):
 	case <-r.ctx.Done():

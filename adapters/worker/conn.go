@@ -3,6 +3,7 @@ package worker
 import (
 	"cmp"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/gorilla/websocket"
@@ -10,8 +11,9 @@ import (
 	"github.com/tether-run/tether/adapters/wire"
 )
 
-// Control-plane timing and limits (the orchestrator pings every 20 s, the
-// worker every ReadWait/4).
+// Control-plane timing and limits (SPEC §9: the orchestrator pings a
+// connection it read nothing from for 20 s, the worker one it read nothing
+// from for ReadWait/2).
 const (
 	// DefaultReadWait is Options.ReadWait's default: no frame, ping or
 	// pong this long and the connection is dead.
@@ -31,6 +33,7 @@ type conn struct {
 	ws       *websocket.Conn
 	cc       *wire.CorkConn // under ws: the writer gathers queued frames into one write
 	readWait time.Duration  // silent this long: dead (Options.ReadWait)
+	heard    atomic.Int64   // when a frame, ping or pong was last read (unix ns)
 
 	mu       sync.Mutex
 	queue    [][]byte      // frames waiting for the writer, oldest first
@@ -44,6 +47,7 @@ type conn struct {
 // startConn runs the read loop and the writer of a new connection.
 func (d *Driver) startConn(gen uint64, ws *websocket.Conn, cc *wire.CorkConn) *conn {
 	c := &conn{gen: gen, ws: ws, cc: cc, readWait: cmp.Or(d.opts.ReadWait, DefaultReadWait), wake: make(chan struct{}, 1), stop: make(chan struct{})}
+	c.heard.Store(time.Now().UnixNano())
 	d.wg.Add(2)
 	go func() {
 		defer d.wg.Done()
@@ -64,12 +68,13 @@ func (d *Driver) readLoop(c *conn) string {
 	c.ws.SetReadLimit(wire.MaxFrame)
 	c.ws.SetReadDeadline(time.Now().Add(c.readWait))
 	c.ws.SetPingHandler(func(data string) error {
-		c.ws.SetReadDeadline(time.Now().Add(c.readWait))
+		c.alive()
 		c.ws.WriteControl(websocket.PongMessage, []byte(data), time.Now().Add(writeWait)) // best effort
 		return nil
 	})
 	c.ws.SetPongHandler(func(string) error { // the answer to writeLoop's pings
-		return c.ws.SetReadDeadline(time.Now().Add(c.readWait))
+		c.alive()
+		return nil
 	})
 	var frames wire.FrameBuffer
 	for {
@@ -81,7 +86,7 @@ func (d *Driver) readLoop(c *conn) string {
 		if err != nil {
 			return err.Error()
 		}
-		c.ws.SetReadDeadline(time.Now().Add(c.readWait))
+		c.alive()
 		if typ != websocket.TextMessage {
 			c.hangUp(websocket.CloseUnsupportedData, "binary frame")
 			return "orchestrator sent a binary frame"
@@ -98,14 +103,23 @@ func (d *Driver) readLoop(c *conn) string {
 	}
 }
 
+// alive notes that something was read: the connection lives readWait more
+// (read loop only).
+func (c *conn) alive() {
+	now := time.Now()
+	c.heard.Store(now.UnixNano())
+	c.ws.SetReadDeadline(now.Add(c.readWait))
+}
+
 // writeText writes one text frame within the write deadline.
 func (c *conn) writeText(b []byte) error { return wire.WriteText(c.ws, b, writeWait) }
 
 // writeLoop writes queued frames until the queue is closed (then it sends a
 // close frame) or the connection is aborted or fails. The frames queued at
-// one moment go out in one write. It pings every readWait/4: an
-// orchestrator that answers nothing, not even a pong, is left within
-// readWait (readLoop's deadline).
+// one moment go out in one write. Every readWait/4 it pings if it has read
+// nothing for readWait/2 (SPEC §9): an orchestrator that answers nothing,
+// not even a pong, is pinged twice and left within readWait (readLoop's
+// deadline), and one that sends anything is not pinged at all.
 func (c *conn) writeLoop() {
 	defer c.ws.Close()
 	ping := time.NewTicker(c.readWait / 4)
@@ -128,8 +142,11 @@ func (c *conn) writeLoop() {
 		}
 		select {
 		case <-c.wake:
-		case <-ping.C:
-			if err := c.ws.WriteControl(websocket.PingMessage, nil, time.Now().Add(writeWait)); err != nil {
+		case now := <-ping.C:
+			if now.Sub(time.Unix(0, c.heard.Load())) < c.readWait/2 {
+				continue // heard from lately
+			}
+			if err := c.ws.WriteControl(websocket.PingMessage, nil, now.Add(writeWait)); err != nil {
 				c.abort()
 				return
 			}

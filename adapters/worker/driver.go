@@ -58,9 +58,10 @@ type Options struct {
 	// ReadWait is how long the control connection may be silent — no
 	// frame, ping or pong from the orchestrator — before the worker takes
 	// it for dead and dials again (zero: DefaultReadWait). The worker
-	// pings every ReadWait/4, so an orchestrator whose host died without
-	// closing its sockets, or whose process is stopped, is left within
-	// ReadWait (SPEC §10), not at the next write.
+	// pings once it has read nothing for ReadWait/2 (checked every
+	// ReadWait/4), so an orchestrator whose host died without closing its
+	// sockets, or whose process is stopped, is left within ReadWait
+	// (SPEC §9, §10), not at the next write.
 	ReadWait time.Duration
 	// Config configures the core worker; an empty ID gets a random UUID and
 	// a zero Seed a random one.
