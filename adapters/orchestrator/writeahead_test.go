@@ -407,6 +407,21 @@ func (s *pipeStore) check(run core.RunID) error {
 // or of any later group leaves, even of those the store made durable, and
 // the driver stops.
 func TestPipelineWriteAhead(t *testing.T) {
+	// The case the test is for (a later place durable, with a Submit in
+	// it, after the failed one) depends on the goroutines' timing: try a
+	// few times, and fail if it is never reached.
+	const attempts = 10
+	for range attempts {
+		if pipelineWriteAhead(t) || t.Failed() {
+			return
+		}
+	}
+	t.Fatalf("in %d attempts no place after the failed one was durable with a Submit in it: the test did not reach the case it is for", attempts)
+}
+
+// pipelineWriteAhead is one attempt of TestPipelineWriteAhead; it says
+// whether the place after the failed one was durable and held a Submit.
+func pipelineWriteAhead(t *testing.T) bool {
 	ctx, cancel := context.WithTimeout(t.Context(), testTimeout)
 	defer cancel()
 	bst, err := store.Open(filepath.Join(t.TempDir(), "tether.db"))
@@ -476,5 +491,13 @@ func TestPipelineWriteAhead(t *testing.T) {
 	defer st.mu.Unlock()
 	if !st.durable[failAt+1] {
 		t.Logf("place %d after the failed one was not made durable by the store (%d answered)", failAt+1, answered)
+		return false
 	}
+	for _, p := range st.placeOf {
+		if p == failAt+1 {
+			return true
+		}
+	}
+	t.Logf("place %d after the failed one was durable but held no Submit (%d answered)", failAt+1, answered)
+	return false
 }

@@ -19,8 +19,9 @@
 // pgx.Batch, which PostgreSQL runs as one implicit transaction, committed
 // and flushed before it answers: the Store's sessions run with
 // synchronous_commit=on (or what the URL asks beyond it; off is refused).
-// The driver's groups come through Reserve (pipeline.go, store.Pipeline):
-// the same round trip, ordered, more than one in flight.
+// With Options.Pipeline above 1 the driver's groups come through Reserve
+// instead (pipeline.go, store.Pipeline): the same round trip, ordered, more
+// than one in flight.
 package pgstore
 
 import (

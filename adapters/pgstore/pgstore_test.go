@@ -371,3 +371,45 @@ func TestByteOrder(t *testing.T) {
 		t.Errorf("Load's order %q, want byte order %q", order, keys)
 	}
 }
+
+// The pipeline's first place cannot read the last committed place (its
+// read times out behind a lock): every place reserved after it must fail
+// with it, never guess a number that the database then accepts (a later
+// batch durable without an earlier one, SPEC §11).
+func TestPipelineBrokenChain(t *testing.T) {
+	dsn := database(t)
+	s := open(t, dsn+"&statement_timeout=300", pgstore.Options{Pipeline: 2})
+	if err := s.Reserve()([]core.Record{{Key: "worker/first", Value: []byte("1")}}); err != nil {
+		t.Fatal(err)
+	}
+	// A fresh Store: its first Reserve reads the last committed place.
+	s2 := open(t, dsn+"&statement_timeout=300", pgstore.Options{Pipeline: 2})
+	ctx := context.Background()
+	locker, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer locker.Close(ctx)
+	tx, err := locker.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, "LOCK TABLE tether_order IN ACCESS EXCLUSIVE MODE"); err != nil {
+		t.Fatal(err)
+	}
+	first, later := s2.Reserve(), s2.Reserve()
+	errFirst := first([]core.Record{{Key: "worker/second", Value: []byte("2")}})
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	errLater := later([]core.Record{{Key: "worker/third", Value: []byte("3")}})
+	if errFirst == nil {
+		t.Fatalf("the place whose read was locked out committed")
+	}
+	if !errors.Is(errLater, store.ErrEarlierFailed) {
+		t.Errorf("the place after a place with no number: %v, want ErrEarlierFailed", errLater)
+	}
+	if got := loadMap(t, s); got["worker/third"] != "" {
+		t.Errorf("the later place's batch is durable without the earlier one: %v", got)
+	}
+}

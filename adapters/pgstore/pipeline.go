@@ -43,12 +43,20 @@ const DefaultPipeline = 1
 
 var _ store.Pipeline = (*Store)(nil)
 
-// place is one reserved place of the pipeline.
+// place is one reserved place of the pipeline. Its number is fixed on the
+// commit goroutine, not at Reserve (on the driver's loop): the first place
+// of a chain reads the last committed one from the database, each later one
+// waits for the number of the place before. A place that cannot be
+// numbered (the read failed) breaks the chain: every later place fails
+// with it, since a number guessed after it could match what the database
+// holds and commit without it.
 type place struct {
-	n    int64
-	prev *place // nil: the first since the last committed was read
-	done chan struct{}
-	err  error // set before done is closed
+	prev     *place // nil: the first since the last committed was read
+	numbered chan struct{}
+	n        int64 // set before numbered is closed, unless broken
+	broken   error // set before numbered is closed: no number
+	done     chan struct{}
+	err      error // set before done is closed
 }
 
 // PipelineDepth is Options.Pipeline (DefaultPipeline when zero).
@@ -58,22 +66,19 @@ func (s *Store) PipelineDepth() int { return s.depth }
 func (s *Store) Reserve() func(recs []core.Record) error {
 	s.orderMu.Lock()
 	defer s.orderMu.Unlock()
-	p := &place{prev: s.last, done: make(chan struct{})}
+	p := &place{prev: s.last, numbered: make(chan struct{}), done: make(chan struct{})}
 	if s.last != nil && s.failed && s.outstanding == 0 {
 		// Every place since the failure has returned: start again
 		// after what is durable.
 		p.prev, s.failed = nil, false
 	}
-	if p.prev == nil {
-		n, err := s.lastCommitted()
-		p.n, p.err = n+1, err
-	} else {
-		p.n = p.prev.n + 1
-	}
 	s.last = p
 	s.outstanding++
 	return func(recs []core.Record) error {
-		err := s.applyPlace(p, recs)
+		err := s.number(p)
+		if err == nil {
+			err = s.applyPlace(p, recs)
+		}
 		s.orderMu.Lock()
 		if err != nil {
 			s.failed = true
@@ -84,6 +89,23 @@ func (s *Store) Reserve() func(recs []core.Record) error {
 		close(p.done)
 		return err
 	}
+}
+
+// number fixes p's number (see place).
+func (s *Store) number(p *place) error {
+	defer close(p.numbered)
+	if p.prev == nil {
+		n, err := s.lastCommitted()
+		p.n, p.broken = n+1, err
+		return p.broken
+	}
+	<-p.prev.numbered
+	if p.prev.broken != nil {
+		p.broken = fmt.Errorf("pgstore: the place before has no number: %w", store.ErrEarlierFailed)
+		return p.broken
+	}
+	p.n = p.prev.n + 1
+	return nil
 }
 
 // lastCommitted reads the place of the last committed batch.
@@ -100,9 +122,6 @@ func (s *Store) lastCommitted() (int64, error) {
 
 // applyPlace commits recs in p's place.
 func (s *Store) applyPlace(p *place, recs []core.Record) error {
-	if p.err != nil {
-		return p.err
-	}
 	if err := s.check(); err != nil {
 		return err
 	}
