@@ -60,7 +60,10 @@ type Pipeline interface {
 	// later one without every earlier one: a function returns nil only
 	// once its batch and every earlier place's are durable; if an earlier
 	// place fails, it fails too (its error wraps ErrEarlierFailed) and
-	// none of its batch is applied. Once the failed places' functions have
+	// none of its batch is applied. As with Apply, a place reported failed
+	// may still be durable (its commit landed, the answer was lost): a
+	// later place may then land after it, and what is durable is still a
+	// prefix; the caller releases nothing after a failure. Once the failed places' functions have
 	// all returned, the next Reserve starts again after what is durable.
 	// Apply and ApplyWithData are not called while a place is outstanding.
 	Reserve() func(recs []core.Record) error
