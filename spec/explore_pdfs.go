@@ -1,8 +1,8 @@
 package spec
 
-// The parallel depth-first search: Scope.Parallel workers (GOMAXPROCS by
-// default) expand states from a shared frontier, each depth-first on a
-// stack of its own, with one visited set shared by all.
+// The depth-first search: Scope.Parallel workers (GOMAXPROCS by default;
+// one is the sequential search) expand states from a shared frontier, each
+// depth-first on a stack of its own, with one visited set shared by all.
 //
 // A worker's stack holds states and the actions still to try from each;
 // when another worker is idle and the frontier is empty, a worker hands the
@@ -106,8 +106,10 @@ type pdfs struct {
 	frontier []dfsFrame
 	idle     int // workers waiting for the frontier
 	workers  int
-	hungry   atomic.Bool // some worker waits and the frontier is empty
-	stop     atomic.Bool // a violation or a budget ended the search
+	handoffs int           // frames given to the frontier by share
+	waited   time.Duration // summed time workers waited in take
+	hungry   atomic.Bool   // some worker waits and the frontier is empty
+	stop     atomic.Bool   // a violation or a budget ended the search
 
 	states, transitions, pruned atomic.Int64
 	maxDepth                    atomic.Int32
@@ -155,6 +157,7 @@ func (x *explorer) pdfs(par int) Result {
 	res.MaxDepth = int(p.maxDepth.Load())
 	res.DepthBounded = p.depthBounded.Load()
 	res.Truncated = p.truncated.Load()
+	res.Handoffs, res.Idle = p.handoffs, p.waited
 	x.hits |= p.hits.Load()
 	res.Violation = p.viol
 	return res
@@ -176,7 +179,9 @@ func (p *pdfs) take() (dfsFrame, bool) {
 			return dfsFrame{}, false
 		}
 		p.hungry.Store(true)
+		t := time.Now()
 		p.cond.Wait()
+		p.waited += time.Since(t)
 		p.idle--
 	}
 	f := p.frontier[len(p.frontier)-1]
@@ -189,6 +194,7 @@ func (p *pdfs) take() (dfsFrame, bool) {
 func (p *pdfs) give(f dfsFrame) {
 	p.mu.Lock()
 	p.frontier = append(p.frontier, f)
+	p.handoffs++
 	p.hungry.Store(false)
 	p.cond.Signal()
 	p.mu.Unlock()
@@ -202,7 +208,11 @@ func (p *pdfs) halt() {
 	p.mu.Unlock()
 }
 
-func (p *pdfs) violated(path *pathLink, a action, sc *xsucc) {
+// violated ends the search at a successor that breaks an invariant (at
+// depth, counted as reached, as the breadth-first search counts it).
+func (p *pdfs) violated(path *pathLink, a action, sc *xsucc, depth int32) {
+	p.states.Add(1)
+	p.raiseDepth(depth)
 	acts := append(path.actions(), a)
 	ce := p.x.completionExample(acts, sc.tail, sc.viol)
 	p.violMu.Lock()
@@ -238,7 +248,7 @@ func (p *pdfs) work() {
 			depth := f.depth + 1
 			if sc.viol != nil {
 				p.hits.Or(sc.hits)
-				p.violated(f.path, a, sc)
+				p.violated(f.path, a, sc, depth)
 				return
 			}
 			p.hits.Or(sc.hits)
@@ -261,8 +271,7 @@ func (p *pdfs) work() {
 				p.halt()
 				return
 			}
-			for m := p.maxDepth.Load(); depth > m && !p.maxDepth.CompareAndSwap(m, depth); m = p.maxDepth.Load() {
-			}
+			p.raiseDepth(depth)
 			leaf := x.sc.MaxDepth > 0 && int(depth) >= x.sc.MaxDepth
 			var acts []action
 			if !sc.pruned && !leaf {
@@ -272,7 +281,7 @@ func (p *pdfs) work() {
 				x.completeSucc(sc)
 				p.hits.Or(sc.hits)
 				if sc.viol != nil {
-					p.violated(f.path, a, sc)
+					p.violated(f.path, a, sc, depth)
 					return
 				}
 			}
@@ -285,6 +294,12 @@ func (p *pdfs) work() {
 			}
 			stack = append(stack, dfsFrame{s: sc.s, acts: acts, depth: depth, path: &pathLink{up: f.path, act: a}})
 		}
+	}
+}
+
+// raiseDepth records that a state at depth was reached.
+func (p *pdfs) raiseDepth(depth int32) {
+	for m := p.maxDepth.Load(); depth > m && !p.maxDepth.CompareAndSwap(m, depth); m = p.maxDepth.Load() {
 	}
 }
 
