@@ -117,7 +117,14 @@ type pdfs struct {
 	hits                        atomic.Uint32
 
 	violMu sync.Mutex
-	viol   *Counterexample
+	viol   *foundViolation // the first one a worker met
+}
+
+// foundViolation is a violation as a worker meets it: the path to the
+// state, and a completion's actions past it.
+type foundViolation struct {
+	path, tail []action
+	v          *Violation
 }
 
 func (x *explorer) pdfs(par int) Result {
@@ -159,7 +166,12 @@ func (x *explorer) pdfs(par int) Result {
 	res.Truncated = p.truncated.Load()
 	res.Handoffs, res.Idle = p.handoffs, p.waited
 	x.hits |= p.hits.Load()
-	res.Violation = p.viol
+	if f := p.viol; f != nil {
+		// Rendered once every worker has stopped: a counterexample replays
+		// its path from a fresh initial state, which sets the explorer's
+		// fields (tokens, the run) again.
+		res.Violation = x.completionExample(f.path, f.tail, f.v)
+	}
 	return res
 }
 
@@ -211,15 +223,16 @@ func (p *pdfs) halt() {
 // violated ends the search at a successor that breaks an invariant (at
 // depth, counted as reached, as the breadth-first search counts it).
 func (p *pdfs) violated(path *pathLink, a action, sc *xsucc, depth int32) {
-	p.states.Add(1)
-	p.raiseDepth(depth)
-	acts := append(path.actions(), a)
-	ce := p.x.completionExample(acts, sc.tail, sc.viol)
 	p.violMu.Lock()
-	if p.viol == nil {
-		p.viol = ce
+	first := p.viol == nil
+	if first {
+		p.viol = &foundViolation{path: append(path.actions(), a), tail: sc.tail, v: sc.viol}
 	}
 	p.violMu.Unlock()
+	if first {
+		p.states.Add(1)
+		p.raiseDepth(depth)
+	}
 	p.halt()
 }
 
