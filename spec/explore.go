@@ -124,7 +124,7 @@ type Result struct {
 	// the result covers every path of at most MaxDepth actions.
 	DepthBounded bool
 	MemoHits     int  // orchestrator steps reused from an equal orchestrator
-	MemoMisses   int  // orchestrator steps computed (each a core Clone)
+	MemoMisses   int  // orchestrator steps computed (a core Clone each, but a completion's on its own copy)
 	Truncated    bool // MaxStates or MaxTime stopped the search before it covered its bounds
 	// Completions counts the states completed past the bounds
 	// (explore_complete.go), CompletionActs the actions they took (both
@@ -652,6 +652,12 @@ func ScopeByName(name string) (Scope, bool) {
 // properties reached, and a counterexample if some state breaks an
 // invariant: breadth-first, the shortest one.
 func Explore(sc Scope) Result {
+	res, _ := explore(sc)
+	return res
+}
+
+// explore is Explore, and the explorer it used (for tests of its caches).
+func explore(sc Scope) (Result, *explorer) {
 	x := newExplorer(sc)
 	defer debug.SetGCPercent(debug.SetGCPercent(exploreGOGC))
 	x.start = time.Now()
@@ -675,7 +681,7 @@ func Explore(sc Scope) Result {
 		res.Sometimes[n] = x.hits&(1<<i) != 0
 	}
 	res.Required = append(slices.Clone(SometimesProperties), sc.Require...)
-	return res
+	return res, x
 }
 
 // outOfBudget says whether the state or time budget is spent.
