@@ -36,7 +36,9 @@ func BenchmarkCheckerWorld(b *testing.B) {
 // reports for the first entry the probe run it made at the list's last
 // GOMAXPROCS; procs says which ran). states/s is the states reached over
 // the wall time; cpu-µs/state the process's CPU time (user and system) per
-// state, which other load on the machine moves less than the wall time;
+// state, which other load on the machine moves less than the wall time,
+// and cores that CPU time over the wall time (what the machine gave: the
+// goroutines of a search on an idle machine keep GOMAXPROCS cores busy);
 // gc-% the garbage collector's share of the CPU the process used (the
 // runtime's estimate), B/state the bytes allocated per state, idle-% the
 // goroutines' time waiting for work over their wall time, handoffs the
@@ -67,6 +69,7 @@ func BenchmarkExplore(b *testing.B) {
 	b.ReportMetric(float64(states)/float64(b.N), "states")
 	b.ReportMetric(float64(sc.Parallel), "procs")
 	b.ReportMetric(float64(cpu.Microseconds())/float64(states), "cpu-µs/state")
+	b.ReportMetric(cpu.Seconds()/b.Elapsed().Seconds(), "cores")
 	if d := (m[0] - m0[0]) - (m[1] - m0[1]); d > 0 {
 		b.ReportMetric(100*(m[2]-m0[2])/d, "gc-%")
 	}
