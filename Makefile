@@ -64,7 +64,8 @@ vet:
 ## private cluster (adapters/pgtest), the default; a postgres:// URL, that server; off,
 ## no PostgreSQL pass); BenchmarkIdleWorkers (10,000 idle workers); the simulator's
 ## seeds/s per core and the explorer's states/s (BenchmarkSimSeeds at -cpu 1,
-## BenchmarkExplore at -cpu 1,2).
+## BenchmarkExplore at -cpu 1 and at every core, one go test each: given -cpu 1,2, go test
+## reports a benchmark slower than -benchtime at its first GOMAXPROCS from a run at its last).
 ## BENCH_PEERS=1 adds asynq (bench/peers/asynq, on private Redis servers: no fsync, and
 ## appendfsync always) beside the bbolt figures, and River too when STORE=off; it installs
 ## Debian's redis-server when it is missing (apt-get; needs root or sudo)
@@ -88,7 +89,8 @@ bench:
 	$(GO) test -run '^$$' -bench IdleWorkers -benchtime 1x -timeout 30m ./adapters/orchestrator \
 	  | tee $(BENCHOUT)/idle.out || rc=1; \
 	$(GO) test -run '^$$' -bench '^BenchmarkSimSeeds$$' -cpu 1 -timeout 30m ./sim | tee $(BENCHOUT)/sim.out || rc=1; \
-	$(GO) test -run '^$$' -bench '^BenchmarkExplore$$' -cpu 1,2 -timeout 30m ./spec | tee $(BENCHOUT)/explore.out || rc=1; \
+	for cpu in 1 $$(nproc); do $(GO) test -run '^$$' -bench '^BenchmarkExplore$$' -cpu $$cpu -timeout 30m ./spec \
+	  | tee -a $(BENCHOUT)/explore.out || rc=1; done; \
 	$(GO) run ./bench/report $(BENCHOUT)/micro.out $(BENCHOUT)/bbolt.out $(BENCHOUT)/idle.out \
 	  $(BENCHOUT)/sim.out $(BENCHOUT)/explore.out \
 	  $$([ -z "$$pg" ] || echo postgres=$(BENCHOUT)/postgres.out) || rc=1; \

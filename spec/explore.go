@@ -124,15 +124,21 @@ type Result struct {
 	// the result covers every path of at most MaxDepth actions.
 	DepthBounded bool
 	MemoHits     int  // orchestrator steps reused from an equal orchestrator
-	MemoMisses   int  // orchestrator steps computed (each a core Clone)
+	MemoMisses   int  // orchestrator steps computed (a core Clone each, but a completion's on its own copy)
 	Truncated    bool // MaxStates or MaxTime stopped the search before it covered its bounds
 	// Completions counts the states completed past the bounds
 	// (explore_complete.go), CompletionActs the actions they took (both
 	// vary a little from run to run: parallel completions that meet stop
 	// where another already went; what they find does not).
 	Completions, CompletionActs int
-	Duration                    time.Duration // wall time
-	Violation                   *Counterexample
+	// Goroutines searched (Scope.Parallel or GOMAXPROCS). Depth-first
+	// (explore_pdfs.go), Handoffs counts the frames a goroutine handed to
+	// an idle one and Idle sums the time goroutines waited for one.
+	Goroutines int
+	Handoffs   int
+	Idle       time.Duration
+	Duration   time.Duration // wall time
+	Violation  *Counterexample
 	// Sometimes says, for every SometimesProperties entry (and a few
 	// informational ones), whether some explored transition showed it.
 	Sometimes map[string]bool
@@ -168,6 +174,9 @@ func (r Result) Summary() string {
 	}
 	if r.Completions > 0 {
 		s += fmt.Sprintf(", %d completed without faults (%d actions)", r.Completions, r.CompletionActs)
+	}
+	if r.Goroutines > 1 && r.Handoffs > 0 {
+		s += fmt.Sprintf(", %d goroutines (%d hand-offs, %s idle)", r.Goroutines, r.Handoffs, r.Idle.Round(time.Millisecond))
 	}
 	switch {
 	case r.Truncated:
@@ -643,6 +652,12 @@ func ScopeByName(name string) (Scope, bool) {
 // properties reached, and a counterexample if some state breaks an
 // invariant: breadth-first, the shortest one.
 func Explore(sc Scope) Result {
+	res, _ := explore(sc)
+	return res
+}
+
+// explore is Explore, and the explorer it used (for tests of its caches).
+func explore(sc Scope) (Result, *explorer) {
 	x := newExplorer(sc)
 	defer debug.SetGCPercent(debug.SetGCPercent(exploreGOGC))
 	x.start = time.Now()
@@ -651,15 +666,13 @@ func Explore(sc Scope) Result {
 	if par <= 0 {
 		par = runtime.GOMAXPROCS(0)
 	}
-	switch {
-	case sc.DFS && par > 1:
-		res = x.pdfs(par)
-	case sc.DFS:
-		res = x.dfs()
-	default:
+	if sc.DFS {
+		res = x.pdfs(par) // one goroutine or several: explore_pdfs.go
+	} else {
 		res = x.bfs()
 	}
 	res.Scope = sc.Name
+	res.Goroutines = par
 	res.Duration = time.Since(x.start)
 	res.MemoHits, res.MemoMisses = x.memo.stats()
 	res.Completions, res.CompletionActs = int(x.completions.Load()), int(x.completionActs.Load())
@@ -668,7 +681,7 @@ func Explore(sc Scope) Result {
 		res.Sometimes[n] = x.hits&(1<<i) != 0
 	}
 	res.Required = append(slices.Clone(SometimesProperties), sc.Require...)
-	return res
+	return res, x
 }
 
 // outOfBudget says whether the state or time budget is spent.
@@ -825,103 +838,6 @@ func (x *explorer) expand(s *xstate, keep bool) expansion {
 		e.succ = append(e.succ, sc)
 	}
 	return e
-}
-
-// ---- depth-first ----
-
-func (x *explorer) dfs() Result {
-	var res Result
-	init, err := x.initial()
-	if err != nil {
-		res.Violation = &Counterexample{Invariant: "Setup", Detail: err.Error()}
-		return res
-	}
-	// visited holds the smallest depth a state was expanded at: a state met
-	// again at a smaller depth is expanded again (its bounded future is
-	// longer), so DFS reaches exactly the states BFS reaches.
-	visited := map[uint64]int32{x.hash(init): 0}
-	res.States = 1
-	type frame struct {
-		s    *xstate
-		acts []action
-		next int
-		act  action // the action that led here
-	}
-	stack := []frame{{s: init, acts: x.actions(init)}}
-	if x.needsCompletion(init, stack[0].acts) {
-		c := x.complete(init)
-		x.hits |= c.hits
-		if c.viol != nil {
-			res.Violation = x.completionExample(nil, c.tail, c.viol)
-			return res
-		}
-	}
-	for len(stack) > 0 {
-		f := &stack[len(stack)-1]
-		if f.next >= len(f.acts) {
-			stack = stack[:len(stack)-1]
-			continue
-		}
-		a := f.acts[f.next]
-		f.next++
-		res.Transitions++
-		sc := x.apply(f.s, a, false)
-		x.hits |= sc.hits
-		depth := int32(len(stack))
-		violated := func() Result {
-			var p []action
-			for _, g := range stack[1:] {
-				p = append(p, g.act)
-			}
-			res.States++
-			res.MaxDepth = max(res.MaxDepth, int(depth))
-			res.Violation = x.completionExample(append(p, a), sc.tail, sc.viol)
-			return res
-		}
-		if sc.viol != nil {
-			return violated()
-		}
-		d, seen := visited[sc.hash]
-		if seen && d <= depth {
-			continue
-		}
-		if !seen {
-			res.States++
-			if sc.pruned {
-				res.Pruned++
-			}
-			if x.sc.Progress != nil && res.States%1_000_000 == 0 {
-				x.sc.Progress(int(depth), res.States, len(stack), time.Since(x.start))
-			}
-		}
-		visited[sc.hash] = depth
-		res.MaxDepth = max(res.MaxDepth, int(depth))
-		if x.outOfBudget(res.States) {
-			res.Truncated = true
-			return res
-		}
-		leaf := x.sc.MaxDepth > 0 && int(depth) >= x.sc.MaxDepth
-		var acts []action
-		if !sc.pruned && !leaf {
-			acts = x.actions(sc.s)
-		}
-		if sc.pruned || leaf || x.needsCompletion(sc.s, acts) {
-			x.completeSucc(sc)
-			x.hits |= sc.hits
-			if sc.viol != nil {
-				return violated()
-			}
-		}
-		if sc.pruned {
-			continue
-		}
-		if leaf {
-			res.DepthBounded = true
-			continue
-		}
-		stack = append(stack, frame{s: sc.s, acts: acts, act: a})
-	}
-	return res
 }
 
 // ---- counterexamples ----

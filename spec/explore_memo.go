@@ -34,6 +34,7 @@ type memoKey struct {
 type memoVal struct {
 	o  *core.Orchestrator
 	rd core.Ready
+	fp uint64 // o's fingerprint when stored: shared, it never changes
 }
 
 func newOrchMemo(limit int) *orchMemo {
@@ -108,6 +109,25 @@ func inputHash(in core.Input) uint64 {
 	return h.v
 }
 
+// changed counts the entries whose orchestrator's fingerprint is no longer
+// the one it was stored with: one was stepped in place while shared.
+func (m *orchMemo) changed() int {
+	n := 0
+	for i := range m.shards {
+		s := &m.shards[i]
+		s.mu.Lock()
+		for _, g := range []map[memoKey]memoVal{s.m, s.old} {
+			for _, v := range g {
+				if v.o.Fingerprint() != v.fp {
+					n++
+				}
+			}
+		}
+		s.mu.Unlock()
+	}
+	return n
+}
+
 func (m *orchMemo) stats() (hits, miss int) {
 	for i := range m.shards {
 		s := &m.shards[i]
@@ -141,6 +161,20 @@ func newInternTable[T any](limit int) *internTable[T] {
 		t.shards[i].m = map[uint64]T{}
 	}
 	return t
+}
+
+// each calls f with every value kept, and the hash it was kept under.
+func (t *internTable[T]) each(f func(h uint64, v T)) {
+	for i := range t.shards {
+		s := &t.shards[i]
+		s.mu.Lock()
+		for _, g := range []map[uint64]T{s.m, s.old} {
+			for h, v := range g {
+				f(h, v)
+			}
+		}
+		s.mu.Unlock()
+	}
 }
 
 // intern returns the value kept for h, or keeps v and returns it.

@@ -1,8 +1,8 @@
 package spec
 
-// The parallel depth-first search: Scope.Parallel workers (GOMAXPROCS by
-// default) expand states from a shared frontier, each depth-first on a
-// stack of its own, with one visited set shared by all.
+// The depth-first search: Scope.Parallel workers (GOMAXPROCS by default;
+// one is the sequential search) expand states from a shared frontier, each
+// depth-first on a stack of its own, with one visited set shared by all.
 //
 // A worker's stack holds states and the actions still to try from each;
 // when another worker is idle and the frontier is empty, a worker hands the
@@ -106,8 +106,10 @@ type pdfs struct {
 	frontier []dfsFrame
 	idle     int // workers waiting for the frontier
 	workers  int
-	hungry   atomic.Bool // some worker waits and the frontier is empty
-	stop     atomic.Bool // a violation or a budget ended the search
+	handoffs int           // frames given to the frontier by share
+	waited   time.Duration // summed time workers waited in take
+	hungry   atomic.Bool   // some worker waits and the frontier is empty
+	stop     atomic.Bool   // a violation or a budget ended the search
 
 	states, transitions, pruned atomic.Int64
 	maxDepth                    atomic.Int32
@@ -115,7 +117,14 @@ type pdfs struct {
 	hits                        atomic.Uint32
 
 	violMu sync.Mutex
-	viol   *Counterexample
+	viol   *foundViolation // the first one a worker met
+}
+
+// foundViolation is a violation as a worker meets it: the path to the
+// state, and a completion's actions past it.
+type foundViolation struct {
+	path, tail []action
+	v          *Violation
 }
 
 func (x *explorer) pdfs(par int) Result {
@@ -155,8 +164,14 @@ func (x *explorer) pdfs(par int) Result {
 	res.MaxDepth = int(p.maxDepth.Load())
 	res.DepthBounded = p.depthBounded.Load()
 	res.Truncated = p.truncated.Load()
+	res.Handoffs, res.Idle = p.handoffs, p.waited
 	x.hits |= p.hits.Load()
-	res.Violation = p.viol
+	if f := p.viol; f != nil {
+		// Rendered once every worker has stopped: a counterexample replays
+		// its path from a fresh initial state, which sets the explorer's
+		// fields (tokens, the run) again.
+		res.Violation = x.completionExample(f.path, f.tail, f.v)
+	}
 	return res
 }
 
@@ -176,7 +191,9 @@ func (p *pdfs) take() (dfsFrame, bool) {
 			return dfsFrame{}, false
 		}
 		p.hungry.Store(true)
+		t := time.Now()
 		p.cond.Wait()
+		p.waited += time.Since(t)
 		p.idle--
 	}
 	f := p.frontier[len(p.frontier)-1]
@@ -189,6 +206,7 @@ func (p *pdfs) take() (dfsFrame, bool) {
 func (p *pdfs) give(f dfsFrame) {
 	p.mu.Lock()
 	p.frontier = append(p.frontier, f)
+	p.handoffs++
 	p.hungry.Store(false)
 	p.cond.Signal()
 	p.mu.Unlock()
@@ -202,14 +220,19 @@ func (p *pdfs) halt() {
 	p.mu.Unlock()
 }
 
-func (p *pdfs) violated(path *pathLink, a action, sc *xsucc) {
-	acts := append(path.actions(), a)
-	ce := p.x.completionExample(acts, sc.tail, sc.viol)
+// violated ends the search at a successor that breaks an invariant (at
+// depth, counted as reached, as the breadth-first search counts it).
+func (p *pdfs) violated(path *pathLink, a action, sc *xsucc, depth int32) {
 	p.violMu.Lock()
-	if p.viol == nil {
-		p.viol = ce
+	first := p.viol == nil
+	if first {
+		p.viol = &foundViolation{path: append(path.actions(), a), tail: sc.tail, v: sc.viol}
 	}
 	p.violMu.Unlock()
+	if first {
+		p.states.Add(1)
+		p.raiseDepth(depth)
+	}
 	p.halt()
 }
 
@@ -238,7 +261,7 @@ func (p *pdfs) work() {
 			depth := f.depth + 1
 			if sc.viol != nil {
 				p.hits.Or(sc.hits)
-				p.violated(f.path, a, sc)
+				p.violated(f.path, a, sc, depth)
 				return
 			}
 			p.hits.Or(sc.hits)
@@ -261,8 +284,7 @@ func (p *pdfs) work() {
 				p.halt()
 				return
 			}
-			for m := p.maxDepth.Load(); depth > m && !p.maxDepth.CompareAndSwap(m, depth); m = p.maxDepth.Load() {
-			}
+			p.raiseDepth(depth)
 			leaf := x.sc.MaxDepth > 0 && int(depth) >= x.sc.MaxDepth
 			var acts []action
 			if !sc.pruned && !leaf {
@@ -272,7 +294,7 @@ func (p *pdfs) work() {
 				x.completeSucc(sc)
 				p.hits.Or(sc.hits)
 				if sc.viol != nil {
-					p.violated(f.path, a, sc)
+					p.violated(f.path, a, sc, depth)
 					return
 				}
 			}
@@ -285,6 +307,12 @@ func (p *pdfs) work() {
 			}
 			stack = append(stack, dfsFrame{s: sc.s, acts: acts, depth: depth, path: &pathLink{up: f.path, act: a}})
 		}
+	}
+}
+
+// raiseDepth records that a state at depth was reached.
+func (p *pdfs) raiseDepth(depth int32) {
+	for m := p.maxDepth.Load(); depth > m && !p.maxDepth.CompareAndSwap(m, depth); m = p.maxDepth.Load() {
 	}
 }
 

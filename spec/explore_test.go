@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/tether-run/tether/core"
 )
 
 var (
@@ -404,5 +406,29 @@ func TestExploreStateIdentity(t *testing.T) {
 	}
 	if len(byHash) < 2 {
 		t.Errorf("the initial state has %d distinct successors", len(byHash))
+	}
+}
+
+// TestExploreSharedMachinesUnchanged: an orchestrator in the memo, and a
+// worker in the intern table, are shared by every state that reuses them,
+// so no step may change one in place — a completion's neither, though it
+// steps its own copies in place (explore_complete.go).
+func TestExploreSharedMachinesUnchanged(t *testing.T) {
+	for _, dfs := range []bool{false, true} {
+		sc := DefaultScope()
+		sc.MaxDepth = 7
+		sc.DFS = dfs
+		res, x := explore(sc)
+		if res.Violation != nil {
+			t.Fatalf("\n%s", res.Violation)
+		}
+		if n := x.memo.changed(); n > 0 {
+			t.Errorf("dfs %v: %d orchestrators in the memo changed after they were shared", dfs, n)
+		}
+		x.workers.each(func(h uint64, w *core.Worker) {
+			if w.Fingerprint() != h {
+				t.Errorf("dfs %v: a worker in the intern table changed after it was shared", dfs)
+			}
+		})
 	}
 }

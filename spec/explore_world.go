@@ -1012,15 +1012,23 @@ func (b *builder) orch(in core.Input) core.Ready {
 	// the result shared (and never written to again: every orchestrator a
 	// state holds is shared, and is cloned before it is stepped).
 	var rd core.Ready
+	key := memoKey{fp: s.o.Fingerprint(), now: s.now.UnixNano(), in: inputHash(in)}
 	if b.completing {
-		// A completion's own copy is stepped in place, and not shared.
+		// A completion takes a transition the search (or another
+		// completion's start) already computed from the memo; else it
+		// steps its own copy in place, and does not share it: filling the
+		// memo with every completion's machines costs more in collection
+		// than their reuse saves.
+		if v, ok := b.x.memo.get(key); ok {
+			s.o, rd, s.cOwnO = v.o, readyCopy(v.rd), false // shared from here on
+			return b.handle(in, rd, held)
+		}
 		if !s.cOwnO {
 			s.o, s.cOwnO = s.o.Clone(), true
 		}
 		rd = s.o.Step(s.now, in)
 		return b.handle(in, rd, held)
 	}
-	key := memoKey{fp: s.o.Fingerprint(), now: s.now.UnixNano(), in: inputHash(in)}
 	if v, ok := b.x.memo.get(key); ok {
 		s.o, rd = v.o, readyCopy(v.rd)
 	} else {
@@ -1028,8 +1036,7 @@ func (b *builder) orch(in core.Input) core.Ready {
 		rd = s.o.Step(s.now, in)
 		// Settle its lazily hashed records before other goroutines can
 		// see it: Fingerprint on a settled machine only reads.
-		s.o.Fingerprint()
-		b.x.memo.put(key, memoVal{o: s.o, rd: readyCopy(rd)})
+		b.x.memo.put(key, memoVal{o: s.o, rd: readyCopy(rd), fp: s.o.Fingerprint()})
 	}
 	return b.handle(in, rd, held)
 }
@@ -1104,8 +1111,8 @@ func (b *builder) restartOrch() {
 			b.fail("Restore", "core.Restore failed on the durable records: %v", err)
 			return
 		}
-		o.Fingerprint() // settled before it is shared (see orch)
-		b.x.memo.put(key, memoVal{o: o, rd: readyCopy(rd)})
+		// Settled before it is shared (see orch).
+		b.x.memo.put(key, memoVal{o: o, rd: readyCopy(rd), fp: o.Fingerprint()})
 	}
 	if b.x.sc.Mutate != nil {
 		b.x.sc.Mutate(&rd)
