@@ -71,7 +71,11 @@ func (wn *workerNode) local(t time.Time) time.Time {
 }
 
 // simTimeFor maps a local deadline back to simulated time (the first
-// simulated instant whose local reading is at or after it).
+// simulated instant whose local reading is at or after it): a bisection
+// from now to past the deadline down to a microsecond. Its answer is that
+// of comparing local(mid) with the deadline at every midpoint (traces
+// depend on it to the nanosecond); most comparisons are decided without
+// evaluating the clock (bisect).
 func (wn *workerNode) simTimeFor(now time.Time, local time.Time) time.Time {
 	if !wn.local(now).Before(local) {
 		return now
@@ -79,10 +83,85 @@ func (wn *workerNode) simTimeFor(now time.Time, local time.Time) time.Time {
 	if wn.drift == 0 && wn.wobble == 0 {
 		return local.Add(-wn.offset - wn.jumps) // exact: only an offset
 	}
-	lo, hi := now, now.Add(2*local.Sub(wn.local(now))+time.Hour)
+	return wn.bisect(now, local, wn.slopeMin())
+}
+
+// slopeMin is a lower bound of the clock's rate against simulated time:
+// 1 − |drift| − the wobble's steepest slope.
+func (wn *workerNode) slopeMin() float64 {
+	s := 1 - math.Abs(wn.drift)
+	if wn.wobble != 0 {
+		s -= 2 * math.Pi * float64(wn.wobble) / float64(wn.period)
+	}
+	return s
+}
+
+// clockSlack bounds how far two readings of local may fall from the line
+// of slope slopeMin through them: the truncations to nanoseconds and the
+// floating-point error, a few nanoseconds, with a wide margin.
+const clockSlack = 128 * time.Nanosecond
+
+// bisect is simTimeFor's bisection. Once the clock has been read at a
+// with local(a) < deadline, local(mid) < deadline for every mid with
+// slope·(a − mid) > clockSlack, as the clock's rate is at least slope;
+// likewise above a reading b at or after the deadline. So it first reads
+// the clock at a few points converging on the crossing (secant steps),
+// and then reads it only at midpoints too near a or b to be decided. With
+// slope at or below one half (never with the workload's clocks), it reads
+// every midpoint.
+func (wn *workerNode) bisect(now, local time.Time, slope float64) time.Time {
+	ln := wn.local(now)
+	lo, hi := now, now.Add(2*local.Sub(ln)+time.Hour)
+	exact := slope <= 0.5
+	var a, b time.Time // the nearest readings below and at or after the deadline
+	var fa, fb time.Duration
+	a, fa = now, ln.Sub(local)
+	haveB := false
+	read := func(t time.Time) (time.Duration, bool) {
+		f := wn.local(t).Sub(local)
+		if f < 0 {
+			if t.After(a) {
+				a, fa = t, f
+			}
+			return f, true
+		}
+		if !haveB || t.Before(b) {
+			b, fb, haveB = t, f, true
+		}
+		return f, false
+	}
+	if !exact {
+		// Secant steps from now towards the crossing, kept inside the
+		// bracket; a few reach within nanoseconds of it.
+		p := now.Add(time.Duration(float64(-fa) / (1 + wn.drift)))
+		for range 6 {
+			if !p.After(a) || (haveB && !p.Before(b)) || p.After(hi) {
+				break
+			}
+			f, _ := read(p)
+			if f > -clockSlack && f < clockSlack {
+				break
+			}
+			if haveB && fb != fa {
+				p = a.Add(time.Duration(float64(b.Sub(a)) * float64(-fa) / float64(fb-fa)))
+			} else {
+				p = p.Add(time.Duration(float64(-f) / (1 + wn.drift)))
+			}
+		}
+	}
+	margin := time.Duration(float64(clockSlack) / slope)
 	for hi.Sub(lo) > time.Microsecond {
 		mid := lo.Add(hi.Sub(lo) / 2)
-		if wn.local(mid).Before(local) {
+		var before bool
+		switch {
+		case !exact && mid.Add(margin).Before(a):
+			before = true
+		case !exact && haveB && mid.After(b.Add(margin)):
+			before = false
+		default:
+			_, before = read(mid)
+		}
+		if before {
 			lo = mid
 		} else {
 			hi = mid
