@@ -3,6 +3,7 @@ package core
 import (
 	"encoding/json"
 	"strconv"
+	"time"
 )
 
 // decodeLogLine decodes a log line's record value exactly as
@@ -28,7 +29,7 @@ func fastLogLine(b []byte, v *StepLogLine) bool {
 		p.lit(`,"Index":`) && p.int(&v.Index) &&
 		p.lit(`,"Event":`) && p.bool(&v.Event) &&
 		p.lit(`,"Line":{"Seq":`) && p.uint(&v.Line.Seq) &&
-		p.lit(`,"At":`) && p.time(v) &&
+		p.lit(`,"At":`) && p.time(&v.Line.At) &&
 		p.lit(`,"Text":`) && p.str(&text) &&
 		p.lit(`}}`) && p.i == len(b)
 	v.Step, v.Line.Text = StepID(step), text
@@ -131,11 +132,201 @@ func (p *scan) bool(v *bool) bool {
 	return true
 }
 
-func (p *scan) time(v *StepLogLine) bool {
+func (p *scan) time(t *time.Time) bool {
 	j := p.quoted()
-	if j < 0 || v.Line.At.UnmarshalJSON(p.b[p.i:j+1]) != nil {
+	if j < 0 || t.UnmarshalJSON(p.b[p.i:j+1]) != nil {
 		return false
 	}
 	p.i = j + 1
 	return true
+}
+
+// u8 reads a number that fits a uint8 (State, Verdict, OutcomeStatus);
+// encoding/json refuses a greater one.
+func (p *scan) u8(n *uint8) bool {
+	var v uint64
+	i := p.i
+	if !p.uint(&v) || v > 255 {
+		p.i = i
+		return false
+	}
+	*n = uint8(v)
+	return true
+}
+
+// strs reads an array of strings: null is nil, [] an empty slice, as
+// encoding/json decodes them into a nil slice.
+func strs[S ~string](p *scan, ss *[]S) bool {
+	if p.lit("null") {
+		*ss = nil
+		return true
+	}
+	if !p.lit("[") {
+		return false
+	}
+	out := []S{}
+	for !p.lit("]") {
+		if len(out) > 0 && !p.lit(",") {
+			return false
+		}
+		var s string
+		if !p.str(&s) {
+			return false
+		}
+		out = append(out, S(s))
+	}
+	*ss = out
+	return true
+}
+
+// optStr reads `,"Name":"…"` when it comes next.
+func (p *scan) optStr(field string, s *string) bool {
+	return !p.lit(field) || p.str(s)
+}
+
+// optTime reads `,"Name":"<time>"` when it comes next.
+func (p *scan) optTime(field string, t *time.Time) bool {
+	return !p.lit(field) || p.time(t)
+}
+
+func (p *scan) outcome(o *Outcome) bool {
+	return p.lit(`{"Status":`) && p.u8((*uint8)(&o.Status)) &&
+		p.lit(`,"ExitCode":`) && p.int(&o.ExitCode) &&
+		p.lit(`,"Message":`) && p.str(&o.Message) && p.lit("}")
+}
+
+// decodeStep, decodeLease and decodeEvent decode a record's value
+// exactly as json.Unmarshal into a zero value does: what encode.go writes
+// (its fields in its order, strings of printable ASCII without escapes)
+// by hand, anything else through encoding/json. A restore decodes every
+// live step and lease, and the checker every lease written.
+func decodeStep(b []byte, v *StepRecord) error {
+	if fastStep(b, v) {
+		return nil
+	}
+	*v = StepRecord{}
+	return json.Unmarshal(b, v)
+}
+
+func fastStep(b []byte, v *StepRecord) bool {
+	p := scan{b: b}
+	var id, run, class, skipped, rejected, reused, child string
+	ok := p.lit(`{"ID":`) && p.str(&id) &&
+		p.lit(`,"Run":`) && p.str(&run) &&
+		p.lit(`,"Name":`) && p.str(&v.Name) &&
+		p.lit(`,"Index":`) && p.int(&v.Index) &&
+		p.optStr(`,"Item":`, &v.Item) &&
+		p.lit(`,"Deps":`) && strs(&p, &v.Deps) &&
+		p.lit(`,"State":`) && p.u8((*uint8)(&v.State)) &&
+		p.optStr(`,"Class":`, &class) &&
+		p.optStr(`,"Message":`, &v.Message) &&
+		p.optStr(`,"SkippedBy":`, &skipped) &&
+		p.lit(`,"Attempts":`) && p.int(&v.Attempts) &&
+		p.lit(`,"Lease":`) && p.uint((*uint64)(&v.Lease)) &&
+		p.optTime(`,"QueuedAt":`, &v.QueuedAt) &&
+		p.optTime(`,"StartedAt":`, &v.StartedAt) &&
+		p.optTime(`,"WaitUntil":`, &v.WaitUntil) &&
+		p.optTime(`,"HoldUntil":`, &v.HoldUntil) &&
+		p.optTime(`,"ForceAt":`, &v.ForceAt) &&
+		p.optTime(`,"TimeoutAt":`, &v.TimeoutAt)
+	if ok && p.lit(`,"Outcome":`) {
+		v.Outcome = &Outcome{}
+		ok = p.outcome(v.Outcome)
+	}
+	ok = ok && p.optTime(`,"FinishedAt":`, &v.FinishedAt) &&
+		p.lit(`,"EverStarted":`) && p.bool(&v.EverStarted) &&
+		p.optStr(`,"RejectedBy":`, &rejected) &&
+		(!p.lit(`,"RequiredTags":`) || strs(&p, &v.RequiredTags)) &&
+		(!p.lit(`,"MissedBy":`) || strs(&p, &v.MissedBy)) &&
+		(!p.lit(`,"Tries":`) || p.int(&v.Tries)) &&
+		p.optStr(`,"ReusedFrom":`, &reused) &&
+		p.optStr(`,"Child":`, &child) &&
+		p.lit("}") && p.i == len(b)
+	v.ID, v.Run, v.Class, v.SkippedBy = StepID(id), RunID(run), FailureClass(class), StepID(skipped)
+	v.RejectedBy, v.ReusedFrom, v.Child = WorkerID(rejected), StepID(reused), RunID(child)
+	return ok
+}
+
+func decodeLease(b []byte, v *LeaseRecord) error {
+	if fastLease(b, v) {
+		return nil
+	}
+	*v = LeaseRecord{}
+	return json.Unmarshal(b, v)
+}
+
+// DecodeLease decodes a lease record's value as json.Unmarshal into a zero
+// LeaseRecord does, several times faster (the checker reads every lease
+// written).
+func DecodeLease(b []byte, v *LeaseRecord) error { return decodeLease(b, v) }
+
+func fastLease(b []byte, v *LeaseRecord) bool {
+	p := scan{b: b}
+	var step, worker string
+	ok := p.lit(`{"ID":`) && p.uint((*uint64)(&v.ID)) &&
+		p.lit(`,"Step":`) && p.str(&step) &&
+		p.lit(`,"Worker":`) && p.str(&worker) &&
+		p.lit(`,"GrantedAt":`) && p.time(&v.GrantedAt) &&
+		p.lit(`,"Current":`) && p.bool(&v.Current) &&
+		p.lit(`,"Started":`) && p.bool(&v.Started) &&
+		(!p.lit(`,"Held":`) || p.bool(&v.Held)) &&
+		p.optTime(`,"Deadline":`, &v.Deadline) &&
+		p.optStr(`,"EndReason":`, &v.EndReason) &&
+		p.lit(`,"Committed":`) && p.bool(&v.Committed)
+	v.Step, v.Worker = StepID(step), WorkerID(worker)
+	if ok && p.lit(`,"Answers":`) {
+		ok = p.answers(&v.Answers)
+	}
+	return ok && p.lit("}") && p.i == len(b)
+}
+
+func (p *scan) answers(as *[]AnsweredReport) bool {
+	if p.lit("null") {
+		*as = nil
+		return true
+	}
+	if !p.lit("[") {
+		return false
+	}
+	out := []AnsweredReport{}
+	for !p.lit("]") {
+		if len(out) > 0 && !p.lit(",") {
+			return false
+		}
+		var a AnsweredReport
+		if !(p.lit(`{"Request":`) && p.uint(&a.Request) &&
+			p.lit(`,"Outcome":`) && p.outcome(&a.Outcome) &&
+			p.lit(`,"Verdict":`) && p.u8((*uint8)(&a.Verdict)) &&
+			p.optStr(`,"Reason":`, &a.Reason) && p.lit("}")) {
+			return false
+		}
+		out = append(out, a)
+	}
+	*as = out
+	return true
+}
+
+func decodeEvent(b []byte, v *ServerEvent) error {
+	if fastEvent(b, v) {
+		return nil
+	}
+	*v = ServerEvent{}
+	return json.Unmarshal(b, v)
+}
+
+func fastEvent(b []byte, v *ServerEvent) bool {
+	p := scan{b: b}
+	var run, step, cause, worker string
+	ok := p.lit(`{"Run":`) && p.str(&run) &&
+		p.lit(`,"Seq":`) && p.int(&v.Seq) &&
+		p.lit(`,"At":`) && p.time(&v.At) &&
+		p.lit(`,"Step":`) && p.str(&step) &&
+		p.lit(`,"Kind":`) && p.str(&v.Kind) &&
+		p.lit(`,"Message":`) && p.str(&v.Message) &&
+		p.optStr(`,"Cause":`, &cause) &&
+		p.optStr(`,"Worker":`, &worker) &&
+		(!p.lit(`,"Lease":`) || p.uint((*uint64)(&v.Lease))) &&
+		p.lit("}") && p.i == len(b)
+	v.Run, v.Step, v.Cause, v.Worker = RunID(run), StepID(step), Cause(cause), WorkerID(worker)
+	return ok
 }

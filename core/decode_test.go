@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"reflect"
 	"testing"
+	"time"
 
 	"pgregory.net/rapid"
 )
@@ -47,4 +48,175 @@ func TestDecodeLogLineMatchesEncodingJSON(t *testing.T) {
 			t.Fatalf("%s: decodeLogLine\n%+v\nencoding/json\n%+v", b, got, want)
 		}
 	})
+}
+
+// editJSON changes up to three bytes of b: one replaced, inserted or
+// removed, drawn from JSON's punctuation, digits and letters of literals.
+func editJSON(t *rapid.T, b []byte) []byte {
+	for range rapid.IntRange(0, 3).Draw(t, "edits") {
+		if len(b) == 0 {
+			break
+		}
+		i := rapid.IntRange(0, len(b)).Draw(t, "at")
+		c := rapid.SampledFrom([]byte(`{}[]":,0123456789-tfnlue\ Zx`)).Draw(t, "byte")
+		switch rapid.IntRange(0, 2).Draw(t, "edit") {
+		case 0:
+			if i < len(b) {
+				b[i] = c
+			}
+		case 1:
+			b = append(b[:i], append([]byte{c}, b[i:]...)...)
+		default:
+			if i < len(b) {
+				b = append(b[:i], b[i+1:]...)
+			}
+		}
+	}
+	return b
+}
+
+// checkDecode: decode reads b as json.Unmarshal reads it into a zero T —
+// the same value (nil and empty slices told apart), or an error where
+// encoding/json errs, and never a panic.
+func checkDecode[T any](t interface{ Fatalf(string, ...any) }, b []byte, decode func([]byte, *T) error) {
+	var got, want T
+	gotErr, wantErr := decode(b, &got), json.Unmarshal(b, &want)
+	if (gotErr == nil) != (wantErr == nil) {
+		t.Fatalf("%s: hand decoder error %v, encoding/json %v", b, gotErr, wantErr)
+	}
+	if wantErr == nil && !reflect.DeepEqual(got, want) {
+		t.Fatalf("%s: hand decoder\n%+v\nencoding/json\n%+v", b, got, want)
+	}
+}
+
+// TestDecodeRecordsMatchEncodingJSON: step, lease and server event
+// records decode as json.Unmarshal decodes them, for what the encoder
+// writes of any value (every optional field present or not, strings
+// needing escapes, times in any zone) and for that with bytes changed,
+// inserted or removed.
+func TestDecodeRecordsMatchEncodingJSON(t *testing.T) {
+	marshal := func(t *rapid.T, v any) []byte {
+		if rapid.IntRange(0, 3).Draw(t, "plain") > 0 {
+			plainStrings(reflect.ValueOf(v))
+		}
+		b, err := json.Marshal(v)
+		if err != nil {
+			t.Skip("a value encoding/json refuses")
+		}
+		return editJSON(t, b)
+	}
+	t.Run("step", rapid.MakeCheck(func(t *rapid.T) {
+		checkDecode(t, marshal(t, genStepRecord().Draw(t, "step")), decodeStep)
+	}))
+	t.Run("lease", rapid.MakeCheck(func(t *rapid.T) {
+		checkDecode(t, marshal(t, genLeaseRecord().Draw(t, "lease")), decodeLease)
+	}))
+	t.Run("event", rapid.MakeCheck(func(t *rapid.T) {
+		ev := genServerEvent().Draw(t, "event")
+		checkDecode(t, marshal(t, &ev), decodeEvent)
+	}))
+}
+
+// plainStrings replaces every string inside v that encoding/json would
+// escape with a plain one, so that the hand decoders' own path is the one
+// tested (one string needing an escape sends a record to encoding/json).
+func plainStrings(v reflect.Value) {
+	switch v.Kind() {
+	case reflect.Pointer:
+		if !v.IsNil() {
+			plainStrings(v.Elem())
+		}
+	case reflect.Struct:
+		for i := range v.NumField() {
+			plainStrings(v.Field(i))
+		}
+	case reflect.Slice:
+		for i := range v.Len() {
+			plainStrings(v.Index(i))
+		}
+	case reflect.String:
+		if v.CanSet() {
+			var b []byte
+			for _, c := range []byte(v.String()) {
+				if c >= 0x20 && c < 0x7f && c != '"' && c != '\\' && c != '<' && c != '>' && c != '&' {
+					b = append(b, c)
+				}
+			}
+			v.SetString(string(b))
+		}
+	}
+}
+
+// TestDecodeRecordsEdges: numbers out of their field's range, trailing
+// bytes, nulls and garbage decode (or fail) as encoding/json has them.
+func TestDecodeRecordsEdges(t *testing.T) {
+	at := `"2026-01-01T00:00:01Z"`
+	steps := []string{
+		`{"ID":"a","Run":"r","Name":"a","Index":0,"Deps":null,"State":256,"Attempts":0,"Lease":0,"EverStarted":false}`,
+		`{"ID":"a","Run":"r","Name":"a","Index":0,"Deps":null,"State":255,"Attempts":0,"Lease":0,"EverStarted":false}`,
+		`{"ID":"a","Run":"r","Name":"a","Index":0,"Deps":[],"State":1,"Attempts":0,"Lease":0,"EverStarted":false} `,
+		`{"ID":"a","Run":"r","Name":"a","Index":0,"Deps":[],"State":1,"Attempts":0,"Lease":0,"EverStarted":false}x`,
+		`{"ID":"a","Run":"r","Name":"a","Index":0,"Deps":[],"State":1,"Attempts":0,"Lease":-1,"EverStarted":false}`,
+		`{"ID":"a","Run":"r","Name":"a","Index":0,"Deps":[],"State":1,"Attempts":0,"Lease":18446744073709551616,"EverStarted":false}`,
+		`{"ID":"a","Run":"r","Name":"a","Index":9223372036854775808,"Deps":[],"State":1,"Attempts":0,"Lease":0,"EverStarted":false}`,
+		`{"ID":"a","Run":"r","Name":"a","Index":0,"Deps":[],"State":1,"Attempts":0,"Lease":0,"Outcome":null,"EverStarted":false}`,
+		`{"ID":"a","Run":"r","Name":"a","Index":0,"Deps":[],"State":1,"Attempts":0,"Lease":0,"Outcome":{"Status":300,"ExitCode":0,"Message":""},"EverStarted":false}`,
+		`{"ID":"a","Run":"r","Name":"a","Index":0,"Deps":[],"State":1,"Attempts":0,"Lease":0,"QueuedAt":"yesterday","EverStarted":false}`,
+		`{"ID":"a","ID":"b","Run":"r","Name":"a","Index":0,"Deps":[],"State":1,"Attempts":0,"Lease":0,"EverStarted":false}`,
+		`{"id":"a","Run":"r","Name":"a","Index":0,"Deps":[],"State":1,"Attempts":0,"Lease":0,"EverStarted":false}`,
+		`{"ID":"a","Run":"r","Name":"a","Index":0,"Deps":["x",],"State":1,"Attempts":0,"Lease":0,"EverStarted":false}`,
+		``, `{`, `null`, `[]`, `{}`, `"x"`, `{"ID":1}`,
+	}
+	leases := []string{
+		`{"ID":1,"Step":"s","Worker":"w","GrantedAt":` + at + `,"Current":true,"Started":false,"Committed":false,"Answers":[{"Request":1,"Outcome":{"Status":1,"ExitCode":0,"Message":""},"Verdict":256}]}`,
+		`{"ID":1,"Step":"s","Worker":"w","GrantedAt":` + at + `,"Current":true,"Started":false,"Committed":false,"Answers":[]}`,
+		`{"ID":1,"Step":"s","Worker":"w","GrantedAt":` + at + `,"Current":true,"Started":false,"Committed":false,"Answers":null}`,
+		`{"ID":1,"Step":"s","Worker":"w","GrantedAt":` + at + `,"Current":true,"Started":false,"Committed":false}}`,
+		`{"ID":1,"Step":"s","Worker":"w","GrantedAt":` + at + `,"Current":1,"Started":false,"Committed":false}`,
+		``, `{`, `null`, `{}`,
+	}
+	events := []string{
+		`{"Run":"r","Seq":1,"At":` + at + `,"Step":"","Kind":"k","Message":"","Lease":0}`,
+		`{"Run":"r","Seq":1,"At":` + at + `,"Step":"","Kind":"k","Message":"","Lease":-1}`,
+		`{"Run":"r","Seq":1,"At":` + at + `,"Step":"","Kind":"k","Message":"\u0041"}`,
+		``, `{`, `null`, `{}`,
+	}
+	for _, b := range steps {
+		checkDecode(t, []byte(b), decodeStep)
+	}
+	for _, b := range leases {
+		checkDecode(t, []byte(b), decodeLease)
+	}
+	for _, b := range events {
+		checkDecode(t, []byte(b), decodeEvent)
+	}
+}
+
+// TestDecodeRecordsFastPath: what the encoder writes of plain values is
+// read by hand, not handed to encoding/json (else the hand decoders are
+// dead code and their speed gone).
+func TestDecodeRecordsFastPath(t *testing.T) {
+	at := time.Date(2026, 1, 1, 0, 0, 1, 5, time.UTC)
+	s := &StepRecord{ID: "r1/a", Run: "r1", Name: "a", Index: -1, Item: "x", Deps: []StepID{"r1/b"}, State: 3, Class: "c", Message: "m",
+		SkippedBy: "r1/c", Attempts: 2, Lease: 7, QueuedAt: at, StartedAt: at, WaitUntil: at, HoldUntil: at, ForceAt: at, TimeoutAt: at,
+		Outcome: &Outcome{Status: OutcomeFailure, ExitCode: -2, Message: "no"}, FinishedAt: at, EverStarted: true, RejectedBy: "w1",
+		RequiredTags: []string{"gpu"}, MissedBy: []WorkerID{"w2"}, Tries: 1, ReusedFrom: "r0/a", Child: "r2"}
+	l := &LeaseRecord{ID: 9, Step: "r1/a", Worker: "w1", GrantedAt: at, Current: true, Started: true, Held: true, Deadline: at, EndReason: "e",
+		Committed: true, Answers: []AnsweredReport{{Request: 1, Outcome: Outcome{Status: 1}, Verdict: 2, Reason: "r"}, {Request: 2}}}
+	ev := &ServerEvent{Run: "r1", Seq: 3, At: at, Step: "r1/a", Kind: "k", Message: "m", Cause: "c", Worker: "w1", Lease: 9}
+	for _, c := range []struct {
+		v    any
+		fast func([]byte) bool
+	}{
+		{s, func(b []byte) bool { return fastStep(b, &StepRecord{}) }},
+		{&StepRecord{}, func(b []byte) bool { return fastStep(b, &StepRecord{}) }},
+		{l, func(b []byte) bool { return fastLease(b, &LeaseRecord{}) }},
+		{&LeaseRecord{}, func(b []byte) bool { return fastLease(b, &LeaseRecord{}) }},
+		{ev, func(b []byte) bool { return fastEvent(b, &ServerEvent{}) }},
+		{&ServerEvent{}, func(b []byte) bool { return fastEvent(b, &ServerEvent{}) }},
+	} {
+		if b := encode(c.v); !c.fast(b) {
+			t.Errorf("%s: not read by hand", b)
+		}
+	}
 }

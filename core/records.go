@@ -247,15 +247,27 @@ func DecodeRecord(r Record) (any, error) {
 	case KindRun:
 		v = &RunRecord{}
 	case KindStep:
-		v = &StepRecord{}
+		st := &StepRecord{}
+		if err := decodeStep(r.Value, st); err != nil {
+			return nil, fmt.Errorf("%w: key %q: %v", ErrBadRecord, r.Key, err)
+		}
+		return st, nil
 	case KindLease:
-		v = &LeaseRecord{}
+		l := &LeaseRecord{}
+		if err := decodeLease(r.Value, l); err != nil {
+			return nil, fmt.Errorf("%w: key %q: %v", ErrBadRecord, r.Key, err)
+		}
+		return l, nil
 	case KindWorker:
 		v = &WorkerRecord{}
 	case KindToken:
 		v = &TokenRecord{}
 	case KindEvent:
-		v = &ServerEvent{}
+		ev := &ServerEvent{}
+		if err := decodeEvent(r.Value, ev); err != nil {
+			return nil, fmt.Errorf("%w: key %q: %v", ErrBadRecord, r.Key, err)
+		}
+		return ev, nil
 	case KindLog:
 		ln := &StepLogLine{}
 		if err := decodeLogLine(r.Value, ln); err != nil {
