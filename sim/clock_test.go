@@ -1,7 +1,6 @@
 package sim
 
 import (
-	"math"
 	"testing"
 	"time"
 
@@ -48,5 +47,14 @@ func (wn *workerNode) simTimeForReadingAll(now, local time.Time) time.Time {
 	if wn.drift == 0 && wn.wobble == 0 {
 		return local.Add(-wn.offset - wn.jumps)
 	}
-	return wn.bisect(now, local, math.Inf(-1))
+	lo, hi := now, now.Add(2*local.Sub(wn.local(now))+time.Hour)
+	for hi.Sub(lo) > time.Microsecond {
+		mid := lo.Add(hi.Sub(lo) / 2)
+		if wn.local(mid).Before(local) {
+			lo = mid
+		} else {
+			hi = mid
+		}
+	}
+	return hi
 }

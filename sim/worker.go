@@ -77,13 +77,14 @@ func (wn *workerNode) local(t time.Time) time.Time {
 // depend on it to the nanosecond); most comparisons are decided without
 // evaluating the clock (bisect).
 func (wn *workerNode) simTimeFor(now time.Time, local time.Time) time.Time {
-	if !wn.local(now).Before(local) {
+	ln := wn.local(now)
+	if !ln.Before(local) {
 		return now
 	}
 	if wn.drift == 0 && wn.wobble == 0 {
 		return local.Add(-wn.offset - wn.jumps) // exact: only an offset
 	}
-	return wn.bisect(now, local, wn.slopeMin())
+	return wn.bisect(now, local, ln, wn.slopeMin())
 }
 
 // slopeMin is a lower bound of the clock's rate against simulated time:
@@ -101,62 +102,75 @@ func (wn *workerNode) slopeMin() float64 {
 // floating-point error, a few nanoseconds, with a wide margin.
 const clockSlack = 128 * time.Nanosecond
 
-// bisect is simTimeFor's bisection. Once the clock has been read at a
-// with local(a) < deadline, local(mid) < deadline for every mid with
-// slope·(a − mid) > clockSlack, as the clock's rate is at least slope;
-// likewise above a reading b at or after the deadline. So it first reads
-// the clock at a few points converging on the crossing (secant steps),
+// bisect is simTimeFor's bisection, given the clock's reading ln at now.
+// Once the clock has been read at a with local(a) < deadline,
+// local(mid) < deadline for every mid with slope·(a − mid) > clockSlack,
+// as the clock's rate is at least slope; likewise above a reading b at or
+// after the deadline. So it first reads the clock at a few points
+// converging on the crossing (secant steps) and one on its other side,
 // and then reads it only at midpoints too near a or b to be decided. With
 // slope at or below one half (never with the workload's clocks), it reads
-// every midpoint.
-func (wn *workerNode) bisect(now, local time.Time, slope float64) time.Time {
-	ln := wn.local(now)
-	lo, hi := now, now.Add(2*local.Sub(ln)+time.Hour)
+// every midpoint. Times are offsets from now, which is exact: the
+// bisection adds and halves nanoseconds.
+func (wn *workerNode) bisect(now, local, ln time.Time, slope float64) time.Time {
+	gap := local.Sub(ln)
+	var lo, hi time.Duration = 0, 2*gap + time.Hour
 	exact := slope <= 0.5
-	var a, b time.Time // the nearest readings below and at or after the deadline
-	var fa, fb time.Duration
-	a, fa = now, ln.Sub(local)
+	// a, b: the nearest readings below and at or after the deadline, and
+	// the clock's distance from it there.
+	a, fa := time.Duration(0), -gap
+	var b, fb time.Duration
 	haveB := false
-	read := func(t time.Time) (time.Duration, bool) {
-		f := wn.local(t).Sub(local)
+	read := func(x time.Duration) (time.Duration, bool) {
+		f := wn.local(now.Add(x)).Sub(local)
 		if f < 0 {
-			if t.After(a) {
-				a, fa = t, f
+			if x > a {
+				a, fa = x, f
 			}
 			return f, true
 		}
-		if !haveB || t.Before(b) {
-			b, fb, haveB = t, f, true
+		if !haveB || x < b {
+			b, fb, haveB = x, f, true
 		}
 		return f, false
 	}
+	margin := time.Duration(float64(clockSlack) / slope)
 	if !exact {
-		// Secant steps from now towards the crossing, kept inside the
-		// bracket; a few reach within nanoseconds of it.
-		p := now.Add(time.Duration(float64(-fa) / (1 + wn.drift)))
+		// Secant steps towards the crossing, kept inside the bracket; a
+		// few reach within nanoseconds of it.
+		x := time.Duration(float64(gap) / (1 + wn.drift))
 		for range 6 {
-			if !p.After(a) || (haveB && !p.Before(b)) || p.After(hi) {
+			if x <= a || (haveB && x >= b) || x > hi {
 				break
 			}
-			f, _ := read(p)
-			if f > -clockSlack && f < clockSlack {
+			if f, _ := read(x); -clockSlack < f && f < clockSlack {
 				break
 			}
-			if haveB && fb != fa {
-				p = a.Add(time.Duration(float64(b.Sub(a)) * float64(-fa) / float64(fb-fa)))
+			if haveB {
+				x = a + time.Duration(float64(b-a)*float64(-fa)/float64(fb-fa))
 			} else {
-				p = p.Add(time.Duration(float64(-f) / (1 + wn.drift)))
+				x = a + time.Duration(float64(-fa)/(1+wn.drift))
+			}
+		}
+		// Bracket the crossing tightly from the reading nearer to it: the
+		// clock gains at least slope·d over any d.
+		if !haveB || b-a > 4*margin {
+			if !haveB || -fa <= fb {
+				if x := a + time.Duration(float64(-fa)/slope) + 2*margin; x < hi {
+					read(x)
+				}
+			} else if x := b - time.Duration(float64(fb)/slope) - 2*margin; x > 0 {
+				read(x)
 			}
 		}
 	}
-	margin := time.Duration(float64(clockSlack) / slope)
-	for hi.Sub(lo) > time.Microsecond {
-		mid := lo.Add(hi.Sub(lo) / 2)
+	for hi-lo > time.Microsecond {
+		mid := lo + (hi-lo)/2
 		var before bool
 		switch {
-		case !exact && mid.Add(margin).Before(a):
+		case !exact && mid+margin < a:
 			before = true
-		case !exact && haveB && mid.After(b.Add(margin)):
+		case !exact && haveB && mid > b+margin:
 			before = false
 		default:
 			_, before = read(mid)
@@ -167,7 +181,7 @@ func (wn *workerNode) bisect(now, local time.Time, slope float64) time.Time {
 			hi = mid
 		}
 	}
-	return hi
+	return now.Add(hi)
 }
 
 // workerTags are the tags the workload's steps require (SPEC §8), and
