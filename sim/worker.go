@@ -3,6 +3,7 @@ package sim
 import (
 	"fmt"
 	"math"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -35,6 +36,8 @@ type workerNode struct {
 	pumping     bool               // pump is running: do not re-enter it
 	tickAt      time.Time
 	procs       map[core.LeaseID]*proc
+	procIDs     []core.LeaseID // procs' keys, ascending
+	pumpIDs     []core.LeaseID // pump's copy of procIDs
 	revoked     bool
 	replay      bool // booted with a replayed token: must be refused, is not replaced
 }
@@ -393,6 +396,10 @@ func (w *world) exec(wn *workerNode, x core.ExecCommand) {
 		// submitted), whatever the dispatch said.
 		writes := w.hist.writes(x.Step)
 		p := &proc{lease: x.Lease, step: x.Step, writes: writes, ignTerm: w.chance(w.opt.IgnoreTermP)}
+		if _, had := wn.procs[x.Lease]; !had {
+			i, _ := slices.BinarySearch(wn.procIDs, x.Lease)
+			wn.procIDs = slices.Insert(wn.procIDs, i, x.Lease)
+		}
 		wn.procs[x.Lease] = p
 		w.chk.ProcessStarted(w.now, wn.id, x.Lease, x.Step, writes)
 		dur := w.uniform(w.opt.ExecMin, w.opt.ExecMax)
@@ -498,12 +505,9 @@ func (w *world) pump(wn *workerNode) {
 	defer func() { wn.pumping = false }()
 	for progress := true; progress; {
 		progress = false
-		ids := make([]core.LeaseID, 0, len(wn.procs))
-		for id := range wn.procs {
-			ids = append(ids, id)
-		}
-		sort.Slice(ids, func(i, j int) bool { return ids[i] < ids[j] })
-		for _, id := range ids {
+		// A copy: a step may start processes.
+		wn.pumpIDs = append(wn.pumpIDs[:0], wn.procIDs...)
+		for _, id := range wn.pumpIDs {
 			p := wn.procs[id]
 			if !wn.alive || w.now.Before(wn.pausedUntil) || len(wn.deferred) > 0 {
 				return
@@ -537,12 +541,7 @@ func (wn *workerNode) applyStep(w *world, in core.WorkerInput) {
 
 // killProcs ends every process of a dead worker (they die with it).
 func (w *world) killProcs(wn *workerNode) {
-	ids := make([]core.LeaseID, 0, len(wn.procs))
-	for id := range wn.procs {
-		ids = append(ids, id)
-	}
-	sort.Slice(ids, func(i, j int) bool { return ids[i] < ids[j] })
-	for _, id := range ids {
+	for _, id := range slices.Clone(wn.procIDs) {
 		if p := wn.procs[id]; !p.done {
 			p.done = true
 			w.chk.ProcessStopped(w.now, wn.id, id)
