@@ -210,13 +210,17 @@ func decodeStep(b []byte, v *StepRecord) error {
 
 func fastStep(b []byte, v *StepRecord) bool {
 	p := scan{b: b}
+	return p.step(v) && p.i == len(b)
+}
+
+func (p *scan) step(v *StepRecord) bool {
 	var id, run, class, skipped, rejected, reused, child string
 	ok := p.lit(`{"ID":`) && p.str(&id) &&
 		p.lit(`,"Run":`) && p.str(&run) &&
 		p.lit(`,"Name":`) && p.str(&v.Name) &&
 		p.lit(`,"Index":`) && p.int(&v.Index) &&
 		p.optStr(`,"Item":`, &v.Item) &&
-		p.lit(`,"Deps":`) && strs(&p, &v.Deps) &&
+		p.lit(`,"Deps":`) && strs(p, &v.Deps) &&
 		p.lit(`,"State":`) && p.u8((*uint8)(&v.State)) &&
 		p.optStr(`,"Class":`, &class) &&
 		p.optStr(`,"Message":`, &v.Message) &&
@@ -236,12 +240,12 @@ func fastStep(b []byte, v *StepRecord) bool {
 	ok = ok && p.optTime(`,"FinishedAt":`, &v.FinishedAt) &&
 		p.lit(`,"EverStarted":`) && p.bool(&v.EverStarted) &&
 		p.optStr(`,"RejectedBy":`, &rejected) &&
-		(!p.lit(`,"RequiredTags":`) || strs(&p, &v.RequiredTags)) &&
-		(!p.lit(`,"MissedBy":`) || strs(&p, &v.MissedBy)) &&
+		(!p.lit(`,"RequiredTags":`) || strs(p, &v.RequiredTags)) &&
+		(!p.lit(`,"MissedBy":`) || strs(p, &v.MissedBy)) &&
 		(!p.lit(`,"Tries":`) || p.int(&v.Tries)) &&
 		p.optStr(`,"ReusedFrom":`, &reused) &&
 		p.optStr(`,"Child":`, &child) &&
-		p.lit("}") && p.i == len(b)
+		p.lit("}")
 	v.ID, v.Run, v.Class, v.SkippedBy = StepID(id), RunID(run), FailureClass(class), StepID(skipped)
 	v.RejectedBy, v.ReusedFrom, v.Child = WorkerID(rejected), StepID(reused), RunID(child)
 	return ok
@@ -262,6 +266,10 @@ func DecodeLease(b []byte, v *LeaseRecord) error { return decodeLease(b, v) }
 
 func fastLease(b []byte, v *LeaseRecord) bool {
 	p := scan{b: b}
+	return p.lease(v) && p.i == len(b)
+}
+
+func (p *scan) lease(v *LeaseRecord) bool {
 	var step, worker string
 	ok := p.lit(`{"ID":`) && p.uint((*uint64)(&v.ID)) &&
 		p.lit(`,"Step":`) && p.str(&step) &&
@@ -277,7 +285,7 @@ func fastLease(b []byte, v *LeaseRecord) bool {
 	if ok && p.lit(`,"Answers":`) {
 		ok = p.answers(&v.Answers)
 	}
-	return ok && p.lit("}") && p.i == len(b)
+	return ok && p.lit("}")
 }
 
 func (p *scan) answers(as *[]AnsweredReport) bool {
@@ -316,6 +324,10 @@ func decodeEvent(b []byte, v *ServerEvent) error {
 
 func fastEvent(b []byte, v *ServerEvent) bool {
 	p := scan{b: b}
+	return p.event(v) && p.i == len(b)
+}
+
+func (p *scan) event(v *ServerEvent) bool {
 	var run, step, cause, worker string
 	ok := p.lit(`{"Run":`) && p.str(&run) &&
 		p.lit(`,"Seq":`) && p.int(&v.Seq) &&
@@ -326,7 +338,88 @@ func fastEvent(b []byte, v *ServerEvent) bool {
 		p.optStr(`,"Cause":`, &cause) &&
 		p.optStr(`,"Worker":`, &worker) &&
 		(!p.lit(`,"Lease":`) || p.uint((*uint64)(&v.Lease))) &&
-		p.lit("}") && p.i == len(b)
+		p.lit("}")
 	v.Run, v.Step, v.Cause, v.Worker = RunID(run), StepID(step), Cause(cause), WorkerID(worker)
 	return ok
+}
+
+// decodeHistory decodes an archived run's record as json.Unmarshal into a
+// zero RunHistory does: in what encode.go writes, the head and the run
+// (a spec of any shape) through encoding/json each, the steps, leases and
+// events by hand; anything else wholly through encoding/json. The checker
+// reads every run archived.
+func decodeHistory(b []byte, h *RunHistory) error {
+	if fastHistory(b, h) {
+		return nil
+	}
+	*h = RunHistory{}
+	return json.Unmarshal(b, h)
+}
+
+func fastHistory(b []byte, h *RunHistory) bool {
+	p := scan{b: b}
+	return p.lit(`{"Head":`) && p.jsonObject(&h.Head) &&
+		p.lit(`,"Run":`) && p.jsonObject(&h.Run) &&
+		p.lit(`,"Status":`) && p.str(&h.Status) &&
+		p.lit(`,"Steps":`) && records(&p, &h.Steps, (*scan).step) &&
+		p.lit(`,"Leases":`) && records(&p, &h.Leases, (*scan).lease) &&
+		p.lit(`,"Events":`) && records(&p, &h.Events, (*scan).event) &&
+		p.lit("}") && p.i == len(b)
+}
+
+// records reads an array of records as encoding/json reads it into a nil
+// slice (null is nil, [] an empty slice), each element by one.
+func records[T any](p *scan, xs *[]T, one func(*scan, *T) bool) bool {
+	if p.lit("null") {
+		*xs = nil
+		return true
+	}
+	if !p.lit("[") {
+		return false
+	}
+	out := []T{}
+	for !p.lit("]") {
+		if len(out) > 0 && !p.lit(",") {
+			return false
+		}
+		var x T
+		if !one(p, &x) {
+			return false
+		}
+		out = append(out, x)
+	}
+	*xs = out
+	return true
+}
+
+// jsonObject decodes the object at i into v through encoding/json. Its
+// end is found by counting brackets outside strings; if that end is not
+// the object's, the bytes up to it are not valid JSON and encoding/json
+// refuses them.
+func (p *scan) jsonObject(v any) bool {
+	if p.i >= len(p.b) || p.b[p.i] != '{' {
+		return false
+	}
+	depth := 0
+	for j := p.i; j < len(p.b); j++ {
+		switch p.b[j] {
+		case '"':
+			for j++; j < len(p.b) && p.b[j] != '"'; j++ {
+				if p.b[j] == '\\' {
+					j++
+				}
+			}
+		case '{', '[':
+			depth++
+		case '}', ']':
+			if depth--; depth == 0 {
+				if json.Unmarshal(p.b[p.i:j+1], v) != nil {
+					return false
+				}
+				p.i = j + 1
+				return true
+			}
+		}
+	}
+	return false
 }

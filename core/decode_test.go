@@ -115,6 +115,9 @@ func TestDecodeRecordsMatchEncodingJSON(t *testing.T) {
 		ev := genServerEvent().Draw(t, "event")
 		checkDecode(t, marshal(t, &ev), decodeEvent)
 	}))
+	t.Run("history", rapid.MakeCheck(func(t *rapid.T) {
+		checkDecode(t, marshal(t, genRunHistory().Draw(t, "history")), decodeHistory)
+	}))
 }
 
 // plainStrings replaces every string inside v that encoding/json would
@@ -134,6 +137,7 @@ func plainStrings(v reflect.Value) {
 		for i := range v.Len() {
 			plainStrings(v.Index(i))
 		}
+	case reflect.Map: // a map's values are not settable: left as they are
 	case reflect.String:
 		if v.CanSet() {
 			var b []byte
@@ -190,6 +194,21 @@ func TestDecodeRecordsEdges(t *testing.T) {
 	for _, b := range events {
 		checkDecode(t, []byte(b), decodeEvent)
 	}
+	head := `{"Head":{"Run":"r","Name":"n","Status":"ok","SubmittedAt":` + at + `,"Steps":0,"States":null}`
+	run := `{"ID":"r","Spec":{"Name":"n","Steps":null},"SubmittedAt":` + at + `,"CancelClass":"","Steps":null,"Failed":false,"Finished":true}`
+	for _, b := range []string{
+		head + `,"Run":` + run + `,"Status":"ok","Steps":[],"Leases":null,"Events":[]}`,
+		head + `,"Run":` + run + `,"Status":"ok","Steps":[],"Leases":null,"Events":[]} `,
+		head + `,"Run":{"ID":"r}"],"Status":"ok","Steps":[],"Leases":null,"Events":[]}`,
+		head + `,"Run":{"ID":"\"}"},"Status":"ok","Steps":[],"Leases":null,"Events":[]}`,
+		head + `,"Run":{"ID":"r","Spec":{"Name":"n","Steps":null}}}`,
+		head + `,"Run":{"ID":"r","Depth":"x"},"Status":"ok","Steps":[],"Leases":null,"Events":[]}`,
+		head + `,"Run":{"ID":"r"},"Status":"ok","Steps":[{}],"Leases":null,"Events":[]}`,
+		head + `,"Run":[],"Status":"ok","Steps":[],"Leases":null,"Events":[]}`,
+		`{"Head":null,"Run":{}}`, `{"Head":{`, `{"Head":{}`,
+	} {
+		checkDecode(t, []byte(b), decodeHistory)
+	}
 }
 
 // TestDecodeRecordsFastPath: what the encoder writes of plain values is
@@ -214,6 +233,9 @@ func TestDecodeRecordsFastPath(t *testing.T) {
 		{&LeaseRecord{}, func(b []byte) bool { return fastLease(b, &LeaseRecord{}) }},
 		{ev, func(b []byte) bool { return fastEvent(b, &ServerEvent{}) }},
 		{&ServerEvent{}, func(b []byte) bool { return fastEvent(b, &ServerEvent{}) }},
+		{&RunHistory{Run: RunRecord{ID: "r1", Spec: RunSpec{Name: `n"}{[`, Env: map[string]string{"a": "b"}}}, Status: "ok",
+			Steps: []StepRecord{*s}, Leases: []LeaseRecord{*l}, Events: []ServerEvent{*ev}}, func(b []byte) bool { return fastHistory(b, &RunHistory{}) }},
+		{&RunHistory{}, func(b []byte) bool { return fastHistory(b, &RunHistory{}) }},
 	} {
 		if b := encode(c.v); !c.fast(b) {
 			t.Errorf("%s: not read by hand", b)

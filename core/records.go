@@ -275,7 +275,11 @@ func DecodeRecord(r Record) (any, error) {
 		}
 		return ln, nil
 	case KindHistory:
-		v = &RunHistory{}
+		h := &RunHistory{}
+		if err := decodeHistory(r.Value, h); err != nil {
+			return nil, fmt.Errorf("%w: key %q: %v", ErrBadRecord, r.Key, err)
+		}
+		return h, nil
 	case KindOperator:
 		v = &OperatorRecord{}
 	case KindSecret:
