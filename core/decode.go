@@ -423,3 +423,114 @@ func (p *scan) jsonObject(v any) bool {
 	}
 	return false
 }
+
+// decodeWorker and decodeToken decode a worker's or an enrollment token's
+// record as json.Unmarshal into a zero value does: what json.Marshal
+// writes of them (fields in order, plain strings, a hash of exactly 32
+// numbers) by hand, anything else through encoding/json. A restore
+// decodes every worker and token.
+func decodeWorker(b []byte, v *WorkerRecord) error {
+	if fastWorker(b, v) {
+		return nil
+	}
+	*v = WorkerRecord{}
+	return json.Unmarshal(b, v)
+}
+
+func fastWorker(b []byte, v *WorkerRecord) bool {
+	p := scan{b: b}
+	var id string
+	ok := p.lit(`{"ID":`) && p.str(&id) &&
+		p.lit(`,"Name":`) && p.str(&v.Name) &&
+		p.lit(`,"Token":`) && p.str(&v.Token) &&
+		(!p.lit(`,"Tags":`) || strs(&p, &v.Tags)) &&
+		(!p.lit(`,"Labels":`) || p.strMap(&v.Labels)) &&
+		p.optStr(`,"Platform":`, &v.Platform) &&
+		p.lit(`,"Slots":`) && p.int(&v.Slots) &&
+		(!p.lit(`,"Ahead":`) || p.int(&v.Ahead)) &&
+		p.lit(`,"Scaler":`) && p.bool(&v.Scaler) &&
+		p.lit(`,"Grace":`) && p.int64((*int64)(&v.Grace)) &&
+		p.lit(`,"Active":`) && p.bool(&v.Active) &&
+		p.lit(`,"Revoked":`) && p.bool(&v.Revoked) &&
+		p.lit(`,"CredHash":`) && p.hash(&v.CredHash) &&
+		p.lit(`,"CredExpiry":`) && p.time(&v.CredExpiry) &&
+		p.lit(`,"LastHeartbeat":`) && p.time(&v.LastHeartbeat) &&
+		p.optTime(`,"DisconnectedAt":`, &v.DisconnectedAt) &&
+		p.optTime(`,"GraceUntil":`, &v.GraceUntil) &&
+		p.lit(`,"EnrolledAt":`) && p.time(&v.EnrolledAt) &&
+		(!p.lit(`,"Draining":`) || p.bool(&v.Draining)) &&
+		p.lit("}") && p.i == len(b)
+	v.ID = WorkerID(id)
+	return ok
+}
+
+func decodeToken(b []byte, v *TokenRecord) error {
+	if fastToken(b, v) {
+		return nil
+	}
+	*v = TokenRecord{}
+	return json.Unmarshal(b, v)
+}
+
+func fastToken(b []byte, v *TokenRecord) bool {
+	p := scan{b: b}
+	var worker string
+	ok := p.lit(`{"Name":`) && p.str(&v.Name) &&
+		p.lit(`,"Hash":`) && p.hash(&v.Hash) &&
+		p.lit(`,"CreatedAt":`) && p.time(&v.CreatedAt) &&
+		p.lit(`,"ExpiresAt":`) && p.time(&v.ExpiresAt) &&
+		p.lit(`,"Consumed":`) && p.bool(&v.Consumed) &&
+		p.optStr(`,"Worker":`, &worker) &&
+		p.lit(`,"Revoked":`) && p.bool(&v.Revoked) &&
+		p.lit("}") && p.i == len(b)
+	v.Worker = WorkerID(worker)
+	return ok
+}
+
+func (p *scan) int64(n *int64) bool {
+	k := p.digits(true)
+	if k < 0 {
+		return false
+	}
+	v, err := strconv.ParseInt(string(p.b[p.i:k]), 10, 64)
+	if err != nil {
+		return false
+	}
+	*n, p.i = v, k
+	return true
+}
+
+// hash reads an array of exactly 32 numbers that fit a byte (encoding/json
+// also takes fewer or more, which this leaves to it).
+func (p *scan) hash(h *[32]byte) bool {
+	if !p.lit("[") {
+		return false
+	}
+	for i := range h {
+		if (i > 0 && !p.lit(",")) || !p.u8(&h[i]) {
+			return false
+		}
+	}
+	return p.lit("]")
+}
+
+// strMap reads an object of strings into a new map (later keys win, as
+// with encoding/json); {} is an empty map, null leaves it nil.
+func (p *scan) strMap(m *map[string]string) bool {
+	if p.lit("null") {
+		return true
+	}
+	if !p.lit("{") {
+		return false
+	}
+	out := map[string]string{}
+	for n := 0; !p.lit("}"); n++ {
+		var k, v string
+		if (n > 0 && !p.lit(",")) || !p.str(&k) || !p.lit(":") || !p.str(&v) {
+			return false
+		}
+		out[k] = v
+	}
+	*m = out
+	return true
+}

@@ -3,6 +3,7 @@ package core
 import (
 	"encoding/json"
 	"reflect"
+	"strings"
 	"testing"
 	"time"
 
@@ -118,6 +119,32 @@ func TestDecodeRecordsMatchEncodingJSON(t *testing.T) {
 	t.Run("history", rapid.MakeCheck(func(t *rapid.T) {
 		checkDecode(t, marshal(t, genRunHistory().Draw(t, "history")), decodeHistory)
 	}))
+	hash := func(t *rapid.T) (h [32]byte) {
+		copy(h[:], rapid.SliceOfN(rapid.Byte(), 32, 32).Draw(t, "hash"))
+		return h
+	}
+	t.Run("worker", rapid.MakeCheck(func(t *rapid.T) {
+		w := &WorkerRecord{ID: WorkerID(genString().Draw(t, "id")), Name: genString().Draw(t, "name"), Token: genString().Draw(t, "token"),
+			Tags: genStrings("tags").Draw(t, "tags"), Platform: genString().Draw(t, "platform"), Slots: rapid.Int().Draw(t, "slots"),
+			Ahead: rapid.IntRange(-1, 64).Draw(t, "ahead"), Scaler: rapid.Bool().Draw(t, "scaler"),
+			Grace: time.Duration(rapid.Int64().Draw(t, "grace")), Active: rapid.Bool().Draw(t, "active"), Revoked: rapid.Bool().Draw(t, "revoked"),
+			CredHash: hash(t), CredExpiry: genTime().Draw(t, "exp"), LastHeartbeat: genTime().Draw(t, "hb"),
+			DisconnectedAt: genTime().Draw(t, "disc"), GraceUntil: genTime().Draw(t, "grace-until"), EnrolledAt: genTime().Draw(t, "enrolled"),
+			Draining: rapid.Bool().Draw(t, "draining")}
+		switch rapid.IntRange(0, 2).Draw(t, "labels-kind") {
+		case 1:
+			w.Labels = genEnv("labels").Draw(t, "labels")
+		case 2:
+			w.Labels = rapid.MapOf(rapid.StringMatching(`[a-z]{1,4}`), rapid.StringMatching(`[a-z0-9]{0,4}`)).Draw(t, "plain-labels")
+		}
+		checkDecode(t, marshal(t, w), decodeWorker)
+	}))
+	t.Run("token", rapid.MakeCheck(func(t *rapid.T) {
+		tr := &TokenRecord{Name: genString().Draw(t, "name"), Hash: hash(t), CreatedAt: genTime().Draw(t, "created"),
+			ExpiresAt: genTime().Draw(t, "expires"), Consumed: rapid.Bool().Draw(t, "consumed"),
+			Worker: WorkerID(genString().Draw(t, "worker")), Revoked: rapid.Bool().Draw(t, "revoked")}
+		checkDecode(t, marshal(t, tr), decodeToken)
+	}))
 }
 
 // plainStrings replaces every string inside v that encoding/json would
@@ -194,6 +221,26 @@ func TestDecodeRecordsEdges(t *testing.T) {
 	for _, b := range events {
 		checkDecode(t, []byte(b), decodeEvent)
 	}
+	for _, b := range []string{
+		`{"Name":"t","Hash":[1,2],"CreatedAt":` + at + `,"ExpiresAt":` + at + `,"Consumed":false,"Revoked":false}`,
+		`{"Name":"t","Hash":[` + strings.Repeat("0,", 32) + `0],"CreatedAt":` + at + `,"ExpiresAt":` + at + `,"Consumed":false,"Revoked":false}`,
+		`{"Name":"t","Hash":[256` + strings.Repeat(",0", 31) + `],"CreatedAt":` + at + `,"ExpiresAt":` + at + `,"Consumed":false,"Revoked":false}`,
+		`{"Name":"t","Hash":[9` + strings.Repeat(",0", 31) + `],"CreatedAt":` + at + `,"ExpiresAt":` + at + `,"Consumed":false,"Revoked":false}`,
+	} {
+		checkDecode(t, []byte(b), decodeToken)
+	}
+	wk := `{"ID":"w","Name":"n","Token":"t","Slots":1,"Scaler":false,"Grace":-5,"Active":true,"Revoked":false,"CredHash":[` + strings.Repeat("7,", 31) + `7],"CredExpiry":` + at + `,"LastHeartbeat":` + at + `,"EnrolledAt":` + at
+	for _, b := range []string{
+		wk + `}`, wk + `,"Draining":true}`,
+		strings.Replace(wk, `"Slots":1`, `"Slots":1,"Ahead":2`, 1) + `}`,
+		strings.Replace(wk, `"Token":"t"`, `"Token":"t","Labels":{"a":"1","a":"2","b":""}`, 1) + `}`,
+		strings.Replace(wk, `"Token":"t"`, `"Token":"t","Labels":{}`, 1) + `}`,
+		strings.Replace(wk, `"Token":"t"`, `"Token":"t","Labels":null`, 1) + `}`,
+		strings.Replace(wk, `"Token":"t"`, `"Token":"t","Labels":{"a":1}`, 1) + `}`,
+		strings.Replace(wk, `"Grace":-5`, `"Grace":9223372036854775808`, 1) + `}`,
+	} {
+		checkDecode(t, []byte(b), decodeWorker)
+	}
 	head := `{"Head":{"Run":"r","Name":"n","Status":"ok","SubmittedAt":` + at + `,"Steps":0,"States":null}`
 	run := `{"ID":"r","Spec":{"Name":"n","Steps":null},"SubmittedAt":` + at + `,"CancelClass":"","Steps":null,"Failed":false,"Finished":true}`
 	for _, b := range []string{
@@ -236,6 +283,11 @@ func TestDecodeRecordsFastPath(t *testing.T) {
 		{&RunHistory{Run: RunRecord{ID: "r1", Spec: RunSpec{Name: `n"}{[`, Env: map[string]string{"a": "b"}}}, Status: "ok",
 			Steps: []StepRecord{*s}, Leases: []LeaseRecord{*l}, Events: []ServerEvent{*ev}}, func(b []byte) bool { return fastHistory(b, &RunHistory{}) }},
 		{&RunHistory{}, func(b []byte) bool { return fastHistory(b, &RunHistory{}) }},
+		{&WorkerRecord{ID: "w1", Tags: []string{"a"}, Labels: map[string]string{"k": "v", "a": "b"}, Platform: "p", Ahead: 1, DisconnectedAt: at, GraceUntil: at, Draining: true},
+			func(b []byte) bool { return fastWorker(b, &WorkerRecord{}) }},
+		{&WorkerRecord{}, func(b []byte) bool { return fastWorker(b, &WorkerRecord{}) }},
+		{&TokenRecord{Name: "t", Worker: "w1"}, func(b []byte) bool { return fastToken(b, &TokenRecord{}) }},
+		{&TokenRecord{}, func(b []byte) bool { return fastToken(b, &TokenRecord{}) }},
 	} {
 		if b := encode(c.v); !c.fast(b) {
 			t.Errorf("%s: not read by hand", b)

@@ -259,9 +259,17 @@ func DecodeRecord(r Record) (any, error) {
 		}
 		return l, nil
 	case KindWorker:
-		v = &WorkerRecord{}
+		wr := &WorkerRecord{}
+		if err := decodeWorker(r.Value, wr); err != nil {
+			return nil, fmt.Errorf("%w: key %q: %v", ErrBadRecord, r.Key, err)
+		}
+		return wr, nil
 	case KindToken:
-		v = &TokenRecord{}
+		tr := &TokenRecord{}
+		if err := decodeToken(r.Value, tr); err != nil {
+			return nil, fmt.Errorf("%w: key %q: %v", ErrBadRecord, r.Key, err)
+		}
+		return tr, nil
 	case KindEvent:
 		ev := &ServerEvent{}
 		if err := decodeEvent(r.Value, ev); err != nil {
