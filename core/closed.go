@@ -36,7 +36,9 @@ import (
 // KindClosed is the record kind of the closed-lease table's log.
 const KindClosed = "closed"
 
-func closedKey(seq uint64) string { return fmt.Sprintf("%s/%020d", KindClosed, seq) }
+func closedKey(seq uint64) string {
+	return string(appendPadded(append(make([]byte, 0, len(KindClosed)+21), KindClosed+"/"...), seq, 20))
+}
 
 func isClosedKey(k string) bool {
 	return len(k) > len(KindClosed) && k[len(KindClosed)] == '/' && k[:len(KindClosed)] == KindClosed

@@ -145,22 +145,8 @@ func genRunRecord() *rapid.Generator[RunRecord] {
 	})
 }
 
-func checkEncode(t *rapid.T, v any) {
-	want, err := json.Marshal(v)
-	if err != nil {
-		t.Skip("encoding/json refuses it")
-	}
-	if got := encode(v); !bytes.Equal(got, want) {
-		t.Fatalf("encode(%T):\n got %s\nwant %s", v, got, want)
-	}
-}
-
-func TestEncodeMatchesEncodingJSON(t *testing.T) {
-	t.Run("meta", rapid.MakeCheck(func(t *rapid.T) {
-		checkEncode(t, MetaRecord{RunSeq: rapid.Uint64().Draw(t, "runs"), LeaseSeq: rapid.Uint64().Draw(t, "leases"), NextSweep: genTime().Draw(t, "sweep"),
-			RestoredAt: rapid.SampledFrom([]time.Time{{}, genTime().Draw(t, "restored")}).Draw(t, "restoredOf")})
-	}))
-	t.Run("step", rapid.MakeCheck(func(t *rapid.T) {
+func genStepRecord() *rapid.Generator[*StepRecord] {
+	return rapid.Custom(func(t *rapid.T) *StepRecord {
 		s := &StepRecord{
 			ID: StepID(genString().Draw(t, "id")), Run: RunID(genString().Draw(t, "run")), Name: genString().Draw(t, "name"),
 			Index: rapid.Int().Draw(t, "index"), Item: genString().Draw(t, "item"),
@@ -191,9 +177,12 @@ func TestEncodeMatchesEncodingJSON(t *testing.T) {
 			s.Outcome = &o
 		}
 		s.Child = RunID(genString().Draw(t, "child"))
-		checkEncode(t, s)
-	}))
-	t.Run("lease", rapid.MakeCheck(func(t *rapid.T) {
+		return s
+	})
+}
+
+func genLeaseRecord() *rapid.Generator[*LeaseRecord] {
+	return rapid.Custom(func(t *rapid.T) *LeaseRecord {
 		l := &LeaseRecord{
 			ID: LeaseID(rapid.Uint64().Draw(t, "id")), Step: StepID(genString().Draw(t, "step")), Worker: WorkerID(genString().Draw(t, "worker")),
 			GrantedAt: genTime().Draw(t, "granted"), Current: rapid.Bool().Draw(t, "current"), Started: rapid.Bool().Draw(t, "started"),
@@ -208,20 +197,22 @@ func TestEncodeMatchesEncodingJSON(t *testing.T) {
 					Verdict: Verdict(rapid.Uint8().Draw(t, "verdict")), Reason: genString().Draw(t, "reason")}
 			}), 1, 3).Draw(t, "answers")
 		}
-		checkEncode(t, l)
-	}))
-	t.Run("event", rapid.MakeCheck(func(t *rapid.T) {
-		checkEncode(t, ServerEvent{Run: RunID(genString().Draw(t, "run")), Seq: rapid.Int().Draw(t, "seq"), At: genTime().Draw(t, "at"),
+		return l
+	})
+}
+
+func genServerEvent() *rapid.Generator[ServerEvent] {
+	return rapid.Custom(func(t *rapid.T) ServerEvent {
+		return ServerEvent{Run: RunID(genString().Draw(t, "run")), Seq: rapid.Int().Draw(t, "seq"), At: genTime().Draw(t, "at"),
 			Step: StepID(genString().Draw(t, "step")), Kind: genString().Draw(t, "kind"), Message: genString().Draw(t, "msg"),
 			Cause:  Cause(rapid.SampledFrom([]string{"", "grace-expired", genString().Draw(t, "cause")}).Draw(t, "causeOf")),
 			Worker: WorkerID(rapid.SampledFrom([]string{"", genString().Draw(t, "worker")}).Draw(t, "workerOf")),
-			Lease:  LeaseID(rapid.SampledFrom([]uint64{0, rapid.Uint64().Draw(t, "lease")}).Draw(t, "leaseOf"))})
-	}))
-	t.Run("run", rapid.MakeCheck(func(t *rapid.T) {
-		r := genRunRecord().Draw(t, "run")
-		checkEncode(t, &r)
-	}))
-	t.Run("history", rapid.MakeCheck(func(t *rapid.T) {
+			Lease:  LeaseID(rapid.SampledFrom([]uint64{0, rapid.Uint64().Draw(t, "lease")}).Draw(t, "leaseOf"))}
+	})
+}
+
+func genRunHistory() *rapid.Generator[*RunHistory] {
+	return rapid.Custom(func(t *rapid.T) *RunHistory {
 		h := &RunHistory{Run: genRunRecord().Draw(t, "run"), Status: genString().Draw(t, "status")}
 		n := rapid.IntRange(-1, 3).Draw(t, "n") // -1: nil slices
 		if n >= 0 {
@@ -251,8 +242,33 @@ func TestEncodeMatchesEncodingJSON(t *testing.T) {
 				}
 			}
 		}
-		checkEncode(t, h)
+		return h
+	})
+}
+
+func checkEncode(t *rapid.T, v any) {
+	want, err := json.Marshal(v)
+	if err != nil {
+		t.Skip("encoding/json refuses it")
+	}
+	if got := encode(v); !bytes.Equal(got, want) {
+		t.Fatalf("encode(%T):\n got %s\nwant %s", v, got, want)
+	}
+}
+
+func TestEncodeMatchesEncodingJSON(t *testing.T) {
+	t.Run("meta", rapid.MakeCheck(func(t *rapid.T) {
+		checkEncode(t, MetaRecord{RunSeq: rapid.Uint64().Draw(t, "runs"), LeaseSeq: rapid.Uint64().Draw(t, "leases"), NextSweep: genTime().Draw(t, "sweep"),
+			RestoredAt: rapid.SampledFrom([]time.Time{{}, genTime().Draw(t, "restored")}).Draw(t, "restoredOf")})
 	}))
+	t.Run("step", rapid.MakeCheck(func(t *rapid.T) { checkEncode(t, genStepRecord().Draw(t, "step")) }))
+	t.Run("lease", rapid.MakeCheck(func(t *rapid.T) { checkEncode(t, genLeaseRecord().Draw(t, "lease")) }))
+	t.Run("event", rapid.MakeCheck(func(t *rapid.T) { checkEncode(t, genServerEvent().Draw(t, "event")) }))
+	t.Run("run", rapid.MakeCheck(func(t *rapid.T) {
+		r := genRunRecord().Draw(t, "run")
+		checkEncode(t, &r)
+	}))
+	t.Run("history", rapid.MakeCheck(func(t *rapid.T) { checkEncode(t, genRunHistory().Draw(t, "history")) }))
 	t.Run("log", rapid.MakeCheck(func(t *rapid.T) {
 		checkEncode(t, StepLogLine{Step: StepID(genString().Draw(t, "step")), Lease: LeaseID(rapid.Uint64().Draw(t, "lease")),
 			Index: rapid.Int().Draw(t, "index"), Event: rapid.Bool().Draw(t, "event"),
@@ -278,15 +294,25 @@ func TestEncodeRefusesWhatEncodingJSONRefuses(t *testing.T) {
 	}
 }
 
-// TestLeaseKeyDigits: a lease's key and timer name are its id in 20
-// zero-padded digits, fmt's "%020d", whose text order is numeric order.
-func TestLeaseKeyDigits(t *testing.T) {
-	for _, id := range []LeaseID{0, 1, 9, 10, 99, 100, 12345678901234567890, 1<<63 - 1, 1 << 63, ^LeaseID(0)} {
-		if got, want := leaseKey(id), fmt.Sprintf("%s/%020d", KindLease, uint64(id)); got != want {
-			t.Errorf("leaseKey(%d) = %q, want %q", uint64(id), got, want)
-		}
-		if got, want := leaseKeyID(id), fmt.Sprintf("%020d", uint64(id)); got != want {
-			t.Errorf("leaseKeyID(%d) = %q, want %q", uint64(id), got, want)
-		}
+// TestKeysMatchSprintf: the keys formatted by hand are fmt.Sprintf's, for
+// any number, its width exceeded or not, negative or not.
+func TestKeysMatchSprintf(t *testing.T) {
+	num := func(label string) *rapid.Generator[uint64] {
+		return rapid.OneOf(rapid.Uint64Range(0, 20), rapid.Uint64(), rapid.SampledFrom([]uint64{9, 10, 99999999, 100000000, 9999999999, 1<<63 - 1, 1 << 63, 1<<64 - 1}))
 	}
+	rapid.Check(t, func(t *rapid.T) {
+		u, n := num("u").Draw(t, "u"), int(num("n").Draw(t, "n"))
+		run := RunID(genString().Draw(t, "run"))
+		for _, c := range []struct{ got, want string }{
+			{leaseKey(LeaseID(u)), fmt.Sprintf("%s/%020d", KindLease, u)},
+			{leaseKeyID(LeaseID(u)), fmt.Sprintf("%020d", u)},
+			{closedKey(u), fmt.Sprintf("%s/%020d", KindClosed, u)},
+			{eventKey(run, n), fmt.Sprintf("%s/%s/%08d", KindEvent, run, n)},
+			{logKey(LeaseID(u), n), fmt.Sprintf("%s/%020d/%010d", KindLog, u, n)},
+		} {
+			if c.got != c.want {
+				t.Fatalf("got %q, want %q", c.got, c.want)
+			}
+		}
+	})
 }

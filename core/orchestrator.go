@@ -425,7 +425,7 @@ func (o *Orchestrator) recordFor(key string) Record {
 }
 
 // leaseKeyID is a lease id padded so that text order is numeric order.
-func leaseKeyID(id LeaseID) string { return string(appendLeaseID(nil, id)) }
+func leaseKeyID(id LeaseID) string { return string(appendPadded(make([]byte, 0, 20), uint64(id), 20)) }
 
 func parseLeaseKey(s string) LeaseID {
 	n, _ := strconv.ParseUint(s, 10, 64)

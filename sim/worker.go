@@ -3,6 +3,7 @@ package sim
 import (
 	"fmt"
 	"math"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -35,6 +36,8 @@ type workerNode struct {
 	pumping     bool               // pump is running: do not re-enter it
 	tickAt      time.Time
 	procs       map[core.LeaseID]*proc
+	procIDs     []core.LeaseID // procs' keys, ascending
+	pumpIDs     []core.LeaseID // pump's copy of procIDs
 	revoked     bool
 	replay      bool // booted with a replayed token: must be refused, is not replaced
 }
@@ -71,24 +74,117 @@ func (wn *workerNode) local(t time.Time) time.Time {
 }
 
 // simTimeFor maps a local deadline back to simulated time (the first
-// simulated instant whose local reading is at or after it).
+// simulated instant whose local reading is at or after it): a bisection
+// from now to past the deadline down to a microsecond. Its answer is that
+// of comparing local(mid) with the deadline at every midpoint (traces
+// depend on it to the nanosecond); most comparisons are decided without
+// evaluating the clock (bisect).
 func (wn *workerNode) simTimeFor(now time.Time, local time.Time) time.Time {
-	if !wn.local(now).Before(local) {
+	ln := wn.local(now)
+	if !ln.Before(local) {
 		return now
 	}
 	if wn.drift == 0 && wn.wobble == 0 {
 		return local.Add(-wn.offset - wn.jumps) // exact: only an offset
 	}
-	lo, hi := now, now.Add(2*local.Sub(wn.local(now))+time.Hour)
-	for hi.Sub(lo) > time.Microsecond {
-		mid := lo.Add(hi.Sub(lo) / 2)
-		if wn.local(mid).Before(local) {
+	return wn.bisect(now, local, ln, wn.slopeMin())
+}
+
+// slopeMin is a lower bound of the clock's rate against simulated time:
+// 1 − |drift| − the wobble's steepest slope.
+func (wn *workerNode) slopeMin() float64 {
+	s := 1 - math.Abs(wn.drift)
+	if wn.wobble != 0 {
+		s -= 2 * math.Pi * float64(wn.wobble) / float64(wn.period)
+	}
+	return s
+}
+
+// clockSlack bounds how far two readings of local may fall from the line
+// of slope slopeMin through them: the truncations to nanoseconds and the
+// floating-point error, a few nanoseconds, with a wide margin.
+const clockSlack = 128 * time.Nanosecond
+
+// bisect is simTimeFor's bisection, given the clock's reading ln at now.
+// Once the clock has been read at a with local(a) < deadline,
+// local(mid) < deadline for every mid with slope·(a − mid) > clockSlack,
+// as the clock's rate is at least slope; likewise above a reading b at or
+// after the deadline. So it first reads the clock at a few points
+// converging on the crossing (secant steps) and one on its other side,
+// and then reads it only at midpoints too near a or b to be decided. With
+// slope at or below one half (never with the workload's clocks), it reads
+// every midpoint. Times are offsets from now, which is exact: the
+// bisection adds and halves nanoseconds.
+func (wn *workerNode) bisect(now, local, ln time.Time, slope float64) time.Time {
+	gap := local.Sub(ln)
+	var lo, hi time.Duration = 0, 2*gap + time.Hour
+	exact := slope <= 0.5
+	// a, b: the nearest readings below and at or after the deadline, and
+	// the clock's distance from it there.
+	a, fa := time.Duration(0), -gap
+	var b, fb time.Duration
+	haveB := false
+	read := func(x time.Duration) (time.Duration, bool) {
+		f := wn.local(now.Add(x)).Sub(local)
+		if f < 0 {
+			if x > a {
+				a, fa = x, f
+			}
+			return f, true
+		}
+		if !haveB || x < b {
+			b, fb, haveB = x, f, true
+		}
+		return f, false
+	}
+	margin := time.Duration(float64(clockSlack) / slope)
+	if !exact {
+		// Secant steps towards the crossing, kept inside the bracket; a
+		// few reach within nanoseconds of it.
+		x := time.Duration(float64(gap) / (1 + wn.drift))
+		for range 6 {
+			if x <= a || (haveB && x >= b) || x > hi {
+				break
+			}
+			if f, _ := read(x); -clockSlack < f && f < clockSlack {
+				break
+			}
+			if haveB {
+				x = a + time.Duration(float64(b-a)*float64(-fa)/float64(fb-fa))
+			} else {
+				x = a + time.Duration(float64(-fa)/(1+wn.drift))
+			}
+		}
+		// Bracket the crossing tightly from the reading nearer to it: the
+		// clock gains at least slope·d over any d.
+		if !haveB || b-a > 4*margin {
+			if !haveB || -fa <= fb {
+				if x := a + time.Duration(float64(-fa)/slope) + 2*margin; x < hi {
+					read(x)
+				}
+			} else if x := b - time.Duration(float64(fb)/slope) - 2*margin; x > 0 {
+				read(x)
+			}
+		}
+	}
+	for hi-lo > time.Microsecond {
+		mid := lo + (hi-lo)/2
+		var before bool
+		switch {
+		case !exact && mid+margin < a:
+			before = true
+		case !exact && haveB && mid > b+margin:
+			before = false
+		default:
+			_, before = read(mid)
+		}
+		if before {
 			lo = mid
 		} else {
 			hi = mid
 		}
 	}
-	return hi
+	return now.Add(hi)
 }
 
 // workerTags are the tags the workload's steps require (SPEC §8), and
@@ -300,6 +396,10 @@ func (w *world) exec(wn *workerNode, x core.ExecCommand) {
 		// submitted), whatever the dispatch said.
 		writes := w.hist.writes(x.Step)
 		p := &proc{lease: x.Lease, step: x.Step, writes: writes, ignTerm: w.chance(w.opt.IgnoreTermP)}
+		if _, had := wn.procs[x.Lease]; !had {
+			i, _ := slices.BinarySearch(wn.procIDs, x.Lease)
+			wn.procIDs = slices.Insert(wn.procIDs, i, x.Lease)
+		}
 		wn.procs[x.Lease] = p
 		w.chk.ProcessStarted(w.now, wn.id, x.Lease, x.Step, writes)
 		dur := w.uniform(w.opt.ExecMin, w.opt.ExecMax)
@@ -405,12 +505,9 @@ func (w *world) pump(wn *workerNode) {
 	defer func() { wn.pumping = false }()
 	for progress := true; progress; {
 		progress = false
-		ids := make([]core.LeaseID, 0, len(wn.procs))
-		for id := range wn.procs {
-			ids = append(ids, id)
-		}
-		sort.Slice(ids, func(i, j int) bool { return ids[i] < ids[j] })
-		for _, id := range ids {
+		// A copy: a step may start processes.
+		wn.pumpIDs = append(wn.pumpIDs[:0], wn.procIDs...)
+		for _, id := range wn.pumpIDs {
 			p := wn.procs[id]
 			if !wn.alive || w.now.Before(wn.pausedUntil) || len(wn.deferred) > 0 {
 				return
@@ -444,12 +541,7 @@ func (wn *workerNode) applyStep(w *world, in core.WorkerInput) {
 
 // killProcs ends every process of a dead worker (they die with it).
 func (w *world) killProcs(wn *workerNode) {
-	ids := make([]core.LeaseID, 0, len(wn.procs))
-	for id := range wn.procs {
-		ids = append(ids, id)
-	}
-	sort.Slice(ids, func(i, j int) bool { return ids[i] < ids[j] })
-	for _, id := range ids {
+	for _, id := range slices.Clone(wn.procIDs) {
 		if p := wn.procs[id]; !p.done {
 			p.done = true
 			w.chk.ProcessStopped(w.now, wn.id, id)

@@ -508,7 +508,7 @@ func (c *Checker) applyLease(r core.Record) {
 	case r.Delete:
 		lr.ID = id
 	default:
-		if err := json.Unmarshal(r.Value, &lr); err != nil || lr.ID != id {
+		if err := decodeLeaseRec(r.Value, &lr); err != nil || lr.ID != id {
 			c.fail(invStale, "lease record %s does not decode (%v)", r.Key, err)
 			return
 		}
@@ -538,6 +538,19 @@ func (c *Checker) applyLease(r core.Record) {
 	if was != lr.Current || old.step != lr.Step || old.worker != lr.Worker {
 		c.setCurrent(id, leaseOwner{lr.Step, lr.Worker}, lr.Current)
 	}
+}
+
+// decodeLeaseRec decodes a lease record's fields the checker reads, as
+// json.Unmarshal into a leaseRec does: through core's decoder when the
+// whole record decodes (then those fields decode alike), else through
+// encoding/json.
+func decodeLeaseRec(b []byte, lr *leaseRec) error {
+	var full core.LeaseRecord
+	if core.DecodeLease(b, &full) == nil {
+		*lr = leaseRec{ID: full.ID, Step: full.Step, Worker: full.Worker, Current: full.Current}
+		return nil
+	}
+	return json.Unmarshal(b, lr)
 }
 
 func (c *Checker) applyWorker(r core.Record) {

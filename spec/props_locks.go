@@ -38,12 +38,9 @@ func CheckGroupCaps(o *core.Orchestrator) *Violation {
 		}
 	}
 	held, slimit := map[string][]core.StepID{}, map[string]int{}
-	for _, s := range o.Steps() {
-		if s.Lease == 0 {
-			continue
-		}
-		if sp, ok := o.StepSpecOf(s.ID); ok && sp.Group.Name != "" {
-			held[sp.Group.Name] = append(held[sp.Group.Name], s.ID)
+	for _, id := range o.StepIDsLeased() {
+		if sp, ok := o.StepSpecOf(id); ok && sp.Group.Name != "" {
+			held[sp.Group.Name] = append(held[sp.Group.Name], id)
 			slimit[sp.Group.Name] = max(slimit[sp.Group.Name], sp.Group.Max, 1)
 		}
 	}
