@@ -75,6 +75,13 @@ func checkHello(h Hello) string {
 		return fmt.Sprintf("%d labels, at most %d", len(h.Labels), MaxWorkerLabels)
 	case len(h.InFlight) > MaxInFlightLeases:
 		return fmt.Sprintf("in-flight list of %d leases, at most %d", len(h.InFlight), MaxInFlightLeases)
+	case len(h.InFlight) > h.Slots+h.Ahead:
+		// A worker holds at most slots + ahead (§3), so a Hello never lists
+		// more: a reconnect with fewer slots than it still holds would
+		// leave the orchestrator holding more for it than it may. (Not
+		// held ahead may be more than slots: a slot frees once its
+		// lease's report is sent, before the answer.)
+		return fmt.Sprintf("in-flight list of %d leases, more than slots %d + ahead %d", len(h.InFlight), h.Slots, h.Ahead)
 	case h.Buffered < 0 || h.Buffered > MaxBufferedItems:
 		return fmt.Sprintf("buffered count %d out of range 0..%d", h.Buffered, MaxBufferedItems)
 	}
