@@ -84,6 +84,8 @@ type watchStore struct {
 	watch func(recs []core.Record, at time.Time)
 	busy  time.Duration // time spent in Apply (writing and syncing)
 	recs  int           // records applied
+	// watchMu makes the watch see one batch at a time.
+	watchMu sync.Mutex
 }
 
 func (s *watchStore) Apply(recs []core.Record) error {
@@ -91,15 +93,23 @@ func (s *watchStore) Apply(recs []core.Record) error {
 	if err := s.Backend.Apply(recs); err != nil {
 		return err
 	}
+	s.applied(recs, t0)
+	return nil
+}
+
+// applied counts a batch made durable since t0 and shows it to the watch,
+// one batch at a time (the pipeline's places end concurrently).
+func (s *watchStore) applied(recs []core.Record, t0 time.Time) {
 	s.mu.Lock()
 	w := s.watch
 	s.busy += time.Since(t0)
 	s.recs += len(recs)
 	s.mu.Unlock()
 	if w != nil {
+		s.watchMu.Lock()
 		w(recs, time.Now())
+		s.watchMu.Unlock()
 	}
-	return nil
 }
 
 // PipelineDepth and Reserve pass the backend's store.Pipeline through (a
@@ -119,14 +129,7 @@ func (s *watchStore) Reserve() func([]core.Record) error {
 		if err := apply(recs); err != nil {
 			return err
 		}
-		s.mu.Lock()
-		w := s.watch
-		s.busy += time.Since(t0)
-		s.recs += len(recs)
-		s.mu.Unlock()
-		if w != nil {
-			w(recs, time.Now())
-		}
+		s.applied(recs, t0)
 		return nil
 	}
 }
