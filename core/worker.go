@@ -319,8 +319,9 @@ type execution struct {
 	// reportSent: its Report went out once (so its output was all
 	// acknowledged): it takes no slot from then on. Every later send of
 	// it, after a reconnect too, precedes the Start of a lease started
-	// after it, so the orchestrator never sees more started leases than
-	// slots (§3).
+	// after it, and every send of such a Start follows a send of it
+	// (resendReportsBefore), so the orchestrator never sees more started
+	// leases than slots (§3).
 	reportSent bool
 	proc       procState
 	cancelled  bool      // a Cancel arrived: the exit is reported as cancelled
@@ -1370,6 +1371,9 @@ func (w *Worker) waitsForAcks(r *request) bool {
 
 // transmit (re)sends r on the current connection.
 func (w *Worker) transmit(r *request) {
+	if r.kind == reqStart && w.cfg.Ahead > 0 {
+		w.resendReportsBefore(r)
+	}
 	r.due = w.now.Add(w.cfg.RequestTimeout)
 	if r.kind == reqReport && w.cfg.Ahead > 0 {
 		// Only lease-ahead reads it (busySlots): without it a worker's
@@ -1379,6 +1383,27 @@ func (w *Worker) transmit(r *request) {
 		}
 	}
 	w.send(r.msg())
+}
+
+// resendReportsBefore re-sends, just before the Start r, each unanswered
+// Report older than it that last went out at another instant: on a link
+// that loses messages without breaking, that copy may be gone while the
+// Start gets through (each request is re-sent on its own timer), and the
+// orchestrator would see the lease started in the slot that Report freed
+// beside the one it reports (SPEC §10). A Report sent at this instant
+// already precedes r on the connection.
+func (w *Worker) resendReportsBefore(r *request) {
+	now := w.now.Add(w.cfg.RequestTimeout)
+	for i := range w.requests {
+		q := &w.requests[i]
+		if q.id >= r.id {
+			return
+		}
+		if q.kind == reqReport && !q.due.IsZero() && !q.due.Equal(now) {
+			q.due = now
+			w.send(q.msg())
+		}
+	}
 }
 
 // dropRequests removes the requests matching f and reports whether any did.
