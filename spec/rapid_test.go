@@ -1108,7 +1108,10 @@ func (h *harness) reconnect(t *rapid.T) {
 
 	// The model's prediction, against the state before the batch.
 	m := h.m
-	mustWelcome := !w.revoked && !w.scaler && h.now.Before(w.credLB) && w.cred != ""
+	// A Hello listing more than the worker's slots + ahead (none here) is
+	// refused (SPEC §12): a real worker never holds more.
+	overListed := len(inflight) > w.slots
+	mustWelcome := !w.revoked && !w.scaler && h.now.Before(w.credLB) && w.cred != "" && !overListed
 	var ex expect
 	if wasConnected && w.grace == 0 {
 		// The old connection is superseded: a no-grace disconnect first.
@@ -1171,6 +1174,9 @@ func (h *harness) reconnect(t *rapid.T) {
 			w.conn = old
 		}
 		return
+	}
+	if overListed {
+		h.fatalf("worker %s (%d slots) was welcomed back with %d leases in flight: %v", w.id, w.slots, len(inflight), describeMsgs(rd))
 	}
 	// Welcomed: a no-grace supersede and the leases it did not report end;
 	// the reported current ones stay.
