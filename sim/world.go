@@ -522,16 +522,16 @@ func (w *world) digest(rd core.Ready) {
 		b = append(b, '\n')
 	}
 	for _, t := range rd.Transitions {
-		b = fmt.Appendf(b, "transition %s %s %s %s\n", t.Step, t.From, t.Event, t.To)
+		b = appendTransition(b, t)
 	}
 	for _, m := range rd.Messages {
 		b = fmt.Appendf(b, "message conn=%d %s %+v\n", m.Conn, m.Msg.Kind(), m.Msg)
 	}
 	for _, a := range rd.Answers {
-		b = fmt.Appendf(b, "answer call=%d err=%q run=%s token=%q\n", a.Call, a.Err, a.Run, a.Token)
+		b = appendAnswer(b, a)
 	}
 	for _, e := range rd.Events {
-		b = fmt.Appendf(b, "event %s #%d at=%d %s %s\n", e.Run, e.Seq, e.At.UnixNano(), e.Step, e.Kind)
+		b = appendEvent(b, e)
 	}
 	b = append(b, "deadline "...)
 	b = strconv.AppendInt(b, rd.Deadline.UnixNano(), 10)
@@ -541,6 +541,51 @@ func (w *world) digest(rd core.Ready) {
 		w.batchText.Write(b)
 	}
 	w.digestBuf = b
+}
+
+// appendTransition, appendAnswer and appendEvent append what
+// fmt.Appendf does with the formats in their comments, byte for byte (the
+// stored trace hashes fix them; TestDigestFormatsMatchFmt).
+
+// appendTransition: "transition %s %s %s %s\n", t.Step, t.From, t.Event, t.To.
+func appendTransition(b []byte, t core.StepTransition) []byte {
+	b = append(b, "transition "...)
+	b = append(b, t.Step...)
+	b = append(b, ' ')
+	b = append(b, t.From.String()...)
+	b = append(b, ' ')
+	b = append(b, t.Event.String()...)
+	b = append(b, ' ')
+	b = append(b, t.To.String()...)
+	return append(b, '\n')
+}
+
+// appendAnswer: "answer call=%d err=%q run=%s token=%q\n", a.Call, a.Err, a.Run, a.Token.
+func appendAnswer(b []byte, a core.APIAnswer) []byte {
+	b = append(b, "answer call="...)
+	b = strconv.AppendUint(b, uint64(a.Call), 10)
+	b = append(b, " err="...)
+	b = strconv.AppendQuote(b, a.Err)
+	b = append(b, " run="...)
+	b = append(b, a.Run...)
+	b = append(b, " token="...)
+	b = strconv.AppendQuote(b, a.Token)
+	return append(b, '\n')
+}
+
+// appendEvent: "event %s #%d at=%d %s %s\n", e.Run, e.Seq, e.At.UnixNano(), e.Step, e.Kind.
+func appendEvent(b []byte, e core.ServerEvent) []byte {
+	b = append(b, "event "...)
+	b = append(b, e.Run...)
+	b = append(b, " #"...)
+	b = strconv.AppendInt(b, int64(e.Seq), 10)
+	b = append(b, " at="...)
+	b = strconv.AppendInt(b, e.At.UnixNano(), 10)
+	b = append(b, ' ')
+	b = append(b, e.Step...)
+	b = append(b, ' ')
+	b = append(b, e.Kind...)
+	return append(b, '\n')
 }
 
 // appendWithoutAt appends a stored log line's canonical JSON
