@@ -12,7 +12,9 @@ import (
 	"hash"
 	"hash/fnv"
 	"io"
+	"maps"
 	"math/rand/v2"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -525,7 +527,7 @@ func (w *world) digest(rd core.Ready) {
 		b = appendTransition(b, t)
 	}
 	for _, m := range rd.Messages {
-		b = fmt.Appendf(b, "message conn=%d %s %+v\n", m.Conn, m.Msg.Kind(), m.Msg)
+		b = appendMessage(b, m)
 	}
 	for _, a := range rd.Answers {
 		b = appendAnswer(b, a)
@@ -558,6 +560,82 @@ func appendTransition(b []byte, t core.StepTransition) []byte {
 	b = append(b, ' ')
 	b = append(b, t.To.String()...)
 	return append(b, '\n')
+}
+
+// appendMessage: "message conn=%d %s %+v\n", m.Conn, m.Msg.Kind(), m.Msg;
+// the messages of every batch by hand, the rarer ones through fmt.
+func appendMessage(b []byte, m core.Envelope) []byte {
+	b = append(b, "message conn="...)
+	b = strconv.AppendUint(b, uint64(m.Conn), 10)
+	b = append(b, ' ')
+	b = append(b, m.Msg.Kind()...)
+	b = append(b, ' ')
+	switch v := m.Msg.(type) {
+	case core.LogAck:
+		b = append(b, "{Lease:"...)
+		b = strconv.AppendUint(b, uint64(v.Lease), 10)
+		b = append(b, " Lines:"...)
+		b = strconv.AppendUint(b, v.Lines, 10)
+		b = append(b, " Events:"...)
+		b = strconv.AppendUint(b, v.Events, 10)
+	case core.StartAck:
+		b = append(b, "{Lease:"...)
+		b = strconv.AppendUint(b, uint64(v.Lease), 10)
+		b = append(b, " Request:"...)
+		b = strconv.AppendUint(b, v.Request, 10)
+		b = append(b, " OK:"...)
+		b = strconv.AppendBool(b, v.OK)
+		b = append(b, " Reason:"...)
+		b = append(b, v.Reason...)
+	case core.Answer:
+		b = append(b, "{Lease:"...)
+		b = strconv.AppendUint(b, uint64(v.Lease), 10)
+		b = append(b, " Request:"...)
+		b = strconv.AppendUint(b, v.Request, 10)
+		b = append(b, " Verdict:"...)
+		b = append(b, v.Verdict.String()...)
+		b = append(b, " Reason:"...)
+		b = append(b, v.Reason...)
+	case core.Cancel:
+		b = append(b, "{Lease:"...)
+		b = strconv.AppendUint(b, uint64(v.Lease), 10)
+		b = append(b, " Reason:"...)
+		b = append(b, v.Reason...)
+	case core.Dispatch:
+		b = append(b, "{Lease:"...)
+		b = strconv.AppendUint(b, uint64(v.Lease), 10)
+		b = append(b, " Step:"...)
+		b = append(b, v.Step...)
+		b = append(b, " Run:"...)
+		b = append(b, v.Run...)
+		b = append(b, " Command:"...)
+		b = append(b, v.Command...)
+		b = append(b, " Env:map["...)
+		for i, k := range slices.Sorted(maps.Keys(v.Env)) {
+			if i > 0 {
+				b = append(b, ' ')
+			}
+			b = append(append(append(b, k...), ':'), v.Env[k]...)
+		}
+		b = append(b, "] Writes:"...)
+		b = strconv.AppendBool(b, v.Writes)
+		b = append(b, " Timeout:"...)
+		b = append(b, v.Timeout.String()...)
+		b = append(b, " Attempt:"...)
+		b = strconv.AppendInt(b, int64(v.Attempt), 10)
+		b = append(b, " Secrets:["...)
+		for i, sec := range v.Secrets {
+			if i > 0 {
+				b = append(b, ' ')
+			}
+			b = append(b, sec...)
+		}
+		b = append(b, "] SecretsAs:"...)
+		b = append(b, v.SecretsAs...)
+	default:
+		return fmt.Appendf(b, "%+v\n", m.Msg)
+	}
+	return append(b, "}\n"...)
 }
 
 // appendAnswer: "answer call=%d err=%q run=%s token=%q\n", a.Call, a.Err, a.Run, a.Token.
