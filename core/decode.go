@@ -437,6 +437,13 @@ func decodeWorker(b []byte, v *WorkerRecord) error {
 	return json.Unmarshal(b, v)
 }
 
+// DecodeWorker and DecodeToken are decodeWorker and decodeToken, for the
+// checker, which reads every worker and token record written.
+func DecodeWorker(b []byte, v *WorkerRecord) error { return decodeWorker(b, v) }
+
+// DecodeToken: DecodeWorker.
+func DecodeToken(b []byte, v *TokenRecord) error { return decodeToken(b, v) }
+
 func fastWorker(b []byte, v *WorkerRecord) bool {
 	p := scan{b: b}
 	var id string

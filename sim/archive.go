@@ -1,7 +1,7 @@
 package sim
 
 import (
-	"sort"
+	"slices"
 	"strings"
 
 	"github.com/tether-run/tether/core"
@@ -118,15 +118,13 @@ func (w *world) storedLogs(l core.LeaseRecord) []core.StepLogLine {
 	}
 	if w.arch.logs == nil {
 		w.arch.logs = map[core.LeaseID][]core.StepLogLine{}
-		keys := make([]string, 0, len(w.orch.disk.Disk))
-		for k := range w.orch.disk.Disk {
-			if strings.HasPrefix(k, core.KindLog+"/") {
-				keys = append(keys, k)
+		recs := w.orch.disk.Records() // sorted: a lease's records in index (arrival) order
+		lo, _ := slices.BinarySearchFunc(recs, core.KindLog+"/", func(r core.Record, k string) int { return strings.Compare(r.Key, k) })
+		for _, r := range recs[lo:] {
+			if !strings.HasPrefix(r.Key, core.KindLog+"/") {
+				break
 			}
-		}
-		sort.Strings(keys) // a lease's records in index (arrival) order
-		for _, k := range keys {
-			v, err := core.DecodeRecord(core.Record{Key: k, Value: w.orch.disk.Disk[k]})
+			v, err := core.DecodeRecord(r)
 			if ln, ok := v.(*core.StepLogLine); err == nil && ok {
 				w.arch.logs[ln.Lease] = append(w.arch.logs[ln.Lease], *ln)
 			}

@@ -71,10 +71,7 @@ func (w *world) checkArmedTimeouts() {
 		}
 		return w.trueAt(d)
 	}
-	for _, s := range v.Steps() {
-		if s.State != core.StateRunning && s.State != core.StateRecovering {
-			continue
-		}
+	for _, s := range v.StepsIn(core.StateRunning, core.StateRecovering) {
 		sp, ok := v.StepSpecOf(s.ID)
 		start, ok2 := w.startedTrue[s.ID]
 		if !ok || !ok2 || sp.Timeout <= 0 || s.StartedAt.IsZero() {

@@ -12,7 +12,9 @@ import (
 	"hash"
 	"hash/fnv"
 	"io"
+	"maps"
 	"math/rand/v2"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -522,16 +524,16 @@ func (w *world) digest(rd core.Ready) {
 		b = append(b, '\n')
 	}
 	for _, t := range rd.Transitions {
-		b = fmt.Appendf(b, "transition %s %s %s %s\n", t.Step, t.From, t.Event, t.To)
+		b = appendTransition(b, t)
 	}
 	for _, m := range rd.Messages {
-		b = fmt.Appendf(b, "message conn=%d %s %+v\n", m.Conn, m.Msg.Kind(), m.Msg)
+		b = appendMessage(b, m)
 	}
 	for _, a := range rd.Answers {
-		b = fmt.Appendf(b, "answer call=%d err=%q run=%s token=%q\n", a.Call, a.Err, a.Run, a.Token)
+		b = appendAnswer(b, a)
 	}
 	for _, e := range rd.Events {
-		b = fmt.Appendf(b, "event %s #%d at=%d %s %s\n", e.Run, e.Seq, e.At.UnixNano(), e.Step, e.Kind)
+		b = appendEvent(b, e)
 	}
 	b = append(b, "deadline "...)
 	b = strconv.AppendInt(b, rd.Deadline.UnixNano(), 10)
@@ -541,6 +543,127 @@ func (w *world) digest(rd core.Ready) {
 		w.batchText.Write(b)
 	}
 	w.digestBuf = b
+}
+
+// appendTransition, appendAnswer and appendEvent append what
+// fmt.Appendf does with the formats in their comments, byte for byte (the
+// stored trace hashes fix them; TestDigestFormatsMatchFmt).
+
+// appendTransition: "transition %s %s %s %s\n", t.Step, t.From, t.Event, t.To.
+func appendTransition(b []byte, t core.StepTransition) []byte {
+	b = append(b, "transition "...)
+	b = append(b, t.Step...)
+	b = append(b, ' ')
+	b = append(b, t.From.String()...)
+	b = append(b, ' ')
+	b = append(b, t.Event.String()...)
+	b = append(b, ' ')
+	b = append(b, t.To.String()...)
+	return append(b, '\n')
+}
+
+// appendMessage: "message conn=%d %s %+v\n", m.Conn, m.Msg.Kind(), m.Msg;
+// the messages of every batch by hand, the rarer ones through fmt.
+func appendMessage(b []byte, m core.Envelope) []byte {
+	b = append(b, "message conn="...)
+	b = strconv.AppendUint(b, uint64(m.Conn), 10)
+	b = append(b, ' ')
+	b = append(b, m.Msg.Kind()...)
+	b = append(b, ' ')
+	switch v := m.Msg.(type) {
+	case core.LogAck:
+		b = append(b, "{Lease:"...)
+		b = strconv.AppendUint(b, uint64(v.Lease), 10)
+		b = append(b, " Lines:"...)
+		b = strconv.AppendUint(b, v.Lines, 10)
+		b = append(b, " Events:"...)
+		b = strconv.AppendUint(b, v.Events, 10)
+	case core.StartAck:
+		b = append(b, "{Lease:"...)
+		b = strconv.AppendUint(b, uint64(v.Lease), 10)
+		b = append(b, " Request:"...)
+		b = strconv.AppendUint(b, v.Request, 10)
+		b = append(b, " OK:"...)
+		b = strconv.AppendBool(b, v.OK)
+		b = append(b, " Reason:"...)
+		b = append(b, v.Reason...)
+	case core.Answer:
+		b = append(b, "{Lease:"...)
+		b = strconv.AppendUint(b, uint64(v.Lease), 10)
+		b = append(b, " Request:"...)
+		b = strconv.AppendUint(b, v.Request, 10)
+		b = append(b, " Verdict:"...)
+		b = append(b, v.Verdict.String()...)
+		b = append(b, " Reason:"...)
+		b = append(b, v.Reason...)
+	case core.Cancel:
+		b = append(b, "{Lease:"...)
+		b = strconv.AppendUint(b, uint64(v.Lease), 10)
+		b = append(b, " Reason:"...)
+		b = append(b, v.Reason...)
+	case core.Dispatch:
+		b = append(b, "{Lease:"...)
+		b = strconv.AppendUint(b, uint64(v.Lease), 10)
+		b = append(b, " Step:"...)
+		b = append(b, v.Step...)
+		b = append(b, " Run:"...)
+		b = append(b, v.Run...)
+		b = append(b, " Command:"...)
+		b = append(b, v.Command...)
+		b = append(b, " Env:map["...)
+		for i, k := range slices.Sorted(maps.Keys(v.Env)) {
+			if i > 0 {
+				b = append(b, ' ')
+			}
+			b = append(append(append(b, k...), ':'), v.Env[k]...)
+		}
+		b = append(b, "] Writes:"...)
+		b = strconv.AppendBool(b, v.Writes)
+		b = append(b, " Timeout:"...)
+		b = append(b, v.Timeout.String()...)
+		b = append(b, " Attempt:"...)
+		b = strconv.AppendInt(b, int64(v.Attempt), 10)
+		b = append(b, " Secrets:["...)
+		for i, sec := range v.Secrets {
+			if i > 0 {
+				b = append(b, ' ')
+			}
+			b = append(b, sec...)
+		}
+		b = append(b, "] SecretsAs:"...)
+		b = append(b, v.SecretsAs...)
+	default:
+		return fmt.Appendf(b, "%+v\n", m.Msg)
+	}
+	return append(b, "}\n"...)
+}
+
+// appendAnswer: "answer call=%d err=%q run=%s token=%q\n", a.Call, a.Err, a.Run, a.Token.
+func appendAnswer(b []byte, a core.APIAnswer) []byte {
+	b = append(b, "answer call="...)
+	b = strconv.AppendUint(b, uint64(a.Call), 10)
+	b = append(b, " err="...)
+	b = strconv.AppendQuote(b, a.Err)
+	b = append(b, " run="...)
+	b = append(b, a.Run...)
+	b = append(b, " token="...)
+	b = strconv.AppendQuote(b, a.Token)
+	return append(b, '\n')
+}
+
+// appendEvent: "event %s #%d at=%d %s %s\n", e.Run, e.Seq, e.At.UnixNano(), e.Step, e.Kind.
+func appendEvent(b []byte, e core.ServerEvent) []byte {
+	b = append(b, "event "...)
+	b = append(b, e.Run...)
+	b = append(b, " #"...)
+	b = strconv.AppendInt(b, int64(e.Seq), 10)
+	b = append(b, " at="...)
+	b = strconv.AppendInt(b, e.At.UnixNano(), 10)
+	b = append(b, ' ')
+	b = append(b, e.Step...)
+	b = append(b, ' ')
+	b = append(b, e.Kind...)
+	return append(b, '\n')
 }
 
 // appendWithoutAt appends a stored log line's canonical JSON

@@ -153,6 +153,29 @@ func (v View) Steps() []core.StepRecord {
 	return out
 }
 
+// StepsIn returns the live and archived steps in one of states, sorted by
+// id: Steps filtered, without copying every step.
+func (v View) StepsIn(states ...core.State) []core.StepRecord {
+	var out []core.StepRecord
+	for _, st := range states {
+		for _, id := range v.Orchestrator.StepIDsIn(st) {
+			s, _ := v.Orchestrator.StepByID(id)
+			out = append(out, s)
+		}
+	}
+	if v.A != nil {
+		for _, h := range v.A.runs { // any order: sorted below
+			for _, s := range h.Steps {
+				if slices.Contains(states, s.State) {
+					out = append(out, s)
+				}
+			}
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
+	return out
+}
+
 // StepIDs returns the ids of Steps, in its order.
 func (v View) StepIDs() []core.StepID {
 	out := v.Orchestrator.StepIDs()

@@ -553,6 +553,28 @@ func decodeLeaseRec(b []byte, lr *leaseRec) error {
 	return json.Unmarshal(b, lr)
 }
 
+// decodeWorkerRec and decodeTokenRec decode a worker's or a token's
+// record as json.Unmarshal into a workerRec or a tokenRec does, as
+// decodeLeaseRec does a lease's.
+func decodeWorkerRec(b []byte, wr *workerRec) error {
+	var full core.WorkerRecord
+	if core.DecodeWorker(b, &full) == nil {
+		*wr = workerRec{ID: full.ID, Name: full.Name, Tags: full.Tags, Labels: full.Labels, Platform: full.Platform,
+			Slots: full.Slots, Ahead: full.Ahead, Active: full.Active, Revoked: full.Revoked}
+		return nil
+	}
+	return json.Unmarshal(b, wr)
+}
+
+func decodeTokenRec(b []byte, tr *tokenRec) error {
+	var full core.TokenRecord
+	if core.DecodeToken(b, &full) == nil {
+		*tr = tokenRec{Name: full.Name, ExpiresAt: full.ExpiresAt, Consumed: full.Consumed, Revoked: full.Revoked}
+		return nil
+	}
+	return json.Unmarshal(b, tr)
+}
+
 func (c *Checker) applyWorker(r core.Record) {
 	if r.Delete {
 		c.eval(invSlots)
@@ -570,7 +592,7 @@ func (c *Checker) applyWorker(r core.Record) {
 		}
 	}
 	var wr workerRec
-	if err := json.Unmarshal(r.Value, &wr); err != nil {
+	if err := decodeWorkerRec(r.Value, &wr); err != nil {
 		c.eval(invSlots)
 		c.fail(invSlots, "worker record %s does not decode (%v)", r.Key, err)
 		return
@@ -596,7 +618,7 @@ func (c *Checker) applyToken(r core.Record) {
 		return
 	}
 	var tr tokenRec
-	if err := json.Unmarshal(r.Value, &tr); err != nil {
+	if err := decodeTokenRec(r.Value, &tr); err != nil {
 		c.eval(invTokens)
 		c.fail(invTokens, "token record %s does not decode (%v)", r.Key, err)
 		return

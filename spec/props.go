@@ -164,10 +164,8 @@ func NewTimeouts() *Timeouts {
 func (t *Timeouts) Reset(o View, now time.Time) {
 	clear(t.steps)
 	clear(t.runs)
-	for _, s := range o.Steps() {
-		if s.State == core.StateRunning {
-			t.learnStep(o, s.ID, now)
-		}
+	for _, s := range o.StepsIn(core.StateRunning) {
+		t.learnStep(o, s.ID, now)
 	}
 	for _, id := range o.RunIDs() {
 		if r, _, ok := o.Run(id); ok && !r.Finished && r.CancelReason == "" && !r.Deadline.IsZero() {
