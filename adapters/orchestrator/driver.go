@@ -528,9 +528,10 @@ func Start(opts Options) (*Driver, error) {
 	d.arm(rd.Deadline)
 
 	go d.run()
-	d.wg.Add(2)
+	d.wg.Add(3)
 	go d.pruner(st, o.Config().Retention)
 	go d.releaser(st)
+	go d.pingSweep()
 	go func() {
 		var err error
 		if opts.TLS != nil {
