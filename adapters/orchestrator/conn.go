@@ -177,7 +177,7 @@ func (d *Driver) runControl(c *conn, remote string) {
 	if refusalClose(int(c.closedWith.Load())) {
 		d.refusals.spend(c.host, time.Now(), refusalCost(c.bytesIn)) // SPEC §12: the refusal budget
 	}
-	d.push(context.Background(), dropped{conn: c.id, reason: reason})
+	d.beats.pass(c, dropped{conn: c.id, reason: reason}) // after its heartbeats
 }
 
 // sourceHost is the host part of a remote address: connections are counted
@@ -328,7 +328,8 @@ func (d *Driver) readLoop(c *conn) string {
 		case <-d.quit:
 			return "orchestrator stopping"
 		}
-		if d.push(context.Background(), frame{conn: c.id, msg: m, from: c}) != nil {
+		// A heartbeat goes with others, within maxBeatWait (beats).
+		if d.beats.pass(c, frame{conn: c.id, msg: m, from: c}) != nil {
 			return "orchestrator stopping"
 		}
 	}
