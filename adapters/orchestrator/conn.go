@@ -98,12 +98,11 @@ type conn struct {
 	lingerUntil atomic.Int64
 	closedWith  atomic.Int32 // the close code it was hung up with
 	bytesIn     int64        // frame bytes read (the read loop's; read after it ends)
-	// heard is when its last frame, ping or pong was read (unix ns);
-	// pingAfter is how long after it a ping is due (half Options.ReadWait,
-	// checked every third of it: a ping leaves at least a sixth for the
-	// pong).
-	heard     atomic.Int64
-	pingAfter time.Duration
+	// heard is when its last frame, ping or pong was read (unix ns); a
+	// ping is due half Options.ReadWait after it, which the driver's one
+	// liveness sweep checks for every connection every third of it
+	// (pingSweep): a ping leaves at least a sixth for the pong.
+	heard atomic.Int64
 }
 
 // serveControl upgrades one connection and runs it until it ends. A
@@ -128,7 +127,7 @@ func (d *Driver) serveControl(w http.ResponseWriter, r *http.Request) {
 		return // the upgrader has answered
 	}
 	c := &conn{id: core.ConnID(d.nextConn.Add(1)), ws: ws, cc: hj.cc, out: newFrameQueue(), stop: make(chan struct{}),
-		host: host, inputs: make(chan struct{}, connInputQueue), pingAfter: d.opts.ReadWait / 2}
+		host: host, inputs: make(chan struct{}, connInputQueue)}
 	c.heard.Store(time.Now().UnixNano())
 	// The connection runs on a goroutine of its own, and the handler
 	// returns: what the HTTP server held for the request (its writer, the
@@ -178,7 +177,7 @@ func (d *Driver) runControl(c *conn, remote string) {
 	if refusalClose(int(c.closedWith.Load())) {
 		d.refusals.spend(c.host, time.Now(), refusalCost(c.bytesIn)) // SPEC §12: the refusal budget
 	}
-	d.push(context.Background(), dropped{conn: c.id, reason: reason})
+	d.beats.pass(c, dropped{conn: c.id, reason: reason}) // after its heartbeats
 }
 
 // sourceHost is the host part of a remote address: connections are counted
@@ -329,7 +328,8 @@ func (d *Driver) readLoop(c *conn) string {
 		case <-d.quit:
 			return "orchestrator stopping"
 		}
-		if d.push(context.Background(), frame{conn: c.id, msg: m, from: c}) != nil {
+		// A heartbeat goes with others, within maxBeatWait (beats).
+		if d.beats.pass(c, frame{conn: c.id, msg: m, from: c}) != nil {
 			return "orchestrator stopping"
 		}
 	}
@@ -354,20 +354,17 @@ func (h *corkingHijacker) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 // writeText writes one text frame within the write deadline.
 func (c *conn) writeText(b []byte) error { return wire.WriteText(c.ws, b, writeWait) }
 
-// writeLoop writes queued frames and pings until out is closed (then it
-// says goodbye with a close frame) or the connection is aborted or fails.
-// The frames queued at one moment (a batch's messages for this worker) go
-// out in one write. A connection is pinged only once nothing was read from
-// it for pingAfter (SPEC §9): a worker that heartbeats or pings needs none.
+// writeLoop writes queued frames and the pings the liveness sweep asks
+// for until out is closed (then it says goodbye with a close frame) or the
+// connection is aborted or fails. The frames queued at one moment (a
+// batch's messages for this worker) go out in one write.
 func (c *conn) writeLoop() {
-	ping := time.NewTicker(2 * c.pingAfter / 3)
-	defer ping.Stop()
 	var frames [][]byte
 	for {
 		select {
 		case <-c.out.ready:
-			var closed bool
-			frames, closed = c.out.take(frames)
+			var closed, ping bool
+			frames, closed, ping = c.out.take(frames)
 			if len(frames) > 0 {
 				if err := c.cc.WriteAll(frames, c.writeText); err != nil {
 					c.writeFailed()
@@ -378,18 +375,41 @@ func (c *conn) writeLoop() {
 				c.hangUp(c.code, c.reason) // the read loop ends within lingerWait
 				return
 			}
-		case now := <-ping.C:
-			if now.Sub(time.Unix(0, c.heard.Load())) < c.pingAfter {
-				continue // heard from lately: alive
-			}
-			if err := c.ws.WriteControl(websocket.PingMessage, nil, now.Add(writeWait)); err != nil {
-				c.writeFailed()
-				return
+			if ping {
+				if err := c.ws.WriteControl(websocket.PingMessage, nil, time.Now().Add(writeWait)); err != nil {
+					c.writeFailed()
+					return
+				}
 			}
 		case <-c.stop:
 			return
 		}
 	}
+}
+
+// pingSweep is the driver's one liveness timer (SPEC §9): every third of
+// ReadWait it asks every connection it read nothing from for half ReadWait
+// for a ping, which the connection's writer sends. One timer for all
+// keeps an idle connection's writer asleep, where a ticker each woke
+// every one of them every period to find, mostly, nothing to do.
+func (d *Driver) pingSweep() {
+	pingAfter := d.opts.ReadWait / 2
+	var due []*conn
+	d.every(d.opts.ReadWait/3, func() {
+		now := time.Now().UnixNano()
+		d.mu.Lock()
+		for c := range d.live {
+			if now-c.heard.Load() >= int64(pingAfter) {
+				due = append(due, c)
+			}
+		}
+		d.mu.Unlock()
+		for i, c := range due {
+			c.out.ping()
+			due[i] = nil
+		}
+		due = due[:0]
+	})
 }
 
 // send queues a frame (loop goroutine only). A connection whose queue is full
@@ -436,7 +456,8 @@ type frameQueue struct {
 	mu     sync.Mutex
 	frames [][]byte
 	closed bool
-	ready  chan struct{} // one token: there are frames, or the queue closed
+	pingIt bool          // the liveness sweep asks for a ping
+	ready  chan struct{} // one token: there are frames, a ping is asked for, or the queue closed
 }
 
 func newFrameQueue() frameQueue { return frameQueue{ready: make(chan struct{}, 1)} }
@@ -463,6 +484,14 @@ func (q *frameQueue) close() {
 	q.signal()
 }
 
+// ping asks the writer for a ping (any goroutine).
+func (q *frameQueue) ping() {
+	q.mu.Lock()
+	q.pingIt = true
+	q.mu.Unlock()
+	q.signal()
+}
+
 func (q *frameQueue) signal() {
 	select {
 	case q.ready <- struct{}{}:
@@ -470,19 +499,21 @@ func (q *frameQueue) signal() {
 	}
 }
 
-// take returns the frames queued, in order, and whether the queue is
-// closed; spare (the slice the last take returned, its frames written) is
-// reused for the frames pushed next, unless it grew large.
-func (q *frameQueue) take(spare [][]byte) ([][]byte, bool) {
+// take returns the frames queued, in order, whether the queue is closed
+// and whether a ping was asked for (asked for once: the ask is taken);
+// spare (the slice the last take returned, its frames written) is reused
+// for the frames pushed next, unless it grew large.
+func (q *frameQueue) take(spare [][]byte) (frames [][]byte, closed, ping bool) {
 	clear(spare)
 	if cap(spare) > 64 {
 		spare = nil
 	}
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	frames := q.frames
+	frames = q.frames
 	q.frames = spare[:0]
-	return frames, q.closed
+	ping, q.pingIt = q.pingIt, false
+	return frames, q.closed, ping
 }
 
 // abort hangs up at once; the read loop then ends.

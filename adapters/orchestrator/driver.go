@@ -241,6 +241,7 @@ type Driver struct {
 	srv     *http.Server
 
 	inputs chan input
+	beats  *beats        // heartbeats on their way to inputs, many as one
 	quit   chan struct{} // closed by Close
 	ended  chan struct{} // closed when the loop has stopped (Close, or a store failure)
 	done   chan struct{} // closed when everything has stopped
@@ -317,6 +318,7 @@ type (
 		claim *atomic.Int32
 	}
 	tick struct{}
+	// heartbeats (beats.go): the heartbeat frames of many connections
 )
 
 // Start opens the store, restores the orchestrator from it (an empty store
@@ -527,10 +529,12 @@ func Start(opts Options) (*Driver, error) {
 	d.timer = time.NewTimer(time.Hour)
 	d.arm(rd.Deadline)
 
+	d.beats = newBeats(min(maxBeatWait, o.Config().HeartbeatInterval/100), func(in input) error { return d.push(context.Background(), in) })
 	go d.run()
-	d.wg.Add(2)
+	d.wg.Add(3)
 	go d.pruner(st, o.Config().Retention)
 	go d.releaser(st)
+	go d.pingSweep()
 	go func() {
 		var err error
 		if opts.TLS != nil {
@@ -953,6 +957,23 @@ func (d *Driver) settle() error {
 	return d.landAll()
 }
 
+// received steps a frame a connection read, unless the core already
+// treats the connection as gone.
+func (d *Driver) received(in frame, step func(core.Input) core.Ready) error {
+	if in.from != nil {
+		in.from.taken()
+	}
+	if d.coreClosed[in.conn] || d.conns[in.conn] == nil {
+		return nil
+	}
+	rcv := core.Received{Conn: in.conn, Msg: in.msg}
+	if _, err := rand.Read(rcv.Entropy[:]); err != nil {
+		return fmt.Errorf("read entropy: %w", err)
+	}
+	step(rcv)
+	return nil
+}
+
 // process steps a batch of inputs into the next group (core/doc.go, duties
 // 2 and 5), and puts that group in flight at once if it may (canLaunch), or
 // once the oldest groups landed if it is full; otherwise it waits for the
@@ -1003,17 +1024,15 @@ func (d *Driver) process(batch []input) error {
 		case opened:
 			d.conns[in.c.id] = in.c
 		case frame:
-			if in.from != nil {
-				in.from.taken()
+			if err := d.received(in, step); err != nil {
+				return err
 			}
-			if d.coreClosed[in.conn] || d.conns[in.conn] == nil {
-				continue // the core already treats this connection as gone
+		case heartbeats:
+			for _, fr := range in.frames {
+				if err := d.received(fr, step); err != nil {
+					return err
+				}
 			}
-			rcv := core.Received{Conn: in.conn, Msg: in.msg}
-			if _, err := rand.Read(rcv.Entropy[:]); err != nil {
-				return fmt.Errorf("read entropy: %w", err)
-			}
-			step(rcv)
 		case dropped:
 			delete(d.conns, in.conn)
 			if d.coreClosed[in.conn] {
