@@ -55,7 +55,10 @@ func TestServeLeaderStandby(t *testing.T) {
 		})
 		return p, url
 	}
-	noRedirect := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	// No keep-alive: processes are killed and started again, and a
+	// connection kept to a dead one answers its next request with EOF.
+	noRedirect := &http.Client{Transport: &http.Transport{DisableKeepAlives: true},
+		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
 	get := func(url string) (*http.Response, string) {
 		t.Helper()
 		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
