@@ -40,33 +40,7 @@ func TestControlPings(t *testing.T) {
 	t.Cleanup(func() { d.Close() })
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	dial := func(name string) *websocket.Conn {
-		tok, err := d.CreateToken(ctx, name, time.Hour)
-		if err != nil {
-			t.Fatal(err)
-		}
-		ws, _, err := websocket.DefaultDialer.DialContext(ctx, d.URL(), nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { ws.Close() })
-		hello, err := wire.Encode(core.Hello{Version: core.ProtocolVersion, Token: tok, Worker: core.WorkerID(name),
-			Name: name, Slots: 1, MaxDelay: time.Minute})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := ws.WriteMessage(websocket.TextMessage, hello); err != nil {
-			t.Fatal(err)
-		}
-		if _, p, err := ws.ReadMessage(); err != nil {
-			t.Fatalf("%s: welcome: %v", name, err)
-		} else if m, err := wire.Decode(p); err != nil {
-			t.Fatal(err)
-		} else if _, ok := m.(core.Welcome); !ok {
-			t.Fatalf("%s: %#v, not a Welcome", name, m)
-		}
-		return ws
-	}
+	dial := func(name string) *websocket.Conn { return rawFleetWorker(t, ctx, d, name).ws }
 	// reads counts the pings a client gets while it reads (gorilla answers
 	// each with a pong) until its connection ends.
 	reads := func(ws *websocket.Conn) *atomic.Int64 {
