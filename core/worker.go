@@ -75,8 +75,17 @@ type WorkerConfig struct {
 	// granted but not started, so that the next step is already here when
 	// a slot frees (SPEC §3 lease-ahead, `worker connect --ahead`):
 	// 0..MaxWorkerAhead whatever the slots, default 0.
-	Ahead  int
-	Scaler bool // scaler-managed: single-use, never reconnects
+	Ahead int
+	// LinkLosesFrames says the link may lose a frame while the connection
+	// stays up and later frames get through (the simulator's one-way
+	// partition). Then every send of a Start under lease-ahead first re-sends
+	// each older unanswered Report that went out at another instant (SPEC
+	// §10). Over a WebSocket (TCP) a frame is lost only with its connection,
+	// and after the next Welcome every unanswered request is re-sent in
+	// request order, so an earlier send already precedes the Start: the
+	// real worker leaves it false.
+	LinkLosesFrames bool
+	Scaler          bool // scaler-managed: single-use, never reconnects
 	// SingleUse (`worker connect --single-use`, SPEC §10) makes the first
 	// dispatch the worker accepts its last: it starts draining at once
 	// (with no drain timeout: the step's own timeout bounds it) and exits 0
@@ -1371,7 +1380,7 @@ func (w *Worker) waitsForAcks(r *request) bool {
 
 // transmit (re)sends r on the current connection.
 func (w *Worker) transmit(r *request) {
-	if r.kind == reqStart && w.cfg.Ahead > 0 {
+	if r.kind == reqStart && w.cfg.Ahead > 0 && w.cfg.LinkLosesFrames {
 		w.resendReportsBefore(r)
 	}
 	r.due = w.now.Add(w.cfg.RequestTimeout)
@@ -1664,7 +1673,7 @@ func (w *Worker) Fingerprint() uint64 {
 	e.u64(uint64(len(c.Tags)))
 	e.str(c.Tags...)
 	e.strMap(c.Labels)
-	e.bool(c.Scaler, c.NoReconnect, c.SingleUse)
+	e.bool(c.Scaler, c.NoReconnect, c.SingleUse, c.LinkLosesFrames)
 	e.int(c.Slots, c.Ahead, c.LogWindowLines, c.LogWindowBytes, c.RequestRetries)
 	e.u64(uint64(c.OutputCapBytes))
 	e.u64(c.Seed, math.Float64bits(c.BackoffFactor), math.Float64bits(c.BackoffJitter))

@@ -88,6 +88,8 @@ func newWorkerHarness(t *testing.T, td *datadriven.TestData) *workerHarness {
 			cfg.Slots = argInt(t, a)
 		case "ahead":
 			cfg.Ahead = argInt(t, a)
+		case "lossy":
+			cfg.LinkLosesFrames = true
 		case "no-reconnect":
 			cfg.NoReconnect = true
 		case "scaler":
@@ -599,7 +601,7 @@ func TestWorkerExitIsFinal(t *testing.T) {
 func TestWorkerFingerprintCoversState(t *testing.T) {
 	for typ, want := range map[reflect.Type]int{
 		reflect.TypeFor[Worker](): 27, reflect.TypeFor[execution](): 28,
-		reflect.TypeFor[request](): 6, reflect.TypeFor[WorkerConfig](): 25,
+		reflect.TypeFor[request](): 6, reflect.TypeFor[WorkerConfig](): 26,
 	} {
 		if typ.NumField() != want {
 			t.Errorf("%v has %d fields, this test knows %d: cover the new ones", typ, typ.NumField(), want)
@@ -619,7 +621,7 @@ func TestWorkerFingerprintCoversState(t *testing.T) {
 		"cfg.ID": func(c *Worker) { c.cfg.ID = "x" }, "cfg.Name": func(c *Worker) { c.cfg.Name = "x" },
 		"cfg.Token": func(c *Worker) { c.cfg.Token = "x" }, "cfg.Credential": func(c *Worker) { c.cfg.Credential = "x" }, "cfg.Tags": func(c *Worker) { c.cfg.Tags = []string{"x"} },
 		"cfg.Labels": func(c *Worker) { c.cfg.Labels = map[string]string{"x": ""} }, "cfg.Platform": func(c *Worker) { c.cfg.Platform = "x" },
-		"cfg.Slots": func(c *Worker) { c.cfg.Slots++ }, "cfg.Ahead": func(c *Worker) { c.cfg.Ahead++ }, "cfg.Scaler": func(c *Worker) { c.cfg.Scaler = true },
+		"cfg.Slots": func(c *Worker) { c.cfg.Slots++ }, "cfg.Ahead": func(c *Worker) { c.cfg.Ahead++ }, "cfg.LinkLosesFrames": func(c *Worker) { c.cfg.LinkLosesFrames = true }, "cfg.Scaler": func(c *Worker) { c.cfg.Scaler = true },
 		"cfg.NoReconnect": func(c *Worker) { c.cfg.NoReconnect = true }, "cfg.SingleUse": func(c *Worker) { c.cfg.SingleUse = true }, "cfg.Seed": func(c *Worker) { c.cfg.Seed++ },
 		"cfg.BackoffBase": func(c *Worker) { c.cfg.BackoffBase += d }, "cfg.BackoffFactor": func(c *Worker) { c.cfg.BackoffFactor++ },
 		"cfg.BackoffMax": func(c *Worker) { c.cfg.BackoffMax += d }, "cfg.BackoffJitter": func(c *Worker) { c.cfg.BackoffJitter = 0.5 },

@@ -99,6 +99,9 @@ func (w *world) sendToOrch(wn *workerNode, m core.Msg) {
 		return
 	}
 	if wn.link.cutUp {
+		if w.cfg.StreamLinks {
+			w.breakConn(c, true) // TCP gives up: the frame goes with its connection
+		}
 		return // one-way partition: silently gone
 	}
 	if !w.healed && w.chance(w.opt.LossProb) {

@@ -30,6 +30,7 @@ var (
 	flagDrift      = flag.Bool("sim.drift", false, "with -sim.seed: replay the seed with every worker clock drifting differently (Config.Redrift), as TestSim's drift run does")
 	flagMaxOps     = flag.Int("sim.maxstepops", 0, "operations of one step's history the linearizability check takes on (0: spec.MaxStepOps); a step over it makes the seed inconclusive")
 	flagDriftN     = flag.Int("sim.driftevery", 2, "TestSim runs every n-th seed a third time under other clock drifts (0: none)")
+	flagStream     = flag.Bool("sim.streamlinks", false, "with -sim.seed: replay the seed on links that lose frames only with their connection (Config.StreamLinks), as TestSimStreamLinks does")
 	flagBenchSeeds = flag.Int("sim.benchseeds", 100, "BenchmarkSimSeeds judges seeds 1 to this")
 )
 
@@ -263,7 +264,7 @@ func replaySeed(t *testing.T, seed uint64, cfg Config) {
 	if *flagTrace {
 		cfg.Trace = os.Stdout
 	}
-	cfg.ShiftClocks, cfg.Redrift = *flagShift, *flagDrift
+	cfg.ShiftClocks, cfg.Redrift, cfg.StreamLinks = *flagShift, *flagDrift, *flagStream
 	opt := Swarm(seed)
 	r := Simulate(seed, opt, cfg)
 	t.Logf("seed %#x: %d events, %s simulated, %d runs finished, trace %#x, faults: %s", r.Seed, r.Events, r.SimTime, r.RunsDone, r.TraceHash, kv(r.Faults))
@@ -274,6 +275,9 @@ func replaySeed(t *testing.T, seed uint64, cfg Config) {
 			r.Failure.Flags = "-sim.shift"
 		case *flagDrift:
 			r.Failure.Flags = "-sim.drift"
+		}
+		if *flagStream {
+			r.Failure.Flags = strings.TrimSpace(r.Failure.Flags + " -sim.streamlinks")
 		}
 		t.Fatalf("\n%s", r.Failure)
 	}
@@ -463,6 +467,51 @@ func TestRegressionSeeds(t *testing.T) {
 			t.Errorf("seed %#x (%+v):\n%s", c.seed, c.cfg, r.Failure)
 		}
 	}
+}
+
+// TestSimStreamLinks runs the first seeds with lease-ahead on links that
+// are what the real transport is (Config.StreamLinks: a frame is lost only
+// with its connection), plainly and under other clock drifts: workers there
+// send a Start without first re-sending older unanswered Reports (SPEC
+// §10), as the real worker does, and SlotsAndMatching must still hold. The
+// one-way partitions that break connections instead of eating frames must
+// have happened, and leases held ahead must have started.
+func TestSimStreamLinks(t *testing.T) {
+	var ahead AheadStats
+	oneWay, seeds := 0, 0
+	for seed := uint64(1); seeds < 24 && seed < 300; seed++ {
+		opt := Swarm(seed)
+		if !opt.Ahead {
+			continue
+		}
+		seeds++
+		for _, cfg := range []Config{{StreamLinks: true}, {StreamLinks: true, Redrift: true}} {
+			cfg.VizDir = t.TempDir()
+			r := Simulate(seed, opt, cfg)
+			if r.Failure != nil {
+				r.Failure.Flags = streamFlags(cfg)
+				t.Fatalf("seed %d on stream links (drift %v):\n%s", seed, cfg.Redrift, r.Failure)
+			}
+			ahead.add(r.Ahead)
+			oneWay += r.Faults["partition-one-way"]
+		}
+	}
+	if r := Simulate(0x2c8, Swarm(0x2c8), Config{StreamLinks: true, Redrift: true}); r.Failure != nil {
+		r.Failure.Flags = "-sim.streamlinks -sim.drift"
+		t.Fatalf("seed 0x2c8 on stream links (drift):\n%s", r.Failure)
+	}
+	t.Logf("%d seeds: %d one-way partitions; %+v", seeds, oneWay, ahead)
+	if oneWay == 0 || ahead.Started == 0 {
+		t.Errorf("stream links were not exercised: %d one-way partitions, %d leases started from ahead", oneWay, ahead.Started)
+	}
+}
+
+// streamFlags is the replay flags of a TestSimStreamLinks run.
+func streamFlags(cfg Config) string {
+	if cfg.Redrift {
+		return "-sim.streamlinks -sim.drift"
+	}
+	return "-sim.streamlinks"
 }
 
 // TestSimOutputPath runs seeds with a small window, a small cap and floods:

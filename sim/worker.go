@@ -232,6 +232,7 @@ func (w *world) spawnWorker(token string, scaler, allTags bool) *workerNode {
 		NoReconnect: !scaler && !allTags && !w.healed && w.chance(w.opt.NoReconnectFrac),
 		Seed:        w.r.Uint64(), BackoffMax: w.opt.MaxDelayWork,
 		LogWindowLines: w.opt.LogWindow, OutputCapBytes: w.opt.OutputCap, DrainTimeout: w.opt.DrainTimeout,
+		LinkLosesFrames: !w.cfg.StreamLinks,
 	}
 	if w.opt.Ahead && !scaler {
 		cfg.Ahead = w.aheadR.IntN(max(cfg.Slots, 4) + 1)

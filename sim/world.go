@@ -228,6 +228,13 @@ type Config struct {
 	// the durations workers measure change, so the schedule does, but the
 	// seed's verdict must not (TestSim's drift run).
 	Redrift bool
+	// StreamLinks makes every link what the real transport is (a WebSocket
+	// over TCP): a frame is never lost while its connection stays up, so a
+	// one-way partition breaks the connection at the first frame it eats
+	// instead of swallowing frames silently, and workers are told their
+	// link loses no frames (core.WorkerConfig.LinkLosesFrames false). The
+	// seed's draws are the same either way.
+	StreamLinks bool
 	// MaxStepOps bounds the operations of one step's history that the
 	// linearizability check takes on (0: spec.MaxStepOps).
 	MaxStepOps int
