@@ -209,6 +209,10 @@ type Options struct {
 	// requests wait. Zero means DefaultRefusalsPerSec; negative turns the
 	// budget off (tests that refuse on purpose as fast as they can).
 	RefusalsPerSec int
+	// WorkPerSec is the work budget of one source address's control
+	// frames, in units a second, the burst equal to it (SPEC §12). Zero
+	// means DefaultWorkPerSec; negative turns the budget off.
+	WorkPerSec int
 	// MaxEventStreams caps the live event streams open at once (GET
 	// /api/events and /api/runs/{id}/events, SPEC §17); zero means
 	// DefaultMaxEventStreams.
@@ -371,6 +375,9 @@ func Start(opts Options) (*Driver, error) {
 	if opts.MaxEventStreams <= 0 {
 		opts.MaxEventStreams = DefaultMaxEventStreams
 	}
+	if opts.WorkPerSec == 0 {
+		opts.WorkPerSec = DefaultWorkPerSec
+	}
 	if opts.RefusalsPerSec == 0 {
 		opts.RefusalsPerSec = DefaultRefusalsPerSec
 	}
@@ -390,7 +397,7 @@ func Start(opts Options) (*Driver, error) {
 		done:       make(chan struct{}),
 		live:       map[*conn]bool{},
 		unauthFrom: map[string]int{},
-		work:       addrBudgets{rate: connWorkRate, burst: connWorkBurst},
+		work:       workBudgets(opts.WorkPerSec),
 		refusals:   addrBudgets{rate: float64(opts.RefusalsPerSec), burst: 2 * float64(opts.RefusalsPerSec), off: opts.RefusalsPerSec < 0},
 		conns:      map[core.ConnID]*conn{},
 		coreClosed: map[core.ConnID]bool{},

@@ -40,6 +40,28 @@ func TestAddrBudgets(t *testing.T) {
 	}
 }
 
+// Options.WorkPerSec sets the rate and the burst of the work budgets, and a
+// negative one turns them off: a fleet behind one address translator can
+// be given more than the default (SPEC §12).
+func TestWorkBudgetsFromOptions(t *testing.T) {
+	at := time.Unix(1000, 0)
+	a := workBudgets(200_000)
+	if w := a.spend("nat", at, 150_000); w != 0 {
+		t.Fatalf("150,000 units within a burst of 200,000 wait %s", w)
+	}
+	if w := a.spend("nat", at, 100_000); w != 250*time.Millisecond {
+		t.Fatalf("50,000 units past the burst at 200,000/s: wait %s, want 250ms", w)
+	}
+	def := workBudgets(DefaultWorkPerSec)
+	if w := def.spend("nat", at, 150_000); w != 2*time.Second {
+		t.Fatalf("100,000 units past the default burst: wait %s, want 2s", w)
+	}
+	off := workBudgets(-1)
+	if w := off.spend("nat", at, 1e9); w != 0 || off.wait("nat", at) != 0 {
+		t.Fatalf("an off budget makes a frame wait %s", w)
+	}
+}
+
 // A heartbeat costs a unit per lease it names; a refresh is a durable
 // record; a refused control connection costs more the more it sent.
 func TestFrameAndRefusalCosts(t *testing.T) {

@@ -382,10 +382,10 @@ func TestHostileIdleConns(t *testing.T) {
 // the defaults it documents.
 func TestServeHTTPLimitsConfig(t *testing.T) {
 	src := "http:\n  idle_timeout_secs: 60\n  header_timeout_secs: 5\n  body_timeout_secs: 20\n  write_timeout_secs: 15\n" +
-		"  max_tcp_conns: 20000\n  max_conns_per_addr: 20000\n  refusals_per_sec: 500\n"
+		"  max_tcp_conns: 20000\n  max_conns_per_addr: 20000\n  refusals_per_sec: 500\n  work_per_sec: 200000\n"
 	cfg, err := loadServerConfig("c.yaml", []byte(src))
 	want := httpLimits{IdleTimeout: time.Minute, HeaderTimeout: 5 * time.Second, BodyTimeout: 20 * time.Second, WriteTimeout: 15 * time.Second,
-		MaxTCPConns: 20000, MaxConnsPerAddr: 20000, RefusalsPerSec: 500}
+		MaxTCPConns: 20000, MaxConnsPerAddr: 20000, RefusalsPerSec: 500, WorkPerSec: 200000}
 	if err != nil || cfg.HTTP != want {
 		t.Errorf("http section: %+v, %v; want %+v", cfg.HTTP, err, want)
 	}
@@ -412,7 +412,7 @@ func TestServeHTTPLimitsConfig(t *testing.T) {
 	}
 	want = httpLimits{IdleTimeout: orchestrator.DefaultIdleTimeout, HeaderTimeout: orchestrator.DefaultHeaderTimeout, BodyTimeout: orchestrator.DefaultBodyTimeout,
 		WriteTimeout: orchestrator.DefaultWriteTimeout, MaxTCPConns: 1024 + orchestrator.DefaultExtraTCPConns, MaxConnsPerAddr: (1024 + orchestrator.DefaultExtraTCPConns) * 3 / 4,
-		RefusalsPerSec: orchestrator.DefaultRefusalsPerSec}
+		RefusalsPerSec: orchestrator.DefaultRefusalsPerSec, WorkPerSec: orchestrator.DefaultWorkPerSec}
 	if cfg.HTTP != want {
 		t.Errorf("the help's example says %+v; the defaults are %+v", cfg.HTTP, want)
 	}
@@ -429,13 +429,13 @@ func TestServeHTTPLimitsConfig(t *testing.T) {
 		}
 		return resolveServeConfig(&env{opts: o, flags: fs})
 	}
-	cfg, err = resolve("--config", cfgPath, "--idle-timeout", "3s", "--max-conns-per-addr", "7", "--refusals-per-sec", "9")
+	cfg, err = resolve("--config", cfgPath, "--idle-timeout", "3s", "--max-conns-per-addr", "7", "--refusals-per-sec", "9", "--work-per-sec", "80000")
 	want = httpLimits{IdleTimeout: 3 * time.Second, HeaderTimeout: 5 * time.Second, BodyTimeout: 20 * time.Second, WriteTimeout: 15 * time.Second,
-		MaxTCPConns: 20000, MaxConnsPerAddr: 7, RefusalsPerSec: 9}
+		MaxTCPConns: 20000, MaxConnsPerAddr: 7, RefusalsPerSec: 9, WorkPerSec: 80000}
 	if err != nil || cfg.HTTP != want {
 		t.Errorf("flags over the file: %+v, %v; want %+v", cfg.HTTP, err, want)
 	}
-	for _, args := range [][]string{{"--write-timeout", "0s"}, {"--body-timeout", "-1s"}, {"--max-tcp-conns", "-5"}} {
+	for _, args := range [][]string{{"--write-timeout", "0s"}, {"--body-timeout", "-1s"}, {"--max-tcp-conns", "-5"}, {"--work-per-sec", "-1"}} {
 		if _, err := resolve(args...); exitCode(err) != exitUsage || !strings.Contains(err.Error(), args[0]) {
 			t.Errorf("serve %s: %v, want a usage error naming the flag", args, err)
 		}

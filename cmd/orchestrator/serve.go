@@ -128,6 +128,7 @@ worker connections (SPEC §12):
     max_tcp_conns: 3072               # concurrent connections (default: 1024 control + 2048)
     max_conns_per_addr: 2304          # of one source address (default: 3/4 of max_tcp_conns)
     refusals_per_sec: 50              # one address refused faster than this: its next requests wait
+    work_per_sec: 50000               # what one address's control frames may cost a second (a busy worker: 3-4 a step)
 
 Flags given on the command line override the file; an unknown key is an
 error naming its line. The sweeper is always on. Each recovery setting is 1 s
@@ -207,7 +208,7 @@ type serverConfig struct {
 type httpLimits struct {
 	IdleTimeout, HeaderTimeout, BodyTimeout, WriteTimeout time.Duration
 	MaxTCPConns, MaxConnsPerAddr                          int
-	RefusalsPerSec                                        int
+	RefusalsPerSec, WorkPerSec                            int
 }
 
 // httpFlags defines serve's flags for the HTTP server's limits.
@@ -219,6 +220,7 @@ func httpFlags(fs *flag.FlagSet, h *httpLimits) {
 	fs.IntVar(&h.MaxTCPConns, "max-tcp-conns", 0, "cap on concurrent TCP connections (`n`; 0: 1024 control connections + 2048); over it a connection is refused at once")
 	fs.IntVar(&h.MaxConnsPerAddr, "max-conns-per-addr", 0, "cap on one source address's TCP connections (`n`; 0: 3/4 of --max-tcp-conns)")
 	fs.IntVar(&h.RefusalsPerSec, "refusals-per-sec", 0, "refusals per second one source address may earn before its next requests wait (`n`; 0: 50)")
+	fs.IntVar(&h.WorkPerSec, "work-per-sec", 0, "work units per second one source address's control frames may cost before its next frame waits (`n`; 0: 50000; a busy worker spends 3-4 a step)")
 }
 
 // dataLimits are the data plane's limits (SPEC §12, §14): config keys
@@ -417,7 +419,7 @@ func loadServerConfig(path string, src []byte) (serverConfig, error) {
 				}
 			})
 		case "http":
-			known := []string{"idle_timeout_secs", "header_timeout_secs", "body_timeout_secs", "write_timeout_secs", "max_tcp_conns", "max_conns_per_addr", "refusals_per_sec"}
+			known := []string{"idle_timeout_secs", "header_timeout_secs", "body_timeout_secs", "write_timeout_secs", "max_tcp_conns", "max_conns_per_addr", "refusals_per_sec", "work_per_sec"}
 			mapping(v, "http", known, errf, func(key string, v *yaml.Node) {
 				switch key {
 				case "idle_timeout_secs":
@@ -434,6 +436,8 @@ func loadServerConfig(path string, src []byte) (serverConfig, error) {
 					cfg.HTTP.MaxConnsPerAddr = count(v, key)
 				case "refusals_per_sec":
 					cfg.HTTP.RefusalsPerSec = count(v, key)
+				case "work_per_sec":
+					cfg.HTTP.WorkPerSec = count(v, key)
 				}
 			})
 		}
@@ -673,7 +677,7 @@ func resolveServeConfig(e *env) (serverConfig, error) {
 		v    *int
 		flag int
 	}{{"max-tcp-conns", &cfg.HTTP.MaxTCPConns, e.opts.http.MaxTCPConns}, {"max-conns-per-addr", &cfg.HTTP.MaxConnsPerAddr, e.opts.http.MaxConnsPerAddr},
-		{"refusals-per-sec", &cfg.HTTP.RefusalsPerSec, e.opts.http.RefusalsPerSec}} {
+		{"refusals-per-sec", &cfg.HTTP.RefusalsPerSec, e.opts.http.RefusalsPerSec}, {"work-per-sec", &cfg.HTTP.WorkPerSec, e.opts.http.WorkPerSec}} {
 		if set[f.name] {
 			if f.flag < 0 {
 				return cfg, usageErrorf("--%s must be 0 (the default) or a positive number, not %d", f.name, f.flag)
@@ -777,6 +781,7 @@ func serve(ctx context.Context, e *env, _ []string) error {
 		MaxTCPConns:     cfg.HTTP.MaxTCPConns,
 		MaxConnsPerAddr: cfg.HTTP.MaxConnsPerAddr,
 		RefusalsPerSec:  cfg.HTTP.RefusalsPerSec,
+		WorkPerSec:      cfg.HTTP.WorkPerSec,
 	}
 	cfg.Data.apply(&opts)
 	if e.opts.pprof != "" {
