@@ -344,10 +344,9 @@ func (p *scan) event(v *ServerEvent) bool {
 }
 
 // decodeHistory decodes an archived run's record as json.Unmarshal into a
-// zero RunHistory does: in what encode.go writes, the head and the run
-// (a spec of any shape) through encoding/json each, the steps, leases and
-// events by hand; anything else wholly through encoding/json. The checker
-// reads every run archived.
+// zero RunHistory does: what encode.go writes by hand but the run's spec
+// (any shape), which goes through encoding/json alone; anything else
+// wholly through encoding/json. The checker reads every run archived.
 func decodeHistory(b []byte, h *RunHistory) error {
 	if fastHistory(b, h) {
 		return nil
@@ -358,13 +357,69 @@ func decodeHistory(b []byte, h *RunHistory) error {
 
 func fastHistory(b []byte, h *RunHistory) bool {
 	p := scan{b: b}
-	return p.lit(`{"Head":`) && p.jsonObject(&h.Head) &&
-		p.lit(`,"Run":`) && p.jsonObject(&h.Run) &&
+	return p.lit(`{"Head":`) && p.head(&h.Head) &&
+		p.lit(`,"Run":`) && p.run(&h.Run) &&
 		p.lit(`,"Status":`) && p.str(&h.Status) &&
 		p.lit(`,"Steps":`) && records(&p, &h.Steps, (*scan).step) &&
 		p.lit(`,"Leases":`) && records(&p, &h.Leases, (*scan).lease) &&
 		p.lit(`,"Events":`) && records(&p, &h.Events, (*scan).event) &&
 		p.lit("}") && p.i == len(b)
+}
+
+func (p *scan) head(h *HistoryHead) bool {
+	var run, parent string
+	ok := p.lit(`{"Run":`) && p.str(&run) &&
+		p.lit(`,"Name":`) && p.str(&h.Name) &&
+		p.lit(`,"Status":`) && p.str(&h.Status) &&
+		p.optStr(`,"Parent":`, &parent) &&
+		p.lit(`,"SubmittedAt":`) && p.time(&h.SubmittedAt) &&
+		p.optTime(`,"FinishedAt":`, &h.FinishedAt) &&
+		p.optTime(`,"Deadline":`, &h.Deadline) &&
+		p.optStr(`,"CancelReason":`, &h.CancelReason) &&
+		p.lit(`,"Steps":`) && p.int(&h.Steps) &&
+		p.lit(`,"States":`) && p.intMap(&h.States) &&
+		p.lit("}")
+	h.Run, h.Parent = RunID(run), RunID(parent)
+	return ok
+}
+
+// decodeRun decodes a run's record as json.Unmarshal into a zero
+// RunRecord does: what encode.go writes by hand but its spec (any shape),
+// which goes through encoding/json alone; anything else wholly through
+// encoding/json. A restore decodes every live run, the checker every
+// archived one.
+func decodeRun(b []byte, v *RunRecord) error {
+	p := scan{b: b}
+	if p.run(v) && p.i == len(b) {
+		return nil
+	}
+	*v = RunRecord{}
+	return json.Unmarshal(b, v)
+}
+
+func (p *scan) run(v *RunRecord) bool {
+	var id, parent, parentStep, class, rerunOf string
+	ok := p.lit(`{"ID":`) && p.str(&id) &&
+		p.lit(`,"Spec":`) && p.jsonObject(&v.Spec) &&
+		p.optStr(`,"Parent":`, &parent) &&
+		p.optStr(`,"ParentStep":`, &parentStep) &&
+		(!p.lit(`,"Depth":`) || p.int(&v.Depth)) &&
+		(!p.lit(`,"Children":`) || strs(p, &v.Children)) &&
+		p.optStr(`,"Schedule":`, &v.Schedule) &&
+		p.optTime(`,"FireAt":`, &v.FireAt) &&
+		(!p.lit(`,"GroupWait":`) || p.bool(&v.GroupWait)) &&
+		p.lit(`,"SubmittedAt":`) && p.time(&v.SubmittedAt) &&
+		p.optTime(`,"Deadline":`, &v.Deadline) &&
+		p.optStr(`,"CancelReason":`, &v.CancelReason) &&
+		p.lit(`,"CancelClass":`) && p.str(&class) &&
+		p.lit(`,"Steps":`) && strs(p, &v.Steps) &&
+		p.lit(`,"Failed":`) && p.bool(&v.Failed) &&
+		p.lit(`,"Finished":`) && p.bool(&v.Finished) &&
+		p.optTime(`,"FinishedAt":`, &v.FinishedAt) &&
+		p.optStr(`,"RerunOf":`, &rerunOf) &&
+		p.lit("}")
+	v.ID, v.Parent, v.ParentStep, v.CancelClass, v.RerunOf = RunID(id), RunID(parent), StepID(parentStep), FailureClass(class), RunID(rerunOf)
+	return ok
 }
 
 // records reads an array of records as encoding/json reads it into a nil
@@ -519,6 +574,27 @@ func (p *scan) hash(h *[32]byte) bool {
 		}
 	}
 	return p.lit("]")
+}
+
+// intMap reads an object of integers into a new map as strMap does.
+func (p *scan) intMap(m *map[string]int) bool {
+	if p.lit("null") {
+		return true
+	}
+	if !p.lit("{") {
+		return false
+	}
+	out := map[string]int{}
+	for n := 0; !p.lit("}"); n++ {
+		var k string
+		var v int
+		if (n > 0 && !p.lit(",")) || !p.str(&k) || !p.lit(":") || !p.int(&v) {
+			return false
+		}
+		out[k] = v
+	}
+	*m = out
+	return true
 }
 
 // strMap reads an object of strings into a new map (later keys win, as

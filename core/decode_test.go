@@ -116,6 +116,18 @@ func TestDecodeRecordsMatchEncodingJSON(t *testing.T) {
 		ev := genServerEvent().Draw(t, "event")
 		checkDecode(t, marshal(t, &ev), decodeEvent)
 	}))
+	t.Run("run", rapid.MakeCheck(func(t *rapid.T) {
+		r := genRunRecord().Draw(t, "run")
+		r.ParentStep, r.Depth, r.Schedule = StepID(genString().Draw(t, "pstep")), rapid.Int().Draw(t, "depth"), genString().Draw(t, "schedule")
+		r.FireAt, r.GroupWait = genTime().Draw(t, "fire"), rapid.Bool().Draw(t, "wait")
+		if ids := genStrings("children").Draw(t, "children"); ids != nil {
+			r.Children = []RunID{}
+			for _, id := range ids {
+				r.Children = append(r.Children, RunID(id))
+			}
+		}
+		checkDecode(t, marshal(t, &r), decodeRun)
+	}))
 	t.Run("history", rapid.MakeCheck(func(t *rapid.T) {
 		checkDecode(t, marshal(t, genRunHistory().Draw(t, "history")), decodeHistory)
 	}))
@@ -253,8 +265,31 @@ func TestDecodeRecordsEdges(t *testing.T) {
 		head + `,"Run":{"ID":"r"},"Status":"ok","Steps":[{}],"Leases":null,"Events":[]}`,
 		head + `,"Run":[],"Status":"ok","Steps":[],"Leases":null,"Events":[]}`,
 		`{"Head":null,"Run":{}}`, `{"Head":{`, `{"Head":{}`,
+		strings.Replace(head, `null`, `{}`, 1) + `,"Run":` + run + `,"Status":"ok","Steps":[],"Leases":null,"Events":[]}`,
+		strings.Replace(head, `null`, `{"a":1,"b":-2,"a":3}`, 1) + `,"Run":` + run + `,"Status":"ok","Steps":[],"Leases":null,"Events":[]}`,
+		strings.Replace(head, `null`, `{"a":"1"}`, 1) + `,"Run":` + run + `,"Status":"ok","Steps":[],"Leases":null,"Events":[]}`,
+		strings.Replace(head, `null`, `{"a":1.5}`, 1) + `,"Run":` + run + `,"Status":"ok","Steps":[],"Leases":null,"Events":[]}`,
+		strings.Replace(head, `null`, `{"a":1,}`, 1) + `,"Run":` + run + `,"Status":"ok","Steps":[],"Leases":null,"Events":[]}`,
 	} {
 		checkDecode(t, []byte(b), decodeHistory)
+	}
+	for _, b := range []string{
+		run, run + ` `, run + `}`, strings.TrimSuffix(run, `}`),
+		strings.Replace(run, `"Steps":null,`, `"Steps":[],`, 1),
+		strings.Replace(run, `"Steps":null,`, `"Steps":["a",1],`, 1),
+		strings.Replace(run, `"SubmittedAt"`, `"Depth":3,"Children":[],"GroupWait":true,"SubmittedAt"`, 1),
+		strings.Replace(run, `"SubmittedAt"`, `"Depth":-1,"Children":null,"SubmittedAt"`, 1),
+		strings.Replace(run, `"SubmittedAt"`, `"Depth":1e3,"SubmittedAt"`, 1),
+		strings.Replace(run, `"SubmittedAt"`, `"GroupWait":1,"SubmittedAt"`, 1),
+		strings.Replace(run, `"Finished":true`, `"Finished":true,"RerunOf":"r0"`, 1),
+		strings.Replace(run, `"Finished":true`, `"Finished":true,"Finished":false`, 1),
+		strings.Replace(run, `{"Name":"n","Steps":null}`, `{"Name":"n","Steps":[{"Name":"a","Command":"}"}]}`, 1),
+		strings.Replace(run, `{"Name":"n","Steps":null}`, `{"Name":"n","Steps":[}`, 1),
+		strings.Replace(run, `{"Name":"n","Steps":null}`, `null`, 1),
+		strings.Replace(run, `"ID":"r"`, `"ID":"r"`, 1),
+		``, `{`, `null`, `{}`, `[]`,
+	} {
+		checkDecode(t, []byte(b), decodeRun)
 	}
 }
 
@@ -283,6 +318,14 @@ func TestDecodeRecordsFastPath(t *testing.T) {
 		{&RunHistory{Run: RunRecord{ID: "r1", Spec: RunSpec{Name: `n"}{[`, Env: map[string]string{"a": "b"}}}, Status: "ok",
 			Steps: []StepRecord{*s}, Leases: []LeaseRecord{*l}, Events: []ServerEvent{*ev}}, func(b []byte) bool { return fastHistory(b, &RunHistory{}) }},
 		{&RunHistory{}, func(b []byte) bool { return fastHistory(b, &RunHistory{}) }},
+		{&RunHistory{Head: HistoryHead{Run: "r1", Parent: "r0", SubmittedAt: at, FinishedAt: at, Deadline: at, CancelReason: "c", Steps: 2,
+			States: map[string]int{"failed": 1, "succeeded": 1}}, Run: RunRecord{ID: "r1", Steps: []StepID{"r1/a"}}},
+			func(b []byte) bool { return fastHistory(b, &RunHistory{}) }},
+		{&RunRecord{ID: "r1", Spec: RunSpec{Name: "n", Steps: []StepSpec{{Name: "a", Command: "x"}}}, Parent: "r0", ParentStep: "r0/w", Depth: 1,
+			Children: []RunID{"r2"}, Schedule: "s", FireAt: at, GroupWait: true, SubmittedAt: at, Deadline: at, CancelReason: "c", CancelClass: "k",
+			Steps: []StepID{"r1/a"}, Failed: true, Finished: true, FinishedAt: at, RerunOf: "r9"},
+			func(b []byte) bool { p := scan{b: b}; return p.run(&RunRecord{}) && p.i == len(b) }},
+		{&RunRecord{}, func(b []byte) bool { p := scan{b: b}; return p.run(&RunRecord{}) && p.i == len(b) }},
 		{&WorkerRecord{ID: "w1", Tags: []string{"a"}, Labels: map[string]string{"k": "v", "a": "b"}, Platform: "p", Ahead: 1, DisconnectedAt: at, GraceUntil: at, Draining: true},
 			func(b []byte) bool { return fastWorker(b, &WorkerRecord{}) }},
 		{&WorkerRecord{}, func(b []byte) bool { return fastWorker(b, &WorkerRecord{}) }},

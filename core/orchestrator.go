@@ -370,10 +370,18 @@ func byKey(a, b Record) int { return strings.Compare(a.Key, b.Key) }
 
 // logKeyLease is the lease a log line's key (logKey) names.
 func logKeyLease(key string) (LeaseID, bool) {
-	if len(key) > len(KindLog)+21 && key[:len(KindLog)+1] == KindLog+"/" {
-		return parseLeaseKey(key[len(KindLog)+1 : len(KindLog)+21]), true
+	if d, ok := logKeyDigits(key); ok {
+		return parseLeaseKey(d), true
 	}
 	return 0, false
+}
+
+// logKeyDigits is the lease's 20 digits in a log line's key, unparsed.
+func logKeyDigits(key string) (string, bool) {
+	if len(key) > len(KindLog)+21 && key[:len(KindLog)+1] == KindLog+"/" {
+		return key[len(KindLog)+1 : len(KindLog)+21], true
+	}
+	return "", false
 }
 
 func (o *Orchestrator) recordFor(key string) Record {

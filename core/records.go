@@ -251,7 +251,11 @@ func DecodeRecord(r Record) (any, error) {
 	case KindMeta:
 		v = &MetaRecord{}
 	case KindRun:
-		v = &RunRecord{}
+		rr := &RunRecord{}
+		if err := decodeRun(r.Value, rr); err != nil {
+			return nil, fmt.Errorf("%w: key %q: %v", ErrBadRecord, r.Key, err)
+		}
+		return rr, nil
 	case KindStep:
 		st := &StepRecord{}
 		if err := decodeStep(r.Value, st); err != nil {

@@ -55,7 +55,7 @@ func (o *Orchestrator) load(recs []Record) error {
 			closed = append(closed, r)
 			continue
 		}
-		if _, ok := logKeyLease(r.Key); ok {
+		if _, ok := logKeyDigits(r.Key); ok {
 			// Decoded below, once the leases are known: the lines of
 			// archived leases, most of a long-lived store, are not state.
 			continue
@@ -107,8 +107,19 @@ func (o *Orchestrator) load(recs []Record) error {
 		}
 		return nil
 	}
+	// A lease's lines are adjacent in key order: their lease is parsed and
+	// looked up once, not once a line.
+	var digits string
+	var live bool
 	for _, r := range recs {
-		if l, ok := logKeyLease(r.Key); ok && !r.Delete && o.leases[l] != nil {
+		d, ok := logKeyDigits(r.Key)
+		if !ok || r.Delete {
+			continue
+		}
+		if d != digits {
+			digits, live = d, o.leases[parseLeaseKey(d)] != nil
+		}
+		if live {
 			if err := line(r); err != nil {
 				return err
 			}
