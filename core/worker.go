@@ -328,9 +328,9 @@ type execution struct {
 	// reportSent: its Report went out once (so its output was all
 	// acknowledged): it takes no slot from then on. Every later send of
 	// it, after a reconnect too, precedes the Start of a lease started
-	// after it, and every send of such a Start follows a send of it
-	// (resendReportsBefore), so the orchestrator never sees more started
-	// leases than slots (§3).
+	// after it (on a link that loses frames, every send of such a Start
+	// also follows a send of it: resendReportsBefore), so the orchestrator
+	// never sees more started leases than slots (§3).
 	reportSent bool
 	proc       procState
 	cancelled  bool      // a Cancel arrived: the exit is reported as cancelled

@@ -100,7 +100,8 @@ func (w *world) sendToOrch(wn *workerNode, m core.Msg) {
 	}
 	if wn.link.cutUp {
 		if w.cfg.StreamLinks {
-			w.breakConn(c, true) // TCP gives up: the frame goes with its connection
+			w.breakConn(c, true) // as TCP would: the frame goes with its connection
+			return
 		}
 		return // one-way partition: silently gone
 	}

@@ -496,8 +496,9 @@ func TestSimStreamLinks(t *testing.T) {
 			oneWay += r.Faults["partition-one-way"]
 		}
 	}
-	if r := Simulate(0x2c8, Swarm(0x2c8), Config{StreamLinks: true, Redrift: true}); r.Failure != nil {
-		r.Failure.Flags = "-sim.streamlinks -sim.drift"
+	drifted := Config{StreamLinks: true, Redrift: true}
+	if r := Simulate(0x2c8, Swarm(0x2c8), drifted); r.Failure != nil {
+		r.Failure.Flags = streamFlags(drifted)
 		t.Fatalf("seed 0x2c8 on stream links (drift):\n%s", r.Failure)
 	}
 	t.Logf("%d seeds: %d one-way partitions; %+v", seeds, oneWay, ahead)
