@@ -235,15 +235,34 @@ func (rs results) shapes(label string) []shape {
 	return out
 }
 
-// throughputTarget is the steps/s target of a shape on bbolt.
-func throughputTarget(s shape) *target {
+// throughputTarget is the steps/s target of a shape on bbolt, and what
+// the row says of it. Issue 17's 4-slot target names lease-ahead as its
+// lever ("the next step is already there when a slot frees", SPEC §3), so
+// it judges the lease-ahead shape: ≥ 6,000 steps/s and ahead of asynq
+// without fsync at 4 workers when that peer ran beside it. The 4-slot
+// shape without lease-ahead is printed for reference, with no target: a
+// worker with one slot and nothing ahead idles for two fsync'd commits and
+// a round trip a step, which no figure of this machine brings to 6,000.
+func throughputTarget(s shape, peers []peer) (*target, string) {
 	switch s.concurrency() {
 	case 64:
-		return &target{atLeast: true, bound: 20000}
+		t := &target{atLeast: true, bound: 20000}
+		return t, t.String()
 	case 4:
-		return &target{atLeast: true, bound: 6000}
+		if !strings.Contains(s.extra, "ahead=") {
+			return nil, "— (reference: the target is judged with lease-ahead)"
+		}
+		t := &target{atLeast: true, bound: 6000}
+		what := t.String()
+		for _, p := range peers {
+			if p.label == "bbolt" && p.name == "asynq-nofsync" && p.workers == 4 {
+				t.bound = max(t.bound, p.jobs)
+				what += " and ahead of asynq-nofsync (" + num(p.jobs) + ")"
+			}
+		}
+		return t, what
 	}
-	return nil
+	return nil, "—"
 }
 
 // judgedRiver is the River shape issue 16's point is judged against: the
@@ -310,7 +329,7 @@ func summary(rs results) ([]row, []string) {
 			store = " on " + label
 		}
 		for _, s := range shapes {
-			t := throughputTarget(s)
+			t, what := throughputTarget(s, peers)
 			if label != "bbolt" {
 				t = nil
 				// On PostgreSQL, issue 16's point: at 64 slots, five times
@@ -323,8 +342,11 @@ func summary(rs results) ([]row, []string) {
 				}
 			}
 			r := figure(rs, s.String()+store+", steps/s", named(label, s.name), "steps/s", t)
-			if label != "bbolt" && t != nil {
+			switch {
+			case label != "bbolt" && t != nil:
 				r.target = "≥ 5 × River, " + peerShapes[judgedRiver] + " (issue 16's shape) = " + num(t.bound)
+			case label == "bbolt":
+				r.target = what
 			}
 			rows = append(rows, r)
 		}
