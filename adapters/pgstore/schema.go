@@ -89,6 +89,14 @@ BEGIN
 	UPDATE tether_order SET n = place WHERE id = 1;
 END $$;
 `,
+	// 3: the journal in front of the tables of records (journal.go): a
+	// commit's batch, encoded, folded into the tables later. Its bytes are
+	// stored as they are: not compressed again (they are written once and
+	// read at most once).
+	`
+CREATE TABLE tether_journal (seq bigint PRIMARY KEY, batch bytea NOT NULL);
+ALTER TABLE tether_journal ALTER COLUMN batch SET STORAGE EXTERNAL;
+`,
 }
 
 // migrate brings the database to the newest version this binary knows.
