@@ -574,4 +574,3 @@ func (s *Store) foldAll() error {
 func isDeposed(err error) bool {
 	return errors.Is(err, store.ErrDeposed)
 }
-
