@@ -17,7 +17,7 @@ package pgstore
 // it too.
 //
 // A fold starts when foldEntries entries or foldBytes bytes have gathered,
-// foldDelay after the oldest unfolded one, or at once when a reader waits:
+// Options.FoldDelay after the oldest unfolded one, or at once when a reader waits:
 // every read of those tables, and every other write, first waits until
 // every entry acknowledged before it began is folded (catchUp). Entries
 // are numbered in the order they are reserved (the pipeline's places in
@@ -48,16 +48,19 @@ import (
 	"github.com/tether-run/tether/adapters/store"
 )
 
+// DefaultFoldDelay is the longest an entry waits unfolded unless a read
+// asks or enough gathered (Options.FoldDelay).
+const DefaultFoldDelay = 100 * time.Millisecond
+
 // The applier's thresholds and the journal's bound.
 const (
-	foldEntries       = 256                    // entries gathered that start a fold
-	foldBytes         = 16 << 20               // bytes gathered that start a fold
-	foldDelay         = 100 * time.Millisecond // the longest an entry waits unfolded unless a reader asks
-	maxFoldEntries    = 512                    // at most this many entries in one fold
-	maxFoldBytes      = 32 << 20               // and at most about this many bytes
-	maxPendingEntries = 4096                   // unfolded entries past which a commit waits
-	maxPendingBytes   = 128 << 20              // unfolded bytes past which a commit waits
-	foldRetryMax      = time.Second            // the longest pause between failed folds
+	foldEntries       = 256         // entries gathered that start a fold
+	foldBytes         = 16 << 20    // bytes gathered that start a fold
+	maxFoldEntries    = 512         // at most this many entries in one fold
+	maxFoldBytes      = 32 << 20    // and at most about this many bytes
+	maxPendingEntries = 4096        // unfolded entries past which a commit waits
+	maxPendingBytes   = 128 << 20   // unfolded bytes past which a commit waits
+	foldRetryMax      = time.Second // the longest pause between failed folds
 )
 
 // The tables a journal row's ops go to.
@@ -270,7 +273,7 @@ func (s *Store) admit() error {
 		if s.stopped != nil {
 			return fmt.Errorf("pgstore: the journal's applier stopped: %w", s.stopped)
 		}
-		if s.foldGen != gen && s.foldErr != nil {
+		if s.foldGen != gen && s.foldFails > s.failLimit() {
 			return fmt.Errorf("pgstore: the journal is full (%d entries, %d bytes unfolded) and the applier cannot fold: %w", len(s.pending), s.pendingBytes, s.foldErr)
 		}
 		s.urgent = true
@@ -336,7 +339,7 @@ func (s *Store) catchUp() error {
 		if s.stopped != nil {
 			return fmt.Errorf("pgstore: the journal's applier stopped: %w", s.stopped)
 		}
-		if s.foldGen != gen && s.foldErr != nil {
+		if s.foldGen != gen && s.foldFails > s.failLimit() {
 			return fmt.Errorf("pgstore: the journal's entries up to %d are not in the tables yet: %w", target, s.foldErr)
 		}
 		s.urgent = true
@@ -345,6 +348,11 @@ func (s *Store) catchUp() error {
 	}
 	return nil
 }
+
+// failLimit is how many folds may fail in a row, at once, before the
+// applier pauses between them and waiters get the error: one more than
+// the connections the database can have cut (a restart cuts them all).
+func (s *Store) failLimit() int { return int(s.pool.Config().MaxConns) + 1 }
 
 // applier folds the journal until the Store closes or is deposed.
 func (s *Store) applier() {
@@ -372,6 +380,10 @@ func (s *Store) applier() {
 			s.jmu.Lock()
 			s.foldGen++
 			s.foldErr = err
+			s.foldFails++
+			if err == nil {
+				s.foldFails = 0
+			}
 			if stop {
 				s.stopped = err
 			}
@@ -383,6 +395,9 @@ func (s *Store) applier() {
 			}
 			if stop {
 				return
+			}
+			if s.foldFails <= s.failLimit() {
+				continue // a connection the database cut: the next one may serve
 			}
 			retry = min(max(2*retry, 10*time.Millisecond), foldRetryMax)
 			select {
@@ -417,7 +432,7 @@ func (s *Store) due() (bool, time.Duration) {
 	if s.oldest.IsZero() {
 		s.oldest = time.Now()
 	}
-	if w := foldDelay - time.Since(s.oldest); w > 0 {
+	if w := s.foldDelay - time.Since(s.oldest); w > 0 {
 		return false, w
 	}
 	return true, 0

@@ -52,6 +52,10 @@ type Options struct {
 	// through Reserve (pipeline.go); zero is DefaultPipeline, 1 one at a
 	// time (Reserve still orders its places).
 	Pipeline int
+	// FoldDelay is the longest a commit waits in the journal before the
+	// applier folds it into the tables unless a read asks sooner or
+	// enough gathered (journal.go); zero is DefaultFoldDelay.
+	FoldDelay time.Duration
 }
 
 // DefaultMaxConns is the pool's size unless the store URL sets
@@ -102,8 +106,10 @@ type Store struct {
 	oldest       time.Time // since when the oldest pending entry waits (zero: not yet seen)
 	foldGen      uint64    // folds tried
 	foldErr      error     // the last fold's error
+	foldFails    int       // folds failed in a row
 	stopped      error     // why the applier stopped for good (deposed)
 	kick         chan struct{}
+	foldDelay    time.Duration
 	applierDone  chan struct{}
 }
 
@@ -120,7 +126,10 @@ func Open(ctx context.Context, dsn string, o Options) (*Store, error) {
 		return nil, err
 	}
 	s := &Store{pool: pool, epoch: int64(o.Epoch), pins: map[string]int{}, unsure: map[string]bool{}, depth: o.Pipeline,
-		inflight: map[int64]struct{}{}, kick: make(chan struct{}, 1), applierDone: make(chan struct{})}
+		inflight: map[int64]struct{}{}, kick: make(chan struct{}, 1), applierDone: make(chan struct{}), foldDelay: o.FoldDelay}
+	if s.foldDelay <= 0 {
+		s.foldDelay = DefaultFoldDelay
+	}
 	s.jcond = sync.NewCond(&s.jmu)
 	if s.depth <= 0 {
 		s.depth = DefaultPipeline
