@@ -14,14 +14,29 @@
 // without records, and it reads the epoch without a transaction of its
 // own to commit.
 //
-// Apply, the driver's hot path, is one round trip: the fence, one
-// multi-row upsert and one delete per table the batch touches, sent as one
-// pgx.Batch, which PostgreSQL runs as one implicit transaction, committed
-// and flushed before it answers: the Store's sessions run with
-// synchronous_commit=on (or what the URL asks beyond it; off is refused).
-// With Options.Pipeline above 1 the driver's groups come through Reserve
-// instead (pipeline.go, store.Pipeline): the same round trip, ordered, more
-// than one in flight.
+// Apply, the driver's hot path, is one round trip: the fence and one
+// INSERT of the batch, routed, sealed and encoded, as one row of
+// tether_journal (journal.go), sent as one pgx.Batch, which PostgreSQL
+// runs as one implicit transaction, committed and flushed before it
+// answers: the Store's sessions run with synchronous_commit=on (or what
+// the URL asks beyond it; off is refused). That row is the durable point;
+// the Store's applier folds the rows into the tables of records later
+// (the last write of a key among those folded together), and every read of
+// those tables, and every other write, waits until what was acknowledged
+// before it began is folded. With Options.Pipeline above 1 the driver's
+// groups come through Reserve instead (pipeline.go, store.Pipeline): the
+// same round trip, ordered, more than one in flight.
+//
+// What is durable where: a commit's records are in tether_journal from the
+// moment it is acknowledged until a fold moves them, in one transaction,
+// into tether_record, tether_log, tether_audit and tether_history; the
+// data plane, the blobs and the secrets are written to their tables
+// directly, in the commit's transaction (ApplyWithData journals its
+// records in the transaction of its ops). Only the Store of the leader (or
+// of the one orchestrator) folds, and reads through it; anything else that
+// reads those tables directly sees them as of the last fold: up to
+// Options.FoldDelay (and one fold's time) behind, or further when no
+// orchestrator runs, until the next Open folds what is left.
 package pgstore
 
 import (

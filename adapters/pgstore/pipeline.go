@@ -18,7 +18,9 @@ package pgstore
 // round trip, the client's encoding and the server's parsing of the next
 // batch are done while the batch before commits. The rows themselves are
 // written only after the lock, so two places never wait on each other's
-// rows in opposite orders (no deadlock).
+// rows in opposite orders (no deadlock). A place's rows are its journal
+// row (journal.go), numbered at Reserve, in the places' order, so the
+// applier folds places in the order they became durable.
 //
 // A place whose transaction reached the lock before the place before it
 // had (the two connections raced) finds the last committed place two
