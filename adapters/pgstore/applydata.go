@@ -69,16 +69,29 @@ func (s *Store) ApplyWithData(recs []core.Record, ops []store.DataOp) ([]store.D
 			return nil, fmt.Errorf("pgstore: data op %d of %d: %w", i+1, len(ops), err)
 		}
 	}
+	var jops []jop
+	var batch []byte
+	if len(recs) > 0 {
+		var err error
+		if jops, batch, err = s.prepare(recs); err != nil {
+			return nil, err
+		}
+		if err := s.admit(); err != nil {
+			return nil, err
+		}
+	}
 	s.dataMu.Lock()
 	defer s.dataMu.Unlock()
 	var res []store.DataResult
-	err := s.write(func(ctx context.Context, tx pgx.Tx) error {
-		b := &pgx.Batch{}
-		if err := s.queueRecords(b, recs); err != nil {
-			return err
-		}
-		if b.Len() > 0 {
-			if err := tx.SendBatch(ctx, b).Close(); err != nil {
+	var seq int64
+	if len(recs) > 0 {
+		seq = s.reserveSeq()
+	}
+	// The records go to the journal in the transaction of the ops (no fold
+	// awaited: the ops read only the data plane's tables).
+	err := s.tx(false, func(ctx context.Context, tx pgx.Tx) error {
+		if len(recs) > 0 {
+			if _, err := tx.Exec(ctx, journalInsert, seq, batch); err != nil {
 				return err
 			}
 		}
@@ -103,6 +116,9 @@ func (s *Store) ApplyWithData(recs []core.Record, ops []store.DataOp) ([]store.D
 		}
 		return d.flush(ctx, tx)
 	})
+	if len(recs) > 0 {
+		s.committed(seq, jops, len(batch), err)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("pgstore: apply %d records and %d data ops: %w", len(recs), len(ops), err)
 	}

@@ -52,7 +52,7 @@ func (s *Store) createBlob(r io.Reader, limit int64) (store.BlobRef, error) {
 	rand.Read(id[:])
 	chunks := hex.EncodeToString(id[:])
 	drop := func() { // best effort: Open collects what is left
-		s.write(func(ctx context.Context, tx pgx.Tx) error {
+		s.tx(false, func(ctx context.Context, tx pgx.Tx) error {
 			_, err := tx.Exec(ctx, "DELETE FROM tether_blob_chunk WHERE chunks = $1", chunks)
 			return err
 		})
@@ -68,7 +68,7 @@ func (s *Store) createBlob(r io.Reader, limit int64) (store.BlobRef, error) {
 				return store.BlobRef{}, fmt.Errorf("%w of %d bytes", store.ErrTooLarge, limit)
 			}
 			h.Write(buf[:k])
-			werr := s.write(func(ctx context.Context, tx pgx.Tx) error {
+			werr := s.tx(false, func(ctx context.Context, tx pgx.Tx) error {
 				_, err := tx.Exec(ctx, "INSERT INTO tether_blob_chunk (chunks, n, bytes) VALUES ($1, $2, $3)", chunks, i, buf[:k])
 				return err
 			})
@@ -86,7 +86,7 @@ func (s *Store) createBlob(r io.Reader, limit int64) (store.BlobRef, error) {
 		}
 	}
 	ref := store.BlobRef{SHA256: hex.EncodeToString(h.Sum(nil)), Size: n}
-	err := s.write(func(ctx context.Context, tx pgx.Tx) error {
+	err := s.tx(false, func(ctx context.Context, tx pgx.Tx) error {
 		// Same name, same bytes: a blob already there is kept as it is.
 		tag, err := tx.Exec(ctx, "INSERT INTO tether_blob (sha, size, chunks) VALUES ($1, $2, $3) ON CONFLICT (sha) DO NOTHING", ref.SHA256, n, chunks)
 		if err == nil && tag.RowsAffected() == 0 {
@@ -153,7 +153,7 @@ func (s *Store) collectLocked() {
 // returning how many.
 func (s *Store) removeUnnamed(shas []string) (int, error) {
 	var n int
-	err := s.write(func(ctx context.Context, tx pgx.Tx) error {
+	err := s.tx(false, func(ctx context.Context, tx pgx.Tx) error {
 		rows, err := tx.Query(ctx, `DELETE FROM tether_blob b WHERE sha = ANY($1::text[])
 			AND NOT EXISTS (SELECT 1 FROM tether_data d WHERE d.sha = b.sha)
 			AND NOT EXISTS (SELECT 1 FROM tether_bundle u WHERE u.fp = b.sha) RETURNING chunks`, shas)
@@ -183,7 +183,7 @@ func (s *Store) CollectBlobs() (int, error) {
 		return 0, nil
 	}
 	var all []string
-	err := s.read(func(ctx context.Context, tx pgx.Tx) error {
+	err := s.readData(func(ctx context.Context, tx pgx.Tx) error {
 		rows, err := tx.Query(ctx, "SELECT sha FROM tether_blob")
 		if err != nil {
 			return err
@@ -208,7 +208,7 @@ func (s *Store) OpenBlob(sha string) (io.ReadSeekCloser, error) {
 	}
 	var size int64
 	var chunks string
-	err := s.read(func(ctx context.Context, tx pgx.Tx) error {
+	err := s.readData(func(ctx context.Context, tx pgx.Tx) error {
 		return tx.QueryRow(ctx, "SELECT size, chunks FROM tether_blob WHERE sha = $1", sha).Scan(&size, &chunks)
 	})
 	if errors.Is(err, pgx.ErrNoRows) {
@@ -242,7 +242,7 @@ func (r *blobReader) Read(p []byte) (int, error) {
 	}
 	if r.buf == nil || r.pos < r.bufAt || r.pos >= r.bufAt+int64(len(r.buf)) {
 		n := r.pos / ChunkSize
-		err := r.s.read(func(ctx context.Context, tx pgx.Tx) error {
+		err := r.s.readData(func(ctx context.Context, tx pgx.Tx) error {
 			if r.chunks == "" {
 				if err := tx.QueryRow(ctx, "SELECT chunks FROM tether_blob WHERE sha = $1", r.sha).Scan(&r.chunks); err != nil {
 					return err

@@ -103,7 +103,7 @@ func latestVersion(ctx context.Context, q pgx.Tx, id string) (store.DataMeta, er
 // Request returns the remembered answer of (lease, request id), if any.
 func (s *Store) Request(lease uint64, id string) (store.RequestEntry, bool, error) {
 	var v []byte
-	err := s.read(func(ctx context.Context, tx pgx.Tx) error {
+	err := s.readData(func(ctx context.Context, tx pgx.Tx) error {
 		return tx.QueryRow(ctx, "SELECT entry FROM tether_request WHERE lease = $1 AND id = $2", int64(lease), id).Scan(&v)
 	})
 	if errors.Is(err, pgx.ErrNoRows) {
@@ -125,7 +125,7 @@ func (s *Store) Data(id string, version uint64) (store.DataMeta, error) {
 		return store.DataMeta{}, err
 	}
 	var m store.DataMeta
-	err := s.read(func(ctx context.Context, tx pgx.Tx) error {
+	err := s.readData(func(ctx context.Context, tx pgx.Tx) error {
 		if version == 0 {
 			var err error
 			if m, err = latestVersion(ctx, tx, id); err == nil && m.Deleted {
@@ -183,7 +183,7 @@ func (s *Store) Versions(id string) ([]store.DataMeta, error) {
 		return nil, err
 	}
 	var out []store.DataMeta
-	err := s.read(func(ctx context.Context, tx pgx.Tx) error {
+	err := s.readData(func(ctx context.Context, tx pgx.Tx) error {
 		var err error
 		out, err = metas[store.DataMeta](ctx, tx, "SELECT meta FROM tether_data WHERE id = $1 ORDER BY version", id)
 		return err
@@ -210,7 +210,7 @@ func (s *Store) QueryData(q store.DataQuery) ([]store.DataMeta, string, error) {
 	}
 	out := []store.DataMeta{}
 	next := ""
-	err := s.read(func(ctx context.Context, tx pgx.Tx) error {
+	err := s.readData(func(ctx context.Context, tx pgx.Tx) error {
 		// Every id sorts below the prefix followed by '~', past the
 		// characters an id may hold (store.ValidateID): the scan ends
 		// where the prefix's ids end.
@@ -259,7 +259,7 @@ func (s *Store) Stream(id string) (store.StreamMeta, error) {
 		return store.StreamMeta{}, err
 	}
 	var ms []store.StreamMeta
-	err := s.read(func(ctx context.Context, tx pgx.Tx) error {
+	err := s.readData(func(ctx context.Context, tx pgx.Tx) error {
 		var err error
 		ms, err = metas[store.StreamMeta](ctx, tx, "SELECT meta FROM tether_stream WHERE id = $1", id)
 		return err
@@ -279,7 +279,7 @@ func (s *Store) Bundle(fp string) (store.BundleMeta, error) {
 		return store.BundleMeta{}, err
 	}
 	var ms []store.BundleMeta
-	err := s.read(func(ctx context.Context, tx pgx.Tx) error {
+	err := s.readData(func(ctx context.Context, tx pgx.Tx) error {
 		var err error
 		ms, err = metas[store.BundleMeta](ctx, tx, "SELECT meta FROM tether_bundle WHERE fp = $1", fp)
 		return err
@@ -302,7 +302,7 @@ func (s *Store) BundleFile(fp, relPath string) (store.FileSpan, error) {
 		return store.FileSpan{}, err
 	}
 	var span store.FileSpan
-	err := s.read(func(ctx context.Context, tx pgx.Tx) error {
+	err := s.readData(func(ctx context.Context, tx pgx.Tx) error {
 		return tx.QueryRow(ctx, "SELECT off, size FROM tether_bundle_file WHERE fp = $1 AND path = $2", fp, relPath).Scan(&span.Offset, &span.Size)
 	})
 	if errors.Is(err, pgx.ErrNoRows) {
@@ -331,7 +331,7 @@ func (s *Store) BundleReader(m store.BundleMeta, offset, size int64) io.ReadClos
 func (s *Store) StreamReader(id string, offset, end int64) io.Reader {
 	return store.AppendReader(id, offset, end, func(pos int64, buf []byte) (int64, []byte, error) {
 		var at int64
-		err := s.read(func(ctx context.Context, tx pgx.Tx) error {
+		err := s.readData(func(ctx context.Context, tx pgx.Tx) error {
 			// The append that holds pos started at or before it.
 			return tx.QueryRow(ctx, "SELECT off, bytes FROM tether_stream_chunk WHERE id = $1 AND off <= $2 ORDER BY off DESC LIMIT 1",
 				id, pos).Scan(&at, &buf)

@@ -1,7 +1,8 @@
 package pgstore
 
 // The history of archived runs (SPEC §7a), the log lines and the audit
-// log (SPEC §15a): Apply routes a record by its key's kind, as the bbolt
+// log (SPEC §15a): a commit's records are routed by their keys' kind (in
+// prepare, before they are journaled; a fold writes them), as the bbolt
 // store does: live state to tether_record, log lines to tether_log (a
 // lease's lines are the range of keys "log/<lease>/…": Load and HistoryLogs
 // read them with one index range each), archived runs to

@@ -14,14 +14,29 @@
 // without records, and it reads the epoch without a transaction of its
 // own to commit.
 //
-// Apply, the driver's hot path, is one round trip: the fence, one
-// multi-row upsert and one delete per table the batch touches, sent as one
-// pgx.Batch, which PostgreSQL runs as one implicit transaction, committed
-// and flushed before it answers: the Store's sessions run with
-// synchronous_commit=on (or what the URL asks beyond it; off is refused).
-// With Options.Pipeline above 1 the driver's groups come through Reserve
-// instead (pipeline.go, store.Pipeline): the same round trip, ordered, more
-// than one in flight.
+// Apply, the driver's hot path, is one round trip: the fence and one
+// INSERT of the batch, routed, sealed and encoded, as one row of
+// tether_journal (journal.go), sent as one pgx.Batch, which PostgreSQL
+// runs as one implicit transaction, committed and flushed before it
+// answers: the Store's sessions run with synchronous_commit=on (or what
+// the URL asks beyond it; off is refused). That row is the durable point;
+// the Store's applier folds the rows into the tables of records later
+// (the last write of a key among those folded together), and every read of
+// those tables, and every other write, waits until what was acknowledged
+// before it began is folded. With Options.Pipeline above 1 the driver's
+// groups come through Reserve instead (pipeline.go, store.Pipeline): the
+// same round trip, ordered, more than one in flight.
+//
+// What is durable where: a commit's records are in tether_journal from the
+// moment it is acknowledged until a fold moves them, in one transaction,
+// into tether_record, tether_log, tether_audit and tether_history; the
+// data plane, the blobs and the secrets are written to their tables
+// directly, in the commit's transaction (ApplyWithData journals its
+// records in the transaction of its ops). Only the Store of the leader (or
+// of the one orchestrator) folds, and reads through it; anything else that
+// reads those tables directly sees them as of the last fold: up to
+// Options.FoldDelay (and one fold's time) behind, or further when no
+// orchestrator runs, until the next Open folds what is left.
 package pgstore
 
 import (
@@ -52,6 +67,10 @@ type Options struct {
 	// through Reserve (pipeline.go); zero is DefaultPipeline, 1 one at a
 	// time (Reserve still orders its places).
 	Pipeline int
+	// FoldDelay is the longest a commit waits in the journal before the
+	// applier folds it into the tables unless a read asks sooner or
+	// enough gathered (journal.go); zero is DefaultFoldDelay.
+	FoldDelay time.Duration
 }
 
 // DefaultMaxConns is the pool's size unless the store URL sets
@@ -87,6 +106,26 @@ type Store struct {
 	last        *place // the last reserved; nil: none yet
 	failed      bool   // a place failed since the last committed was read
 	outstanding int    // places reserved whose functions have not returned
+
+	// The journal (journal.go), under jmu.
+	jmu          sync.Mutex
+	jcond        *sync.Cond // broadcast when an entry lands or a fold ends
+	jseq         int64      // the last entry number reserved
+	inflight     map[int64]struct{}
+	pending      []entry // committed, not folded, by number
+	pendingBytes int
+	acked        int64     // the greatest entry number committed
+	folded       int64     // every entry up to it is in the tables
+	jUnsure      int64     // the greatest entry number whose commit failed (maybe committed)
+	urgent       bool      // a reader or a commit waits for a fold
+	oldest       time.Time // since when the oldest pending entry waits (zero: not yet seen)
+	foldGen      uint64    // folds tried
+	foldErr      error     // the last fold's error
+	foldFails    int       // folds failed in a row
+	stopped      error     // why the applier stopped for good (deposed)
+	kick         chan struct{}
+	foldDelay    time.Duration
+	applierDone  chan struct{}
 }
 
 var _ store.Backend = (*Store)(nil)
@@ -101,11 +140,30 @@ func Open(ctx context.Context, dsn string, o Options) (*Store, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Store{pool: pool, epoch: int64(o.Epoch), pins: map[string]int{}, unsure: map[string]bool{}, depth: o.Pipeline}
+	s := &Store{pool: pool, epoch: int64(o.Epoch), pins: map[string]int{}, unsure: map[string]bool{}, depth: o.Pipeline,
+		inflight: map[int64]struct{}{}, kick: make(chan struct{}, 1), applierDone: make(chan struct{}), foldDelay: o.FoldDelay}
+	if s.foldDelay <= 0 {
+		s.foldDelay = DefaultFoldDelay
+	}
+	s.jcond = sync.NewCond(&s.jmu)
 	if s.depth <= 0 {
 		s.depth = DefaultPipeline
 	}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
+	// What a predecessor committed and did not fold, under this Store's
+	// fence, before anything reads (journal.go).
+	if err := s.pool.QueryRow(s.ctx, "SELECT coalesce(max(seq), 0) FROM tether_journal").Scan(&s.jseq); err != nil {
+		close(s.applierDone)
+		s.Close()
+		return nil, fmt.Errorf("pgstore: the journal: %w", err)
+	}
+	s.acked, s.folded = s.jseq, s.jseq
+	if err := s.foldAll(); err != nil {
+		close(s.applierDone)
+		s.Close()
+		return nil, err
+	}
+	go s.applier()
 	if err := s.write(func(ctx context.Context, tx pgx.Tx) error {
 		_, err := tx.Exec(ctx, `DELETE FROM tether_blob_chunk c WHERE NOT EXISTS (SELECT 1 FROM tether_blob b WHERE b.chunks = c.chunks)`)
 		return err
@@ -182,6 +240,10 @@ func (s *Store) Close() error {
 		return nil
 	}
 	s.cancel()
+	<-s.applierDone
+	s.jmu.Lock()
+	s.jcond.Broadcast() // waiters see the Store closed
+	s.jmu.Unlock()
 	s.pool.Close()
 	return nil
 }
@@ -224,10 +286,22 @@ func (s *Store) fenceTx(ctx context.Context, tx pgx.Tx) error {
 	return err
 }
 
-// write runs f in one fenced transaction.
+// write runs f in one fenced transaction, once every entry of the journal
+// acknowledged before it is in the tables.
 func (s *Store) write(f func(ctx context.Context, tx pgx.Tx) error) error {
+	return s.tx(true, f)
+}
+
+// tx runs f in one fenced transaction; first, if catchUp, once every entry
+// of the journal acknowledged before it is in the tables.
+func (s *Store) tx(catchUp bool, f func(ctx context.Context, tx pgx.Tx) error) error {
 	if err := s.check(); err != nil {
 		return err
+	}
+	if catchUp {
+		if err := s.catchUp(); err != nil {
+			return err
+		}
 	}
 	ctx := s.ctx
 	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
@@ -239,8 +313,21 @@ func (s *Store) write(f func(ctx context.Context, tx pgx.Tx) error) error {
 	return s.mapErr(err)
 }
 
-// read runs f in one read-only transaction (a consistent snapshot).
+// read runs f in one read-only transaction (a consistent snapshot), once
+// every entry of the journal acknowledged before it is in the tables.
 func (s *Store) read(f func(ctx context.Context, tx pgx.Tx) error) error {
+	if err := s.check(); err != nil {
+		return err
+	}
+	if err := s.catchUp(); err != nil {
+		return err
+	}
+	return s.readData(f)
+}
+
+// readData is read of tables the journal does not feed (the data plane's,
+// the blobs', the secrets'): it waits for no fold.
+func (s *Store) readData(f func(ctx context.Context, tx pgx.Tx) error) error {
 	if err := s.check(); err != nil {
 		return err
 	}
@@ -281,17 +368,27 @@ func (s *Store) Apply(recs []core.Record) error {
 	if err := checkRecords(recs); err != nil {
 		return err
 	}
-	b := &pgx.Batch{}
-	s.fence(b)
-	if err := s.queueRecords(b, recs); err != nil {
+	ops, batch, err := s.prepare(recs)
+	if err != nil {
 		return err
 	}
-	err := s.pool.SendBatch(s.ctx, b).Close()
+	if err := s.admit(); err != nil {
+		return err
+	}
+	seq := s.reserveSeq()
+	b := &pgx.Batch{}
+	s.fence(b)
+	b.Queue(journalInsert, seq, batch)
+	err = s.pool.SendBatch(s.ctx, b).Close()
+	s.committed(seq, ops, len(batch), err)
 	if err != nil {
 		return fmt.Errorf("pgstore: apply %d records: %w", len(recs), s.mapErr(err))
 	}
 	return nil
 }
+
+// journalInsert is the statement of a commit's journal row.
+const journalInsert = "INSERT INTO tether_journal (seq, batch) VALUES ($1, $2)"
 
 // prove is the proof of leadership of an empty Apply: the leader row's
 // epoch is the Store's now. A plain read: with nothing to commit there is
@@ -310,17 +407,6 @@ func (s *Store) prove() error {
 	return nil
 }
 
-// tableRows are the upserts and deletes of one table in a batch.
-type tableRows struct {
-	keys   []string
-	values [][]byte
-	dels   []string
-	// per table extra columns
-	ats             []int64  // tether_audit
-	actors, actions []string // tether_audit
-	hist            []histRow
-}
-
 type histRow struct {
 	run                 string
 	seq                 int64
@@ -329,14 +415,17 @@ type histRow struct {
 	summary, value      []byte
 }
 
-// queueRecords queues the statements that apply recs: the batch deduped
-// (a later record of a key wins), then per table one upsert and one delete.
-func (s *Store) queueRecords(b *pgx.Batch, recs []core.Record) error {
+// prepare turns recs into the rows the tables will hold (a later record of
+// a key wins): routed by kind, run records sealed, an archived run's
+// columns derived, an audit entry's decoded; and encodes them as a journal
+// row. Whatever a batch holds that the tables cannot is refused here,
+// before it is committed, never at its fold.
+func (s *Store) prepare(recs []core.Record) ([]jop, []byte, error) {
 	last := make(map[string]int, len(recs))
 	for i, r := range recs {
 		last[r.Key] = i
 	}
-	var live, logs, audit, hist tableRows
+	ops := make([]jop, 0, len(last))
 	for i, r := range recs {
 		if last[r.Key] != i {
 			continue
@@ -345,44 +434,80 @@ func (s *Store) queueRecords(b *pgx.Batch, recs []core.Record) error {
 		case core.IsHistoryKey(r.Key):
 			run := strings.TrimPrefix(r.Key, core.KindHistory+"/")
 			if r.Delete {
-				hist.dels = append(hist.dels, run)
+				ops = append(ops, jop{table: tHistory, del: true, key: run})
 				continue
 			}
 			h, err := s.historyRow(core.RunID(run), r.Value)
 			if err != nil {
-				return fmt.Errorf("pgstore: record %q: %w", r.Key, err)
+				return nil, nil, fmt.Errorf("pgstore: record %q: %w", r.Key, err)
 			}
-			hist.hist = append(hist.hist, h)
+			ops = append(ops, jop{table: tHistory, key: run, value: h.value, hist: h})
 		case strings.HasPrefix(r.Key, core.KindLog+"/"):
-			if r.Delete {
-				logs.dels = append(logs.dels, r.Key)
-				continue
-			}
-			logs.keys, logs.values = append(logs.keys, r.Key), append(logs.values, r.Value)
+			ops = append(ops, jop{table: tLog, del: r.Delete, key: r.Key, value: r.Value})
 		case core.IsAuditKey(r.Key):
 			if r.Delete {
-				audit.dels = append(audit.dels, r.Key)
+				ops = append(ops, jop{table: tAudit, del: true, key: r.Key})
 				continue
 			}
 			var e core.AuditEntry
 			if err := jsonUnmarshal(r.Value, &e); err != nil {
-				return fmt.Errorf("pgstore: audit record %q: %w", r.Key, err)
+				return nil, nil, fmt.Errorf("pgstore: audit record %q: %w", r.Key, err)
 			}
-			audit.keys, audit.values = append(audit.keys, r.Key), append(audit.values, r.Value)
-			audit.ats, audit.actors, audit.actions = append(audit.ats, nanos(e.At)), append(audit.actors, e.Actor), append(audit.actions, e.Action)
+			ops = append(ops, jop{table: tAudit, key: r.Key, value: r.Value, at: nanos(e.At), actor: e.Actor, action: e.Action})
 		default:
 			if r.Delete {
-				live.dels = append(live.dels, r.Key)
+				ops = append(ops, jop{table: tRecord, del: true, key: r.Key})
 				continue
 			}
 			v := r.Value
 			if s.keys.SealsRecord(r.Key) {
 				var err error
 				if v, err = s.keys.Seal(r.Key, v); err != nil {
-					return err
+					return nil, nil, err
 				}
 			}
-			live.keys, live.values = append(live.keys, r.Key), append(live.values, v)
+			ops = append(ops, jop{table: tRecord, key: r.Key, value: v})
+		}
+	}
+	return ops, encodeOps(ops), nil
+}
+
+// queueOps queues the statements that write ops (one op a key): per table
+// one multi-row upsert and one delete.
+func queueOps(b *pgx.Batch, ops []jop) {
+	type rows struct {
+		keys, dels []string
+		values     [][]byte
+	}
+	var live, logs, audit rows
+	var ats []int64
+	var actors, actions []string
+	var hist []histRow
+	var histDels []string
+	for _, o := range ops {
+		var t *rows
+		switch o.table {
+		case tRecord:
+			t = &live
+		case tLog:
+			t = &logs
+		case tAudit:
+			t = &audit
+			if !o.del {
+				ats, actors, actions = append(ats, o.at), append(actors, o.actor), append(actions, o.action)
+			}
+		case tHistory:
+			if o.del {
+				histDels = append(histDels, o.key)
+			} else {
+				hist = append(hist, o.hist)
+			}
+			continue
+		}
+		if o.del {
+			t.dels = append(t.dels, o.key)
+		} else {
+			t.keys, t.values = append(t.keys, o.key), append(t.values, o.value)
 		}
 	}
 	if len(live.keys) > 0 {
@@ -402,16 +527,15 @@ func (s *Store) queueRecords(b *pgx.Batch, recs []core.Record) error {
 	if len(audit.keys) > 0 {
 		b.Queue(`INSERT INTO tether_audit (key, at_ns, actor, action, value) SELECT * FROM unnest($1::text[], $2::bigint[], $3::text[], $4::text[], $5::bytea[])
 			ON CONFLICT (key) DO UPDATE SET at_ns = excluded.at_ns, actor = excluded.actor, action = excluded.action, value = excluded.value`,
-			audit.keys, audit.ats, audit.actors, audit.actions, audit.values)
+			audit.keys, ats, actors, actions, audit.values)
 	}
 	if len(audit.dels) > 0 {
 		b.Queue(`DELETE FROM tether_audit WHERE key = ANY($1::text[])`, audit.dels)
 	}
-	if len(hist.hist) > 0 {
-		n := len(hist.hist)
+	if n := len(hist); n > 0 {
 		runs, seqs, fins, subs := make([]string, n), make([]int64, n), make([]int64, n), make([]int64, n)
 		stats, names, sums, vals := make([]string, n), make([]string, n), make([][]byte, n), make([][]byte, n)
-		for i, h := range hist.hist {
+		for i, h := range hist {
 			runs[i], seqs[i], fins[i], subs[i], stats[i], names[i], sums[i], vals[i] = h.run, h.seq, h.finished, h.submitted, h.status, h.name, h.summary, h.value
 		}
 		b.Queue(`INSERT INTO tether_history (run, seq, finished_ns, submitted_ns, status, name, summary, value)
@@ -420,10 +544,9 @@ func (s *Store) queueRecords(b *pgx.Batch, recs []core.Record) error {
 			status = excluded.status, name = excluded.name, summary = excluded.summary, value = excluded.value`,
 			runs, seqs, fins, subs, stats, names, sums, vals)
 	}
-	if len(hist.dels) > 0 {
-		b.Queue(`DELETE FROM tether_history WHERE run = ANY($1::text[])`, hist.dels)
+	if len(histDels) > 0 {
+		b.Queue(`DELETE FROM tether_history WHERE run = ANY($1::text[])`, histDels)
 	}
-	return nil
 }
 
 // nanos is t in Unix nanoseconds, the zero time (and before 1970) as 0.
@@ -439,6 +562,9 @@ func nanos(t time.Time) int64 {
 func (s *Store) Load() ([]core.Record, error) {
 	if err := s.check(); err != nil {
 		return nil, err
+	}
+	if err := s.catchUp(); err != nil {
+		return nil, fmt.Errorf("pgstore: load: %w", err)
 	}
 	rows, err := s.pool.Query(s.ctx, `
 		SELECT key, value FROM tether_record

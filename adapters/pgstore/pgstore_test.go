@@ -2,6 +2,7 @@ package pgstore_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -268,7 +269,9 @@ func TestMigrations(t *testing.T) {
 // there, and after a bounded number of calls failing on the connections
 // the restart cut, the Store works again on new ones.
 func TestDatabaseRestart(t *testing.T) {
-	s := open(t, database(t), pgstore.Options{})
+	// "before" waits in the journal across the restart (no fold for an
+	// hour unless a read asks): the fold after it must bring it in.
+	s := open(t, database(t), pgstore.Options{FoldDelay: time.Hour})
 	if err := s.Apply([]core.Record{{Key: "worker/a", Value: []byte("before")}}); err != nil {
 		t.Fatal(err)
 	}
@@ -411,5 +414,132 @@ func TestPipelineBrokenChain(t *testing.T) {
 	}
 	if got := loadMap(t, s); got["worker/third"] != "" {
 		t.Errorf("the later place's batch is durable without the earlier one: %v", got)
+	}
+}
+
+// raw reads the database as it is, past any Store: the live records'
+// keys and values, and the journal's rows.
+func raw(t *testing.T, dsn string) (recs map[string]string, history, audit, logs, journal int) {
+	t.Helper()
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	rows, err := conn.Query(ctx, "SELECT key, value FROM tether_record")
+	if err != nil {
+		t.Fatal(err)
+	}
+	recs = map[string]string{}
+	for rows.Next() {
+		var k string
+		var v []byte
+		if err := rows.Scan(&k, &v); err != nil {
+			t.Fatal(err)
+		}
+		recs[k] = string(v)
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	err = conn.QueryRow(ctx, `SELECT (SELECT count(*) FROM tether_history), (SELECT count(*) FROM tether_audit),
+		(SELECT count(*) FROM tether_log), (SELECT count(*) FROM tether_journal)`).Scan(&history, &audit, &logs, &journal)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return recs, history, audit, logs, journal
+}
+
+// A journal left behind (SPEC §11): a Store stopped before its applier
+// folded anything (as a killed process is) leaves its commits in
+// tether_journal alone; the next Open folds every one of them, in order,
+// before anything reads, and nothing is lost.
+func TestJournalLeftBehind(t *testing.T) {
+	dsn := database(t)
+	s, err := pgstore.Open(context.Background(), dsn, pgstore.Options{FoldDelay: time.Hour, Pipeline: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	hist := core.RunHistory{Status: "success", Run: core.RunRecord{ID: "run-7", Spec: core.RunSpec{Name: "wf"}, Finished: true,
+		SubmittedAt: time.Unix(100, 0).UTC(), FinishedAt: time.Unix(200, 0).UTC()}}
+	hv, err := json.Marshal(hist)
+	if err != nil {
+		t.Fatal(err)
+	}
+	av, err := json.Marshal(core.AuditEntry{Seq: 1, At: time.Unix(300, 0).UTC(), Actor: "alice", Action: core.ActionSubmit, Outcome: core.OutcomeAccepted})
+	if err != nil {
+		t.Fatal(err)
+	}
+	batches := [][]core.Record{
+		{{Key: "worker/a", Value: []byte("1")}, {Key: "worker/b", Value: []byte("1")}, {Key: "lease/00000000000000000009", Value: []byte("{}")}},
+		{{Key: "worker/a", Value: []byte("2")}, {Key: "worker/c", Value: []byte("born")}, {Key: "log/00000000000000000009/0000000000", Value: []byte(`{"Index":0}`)}},
+		{{Key: "worker/b", Delete: true}, {Key: "worker/c", Value: []byte("grown")}, {Key: core.HistoryKey("run-7"), Value: hv}},
+		{{Key: "worker/a", Value: []byte("3")}, {Key: core.AuditKey(1), Value: av}},
+	}
+	for i, b := range batches {
+		if i == 1 {
+			err = s.Reserve()(b) // a place of the pipeline journals as Apply does
+		} else {
+			err = s.Apply(b)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	recs, nh, na, nl, nj := raw(t, dsn)
+	if len(recs) != 0 || nh+na+nl != 0 || nj != len(batches) {
+		t.Fatalf("before any fold: %d live records, %d history, %d audit, %d log rows and %d journal rows; want only the %d journal rows",
+			len(recs), nh, na, nl, nj, len(batches))
+	}
+	s.Close() // stopped before its fold: the journal is all there is
+
+	s2 := open(t, dsn, pgstore.Options{})
+	want := map[string]string{"worker/a": "3", "worker/c": "grown", "lease/00000000000000000009": "{}"}
+	recs, nh, na, nl, nj = raw(t, dsn)
+	if !reflect.DeepEqual(recs, want) || nh != 1 || na != 1 || nl != 1 || nj != 0 {
+		t.Fatalf("right after the next Open, the tables hold %v, %d history, %d audit, %d log rows and %d journal rows;\nwant %v, 1, 1, 1 and 0",
+			recs, nh, na, nl, nj, want)
+	}
+	want["log/00000000000000000009/0000000000"] = `{"Index":0}`
+	if got := loadMap(t, s2); !reflect.DeepEqual(got, want) {
+		t.Errorf("Load after the next Open: %v, want %v", got, want)
+	}
+	if h, err := s2.History("run-7"); err != nil || h.Run.ID != "run-7" {
+		t.Errorf("the archived run after the next Open: %+v %v", h.Run, err)
+	}
+}
+
+// A deposed leader's fold (SPEC §11): its commit is in the journal when
+// another orchestrator takes over; the fold a read then asks for fails
+// with ErrDeposed and writes nothing, and the new leader's Open folds that
+// commit (durable before the take-over) before its own commits.
+func TestDeposedFold(t *testing.T) {
+	dsn := database(t)
+	admin := open(t, dsn, pgstore.Options{})
+	takeOver(t, admin, "one")
+	one := open(t, dsn, pgstore.Options{Epoch: 1, FoldDelay: time.Hour})
+	if err := one.Apply([]core.Record{{Key: "worker/a", Value: []byte("by one")}}); err != nil {
+		t.Fatal(err)
+	}
+	takeOver(t, admin, "two")
+	if _, err := one.Load(); !errors.Is(err, store.ErrDeposed) {
+		t.Fatalf("the deposed leader's Load (its fold first): %v, want ErrDeposed", err)
+	}
+	if _, err := one.ArchivedRuns(); !errors.Is(err, store.ErrDeposed) {
+		t.Errorf("the deposed leader's next read: %v, want ErrDeposed", err)
+	}
+	if recs, _, _, _, nj := raw(t, dsn); len(recs) != 0 || nj != 1 {
+		t.Fatalf("after the deposed leader's fold: live records %v and %d journal rows; want none and its 1", recs, nj)
+	}
+	two := open(t, dsn, pgstore.Options{Epoch: 2})
+	if recs, _, _, _, nj := raw(t, dsn); recs["worker/a"] != "by one" || nj != 0 {
+		t.Fatalf("after the new leader's Open: live records %v and %d journal rows; want the deposed leader's commit folded", recs, nj)
+	}
+	if err := two.Apply([]core.Record{{Key: "worker/a", Value: []byte("by two")}}); err != nil {
+		t.Fatal(err)
+	}
+	if got := loadMap(t, two)["worker/a"]; got != "by two" {
+		t.Errorf("the new leader reads %q, want by two", got)
 	}
 }

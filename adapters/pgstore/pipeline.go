@@ -18,7 +18,9 @@ package pgstore
 // round trip, the client's encoding and the server's parsing of the next
 // batch are done while the batch before commits. The rows themselves are
 // written only after the lock, so two places never wait on each other's
-// rows in opposite orders (no deadlock).
+// rows in opposite orders (no deadlock). A place's rows are its journal
+// row (journal.go), numbered at Reserve, in the places' order, so the
+// applier folds places in the order they became durable.
 //
 // A place whose transaction reached the lock before the place before it
 // had (the two connections raced) finds the last committed place two
@@ -57,6 +59,7 @@ type place struct {
 	broken   error // set before numbered is closed: no number
 	done     chan struct{}
 	err      error // set before done is closed
+	seq      int64 // its journal entry's number, taken in place order (journal.go)
 }
 
 // PipelineDepth is Options.Pipeline (DefaultPipeline when zero).
@@ -66,7 +69,7 @@ func (s *Store) PipelineDepth() int { return s.depth }
 func (s *Store) Reserve() func(recs []core.Record) error {
 	s.orderMu.Lock()
 	defer s.orderMu.Unlock()
-	p := &place{prev: s.last, numbered: make(chan struct{}), done: make(chan struct{})}
+	p := &place{prev: s.last, numbered: make(chan struct{}), done: make(chan struct{}), seq: s.reserveSeq()}
 	if s.last != nil && s.failed && s.outstanding == 0 {
 		// Every place since the failure has returned: start again
 		// after what is durable.
@@ -78,6 +81,9 @@ func (s *Store) Reserve() func(recs []core.Record) error {
 		err := s.number(p)
 		if err == nil {
 			err = s.applyPlace(p, recs)
+		}
+		if err != nil {
+			s.committed(p.seq, nil, 0, err)
 		}
 		s.orderMu.Lock()
 		if err != nil {
@@ -128,16 +134,24 @@ func (s *Store) applyPlace(p *place, recs []core.Record) error {
 	if err := checkRecords(recs); err != nil {
 		return err
 	}
+	ops, batch, err := s.prepare(recs)
+	if err != nil {
+		return err
+	}
+	if err := s.admit(); err != nil {
+		return err
+	}
 	for retried := false; ; retried = true {
 		// A fresh batch each time: a sent one remembers the statements
 		// it was prepared as on its connection.
 		b := &pgx.Batch{}
 		b.Queue("SELECT tether_order($1, $2)", s.epoch, p.n)
-		if err := s.queueRecords(b, recs); err != nil {
-			return err
+		if len(ops) > 0 {
+			b.Queue(journalInsert, p.seq, batch)
 		}
 		err := s.pool.SendBatch(s.ctx, b).Close()
 		if err == nil {
+			s.committed(p.seq, ops, len(batch), nil)
 			return nil
 		}
 		var pe *pgconn.PgError

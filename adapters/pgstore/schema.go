@@ -89,6 +89,15 @@ BEGIN
 	UPDATE tether_order SET n = place WHERE id = 1;
 END $$;
 `,
+	// 3: the journal in front of the tables of records (journal.go): a
+	// commit's batch, encoded, folded into the tables later. Its bytes are
+	// stored as they are, never compressed (they are written once and read
+	// at most once), and in the row itself up to a page (a small commit's
+	// row is one heap tuple, not chunks in the TOAST table).
+	`
+CREATE TABLE tether_journal (seq bigint PRIMARY KEY, batch bytea NOT NULL) WITH (toast_tuple_target = 8160);
+ALTER TABLE tether_journal ALTER COLUMN batch SET STORAGE EXTERNAL;
+`,
 }
 
 // migrate brings the database to the newest version this binary knows.

@@ -43,7 +43,7 @@ func (s *Store) HoldsSealed() bool {
 // none, store.ErrSecretsKey if the store's key does not open it.
 func (s *Store) Secret(name string) ([]byte, error) {
 	var v []byte
-	err := s.read(func(ctx context.Context, tx pgx.Tx) error {
+	err := s.readData(func(ctx context.Context, tx pgx.Tx) error {
 		return tx.QueryRow(ctx, "SELECT value FROM tether_secret WHERE name = $1", name).Scan(&v)
 	})
 	if errors.Is(err, pgx.ErrNoRows) {

@@ -36,6 +36,7 @@ func Run(t *testing.T, open func(t *testing.T) store.Backend, reopen func(t *tes
 		})
 	}
 	r("Records", testRecords)
+	r("Visible", testVisible)
 	r("Pipeline", testPipeline)
 	r("Data", testData)
 	r("Requests", testRequests)
@@ -141,6 +142,99 @@ func testRecords(t *testing.T, h *harness) {
 		}
 		if !sort.SliceIsSorted(recs, func(i, j int) bool { return recs[i].Key < recs[j].Key }) {
 			t.Errorf("%s: Load is not sorted by key", when)
+		}
+	})
+}
+
+// Visible: what a commit made durable is what every read sees the moment
+// it returns, whatever the backend defers behind its durable point (a log
+// or journal in front of its tables, SPEC §11): Load, the history, its
+// log lines, the listing, the count, the audit log and retention, after
+// each of Apply, a place of the pipeline and ApplyWithData, round after
+// round, each round rewriting the keys of the one before.
+func testVisible(t *testing.T, h *harness) {
+	pipe, _ := h.b.(store.Pipeline)
+	for round := 1; round <= 12; round++ {
+		rh := history(uint64(round), "success", core.LeaseID(500+round))
+		recs := []core.Record{
+			rec("worker/w", fmt.Sprintf("round %d", round)),
+			rec(leaseKey(core.LeaseID(900+round)), fmt.Sprintf(`{"round":%d}`, round)),
+			logRec(t, "r/s", core.LeaseID(900+round), round),
+			jsonRec(t, core.HistoryKey(rh.Run.ID), rh),
+			logRec(t, rh.Run.Steps[0], core.LeaseID(500+round), 0),
+			auditRec(t, uint64(round), "alice"),
+		}
+		if round > 1 {
+			recs = append(recs, del(leaseKey(core.LeaseID(900+round-1))))
+		}
+		how := "Apply"
+		switch {
+		case round%3 == 1 && pipe != nil:
+			how = "a place of the pipeline"
+			must(t, pipe.Reserve()(recs))
+		case round%3 == 2:
+			how = "ApplyWithData"
+			if _, err := h.b.ApplyWithData(recs, nil); err != nil {
+				t.Fatal(err)
+			}
+		default:
+			must(t, h.b.Apply(recs))
+		}
+		want := map[string]string{"worker/w": fmt.Sprintf("round %d", round),
+			leaseKey(core.LeaseID(900 + round)):    fmt.Sprintf(`{"round":%d}`, round),
+			logKey(core.LeaseID(900+round), round): string(logRec(t, "r/s", core.LeaseID(900+round), round).Value)}
+		// Each read comes first in some round: the one that could see
+		// the tables before the commit is in them.
+		reads := []func(){
+			func() {
+				if got := keys(h.load()); !reflect.DeepEqual(got, want) {
+					t.Fatalf("round %d, right after %s: Load = %v\nwant %v", round, how, got, want)
+				}
+			},
+			func() {
+				if got, err := h.b.History(rh.Run.ID); err != nil || jsonOf(t, got) != jsonOf(t, rh) {
+					t.Fatalf("round %d, right after %s: History(%s) = %v", round, how, rh.Run.ID, err)
+				}
+			},
+			func() {
+				if n, err := h.b.ArchivedRuns(); err != nil || n != round {
+					t.Fatalf("round %d, right after %s: ArchivedRuns = %d %v, want %d", round, how, n, err, round)
+				}
+			},
+			func() {
+				if page, _, err := h.b.ListRuns(store.RunFilter{}, 0, 1); err != nil || len(page) != 1 || page[0].Seq != uint64(round) {
+					t.Fatalf("round %d, right after %s: the newest run listed: %+v %v", round, how, page, err)
+				}
+			},
+			func() {
+				if lines, _, err := h.b.HistoryLogs([]core.LeaseID{core.LeaseID(500 + round)}, "", 10); err != nil || len(lines) != 1 {
+					t.Fatalf("round %d, right after %s: the archived run's lines: %+v %v", round, how, lines, err)
+				}
+			},
+			func() {
+				if page, _, err := h.b.Audit(store.AuditQuery{Limit: 1}); err != nil || len(page) != 1 || page[0].Seq != uint64(round) {
+					t.Fatalf("round %d, right after %s: the newest audit entry: %+v %v", round, how, page, err)
+				}
+			},
+		}
+		for i := range reads {
+			reads[(round+i)%len(reads)]()
+		}
+	}
+	// Retention sees every run committed: all twelve finished before now.
+	st, err := h.b.PruneHistory(t0.Add(100*time.Hour), 0)
+	if err != nil || st.Runs != 12 {
+		t.Fatalf("PruneHistory right after the commits: %+v %v, want 12 runs", st, err)
+	}
+	if n, err := h.b.ArchivedRuns(); err != nil || n != 0 {
+		t.Fatalf("ArchivedRuns right after PruneHistory = %d %v, want 0", n, err)
+	}
+	h.twice(func(when string) {
+		if got := keys(h.load())["worker/w"]; got != "round 12" {
+			t.Errorf("%s: worker/w = %q, want round 12", when, got)
+		}
+		if n, err := h.b.ArchivedRuns(); err != nil || n != 0 {
+			t.Errorf("%s: ArchivedRuns = %d %v, want 0 (pruned)", when, n, err)
 		}
 	})
 }
