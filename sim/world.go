@@ -76,11 +76,15 @@ type event struct {
 type evHeap []*event
 
 func (h evHeap) Len() int { return len(h) }
-func (h evHeap) Less(i, j int) bool {
-	if !h[i].at.Equal(h[j].at) {
-		return h[i].at.Before(h[j].at)
+func (h evHeap) Less(i, j int) bool { return evLess(h[i], h[j]) }
+
+// evLess orders events by instant, then sequence number (unique: a total
+// order).
+func evLess(a, b *event) bool {
+	if c := a.at.Compare(b.at); c != 0 {
+		return c < 0
 	}
-	return h[i].seq < h[j].seq
+	return a.seq < b.seq
 }
 func (h evHeap) Swap(i, j int) { h[i], h[j] = h[j], h[i] }
 func (h *evHeap) Push(x any)   { *h = append(*h, x.(*event)) }
@@ -100,7 +104,7 @@ func (h *evHeap) push(e *event) {
 	j := len(q) - 1
 	for {
 		i := (j - 1) / 2 // parent
-		if i == j || !q.Less(j, i) {
+		if i == j || !evLess(q[j], q[i]) {
 			break
 		}
 		q[i], q[j] = q[j], q[i]
@@ -119,10 +123,10 @@ func (h *evHeap) pop() *event {
 			break
 		}
 		j := j1 // left child
-		if j2 := j1 + 1; j2 < n && q.Less(j2, j1) {
+		if j2 := j1 + 1; j2 < n && evLess(q[j2], q[j1]) {
 			j = j2 // = 2*i + 2  // right child
 		}
-		if !q.Less(j, i) {
+		if !evLess(q[j], q[i]) {
 			break
 		}
 		q[i], q[j] = q[j], q[i]
