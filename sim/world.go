@@ -75,7 +75,7 @@ type event struct {
 
 type evHeap []*event
 
-func (h evHeap) Len() int { return len(h) }
+func (h evHeap) Len() int           { return len(h) }
 func (h evHeap) Less(i, j int) bool { return evLess(h[i], h[j]) }
 
 // evLess orders events by instant, then sequence number (unique: a total
