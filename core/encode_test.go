@@ -121,6 +121,7 @@ func genRunRecord() *rapid.Generator[RunRecord] {
 				r.Spec.Steps[len(r.Spec.Steps)-1].Outputs = genStrings("outputs").Draw(t, "outputs") // SPEC §14, declared writes
 				sp := &r.Spec.Steps[len(r.Spec.Steps)-1]
 				sp.Idempotent = rapid.Bool().Draw(t, "idempotent")
+				sp.Secrets, sp.SecretsAs, sp.PutSecrets = genStrings("secrets").Draw(t, "secrets"), genString().Draw(t, "secretsAs"), genStrings("puts").Draw(t, "puts") // SPEC §14a
 				if rapid.Bool().Draw(t, "retry") {
 					sp.Retry = &RetryPolicy{Attempts: rapid.Int().Draw(t, "attempts"), Backoff: dur("backoff"), OnTimeout: rapid.Bool().Draw(t, "ontimeout"),
 						Codes: rapid.SampledFrom([][]int{nil, {}, {rapid.Int().Draw(t, "code"), 7}}).Draw(t, "codes")}
