@@ -177,7 +177,6 @@ func (o *Orchestrator) archive(r *RunRecord) {
 		}
 		delete(o.logs, lid)
 		delete(o.logSeen, lid)
-		delete(o.logMark, lid)
 		delete(o.leases, lid)
 		o.dirty[leaseKey(lid)] = true
 	}

@@ -384,9 +384,8 @@ func (p *scan) head(h *HistoryHead) bool {
 }
 
 // decodeRun decodes a run's record as json.Unmarshal into a zero
-// RunRecord does: what encode.go writes by hand but its spec (any shape),
-// which goes through encoding/json alone; anything else wholly through
-// encoding/json. A restore decodes every live run, the checker every
+// RunRecord does: what encode.go writes, its spec too, by hand; anything
+// else wholly through encoding/json. A restore decodes every live run, the checker every
 // archived one.
 func decodeRun(b []byte, v *RunRecord) error {
 	p := scan{b: b}
@@ -400,7 +399,7 @@ func decodeRun(b []byte, v *RunRecord) error {
 func (p *scan) run(v *RunRecord) bool {
 	var id, parent, parentStep, class, rerunOf string
 	ok := p.lit(`{"ID":`) && p.str(&id) &&
-		p.lit(`,"Spec":`) && p.jsonObject(&v.Spec) &&
+		p.lit(`,"Spec":`) && p.runSpec(&v.Spec, 0) &&
 		p.optStr(`,"Parent":`, &parent) &&
 		p.optStr(`,"ParentStep":`, &parentStep) &&
 		(!p.lit(`,"Depth":`) || p.int(&v.Depth)) &&
@@ -420,6 +419,77 @@ func (p *scan) run(v *RunRecord) bool {
 		p.lit("}")
 	v.ID, v.Parent, v.ParentStep, v.CancelClass, v.RerunOf = RunID(id), RunID(parent), StepID(parentStep), FailureClass(class), RunID(rerunOf)
 	return ok
+}
+
+// maxSpecNesting bounds the child workflows (StepSpec.Workflow) a run spec
+// is read through by hand; a deeper one (beyond MaxRunDepth: never valid)
+// goes through encoding/json.
+const maxSpecNesting = 2 * MaxRunDepth
+
+// runSpec reads a RunSpec as encode.go's runSpec writes it (json.Marshal's
+// bytes): its fields in order, the omitzero ones present or not.
+func (p *scan) runSpec(v *RunSpec, depth int) bool {
+	if depth > maxSpecNesting {
+		return false
+	}
+	return p.lit(`{"Name":`) && p.str(&v.Name) &&
+		(!p.lit(`,"Timeout":`) || p.int64((*int64)(&v.Timeout))) &&
+		(!p.lit(`,"Env":`) || p.strMap(&v.Env)) &&
+		(!p.lit(`,"Group":`) || p.group(&v.Group)) &&
+		p.lit(`,"Steps":`) && records(p, &v.Steps, func(p *scan, s *StepSpec) bool { return p.stepSpec(s, depth) }) &&
+		p.lit("}")
+}
+
+func (p *scan) group(g *ConcurrencyGroup) bool {
+	return p.lit(`{"Name":`) && p.str(&g.Name) &&
+		(!p.lit(`,"Max":`) || p.int(&g.Max)) &&
+		(!p.lit(`,"CancelInProgress":`) || p.bool(&g.CancelInProgress)) &&
+		p.lit("}")
+}
+
+func (p *scan) stepSpec(v *StepSpec, depth int) bool {
+	return p.lit(`{"Name":`) && p.str(&v.Name) &&
+		p.lit(`,"Command":`) && p.str(&v.Command) &&
+		(!p.lit(`,"DependsOn":`) || strs(p, &v.DependsOn)) &&
+		(!p.lit(`,"Writes":`) || p.bool(&v.Writes)) &&
+		p.optStr(`,"Type":`, &v.Type) &&
+		p.optStr(`,"Runner":`, &v.Runner) &&
+		(!p.lit(`,"Tags":`) || strs(p, &v.Tags)) &&
+		(!p.lit(`,"Labels":`) || p.strMap(&v.Labels)) &&
+		p.optStr(`,"Target":`, &v.Target) &&
+		p.optStr(`,"Platform":`, &v.Platform) &&
+		(!p.lit(`,"Timeout":`) || p.int64((*int64)(&v.Timeout))) &&
+		(!p.lit(`,"Env":`) || p.strMap(&v.Env)) &&
+		(!p.lit(`,"ForEach":`) || strs(p, &v.ForEach)) &&
+		(!p.lit(`,"Concurrency":`) || p.int(&v.Concurrency)) &&
+		(!p.lit(`,"Group":`) || p.group(&v.Group)) &&
+		(!p.lit(`,"Hold":`) || p.bool(&v.Hold)) &&
+		(!p.lit(`,"HoldExpiry":`) || p.int64((*int64)(&v.HoldExpiry))) &&
+		(!p.lit(`,"Wait":`) || p.int64((*int64)(&v.Wait))) &&
+		(!p.lit(`,"Outputs":`) || strs(p, &v.Outputs)) &&
+		(!p.lit(`,"Retry":`) || p.retry(&v.Retry)) &&
+		(!p.lit(`,"Idempotent":`) || p.bool(&v.Idempotent)) &&
+		(!p.lit(`,"Secrets":`) || strs(p, &v.Secrets)) &&
+		p.optStr(`,"SecretsAs":`, &v.SecretsAs) &&
+		(!p.lit(`,"PutSecrets":`) || strs(p, &v.PutSecrets)) &&
+		(!p.lit(`,"Workflow":`) || p.workflow(&v.Workflow, depth+1)) &&
+		(!p.lit(`,"With":`) || p.strMap(&v.With)) &&
+		p.lit("}")
+}
+
+func (p *scan) workflow(w **RunSpec, depth int) bool {
+	*w = &RunSpec{}
+	return p.runSpec(*w, depth)
+}
+
+func (p *scan) retry(r **RetryPolicy) bool {
+	v := &RetryPolicy{}
+	*r = v
+	return p.lit(`{"Attempts":`) && p.int(&v.Attempts) &&
+		(!p.lit(`,"Backoff":`) || p.int64((*int64)(&v.Backoff))) &&
+		(!p.lit(`,"Codes":`) || records(p, &v.Codes, (*scan).int)) &&
+		(!p.lit(`,"OnTimeout":`) || p.bool(&v.OnTimeout)) &&
+		p.lit("}")
 }
 
 // records reads an array of records as encoding/json reads it into a nil
@@ -445,38 +515,6 @@ func records[T any](p *scan, xs *[]T, one func(*scan, *T) bool) bool {
 	}
 	*xs = out
 	return true
-}
-
-// jsonObject decodes the object at i into v through encoding/json. Its
-// end is found by counting brackets outside strings; if that end is not
-// the object's, the bytes up to it are not valid JSON and encoding/json
-// refuses them.
-func (p *scan) jsonObject(v any) bool {
-	if p.i >= len(p.b) || p.b[p.i] != '{' {
-		return false
-	}
-	depth := 0
-	for j := p.i; j < len(p.b); j++ {
-		switch p.b[j] {
-		case '"':
-			for j++; j < len(p.b) && p.b[j] != '"'; j++ {
-				if p.b[j] == '\\' {
-					j++
-				}
-			}
-		case '{', '[':
-			depth++
-		case '}', ']':
-			if depth--; depth == 0 {
-				if json.Unmarshal(p.b[p.i:j+1], v) != nil {
-					return false
-				}
-				p.i = j + 1
-				return true
-			}
-		}
-	}
-	return false
 }
 
 // decodeWorker and decodeToken decode a worker's or an enrollment token's

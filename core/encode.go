@@ -10,7 +10,7 @@ import (
 
 // encode renders a record's value as canonical JSON: exactly what
 // encoding/json's Marshal produces. The records written on every step
-// (meta, step, lease, server event, log line) are rendered by hand, which
+// (meta, step, lease, server event, log line, worker, token) are rendered by hand, which
 // is several times faster; encode_test.go checks over random values that
 // the bytes are the same. Anything unusual (a time outside RFC 3339's
 // years) takes encoding/json's path, and so its panic.
@@ -45,6 +45,10 @@ func encodeScratch(scratch *[]byte, v any) []byte {
 		e.run(v)
 	case *RunHistory:
 		e.history(v)
+	case *WorkerRecord:
+		e.worker(v)
+	case *TokenRecord:
+		e.token(v)
 	default:
 		e.bad = true
 	}
@@ -496,6 +500,83 @@ func (e *recEncoder) optMap(name string, m map[string]string) {
 		e.str(m[k])
 	}
 	e.b = append(e.b, '}')
+}
+
+// hash renders a [32]byte as encoding/json does: an array of numbers.
+func (e *recEncoder) hash(h *[32]byte) {
+	e.b = append(e.b, '[')
+	for i, c := range h {
+		if i > 0 {
+			e.b = append(e.b, ',')
+		}
+		e.b = strconv.AppendUint(e.b, uint64(c), 10)
+	}
+	e.b = append(e.b, ']')
+}
+
+// worker renders a WorkerRecord: written at every enrollment, Hello,
+// disconnect and grace change, and with the heartbeat clock (§8).
+func (e *recEncoder) worker(w *WorkerRecord) {
+	e.key(true, "ID")
+	e.str(string(w.ID))
+	e.key(false, "Name")
+	e.str(w.Name)
+	e.key(false, "Token")
+	e.str(w.Token)
+	if len(w.Tags) > 0 {
+		e.key(false, "Tags")
+		encStrings(e, w.Tags)
+	}
+	if len(w.Labels) > 0 {
+		e.optMap("Labels", w.Labels)
+	}
+	e.optStr("Platform", w.Platform)
+	e.key(false, "Slots")
+	e.int(w.Slots)
+	if w.Ahead != 0 {
+		e.key(false, "Ahead")
+		e.int(w.Ahead)
+	}
+	e.key(false, "Scaler")
+	e.bool(w.Scaler)
+	e.key(false, "Grace")
+	e.b = strconv.AppendInt(e.b, int64(w.Grace), 10)
+	e.key(false, "Active")
+	e.bool(w.Active)
+	e.key(false, "Revoked")
+	e.bool(w.Revoked)
+	e.key(false, "CredHash")
+	e.hash(&w.CredHash)
+	e.key(false, "CredExpiry")
+	e.time(w.CredExpiry)
+	e.key(false, "LastHeartbeat")
+	e.time(w.LastHeartbeat)
+	e.optTime("DisconnectedAt", w.DisconnectedAt)
+	e.optTime("GraceUntil", w.GraceUntil)
+	e.key(false, "EnrolledAt")
+	e.time(w.EnrolledAt)
+	if w.Draining {
+		e.key(false, "Draining")
+		e.bool(true)
+	}
+	e.end()
+}
+
+func (e *recEncoder) token(t *TokenRecord) {
+	e.key(true, "Name")
+	e.str(t.Name)
+	e.key(false, "Hash")
+	e.hash(&t.Hash)
+	e.key(false, "CreatedAt")
+	e.time(t.CreatedAt)
+	e.key(false, "ExpiresAt")
+	e.time(t.ExpiresAt)
+	e.key(false, "Consumed")
+	e.bool(t.Consumed)
+	e.optStr("Worker", string(t.Worker))
+	e.key(false, "Revoked")
+	e.bool(t.Revoked)
+	e.end()
 }
 
 // optStr renders field name unless s is empty (omitempty).

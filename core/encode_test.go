@@ -121,6 +121,7 @@ func genRunRecord() *rapid.Generator[RunRecord] {
 				r.Spec.Steps[len(r.Spec.Steps)-1].Outputs = genStrings("outputs").Draw(t, "outputs") // SPEC §14, declared writes
 				sp := &r.Spec.Steps[len(r.Spec.Steps)-1]
 				sp.Idempotent = rapid.Bool().Draw(t, "idempotent")
+				sp.Secrets, sp.SecretsAs, sp.PutSecrets = genStrings("secrets").Draw(t, "secrets"), genString().Draw(t, "secretsAs"), genStrings("puts").Draw(t, "puts") // SPEC §14a
 				if rapid.Bool().Draw(t, "retry") {
 					sp.Retry = &RetryPolicy{Attempts: rapid.Int().Draw(t, "attempts"), Backoff: dur("backoff"), OnTimeout: rapid.Bool().Draw(t, "ontimeout"),
 						Codes: rapid.SampledFrom([][]int{nil, {}, {rapid.Int().Draw(t, "code"), 7}}).Draw(t, "codes")}
@@ -246,6 +247,34 @@ func genRunHistory() *rapid.Generator[*RunHistory] {
 	})
 }
 
+func genHash(t *rapid.T, label string) (h [32]byte) {
+	for i := range h {
+		h[i] = rapid.Uint8().Draw(t, label)
+	}
+	return h
+}
+
+func genWorkerRecord() *rapid.Generator[*WorkerRecord] {
+	return rapid.Custom(func(t *rapid.T) *WorkerRecord {
+		return &WorkerRecord{ID: WorkerID(genString().Draw(t, "id")), Name: genString().Draw(t, "name"), Token: genString().Draw(t, "token"),
+			Tags: genStrings("tags").Draw(t, "tags"), Labels: genEnv("labels").Draw(t, "labels"), Platform: genString().Draw(t, "platform"),
+			Slots: rapid.Int().Draw(t, "slots"), Ahead: rapid.SampledFrom([]int{0, rapid.Int().Draw(t, "ahead")}).Draw(t, "aheadOf"),
+			Scaler: rapid.Bool().Draw(t, "scaler"), Grace: time.Duration(rapid.Int64().Draw(t, "grace")),
+			Active: rapid.Bool().Draw(t, "active"), Revoked: rapid.Bool().Draw(t, "revoked"), CredHash: genHash(t, "cred"),
+			CredExpiry: genTime().Draw(t, "expiry"), LastHeartbeat: genTime().Draw(t, "heartbeat"), DisconnectedAt: genTime().Draw(t, "disconnected"),
+			GraceUntil: genTime().Draw(t, "graceUntil"), EnrolledAt: genTime().Draw(t, "enrolled"), Draining: rapid.Bool().Draw(t, "draining"),
+			clock: genTime().Draw(t, "clock")}
+	})
+}
+
+func genTokenRecord() *rapid.Generator[*TokenRecord] {
+	return rapid.Custom(func(t *rapid.T) *TokenRecord {
+		return &TokenRecord{Name: genString().Draw(t, "name"), Hash: genHash(t, "hash"), CreatedAt: genTime().Draw(t, "created"),
+			ExpiresAt: genTime().Draw(t, "expires"), Consumed: rapid.Bool().Draw(t, "consumed"), Worker: WorkerID(genString().Draw(t, "worker")),
+			Revoked: rapid.Bool().Draw(t, "revoked")}
+	})
+}
+
 func checkEncode(t *rapid.T, v any) {
 	want, err := json.Marshal(v)
 	if err != nil {
@@ -269,6 +298,8 @@ func TestEncodeMatchesEncodingJSON(t *testing.T) {
 		checkEncode(t, &r)
 	}))
 	t.Run("history", rapid.MakeCheck(func(t *rapid.T) { checkEncode(t, genRunHistory().Draw(t, "history")) }))
+	t.Run("worker", rapid.MakeCheck(func(t *rapid.T) { checkEncode(t, genWorkerRecord().Draw(t, "worker")) }))
+	t.Run("token", rapid.MakeCheck(func(t *rapid.T) { checkEncode(t, genTokenRecord().Draw(t, "token")) }))
 	t.Run("log", rapid.MakeCheck(func(t *rapid.T) {
 		checkEncode(t, StepLogLine{Step: StepID(genString().Draw(t, "step")), Lease: LeaseID(rapid.Uint64().Draw(t, "lease")),
 			Index: rapid.Int().Draw(t, "index"), Event: rapid.Bool().Draw(t, "event"),

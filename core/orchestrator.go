@@ -48,8 +48,7 @@ type Orchestrator struct {
 	open         map[RunID]int        // non-terminal steps per run
 	workerLeases map[WorkerID]map[LeaseID]bool
 	missed       map[WorkerID]map[StepID]bool // worker → steps whose MissedBy names it
-	logSeen      map[LeaseID]map[lineID]bool
-	logMark      map[LeaseID][2]uint64 // lazily: contiguous stored lines, events (logWatermark)
+	logSeen      map[LeaseID]*logDedup        // the stored lines of each lease with logs, for deduplication
 
 	// restoredAt is when this process restored (zero if it never did): the
 	// unmatched wait of a queued step starts over then (SPEC §7, §5), as
@@ -142,8 +141,7 @@ func (o *Orchestrator) init() {
 	o.open = map[RunID]int{}
 	o.workerLeases = map[WorkerID]map[LeaseID]bool{}
 	o.missed = map[WorkerID]map[StepID]bool{}
-	o.logSeen = map[LeaseID]map[lineID]bool{}
-	o.logMark = map[LeaseID][2]uint64{}
+	o.logSeen = map[LeaseID]*logDedup{}
 	o.conns = map[ConnID]WorkerID{}
 	o.connOf = map[WorkerID]ConnID{}
 	o.connV1 = map[ConnID]bool{}

@@ -838,15 +838,15 @@ func (o *Orchestrator) storeLogs(w *WorkerRecord, c ConnID, id LeaseID, lines []
 	}
 	seen := o.logSeen[id]
 	if seen == nil {
-		seen = map[lineID]bool{}
+		seen = &logDedup{}
 		o.logSeen[id] = seen
 	}
 	for _, ln := range lines {
 		k := idOf(ln, event)
-		if seen[k] {
+		if seen.has(k) {
 			continue
 		}
-		seen[k] = true
+		seen.add(k)
 		sl := StepLogLine{Step: l.Step, Lease: id, Index: len(o.logs[id]), Event: event, Line: ln}
 		o.logs[id] = append(o.logs[id], sl)
 		o.appends = append(o.appends, Record{Key: logKey(id, sl.Index), Value: encodeScratch(&o.scratch, sl)})
@@ -862,20 +862,57 @@ func (o *Orchestrator) ackLogs(c ConnID, id LeaseID, lines, events uint64) {
 }
 
 // logWatermark is the highest n such that lines (events) 1..n of the lease
-// are all stored. It is cached in logMark, a derived index that is rebuilt
-// lazily from logSeen (so Restore and Clone need not carry it).
+// are all stored: logDedup's watermark.
 func (o *Orchestrator) logWatermark(id LeaseID, event bool) uint64 {
-	m := o.logMark[id]
-	i := 0
+	if d := o.logSeen[id]; d != nil {
+		return d.mark[lineKind(event)]
+	}
+	return 0
+}
+
+// logDedup is a lease's set of stored lines (lineID): for each kind, a
+// watermark below which every sequence number is stored (lines nearly
+// always arrive in order, so this is all of them), and a set of the lines
+// above it (out of order, and gap markers, whose sequence number is 0).
+// has and add answer exactly as a set of every stored lineID would.
+type logDedup struct {
+	mark  [2]uint64 // lines 1..mark[kind] are all stored; kind 0 lines, 1 events
+	above map[lineID]bool
+}
+
+func lineKind(event bool) int {
 	if event {
-		i = 1
+		return 1
 	}
-	seen := o.logSeen[id]
-	for seen[lineID{event: event, seq: m[i] + 1}] {
-		m[i]++
+	return 0
+}
+
+func (d *logDedup) has(k lineID) bool {
+	if k.seq != 0 && k.seq <= d.mark[lineKind(k.event)] {
+		return true
 	}
-	o.logMark[id] = m
-	return m[i]
+	return d.above[k]
+}
+
+// add records k, which has reports absent.
+func (d *logDedup) add(k lineID) {
+	i := lineKind(k.event)
+	if k.seq == 0 || k.seq != d.mark[i]+1 {
+		if d.above == nil {
+			d.above = map[lineID]bool{}
+		}
+		d.above[k] = true
+		return
+	}
+	d.mark[i]++
+	for len(d.above) > 0 {
+		next := lineID{event: k.event, seq: d.mark[i] + 1}
+		if !d.above[next] {
+			break
+		}
+		delete(d.above, next)
+		d.mark[i]++
+	}
 }
 
 func (o *Orchestrator) refresh(w *WorkerRecord, c ConnID, m Refresh) {

@@ -61,7 +61,26 @@ func (o *Orchestrator) Authenticate(now time.Time, credential string) (WorkerID,
 
 // RunIDs lists every run, in submission order.
 func (o *Orchestrator) RunIDs() []RunID {
-	ids := sortedKeys(o.runs)
+	return o.inSubmissionOrder(sortedKeys(o.runs))
+}
+
+// GroupRunIDs lists the runs whose spec names a run concurrency group
+// (SPEC §8a), finished or not, in RunIDs' order: RunIDs without the runs a
+// per-batch check of the groups (spec.CheckGroupCaps) passes over.
+func (o *Orchestrator) GroupRunIDs() []RunID {
+	var ids []RunID
+	for id, r := range o.runs {
+		if r.Spec.Group.Name != "" {
+			ids = append(ids, id)
+		}
+	}
+	slices.Sort(ids)
+	return o.inSubmissionOrder(ids)
+}
+
+// inSubmissionOrder sorts ids, sorted by id, by submission time, then
+// length, stably.
+func (o *Orchestrator) inSubmissionOrder(ids []RunID) []RunID {
 	sort.SliceStable(ids, func(i, j int) bool {
 		return o.runs[ids[i]].SubmittedAt.Before(o.runs[ids[j]].SubmittedAt) ||
 			(o.runs[ids[i]].SubmittedAt.Equal(o.runs[ids[j]].SubmittedAt) && len(ids[i]) < len(ids[j]))
@@ -213,6 +232,16 @@ func (o *Orchestrator) Workers() []WorkerView {
 		out = append(out, WorkerView{WorkerRecord: w, Connected: o.connected(id), Leases: len(o.workerLeases[id])})
 	}
 	return out
+}
+
+// WorkerClock returns a worker's heartbeat clock (§8), Workers'
+// LastHeartbeat for it, without copying every worker.
+func (o *Orchestrator) WorkerClock(id WorkerID) (time.Time, bool) {
+	w := o.workers[id]
+	if w == nil {
+		return time.Time{}, false
+	}
+	return w.clock, true
 }
 
 // WorkerView is a worker with its live connection state.

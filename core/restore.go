@@ -167,9 +167,11 @@ func (o *Orchestrator) load(recs []Record) error {
 	}
 	for id, lines := range o.logs {
 		sort.Slice(lines, func(i, j int) bool { return lines[i].Index < lines[j].Index })
-		seen := map[lineID]bool{}
+		seen := &logDedup{}
 		for _, ln := range lines {
-			seen[idOf(ln.Line, ln.Event)] = true
+			if k := idOf(ln.Line, ln.Event); !seen.has(k) {
+				seen.add(k)
+			}
 		}
 		o.logSeen[id] = seen
 	}

@@ -7,7 +7,6 @@ package sim
 
 import (
 	"bytes"
-	"container/heap"
 	"fmt"
 	"hash"
 	"hash/fnv"
@@ -76,12 +75,16 @@ type event struct {
 
 type evHeap []*event
 
-func (h evHeap) Len() int { return len(h) }
-func (h evHeap) Less(i, j int) bool {
-	if !h[i].at.Equal(h[j].at) {
-		return h[i].at.Before(h[j].at)
+func (h evHeap) Len() int           { return len(h) }
+func (h evHeap) Less(i, j int) bool { return evLess(h[i], h[j]) }
+
+// evLess orders events by instant, then sequence number (unique: a total
+// order).
+func evLess(a, b *event) bool {
+	if c := a.at.Compare(b.at); c != 0 {
+		return c < 0
 	}
-	return h[i].seq < h[j].seq
+	return a.seq < b.seq
 }
 func (h evHeap) Swap(i, j int) { h[i], h[j] = h[j], h[i] }
 func (h *evHeap) Push(x any)   { *h = append(*h, x.(*event)) }
@@ -89,6 +92,49 @@ func (h *evHeap) Pop() any {
 	old := *h
 	e := old[len(old)-1]
 	*h = old[:len(old)-1]
+	return e
+}
+
+// push and pop are container/heap's Push and Pop, step for step (the
+// slice's order is the same after each, which script.go reads), without
+// its calls through an interface: the event loop's hottest lines.
+func (h *evHeap) push(e *event) {
+	*h = append(*h, e)
+	q := *h
+	j := len(q) - 1
+	for {
+		i := (j - 1) / 2 // parent
+		if i == j || !evLess(q[j], q[i]) {
+			break
+		}
+		q[i], q[j] = q[j], q[i]
+		j = i
+	}
+}
+
+func (h *evHeap) pop() *event {
+	q := *h
+	n := len(q) - 1
+	q[0], q[n] = q[n], q[0]
+	i := 0
+	for {
+		j1 := 2*i + 1
+		if j1 >= n || j1 < 0 { // j1 < 0 after int overflow
+			break
+		}
+		j := j1 // left child
+		if j2 := j1 + 1; j2 < n && evLess(q[j2], q[j1]) {
+			j = j2 // = 2*i + 2  // right child
+		}
+		if !evLess(q[j], q[i]) {
+			break
+		}
+		q[i], q[j] = q[j], q[i]
+		i = j
+	}
+	e := q[n]
+	q[n] = nil
+	*h = q[:n]
 	return e
 }
 
@@ -364,7 +410,7 @@ func (w *world) at(t time.Time, kind evKind, node int, msg core.Msg, note string
 	}
 	w.seq++
 	e := &event{at: t, seq: w.seq, kind: kind, node: node, msg: msg, note: note, fn: fn}
-	heap.Push(&w.q, e)
+	w.q.push(e)
 	return e
 }
 
@@ -418,7 +464,7 @@ func (w *world) fault(kind string) {
 // empty, the deadline passes, or a property fails.
 func (w *world) run() {
 	for len(w.q) > 0 && w.failure == nil {
-		e := heap.Pop(&w.q).(*event)
+		e := w.q.pop()
 		if !w.deadline.IsZero() && e.at.After(w.deadline) {
 			break
 		}

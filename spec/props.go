@@ -395,22 +395,16 @@ func (h *HeldLeases) Check(o *core.Orchestrator, now time.Time) *Violation {
 	if len(h.seen) == 0 {
 		return nil
 	}
-	var workers map[core.WorkerID]core.WorkerView
 	for _, id := range slices.Sorted(maps.Keys(h.seen)) {
 		l, ok := o.Lease(id)
 		if !ok || !l.Current || !l.Held {
 			delete(h.seen, id)
 			continue
 		}
-		if workers == nil {
-			workers = map[core.WorkerID]core.WorkerView{}
-			for _, w := range o.Workers() {
-				workers[w.ID] = w
-			}
-		}
-		if w := workers[l.Worker]; now.Sub(w.LastHeartbeat) >= h.silent {
+		// Workers' LastHeartbeat; zero for a worker that is gone.
+		if hb, _ := o.WorkerClock(l.Worker); now.Sub(hb) >= h.silent {
 			return &Violation{Invariant: PropHeldNotSilent, Detail: fmt.Sprintf(
-				"lease %d of step %s is still held by worker %s, silent for %s (its heartbeat clock is at %s)", id, l.Step, l.Worker, now.Sub(w.LastHeartbeat), w.LastHeartbeat.Format(time.RFC3339Nano))}
+				"lease %d of step %s is still held by worker %s, silent for %s (its heartbeat clock is at %s)", id, l.Step, l.Worker, now.Sub(hb), hb.Format(time.RFC3339Nano))}
 		}
 	}
 	return nil

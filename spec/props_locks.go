@@ -18,7 +18,7 @@ import (
 // run nothing.
 func CheckGroupCaps(o *core.Orchestrator) *Violation {
 	active, limit := map[string][]core.RunID{}, map[string]int{}
-	for _, id := range o.RunIDs() {
+	for _, id := range o.GroupRunIDs() { // RunIDs less runs naming no group: skipped below
 		r, _, _ := o.Run(id)
 		g := r.Spec.Group
 		if g.Name == "" || r.Finished {
