@@ -491,6 +491,7 @@ func BenchmarkEndToEnd(b *testing.B) {
 			commits := 0
 			u0 := r.usage(b)
 			busy0, recs0 := r.st.busyTime()
+			r.d.ResetLoopStats() // the loop under this shape's load, not the rig's start
 			b.ResetTimer()
 			var checks []func()
 			for range b.N {
