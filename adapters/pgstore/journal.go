@@ -226,8 +226,12 @@ func merge(entries [][]jop) []jop {
 		table byte
 		key   string
 	}
-	at := map[tk]int{}
-	var out []jop
+	n := 0
+	for _, ops := range entries {
+		n += len(ops)
+	}
+	at := make(map[tk]int, n) // sized once: growing it (and out) was most of its allocation
+	out := make([]jop, 0, n)
 	for _, ops := range entries {
 		for _, o := range ops {
 			k := tk{o.table, o.key}
