@@ -17,10 +17,11 @@
 // Apply, the driver's hot path, is one round trip: the fence and one
 // INSERT of the batch, routed, sealed and encoded, as one row of
 // tether_journal (journal.go; the server stores a row past a page
-// compressed, lz4 where it can: schema.go's migration 4), sent as one
-// pgx.Batch, which PostgreSQL runs as one implicit transaction, committed
-// and flushed before it answers: the Store's sessions run with synchronous_commit=on (or what
-// the URL asks beyond it; off is refused). That row is the durable point;
+// compressed, lz4 where it can: schema.go's migration 4), both statements
+// prepared on the connection and sent as one pgconn batch (sendJournal),
+// which PostgreSQL runs as one implicit transaction, committed and
+// flushed before it answers: the Store's sessions run with
+// synchronous_commit=on (or what the URL asks beyond it; off is refused). That row is the durable point;
 // the Store's applier folds the rows into the tables of records later
 // (the last write of a key among those folded together), and every read of
 // those tables, and every other write, waits until what was acknowledged
