@@ -61,6 +61,9 @@ const (
 	// benchPipelineEnv sets the PostgreSQL store's pipeline depth
 	// (pgstore.Options.Pipeline; empty: its default).
 	benchPipelineEnv = "TETHER_BENCH_PG_PIPELINE"
+	// benchFoldDelayEnv sets the PostgreSQL store's journal fold delay
+	// (pgstore.Options.FoldDelay, a Go duration; empty: its default).
+	benchFoldDelayEnv = "TETHER_BENCH_PG_FOLD_DELAY"
 )
 
 // benchStore is where the benchmark's rigs keep their state; nil is bbolt.
@@ -159,7 +162,13 @@ func (bs *benchStore) open(tb testing.TB) store.Backend {
 			tb.Fatalf("%s=%q: want the number of groups in flight at once (1: one at a time)", benchPipelineEnv, v)
 		}
 	}
-	st, err = pgstore.Open(ctx, dsn, pgstore.Options{Epoch: epoch, Pipeline: depth})
+	var fold time.Duration // pgstore's default
+	if v := os.Getenv(benchFoldDelayEnv); v != "" {
+		if fold, err = time.ParseDuration(v); err != nil || fold <= 0 {
+			tb.Fatalf("%s=%q: want a positive duration (e.g. 100ms)", benchFoldDelayEnv, v)
+		}
+	}
+	st, err = pgstore.Open(ctx, dsn, pgstore.Options{Epoch: epoch, Pipeline: depth, FoldDelay: fold})
 	if err != nil {
 		tb.Fatal(err)
 	}

@@ -8,7 +8,8 @@ package pgstore
 // read them with one index range each), archived runs to
 // tether_history with the columns their listing filters on (the summary
 // derived once, store.SummaryOf), audit entries to tether_audit. PostgreSQL
-// compresses a history's JSON itself (TOAST) unless it is sealed.
+// compresses a history's JSON itself (TOAST, with lz4 where it can: schema.go's
+// migration 5) unless it is sealed.
 
 import (
 	"context"

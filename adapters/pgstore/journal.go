@@ -40,6 +40,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"time"
 
@@ -95,15 +96,16 @@ type entry struct {
 	size int // encoded bytes
 }
 
-// encodeOps is a journal row's batch: a version byte, the number of ops,
+// encodeOps is a journal row's batch, in b's storage (its contents are
+// dropped): a version byte, the number of ops,
 // then each op's table, delete flag, key and (upserts) its columns, every
 // string and byte string length-prefixed.
-func encodeOps(ops []jop) []byte {
+func encodeOps(b []byte, ops []jop) []byte {
 	n := 16
 	for _, o := range ops {
 		n += 24 + len(o.key) + len(o.value) + len(o.actor) + len(o.action) + len(o.hist.status) + len(o.hist.name) + len(o.hist.summary) + 40
 	}
-	b := make([]byte, 0, n)
+	b = slices.Grow(b[:0], n)
 	b = append(b, 1)
 	b = binary.AppendUvarint(b, uint64(len(ops)))
 	str := func(s []byte) { b = binary.AppendUvarint(b, uint64(len(s))); b = append(b, s...) }
@@ -224,8 +226,12 @@ func merge(entries [][]jop) []jop {
 		table byte
 		key   string
 	}
-	at := map[tk]int{}
-	var out []jop
+	n := 0
+	for _, ops := range entries {
+		n += len(ops)
+	}
+	at := make(map[tk]int, n) // sized once: growing it (and out) was most of its allocation
+	out := make([]jop, 0, n)
 	for _, ops := range entries {
 		for _, o := range ops {
 			k := tk{o.table, o.key}

@@ -21,7 +21,7 @@ func TestJournalEncoding(t *testing.T) {
 			status: "success", name: "wf", summary: []byte(`{"s":1}`), value: []byte(`{"h":1}`)}},
 		{table: tHistory, key: "run-8", del: true},
 	}
-	enc := encodeOps(ops)
+	enc := encodeOps(nil, ops)
 	got, err := decodeOps(enc)
 	if err != nil {
 		t.Fatal(err)

@@ -16,10 +16,12 @@
 //
 // Apply, the driver's hot path, is one round trip: the fence and one
 // INSERT of the batch, routed, sealed and encoded, as one row of
-// tether_journal (journal.go), sent as one pgx.Batch, which PostgreSQL
-// runs as one implicit transaction, committed and flushed before it
-// answers: the Store's sessions run with synchronous_commit=on (or what
-// the URL asks beyond it; off is refused). That row is the durable point;
+// tether_journal (journal.go; the server stores a row past a page
+// compressed, lz4 where it can: schema.go's migration 4), both statements
+// prepared on the connection and sent as one pgconn batch (sendJournal),
+// which PostgreSQL runs as one implicit transaction, committed and
+// flushed before it answers: the Store's sessions run with
+// synchronous_commit=on (or what the URL asks beyond it; off is refused). That row is the durable point;
 // the Store's applier folds the rows into the tables of records later
 // (the last write of a key among those folded together), and every read of
 // those tables, and every other write, waits until what was acknowledged
@@ -44,6 +46,7 @@ import (
 	"errors"
 	"fmt"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -372,14 +375,17 @@ func (s *Store) Apply(recs []core.Record) error {
 	if err != nil {
 		return err
 	}
+	defer releaseBatch(batch)
 	if err := s.admit(); err != nil {
 		return err
 	}
 	seq := s.reserveSeq()
-	b := &pgx.Batch{}
-	s.fence(b)
-	b.Queue(journalInsert, seq, batch)
-	err = s.pool.SendBatch(s.ctx, b).Close()
+	var first *stmt
+	var args [][]byte
+	if s.epoch != 0 {
+		first, args = &fenceStmt, [][]byte{strconv.AppendInt(nil, s.epoch, 10)}
+	}
+	err = s.sendJournal(first, args, seq, batch)
 	s.committed(seq, ops, len(batch), err)
 	if err != nil {
 		return fmt.Errorf("pgstore: apply %d records: %w", len(recs), s.mapErr(err))
@@ -389,6 +395,67 @@ func (s *Store) Apply(recs []core.Record) error {
 
 // journalInsert is the statement of a commit's journal row.
 const journalInsert = "INSERT INTO tether_journal (seq, batch) VALUES ($1, $2)"
+
+// stmt is a statement sendJournal prepares on each connection once, by
+// name.
+type stmt struct{ name, sql string }
+
+var (
+	fenceStmt   = stmt{"tether_fence", "SELECT tether_fence($1)"}
+	orderStmt   = stmt{"tether_order", "SELECT tether_order($1, $2)"}
+	journalStmt = stmt{"tether_journal_insert", journalInsert}
+)
+
+// sendJournal runs first (the fence or the pipeline's order, its arguments
+// in text; nil: none) and the INSERT of the journal row seq holding batch
+// (nil: none) as one implicit transaction, in one round trip, on a
+// connection of the pool. The statements go through pgconn, not a
+// pgx.Batch: pgx would copy the batch's bytes into a parameter buffer of
+// its own before the connection's (a commit's batch is tens of KB).
+func (s *Store) sendJournal(first *stmt, args [][]byte, seq int64, batch []byte) error {
+	c, err := s.pool.Acquire(s.ctx)
+	if err != nil {
+		return err
+	}
+	defer c.Release()
+	conn := c.Conn()
+	b := &pgconn.Batch{}
+	for _, st := range []*stmt{first, &journalStmt} {
+		if st == nil || st == &journalStmt && batch == nil {
+			continue
+		}
+		if _, err := conn.Prepare(s.ctx, st.name, st.sql); err != nil {
+			return err
+		}
+		if st == &journalStmt {
+			b.ExecPrepared(st.name, [][]byte{strconv.AppendInt(nil, seq, 10), batch}, journalFormats, nil)
+		} else {
+			b.ExecPrepared(st.name, args, nil, nil)
+		}
+	}
+	_, err = conn.PgConn().ExecBatch(s.ctx, b).ReadAll()
+	return err
+}
+
+// journalFormats are the journal INSERT's parameter formats: the number in
+// text, the batch in binary.
+var journalFormats = []int16{0, 1}
+
+// batchBufs keeps the buffers journal rows are encoded in (a commit's
+// batch is not kept once sent); one past maxPooledBatch is left to the
+// collector.
+var batchBufs = sync.Pool{New: func() any { return new([]byte) }}
+
+const maxPooledBatch = 1 << 20
+
+// releaseBatch gives prepare's buffer back once the batch is sent.
+func releaseBatch(b []byte) {
+	if cap(b) == 0 || cap(b) > maxPooledBatch {
+		return
+	}
+	b = b[:0]
+	batchBufs.Put(&b)
+}
 
 // prove is the proof of leadership of an empty Apply: the leader row's
 // epoch is the Store's now. A plain read: with nothing to commit there is
@@ -469,7 +536,8 @@ func (s *Store) prepare(recs []core.Record) ([]jop, []byte, error) {
 			ops = append(ops, jop{table: tRecord, key: r.Key, value: v})
 		}
 	}
-	return ops, encodeOps(ops), nil
+	buf := batchBufs.Get().(*[]byte)
+	return ops, encodeOps((*buf)[:0], ops), nil
 }
 
 // queueOps queues the statements that write ops (one op a key): per table

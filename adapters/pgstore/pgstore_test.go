@@ -543,3 +543,102 @@ func TestDeposedFold(t *testing.T) {
 		t.Errorf("the new leader reads %q, want by two", got)
 	}
 }
+
+// A large commit's journal row is stored compressed (SPEC §11, migration
+// 4): the server keeps a batch of JSON records in a third of its bytes or
+// less, so its WAL, which each commit waits to flush, shrinks with it; and
+// the row reads back whole, as the next Open's fold of it shows.
+func TestJournalCompressed(t *testing.T) {
+	dsn := database(t)
+	s, err := pgstore.Open(context.Background(), dsn, pgstore.Options{FoldDelay: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]string{}
+	var recs []core.Record
+	for i := range 200 { // a 64-slot commit's worth of step records
+		k := fmt.Sprintf("step/run-%d/s%d", i/50, i)
+		v := fmt.Sprintf(`{"ID":"run-%d/s%d","Run":"run-%d","Name":"s%d","Index":-1,"Deps":null,"State":7,"Attempts":1,"Lease":%d,"QueuedAt":"2026-11-27T02:27:53.%09dZ","StartedAt":"2026-11-27T02:27:56.%09dZ","Outcome":{"Status":1,"ExitCode":0,"Message":""},"EverStarted":true}`,
+			i/50, i, i/50, i, 17000+i, 813067675+i*7919, 114342834+i*104729)
+		recs = append(recs, core.Record{Key: k, Value: []byte(v)})
+		want[k] = v
+	}
+	if err := s.Apply(recs); err != nil {
+		t.Fatal(err)
+	}
+	conn, err := pgx.Connect(context.Background(), dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	var length, stored int
+	var method *string
+	err = conn.QueryRow(context.Background(), `SELECT length(batch), pg_column_size(batch), pg_column_compression(batch) FROM tether_journal`).Scan(&length, &stored, &method)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if method == nil || stored*3 > length {
+		t.Errorf("the journal row of %d bytes is stored in %d bytes (compressed: %v); want a third or less, compressed", length, stored, method != nil)
+	}
+	s.Close() // stopped before its fold: the next Open folds the compressed row
+	s2 := open(t, dsn, pgstore.Options{})
+	if got := loadMap(t, s2); !reflect.DeepEqual(got, want) {
+		t.Errorf("Load after the next Open folded the compressed row: %d records, want %d", len(got), len(want))
+	}
+}
+
+// The tables' large values are compressed with lz4 where the server has it
+// (SPEC §11, migration 5): a run's record of several KB, folded into
+// tether_record, is stored compressed with lz4, and the history's and the
+// log's columns ask for lz4 too (pglz, the default, costs the server
+// several times the CPU).
+func TestLargeValuesLZ4(t *testing.T) {
+	dsn := database(t)
+	s := open(t, dsn, pgstore.Options{})
+	conn, err := pgx.Connect(context.Background(), dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	var lz4 bool
+	if err := conn.QueryRow(context.Background(), `SELECT 'lz4' = ANY(enumvals) FROM pg_settings WHERE name = 'default_toast_compression'`).Scan(&lz4); err != nil {
+		t.Fatal(err)
+	}
+	if !lz4 {
+		t.Skip("the server was built without lz4")
+	}
+	var v strings.Builder
+	for i := range 200 {
+		fmt.Fprintf(&v, `{"ID":"run-1/s%d","State":7,"QueuedAt":"2026-11-27T02:27:53.%09dZ"},`, i, 813067675+i*7919)
+	}
+	if err := s.Apply([]core.Record{{Key: "run/run-1", Value: []byte("[" + strings.TrimSuffix(v.String(), ",") + "]")}}); err != nil {
+		t.Fatal(err)
+	}
+	loadMap(t, s) // a read: the fold first
+	var method *string
+	if err := conn.QueryRow(context.Background(), `SELECT pg_column_compression(value) FROM tether_record WHERE key = 'run/run-1'`).Scan(&method); err != nil {
+		t.Fatal(err)
+	}
+	if method == nil || *method != "lz4" {
+		got := "none"
+		if method != nil {
+			got = *method
+		}
+		t.Errorf("a run's record of %d bytes is stored with compression %s, want lz4", v.Len(), got)
+	}
+	rows, err := conn.Query(context.Background(), `SELECT attrelid::regclass::text || '.' || attname FROM pg_attribute
+		WHERE (attrelid::regclass::text, attname) IN (('tether_history', 'value'), ('tether_history', 'summary'), ('tether_record', 'value'), ('tether_log', 'value'), ('tether_journal', 'batch'))
+		AND attcompression = 'l'`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		t.Fatal(err)
+	}
+	sort.Strings(got)
+	want := []string{"tether_history.summary", "tether_history.value", "tether_journal.batch", "tether_log.value", "tether_record.value"}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("the columns compressed with lz4: %v, want %v", got, want)
+	}
+}

@@ -30,8 +30,8 @@ package pgstore
 import (
 	"errors"
 	"fmt"
+	"strconv"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/tether-run/tether/adapters/store"
@@ -138,18 +138,17 @@ func (s *Store) applyPlace(p *place, recs []core.Record) error {
 	if err != nil {
 		return err
 	}
+	defer releaseBatch(batch)
 	if err := s.admit(); err != nil {
 		return err
 	}
+	args := [][]byte{strconv.AppendInt(nil, s.epoch, 10), strconv.AppendInt(nil, p.n, 10)}
+	row := batch
+	if len(ops) == 0 {
+		row = nil
+	}
 	for retried := false; ; retried = true {
-		// A fresh batch each time: a sent one remembers the statements
-		// it was prepared as on its connection.
-		b := &pgx.Batch{}
-		b.Queue("SELECT tether_order($1, $2)", s.epoch, p.n)
-		if len(ops) > 0 {
-			b.Queue(journalInsert, p.seq, batch)
-		}
-		err := s.pool.SendBatch(s.ctx, b).Close()
+		err := s.sendJournal(&orderStmt, args, p.seq, row)
 		if err == nil {
 			s.committed(p.seq, ops, len(batch), nil)
 			return nil
