@@ -136,8 +136,9 @@ func writeViz(dir string, seed uint64, info porcupine.LinearizationInfo, notes [
 
 // GCPercent is the garbage collector's target (debug.SetGCPercent) while
 // seeds run: TestSim, BenchmarkSimSeeds and cmd/simulate set it. A seed's
-// heap is small and most of it short-lived: collecting an eighth as often
-// as by default saves about a quarter of the time, for about three times
+// heap is small and most of it short-lived: collecting a sixteenth as
+// often as by default saves about a quarter of the time, for several times
 // the peak memory (BenchmarkSimSeeds: 47 MiB at 100, 87 at 400, 136 at
-// 800).
-const GCPercent = 800
+// 800, 302 at 1,600 over seeds 1-30; TestSim over 300 seeds, two at once,
+// 349 MiB at 1,600: a process stays under about 400 MiB on two cores).
+const GCPercent = 1600
