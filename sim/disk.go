@@ -31,11 +31,18 @@ func newSimDisk() *simDisk {
 	return &simDisk{Disk: core.Disk{}, lines: map[core.LeaseID]*leaseLines{}}
 }
 
-// Apply applies a batch's records in order.
+// Apply applies a batch's records in order (core.Disk.Apply), noting the
+// keys it adds: one map operation a record, the map's size telling a new
+// key from an overwritten one.
 func (d *simDisk) Apply(recs []core.Record) {
 	for _, r := range recs {
-		if _, had := d.Disk[r.Key]; had || r.Delete {
+		if r.Delete {
+			delete(d.Disk, r.Key)
 			continue
+		}
+		n := len(d.Disk)
+		if d.Disk[r.Key] = r.Value; len(d.Disk) == n {
+			continue // overwritten
 		}
 		if id, ok := core.LogKeyLease(r.Key); ok {
 			g := d.lines[id]
@@ -51,7 +58,6 @@ func (d *simDisk) Apply(recs []core.Record) {
 		}
 		d.added = append(d.added, r.Key) // perhaps again: sortKeys drops repeats
 	}
-	d.Disk.Apply(recs)
 }
 
 // sortKeys merges the keys added since into the sorted keys and drops the
