@@ -142,3 +142,10 @@ func writeViz(dir string, seed uint64, info porcupine.LinearizationInfo, notes [
 // 800, 302 at 1,600 over seeds 1-30; TestSim over 300 seeds, two at once,
 // 349 MiB at 1,600: a process stays under about 400 MiB on two cores).
 const GCPercent = 1600
+
+// MemoryLimit is the soft limit on the Go heap (debug.SetMemoryLimit) set
+// with GCPercent: a long seed whose live heap is several times the usual
+// would otherwise take its sixteen-fold growth (seeds 1-1,000 peaked at
+// 562 MiB at GCPercent 1,600 without it); at the limit the collector runs
+// as often as it must. Seeds 1-100 stay below it (at most 294 MiB).
+const MemoryLimit = 384 << 20
