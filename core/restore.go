@@ -38,6 +38,13 @@ func Restore(cfg Config, now time.Time, recs []Record) (*Orchestrator, Ready, er
 	return o, o.finish(), nil
 }
 
+// LogKeyLease is the lease a log line's key names, and whether key has a
+// log line's form. Restore reads a line of that form only if a record of
+// the lease it names is among its records (load, below): the lines of
+// archived leases are not state (SPEC §7a), and a store may withhold them
+// from Restore, as it may history and audit records.
+func LogKeyLease(key string) (LeaseID, bool) { return logKeyLease(key) }
+
 // load applies records to an empty orchestrator and rebuilds derived indexes.
 func (o *Orchestrator) load(recs []Record) error {
 	var closed []Record

@@ -300,7 +300,10 @@ func (w *world) restartOrch() {
 		return
 	}
 	now := w.onow()
-	o, rd, err := core.Restore(w.coreConfig(), now, n.disk.Records())
+	if w.cfg.restoring != nil {
+		w.cfg.restoring(w.coreConfig(), now, n.disk)
+	}
+	o, rd, err := core.Restore(w.coreConfig(), now, n.disk.RestoreRecords())
 	if err != nil {
 		w.fail("restore", err.Error())
 		return

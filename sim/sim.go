@@ -136,8 +136,16 @@ func writeViz(dir string, seed uint64, info porcupine.LinearizationInfo, notes [
 
 // GCPercent is the garbage collector's target (debug.SetGCPercent) while
 // seeds run: TestSim, BenchmarkSimSeeds and cmd/simulate set it. A seed's
-// heap is small and most of it short-lived: collecting an eighth as often
-// as by default saves about a quarter of the time, for about three times
+// heap is small and most of it short-lived: collecting a sixteenth as
+// often as by default saves about a quarter of the time, for several times
 // the peak memory (BenchmarkSimSeeds: 47 MiB at 100, 87 at 400, 136 at
-// 800).
-const GCPercent = 800
+// 800, 302 at 1,600 over seeds 1-30; TestSim over 300 seeds, two at once,
+// 349 MiB at 1,600: a process stays under about 400 MiB on two cores).
+const GCPercent = 1600
+
+// MemoryLimit is the soft limit on the Go heap (debug.SetMemoryLimit) set
+// with GCPercent: a long seed whose live heap is several times the usual
+// would otherwise take its sixteen-fold growth (seeds 1-1,000 peaked at
+// 562 MiB at GCPercent 1,600 without it); at the limit the collector runs
+// as often as it must. Seeds 1-100 stay below it (at most 294 MiB).
+const MemoryLimit = 384 << 20

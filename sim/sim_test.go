@@ -115,6 +115,7 @@ func TestSim(t *testing.T) {
 		cfg.VizDir = t.TempDir()
 	}
 	defer debug.SetGCPercent(debug.SetGCPercent(GCPercent))
+	defer debug.SetMemoryLimit(debug.SetMemoryLimit(MemoryLimit))
 	if *flagSeed != 0 {
 		replaySeed(t, *flagSeed, cfg)
 		return
@@ -377,6 +378,7 @@ func TestDrainsStaySafe(t *testing.T) {
 func BenchmarkSimSeeds(b *testing.B) {
 	n := uint64(*flagBenchSeeds)
 	defer debug.SetGCPercent(debug.SetGCPercent(GCPercent))
+	defer debug.SetMemoryLimit(debug.SetMemoryLimit(MemoryLimit))
 	var seeds, events, plain uint64
 	for i := 0; i < b.N; i++ {
 		for seed := uint64(1); seed <= n; seed++ {

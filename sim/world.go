@@ -291,6 +291,9 @@ type Config struct {
 	// TestSim's shifted run, judged by its trace alone (it must be the
 	// plain run's, whose end-of-run checks ran).
 	traceOnly bool
+	// restoring, if set, is called at every restore of the orchestrator,
+	// before it, with the disk it restores from (TestRestoreRecords).
+	restoring func(cfg core.Config, now time.Time, d *simDisk)
 }
 
 // The clock perturbations of Config.ShiftClocks and Config.Redrift.

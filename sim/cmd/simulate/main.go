@@ -29,6 +29,7 @@ func main() {
 	maxStep := flag.Int("maxstepops", 0, "operations of one step's history the linearizability check takes on (0: spec.MaxStepOps); a step over it makes the seed inconclusive")
 	flag.Parse()
 	debug.SetGCPercent(sim.GCPercent)
+	debug.SetMemoryLimit(sim.MemoryLimit)
 
 	var done, events, failed, inconclusive atomic.Uint64
 	var mu sync.Mutex
