@@ -150,31 +150,14 @@ func serveLeading(ctx context.Context, e *env, log *slog.Logger, cfg serverConfi
 	watched := make(chan struct{})
 	go func() { defer close(watched); sb.watch(sctx, el) }()
 	srv := standbyServer(sb, opts.TLS, cmp.Or(opts.HeaderTimeout, orchestrator.DefaultHeaderTimeout), log)
-	served := make(chan struct{})
 	// Bounded as the orchestrator's own listener is (SPEC §12): beyond the
 	// cap a connection waits in the backlog.
 	sbln := netutil.LimitListener(feed.listener(), cmp.Or(opts.MaxTCPConns, opts.MaxConns+orchestrator.DefaultExtraTCPConns))
-	go func() {
-		defer close(served)
-		var err error
-		if opts.TLS != nil {
-			err = srv.ServeTLS(sbln, "", "")
-		} else {
-			err = srv.Serve(sbln)
-		}
-		if err != nil && !errors.Is(err, http.ErrServerClosed) {
-			log.Error("standby listener stopped", "err", err)
-		}
-	}()
+	served := serveStandby(srv, sbln, opts.TLS != nil, log)
 	endStandby := func() {
 		stopStandby()
 		<-watched
-		wctx, cancel := context.WithTimeout(context.Background(), standbyStopWait)
-		defer cancel()
-		if srv.Shutdown(wctx) != nil {
-			srv.Close()
-		}
-		<-served
+		served.stop(standbyStopWait)
 	}
 	c := el.Config()
 	log.Info("standing by: campaigning for the lead", "store", where, "advertise", advertise,
@@ -414,6 +397,70 @@ func standbyServer(h http.Handler, tlsConf *tls.Config, headerTimeout time.Durat
 	// (its next request would meet EOF, not the new leader).
 	srv.SetKeepAlivesEnabled(false)
 	return srv
+}
+
+// standbyServing is a standby's server at work on its view of the feed.
+type standbyServing struct {
+	srv    *http.Server
+	ln     net.Listener
+	served chan struct{}
+	mu     sync.Mutex
+	busy   map[net.Conn]bool // accepted and not yet answered: new or active
+}
+
+// serveStandby serves srv on ln until stop.
+func serveStandby(srv *http.Server, ln net.Listener, tls bool, log *slog.Logger) *standbyServing {
+	s := &standbyServing{srv: srv, ln: ln, served: make(chan struct{}), busy: map[net.Conn]bool{}}
+	srv.ConnState = func(c net.Conn, st http.ConnState) {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		if st == http.StateNew || st == http.StateActive {
+			s.busy[c] = true
+		} else {
+			delete(s.busy, c)
+		}
+	}
+	go func() {
+		defer close(s.served)
+		var err error
+		if tls {
+			err = srv.ServeTLS(ln, "", "")
+		} else {
+			err = srv.Serve(ln)
+		}
+		if err != nil && !errors.Is(err, http.ErrServerClosed) && !errors.Is(err, net.ErrClosed) {
+			log.Error("standby listener stopped", "err", err)
+		}
+	}()
+	return s
+}
+
+// stop ends the standby's serving once it leads, answering every request
+// already accepted: it stops accepting (later connections wait in the
+// feed for the orchestrator's server), waits up to wait for each accepted
+// connection to be answered, then shuts the server down. Shutting down
+// first would drop a connection whose request the server had not yet read
+// (net/http returns without answering a request read after Shutdown
+// began): its client would meet EOF at the moment of a take-over instead
+// of a standby's 503 naming the leader.
+func (s *standbyServing) stop(wait time.Duration) {
+	s.ln.Close()
+	<-s.served // every accepted connection is now counted
+	deadline := time.Now().Add(wait)
+	for time.Now().Before(deadline) {
+		s.mu.Lock()
+		n := len(s.busy)
+		s.mu.Unlock()
+		if n == 0 {
+			break
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	ctx, cancel := context.WithDeadline(context.Background(), deadline)
+	defer cancel()
+	if s.srv.Shutdown(ctx) != nil {
+		s.srv.Close()
+	}
 }
 
 // connFeed accepts on one listener and hands each connection to whichever

@@ -137,3 +137,60 @@ func TestStandbyClosesEachConnection(t *testing.T) {
 		t.Fatalf("standby /livez: %d, Connection: close %v; want 200 and the connection closed", resp.StatusCode, resp.Close)
 	}
 }
+
+// TestStandbyStopAnswersAccepted: when a standby leads, a connection its
+// server accepted but whose request it had not yet read is still answered
+// (a 503 naming the leader-to-be), not closed: the client of a take-over's
+// moment gets an answer, not EOF. A connection made after the stop began
+// waits in the feed for the next view (the orchestrator's server).
+func TestStandbyStopAnswersAccepted(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := newConnFeed(ln)
+	defer f.close()
+	srv := standbyServer(newStandby("http://127.0.0.1:1", ""), nil, 5*time.Second, slog.New(slog.DiscardHandler))
+	s := serveStandby(srv, f.listener(), false, slog.New(slog.DiscardHandler))
+	early, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer early.Close()
+	busy := func() int { s.mu.Lock(); defer s.mu.Unlock(); return len(s.busy) }
+	for deadline := time.Now().Add(10 * time.Second); busy() == 0; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the standby's server never accepted the connection")
+		}
+	}
+	stopped := make(chan time.Duration, 1)
+	go func() { t0 := time.Now(); s.stop(3 * time.Second); stopped <- time.Since(t0) }()
+	<-s.served // the stop has begun: the server accepts no more
+	late, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer late.Close()
+	if _, err := io.WriteString(early, "GET /readyz HTTP/1.1\r\nHost: x\r\n\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	early.SetReadDeadline(time.Now().Add(10 * time.Second))
+	b, err := io.ReadAll(early)
+	if !strings.HasPrefix(string(b), "HTTP/1.1 503") {
+		t.Fatalf("a request accepted before the stop: %q, %v; want a 503 answer", b, err)
+	}
+	select {
+	case d := <-stopped:
+		if d >= 3*time.Second {
+			t.Errorf("the stop waited its whole bound (%s) with every connection answered", d)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the stop did not end")
+	}
+	next := f.listener() // the orchestrator's view takes the later connection
+	c, err := next.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Close()
+}
