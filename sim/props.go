@@ -139,6 +139,11 @@ func (w *world) checkBatch(held map[core.StepID]core.LeaseID, from core.WorkerID
 	if v := spec.CheckProps(rd, now, 2*w.opt.MaxDelayWork, p.recoverAt, held); v != nil {
 		w.fail(v.Invariant, v.Detail)
 	}
+	if p.in != nil {
+		if v := spec.CheckUnmatchedRecords(w.view(), rd); v != nil {
+			w.fail(v.Invariant, v.Detail)
+		}
+	}
 	if v := spec.CheckReuse(w.view(), rd); v != nil {
 		w.fail(v.Invariant, v.Detail)
 	}

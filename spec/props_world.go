@@ -638,6 +638,50 @@ func leaseMap(o preOrch) map[core.LeaseID]core.LeaseRecord {
 	return m
 }
 
+// CheckUnmatchedRecords is PropUnmatchedVerdict read from the
+// orchestrator's own worker records, for a checker that keeps no copy of
+// the state before each batch (the simulator): a step failed unmatched by
+// batch rd, which took the orchestrator to o, while a worker the batch
+// wrote no record of is active, not revoked and matches it after the batch
+// (so was before it too: a worker's Active and Revoked live in its record,
+// and any change to them is written in the batch that makes it) is a
+// violation. The world's view (Pool.Check) counts only workers it knows to
+// be connected as surely active; this reads the orchestrator's own word
+// for the rest, e.g. a worker inside its grace window (SPEC §5, §8).
+func CheckUnmatchedRecords(o View, rd core.Ready) *Violation {
+	var failed []core.StepID
+	for _, ev := range rd.Events {
+		if ev.Cause == core.CauseUnmatched && ev.Step != "" {
+			failed = append(failed, ev.Step)
+		}
+	}
+	if len(failed) == 0 {
+		return nil
+	}
+	written := map[string]bool{}
+	for _, r := range rd.Records {
+		written[r.Key] = true
+	}
+	workers := o.Workers()
+	for _, step := range failed {
+		sp, ok := o.StepSpecOf(step)
+		if !ok {
+			continue
+		}
+		for _, w := range workers {
+			if !w.Active || w.Revoked || written[core.KindWorker+"/"+string(w.ID)] {
+				continue
+			}
+			if workerMatches(declared(w.WorkerRecord), sp) {
+				return &Violation{Invariant: PropUnmatchedVerdict, Detail: fmt.Sprintf(
+					"step %s was failed unmatched, yet worker %s matches it and is active in the orchestrator's records before and after the batch (connected %v)",
+					step, w.ID, w.Connected)}
+			}
+		}
+	}
+	return nil
+}
+
 // CheckRecords checks batch rd, made at now, that took pre.o to o (a nil
 // pre is a restore's batch: nothing to compare with).
 func CheckRecords(pre *PreBatch, o View, now time.Time, rd core.Ready) *Violation {
