@@ -370,9 +370,10 @@ func TestIdleWorkersRig(t *testing.T) {
 
 // swarmMain is the swarm: it enrolls a client per token, swarmDialers at
 // a time, prints "connected N" once all are welcomed, heartbeats each at
-// the Welcome's interval and, every $TETHER_BENCH_SWARM_PING, pings each
-// that has read nothing for twice that, as cmd/worker does (each spread
-// evenly over its period) until its stdin closes,
+// the Welcome's interval on its heartbeat grid and, every
+// $TETHER_BENCH_SWARM_PING (on that grid too, when it is finer), pings each
+// that has read nothing for twice that, as cmd/worker does, until its
+// stdin closes,
 // then prints "swarm: N connected, D dropped, H heartbeats, P pings" and
 // exits. A client is light: small buffers, one goroutine reading (which
 // answers the orchestrator's pings), the heartbeats and pings from one
@@ -518,8 +519,14 @@ func swarmMain() int {
 	beatQ := queue(func(c int) time.Time { return core.NextHeartbeat(anchors[c], welcomed[c], interval) })
 	var pingQ []due
 	grid := core.HeartbeatGrid(interval)
+	nextCheck := func(c int, from time.Time) time.Time {
+		if grid >= ping { // as adapters/worker: a grid no finer than the checks is not followed
+			return from.Add(ping)
+		}
+		return core.OnGrid(anchors[c], from.Add(ping), grid)
+	}
 	if ping > 0 {
-		pingQ = queue(func(c int) time.Time { return core.OnGrid(anchors[c], welcomed[c].Add(ping), grid) })
+		pingQ = queue(func(c int) time.Time { return nextCheck(c, welcomed[c]) })
 	}
 	t := time.NewTicker(time.Millisecond)
 	defer t.Stop()
@@ -546,7 +553,7 @@ func swarmMain() int {
 		}
 		for ; len(pingQ) > 0 && !pingQ[j].at.After(now); j = (j + 1) % len(pingQ) {
 			c := pingQ[j].c
-			pingQ[j].at = core.OnGrid(anchors[c], pingQ[j].at.Add(ping), grid)
+			pingQ[j].at = nextCheck(c, pingQ[j].at)
 			if now.Sub(time.Unix(0, heard[c].Load())) < 2*ping {
 				continue // heard from lately: no ping (SPEC §9)
 			}
