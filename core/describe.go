@@ -76,6 +76,9 @@ func DescribeMsg(m Msg) string {
 			kv("credential", "issued")
 		}
 		kv("ttl", m.CredentialTTL)
+		if m.HeartbeatPhase != 0 {
+			kv("phase", m.HeartbeatPhase)
+		}
 		if len(m.Cancel) > 0 {
 			kv("cancel", describeLeases(m.Cancel))
 		}

@@ -132,6 +132,11 @@ type (
 		Credential    string
 		CredentialTTL time.Duration
 		Heartbeat     time.Duration
+		// HeartbeatPhase is how long after this Welcome leaves the
+		// orchestrator's clock next crosses its heartbeat grid (a multiple of
+		// HeartbeatGrid(Heartbeat)); the worker sends its heartbeats on that
+		// grid, so that a fleet's arrive together (SPEC §10).
+		HeartbeatPhase time.Duration
 		// Cancel lists reported leases that are no longer current.
 		Cancel []LeaseID
 	}

@@ -218,7 +218,8 @@ func (o *Orchestrator) hello(c ConnID, h Hello, entropy [16]byte) {
 	}
 	cancel, lost := o.reconcile(w, h.InFlight, offline, h.Buffered)
 	o.closedListed(w.ID, h.InFlight, true)
-	o.send(c, Welcome{Worker: w.ID, CredentialTTL: o.cfg.CredentialTTL, Heartbeat: o.cfg.HeartbeatInterval, Cancel: cancel})
+	o.send(c, Welcome{Worker: w.ID, CredentialTTL: o.cfg.CredentialTTL, Heartbeat: o.cfg.HeartbeatInterval,
+		HeartbeatPhase: heartbeatPhase(o.now, o.cfg.HeartbeatInterval), Cancel: cancel})
 	// A step the orchestrator holds for this worker that the worker did not
 	// report was lost with its execution: triage it now.
 	for _, id := range lost {
@@ -283,7 +284,8 @@ func (o *Orchestrator) enroll(c ConnID, h Hello, entropy [16]byte) {
 		cancel = append(cancel, r.Lease)
 	}
 	sort.Slice(cancel, func(i, j int) bool { return cancel[i] < cancel[j] })
-	o.send(c, Welcome{Worker: w.ID, Credential: string(w.ID) + "." + cred, CredentialTTL: o.cfg.CredentialTTL, Heartbeat: o.cfg.HeartbeatInterval, Cancel: cancel})
+	o.send(c, Welcome{Worker: w.ID, Credential: string(w.ID) + "." + cred, CredentialTTL: o.cfg.CredentialTTL, Heartbeat: o.cfg.HeartbeatInterval,
+		HeartbeatPhase: heartbeatPhase(o.now, o.cfg.HeartbeatInterval), Cancel: cancel})
 }
 
 func (o *Orchestrator) attach(c ConnID, w *WorkerRecord, version int) {

@@ -432,6 +432,7 @@ type Worker struct {
 	refreshAt   time.Time     // phaseReady, credTTL > 0, no Refresh pending: next Refresh
 	heartbeat   time.Duration // Heartbeat interval from the last Welcome
 	heartbeatAt time.Time     // phaseReady: next Heartbeat
+	beatAnchor  time.Time     // an instant of the orchestrator's heartbeat grid, from the last Welcome (SPEC §10)
 	letGo       int           // leases released since the last Heartbeat or Hello
 
 	nextRequest uint64    // id of the next request; ids start at 1 and only grow
@@ -745,7 +746,7 @@ func (w *Worker) connLost(closeIt bool) {
 	}
 	if w.phase == phaseReady {
 		w.offlineSince = w.now
-		w.heartbeatAt, w.refreshAt, w.credExpiry = time.Time{}, time.Time{}, time.Time{}
+		w.heartbeatAt, w.beatAnchor, w.refreshAt, w.credExpiry = time.Time{}, time.Time{}, time.Time{}, time.Time{}
 		// A Refresh belongs to its session: the next Welcome restarts the
 		// credential's clock. Start and Report survive and are re-sent.
 		w.dropRequests(func(r *request) bool { return r.kind == reqRefresh })
@@ -858,7 +859,13 @@ func (w *Worker) welcome(m Welcome) {
 	if m.Heartbeat <= 0 {
 		w.heartbeat = defaultHeartbeat
 	}
-	w.heartbeatAt = w.now.Add(w.heartbeat)
+	grid := HeartbeatGrid(w.heartbeat)
+	phase := m.HeartbeatPhase % grid // a phase beyond the grid says no more than its remainder
+	if phase < 0 {
+		phase += grid
+	}
+	w.beatAnchor = w.now.Add(phase)
+	w.heartbeatAt = NextHeartbeat(w.beatAnchor, w.now, w.heartbeat)
 	w.credTTL = max(m.CredentialTTL, 0)
 	if w.credTTL > 0 {
 		w.credExpiry = w.now.Add(w.credTTL)
@@ -1064,9 +1071,10 @@ func (w *Worker) stop(e *execution) {
 const heartbeatAfterReleases = 1024
 
 // sendHeartbeat sends a Heartbeat listing the held leases, and schedules
-// the next one an interval from now.
+// the next one on the heartbeat grid, at least an interval from now (SPEC
+// §10).
 func (w *Worker) sendHeartbeat() {
-	w.heartbeatAt = w.now.Add(w.heartbeat)
+	w.heartbeatAt = NextHeartbeat(w.beatAnchor, w.now, w.heartbeat)
 	w.letGo = 0
 	w.send(Heartbeat{InFlight: w.InFlight()})
 }
@@ -1685,7 +1693,7 @@ func (w *Worker) Fingerprint() uint64 {
 	e.time(w.drainStopAt)
 	e.dur(c.DrainTimeout)
 	e.u64(uint64(w.phase), uint64(w.conn), uint64(w.attempt), w.nextRequest, uint64(w.maxLease))
-	e.time(w.connDeadline, w.dialAt, w.offlineSince, w.credExpiry, w.refreshAt, w.heartbeatAt)
+	e.time(w.connDeadline, w.dialAt, w.offlineSince, w.credExpiry, w.refreshAt, w.heartbeatAt, w.beatAnchor)
 	e.str(w.credential)
 	e.dur(w.credTTL, w.heartbeat)
 	e.int(w.letGo)

@@ -600,7 +600,7 @@ func TestWorkerExitIsFinal(t *testing.T) {
 // field fail this test until it is covered here (and in Fingerprint).
 func TestWorkerFingerprintCoversState(t *testing.T) {
 	for typ, want := range map[reflect.Type]int{
-		reflect.TypeFor[Worker](): 27, reflect.TypeFor[execution](): 28,
+		reflect.TypeFor[Worker](): 28, reflect.TypeFor[execution](): 28,
 		reflect.TypeFor[request](): 6, reflect.TypeFor[WorkerConfig](): 26,
 	} {
 		if typ.NumField() != want {
@@ -639,7 +639,7 @@ func TestWorkerFingerprintCoversState(t *testing.T) {
 		"offlineSince": func(c *Worker) { c.offlineSince = c.offlineSince.Add(d) }, "credential": func(c *Worker) { c.credential = "x" },
 		"credTTL": func(c *Worker) { c.credTTL += d }, "credExpiry": func(c *Worker) { c.credExpiry = now },
 		"refreshAt": func(c *Worker) { c.refreshAt = now }, "heartbeat": func(c *Worker) { c.heartbeat += d },
-		"heartbeatAt": func(c *Worker) { c.heartbeatAt = now }, "nextRequest": func(c *Worker) { c.nextRequest++ },
+		"heartbeatAt": func(c *Worker) { c.heartbeatAt = now }, "beatAnchor": func(c *Worker) { c.beatAnchor = c.beatAnchor.Add(d) }, "nextRequest": func(c *Worker) { c.nextRequest++ },
 		"maxLease":        func(c *Worker) { c.maxLease++ },
 		"letGo":           func(c *Worker) { c.letGo++ },
 		"requests":        func(c *Worker) { c.requests = c.requests[1:] },

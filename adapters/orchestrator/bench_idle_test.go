@@ -7,9 +7,10 @@ package orchestrator_test
 // in a second process (this test binary again, swarmMain), each enrolling
 // with a token of its own as a worker does (a Hello with the token, then
 // the Welcome), then sending a Heartbeat at the interval the Welcome gives
-// (SPEC §9), and answering the orchestrator's pings; in the second
-// sub-benchmark (pings=idle10s) each also pings as cmd/worker does (SPEC
-// §9): every 5 s it pings if it has read nothing for 10 s. Once all are
+// (SPEC §9) on the heartbeat grid the Welcome sets (SPEC §10), and
+// answering the orchestrator's pings; in the second sub-benchmark
+// (pings=idle10s) each also pings as cmd/worker does (SPEC §9): every 5 s,
+// on that grid, it pings if it has read nothing for 10 s. Once all are
 // connected it measures, over idleWindow with nothing to run:
 //
 //   - rss-KiB/worker: this process's resident set (VmRSS) at the end of the
@@ -41,6 +42,7 @@ import (
 	"runtime"
 	"runtime/debug"
 	"runtime/pprof"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -368,9 +370,10 @@ func TestIdleWorkersRig(t *testing.T) {
 
 // swarmMain is the swarm: it enrolls a client per token, swarmDialers at
 // a time, prints "connected N" once all are welcomed, heartbeats each at
-// the Welcome's interval and, every $TETHER_BENCH_SWARM_PING, pings each
-// that has read nothing for twice that, as cmd/worker does (each spread
-// evenly over its period) until its stdin closes,
+// the Welcome's interval on its heartbeat grid and, every
+// $TETHER_BENCH_SWARM_PING (on that grid too, when it is finer), pings each
+// that has read nothing for twice that, as cmd/worker does, until its
+// stdin closes,
 // then prints "swarm: N connected, D dropped, H heartbeats, P pings" and
 // exits. A client is light: small buffers, one goroutine reading (which
 // answers the orchestrator's pings), the heartbeats and pings from one
@@ -388,6 +391,8 @@ func swarmMain() int {
 		mu       sync.Mutex
 		conns    = make([]*websocket.Conn, 0, len(toks))
 		heard    = make([]*atomic.Int64, 0, len(toks)) // when each last read a frame, ping or pong (unix ns)
+		anchors  = make([]time.Time, 0, len(toks))     // an instant of each one's heartbeat grid: its Welcome's receipt plus the phase
+		welcomed = make([]time.Time, 0, len(toks))
 		interval time.Duration
 		dropped  atomic.Int64
 		failed   = make(chan error, 1)
@@ -425,8 +430,9 @@ func swarmMain() int {
 			if !ok {
 				return fmt.Errorf("%s: %#v, not a Welcome", name, m)
 			}
+			at := time.Now()
 			h := &atomic.Int64{}
-			h.Store(time.Now().UnixNano())
+			h.Store(at.UnixNano())
 			ws.SetPingHandler(func(data string) error {
 				h.Store(time.Now().UnixNano())
 				ws.WriteControl(websocket.PongMessage, []byte(data), time.Now().Add(10*time.Second))
@@ -437,6 +443,9 @@ func swarmMain() int {
 			conns = append(conns, ws)
 			heard = append(heard, h)
 			interval = w.Heartbeat
+			g := core.HeartbeatGrid(w.Heartbeat) // as the worker core takes the Welcome
+			anchors = append(anchors, at.Add((w.HeartbeatPhase%g+g)%g))
+			welcomed = append(welcomed, at)
 			mu.Unlock()
 			go func() { // reads (and so answers pings) until the connection ends
 				for {
@@ -488,20 +497,42 @@ func swarmMain() int {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
-	// The heartbeats and the pings, each spread over its period: every
-	// tick the next clients in turn.
-	const tick = 10 * time.Millisecond
-	perTick := func(period time.Duration) int {
-		if period <= 0 {
-			return 0
-		}
-		return max(1, int(math.Ceil(float64(len(conns))*float64(tick)/float64(period))))
+	// The heartbeats and the pings, each when cmd/worker would send it: a
+	// heartbeat on the grid its Welcome set, at most an interval after the
+	// last (core.NextHeartbeat); a ping check every ping on that grid
+	// (core.OnGrid, as adapters/worker times them), a ping if nothing was
+	// read for 2 × ping. Every client keeps its period, so each queue
+	// stays in the order of its first instants: a tick sends what is due
+	// from its front.
+	type due struct {
+		c  int
+		at time.Time
 	}
-	beatsPer, pingsPer := perTick(interval), perTick(ping)
-	t := time.NewTicker(tick)
+	queue := func(first func(c int) time.Time) []due {
+		q := make([]due, len(conns))
+		for c := range conns {
+			q[c] = due{c, first(c)}
+		}
+		slices.SortFunc(q, func(a, b due) int { return a.at.Compare(b.at) })
+		return q
+	}
+	beatQ := queue(func(c int) time.Time { return core.NextHeartbeat(anchors[c], welcomed[c], interval) })
+	var pingQ []due
+	grid := core.HeartbeatGrid(interval)
+	nextCheck := func(c int, from time.Time) time.Time {
+		if grid >= ping { // as adapters/worker: a grid no finer than the checks is not followed
+			return from.Add(ping)
+		}
+		return core.OnGrid(anchors[c], from.Add(ping), grid)
+	}
+	if ping > 0 {
+		pingQ = queue(func(c int) time.Time { return nextCheck(c, welcomed[c]) })
+	}
+	t := time.NewTicker(time.Millisecond)
 	defer t.Stop()
 	beats, pings := 0, 0
 	for i, j := 0, 0; ; {
+		var now time.Time
 		select {
 		case <-stop:
 			closing.Store(true)
@@ -510,23 +541,23 @@ func swarmMain() int {
 			}
 			fmt.Printf("swarm: %d connected, %d dropped, %d heartbeats, %d pings\n", len(conns), dropped.Load(), beats, pings)
 			return 0
-		case <-t.C:
+		case now = <-t.C:
 		}
-		for range beatsPer {
-			ws := conns[i%len(conns)]
-			i++
-			ws.SetWriteDeadline(time.Now().Add(10 * time.Second))
+		for ; !beatQ[i].at.After(now); i = (i + 1) % len(beatQ) {
+			ws := conns[beatQ[i].c]
+			beatQ[i].at = core.NextHeartbeat(anchors[beatQ[i].c], beatQ[i].at, interval)
+			ws.SetWriteDeadline(now.Add(10 * time.Second))
 			if err := ws.WriteMessage(websocket.TextMessage, hb); err == nil {
 				beats++
 			}
 		}
-		for range pingsPer {
-			ws, h := conns[j%len(conns)], heard[j%len(conns)]
-			j++
-			if now := time.Now(); now.Sub(time.Unix(0, h.Load())) < 2*ping {
+		for ; len(pingQ) > 0 && !pingQ[j].at.After(now); j = (j + 1) % len(pingQ) {
+			c := pingQ[j].c
+			pingQ[j].at = nextCheck(c, pingQ[j].at)
+			if now.Sub(time.Unix(0, heard[c].Load())) < 2*ping {
 				continue // heard from lately: no ping (SPEC §9)
 			}
-			if err := ws.WriteControl(websocket.PingMessage, nil, time.Now().Add(10*time.Second)); err == nil {
+			if err := conns[c].WriteControl(websocket.PingMessage, nil, now.Add(10*time.Second)); err == nil {
 				pings++
 			}
 		}

@@ -88,11 +88,14 @@ type refresh struct {
 type drain struct{}
 
 type welcome struct {
-	Worker        core.WorkerID  `json:"worker"`
-	Credential    string         `json:"credential,omitempty"`
-	CredentialTTL Duration       `json:"credential_ttl"`
-	Heartbeat     Duration       `json:"heartbeat"`
-	Cancel        []core.LeaseID `json:"cancel,omitempty"`
+	Worker        core.WorkerID `json:"worker"`
+	Credential    string        `json:"credential,omitempty"`
+	CredentialTTL Duration      `json:"credential_ttl"`
+	Heartbeat     Duration      `json:"heartbeat"`
+	// HeartbeatPhase: absent from an orchestrator before the heartbeat
+	// grid, which the worker then reads as zero (SPEC §10).
+	HeartbeatPhase Duration       `json:"heartbeat_phase,omitempty"`
+	Cancel         []core.LeaseID `json:"cancel,omitempty"`
 }
 
 type refused struct {
@@ -188,10 +191,10 @@ func init() {
 		func(drain) (core.Drain, error) { return core.Drain{}, nil })
 	register(func(m core.Welcome) welcome {
 		return welcome{Worker: m.Worker, Credential: m.Credential, CredentialTTL: Duration(m.CredentialTTL),
-			Heartbeat: Duration(m.Heartbeat), Cancel: clone(m.Cancel)}
+			Heartbeat: Duration(m.Heartbeat), HeartbeatPhase: Duration(m.HeartbeatPhase), Cancel: clone(m.Cancel)}
 	}, func(w welcome) (core.Welcome, error) {
 		return core.Welcome{Worker: w.Worker, Credential: w.Credential, CredentialTTL: time.Duration(w.CredentialTTL),
-			Heartbeat: time.Duration(w.Heartbeat), Cancel: clone(w.Cancel)}, nil
+			Heartbeat: time.Duration(w.Heartbeat), HeartbeatPhase: time.Duration(w.HeartbeatPhase), Cancel: clone(w.Cancel)}, nil
 	})
 	register(func(m core.Refused) refused { return refused{Reason: m.Reason, Fatal: m.Fatal} },
 		func(w refused) (core.Refused, error) { return core.Refused{Reason: w.Reason, Fatal: w.Fatal}, nil })

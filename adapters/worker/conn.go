@@ -9,6 +9,7 @@ import (
 	"github.com/gorilla/websocket"
 
 	"github.com/tether-run/tether/adapters/wire"
+	"github.com/tether-run/tether/core"
 )
 
 // Control-plane timing and limits (SPEC §9: the orchestrator pings a
@@ -34,6 +35,10 @@ type conn struct {
 	cc       *wire.CorkConn // under ws: the writer gathers queued frames into one write
 	readWait time.Duration  // silent this long: dead (Options.ReadWait)
 	heard    atomic.Int64   // when a frame, ping or pong was last read (unix ns)
+	// The orchestrator's heartbeat grid (SPEC §10), set once the core has
+	// its Welcome: an instant of it (unix ns) and its spacing (zero: none
+	// yet). The writer times its ping checks on it.
+	gridAnchor, grid atomic.Int64
 
 	mu       sync.Mutex
 	queue    [][]byte      // frames waiting for the writer, oldest first
@@ -114,15 +119,38 @@ func (c *conn) alive() {
 // writeText writes one text frame within the write deadline.
 func (c *conn) writeText(b []byte) error { return wire.WriteText(c.ws, b, writeWait) }
 
+// setGrid hands the writer the heartbeat grid of the Welcome the core
+// took (loop goroutine only).
+func (c *conn) setGrid(anchor time.Time, grid time.Duration) {
+	c.gridAnchor.Store(anchor.UnixNano())
+	c.grid.Store(int64(grid))
+}
+
+// nextPingCheck is when the writer next checks whether a ping is due:
+// readWait/4 after now, or, once the grid is known and finer than that, the
+// last instant of the grid at or before it, so that the pings of a fleet of
+// idle workers reach the orchestrator together, as their heartbeats do
+// (SPEC §9, §10).
+func (c *conn) nextPingCheck(now time.Time) time.Duration {
+	every := c.readWait / 4
+	grid := time.Duration(c.grid.Load())
+	if grid <= 0 || grid >= every {
+		return every
+	}
+	at := core.OnGrid(time.Unix(0, c.gridAnchor.Load()), now.Add(every), grid)
+	return at.Sub(now) // in (every-grid, every]
+}
+
 // writeLoop writes queued frames until the queue is closed (then it sends a
 // close frame) or the connection is aborted or fails. The frames queued at
-// one moment go out in one write. Every readWait/4 it pings if it has read
-// nothing for readWait/2 (SPEC §9): an orchestrator that answers nothing,
-// not even a pong, is pinged twice and left within readWait (readLoop's
-// deadline), and one that sends anything is not pinged at all.
+// one moment go out in one write. Every readWait/4 (on the heartbeat grid
+// once known, at most a grid sooner) it pings if it has read nothing for
+// readWait/2 (SPEC §9): an orchestrator that answers nothing, not even a
+// pong, is pinged twice and left within readWait (readLoop's deadline),
+// and one that sends anything is not pinged at all.
 func (c *conn) writeLoop() {
 	defer c.ws.Close()
-	ping := time.NewTicker(c.readWait / 4)
+	ping := time.NewTimer(c.readWait / 4)
 	defer ping.Stop()
 	for {
 		c.mu.Lock()
@@ -143,6 +171,7 @@ func (c *conn) writeLoop() {
 		select {
 		case <-c.wake:
 		case now := <-ping.C:
+			ping.Reset(c.nextPingCheck(now))
 			if now.Sub(time.Unix(0, c.heard.Load())) < c.readWait/2 {
 				continue // heard from lately
 			}

@@ -342,6 +342,11 @@ func (d *Driver) Run(ctx context.Context) (int, error) {
 		if x, err := d.apply(d.w.Step(time.Now(), in)); err != nil || x != nil {
 			return d.exited(x, err)
 		}
+		if r, ok := in.(core.WReceived); ok && d.cur != nil {
+			if _, ok := r.Msg.(core.Welcome); ok {
+				d.cur.setGrid(d.w.HeartbeatAnchor()) // the pings' timing (SPEC §9)
+			}
+		}
 	}
 }
 
