@@ -5,6 +5,7 @@ import (
 	"math"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 
@@ -424,7 +425,7 @@ func (w *world) exec(wn *workerNode, x core.ExecCommand) {
 			texts := make([]string, n)
 			for j := range texts {
 				printed++
-				texts[j] = fmt.Sprintf("line %d", printed)
+				texts[j] = "line " + strconv.Itoa(printed)
 			}
 			w.after(off, evProc, wn.idx, nil, "output", func() {
 				if alive() {

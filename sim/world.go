@@ -332,6 +332,7 @@ type world struct {
 	events uint64
 	trace  uint64
 	hash   hash.Hash64 // of every event run so far; trace is its sum
+	hbuf   [24]byte    // step's scratch for an event's bytes (a local would escape through hash.Write)
 	last   [lastEvents]*event
 	lastN  int
 
@@ -484,16 +485,17 @@ func (w *world) step(e *event) {
 		w.fail("event-budget", fmt.Sprintf("more than %d events: the simulation ran away", maxEvents))
 		return
 	}
-	var b [8]byte
-	put := func(x uint64) {
-		for i := range b {
-			b[i] = byte(x >> (8 * i))
+	// The instant, the sequence number, the kind and node, each 8 bytes
+	// little-endian: one Write of the three is the same FNV as three.
+	put := func(i int, x uint64) {
+		for j := range 8 {
+			w.hbuf[8*i+j] = byte(x >> (8 * j))
 		}
-		w.hash.Write(b[:])
 	}
-	put(uint64(e.at.UnixNano()))
-	put(e.seq)
-	put(uint64(e.kind)<<32 | uint64(uint32(int32(e.node))))
+	put(0, uint64(e.at.UnixNano()))
+	put(1, e.seq)
+	put(2, uint64(e.kind)<<32|uint64(uint32(int32(e.node))))
+	w.hash.Write(w.hbuf[:])
 	w.last[w.lastN%lastEvents] = e
 	w.lastN++
 	if w.cfg.Trace != nil {

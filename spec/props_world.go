@@ -542,15 +542,23 @@ func (p *Pool) track(o View, now time.Time) {
 // be active, since t is failed by the first sweep at or after t + the
 // unmatched timeout, at most a sweep interval later.
 func (p *Pool) checkStuck(now time.Time) *Violation {
-	for _, id := range sortedKeys(p.stuck) {
-		since := p.stuck[id]
-		if d := now.Sub(since); d > p.cfg.UnmatchedTimeout+p.cfg.SweepInterval+TimeoutSlack {
-			return &Violation{Invariant: PropUnmatchedVerdict, Detail: fmt.Sprintf(
-				"step %s has been queued and unleased with no matching worker that may still be active for %s (since %s), yet no sweep failed it unmatched (unmatched timeout %s, sweep interval %s)",
-				id, d, since.Format(time.RFC3339Nano), p.cfg.UnmatchedTimeout, p.cfg.SweepInterval)}
+	// The smallest such id, as a scan in sorted order would report first.
+	limit := p.cfg.UnmatchedTimeout + p.cfg.SweepInterval + TimeoutSlack
+	var id core.StepID
+	var since time.Time
+	found := false
+	for k, s := range p.stuck {
+		if now.Sub(s) > limit && (!found || k < id) {
+			id, since, found = k, s, true
 		}
 	}
-	return nil
+	if !found {
+		return nil
+	}
+	d := now.Sub(since)
+	return &Violation{Invariant: PropUnmatchedVerdict, Detail: fmt.Sprintf(
+		"step %s has been queued and unleased with no matching worker that may still be active for %s (since %s), yet no sweep failed it unmatched (unmatched timeout %s, sweep interval %s)",
+		id, d, since.Format(time.RFC3339Nano), p.cfg.UnmatchedTimeout, p.cfg.SweepInterval)}
 }
 
 // ---- the explorer's form: from the orchestrator's records ----
