@@ -431,28 +431,40 @@ func (p *Pool) learn(now time.Time, in core.Input, rd core.Ready) []core.WorkerI
 // checkScaler: after the batch, no lease of a scaler whose connection it
 // dropped is left, and no step is recovering on a scaler's lease.
 func (p *Pool) checkScaler(o View, dropped []core.WorkerID) *Violation {
+	scalers := false
+	for _, w := range p.workers {
+		scalers = scalers || w.hello.Scaler
+	}
+	if !scalers { // no lease can be a scaler-managed worker's
+		return nil
+	}
 	gone := map[core.WorkerID]bool{}
 	for _, id := range dropped {
 		gone[id] = true
 	}
-	for _, l := range sortedKeys(p.leases.live) {
-		info := p.leases.live[l]
+	// The smallest lease id found wanting, as a scan in sorted order would
+	// report first, without sorting every live lease each batch.
+	var first core.LeaseID
+	var found *Violation
+	for l, info := range p.leases.live {
+		if found != nil && l > first {
+			continue
+		}
 		w := p.workers[info.worker]
 		if w == nil || !w.hello.Scaler {
 			continue
 		}
 		if gone[info.worker] {
-			return &Violation{Invariant: PropScalerNoGrace, Detail: fmt.Sprintf(
+			first, found = l, &Violation{Invariant: PropScalerNoGrace, Detail: fmt.Sprintf(
 				"scaler-managed worker %s's connection dropped, yet its lease %s@%d did not end in that batch (no grace window, SPEC §4)",
 				info.worker, info.step, l)}
-		}
-		if st, ok := o.StepByID(info.step); ok && st.State == core.StateRecovering {
-			return &Violation{Invariant: PropScalerNoGrace, Detail: fmt.Sprintf(
+		} else if st, ok := o.StepByID(info.step); ok && st.State == core.StateRecovering {
+			first, found = l, &Violation{Invariant: PropScalerNoGrace, Detail: fmt.Sprintf(
 				"step %s is recovering on scaler-managed worker %s's lease %d after a batch (no grace window, SPEC §4)",
 				info.step, info.worker, l)}
 		}
 	}
-	return nil
+	return found
 }
 
 // checkWelcome checks the Welcome answering a reconnect Hello against the
