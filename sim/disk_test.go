@@ -102,6 +102,7 @@ func TestRestoreRecords(t *testing.T) {
 		for _, drift := range []bool{false, true} {
 			cfg := Config{Redrift: drift}
 			cfg.restoring = func(cc core.Config, now time.Time, d *simDisk) {
+				cc.NoStateCache = false // Fingerprint needs the cache
 				full, part := d.Records(), d.RestoreRecords()
 				a, ra, errA := core.Restore(cc, now, full)
 				b, rb, errB := core.Restore(cc, now, part)

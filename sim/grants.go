@@ -11,6 +11,10 @@ import (
 type grantProps struct {
 	g        *spec.Grants
 	restored bool
+	// The world's lookups GrantView names, made once: a method value
+	// taken at every batch was two allocations a batch.
+	workerOf func(core.ConnID) core.WorkerID
+	tagsOf   func(core.WorkerID) ([]string, bool)
 }
 
 // checkGrants runs the grant, credential and tag properties over one
@@ -19,11 +23,12 @@ func (w *world) checkGrants(rd core.Ready) {
 	p := &w.grants
 	if p.g == nil {
 		p.g = spec.NewGrants()
+		p.workerOf, p.tagsOf = w.workerOfConn, w.declaredTags
 	}
 	restored := p.restored
 	p.restored = false
 	v := p.g.Check(rd, spec.GrantView{O: w.view(), Now: w.onow(), Restored: restored, LostBatches: true,
-		WorkerOf: w.workerOfConn, TagsOf: w.declaredTags})
+		WorkerOf: p.workerOf, TagsOf: p.tagsOf})
 	if v != nil {
 		w.fail(v.Invariant, v.Detail)
 	}

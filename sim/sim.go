@@ -18,6 +18,10 @@ import (
 func Simulate(seed uint64, opt Options, cfg Config) Result {
 	w := newWorld(seed, opt, cfg)
 	w.orchCfg.CredentialTTL = opt.CredentialTTL // 0: the core's default
+	// The world never fingerprints nor clones the core, as the real driver
+	// does not: the core keeps no second copy of its state's records
+	// (core.Config.NoStateCache; decisions and batches do not depend on it).
+	w.orchCfg.NoStateCache = true
 	w.orch = &orchNode{o: core.NewOrchestrator(w.coreConfig()), up: true, disk: newSimDisk()}
 	if opt.Failover > 0 {
 		w.newCluster()

@@ -4,7 +4,7 @@ import (
 	"fmt"
 	"math"
 	"slices"
-	"sort"
+	"strconv"
 	"strings"
 	"time"
 
@@ -414,18 +414,32 @@ func (w *world) exec(wn *workerNode, x core.ExecCommand) {
 		for i := range offs {
 			offs[i] = w.uniform(0, dur)
 		}
-		sort.Slice(offs, func(i, j int) bool { return offs[i] < offs[j] })
-		printed := 0
-		for _, off := range offs {
-			n := 1
+		slices.Sort(offs)
+		// Each burst's size drawn in turn (nothing else draws meanwhile),
+		// then every line of the process, "line 1", "line 2", …, as
+		// substrings of one string: two allocations a process, not one a line.
+		bursts := make([]int, len(offs))
+		total := 0
+		for i := range bursts {
+			bursts[i] = 1
 			if w.opt.BurstMax > 1 {
-				n = 1 + w.r.IntN(w.opt.BurstMax)
+				bursts[i] = 1 + w.r.IntN(w.opt.BurstMax)
 			}
-			texts := make([]string, n)
-			for j := range texts {
-				printed++
-				texts[j] = fmt.Sprintf("line %d", printed)
-			}
+			total += bursts[i]
+		}
+		buf := make([]byte, 0, total*len("line 1000"))
+		ends := make([]int, total)
+		for i := range ends {
+			buf = strconv.AppendInt(append(buf, "line "...), int64(i+1), 10)
+			ends[i] = len(buf)
+		}
+		all, allTexts, start := string(buf), make([]string, total), 0
+		for i, end := range ends {
+			allTexts[i], start = all[start:end], end
+		}
+		for i, off := range offs {
+			texts := allTexts[:bursts[i]:bursts[i]] // capped: an append never reaches the next burst's
+			allTexts = allTexts[bursts[i]:]
 			w.after(off, evProc, wn.idx, nil, "output", func() {
 				if alive() {
 					w.procOutput(wn, p, texts...)

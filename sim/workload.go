@@ -2,6 +2,7 @@ package sim
 
 import (
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 
@@ -350,10 +351,16 @@ func (w *world) approveHeld() {
 // refused and create nothing. It draws no randomness, so the rest of the
 // workload is the same as without it.
 func (w *world) submitOverLimit() {
-	items := func(n int) []string {
-		out := make([]string, n)
-		for i := range out {
-			out[i] = fmt.Sprint(i)
+	items := func(n int) []string { // "0", "1", … as substrings of one string
+		var b []byte
+		ends := make([]int, n)
+		for i := range ends {
+			b = strconv.AppendInt(b, int64(i), 10)
+			ends[i] = len(b)
+		}
+		all, out, start := string(b), make([]string, n), 0
+		for i, end := range ends {
+			out[i], start = all[start:end], end
 		}
 		return out
 	}

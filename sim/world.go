@@ -332,8 +332,10 @@ type world struct {
 	events uint64
 	trace  uint64
 	hash   hash.Hash64 // of every event run so far; trace is its sum
+	hbuf   [24]byte    // step's scratch for an event's bytes (a local would escape through hash.Write)
 	last   [lastEvents]*event
 	lastN  int
+	free   []*event // events run and gone from last: nothing else holds them (at's callers annotate an event at once), so at reuses them
 
 	chk     *spec.Checker
 	orch    *orchNode
@@ -412,7 +414,13 @@ func (w *world) at(t time.Time, kind evKind, node int, msg core.Msg, note string
 		t = w.now
 	}
 	w.seq++
-	e := &event{at: t, seq: w.seq, kind: kind, node: node, msg: msg, note: note, fn: fn}
+	var e *event
+	if n := len(w.free); n > 0 {
+		e, w.free = w.free[n-1], w.free[:n-1]
+		*e = event{at: t, seq: w.seq, kind: kind, node: node, msg: msg, note: note, fn: fn}
+	} else {
+		e = &event{at: t, seq: w.seq, kind: kind, node: node, msg: msg, note: note, fn: fn}
+	}
 	w.q.push(e)
 	return e
 }
@@ -484,16 +492,21 @@ func (w *world) step(e *event) {
 		w.fail("event-budget", fmt.Sprintf("more than %d events: the simulation ran away", maxEvents))
 		return
 	}
-	var b [8]byte
-	put := func(x uint64) {
-		for i := range b {
-			b[i] = byte(x >> (8 * i))
+	// The instant, the sequence number, the kind and node, each 8 bytes
+	// little-endian: one Write of the three is the same FNV as three.
+	put := func(i int, x uint64) {
+		for j := range 8 {
+			w.hbuf[8*i+j] = byte(x >> (8 * j))
 		}
-		w.hash.Write(b[:])
 	}
-	put(uint64(e.at.UnixNano()))
-	put(e.seq)
-	put(uint64(e.kind)<<32 | uint64(uint32(int32(e.node))))
+	put(0, uint64(e.at.UnixNano()))
+	put(1, e.seq)
+	put(2, uint64(e.kind)<<32|uint64(uint32(int32(e.node))))
+	w.hash.Write(w.hbuf[:])
+	if old := w.last[w.lastN%lastEvents]; old != nil && len(w.free) < 1024 {
+		*old = event{} // its closure and message go with it
+		w.free = append(w.free, old)
+	}
 	w.last[w.lastN%lastEvents] = e
 	w.lastN++
 	if w.cfg.Trace != nil {

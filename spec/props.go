@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"maps"
 	"slices"
-	"sort"
 	"time"
 
 	"github.com/tether-run/tether/core"
@@ -206,18 +205,14 @@ func (t *Timeouts) learnStep(o View, id core.StepID, now time.Time) {
 // (it was running, or uncancelled, all along since the last batch); then it
 // learns the batch's transitions and events.
 func (t *Timeouts) Check(o View, rd core.Ready, now time.Time) *Violation {
-	for _, id := range sortedIDs(t.steps) {
-		if d := t.steps[id]; now.Sub(d) > TimeoutSlack {
-			sp, _ := o.StepSpecOf(id)
-			return &Violation{Invariant: PropTimeoutsFire, Detail: fmt.Sprintf(
-				"step %s was still running %s after its deadline (START + its timeout of %s)", id, now.Sub(d), sp.Timeout)}
-		}
+	if id, d, ok := firstOverdue(t.steps, now); ok {
+		sp, _ := o.StepSpecOf(id)
+		return &Violation{Invariant: PropTimeoutsFire, Detail: fmt.Sprintf(
+			"step %s was still running %s after its deadline (START + its timeout of %s)", id, now.Sub(d), sp.Timeout)}
 	}
-	for _, id := range sortedIDs(t.runs) {
-		if d := t.runs[id]; now.Sub(d) > TimeoutSlack {
-			return &Violation{Invariant: PropTimeoutsFire, Detail: fmt.Sprintf(
-				"run %s was neither cancelled nor finished %s after its deadline", id, now.Sub(d))}
-		}
+	if id, d, ok := firstOverdue(t.runs, now); ok {
+		return &Violation{Invariant: PropTimeoutsFire, Detail: fmt.Sprintf(
+			"run %s was neither cancelled nor finished %s after its deadline", id, now.Sub(d))}
 	}
 	for _, tr := range rd.Transitions {
 		switch {
@@ -243,13 +238,19 @@ func (t *Timeouts) Check(o View, rd core.Ready, now time.Time) *Violation {
 	return nil
 }
 
-func sortedIDs[K ~string](m map[K]time.Time) []K {
-	ks := make([]K, 0, len(m))
-	for k := range m {
-		ks = append(ks, k)
+// firstOverdue returns the smallest id whose deadline is more than
+// TimeoutSlack before now: the one a scan in sorted order would report
+// first, without sorting every id each batch.
+func firstOverdue[K ~string](m map[K]time.Time, now time.Time) (K, time.Time, bool) {
+	var first K
+	var at time.Time
+	found := false
+	for k, d := range m {
+		if now.Sub(d) > TimeoutSlack && (!found || k < first) {
+			first, at, found = k, d, true
+		}
 	}
-	sort.Slice(ks, func(i, j int) bool { return ks[i] < ks[j] })
-	return ks
+	return first, at, found
 }
 
 // PropMissedNotRedispatched: a step is never dispatched to a worker that

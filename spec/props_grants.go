@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"maps"
 	"slices"
-	"sort"
 	"time"
 
 	"github.com/tether-run/tether/core"
@@ -281,15 +280,20 @@ func (g *Grants) Check(rd core.Ready, v GrantView) *Violation {
 
 // restored applies a Restore (SPEC §7) to the tracker.
 func (g *Grants) restored(v GrantView, ttl time.Duration) {
-	known := map[core.LeaseID]bool{}
-	for _, l := range v.O.Leases() {
-		known[l.ID] = true
+	// A lease the orchestrator holds, live or archived (the set View.Leases
+	// lists), looked up rather than copying every lease at each restore.
+	known := func(l core.LeaseID) bool {
+		if _, ok := v.O.Orchestrator.Lease(l); ok {
+			return true
+		}
+		_, ok := v.O.A.Lease(l)
+		return ok
 	}
-	for _, id := range sortedSteps(g.leases) {
-		g.leases[id] = slices.DeleteFunc(g.leases[id], func(l core.LeaseID) bool { return !known[l] })
+	for id, ls := range g.leases { // each step's list on its own: the order is immaterial
+		g.leases[id] = slices.DeleteFunc(ls, func(l core.LeaseID) bool { return !known(l) })
 	}
-	for _, id := range sortedSteps(g.last) {
-		if !known[g.last[id]] {
+	for id, l := range g.last {
+		if !known(l) {
 			delete(g.last, id) // a grant the crash took back
 		}
 	}
@@ -314,15 +318,6 @@ func (g *Grants) restored(v GrantView, ttl time.Duration) {
 		}
 		g.creds[id] = cw
 	}
-}
-
-func sortedSteps[V any](m map[core.StepID]V) []core.StepID {
-	ks := make([]core.StepID, 0, len(m))
-	for k := range m {
-		ks = append(ks, k)
-	}
-	sort.Slice(ks, func(i, j int) bool { return ks[i] < ks[j] })
-	return ks
 }
 
 // checkGrants runs Grants over an explorer batch. A state's tracker is

@@ -431,28 +431,40 @@ func (p *Pool) learn(now time.Time, in core.Input, rd core.Ready) []core.WorkerI
 // checkScaler: after the batch, no lease of a scaler whose connection it
 // dropped is left, and no step is recovering on a scaler's lease.
 func (p *Pool) checkScaler(o View, dropped []core.WorkerID) *Violation {
+	scalers := false
+	for _, w := range p.workers {
+		scalers = scalers || w.hello.Scaler
+	}
+	if !scalers { // no lease can be a scaler-managed worker's
+		return nil
+	}
 	gone := map[core.WorkerID]bool{}
 	for _, id := range dropped {
 		gone[id] = true
 	}
-	for _, l := range sortedKeys(p.leases.live) {
-		info := p.leases.live[l]
+	// The smallest lease id found wanting, as a scan in sorted order would
+	// report first, without sorting every live lease each batch.
+	var first core.LeaseID
+	var found *Violation
+	for l, info := range p.leases.live {
+		if found != nil && l > first {
+			continue
+		}
 		w := p.workers[info.worker]
 		if w == nil || !w.hello.Scaler {
 			continue
 		}
 		if gone[info.worker] {
-			return &Violation{Invariant: PropScalerNoGrace, Detail: fmt.Sprintf(
+			first, found = l, &Violation{Invariant: PropScalerNoGrace, Detail: fmt.Sprintf(
 				"scaler-managed worker %s's connection dropped, yet its lease %s@%d did not end in that batch (no grace window, SPEC §4)",
 				info.worker, info.step, l)}
-		}
-		if st, ok := o.StepByID(info.step); ok && st.State == core.StateRecovering {
-			return &Violation{Invariant: PropScalerNoGrace, Detail: fmt.Sprintf(
+		} else if st, ok := o.StepByID(info.step); ok && st.State == core.StateRecovering {
+			first, found = l, &Violation{Invariant: PropScalerNoGrace, Detail: fmt.Sprintf(
 				"step %s is recovering on scaler-managed worker %s's lease %d after a batch (no grace window, SPEC §4)",
 				info.step, info.worker, l)}
 		}
 	}
-	return nil
+	return found
 }
 
 // checkWelcome checks the Welcome answering a reconnect Hello against the
@@ -542,15 +554,23 @@ func (p *Pool) track(o View, now time.Time) {
 // be active, since t is failed by the first sweep at or after t + the
 // unmatched timeout, at most a sweep interval later.
 func (p *Pool) checkStuck(now time.Time) *Violation {
-	for _, id := range sortedKeys(p.stuck) {
-		since := p.stuck[id]
-		if d := now.Sub(since); d > p.cfg.UnmatchedTimeout+p.cfg.SweepInterval+TimeoutSlack {
-			return &Violation{Invariant: PropUnmatchedVerdict, Detail: fmt.Sprintf(
-				"step %s has been queued and unleased with no matching worker that may still be active for %s (since %s), yet no sweep failed it unmatched (unmatched timeout %s, sweep interval %s)",
-				id, d, since.Format(time.RFC3339Nano), p.cfg.UnmatchedTimeout, p.cfg.SweepInterval)}
+	// The smallest such id, as a scan in sorted order would report first.
+	limit := p.cfg.UnmatchedTimeout + p.cfg.SweepInterval + TimeoutSlack
+	var id core.StepID
+	var since time.Time
+	found := false
+	for k, s := range p.stuck {
+		if now.Sub(s) > limit && (!found || k < id) {
+			id, since, found = k, s, true
 		}
 	}
-	return nil
+	if !found {
+		return nil
+	}
+	d := now.Sub(since)
+	return &Violation{Invariant: PropUnmatchedVerdict, Detail: fmt.Sprintf(
+		"step %s has been queued and unleased with no matching worker that may still be active for %s (since %s), yet no sweep failed it unmatched (unmatched timeout %s, sweep interval %s)",
+		id, d, since.Format(time.RFC3339Nano), p.cfg.UnmatchedTimeout, p.cfg.SweepInterval)}
 }
 
 // ---- the explorer's form: from the orchestrator's records ----
