@@ -13,7 +13,7 @@ PKGS := ./...
 test: check
 	$(GO) test $(GOFLAGS) -count=1 $$($(GO) list ./... | grep -v -E "/(sim|spec)$$|^$$($(GO) list -m)/(adapters|cmd)/")
 	$(GO) test $(GOFLAGS) -race -count=1 -timeout 30m ./adapters/... ./cmd/...
-	@set -o pipefail; $(GO) test $(GOFLAGS) -count=1 -v -run . ./spec ./sim > .sim-test.log 2>&1 \
+	@set -o pipefail; $(GO) test $(GOFLAGS) -count=1 -timeout 30m -v -run . ./spec ./sim > .sim-test.log 2>&1 \
 	  && { grep -E '^(sim:|explore [a-z]+:|--- PASS: Test(Sim|Explore|Replay)|ok )' .sim-test.log; rm -f .sim-test.log; } \
 	  || { cat .sim-test.log; rm -f .sim-test.log; exit 1; }
 
