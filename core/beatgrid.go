@@ -38,6 +38,19 @@ func heartbeatPhase(now time.Time, interval time.Duration) time.Duration {
 	return grid - off
 }
 
+// GridAnchor is an instant of the orchestrator's heartbeat grid on the
+// worker's clock: the Welcome's receipt plus its HeartbeatPhase, a phase
+// beyond the grid of interval (or below zero) taken modulo it, as it says
+// no more than that.
+func GridAnchor(received time.Time, phase, interval time.Duration) time.Time {
+	grid := HeartbeatGrid(interval)
+	phase %= grid
+	if phase < 0 {
+		phase += grid
+	}
+	return received.Add(phase)
+}
+
 // NextHeartbeat is the last instant, at most interval after now, of the
 // grid of interval that anchor lies on: when a worker that sends a
 // heartbeat (or is welcomed) at now sends the next one. The next one is so

@@ -23,6 +23,14 @@ func TestHeartbeatGrid(t *testing.T) {
 			t.Errorf("heartbeatPhase(t0%+v) = %v, want %v", c.now.Sub(t0), got, c.phase)
 		}
 	}
+	for _, c := range []struct {
+		phase time.Duration
+		at    time.Time
+	}{{0, at(0)}, {700 * time.Millisecond, at(700)}, {2300 * time.Millisecond, at(300)}, {-300 * time.Millisecond, at(700)}} {
+		if got := GridAnchor(t0, c.phase, 30*time.Second); !got.Equal(c.at) {
+			t.Errorf("GridAnchor(t0, %v, 30s) = t0%+v, want t0%+v", c.phase, got.Sub(t0), c.at.Sub(t0))
+		}
+	}
 	anchor := at(700)
 	for _, c := range []struct {
 		now  time.Time

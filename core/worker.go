@@ -859,12 +859,7 @@ func (w *Worker) welcome(m Welcome) {
 	if m.Heartbeat <= 0 {
 		w.heartbeat = defaultHeartbeat
 	}
-	grid := HeartbeatGrid(w.heartbeat)
-	phase := m.HeartbeatPhase % grid // a phase beyond the grid says no more than its remainder
-	if phase < 0 {
-		phase += grid
-	}
-	w.beatAnchor = w.now.Add(phase)
+	w.beatAnchor = GridAnchor(w.now, m.HeartbeatPhase, w.heartbeat)
 	w.heartbeatAt = NextHeartbeat(w.beatAnchor, w.now, w.heartbeat)
 	w.credTTL = max(m.CredentialTTL, 0)
 	if w.credTTL > 0 {
@@ -1071,8 +1066,8 @@ func (w *Worker) stop(e *execution) {
 const heartbeatAfterReleases = 1024
 
 // sendHeartbeat sends a Heartbeat listing the held leases, and schedules
-// the next one on the heartbeat grid, at least an interval from now (SPEC
-// §10).
+// the next one at the last instant of the heartbeat grid at most an
+// interval from now (SPEC §10).
 func (w *Worker) sendHeartbeat() {
 	w.heartbeatAt = NextHeartbeat(w.beatAnchor, w.now, w.heartbeat)
 	w.letGo = 0

@@ -443,8 +443,7 @@ func swarmMain() int {
 			conns = append(conns, ws)
 			heard = append(heard, h)
 			interval = w.Heartbeat
-			g := core.HeartbeatGrid(w.Heartbeat) // as the worker core takes the Welcome
-			anchors = append(anchors, at.Add((w.HeartbeatPhase%g+g)%g))
+			anchors = append(anchors, core.GridAnchor(at, w.HeartbeatPhase, w.Heartbeat)) // as the worker core takes the Welcome
 			welcomed = append(welcomed, at)
 			mu.Unlock()
 			go func() { // reads (and so answers pings) until the connection ends
