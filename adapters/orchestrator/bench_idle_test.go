@@ -96,6 +96,7 @@ type idleRig struct {
 // returns once all n are connected.
 func startIdleRig(tb testing.TB, n int, ping time.Duration) *idleRig {
 	tb.Helper()
+	keepHeapFloor(tb)
 	var lim syscall.Rlimit
 	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &lim); err != nil {
 		tb.Fatal(err)

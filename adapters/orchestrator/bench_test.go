@@ -23,6 +23,7 @@ package orchestrator_test
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -38,6 +39,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tether-run/tether/adapters/heapfloor"
 	"github.com/tether-run/tether/adapters/orchestrator"
 	"github.com/tether-run/tether/adapters/store"
 	"github.com/tether-run/tether/core"
@@ -242,11 +244,39 @@ func buildWorker(tb testing.TB) string {
 	return bin
 }
 
+// $TETHER_BENCH_HEAP_FLOOR=BYTES makes a benchmark's rig keep a heap floor
+// of BYTES, as serve --heap-floor BYTES does (SPEC §12); unset or 0, none,
+// as serve by default.
+const benchHeapFloorEnv = "TETHER_BENCH_HEAP_FLOOR"
+
+// keepHeapFloor keeps, for a benchmark's rig, the heap floor
+// $TETHER_BENCH_HEAP_FLOOR asks for. A test's rig keeps none.
+func keepHeapFloor(tb testing.TB) {
+	tb.Helper()
+	v := os.Getenv(benchHeapFloorEnv)
+	if _, ok := tb.(*testing.B); !ok || v == "" {
+		return
+	}
+	floor, err := strconv.ParseUint(v, 10, 64)
+	if err != nil {
+		tb.Fatalf("$%s=%q: want a whole number of bytes (0: none)", benchHeapFloorEnv, v)
+	}
+	stop, err := heapfloor.Start(floor)
+	if errors.Is(err, heapfloor.ErrStarted) { // a rig of this benchmark's keeps it
+		return
+	}
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(stop)
+}
+
 // startRig starts the orchestrator on a fresh store of bs (nil: a bbolt
 // file) and `workers` worker processes with `slots` slots each (and
 // ahead[0] leases ahead, if given), and waits until all are connected.
 func startRig(tb testing.TB, bs *benchStore, workers, slots int, ahead ...int) *benchRig {
 	tb.Helper()
+	keepHeapFloor(tb)
 	bin := buildWorker(tb)
 	st := &watchStore{Backend: bs.open(tb)}
 	d, err := orchestrator.Start(orchestrator.Options{

@@ -33,6 +33,8 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"runtime/pprof"
+	"runtime/trace"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -537,7 +539,13 @@ func Start(opts Options) (*Driver, error) {
 	d.arm(rd.Deadline)
 
 	d.beats = newBeats(min(maxBeatWait, o.Config().HeartbeatInterval/100), func(in input) error { return d.push(context.Background(), in) })
-	go d.run()
+	// The loop's goroutine carries the profile label goroutine=loop (a
+	// commit's, goroutine=commit), so a CPU profile (--pprof) shows its
+	// share alone: go tool pprof -tagfocus goroutine=loop. In an execution
+	// trace each batch the loop measures (LoopStats) is a region, "batch",
+	// or "land" for a group released while idle (SPEC §12, the loop's
+	// longest step).
+	go pprof.Do(context.Background(), pprof.Labels("goroutine", "loop"), func(context.Context) { d.run() })
 	d.wg.Add(3)
 	go d.pruner(st, o.Config().Retention)
 	go d.releaser(st)
@@ -746,12 +754,14 @@ func (d *Driver) loop() error {
 		case <-landed:
 			// The oldest group is durable: release it, and hand the store
 			// what was stepped meanwhile.
+			rg := trace.StartRegion(context.Background(), "land")
 			t0 := time.Now()
 			err := d.land()
 			if err == nil {
 				d.launchNext()
 			}
 			d.stats.add(time.Since(t0), 0)
+			rg.End()
 			if err != nil {
 				return err
 			}
@@ -770,9 +780,11 @@ func (d *Driver) loop() error {
 				break drain
 			}
 		}
+		rg := trace.StartRegion(context.Background(), "batch")
 		t0 := time.Now()
 		err := d.process(batch)
 		d.stats.add(time.Since(t0), len(batch))
+		rg.End()
 		if err != nil {
 			return err
 		}
@@ -816,7 +828,7 @@ func (d *Driver) launch(f *flight) {
 	if d.pipe != nil && len(f.ops) == 0 {
 		apply = d.pipe.Reserve() // on the loop: places in the order groups were stepped
 	}
-	go func() {
+	go pprof.Do(context.Background(), pprof.Labels("goroutine", "commit"), func(context.Context) {
 		defer close(f.done)
 		f.err = f.group.Persist(func(recs []core.Record) error {
 			t0 := time.Now()
@@ -833,7 +845,7 @@ func (d *Driver) launch(f *flight) {
 			}
 			return nil
 		})
-	}()
+	})
 }
 
 // land waits for the oldest group in flight, if any, to be durable, then

@@ -42,6 +42,7 @@ type options struct {
 	retain                        string
 	pprof                         string
 	metricsToken                  string
+	heapFloor                     int64 // serve --heap-floor (SPEC §12)
 	// serve: control-plane admission (SPEC §12)
 	maxConns, maxUnauthConns, maxUnauthConnsPerAddr int
 	maxEventStreams                                 int // serve --max-event-streams

@@ -94,17 +94,20 @@ func TestServerConfigFile(t *testing.T) {
 		def.Addr != "127.0.0.1:7420" || def.DataDir != "./tether-data" {
 		t.Errorf("defaults %+v are not SPEC §12's (120/60/30) and the documented addr/data dir", def)
 	}
+	if def.HeapFloor != 0 {
+		t.Errorf("default heap floor %d bytes: want none (SPEC §12)", def.HeapFloor)
+	}
 	if def.HeartbeatInterval != 30*time.Second || def.DispatchAck != 10*time.Second {
 		t.Errorf("defaults %+v: want heartbeat interval 30s and dispatch ack 10s (SPEC §12)", def)
 	}
 	src := "addr: 0.0.0.0:9000\ndata_dir: state\nrecovery:\n  heartbeat_timeout_secs: 90\n  sweep_interval_secs: 15\n  unmatched_step_timeout_secs: 5\n" +
 		"  heartbeat_interval_secs: 2\n  dispatch_ack_secs: 3\n" +
-		"limits:\n  max_submit_body_bytes: 65536\n"
+		"limits:\n  max_submit_body_bytes: 65536\nmemory:\n  heap_floor_bytes: 134217728\n"
 	cfg, err = loadServerConfig("/etc/tether/server-config.yaml", []byte(src))
 	want := serverConfig{Addr: "0.0.0.0:9000", DataDir: "/etc/tether/state",
 		HeartbeatTimeout: 90 * time.Second, SweepInterval: 15 * time.Second, UnmatchedTimeout: 5 * time.Second,
 		HeartbeatInterval: 2 * time.Second, DispatchAck: 3 * time.Second,
-		MaxSubmitBody: 65536}
+		MaxSubmitBody: 65536, HeapFloor: 128 << 20}
 	want.MaxConns, want.MaxUnauthConns, want.MaxUnauthConnsPerAddr, want.HelloTimeout = def.MaxConns, def.MaxUnauthConns, def.MaxUnauthConnsPerAddr, def.HelloTimeout
 	want.Retention = def.Retention // the file says none: the default (SPEC §7a)
 	if err != nil || !reflect.DeepEqual(cfg, want) {
@@ -131,6 +134,8 @@ func TestServerConfigFile(t *testing.T) {
 		"repeated key":         {"addr: a:1\naddr: b:2\n", `c.yaml:2: server config: key "addr" appears twice`},
 		"empty addr":           {"addr:\n", "c.yaml:1: addr must be a non-empty string"},
 		"syntax":               {"addr: [\n", "c.yaml"},
+		"negative heap floor":  {"memory:\n  heap_floor_bytes: -1\n", "c.yaml:2: heap_floor_bytes must be a whole number of bytes from 0 (off) to 1099511627776"},
+		"unknown memory key":   {"memory:\n  gogc: 400\n", `c.yaml:2: memory: unknown key "gogc"`},
 	} {
 		_, err := loadServerConfig("c.yaml", []byte(c.src))
 		if err == nil || !strings.Contains(err.Error(), c.want) {
@@ -166,6 +171,12 @@ func TestServeFlagsOverrideConfig(t *testing.T) {
 	}
 	if cfg, err := resolve("--config", cfgPath, "--tls-cert", "/c.pem", "--tls-key", "/k.pem"); err != nil || cfg.TLSCert != "/c.pem" || cfg.TLSKey != "/k.pem" {
 		t.Errorf("TLS flags: %+v, %v", cfg, err)
+	}
+	if cfg, err := resolve("--config", cfgPath, "--heap-floor", "134217728"); err != nil || cfg.HeapFloor != 128<<20 {
+		t.Errorf("--heap-floor 134217728: %+v, %v", cfg, err)
+	}
+	if _, err := resolve("--config", cfgPath, "--heap-floor", "-5"); exitCode(err) != exitUsage || !strings.Contains(err.Error(), "--heap-floor -5: want 0 (off)") {
+		t.Errorf("--heap-floor -5: %v, want a usage error", err)
 	}
 	if _, err := resolve("--config", filepath.Join(dir, "missing.yaml")); exitCode(err) != exitUsage {
 		t.Errorf("an explicit missing config file: %v (exit %d), want a usage error", err, exitCode(err))

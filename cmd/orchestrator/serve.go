@@ -24,6 +24,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.yaml.in/yaml/v3"
 
+	"github.com/tether-run/tether/adapters/heapfloor"
 	"github.com/tether-run/tether/adapters/orchestrator"
 	"github.com/tether-run/tether/core"
 )
@@ -108,6 +109,8 @@ worker connections (SPEC §12):
     dispatch_ack_secs: 10             # a dispatch not started or rejected by then is requeued
   limits:                             # what one request may send (SPEC §12)
     max_submit_body_bytes: 1048576    # a workflow definition (POST /api/runs); at most 1048576
+  memory:                             # SPEC §12
+    heap_floor_bytes: 0               # the heap may grow to this before the Go collector runs (0: GOGC alone); --heap-floor
   control:                            # worker connections (SPEC §12)
     max_conns: 1024                   # connections that sent a Hello, in all (not per address)
     max_unauth_conns: 256             # connections without an accepted Hello, in all
@@ -164,6 +167,7 @@ next start within their grace window. SIGHUP is ignored.`,
 		fs.StringVar(&o.advertise, "advertise", "", "with a PostgreSQL store: the base `URL` other orchestrators, workers and clients reach this one at (default: http(s)://--addr, when it names a host)")
 		fs.DurationVar(&o.leaderLease, "leader-lease", defaultLeaderLease, "with a PostgreSQL store: the leader's lease (`duration`, 1s to 10m): a standby takes over once it lapses unrenewed (SPEC §11)")
 		fs.StringVar(&o.pprof, "pprof", "", "serve Go's runtime profiles (/debug/pprof/) on this loopback `address`; off by default")
+		fs.Int64Var(&o.heapFloor, "heap-floor", 0, "let the heap grow to this many `bytes` before the Go collector runs (0, the default: GOGC alone); fewer collections under load, so shorter loop batches, for at most this much more memory (SPEC §12)")
 		fs.Int64Var(&o.maxSubmitBody, "max-submit-body", orchestrator.DefaultMaxSubmitBody, "largest workflow definition accepted by POST /api/runs, in `bytes` (at most 1048576)")
 		fs.IntVar(&o.maxConns, "max-conns", defaultMaxConns, "worker connections that sent a Hello, at most (`n`, not per address)")
 		fs.IntVar(&o.maxUnauthConns, "max-unauth-conns", orchestrator.DefaultMaxUnauthConns, "connections without an accepted Hello, at most (`n`)")
@@ -193,6 +197,7 @@ type serverConfig struct {
 	HeartbeatInterval time.Duration
 	DispatchAck       time.Duration
 	MaxSubmitBody     int64         // limits: max_submit_body_bytes
+	HeapFloor         int64         // memory: heap_floor_bytes (SPEC §12)
 	Retention         time.Duration // retention: (SPEC §7a)
 	// Control-plane admission (control: keys, SPEC §12).
 	MaxConns, MaxUnauthConns, MaxUnauthConnsPerAddr int
@@ -272,6 +277,9 @@ func (l dataLimits) apply(o *orchestrator.Options) {
 	o.BodyIdleTimeout = time.Duration(l.BodyIdleTimeoutSecs) * time.Second
 }
 
+// maxHeapFloor is the largest --heap-floor (memory: heap_floor_bytes), 1 TiB.
+const maxHeapFloor = 1 << 40
+
 // defaultMaxConns is the default of --max-conns (orchestrator.Options.MaxConns).
 const defaultMaxConns = 1024
 
@@ -338,7 +346,7 @@ func loadServerConfig(path string, src []byte) (serverConfig, error) {
 		}
 		return v
 	}
-	mapping(doc.Content[0], "server config", []string{"addr", "data_dir", "tls", "retention", "recovery", "limits", "control", "data", "http"}, errf, func(key string, v *yaml.Node) {
+	mapping(doc.Content[0], "server config", []string{"addr", "data_dir", "tls", "retention", "recovery", "limits", "memory", "control", "data", "http"}, errf, func(key string, v *yaml.Node) {
 		switch key {
 		case "retention":
 			d, err := parseRetention(v.Value)
@@ -386,6 +394,15 @@ func loadServerConfig(path string, src []byte) (serverConfig, error) {
 				case "max_submit_body_bytes":
 					cfg.MaxSubmitBody = bytesLimit(v, key, errf, orchestrator.DefaultMaxSubmitBody)
 				}
+			})
+		case "memory":
+			mapping(v, "memory", []string{"heap_floor_bytes"}, errf, func(key string, v *yaml.Node) {
+				var n int64
+				if v.Kind != yaml.ScalarNode || v.Decode(&n) != nil || n < 0 || n > maxHeapFloor {
+					errf(v, "%s must be a whole number of bytes from 0 (off) to %d, not %q", key, int64(maxHeapFloor), v.Value)
+					return
+				}
+				cfg.HeapFloor = n
 			})
 		case "control":
 			known := []string{"max_conns", "max_unauth_conns", "max_unauth_conns_per_addr", "hello_timeout_secs"}
@@ -563,6 +580,12 @@ func resolveServeConfig(e *env) (serverConfig, error) {
 			return cfg, usageErrorf("--max-submit-body %d: want 1 to %d bytes", e.opts.maxSubmitBody, orchestrator.DefaultMaxSubmitBody)
 		}
 		cfg.MaxSubmitBody = e.opts.maxSubmitBody
+	}
+	if set["heap-floor"] {
+		if e.opts.heapFloor < 0 || e.opts.heapFloor > maxHeapFloor {
+			return cfg, usageErrorf("--heap-floor %d: want 0 (off) to %d bytes", e.opts.heapFloor, int64(maxHeapFloor))
+		}
+		cfg.HeapFloor = e.opts.heapFloor
 	}
 	if (cfg.TLSCert == "") != (cfg.TLSKey == "") {
 		return cfg, usageErrorf("TLS needs both a certificate and a key (--tls-cert and --tls-key)")
@@ -784,6 +807,15 @@ func serve(ctx context.Context, e *env, _ []string) error {
 		WorkPerSec:      cfg.HTTP.WorkPerSec,
 	}
 	cfg.Data.apply(&opts)
+	if cfg.HeapFloor > 0 {
+		stop, err := heapfloor.Start(uint64(cfg.HeapFloor))
+		switch {
+		case err == nil:
+			defer stop()
+		case !errors.Is(err, heapfloor.ErrStarted): // another serve in this process (a test's) keeps one
+			return err
+		}
+	}
 	if e.opts.pprof != "" {
 		at, stop, err := servePprof(e.opts.pprof, log)
 		if err != nil {

@@ -11,6 +11,8 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"runtime"
+	"runtime/metrics"
 	"strings"
 	"testing"
 	"time"
@@ -160,5 +162,50 @@ func TestRetentionSetting(t *testing.T) {
 	}
 	if cfg := defaultServerConfig(); cfg.Retention != 720*time.Hour {
 		t.Fatalf("default retention %v, want 720h", cfg.Retention)
+	}
+}
+
+// serve --heap-floor keeps the floor while it serves (the collector's
+// percentage raised over this test process's small heap) and gives GOGC's
+// back when it stops (SPEC §12).
+func TestServeKeepsHeapFloor(t *testing.T) {
+	t.Setenv("GOGC", "")
+	gogc := func() uint64 {
+		s := []metrics.Sample{{Name: "/gc/gogc:percent"}}
+		metrics.Read(s)
+		return s[0].Value.Uint64()
+	}
+	if p := gogc(); p != 100 {
+		t.Fatalf("the collector's percentage is %d before serve: want 100", p)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	serving, stop := context.WithCancel(ctx)
+	done := make(chan int, 1)
+	go func() {
+		var out, errs bytes.Buffer
+		done <- run(serving, []string{"serve", "--addr", "127.0.0.1:0", "--data-dir", t.TempDir(), "--heap-floor", "268435456"}, &out, &errs, func(string) string { return "" })
+	}()
+	for p := gogc(); p <= 100; p = gogc() {
+		select {
+		case code := <-done:
+			t.Fatalf("serve exited %d before keeping a floor", code)
+		case <-ctx.Done():
+			t.Fatalf("the collector's percentage is still %d: serve keeps no floor", p)
+		case <-time.After(10 * time.Millisecond):
+			runtime.GC()
+		}
+	}
+	stop()
+	select {
+	case code := <-done:
+		if code != 0 {
+			t.Errorf("serve exited %d when stopped", code)
+		}
+	case <-ctx.Done():
+		t.Fatal("serve did not stop")
+	}
+	if p := gogc(); p != 100 {
+		t.Errorf("after serve stopped the collector's percentage is %d: want GOGC's 100 back", p)
 	}
 }
