@@ -60,7 +60,7 @@ var (
 type keeper struct {
 	floor   uint64
 	base    int
-	stopped atomic.Bool
+	stopped atomic.Bool // set under mu; read by a finalizer still pending after stop
 	last    int
 	sample  []metrics.Sample
 }
@@ -109,7 +109,6 @@ func Start(floor uint64) (stop func(), err error) {
 	running = k
 	k.adjust()
 	k.arm()
-
 	return func() {
 		mu.Lock()
 		defer mu.Unlock()
@@ -121,6 +120,9 @@ func Start(floor uint64) (stop func(), err error) {
 	}, nil
 }
 
+// arm drops a sentinel whose finalizer, run once the next cycle has found
+// it unreachable, adjusts the percentage and arms again; a stopped keeper's
+// does neither.
 func (k *keeper) arm() {
 	runtime.SetFinalizer(new(sentinel), func(*sentinel) {
 		mu.Lock()
