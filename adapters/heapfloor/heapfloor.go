@@ -8,8 +8,11 @@
 // loop's batches that meet it: the loop is preempted to scan its stack and
 // waits behind the mark worker, and it assists the marking. A floor makes
 // those cycles rarer while the live heap is small, and changes nothing once
-// the live heap is half the floor or more: the memory it costs is at most
-// the floor. cmd/orchestrator's serve keeps one when told to (--heap-floor).
+// the live heap is half the floor or more: the memory it costs is about the
+// floor (a cycle's goal is set from what the cycle before left live, so
+// after the live heap jumps one goal may overshoot until the next cycle
+// sets it again). cmd/orchestrator's serve keeps one when told to
+// (--heap-floor).
 //
 // Start watches the end of every cycle (a finalizer re-armed each cycle, so
 // it costs nothing between cycles) and sets the collector's percentage for
@@ -19,13 +22,10 @@ package heapfloor
 import (
 	"errors"
 	"math"
-	"os"
 	"runtime"
 	"runtime/debug"
 	"runtime/metrics"
-	"strconv"
 	"sync"
-	"sync/atomic"
 )
 
 // ErrStarted is returned by Start when a floor is already kept.
@@ -39,13 +39,21 @@ var ErrStarted = errors.New("heapfloor: a heap floor is already kept in this pro
 // but never under the runtime's heap minimum, 4 MiB × percent/100, so the
 // percentage is at most the one that puts that minimum at the floor.
 func Percent(live, roots, floor uint64, base int) int {
+	floor = min(floor, FloorMax)
 	if floor <= live {
 		return base
 	}
-	p := ((floor-live)*100 + live + roots - 1) / max(live+roots, 1) // rounded up: the goal reaches the floor
+	counted := max(live+roots, 1)
+	p := ((floor-live)*100 + counted - 1) / counted // rounded up: the goal reaches the floor
 	p = min(p, (floor*100+heapMinimum-1)/heapMinimum)
 	return max(int(p), base)
 }
+
+// FloorMax is the largest floor Start keeps (1 TiB): a larger one is taken
+// as this. It keeps Percent's arithmetic far from overflow and the
+// percentage far under the int32 the runtime holds it in (at most about
+// 2.6 million).
+const FloorMax = 1 << 40
 
 // heapMinimum is the Go runtime's heap goal at GOGC=100 however small the
 // heap (its defaultHeapMinimum), scaled like the goal by the percentage.
@@ -60,7 +68,7 @@ var (
 type keeper struct {
 	floor   uint64
 	base    int
-	stopped atomic.Bool // set under mu; read by a finalizer still pending after stop
+	stopped bool // under mu, as everything here: a finalizer still pending after stop reads it
 	last    int
 	sample  []metrics.Sample
 }
@@ -70,24 +78,21 @@ type keeper struct {
 // never run.
 type sentinel struct{ _ [32]byte }
 
-// Start keeps the heap goal at or above floor bytes until the returned stop
-// is called, which restores the percentage GOGC set. The percentage it
-// never goes under is GOGC's (100 when unset); with GOGC=off, or a zero
-// floor, it does nothing. Under a memory limit (GOMEMLIMIT) the floor is at
-// most half the limit, so the limit, not the floor, decides near it.
+// Start keeps the heap goal at or above floor bytes (at most FloorMax)
+// until the returned stop is called, which gives the collector back the
+// percentage it had. That percentage (GOGC's, or what debug.SetGCPercent
+// last set) is also the least the floor sets; with the collector off, or
+// a zero floor, Start does nothing. Under a memory limit (GOMEMLIMIT) the
+// floor is at most half the limit, so the limit, not the floor, decides
+// near it.
 func Start(floor uint64) (stop func(), err error) {
-	base := 100
-	if v := os.Getenv("GOGC"); v != "" {
-		if v == "off" {
-			return func() {}, nil
-		}
-		if n, err := strconv.Atoi(v); err == nil {
-			if n < 0 { // as off, to the runtime
-				return func() {}, nil
-			}
-			base = n
-		}
+	pct := []metrics.Sample{{Name: "/gc/gogc:percent"}}
+	metrics.Read(pct)
+	if pct[0].Value.Uint64() > math.MaxInt32 { // off: the runtime holds -1
+		return func() {}, nil
 	}
+	base := int(pct[0].Value.Uint64())
+	floor = min(floor, FloorMax)
 	if limit := debug.SetMemoryLimit(-1); limit != math.MaxInt64 && limit > 0 {
 		floor = min(floor, uint64(limit)/2)
 	}
@@ -112,9 +117,10 @@ func Start(floor uint64) (stop func(), err error) {
 	return func() {
 		mu.Lock()
 		defer mu.Unlock()
-		if k.stopped.Swap(true) {
+		if k.stopped {
 			return
 		}
+		k.stopped = true
 		running = nil
 		debug.SetGCPercent(k.base)
 	}, nil
@@ -127,7 +133,7 @@ func (k *keeper) arm() {
 	runtime.SetFinalizer(new(sentinel), func(*sentinel) {
 		mu.Lock()
 		defer mu.Unlock()
-		if k.stopped.Load() {
+		if k.stopped {
 			return
 		}
 		k.adjust()

@@ -26,7 +26,8 @@ func TestPercent(t *testing.T) {
 		{live: 0, floor: 128 * mib, base: 100, want: 3200},                       // the heap minimum, 4 MiB × 32, is the floor
 		{live: mib / 8, roots: mib / 4, floor: 256 * mib, base: 100, want: 6400}, // likewise
 		{live: 2 * mib, roots: 2 * mib, floor: 256 * mib, base: 100, want: 6350},
-		{live: 3, floor: 10, base: 0, want: 1}, // a floor under the heap minimum: the least percentage
+		{live: 3, floor: 10, base: 0, want: 1},                     // a floor under the heap minimum: the least percentage
+		{live: 8 * mib, floor: 1 << 63, base: 100, want: 13107100}, // taken as FloorMax: no overflow, a percentage an int32 holds
 	} {
 		got := Percent(c.live, c.roots, c.floor, c.base)
 		if got != c.want {
@@ -35,11 +36,15 @@ func TestPercent(t *testing.T) {
 		if got < c.base {
 			t.Errorf("Percent(live %d, roots %d, floor %d, base %d) = %d: under the base", c.live, c.roots, c.floor, c.base, got)
 		}
+		floor := min(c.floor, FloorMax)
+		if got > math.MaxInt32 {
+			t.Errorf("Percent(live %d, roots %d, floor %d, base %d) = %d: more than the runtime holds", c.live, c.roots, c.floor, c.base, got)
+		}
 		g := max(c.live+(c.live+c.roots)*uint64(got)/100, heapMinimum*uint64(got)/100)
-		if g < c.floor {
+		if g < floor {
 			t.Errorf("Percent(live %d, roots %d, floor %d, base %d) = %d: the goal %d is under the floor", c.live, c.roots, c.floor, c.base, got, g)
 		}
-		if slack := (c.live+c.roots)/100 + heapMinimum/100; got > c.base && g > max(c.floor, heapMinimum/100)+slack {
+		if slack := (c.live+c.roots)/100 + heapMinimum/100; got > c.base && g > max(floor, heapMinimum/100)+slack {
 			t.Errorf("Percent(live %d, roots %d, floor %d, base %d) = %d: the goal %d is past the floor by more than a percent's rounding", c.live, c.roots, c.floor, c.base, got, g)
 		}
 	}
@@ -80,7 +85,8 @@ func collectUntil(t *testing.T, what string, ok func(uint64) bool) {
 // small heap would be many times the floor); stopped, the goal falls back
 // to GOGC's.
 func TestStartKeepsTheGoal(t *testing.T) {
-	t.Setenv("GOGC", "")
+	defer debug.SetMemoryLimit(debug.SetMemoryLimit(math.MaxInt64)) // none, whatever $GOMEMLIMIT says
+	base := gogc()
 	const floor = 256 << 20
 	stop, err := Start(floor)
 	if err != nil {
@@ -91,7 +97,7 @@ func TestStartKeepsTheGoal(t *testing.T) {
 	collectUntil(t, "at the floor", near)
 	for range 3 {
 		runtime.GC()
-		runtime.GC() // the finalizer of the cycle before has run
+		runtime.GC()
 		if g := goal(); !near(g) {
 			t.Fatalf("the goal moved to %d bytes, off the floor %d, a few cycles later", g, floor)
 		}
@@ -103,40 +109,40 @@ func TestStartKeepsTheGoal(t *testing.T) {
 		t.Fatalf("a second Start: err %v, want ErrStarted", err)
 	}
 	stop()
-	if p := gogc(); p != 100 {
-		t.Fatalf("stopped, the collector's percentage is %d: want GOGC's, 100", p)
+	if p := gogc(); p != base {
+		t.Fatalf("stopped, the collector's percentage is %d: want the one it had, %d", p, base)
 	}
 	collectUntil(t, "under the floor once stopped", func(g uint64) bool { return g < floor })
 	stop() // twice: nothing
 }
 
 // TestMemoryLimitCapsTheFloor: under a memory limit the floor is at most
-// half of it.
+// half of it (without the cap the limit alone would hold the goal near
+// itself, not near its half).
 func TestMemoryLimitCapsTheFloor(t *testing.T) {
-	t.Setenv("GOGC", "")
 	const limit = 64 << 20
-	old := debug.SetMemoryLimit(limit)
-	defer debug.SetMemoryLimit(old)
+	defer debug.SetMemoryLimit(debug.SetMemoryLimit(limit))
 	stop, err := Start(1 << 30)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer stop()
-	collectUntil(t, "at half the limit", func(g uint64) bool { return g >= limit/2 && g <= limit })
+	collectUntil(t, "at half the limit", func(g uint64) bool { return g >= limit/2 && g <= limit/2+limit/8 })
 }
 
-// TestGOGCOff: with the collector off, Start keeps nothing.
-func TestGOGCOff(t *testing.T) {
-	t.Setenv("GOGC", "off")
+// TestCollectorOff: with the collector off (GOGC=off, or as here
+// debug.SetGCPercent(-1)), Start keeps nothing and leaves it off.
+func TestCollectorOff(t *testing.T) {
+	defer debug.SetGCPercent(debug.SetGCPercent(-1))
 	stop, err := Start(256 << 20)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer stop()
 	if running != nil {
-		t.Fatal("a floor is kept with GOGC=off")
+		t.Fatal("a floor is kept with the collector off")
 	}
-	if old := debug.SetMemoryLimit(-1); old != math.MaxInt64 {
-		t.Logf("memory limit %d", old)
+	if p := gogc(); p <= math.MaxInt32 {
+		t.Fatalf("the collector's percentage is %d: Start turned it back on", p)
 	}
 }

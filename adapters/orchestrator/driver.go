@@ -540,8 +540,9 @@ func Start(opts Options) (*Driver, error) {
 
 	d.beats = newBeats(min(maxBeatWait, o.Config().HeartbeatInterval/100), func(in input) error { return d.push(context.Background(), in) })
 	// The loop's goroutine carries the profile label goroutine=loop (a
-	// commit's, goroutine=commit), so a CPU profile (--pprof) shows its
-	// share alone: go tool pprof -tagfocus goroutine=loop. In an execution
+	// commit's, goroutine=commit; the few others the loop starts, such as
+	// a hang-up, inherit loop), so a CPU profile (--pprof) shows its share:
+	// go tool pprof -tagfocus goroutine=loop. In an execution
 	// trace each batch the loop measures (LoopStats) is a region, "batch",
 	// or "land" for a group released while idle (SPEC §12, the loop's
 	// longest step).
@@ -791,6 +792,10 @@ func (d *Driver) loop() error {
 	}
 }
 
+// commitLabels label a commit's goroutine in CPU profiles (the loop's are
+// goroutine=loop, Start).
+var commitLabels = pprof.Labels("goroutine", "commit")
+
 // flight is a group of stepped batches on its way to the store. Its commit
 // runs on its own goroutine while the loop steps the next batches into the
 // next group (SPEC §12). At most depth are in flight: one, or, on a
@@ -828,7 +833,7 @@ func (d *Driver) launch(f *flight) {
 	if d.pipe != nil && len(f.ops) == 0 {
 		apply = d.pipe.Reserve() // on the loop: places in the order groups were stepped
 	}
-	go pprof.Do(context.Background(), pprof.Labels("goroutine", "commit"), func(context.Context) {
+	go pprof.Do(context.Background(), commitLabels, func(context.Context) {
 		defer close(f.done)
 		f.err = f.group.Persist(func(recs []core.Record) error {
 			t0 := time.Now()

@@ -136,6 +136,7 @@ func TestServerConfigFile(t *testing.T) {
 		"syntax":               {"addr: [\n", "c.yaml"},
 		"negative heap floor":  {"memory:\n  heap_floor_bytes: -1\n", "c.yaml:2: heap_floor_bytes must be a whole number of bytes from 0 (off) to 1099511627776"},
 		"unknown memory key":   {"memory:\n  gogc: 400\n", `c.yaml:2: memory: unknown key "gogc"`},
+		"empty heap floor":     {"memory:\n  heap_floor_bytes:\n", "c.yaml:2: heap_floor_bytes must be a whole number of bytes"},
 	} {
 		_, err := loadServerConfig("c.yaml", []byte(c.src))
 		if err == nil || !strings.Contains(err.Error(), c.want) {
