@@ -92,7 +92,6 @@ func Start(floor uint64) (stop func(), err error) {
 		return func() {}, nil
 	}
 	base := int(pct[0].Value.Uint64())
-	floor = min(floor, FloorMax)
 	if limit := debug.SetMemoryLimit(-1); limit != math.MaxInt64 && limit > 0 {
 		floor = min(floor, uint64(limit)/2)
 	}

@@ -277,9 +277,6 @@ func (l dataLimits) apply(o *orchestrator.Options) {
 	o.BodyIdleTimeout = time.Duration(l.BodyIdleTimeoutSecs) * time.Second
 }
 
-// maxHeapFloor is the largest --heap-floor (memory: heap_floor_bytes), 1 TiB.
-const maxHeapFloor = 1 << 40
-
 // defaultMaxConns is the default of --max-conns (orchestrator.Options.MaxConns).
 const defaultMaxConns = 1024
 
@@ -398,8 +395,8 @@ func loadServerConfig(path string, src []byte) (serverConfig, error) {
 		case "memory":
 			mapping(v, "memory", []string{"heap_floor_bytes"}, errf, func(key string, v *yaml.Node) {
 				var n int64
-				if v.Kind != yaml.ScalarNode || v.ShortTag() == "!!null" || v.Decode(&n) != nil || n < 0 || n > maxHeapFloor {
-					errf(v, "%s must be a whole number of bytes from 0 (off) to %d, not %q", key, int64(maxHeapFloor), v.Value)
+				if v.Kind != yaml.ScalarNode || v.ShortTag() == "!!null" || v.Decode(&n) != nil || n < 0 || n > heapfloor.FloorMax {
+					errf(v, "%s must be a whole number of bytes from 0 (off) to %d, not %q", key, int64(heapfloor.FloorMax), v.Value)
 					return
 				}
 				cfg.HeapFloor = n
@@ -582,8 +579,8 @@ func resolveServeConfig(e *env) (serverConfig, error) {
 		cfg.MaxSubmitBody = e.opts.maxSubmitBody
 	}
 	if set["heap-floor"] {
-		if e.opts.heapFloor < 0 || e.opts.heapFloor > maxHeapFloor {
-			return cfg, usageErrorf("--heap-floor %d: want 0 (off) to %d bytes", e.opts.heapFloor, int64(maxHeapFloor))
+		if e.opts.heapFloor < 0 || e.opts.heapFloor > heapfloor.FloorMax {
+			return cfg, usageErrorf("--heap-floor %d: want 0 (off) to %d bytes", e.opts.heapFloor, int64(heapfloor.FloorMax))
 		}
 		cfg.HeapFloor = e.opts.heapFloor
 	}
