@@ -57,12 +57,22 @@ type HistoryHead struct {
 
 // DeriveHead derives h.Head from the rest of h.
 func (h *RunHistory) DeriveHead() HistoryHead {
-	hd := HistoryHead{Run: h.Run.ID, Name: h.Run.Spec.Name, Status: h.Status, Parent: h.Run.Parent, SubmittedAt: h.Run.SubmittedAt,
-		Deadline: h.Run.Deadline, CancelReason: h.Run.CancelReason, Steps: len(h.Run.Steps), States: map[string]int{}}
-	if h.Run.Finished {
-		hd.FinishedAt = h.Run.FinishedAt
+	steps := make([]*StepRecord, len(h.Steps))
+	for i := range h.Steps {
+		steps[i] = &h.Steps[i]
 	}
-	for _, s := range h.Steps {
+	return historyHead(&h.Run, h.Status, steps)
+}
+
+// historyHead is the head of the history of run r, of status status, whose
+// steps are steps.
+func historyHead(r *RunRecord, status string, steps []*StepRecord) HistoryHead {
+	hd := HistoryHead{Run: r.ID, Name: r.Spec.Name, Status: status, Parent: r.Parent, SubmittedAt: r.SubmittedAt,
+		Deadline: r.Deadline, CancelReason: r.CancelReason, Steps: len(r.Steps), States: map[string]int{}}
+	if r.Finished {
+		hd.FinishedAt = r.FinishedAt
+	}
+	for _, s := range steps {
 		hd.States[s.State.String()]++
 	}
 	return hd
@@ -126,34 +136,38 @@ func (o *Orchestrator) archiveQueued() {
 // archive moves run r out of the core: its history record is written, its
 // live records deleted, and its leases enter the closed-lease table.
 func (o *Orchestrator) archive(r *RunRecord) {
-	h := RunHistory{Run: *r, Status: o.runStatus(r), Events: o.events[r.ID]}
-	h.Run.Steps = append([]StepID(nil), r.Steps...)
-	h.Run.Children = append([]RunID(nil), r.Children...)
-	var leases []LeaseID
-	if len(r.Steps) > 0 { // sized once: a history of 200 steps is 70 KB of records (nil stays nil: the encoding differs)
-		h.Steps = make([]StepRecord, 0, len(r.Steps))
-		n := 0
-		for _, sid := range r.Steps {
-			n += len(o.stepLeases[sid])
-		}
-		if n > 0 {
-			leases = make([]LeaseID, 0, n)
-			h.Leases = make([]LeaseRecord, 0, n)
-		}
-	}
+	// The history is encoded from the live records, which are dropped just
+	// after: nothing is copied (a 200-step run's steps and leases are
+	// ~130 KB of structs, for a record read once).
+	steps := o.archiveSteps[:0]
 	for _, sid := range r.Steps {
-		s := o.steps[sid]
-		h.Steps = append(h.Steps, copyStep(s))
+		steps = append(steps, o.steps[sid])
+	}
+	var leases []LeaseID
+	for _, sid := range r.Steps {
 		leases = append(leases, o.stepLeases[sid]...)
 	}
 	slices.Sort(leases)
+	ls := o.archiveLeases[:0]
 	for _, lid := range leases {
-		l := o.leases[lid]
-		h.Leases = append(h.Leases, *l)
+		ls = append(ls, o.leases[lid])
+	}
+	status := o.runStatus(r)
+	head := historyHead(r, status, steps)
+	run := *r // an empty list is written null, as a RunHistory's copy of it was
+	if len(run.Steps) == 0 {
+		run.Steps = nil
+	}
+	if len(run.Children) == 0 {
+		run.Children = nil
+	}
+	o.history = append(o.history, Record{Key: HistoryKey(r.ID), Value: encodeHistory(&o.scratch, &head, &run, status, steps, ls, o.events[r.ID])})
+	for _, l := range ls {
 		o.closeLease(l)
 	}
-	h.Head = h.DeriveHead()
-	o.history = append(o.history, Record{Key: HistoryKey(r.ID), Value: encodeScratch(&o.scratch, &h)})
+	clear(steps)
+	clear(ls)
+	o.archiveSteps, o.archiveLeases = steps[:0], ls[:0]
 
 	// Forget it: every live record is deleted, the log records are left
 	// where they are (dropped from the cache without a delete; finish does

@@ -2,8 +2,10 @@ package core
 
 import (
 	"bytes"
+	"encoding/json"
 	"fmt"
 	"math/rand/v2"
+	"reflect"
 	"sort"
 	"strings"
 	"testing"
@@ -605,5 +607,59 @@ func TestHeartbeatClockInCloneAndFingerprint(t *testing.T) {
 	}
 	if describeAll(ro) == describeAll(rq) {
 		t.Fatalf("the heartbeat made no difference: the check is vacuous\n%s", describeAll(ro))
+	}
+}
+
+// TestArchiveEncodesAsEncodingJSON checks archive's history records, which
+// it encodes from the live records without copying them (encodeHistory):
+// each must be exactly encoding/json's rendering of the RunHistory it
+// decodes to, runs without steps or leases included (null lists).
+func TestArchiveEncodesAsEncodingJSON(t *testing.T) {
+	seeds, steps := 10, 3000
+	if testing.Short() {
+		seeds, steps = 3, 1000
+	}
+	archived, noLeases := 0, 0
+	for seed := uint64(1); seed <= uint64(seeds); seed++ {
+		g := newInputGen(seed)
+		o := NewOrchestrator(Config{NoStateCache: true})
+		for i := 0; i < steps; i++ {
+			in, restart := g.next()
+			if restart {
+				continue
+			}
+			rd := o.Step(g.now, in)
+			g.learn(o, rd)
+			for _, r := range rd.Records {
+				if !IsHistoryKey(r.Key) {
+					continue
+				}
+				v, err := DecodeRecord(r)
+				if err != nil {
+					t.Fatalf("seed %d step %d: history record %s: %v", seed, i, r.Key, err)
+				}
+				h := v.(*RunHistory)
+				want, err := json.Marshal(h)
+				if err != nil || !bytes.Equal(r.Value, want) {
+					t.Fatalf("seed %d step %d: history record %s written\n%s\nencoding/json renders it\n%s (%v)\nreplay: go test ./core -run TestArchiveEncodesAsEncodingJSON", seed, i, r.Key, r.Value, want, err)
+				}
+				if !reflect.DeepEqual(h.Head, h.DeriveHead()) {
+					t.Fatalf("seed %d step %d: history record %s: head %+v, the rest says %+v", seed, i, r.Key, h.Head, h.DeriveHead())
+				}
+				archived++
+				if len(h.Leases) == 0 {
+					noLeases++
+					if h.Leases != nil { // a RunHistory of copies held nil, so null
+						t.Fatalf("seed %d step %d: history record %s: no lease, written [] not null\nreplay: go test ./core -run TestArchiveEncodesAsEncodingJSON", seed, i, r.Key)
+					}
+				}
+				if len(h.Steps) == 0 && h.Steps != nil {
+					t.Fatalf("seed %d step %d: history record %s: no step, written [] not null", seed, i, r.Key)
+				}
+			}
+		}
+	}
+	if archived == 0 || noLeases == 0 {
+		t.Fatalf("%d runs archived, %d of them without a lease: the stream does not exercise archive", archived, noLeases)
 	}
 }

@@ -348,19 +348,56 @@ func (e *recEncoder) logLine(l *StepLogLine) {
 // is arbitrary), the rest by hand. Steps, leases and events are nil-free
 // slices when the run has any (a run has at least one step).
 func (e *recEncoder) history(h *RunHistory) {
+	e.historyOf(&h.Head, &h.Run, h.Status, len(h.Steps), h.Steps == nil, func(i int) *StepRecord { return &h.Steps[i] },
+		len(h.Leases), h.Leases == nil, func(i int) *LeaseRecord { return &h.Leases[i] }, h.Events)
+}
+
+// encodeHistory renders, as encode does a RunHistory, the history of run
+// r from the live records (archive): the same bytes as a RunHistory of
+// copies, whose Steps are null when r has none and Leases null when no
+// step had one (encode_test.go).
+func encodeHistory(scratch *[]byte, head *HistoryHead, r *RunRecord, status string, steps []*StepRecord, leases []*LeaseRecord, events []ServerEvent) []byte {
+	e := recEncoder{b: (*scratch)[:0]}
+	e.historyOf(head, r, status, len(steps), len(steps) == 0, func(i int) *StepRecord { return steps[i] },
+		len(leases), len(leases) == 0, func(i int) *LeaseRecord { return leases[i] }, events)
+	*scratch = e.b
+	return append(make([]byte, 0, len(e.b)), e.b...)
+}
+
+// historyOf renders a history's parts; a nil list is null, as encoding/json
+// renders a nil slice.
+func (e *recEncoder) historyOf(head *HistoryHead, r *RunRecord, status string,
+	nSteps int, nilSteps bool, step func(int) *StepRecord,
+	nLeases int, nilLeases bool, lease func(int) *LeaseRecord, events []ServerEvent) {
 	e.key(true, "Head")
-	e.historyHead(&h.Head)
+	e.historyHead(head)
 	e.key(false, "Run")
-	e.run(&h.Run)
+	e.run(r)
 	e.key(false, "Status")
-	e.str(h.Status)
+	e.str(status)
 	e.key(false, "Steps")
-	encSlice(e, h.Steps, func(s *StepRecord) { e.step(s) })
+	encList(e, nSteps, nilSteps, func(i int) { e.step(step(i)) })
 	e.key(false, "Leases")
-	encSlice(e, h.Leases, func(l *LeaseRecord) { e.lease(l) })
+	encList(e, nLeases, nilLeases, func(i int) { e.lease(lease(i)) })
 	e.key(false, "Events")
-	encSlice(e, h.Events, func(ev *ServerEvent) { e.event(ev) })
+	encSlice(e, events, func(ev *ServerEvent) { e.event(ev) })
 	e.end()
+}
+
+// encList renders n elements as a JSON array, or null when isNil.
+func encList(e *recEncoder, n int, isNil bool, one func(int)) {
+	if isNil {
+		e.b = append(e.b, "null"...)
+		return
+	}
+	e.b = append(e.b, '[')
+	for i := range n {
+		if i > 0 {
+			e.b = append(e.b, ',')
+		}
+		one(i)
+	}
+	e.b = append(e.b, ']')
 }
 
 func (e *recEncoder) run(r *RunRecord) {

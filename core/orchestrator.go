@@ -78,7 +78,12 @@ type Orchestrator struct {
 	rd      Ready
 	dirty   map[string]bool
 	appends []Record
-	scratch []byte // encoding buffer, reused
+	scratch []byte   // encoding buffer, reused
+	keys    []string // finish's sorted dirty keys, reused
+
+	// archive's lists of a run's live steps and leases, reused (emptied after each use).
+	archiveSteps  []*StepRecord
+	archiveLeases []*LeaseRecord
 
 	// Archival (archive.go) and the closed-lease table (closed.go).
 	stepLeases    map[StepID][]LeaseID     // every lease of a step, in grant order (derived)
@@ -307,7 +312,7 @@ func (o *Orchestrator) finish() Ready {
 	o.flushGroupWaits()
 	o.archiveQueued()
 	o.flushClosed()
-	keys := make([]string, 0, len(o.dirty))
+	keys := o.keys[:0]
 	for k := range o.dirty {
 		keys = append(keys, k)
 	}
@@ -316,6 +321,8 @@ func (o *Orchestrator) finish() Ready {
 	for _, k := range keys {
 		recs = append(recs, o.recordFor(k))
 	}
+	clear(keys)
+	o.keys = keys[:0]
 	recs = append(recs, o.appends...)
 	slices.SortStableFunc(recs, byKey)
 	if !o.cfg.NoStateCache { // the real driver's core keeps no cache: nothing to walk

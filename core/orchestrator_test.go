@@ -2,6 +2,7 @@ package core
 
 import (
 	"bytes"
+	"encoding/json"
 	"fmt"
 	"reflect"
 	"sort"
@@ -115,6 +116,11 @@ func (h *harness) absorb(rd Ready) []string {
 				h.t.Fatalf("history record %s: %v", r.Key, err)
 			}
 			hist := v.(*RunHistory)
+			// archive encodes from the live records (encodeHistory): the
+			// bytes must be encoding/json's of the RunHistory they decode to.
+			if want, err := json.Marshal(hist); err != nil || !bytes.Equal(r.Value, want) {
+				h.t.Fatalf("history record %s: written\n%s\nencoding/json renders it\n%s (%v)", r.Key, r.Value, want, err)
+			}
 			if want := hist.DeriveHead(); !reflect.DeepEqual(hist.Head, want) {
 				h.t.Fatalf("history record %s: head %+v, the rest of the record says %+v", r.Key, hist.Head, want)
 			}

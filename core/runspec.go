@@ -520,8 +520,10 @@ func (r RunSpec) checkSizes() error {
 	}
 	size := len(r.Name) + envBytes(r.Env)
 	for _, s := range r.Steps {
-		if err := checkEnv(fmt.Sprintf("step %q", s.Name), s.Env); err != nil {
-			return err
+		if len(s.Env) > 0 { // the place is formatted only when there is something to check
+			if err := checkEnv(fmt.Sprintf("step %q", s.Name), s.Env); err != nil {
+				return err
+			}
 		}
 		size += len(s.Name) + len(s.Command) + len(s.Type) + len(s.Runner) + len(s.Target) + len(s.Platform) + envBytes(s.Env) + envBytes(s.Labels)
 		if err := checkStepSecrets(s); err != nil {

@@ -64,3 +64,49 @@ func TestCommitPersistsTheLastRecordOfAKey(t *testing.T) {
 		t.Fatalf("persisted %v (err %v), want %v", got, err, want)
 	}
 }
+
+// TestGroupReusedAfterReset: a group reset and filled again persists its
+// own records only, each key's last, whatever the group before held.
+func TestGroupReusedAfterReset(t *testing.T) {
+	var g Group
+	v := func(s string) []byte { return []byte(s) }
+	persisted := func() string {
+		var got []string
+		if err := g.Persist(func(recs []core.Record) error {
+			for _, r := range recs {
+				got = append(got, fmt.Sprintf("%s=%s", r.Key, r.Value))
+			}
+			return nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+		return fmt.Sprint(got)
+	}
+	g.Add(core.Ready{Records: []core.Record{{Key: "x", Value: v("1")}, {Key: "a", Value: v("1")}, {Key: "b", Value: v("1")}}})
+	g.Add(core.Ready{Records: []core.Record{{Key: "c", Value: v("1")}, {Key: "a", Value: v("2")}}})
+	if got, want := persisted(), "[x=1 b=1 c=1 a=2]"; got != want {
+		t.Fatalf("first group persisted %s, want %s", got, want)
+	}
+	g.Reset()
+	if g.Len() != 0 {
+		t.Fatalf("a reset group holds %d batches", g.Len())
+	}
+	g.Add(core.Ready{Records: []core.Record{{Key: "a", Value: v("3")}}})
+	g.Add(core.Ready{Records: []core.Record{{Key: "b", Value: v("3")}}})
+	if got, want := persisted(), "[a=3 b=3]"; got != want {
+		t.Fatalf("the group reused persisted %s, want %s", got, want)
+	}
+	// Four records of two keys, the groups before having held four keys:
+	// their stale indexes would make every key look written once.
+	g.Reset()
+	g.Add(core.Ready{Records: []core.Record{{Key: "a", Value: v("4")}, {Key: "b", Value: v("4")}}})
+	g.Add(core.Ready{Records: []core.Record{{Key: "a", Value: v("5")}, {Key: "b", Value: v("5")}}})
+	if got, want := persisted(), "[a=5 b=5]"; got != want {
+		t.Fatalf("the group reused persisted %s, want %s", got, want)
+	}
+	g.Reset()
+	g.Add(core.Ready{Records: []core.Record{{Key: "y", Value: v("4")}}})
+	if got, want := persisted(), "[y=4]"; got != want {
+		t.Fatalf("one batch after reuse persisted %s, want %s", got, want)
+	}
+}

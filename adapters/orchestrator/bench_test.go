@@ -30,6 +30,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"runtime/metrics"
 	"slices"
 	"strconv"
 	"strings"
@@ -179,7 +180,9 @@ type benchRig struct {
 // part) and the worker processes have used so far.
 type usage struct {
 	orchCPU, workerCPU time.Duration
-	ctxsw              int64 // voluntary context switches, all processes
+	ctxsw              int64  // voluntary context switches, all processes
+	gcCycles           uint64 // this process's completed GC cycles
+	allocBytes         uint64 // this process's heap allocations, cumulative
 }
 
 // usage reads the CPU time (user and system) and the voluntary context
@@ -193,6 +196,11 @@ func (r *benchRig) usage(tb testing.TB) usage {
 		tb.Fatal(err)
 	}
 	u := usage{orchCPU: time.Duration(ru.Utime.Nano() + ru.Stime.Nano()), ctxsw: ru.Nvcsw}
+	// The collector's cycles and the bytes allocated, which set how often
+	// it runs (a cycle lengthens the loop's batches it meets, SPEC §12).
+	gc := []metrics.Sample{{Name: "/gc/cycles/total:gc-cycles"}, {Name: "/gc/heap/allocs:bytes"}}
+	metrics.Read(gc)
+	u.gcCycles, u.allocBytes = gc[0].Value.Uint64(), gc[1].Value.Uint64()
 	for _, pid := range r.workers {
 		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
 		if err != nil {
@@ -546,6 +554,8 @@ func BenchmarkEndToEnd(b *testing.B) {
 			b.ReportMetric(float64((u1.orchCPU-u0.orchCPU).Microseconds())/steps, "orch-cpu-µs/step")
 			b.ReportMetric(float64((u1.workerCPU-u0.workerCPU).Microseconds())/steps, "worker-cpu-µs/step")
 			b.ReportMetric(float64(u1.ctxsw-u0.ctxsw)/steps, "ctxsw/step")
+			b.ReportMetric(float64(u1.gcCycles-u0.gcCycles)/float64(b.N), "gc-cycles/op")
+			b.ReportMetric(float64(u1.allocBytes-u0.allocBytes)/steps, "alloc-B/step")
 			ls := r.d.LoopStats() // the loop's longest batch, and its quantiles (SPEC §12)
 			b.ReportMetric(ms(ls.Max), "loop-max-ms")
 			b.ReportMetric(ms(ls.P99), "loop-p99-ms")

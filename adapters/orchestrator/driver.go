@@ -281,6 +281,7 @@ type Driver struct {
 	deadline   time.Time // the core's next deadline, as armed
 	inFlight   []*flight // the groups being made durable, oldest first (at most depth)
 	next       *flight   // the group stepped since, waiting for the store
+	spare      []*flight // landed groups, emptied, whose arrays the next groups reuse
 
 	stats loopStats // how long each batch held the loop (SPEC §12)
 
@@ -912,7 +913,22 @@ func (d *Driver) land() error {
 		d.emitLogs(rd)
 	}
 	d.m.landed(d, f)
+	d.recycle(f)
 	return nil
+}
+
+// recycle empties a landed group for a next one, keeping its arrays: a
+// group per commit would otherwise grow them afresh each time (SPEC §12).
+// What they held is cleared, so nothing of it stays reachable. There are at
+// most depth+1 groups (in flight, and the next), so at most that many spares.
+func (d *Driver) recycle(f *flight) {
+	f.group.Reset()
+	clear(f.ops)
+	clear(f.writes)
+	clear(f.queries)
+	*f = flight{group: f.group, ops: f.ops[:0], writes: f.writes[:0], queries: f.queries[:0],
+		dispatchLatency: f.dispatchLatency[:0], submitToStart: f.submitToStart[:0]}
+	d.spare = append(d.spare, f)
 }
 
 // abandon ends a group that will never be released: nobody may hear
@@ -960,8 +976,12 @@ func (d *Driver) canLaunch(f *flight) bool {
 // go now (canLaunch).
 func (d *Driver) launchNext() {
 	f := d.next
-	if f == nil || (f.group.Len() == 0 && len(f.writes) == 0 && len(f.queries) == 0) {
+	if f == nil {
+		return
+	}
+	if f.group.Len() == 0 && len(f.writes) == 0 && len(f.queries) == 0 {
 		d.next = nil
+		d.recycle(f)
 		return
 	}
 	if !d.canLaunch(f) {
@@ -1027,7 +1047,11 @@ func (d *Driver) process(batch []input) error {
 		}
 	}
 	if d.next == nil {
-		d.next = &flight{}
+		if n := len(d.spare); n > 0 {
+			d.next, d.spare[n-1], d.spare = d.spare[n-1], nil, d.spare[:n-1]
+		} else {
+			d.next = &flight{}
+		}
 	}
 	f := d.next
 	f.inputs += len(batch)

@@ -18,6 +18,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"sync"
 	"time"
@@ -194,14 +195,20 @@ func (s *Store) Apply(recs []core.Record) error {
 		return err
 	}
 	if s.log != nil {
-		ps := make([]prep, len(recs))
+		pp := prepPool.Get().(*[]prep)
+		defer func() {
+			clear(*pp)
+			prepPool.Put(pp)
+		}()
+		ps := slices.Grow((*pp)[:0], len(recs))[:len(recs)]
+		*pp = ps
 		for i, r := range recs {
 			var err error
 			if ps[i], err = prepare(r, s); err != nil {
 				return fmt.Errorf("store: apply %d records: record %q: %w", len(recs), r.Key, err)
 			}
 		}
-		if err := s.log.append(encodePayload(ps)); err != nil {
+		if err := s.log.append(encodePayload(ps)); err != nil { // the payload holds copies
 			return fmt.Errorf("store: apply %d records: %w", len(recs), err)
 		}
 		return nil
@@ -278,6 +285,10 @@ type prep struct {
 	sum    []byte // runs_by_seq's value: the run's summary (JSON)
 	finish []byte // runs_by_finish's key
 }
+
+// prepPool holds Apply's lists of prepared records: one per commit would
+// be a few kilobytes each time (SPEC §12).
+var prepPool = sync.Pool{New: func() any { return new([]prep) }}
 
 // prepare turns a record into what put writes. It reads nothing of the
 // file: its result is the same whenever it is applied.
