@@ -160,7 +160,7 @@ func encodePayload(ps []prep) []byte {
 	for _, p := range ps {
 		n += 1 + 4*binary.MaxVarintLen64 + len(p.key) + len(p.val) + len(p.sum) + len(p.finish)
 	}
-	b := make([]byte, walEntryHead, n)
+	b := payloadBuf(n)[:walEntryHead] // its head is written whole by writeAt
 	b = binary.AppendUvarint(b, uint64(len(ps)))
 	for _, p := range ps {
 		var flags byte
@@ -186,6 +186,19 @@ func encodePayload(ps []prep) []byte {
 		}
 	}
 	return b
+}
+
+// payloadPool holds entry buffers the applier is done with (run): a
+// commit's entry is tens of kilobytes, otherwise allocated afresh for each
+// commit (SPEC §12).
+var payloadPool sync.Pool // of *[]byte
+
+// payloadBuf returns an empty buffer of at least n bytes' capacity.
+func payloadBuf(n int) []byte {
+	if p, ok := payloadPool.Get().(*[]byte); ok && cap(*p) >= n {
+		return (*p)[:0]
+	}
+	return make([]byte, 0, n)
 }
 
 // eachRecord decodes an entry's payload and calls f with each record (its
@@ -659,6 +672,13 @@ func (l *wlog) run() {
 			return b.Put(walKeyApplied, be64(last))
 		})
 		clear(payloads) // the entries' buffers are no longer needed
+		if err == nil { // committed: nothing of the transaction refers to them
+			for i := range batch {
+				b := batch[i].buf[:0]
+				batch[i].buf = nil
+				payloadPool.Put(&b)
+			}
+		}
 		l.mu.Lock()
 		if err != nil {
 			l.err = fmt.Errorf("store: apply the log: %w", err)
