@@ -67,6 +67,7 @@ import (
 	"fmt"
 	"hash/crc32"
 	"io"
+	"math/bits"
 	"os"
 	"path/filepath"
 	"sync"
@@ -193,12 +194,14 @@ func encodePayload(ps []prep) []byte {
 // commit (SPEC §12).
 var payloadPool sync.Pool // of *[]byte
 
-// payloadBuf returns an empty buffer of at least n bytes' capacity.
+// payloadBuf returns an empty buffer of at least n bytes' capacity. New
+// buffers are sized in powers of two, so that one freed fits the next
+// entries of about its size.
 func payloadBuf(n int) []byte {
 	if p, ok := payloadPool.Get().(*[]byte); ok && cap(*p) >= n {
 		return (*p)[:0]
 	}
-	return make([]byte, 0, n)
+	return make([]byte, 0, 1<<bits.Len(uint(n-1)))
 }
 
 // eachRecord decodes an entry's payload and calls f with each record (its
