@@ -361,6 +361,16 @@ func encodeHistory(scratch *[]byte, head *HistoryHead, r *RunRecord, status stri
 	e.historyOf(head, r, status, len(steps), len(steps) == 0, func(i int) *StepRecord { return steps[i] },
 		len(leases), len(leases) == 0, func(i int) *LeaseRecord { return leases[i] }, events)
 	*scratch = e.b
+	if e.bad { // what encode would render through encoding/json (and so its panic)
+		h := RunHistory{Head: *head, Run: *r, Status: status, Events: events}
+		for _, s := range steps {
+			h.Steps = append(h.Steps, *s)
+		}
+		for _, l := range leases {
+			h.Leases = append(h.Leases, *l)
+		}
+		return encode(&h)
+	}
 	return append(make([]byte, 0, len(e.b)), e.b...)
 }
 

@@ -347,3 +347,46 @@ func TestKeysMatchSprintf(t *testing.T) {
 		}
 	})
 }
+
+// TestEncodeHistoryMatchesEncode: encodeHistory (archive's, from the live
+// records) renders a history as encode renders the RunHistory of copies
+// whose empty lists are nil, which is encoding/json's rendering; and
+// where encoding/json refuses a time, it panics as encode does.
+func TestEncodeHistoryMatchesEncode(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		h := genRunHistory().Draw(t, "history")
+		if len(h.Steps) == 0 {
+			h.Steps = nil
+		}
+		if len(h.Leases) == 0 {
+			h.Leases = nil
+		}
+		if len(h.Run.Steps) == 0 {
+			h.Run.Steps = nil // archive writes a run's empty list null, as its copy held it
+		}
+		var steps []*StepRecord
+		for i := range h.Steps {
+			steps = append(steps, &h.Steps[i])
+		}
+		var leases []*LeaseRecord
+		for i := range h.Leases {
+			leases = append(leases, &h.Leases[i])
+		}
+		want, err := json.Marshal(h)
+		var got []byte
+		panicked := func() (p bool) {
+			defer func() { p = recover() != nil }()
+			var scratch []byte
+			got = encodeHistory(&scratch, &h.Head, &h.Run, h.Status, steps, leases, h.Events)
+			return false
+		}()
+		switch {
+		case err != nil && !panicked:
+			t.Fatalf("encoding/json refuses the history (%v), encodeHistory rendered %s", err, got)
+		case err == nil && panicked:
+			t.Fatalf("encodeHistory panicked on a history encoding/json renders as %s", want)
+		case err == nil && !bytes.Equal(got, want):
+			t.Fatalf("encodeHistory:\n got %s\nwant %s", got, want)
+		}
+	})
+}

@@ -64,7 +64,7 @@ func (g *Group) Len() int { return len(g.readys) }
 func (g *Group) Readys() []core.Ready { return g.readys }
 
 // Reset empties the group for reuse, keeping its arrays: a driver that
-// makes a group per commit spends less on them (SPEC §12).
+// makes a group per commit spends less on them (SPEC §12, the loop's longest step).
 func (g *Group) Reset() {
 	clear(g.readys)
 	g.readys = g.readys[:0]

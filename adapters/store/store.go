@@ -287,7 +287,7 @@ type prep struct {
 }
 
 // prepPool holds Apply's lists of prepared records: one per commit would
-// be a few kilobytes each time (SPEC §12).
+// be a few kilobytes each time (SPEC §12, the loop's longest step).
 var prepPool = sync.Pool{New: func() any { return new([]prep) }}
 
 // prepare turns a record into what put writes. It reads nothing of the

@@ -191,7 +191,7 @@ func encodePayload(ps []prep) []byte {
 
 // payloadPool holds entry buffers the applier is done with (run): a
 // commit's entry is tens of kilobytes, otherwise allocated afresh for each
-// commit (SPEC §12).
+// commit (SPEC §12, the loop's longest step).
 var payloadPool sync.Pool // of *[]byte
 
 // payloadBuf returns an empty buffer of at least n bytes' capacity. New
