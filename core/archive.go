@@ -57,11 +57,7 @@ type HistoryHead struct {
 
 // DeriveHead derives h.Head from the rest of h.
 func (h *RunHistory) DeriveHead() HistoryHead {
-	steps := make([]*StepRecord, len(h.Steps))
-	for i := range h.Steps {
-		steps[i] = &h.Steps[i]
-	}
-	return historyHead(&h.Run, h.Status, steps)
+	return historyHead(&h.Run, h.Status, pointers(h.Steps))
 }
 
 // historyHead is the head of the history of run r, of status status, whose

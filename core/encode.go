@@ -348,8 +348,7 @@ func (e *recEncoder) logLine(l *StepLogLine) {
 // is arbitrary), the rest by hand. Steps, leases and events are nil-free
 // slices when the run has any (a run has at least one step).
 func (e *recEncoder) history(h *RunHistory) {
-	e.historyOf(&h.Head, &h.Run, h.Status, len(h.Steps), h.Steps == nil, func(i int) *StepRecord { return &h.Steps[i] },
-		len(h.Leases), h.Leases == nil, func(i int) *LeaseRecord { return &h.Leases[i] }, h.Events)
+	e.historyOf(&h.Head, &h.Run, h.Status, pointers(h.Steps), h.Steps == nil, pointers(h.Leases), h.Leases == nil, h.Events)
 }
 
 // encodeHistory renders, as encode does a RunHistory, the history of run
@@ -358,8 +357,7 @@ func (e *recEncoder) history(h *RunHistory) {
 // step had one (encode_test.go).
 func encodeHistory(scratch *[]byte, head *HistoryHead, r *RunRecord, status string, steps []*StepRecord, leases []*LeaseRecord, events []ServerEvent) []byte {
 	e := recEncoder{b: (*scratch)[:0]}
-	e.historyOf(head, r, status, len(steps), len(steps) == 0, func(i int) *StepRecord { return steps[i] },
-		len(leases), len(leases) == 0, func(i int) *LeaseRecord { return leases[i] }, events)
+	e.historyOf(head, r, status, steps, len(steps) == 0, leases, len(leases) == 0, events)
 	*scratch = e.b
 	if e.bad { // what encode would render through encoding/json (and so its panic)
 		h := RunHistory{Head: *head, Run: *r, Status: status, Events: events}
@@ -374,11 +372,10 @@ func encodeHistory(scratch *[]byte, head *HistoryHead, r *RunRecord, status stri
 	return append(make([]byte, 0, len(e.b)), e.b...)
 }
 
-// historyOf renders a history's parts; a nil list is null, as encoding/json
-// renders a nil slice.
+// historyOf renders a history's parts; a list marked null is null, as
+// encoding/json renders a nil slice.
 func (e *recEncoder) historyOf(head *HistoryHead, r *RunRecord, status string,
-	nSteps int, nilSteps bool, step func(int) *StepRecord,
-	nLeases int, nilLeases bool, lease func(int) *LeaseRecord, events []ServerEvent) {
+	steps []*StepRecord, stepsNull bool, leases []*LeaseRecord, leasesNull bool, events []ServerEvent) {
 	e.key(true, "Head")
 	e.historyHead(head)
 	e.key(false, "Run")
@@ -386,12 +383,21 @@ func (e *recEncoder) historyOf(head *HistoryHead, r *RunRecord, status string,
 	e.key(false, "Status")
 	e.str(status)
 	e.key(false, "Steps")
-	encList(e, nSteps, nilSteps, func(i int) { e.step(step(i)) })
+	encList(e, len(steps), stepsNull, func(i int) { e.step(steps[i]) })
 	e.key(false, "Leases")
-	encList(e, nLeases, nilLeases, func(i int) { e.lease(lease(i)) })
+	encList(e, len(leases), leasesNull, func(i int) { e.lease(leases[i]) })
 	e.key(false, "Events")
 	encSlice(e, events, func(ev *ServerEvent) { e.event(ev) })
 	e.end()
+}
+
+// pointers points at each element of xs.
+func pointers[T any](xs []T) []*T {
+	ps := make([]*T, len(xs))
+	for i := range xs {
+		ps[i] = &xs[i]
+	}
+	return ps
 }
 
 // encList renders n elements as a JSON array, or null when isNil.
@@ -677,16 +683,5 @@ func (e *recEncoder) historyHead(h *HistoryHead) {
 
 // encSlice renders a slice of records as encoding/json does (nil is null).
 func encSlice[T any](e *recEncoder, xs []T, one func(*T)) {
-	if xs == nil {
-		e.b = append(e.b, "null"...)
-		return
-	}
-	e.b = append(e.b, '[')
-	for i := range xs {
-		if i > 0 {
-			e.b = append(e.b, ',')
-		}
-		one(&xs[i])
-	}
-	e.b = append(e.b, ']')
+	encList(e, len(xs), xs == nil, func(i int) { one(&xs[i]) })
 }

@@ -27,7 +27,10 @@ func (g *Group) Add(rd core.Ready) {
 // records returns the group's records, the last of each key, in a slice
 // the group reuses after Reset.
 func (g *Group) records() []core.Record {
-	if len(g.readys) == 1 {
+	switch len(g.readys) {
+	case 0:
+		return nil
+	case 1:
 		return g.readys[0].Records // one batch has each key once
 	}
 	recs := slices.Grow(g.recs[:0], g.nrecs)
@@ -35,9 +38,6 @@ func (g *Group) records() []core.Record {
 		recs = append(recs, rd.Records...)
 	}
 	g.recs = recs
-	if len(g.readys) == 0 {
-		return recs
-	}
 	if g.last == nil {
 		g.last = make(map[string]int, len(recs))
 	}
