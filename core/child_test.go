@@ -77,7 +77,7 @@ func TestChildLimits(t *testing.T) {
 		}
 	}
 	seq = o.meta.RunSeq
-	if a := submit(leafSpec(), "run-1"); a.Code != CodeInvalid || !strings.Contains(a.Err, "has 64 child runs") {
+	if a := submit(leafSpec(), "run-1"); a.Code != CodeConflict || !strings.Contains(a.Err, "has 64 child runs") {
 		t.Errorf("a 65th child: %+v", a)
 	}
 	if o.meta.RunSeq != seq {

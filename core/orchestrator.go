@@ -895,8 +895,8 @@ func (o *Orchestrator) submit(in Submit) {
 			code := CodeInvalid
 			if parent == nil && !o.archived(in.Parent) {
 				code = CodeNotFound
-			} else if parent == nil || parent.Finished || parent.CancelReason != "" {
-				code = CodeConflict
+			} else if parent == nil || parent.Finished || parent.CancelReason != "" || len(parent.Children) >= MaxChildRuns {
+				code = CodeConflict // the parent's state, not the run, refuses it (SPEC §12: 409)
 			}
 			o.deny(in.Call, in.Actor, act, in.Spec.Name, code, msg)
 			return

@@ -356,7 +356,11 @@ func (a *api) handler(rt apiRoute) http.Handler {
 		note := &auditNote{}
 		r = r.WithContext(context.WithValue(WithActor(r.Context(), op.Name), noteKey{}, note))
 		if !rt.noDeadline {
-			ctx, cancel := context.WithTimeout(r.Context(), apiTimeout)
+			wait := apiTimeout
+			if rt.slowBody {
+				wait += a.d.opts.bundleBody // its body first, then its answer
+			}
+			ctx, cancel := context.WithTimeout(r.Context(), wait)
 			defer cancel()
 			r = r.WithContext(ctx)
 		}
@@ -372,7 +376,7 @@ func (a *api) handler(rt apiRoute) http.Handler {
 			// A bundle may take longer to arrive than the body deadline
 			// every request got (Driver.bodyDeadline, SPEC §12); only an
 			// operator's request gets this far.
-			_ = http.NewResponseController(w).SetReadDeadline(time.Now().Add(bundleBodyTimeout))
+			_ = http.NewResponseController(w).SetReadDeadline(time.Now().Add(a.d.opts.bundleBody))
 		}
 		if r.ContentLength > limit {
 			err := tooLarge(r.ContentLength, limit)
@@ -384,8 +388,9 @@ func (a *api) handler(rt apiRoute) http.Handler {
 		}
 		r.Body = http.MaxBytesReader(w, r.Body, limit)
 		if rt.slowBody {
-			// A bundle's body must keep arriving, like a data write's (SPEC §14).
-			r.Body = &idleBody{r: r.Body, rc: http.NewResponseController(w), idle: a.d.opts.BodyIdleTimeout, end: time.Now().Add(apiTimeout)}
+			// A bundle's body must keep arriving, like a data write's, and
+			// all of it within bundleBodyTimeout (SPEC §12, §14).
+			r.Body = &idleBody{r: r.Body, rc: http.NewResponseController(w), idle: a.d.opts.BodyIdleTimeout, end: time.Now().Add(a.d.opts.bundleBody)}
 		}
 		status, body, err := rt.serve(a, r)
 		if err != nil {

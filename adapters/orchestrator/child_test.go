@@ -6,10 +6,11 @@ import (
 	"testing"
 
 	"github.com/tether-run/tether/adapters/orchestrator"
+	"github.com/tether-run/tether/core"
 )
 
 // TestSubmitParent: POST /api/runs?parent= makes a child run of a live run
-// (SPEC §2): an unknown parent is 404, a finished one 409; an inline child
+// (SPEC §2): an unknown parent is 404, a finished or full one 409; an inline child
 // workflow is accepted and a file path refused 400; GET /api/runs/{id}
 // shows the tree, and the status page links parent and children (§18).
 func TestSubmitParent(t *testing.T) {
@@ -28,6 +29,14 @@ func TestSubmitParent(t *testing.T) {
 	if det.Run.Parent != parent.Run || det.ParentStep != "" {
 		t.Fatalf("child: parent %q, parent step %q", det.Run.Parent, det.ParentStep)
 	}
+	// A full parent refuses a 65th child with 409, as a finished one does
+	// (SPEC §12): its state refuses the run, not the run itself.
+	var full orchestrator.APISubmitted
+	r.expect("POST", "/runs", held, http.StatusCreated, &full)
+	for range core.MaxChildRuns {
+		r.expect("POST", "/runs?parent="+full.Run, held, http.StatusCreated, nil)
+	}
+	r.expect("POST", "/runs?parent="+full.Run, held, http.StatusConflict, nil)
 
 	wc := newWebClient(t, r)
 	wc.login(adminToken)

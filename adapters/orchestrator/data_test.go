@@ -917,6 +917,59 @@ func testCert(t *testing.T) (tls.Certificate, *x509.CertPool) {
 }
 
 // tarOf makes an uncompressed tar of files.
+// TestBundleBodyDeadline: a bundle upload's body has a deadline of its own
+// (SPEC §12: 10 minutes, shortened here to 2.5 s), neither the body
+// timeout of the operator API's other requests (1 s here) nor the 30 s of
+// its answer: a body trickling in over 1.6 s is stored, one still arriving
+// after 2.5 s is cut with 408 and nothing stored.
+func TestBundleBodyDeadline(t *testing.T) {
+	t.Parallel()
+	opts := orchestrator.WithBundleBodyTimeout(orchestrator.Options{MaxBundleBody: 64 << 10, BodyTimeout: time.Second}, 2500*time.Millisecond)
+	r := startData(t, opts)
+	trickle := func(tarball []byte, pieces int, gap time.Duration) (int, string) {
+		t.Helper()
+		pr, pw := io.Pipe()
+		go func() {
+			n := len(tarball) / pieces
+			for i := 0; i < pieces; i++ {
+				end := min((i+1)*n, len(tarball))
+				if i == pieces-1 {
+					end = len(tarball)
+				}
+				if _, err := pw.Write(tarball[i*n : end]); err != nil {
+					return
+				}
+				time.Sleep(gap)
+			}
+			pw.Close()
+		}()
+		defer pr.Close()
+		req, _ := http.NewRequestWithContext(r.ctx, "PUT", r.d.APIURL()+"/bundles", pr)
+		req.Header.Set("Authorization", "Bearer "+adminToken)
+		resp, err := r.hc.Do(req)
+		if err != nil {
+			return 0, err.Error()
+		}
+		return resp.StatusCode, string(readAll(t, resp.Body))
+	}
+	if code, body := trickle(tarOf(t, map[string]string{"a.txt": strings.Repeat("a", 4000)}), 8, 200*time.Millisecond); code != http.StatusCreated {
+		t.Fatalf("a bundle sent over 1.6 s, past the 1 s body timeout of other requests: HTTP %d %s, want 201", code, body)
+	}
+	late := tarOf(t, map[string]string{"b.txt": strings.Repeat("b", 4000)})
+	if code, body := trickle(late, 20, 200*time.Millisecond); code != http.StatusRequestTimeout || !strings.Contains(body, "not all sent") {
+		t.Fatalf("a bundle still arriving after its 2.5 s: HTTP %d %s, want 408 naming the deadline", code, body)
+	}
+	req, _ := http.NewRequestWithContext(r.ctx, "GET", r.d.APIURL()+"/bundles/"+sha(late), nil)
+	req.Header.Set("Authorization", "Bearer "+adminToken)
+	resp, err := r.hc.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if body := readAll(t, resp.Body); resp.StatusCode != http.StatusNotFound {
+		t.Fatalf("the bundle cut at its deadline: GET HTTP %d %s, want 404 (nothing stored)", resp.StatusCode, body)
+	}
+}
+
 func tarOf(t *testing.T, files map[string]string) []byte {
 	t.Helper()
 	names := make([]string, 0, len(files))

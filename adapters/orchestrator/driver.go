@@ -85,7 +85,8 @@ const (
 	// connections, operators, and connections not yet upgraded.
 	DefaultExtraTCPConns = 2048
 	// bundleBodyTimeout bounds reading a bundle upload (PUT /api/bundles,
-	// up to Options.MaxBundleBody), an admin-token request.
+	// up to Options.MaxBundleBody, a full operator token's request) from
+	// its headers; its answer then gets apiTimeout (SPEC §12).
 	bundleBodyTimeout = 10 * time.Minute
 	// maxHeaderBytes bounds a request's header (HTTP/1.1), and so its
 	// header list (HTTP/2 SETTINGS_MAX_HEADER_LIST_SIZE: this plus 320).
@@ -198,6 +199,9 @@ type Options struct {
 	// BodyTimeout: an operator API request body, and any body no handler
 	// sets a deadline for. WriteTimeout: per write, without progress.
 	IdleTimeout, HeaderTimeout, BodyTimeout, WriteTimeout time.Duration
+	// bundleBody bounds a bundle upload's body from its headers; zero
+	// means bundleBodyTimeout (tests shorten it: export_test.go).
+	bundleBody time.Duration
 	// MaxTCPConns caps concurrent TCP connections at the listener (control
 	// WebSockets included); over it a new connection is refused at once.
 	// Zero means MaxConns + DefaultExtraTCPConns.
@@ -370,7 +374,7 @@ func Start(opts Options) (*Driver, error) {
 		v   *time.Duration
 		def time.Duration
 	}{{&opts.IdleTimeout, DefaultIdleTimeout}, {&opts.HeaderTimeout, DefaultHeaderTimeout}, {&opts.BodyTimeout, DefaultBodyTimeout},
-		{&opts.WriteTimeout, DefaultWriteTimeout}} {
+		{&opts.WriteTimeout, DefaultWriteTimeout}, {&opts.bundleBody, bundleBodyTimeout}} {
 		if *l.v <= 0 {
 			*l.v = l.def
 		}

@@ -29,3 +29,10 @@ func APIRouteList() (out []APIRoute) {
 func PruneOnce(d *Driver, cutoff time.Time) (store.PruneStats, error) {
 	return d.pruneOnce(d.st, cutoff)
 }
+
+// WithBundleBodyTimeout returns opts with a bundle upload's body bounded
+// by d instead of bundleBodyTimeout.
+func WithBundleBodyTimeout(opts Options, d time.Duration) Options {
+	opts.bundleBody = d
+	return opts
+}
