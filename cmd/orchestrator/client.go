@@ -33,7 +33,8 @@ const (
 	adminTokenEnv  = "TETHER_ADMIN_TOKEN"
 	urlEnv         = "TETHER_URL"
 	defaultTimeout = 30 * time.Second
-	maxAnswerSize  = 256 << 20 // a run's logs can be large
+	bundleTimeout  = 10*time.Minute + 30*time.Second // bundle put's default: a body's 10 minutes and an answer's 30 s (SPEC §12)
+	maxAnswerSize  = 256 << 20                       // a run's logs can be large
 )
 
 const clientHelp = `
@@ -255,8 +256,13 @@ GET /bundle/FINGERPRINT on the data plane; an uncompressed tar archive is
 indexed, so a step can fetch one file of it with
 GET /bundle/FINGERPRINT/file/PATH.` + clientHelp,
 			example: "  tar -cf model.tar model/ && orchestrator bundle put model.tar",
-			flags:   clientFlags(nil),
-			run:     bundlePut,
+			flags: clientFlags(func(fs *flag.FlagSet, o *options) {
+				// The orchestrator reads a bundle's body for up to 10
+				// minutes, then answers within 30 s (SPEC §12).
+				o.timeout = bundleTimeout
+				fs.Lookup("timeout").DefValue = bundleTimeout.String()
+			}),
+			run: bundlePut,
 		},
 		{
 			path: "data get", args: "ID [VERSION]", nargs: -1,
