@@ -893,7 +893,7 @@ func (w *Worker) refused(m Refused) {
 	if m.Fatal && !w.welcomed && w.cfg.Credential != "" {
 		// The saved identity is refused (expired, revoked, unknown): say so,
 		// and what brings the worker back (SPEC §9).
-		w.logf("saved session credential refused for good: %s; enroll a new instance with a new enrollment token", m.Reason)
+		w.warnf("saved session credential refused for good: %s; enroll a new instance with a new enrollment token", m.Reason)
 		w.exit(WorkerExitRefused, "saved session credential refused: "+m.Reason)
 		w.out.Exit.CredentialRefused = true
 		return

@@ -152,10 +152,11 @@ is the restarted process's own. Only one
 process may use a directory at a time: a second one exits 4. If the saved
 credential is refused (expired, or its token revoked: 'orchestrator token
 revoke NAME' is how a copied state file is disabled), the worker says so
-and, when --token is given too, enrolls a new instance with it (and saves
-that); without --token it exits 3. The token itself stays single-use. To
+and, when an enrollment token is given too ($TETHER_WORKER_TOKEN,
+--token-file, --token or the config file), enrolls a new instance with it
+(and saves that); without one it exits 3. The token itself stays single-use. To
 start afresh, remove worker.json. Under systemd: StateDirectory=tether-worker,
-Restart=always, RestartPreventExitStatus=3 4.
+StateDirectoryMode=0700, Restart=always, RestartPreventExitStatus=3 4.
 
 Lease-ahead: with --ahead N (0..64, whatever --slots; default 0) the worker
 also holds up to N granted steps it has not started yet, beyond its slots,
@@ -691,7 +692,7 @@ func connect(ctx context.Context, stops <-chan os.Signal, s settings, log *slog.
 		case x != nil && x.CredentialRefused && s.Token != "":
 			// The saved identity is gone; the operator gave a token: enroll
 			// a new instance with it, as they would expect (SPEC §9).
-			log.Warn("the saved identity was refused for good; enrolling a new instance with --token",
+			log.Warn("the saved identity was refused for good; enrolling a new instance with the enrollment token given",
 				"worker_id", string(saved.Worker), "reason", x.Reason, "state_file", sd.Path())
 			saved = nil
 			continue
