@@ -440,11 +440,16 @@ func (a *api) dataRead(w http.ResponseWriter, r *http.Request) {
 // classify maps an error of the driver to a status.
 func (a *api) classify(err error) *httpError {
 	var mbe *http.MaxBytesError
+	var ref *Refusal
 	switch {
 	case errors.As(err, &mbe):
 		return &httpError{code: http.StatusRequestEntityTooLarge, msg: fmt.Sprintf("request body larger than %d bytes", mbe.Limit)}
+	case errors.As(err, &ref):
+		return &httpError{code: codeStatus(ref.Code), msg: err.Error()} // the core's code (SPEC §15)
 	case errors.Is(err, ErrRefused):
 		return &httpError{code: http.StatusConflict, msg: err.Error()}
+	case errors.Is(err, ErrNoSecrets):
+		return &httpError{code: http.StatusServiceUnavailable, msg: err.Error()} // SPEC §15: unavailable
 	case errors.Is(err, ErrClosed):
 		return &httpError{code: http.StatusServiceUnavailable, msg: "the orchestrator is stopping"}
 	case errors.Is(err, context.DeadlineExceeded):

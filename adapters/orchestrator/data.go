@@ -22,7 +22,8 @@ package orchestrator
 //
 // Every request carries "Authorization: Bearer <session credential>"; only a
 // valid, unexpired credential of a worker in the pool is accepted (401).
-// Every write (PUT, append) carries its lease ("Tether-Lease: N", or
+// Every write (PUT, append, DELETE, and a step's secret put and token
+// mint, secrets.go) carries its lease ("Tether-Lease: N", or
 // ?lease=N) and is fenced: the core decides it (a core.DataWrite stepped on
 // the driver's loop, between the core's inputs, answered with a typed
 // refusal or admitted), and an admitted write is made durable in the same
@@ -37,7 +38,7 @@ package orchestrator
 // append's body (at most 1 MiB) is held in memory, within a budget, and
 // written with its record. A body that stops arriving is cut (408).
 //
-// Errors are {"error": "..."} with 400 (malformed id, version, offset or
+// Errors are {"code", "message", "error"} (SPEC §15) with 400 (malformed id, version, offset or
 // lease), 401, 404 (unknown path, id, version, bundle or file), 405, 408
 // (the body stalled), 409 (fenced), 413 (body over the limit), 416 (offset
 // past the stream's end), 503 (the orchestrator is stopping).

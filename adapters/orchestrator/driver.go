@@ -1321,10 +1321,22 @@ func (d *Driver) do(ctx context.Context, mk func(core.CallID) core.Input) (core.
 	}
 	noted(ctx)
 	if a.Err != "" {
-		return a, fmt.Errorf("%w: %s", ErrRefused, a.Err)
+		return a, &Refusal{Code: a.Code, Reason: a.Err}
 	}
 	return a, nil
 }
+
+// Refusal is the error of a call the core refused; it wraps ErrRefused.
+// Code is the core's (core.CodeInvalid, CodeNotFound, CodeConflict,
+// CodeForbidden), which the operator API answers as its status (SPEC §15:
+// 400, 404, 409, 403).
+type Refusal struct {
+	Code   string
+	Reason string
+}
+
+func (r *Refusal) Error() string { return ErrRefused.Error() + ": " + r.Reason }
+func (r *Refusal) Unwrap() error { return ErrRefused }
 
 // Submit submits a run and returns its id. The run is validated here first,
 // off the loop (the core validates it again): an invalid run, however large,

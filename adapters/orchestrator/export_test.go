@@ -36,3 +36,6 @@ func WithBundleBodyTimeout(opts Options, d time.Duration) Options {
 	opts.bundleBody = d
 	return opts
 }
+
+// AuditAction is the audited action of a route (operators.go).
+func AuditAction(method, path string) string { return auditAction(method, path) }

@@ -139,6 +139,8 @@ func auditAction(method, path string) string {
 		return core.ActionSubmit
 	case "POST /api/runs/{id}/cancel":
 		return core.ActionCancel
+	case "POST /api/runs/{id}/rerun":
+		return core.ActionRerun
 	case "POST /api/steps/{run}/{step}/approve":
 		return core.ActionApprove
 	case "POST /api/steps/{run}/{step}/reject":

@@ -455,3 +455,70 @@ func TestAdminSharedRefusesAnotherToken(t *testing.T) {
 		t.Errorf("the replaced admin token after a reset: %d; want 401", code)
 	}
 }
+
+// TestOperatorCallRefusals: a refusal's status follows the core's code
+// (SPEC §15): an invalid operator token name 400 `invalid`, an unknown one
+// 404 `not_found`, a name taken 409 `conflict`, and the audit entry says the
+// code the caller heard; a secret with no secrets key 503 `unavailable`.
+func TestOperatorCallRefusals(t *testing.T) {
+	ctx, cancel := context.WithTimeout(t.Context(), testTimeout)
+	defer cancel()
+	st, err := store.Open(filepath.Join(t.TempDir(), "tether.db")) // given as Options.Store, without a secrets key
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err := orchestrator.Start(orchestrator.Options{Addr: "127.0.0.1:0", Store: st, AdminToken: adminToken, Logger: testLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { d.Close() })
+	admin := clientFor(t, d, adminToken)
+	refused := func(what string, err error, status int, code client.Code) {
+		t.Helper()
+		var e *client.Error
+		if !errors.As(err, &e) || e.Status != status || e.Code != code {
+			t.Errorf("%s: %v, want HTTP %d %s", what, err, status, code)
+		}
+	}
+	_, err = admin.CreateOperatorToken(ctx, "bad name!", false)
+	refused("an operator token named \"bad name!\"", err, http.StatusBadRequest, client.CodeInvalid)
+	refused("revoking an unknown operator token", admin.RevokeOperatorToken(ctx, "nosuch"), http.StatusNotFound, client.CodeNotFound)
+	if _, err := admin.CreateOperatorToken(ctx, "ops", false); err != nil {
+		t.Fatal(err)
+	}
+	_, err = admin.CreateOperatorToken(ctx, "ops", true)
+	refused("a second operator token named ops", err, http.StatusConflict, client.CodeConflict)
+	_, err = admin.PutSecret(ctx, "K", []byte("v"))
+	refused("a secret put without a secrets key", err, http.StatusServiceUnavailable, client.CodeUnavailable)
+
+	codes := map[string]string{}
+	for _, e := range auditOf(t, ctx, admin, client.AuditOptions{}) {
+		if e.Outcome == "refused" {
+			codes[e.Target] = string(e.Code)
+		}
+	}
+	for target, want := range map[string]client.Code{"bad name!": client.CodeInvalid, "nosuch": client.CodeNotFound, "ops": client.CodeConflict} {
+		if codes[target] != string(want) {
+			t.Errorf("the audit's refusal of %q: code %q, want %q (the code answered)", target, codes[target], want)
+		}
+	}
+}
+
+// TestAuditActionEveryChange: every route that changes something is
+// audited under a named action (SPEC §15a: `run.rerun`, `secret.put`, …),
+// so a refusal before the core is found by its action like the core's own.
+func TestAuditActionEveryChange(t *testing.T) {
+	n := 0
+	for _, rt := range orchestrator.APIRouteList() {
+		if rt.Method == http.MethodGet || rt.Public {
+			continue
+		}
+		n++
+		if a := orchestrator.AuditAction(rt.Method, rt.Path); strings.ContainsAny(a, " /") {
+			t.Errorf("%s %s is audited as %q, not a named action", rt.Method, rt.Path, a)
+		}
+	}
+	if n < 16 {
+		t.Fatalf("only %d routes change something: the walk missed the table", n)
+	}
+}

@@ -22,7 +22,6 @@ import (
 	"io/fs"
 	"net/http"
 	"os"
-	"strconv"
 	"strings"
 	"time"
 
@@ -261,7 +260,19 @@ func (p *dataPlane) secret(w http.ResponseWriter, r *http.Request, cred string) 
 	if err := p.d.changeSecret(r.Context(), in, op); err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusCreated, client.Secret{Name: name, Size: len(value), UpdatedAt: time.Now().UTC(), UpdatedBy: "lease " + strconv.FormatUint(uint64(lease), 10)})
+	// Answered with the record the core keeps (SPEC §14a: by "step <id>",
+	// at the core's time), as the operator's put is (showSecret).
+	var out client.Secret
+	if err := p.d.Snapshot(r.Context(), func(o *core.Orchestrator) {
+		for _, s := range o.Secrets() {
+			if s.Name == name {
+				out = client.Secret{Name: s.Name, Size: s.Size, UpdatedAt: s.UpdatedAt, UpdatedBy: s.UpdatedBy}
+			}
+		}
+	}); err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusCreated, out)
 	return nil
 }
 

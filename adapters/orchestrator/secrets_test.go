@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/base64"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"os"
 	"path/filepath"
@@ -82,13 +83,19 @@ func TestSecrets(t *testing.T) {
 	r.expect("GET", "/secret/DB_PASS", nil, w.cred, 0, 400)              // a read names its lease
 	r.expect("GET", "/secret/DB_PASS", nil, "w1-id.nope", dm.Lease, 401) // and its credential
 	r.expect("PUT", "/secret/DB_PASS", []byte("overwrite"), w.cred, dm.Lease, 403)
-	r.expect("PUT", "/secret/MINTED", []byte("minted-token-value"), w.cred, dm.Lease, 201)
+	var put client.Secret
+	if err := json.Unmarshal(r.expect("PUT", "/secret/MINTED", []byte("minted-token-value"), w.cred, dm.Lease, 201).body, &put); err != nil {
+		t.Fatal(err)
+	}
 	list, err = op.Secrets(r.ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if len(list.Secrets) != 3 || list.Secrets[0].Name != "DB_PASS" || list.Secrets[1].Name != "MINTED" || list.Secrets[1].UpdatedBy != "step "+string(dm.Step) {
 		t.Fatalf("secrets after the step's put: %+v", list.Secrets)
+	}
+	if put != list.Secrets[1] { // the step hears what the record says (SPEC §14a)
+		t.Fatalf("the step's put answered %+v; the record is %+v", put, list.Secrets[1])
 	}
 
 	other := r.leaseFor(w, core.StepSpec{Name: "nosy", Env: map[string]string{"E": "env-value-live-41c9"}})

@@ -264,7 +264,11 @@ func (w *web) login(rw http.ResponseWriter, r *http.Request) {
 
 func (w *web) logout(rw http.ResponseWriter, r *http.Request) {
 	s := w.session(r)
-	if s == nil || r.ParseForm() != nil || !w.csrfOK(r, s) {
+	if err := r.ParseForm(); err != nil { // over 64 KiB, or not a form (SPEC §18: 400)
+		w.render(rw, r, http.StatusBadRequest, "error", nil, errPage{Code: http.StatusBadRequest, Message: "the form could not be read: " + err.Error()})
+		return
+	}
+	if s == nil || !w.csrfOK(r, s) {
 		w.render(rw, r, http.StatusForbidden, "error", nil, errPage{Code: http.StatusForbidden, Message: "refused: no session, or the form's CSRF token is wrong"})
 		return
 	}

@@ -230,6 +230,9 @@ func TestWebActionsNeedCSRF(t *testing.T) {
 	if a := wc.do("POST", "/runs/"+sub.Run+"/cancel", url.Values{"csrf": {tok}, "reason": {strings.Repeat("x", 100<<10)}}, nil); a.code != http.StatusBadRequest {
 		t.Errorf("a 100 KiB form: HTTP %d, want 400", a.code)
 	}
+	if a := wc.do("POST", "/logout", url.Values{"csrf": {tok}, "pad": {strings.Repeat("x", 100<<10)}}, nil); a.code != http.StatusBadRequest {
+		t.Errorf("a 100 KiB logout form: HTTP %d, want 400", a.code)
+	}
 }
 
 func TestWebSessionsBounded(t *testing.T) {

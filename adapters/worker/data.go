@@ -39,6 +39,7 @@ import (
 	"time"
 
 	"github.com/tether-run/tether/adapters/dataplane"
+	"github.com/tether-run/tether/client"
 	"github.com/tether-run/tether/core"
 )
 
@@ -85,6 +86,13 @@ var (
 type DataError struct {
 	Status int
 	Msg    string
+
+	// The answer as the orchestrator wrote it, which the step endpoint
+	// passes on unchanged (SPEC §14): its body when it is a whole §15
+	// error answer (JSON with a code, at most maxErrorBody bytes; nil
+	// otherwise), and its headers.
+	body   []byte
+	header http.Header
 }
 
 func (e *DataError) Error() string { return fmt.Sprintf("%s (HTTP %d)", e.Msg, e.Status) }
@@ -251,18 +259,26 @@ func (c *DataClient) doHeader(ctx context.Context, method, path, rawQuery string
 }
 
 func answerError(resp *http.Response) error {
-	b, _ := io.ReadAll(io.LimitReader(resp.Body, maxErrorBody))
+	b, err := io.ReadAll(io.LimitReader(resp.Body, maxErrorBody+1))
+	whole := err == nil && len(b) <= maxErrorBody
+	b = b[:min(len(b), maxErrorBody)]
 	var e struct {
+		Code  string `json:"code"`
 		Error string `json:"error"`
 	}
 	msg := strings.TrimSpace(string(b))
-	if json.Unmarshal(b, &e) == nil && e.Error != "" {
+	decoded := json.Unmarshal(b, &e) == nil
+	if decoded && e.Error != "" {
 		msg = e.Error
 	}
 	if msg == "" {
 		msg = resp.Status
 	}
-	return &DataError{Status: resp.StatusCode, Msg: msg}
+	de := &DataError{Status: resp.StatusCode, Msg: msg, header: resp.Header}
+	if whole && decoded && e.Code != "" {
+		de.body = b
+	}
+	return de
 }
 
 func decodeAnswer(resp *http.Response, v any) error {
@@ -476,11 +492,25 @@ func cacheableRead(r *http.Request) (cacheKey, bool) {
 	return cacheKey{id: id, version: n}, true
 }
 
+// stepRealm is the realm of the step endpoint's 401 (its tokens are not
+// the data plane's session credentials).
+const stepRealm = "tether-step"
+
+// errorHeaders are the headers of an orchestrator's error answer passed
+// back to the step with it (SPEC §14: a 405 has Allow, a 401
+// WWW-Authenticate).
+var errorHeaders = []string{"Content-Type", "Allow", "WWW-Authenticate"}
+
 func (e *stepEndpoint) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	fail := func(code int, msg string) {
+	// fail answers a refusal as the data plane does (SPEC §14, §15):
+	// {"code", "message", "error"}, the error repeating the message.
+	fail := func(status int, msg string) {
+		if status == http.StatusUnauthorized && w.Header().Get("WWW-Authenticate") == "" {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="`+stepRealm+`"`)
+		}
 		w.Header().Set("Content-Type", "application/json; charset=utf-8")
-		w.WriteHeader(code)
-		json.NewEncoder(w).Encode(map[string]string{"error": msg})
+		w.WriteHeader(status)
+		json.NewEncoder(w).Encode(client.ErrorBody{Code: client.CodeFor(status), Message: msg, Error: msg})
 	}
 	scheme, tok, _ := strings.Cut(r.Header.Get("Authorization"), " ")
 	lease, ok := e.lookup(strings.TrimSpace(tok))
@@ -532,7 +562,23 @@ func (e *stepEndpoint) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	var de *DataError
 	switch {
 	case errors.As(err, &de):
-		fail(de.Status, de.Msg)
+		// The orchestrator's refusal reaches the step as it was written
+		// (SPEC §14: the step endpoint serves the data plane's paths);
+		// a body that is not a §15 error answer is answered in that shape.
+		for _, h := range errorHeaders {
+			for _, v := range de.header.Values(h) {
+				w.Header().Add(h, v)
+			}
+		}
+		if de.body == nil {
+			fail(de.Status, de.Msg)
+			return
+		}
+		if w.Header().Get("Content-Type") == "" {
+			w.Header().Set("Content-Type", "application/json; charset=utf-8")
+		}
+		w.WriteHeader(de.Status)
+		w.Write(de.body)
 		return
 	case errors.Is(err, ErrNoCredential):
 		fail(http.StatusServiceUnavailable, "the worker is not enrolled yet")

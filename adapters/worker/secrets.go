@@ -7,8 +7,9 @@ package worker
 //
 //	secrets_as: files (default)  $TETHER_SECRETS_DIR/NAME, mode 0600, in a
 //	                             fresh 0700 directory (under /dev/shm when it
-//	                             exists, so never on disk), removed when the
-//	                             process has exited
+//	                             exists, so never on disk; when it cannot be
+//	                             used, the temp dir, with a warning), removed
+//	                             when the process has exited
 //	secrets_as: env              NAME=value in the process's environment
 //	                             (readable through /proc/PID/environ by the
 //	                             same user)
@@ -24,6 +25,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"sort"
@@ -46,6 +48,11 @@ const Redacted = "***"
 
 // secretsFetchTimeout bounds the fetch of one dispatch's secrets.
 const secretsFetchTimeout = 30 * time.Second
+
+// shmDir is where a step's secrets directory is made when it exists
+// (SPEC §14a: tmpfs, so the values never reach a disk); a variable for
+// tests.
+var shmDir = "/dev/shm"
 
 // stepSecrets is what one lease's process is given: nil for a dispatch
 // that names none.
@@ -88,7 +95,7 @@ func (d *Driver) secretsReady(c core.ExecCommand) bool {
 		defer d.wg.Done()
 		ctx, cancel := context.WithTimeout(parent, secretsFetchTimeout)
 		defer cancel()
-		sec, err := fetchSecrets(ctx, d.data, c)
+		sec, err := fetchSecrets(ctx, d.data, c, d.log)
 		if !d.push(secretsFetched{c: c, sec: sec, err: err}) && sec != nil {
 			sec.remove()
 		}
@@ -204,8 +211,9 @@ func redactions(values [][]byte) []string {
 	return out
 }
 
-// fetchSecrets fetches c's secrets and hands them over as c asks.
-func fetchSecrets(ctx context.Context, dc *DataClient, c core.ExecCommand) (*stepSecrets, error) {
+// fetchSecrets fetches c's secrets and hands them over as c asks; log
+// gets a warning when their directory cannot be under shmDir.
+func fetchSecrets(ctx context.Context, dc *DataClient, c core.ExecCommand, log *slog.Logger) (*stepSecrets, error) {
 	if dc == nil {
 		return nil, errors.New("the worker has no data plane")
 	}
@@ -236,12 +244,17 @@ func fetchSecrets(ctx context.Context, dc *DataClient, c core.ExecCommand) (*ste
 		return s, nil
 	}
 	base := ""
-	if fi, err := os.Stat("/dev/shm"); err == nil && fi.IsDir() {
-		base = "/dev/shm" // tmpfs: the values never reach a disk
+	if fi, err := os.Stat(shmDir); err == nil && fi.IsDir() {
+		base = shmDir // tmpfs: the values never reach a disk
 	}
 	dir, err := os.MkdirTemp(base, "tether-secrets-") // mode 0700
-	if err != nil {
-		dir, err = os.MkdirTemp("", "tether-secrets-")
+	if err != nil && base != "" {
+		// A step does not fail because /dev/shm is full or not writable,
+		// but SPEC §14a promises it is never on a disk: say so.
+		shmErr := err
+		if dir, err = os.MkdirTemp("", "tether-secrets-"); err == nil {
+			log.Warn("step secrets directory is on disk: "+shmDir+" could not be used", "lease", uint64(c.Lease), "step", string(c.Step), "dir", dir, "err", shmErr)
+		}
 	}
 	if err != nil {
 		return nil, fmt.Errorf("secrets directory: %w", err)
