@@ -101,3 +101,51 @@ func TestChildTreeSizes(t *testing.T) {
 		t.Fatalf("one child of 600 steps: %v", err)
 	}
 }
+
+// TestChildTreeDeclarationBytes: every string of a child's steps counts
+// against the tree's one declaration limit (SPEC §2, §12), outputs and
+// secret lists included, as the root's own steps' do.
+func TestChildTreeDeclarationBytes(t *testing.T) {
+	child := RunSpec{}
+	for s := range 10 {
+		st := StepSpec{Name: fmt.Sprintf("c%d", s), Command: "x", Writes: true}
+		for k := range 64 {
+			st.Outputs = append(st.Outputs, fmt.Sprintf("o%d_%s", k, strings.Repeat("x", 40)))
+		}
+		child.Steps = append(child.Steps, st)
+	}
+	if err := child.Validate(); err != nil {
+		t.Fatalf("one child alone (about 29 KB): %v", err)
+	}
+	tree := RunSpec{}
+	for i := range MaxChildRuns {
+		tree.Steps = append(tree.Steps, StepSpec{Name: fmt.Sprintf("w%d", i), Workflow: &child})
+	}
+	if err := tree.Validate(); err == nil || !strings.Contains(err.Error(), "the run's declaration holds") {
+		t.Fatalf("64 such children (about 1.8 MB of outputs): %v, want the declaration limit", err)
+	}
+}
+
+// TestValidationQuotesBounded: an error quotes at most 128 bytes of any
+// input and lists at most 10 items (SPEC §2), however large the input.
+func TestValidationQuotesBounded(t *testing.T) {
+	long := strings.Repeat("t", 5000)
+	for _, s := range []StepSpec{
+		{Name: "a", Command: "x", Type: long},
+		{Name: "a", Command: "x", Type: "script", Runner: long},
+		{Name: "a", Command: "x", Type: "docker", Runner: long},
+	} {
+		err := (RunSpec{Steps: []StepSpec{s}}).Validate()
+		if err == nil || len(err.Error()) > 400 {
+			t.Errorf("type %d bytes, runner %d bytes: %d-byte error %.200q, want a refusal of at most 400 bytes", len(s.Type), len(s.Runner), len(fmt.Sprint(err)), fmt.Sprint(err))
+		}
+	}
+	cyc := RunSpec{}
+	for i := range 50 {
+		cyc.Steps = append(cyc.Steps, StepSpec{Name: fmt.Sprintf("s%d", i), Command: "x", DependsOn: []string{fmt.Sprintf("s%d", (i+1)%50)}})
+	}
+	err := cyc.Validate()
+	if err == nil || !strings.Contains(err.Error(), "dependency cycle of 50 steps") || strings.Count(err.Error(), " -> ") > 10 {
+		t.Errorf("a 50-step cycle: %v, want at most 10 of its steps listed", err)
+	}
+}

@@ -222,6 +222,13 @@ func (o *Orchestrator) rearm() {
 				w.GraceUntil = o.now
 			}
 		}
+		if w.DisconnectedAt.IsZero() {
+			// Inactive but never seen to go (marked stale while its
+			// connection stayed open): no worker is connected after a
+			// restart, so it is gone from now at the latest, and the
+			// retention can delete it once it cannot come back (SPEC §7a).
+			w.DisconnectedAt = o.now
+		}
 		o.markWorker(w)
 	}
 	for _, id := range sortedKeys(o.leases) {

@@ -413,6 +413,9 @@ func (r RunSpec) validate() (treeSizes, error) {
 		return treeSizes{}, invalid("run expands to %d bytes of step names and dependency names (name[i] for every instance, and again for every edge), at most %d: use shorter step names, or fewer instances or edges", expanded, MaxExpandedBytes)
 	}
 	if cyc := findCycle(r.Steps, byName); cyc != nil {
+		if len(cyc) > 10 { // an error lists at most 10 items (SPEC §2)
+			return treeSizes{}, invalid("dependency cycle of %d steps: %s -> …", len(cyc)-1, strings.Join(cyc[:10], " -> "))
+		}
 		return treeSizes{}, invalid("dependency cycle: %s", strings.Join(cyc, " -> "))
 	}
 	return treeSizes{steps: total, edges: edges, expanded: expanded}, nil
@@ -525,16 +528,10 @@ func (r RunSpec) checkSizes() error {
 				return err
 			}
 		}
-		size += len(s.Name) + len(s.Command) + len(s.Type) + len(s.Runner) + len(s.Target) + len(s.Platform) + envBytes(s.Env) + envBytes(s.Labels)
 		if err := checkStepSecrets(s); err != nil {
 			return err
 		}
-		size += len(s.SecretsAs)
-		for _, l := range [][]string{s.DependsOn, s.Tags, s.ForEach, s.Outputs, s.Secrets, s.PutSecrets} {
-			for _, x := range l {
-				size += len(x)
-			}
-		}
+		size += stepBytes(&s)
 	}
 	size += r.childBytes()
 	size += groupBytes(r) // concurrency group names (SPEC §8a)
@@ -544,8 +541,21 @@ func (r RunSpec) checkSizes() error {
 	return nil
 }
 
-// childBytes is the bytes of r's child workflows, at every depth, as
-// checkSizes counts them, plus each workflow step's With.
+// stepBytes is the bytes of one step's declaration that checkSizes counts:
+// its strings, env and labels, and every string of its lists.
+func stepBytes(s *StepSpec) int {
+	n := len(s.Name) + len(s.Command) + len(s.Type) + len(s.Runner) + len(s.Target) + len(s.Platform) + len(s.SecretsAs) + envBytes(s.Env) + envBytes(s.Labels)
+	for _, l := range [][]string{s.DependsOn, s.Tags, s.ForEach, s.Outputs, s.Secrets, s.PutSecrets} {
+		for _, x := range l {
+			n += len(x)
+		}
+	}
+	return n
+}
+
+// childBytes is the bytes of r's child workflows, at every depth, counted
+// as checkSizes counts r's own steps (group names too), plus each workflow
+// step's With: the whole tree is held to one declaration's limit (SPEC §2).
 func (r RunSpec) childBytes() int {
 	n := 0
 	for i := range r.Steps {
@@ -554,14 +564,9 @@ func (r RunSpec) childBytes() int {
 			continue
 		}
 		c := sp.Workflow
-		n += envBytes(sp.With) + len(c.Name) + envBytes(c.Env) + c.childBytes()
-		for _, s := range c.Steps {
-			n += len(s.Name) + len(s.Command) + len(s.Type) + len(s.Runner) + len(s.Target) + len(s.Platform) + envBytes(s.Env) + envBytes(s.Labels)
-			for _, l := range [][]string{s.DependsOn, s.Tags, s.ForEach} {
-				for _, x := range l {
-					n += len(x)
-				}
-			}
+		n += envBytes(sp.With) + len(c.Name) + envBytes(c.Env) + groupBytes(*c) + c.childBytes()
+		for j := range c.Steps {
+			n += stepBytes(&c.Steps[j])
 		}
 	}
 	return n
@@ -723,17 +728,17 @@ func RequiredTags(s StepSpec) ([]string, error) {
 		case "pod":
 			tags = []string{"script", "kubernetes"}
 		default:
-			return nil, fmt.Errorf("unknown runner %q for type script (want local, docker or pod)", s.Runner)
+			return nil, fmt.Errorf("unknown runner %s for type script (want local, docker or pod)", Quote(s.Runner))
 		}
 	case "docker":
 		tags = []string{"docker"}
 	case "pod":
 		tags = []string{"kubernetes"}
 	default:
-		return nil, fmt.Errorf("unknown step type %q (want script, docker, pod or task)", s.Type)
+		return nil, fmt.Errorf("unknown step type %s (want script, docker, pod or task)", Quote(s.Type))
 	}
 	if s.Runner != "" && s.Type != "script" {
-		return nil, fmt.Errorf("runner %q is only meaningful with type script", s.Runner)
+		return nil, fmt.Errorf("runner %s is only meaningful with type script", Quote(s.Runner))
 	}
 	tags = append(tags, s.Tags...)
 	sort.Strings(tags)

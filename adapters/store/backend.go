@@ -32,7 +32,9 @@ type Records interface {
 	// Apply makes a batch of records durable in one atomic transaction:
 	// upserts put their value, deletes remove their key, in order (a later
 	// record of one key wins). When it returns nil the whole batch is
-	// durable; on error none of it is applied. An empty batch is a no-op.
+	// durable; on error none of it is applied. An empty batch writes
+	// nothing (a store that fences, as PostgreSQL's does, still proves its
+	// leadership with it: SPEC §11).
 	Apply(recs []core.Record) error
 	// Load returns the live records and the log lines of the live leases,
 	// sorted by key; not the history of archived runs (SPEC §7a) nor the
