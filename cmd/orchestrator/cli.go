@@ -31,14 +31,15 @@ const (
 )
 
 const exitCodesHelp = `Exit codes:
-  0  success (with run show --exit-status, run watch, run submit --wait: the
-     run succeeded)
+  0  success (with run show --exit-status, run watch, run logs --follow,
+     run submit --wait, run rerun --wait: the run succeeded)
   1  error (the orchestrator cannot be reached, I/O, the store cannot be opened)
   2  usage (bad flags or arguments, a bad config file, no admin token found)
   3  refused by the orchestrator (wrong admin token, invalid workflow, unknown
      run/step/token, a request the current state does not allow)
   4  unsound store (store check found a problem)
-  10 the run failed      (run show --exit-status, run watch, run submit --wait)
+  10 the run failed      (run show --exit-status, run watch, run logs --follow,
+                         run submit --wait, run rerun --wait)
   11 the run was cancelled                     (the same commands)
   12 the run has not ended yet                 (run show --exit-status)
   75 serve stopped leading a PostgreSQL store: another orchestrator took the

@@ -158,7 +158,7 @@ is the API's, its next_cursor continuing the listing.` + clientHelp,
 failure class and message; and the run's server events (recovery and
 lifecycle events, in order). With --exit-status the exit code is the run's
 outcome: 0 success, 10 failed, 11 cancelled, and 12 while it has not ended
-(running, failing or cancelling; 'run watch' waits for the end).` + clientHelp,
+(waiting, running, failing or cancelling; 'run watch' waits for the end).` + clientHelp,
 			example: "  orchestrator run show run-1\n  orchestrator run show run-1 -o json | jq -r .status\n  orchestrator run show run-1 --exit-status >/dev/null; echo $?",
 			flags: clientFlags(func(fs *flag.FlagSet, o *options) {
 				fs.BoolVar(&o.exitStatus, "exit-status", false, "exit with the run's outcome: 0 success, 10 failed, 11 cancelled, 12 not ended")
@@ -774,7 +774,8 @@ func showRun(e *env, out *client.RunDetail) error {
 }
 
 // outcome is the exit code of a run's status: nil (0) for success, 10
-// failed, 11 cancelled, 12 not ended yet (running, failing, cancelling).
+// failed, 11 cancelled, 12 not ended yet (waiting, running, failing,
+// cancelling).
 func outcome(run, status string) error {
 	switch status {
 	case "success":

@@ -68,7 +68,8 @@ bbolt:<data-dir>/tether.db):
 On PostgreSQL any number of serve processes may share one database, one
 leading at a time (SPEC §11). Each starts as a standby: /livez answers 200,
 /readyz 503 ("standby; leader at URL"), the operator API (/api/…) and the
-status page redirect (307) to the leader, and every other path (the workers' /control, /data/,
+status page redirect (307) to the leader, /metrics is served (tether_leader
+0, the epoch), and every other path (the workers' /control, /data/,
 /bundle/, …) answers 503 with the header Tether-Leader: URL (when one
 leads). The leader renews a lease in the database (--leader-lease, default
 10s, judged by the database's clock); when it lapses a standby takes over,

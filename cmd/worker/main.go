@@ -106,7 +106,7 @@ Usage:
 Commands:
   connect   enroll with a token and run steps until stopped
   step      a step's capability verbs: data put|get|append|rm|versions|query,
-            output, definition, secret get|put, pool
+            output, definition, secret get|put, token create, pool
 
 Example:
   orchestrator token create builder-1 --ttl 1h     # on the orchestrator host

@@ -337,6 +337,10 @@ func stepCommand(ctx context.Context, args []string, stdin io.Reader, stdout, st
 		if len(args) == 0 {
 			return stepFail(stepExitUsage, "%s: a subcommand is required", verb)
 		}
+		if args[0] == "--help" || args[0] == "-help" || args[0] == "-h" || args[0] == "help" {
+			verb = "--help" // a group's help is the whole list
+			return stepCommand(ctx, []string{verb}, stdin, stdout, stderr)
+		}
 		verb, args = verb+" "+args[0], args[1:]
 	}
 	fs := flag.NewFlagSet("worker step "+verb, flag.ContinueOnError)

@@ -65,6 +65,11 @@ func TestStepUsage(t *testing.T) {
 	if out, _, code := runStepArgs(t, "", "--help"); code != 0 || !strings.Contains(out, "Exit codes:") || !strings.Contains(out, "data put NAME FILE|-") {
 		t.Errorf("worker step --help: exit %d\n%s", code, out)
 	}
+	for _, group := range []string{"data", "secret", "token"} { // a group's help is the list of verbs
+		if out, errOut, code := runStepArgs(t, "", group, "--help"); code != 0 || !strings.Contains(out, "token create") {
+			t.Errorf("worker step %s --help: exit %d\n%s%s", group, code, out, errOut)
+		}
+	}
 }
 
 // fakeEndpoint is a step endpoint (HTTP/1.1) that answers with the
