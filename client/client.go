@@ -96,6 +96,12 @@ func New(baseURL, adminToken string, opts ...Option) (*Client, error) {
 		if req.Response != nil && req.Response.Header.Get(LeaderHeader) != "" {
 			return http.ErrUseLastResponse
 		}
+		if m := via[0].Method; m != http.MethodGet && m != http.MethodHead {
+			// A request that changes something is never sent to another
+			// address (SPEC §15): net/http would resend a POST to a 301's
+			// Location as a GET and call its answer success.
+			return http.ErrUseLastResponse
+		}
 		if check != nil {
 			return check(req, via)
 		}
@@ -214,6 +220,11 @@ func (c *Client) send(ctx context.Context, method, path string, body io.Reader, 
 			return resp, nil
 		}
 		e, standby := answerError(resp)
+		if resp.StatusCode/100 == 3 && resp.Header.Get(LeaderHeader) == "" {
+			e.Message = fmt.Sprintf("the server at %s redirected the request to %q (HTTP %d): a request that changes something is not sent to another address; give the orchestrator's own URL",
+				strings.TrimSuffix(base, "/api"), resp.Header.Get("Location"), resp.StatusCode)
+			return nil, e
+		}
 		if leader := resp.Header.Get(LeaderHeader); leader != "" && hops < maxLeaderHops &&
 			(resp.StatusCode == http.StatusTemporaryRedirect || resp.StatusCode == http.StatusServiceUnavailable) {
 			if lb, err := apiBase(leader); err == nil && lb != base {
@@ -227,6 +238,13 @@ func (c *Client) send(ctx context.Context, method, path string, body io.Reader, 
 		if resp.StatusCode == http.StatusServiceUnavailable && standby {
 			lastErr = e // no leader known there: another URL may lead
 			continue
+		}
+		if leader := resp.Header.Get(LeaderHeader); leader != "" {
+			e.Message = fmt.Sprintf("%s: the leader is %s, after %d hops (at most %d)", e.Message, leader, hops, maxLeaderHops)
+		} else {
+			c.mu.Lock()
+			c.cur = base // it answered: the next call starts there (SPEC §15)
+			c.mu.Unlock()
 		}
 		return nil, e
 	}
@@ -323,8 +341,13 @@ func (c *Client) SubmitChild(ctx context.Context, parent, file string, definitio
 		path += "?" + q.Encode()
 	}
 	var out Submitted
-	err := c.call(ctx, http.MethodPost, path, bytes.NewReader(definition), "application/yaml", &out)
-	return out.Run, err
+	if err := c.call(ctx, http.MethodPost, path, bytes.NewReader(definition), "application/yaml", &out); err != nil {
+		return "", err
+	}
+	if out.Run == "" {
+		return "", errors.New("the orchestrator's answer to a submit names no run")
+	}
+	return out.Run, nil
 }
 
 // RunsOptions selects a page of GET /api/runs; zero fields select nothing.

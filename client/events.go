@@ -14,7 +14,8 @@ import (
 	"time"
 )
 
-// MaxEventLine bounds one line of a live stream read by EventStream.
+// MaxEventLine bounds one line of a live stream read by EventStream, and
+// the data of one event, all its lines together.
 const MaxEventLine = 16 << 20
 
 // StreamEvent is one event of a live stream (SPEC §17): its kind ("step",
@@ -87,11 +88,17 @@ func (s *EventStream) Next() (StreamEvent, error) {
 			if line == "" && e.Kind != "" {
 				return e, nil
 			}
+			if line == "" {
+				e = StreamEvent{} // a block without a kind is no event: nothing of it carries over
+			}
 		case "event":
 			e.Kind = value
 		case "id":
 			e.ID = value
 		case "data": // lines of one event's data are joined by newlines
+			if len(e.Data)+1+len(value) > MaxEventLine {
+				return StreamEvent{}, fmt.Errorf("reading the event stream: an event's data is over %d bytes", MaxEventLine)
+			}
 			if e.Data != nil {
 				e.Data = append(e.Data, '\n')
 			}
@@ -125,14 +132,17 @@ var (
 // stops it; ctx's error; a refusal (4xx: an unknown run, a bad admin
 // token; reopening will not heal it); or the last error after
 // FollowAttempts failed opens in a row (unreachable, or 5xx: over the
-// stream cap, shutting down).
+// stream cap, shutting down; or a stream that broke before a new event id).
 func (c *Client) FollowRun(ctx context.Context, id string, f func(StreamEvent) error) error {
 	lastID, failed := "", 0
 	for {
 		s, err := c.RunEvents(ctx, id, lastID)
 		if err == nil {
-			failed = 0
+			heard := lastID
 			err = follow(s, &lastID, f)
+			if lastID != heard {
+				failed = 0 // it moved on: a stream that opens and breaks at once counts as a failure
+			}
 			s.Close()
 			if errors.Is(err, errStop) {
 				return nil

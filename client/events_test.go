@@ -7,7 +7,9 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"slices"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -124,5 +126,63 @@ func TestFollowRunResumes(t *testing.T) {
 	err = c.FollowRun(context.Background(), "run-1", func(StreamEvent) error { return stop })
 	if err != stop {
 		t.Errorf("the callback's error: %v, want it back", err)
+	}
+}
+
+// A block without an event kind is no event and leaves nothing behind for
+// the next one; an event's data is bounded as a line is (MaxEventLine).
+func TestEventStreamBlocksAndBounds(t *testing.T) {
+	big := strings.Repeat("x", 1<<20)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		if r.URL.Path == "/api/runs/run-big/events" {
+			io.WriteString(w, "event: log\nid: 1\n")
+			for range MaxEventLine>>20 + 1 {
+				io.WriteString(w, "data: "+big+"\n")
+			}
+			io.WriteString(w, "\n")
+			return
+		}
+		io.WriteString(w, "id: 9:\ndata: {\"a\":1}\n\nevent: run\nid: 9:1\ndata: {\"run\":\"run-1\"}\n\n")
+	}))
+	defer srv.Close()
+	c, _ := New(srv.URL, "tok")
+	s, err := c.RunEvents(context.Background(), "run-1", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if e, err := s.Next(); err != nil || e.Kind != "run" || e.ID != "9:1" || string(e.Data) != `{"run":"run-1"}` {
+		t.Fatalf("the event after a block without a kind: %+v %q, %v; want the run event alone", e, e.Data, err)
+	}
+	s2, err := c.RunEvents(context.Background(), "run-big", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s2.Close()
+	if e, err := s2.Next(); err == nil || !strings.Contains(err.Error(), "data is over") {
+		t.Fatalf("an event of %d data lines of 1 MiB: %d bytes, %v; want refused", MaxEventLine>>20+1, len(e.Data), err)
+	}
+}
+
+// FollowRun counts a stream that opens and breaks before any new event as
+// a failed attempt: it backs off and gives up after FollowAttempts, where
+// it used to reopen every FollowRetryMin for ever.
+func TestFollowRunGivesUpWithoutProgress(t *testing.T) {
+	defer func(d time.Duration, n int) { FollowRetryMin, FollowAttempts = d, n }(FollowRetryMin, FollowAttempts)
+	FollowRetryMin, FollowAttempts = time.Millisecond, 5
+	var opens atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		opens.Add(1)
+		w.Header().Set("Content-Type", "text/event-stream")
+		io.WriteString(w, "retry: 2000\n\n") // and closes
+	}))
+	defer srv.Close()
+	c, _ := New(srv.URL, "tok")
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	err := c.FollowRun(ctx, "run-1", func(StreamEvent) error { return nil })
+	if err == nil || ctx.Err() != nil || !strings.Contains(err.Error(), "gave up after 5 attempts") || opens.Load() != 5 {
+		t.Fatalf("FollowRun on a stream that always breaks at once: %v after %d opens, want it to give up after 5", err, opens.Load())
 	}
 }

@@ -3,9 +3,12 @@ package client_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 
@@ -124,5 +127,44 @@ func TestClientLeaderHopsBounded(t *testing.T) {
 	_, err = c.Runs(context.Background(), client.RunsOptions{})
 	if err == nil || hits.Load() > 5 {
 		t.Fatalf("err %v after %d requests; want an error within a few hops", err, hits.Load())
+	}
+}
+
+// TestClientWriteNotRedirected: a plain redirect (no LeaderHeader, as a
+// proxy's http → https 301) of a request that changes something is an
+// error naming the Location; net/http would resend the POST there as a GET
+// and the GET's 200 would pass for the submit's answer (SPEC §15: a write
+// is never sent to another address). A GET still follows it.
+func TestClientWriteNotRedirected(t *testing.T) {
+	var mu sync.Mutex
+	var got []string
+	s := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		got = append(got, r.Method+" "+r.URL.Path)
+		mu.Unlock()
+		if r.URL.Path == "/old/api/runs" {
+			http.Redirect(w, r, "/api/runs", http.StatusMovedPermanently)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		io.WriteString(w, `{"runs":[]}`)
+	}))
+	t.Cleanup(s.Close)
+	c, err := client.New(s.URL+"/old", "tok")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = c.Submit(context.Background(), "", []byte("steps: []\n"))
+	var e *client.Error
+	if !errors.As(err, &e) || e.Status != http.StatusMovedPermanently || !strings.Contains(e.Message, `"/api/runs"`) {
+		t.Fatalf("a submit redirected by a 301: %v, want an error naming the Location", err)
+	}
+	mu.Lock()
+	if len(got) != 1 {
+		t.Errorf("requests %q, want the POST alone", got)
+	}
+	mu.Unlock()
+	if _, err := c.Runs(context.Background(), client.RunsOptions{}); err != nil {
+		t.Fatalf("a GET redirected by a 301: %v, want it followed", err)
 	}
 }
