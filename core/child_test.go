@@ -149,3 +149,17 @@ func TestValidationQuotesBounded(t *testing.T) {
 		t.Errorf("a 50-step cycle: %v, want at most 10 of its steps listed", err)
 	}
 }
+
+// TestValidationRefusesNUL: a command or a forEach item (a process's
+// $TETHER_ITEM) with a NUL byte is refused, as an env value with one is
+// (SPEC §12): no process can be given it.
+func TestValidationRefusesNUL(t *testing.T) {
+	for _, s := range []StepSpec{
+		{Name: "a", Command: "echo \x00 hi"},
+		{Name: "a", Command: "echo $TETHER_ITEM", ForEach: []string{"x", "y\x00z"}},
+	} {
+		if err := (RunSpec{Steps: []StepSpec{s}}).Validate(); err == nil || !strings.Contains(err.Error(), "NUL byte") {
+			t.Errorf("command %q, forEach %q: %v, want refused", s.Command, s.ForEach, err)
+		}
+	}
+}

@@ -324,6 +324,9 @@ func (r RunSpec) validate() (treeSizes, error) {
 		if len(s.Command) > MaxCommandLength {
 			return treeSizes{}, invalid("step %q: command is longer than %d bytes", s.Name, MaxCommandLength)
 		}
+		if strings.Contains(s.Command, "\x00") { // no process can be given it (SPEC §12)
+			return treeSizes{}, invalid("step %q: its command holds a NUL byte", s.Name)
+		}
 		if _, err := RequiredTags(s); err != nil {
 			return treeSizes{}, invalid("step %q: %v", s.Name, err)
 		}
@@ -369,6 +372,11 @@ func (r RunSpec) validate() (treeSizes, error) {
 		}
 		if len(s.ForEach) > MaxForEachItems {
 			return treeSizes{}, invalid("step %q: forEach has %d items, at most %d", s.Name, len(s.ForEach), MaxForEachItems)
+		}
+		for i, it := range s.ForEach {
+			if strings.Contains(it, "\x00") { // an item is the process's $TETHER_ITEM (SPEC §12: no NUL in a value)
+				return treeSizes{}, invalid("step %q: forEach item %d holds a NUL byte", s.Name, i)
+			}
 		}
 		if len(s.ForEach) > 0 {
 			total += len(s.ForEach)
