@@ -28,7 +28,7 @@ func TestChildLimits(t *testing.T) {
 	if err := nest(leafSpec(), MaxRunDepth-1).Validate(); err != nil {
 		t.Fatalf("a tree %d runs deep is refused: %v", MaxRunDepth, err)
 	}
-	if err := nest(leafSpec(), MaxRunDepth).Validate(); err == nil || !strings.Contains(err.Error(), "nest more than 4 runs deep") {
+	if err := nest(leafSpec(), MaxRunDepth).Validate(); err == nil || !strings.Contains(err.Error(), "nest 5 runs deep, at most 4") {
 		t.Fatalf("a tree %d runs deep: %v", MaxRunDepth+1, err)
 	}
 	wide := RunSpec{}

@@ -337,8 +337,8 @@ func (r RunSpec) validate() (treeSizes, error) {
 			if err := checkChildStep(s); err != nil {
 				return treeSizes{}, err
 			}
-			if s.Workflow.TreeDepth() >= MaxRunDepth { // before recursing: bounded
-				return treeSizes{}, invalid("step %q: child workflows nest more than %d runs deep", s.Name, MaxRunDepth)
+			if d := 1 + s.Workflow.TreeDepth(); d > MaxRunDepth { // before recursing: bounded
+				return treeSizes{}, invalid("step %q: child workflows nest %d runs deep, at most %d", s.Name, d, MaxRunDepth)
 			}
 			cs, err := ChildSpec(&s).validate()
 			if err != nil {

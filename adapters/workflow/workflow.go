@@ -1,10 +1,13 @@
 // Package workflow parses workflow definitions (YAML) into core.RunSpec.
 //
 // Every error names the file, line and column it comes from (file:line:col)
-// and says what to change: YAML syntax errors, an empty file, unknown fields
-// (with the fields that are known), wrong types, bad durations, unknown or
-// cyclic dependencies (a cycle is walked in order, each step with its line),
-// steps without a command, and the core's limits (SPEC §2, §12). Lists in an
+// and says what to change: YAML syntax errors, an empty file, a second YAML
+// document, YAML anchors and aliases (not supported), unknown or repeated
+// fields and keys (with the fields that are known), wrong types (no loose
+// conversion: an integer is a YAML integer, a boolean true or false), bad
+// durations, unknown or cyclic dependencies (a cycle is walked in order,
+// each step with its line), steps without a command, and the core's limits,
+// at the step they name (SPEC §2, §12). Lists in an
 // error are capped (core.ListForError) and quoted input is truncated
 // (core.Quote), so an error is bounded whatever the input. The core
 // validates the result again on submit; this package exists so that a
@@ -12,13 +15,15 @@
 package workflow
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
-	"io"
+	"regexp"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"go.yaml.in/yaml/v3"
 
@@ -64,12 +69,41 @@ func (p *parser) errf(n *yaml.Node, format string, args ...any) {
 	p.errAt(line, col, format, args...)
 }
 
+// errAt reports an error at line and column; a line of 0 is not known (the
+// message says so) and the error names the file alone.
 func (p *parser) errAt(line, col int, format string, args ...any) {
 	if len(p.errs) >= MaxErrors {
 		p.more++
 		return
 	}
+	if line <= 0 {
+		p.errs = append(p.errs, fmt.Sprintf("%s: %s", p.file, fmt.Sprintf(format, args...)))
+		return
+	}
 	p.errs = append(p.errs, fmt.Sprintf("%s:%d:%d: %s", p.file, line, col, fmt.Sprintf(format, args...)))
+}
+
+// posName renders a file's path where an error gives a position in it
+// (FILE:LINE:COL): as it is when it is printable, else quoted (core.Quote);
+// at most core.MaxNameLength bytes of it either way (SPEC §2, §12).
+func posName(path string) string {
+	s := path
+	if len(s) > core.MaxNameLength {
+		n := core.MaxNameLength
+		for n > 0 && !utf8.RuneStart(s[n]) {
+			n--
+		}
+		s = s[:n] + "…"
+	}
+	if s == "" || !utf8.ValidString(s) {
+		return core.Quote(path)
+	}
+	for _, r := range s {
+		if r != ' ' && !unicode.IsPrint(r) {
+			return core.Quote(path)
+		}
+	}
+	return s
 }
 
 func (p *parser) err() error {
@@ -84,55 +118,58 @@ func (p *parser) err() error {
 // A step's `workflow:` may hold its child workflow inline; a file path
 // there is refused (ParseFile resolves them).
 func Parse(file string, src []byte) (core.RunSpec, error) {
-	return parse(file, src, nil)
+	spec, _, err := parse(file, src, nil)
+	return spec, err
 }
 
-func parse(file string, src []byte, f *files) (core.RunSpec, error) {
-	path := file
-	if len(file) > core.MaxNameLength {
-		file = file[:core.MaxNameLength] + "…"
-	}
-	p := &parser{file: file, files: f, chain: []string{path}}
+// parse is Parse, resolving `workflow: FILE` through f when it is set; it
+// returns the document's root node too (ParseFile inlines the files into it).
+func parse(file string, src []byte, f *files) (core.RunSpec, *yaml.Node, error) {
+	p := &parser{file: posName(file), files: f, chain: []string{file}}
 	if len(src) > MaxSize {
-		return core.RunSpec{}, fmt.Errorf("%w: %s:1:1: the file is %d bytes, at most %d: split the workflow, or shorten its commands and lists", ErrInvalid, file, len(src), MaxSize)
+		return core.RunSpec{}, nil, fmt.Errorf("%w: %s:1:1: the file is %d bytes, at most %d: split the workflow, or shorten its commands and lists", ErrInvalid, p.file, len(src), MaxSize)
 	}
-	var doc yaml.Node
-	dec := yaml.NewDecoder(bytes.NewReader(src))
-	if err := dec.Decode(&doc); err != nil {
-		if errors.Is(err, io.EOF) {
-			p.errAt(1, 1, "the file holds no workflow (it is empty, or only comments): write a mapping with `steps:`, a list of steps each with a `name` and a `run` command")
-			return core.RunSpec{}, p.err()
-		}
-		line, col, msg := syntaxError(src, err)
-		p.errAt(line, col, "%s", msg)
-		return core.RunSpec{}, p.err()
+	root := p.document(src)
+	if root == nil {
+		return core.RunSpec{}, nil, p.err()
 	}
-	var extra yaml.Node
-	if err := dec.Decode(&extra); err == nil {
-		p.errf(&extra, "more than one YAML document; a file holds one workflow: remove the `---` and what follows, or submit it as its own file")
-	}
-	if len(doc.Content) == 0 {
-		p.errf(&doc, "empty document: write a mapping with `steps:`")
-		return core.RunSpec{}, p.err()
-	}
-	spec, lines := p.run(doc.Content[0])
+	spec, lines := p.run(root)
 	if len(p.errs) == 0 {
 		p.deps(spec, lines)
 	}
 	if len(p.errs) == 0 {
 		if err := spec.Validate(); err != nil {
-			// The core's limits are about the whole run: point at its steps.
-			at := p.steps
-			if at == nil {
-				at = doc.Content[0]
-			}
-			p.errf(at, "%s", strings.TrimPrefix(err.Error(), core.ErrInvalidRun.Error()+": "))
+			// The core's limits are about the whole run: point at the step
+			// the error names, else at the steps.
+			msg := strings.TrimPrefix(err.Error(), core.ErrInvalidRun.Error()+": ")
+			p.errf(p.stepNode(msg, lines, root), "%s", msg)
 		}
 	}
 	if len(p.errs) > 0 {
-		return core.RunSpec{}, p.err()
+		return core.RunSpec{}, nil, p.err()
 	}
-	return spec, nil
+	return spec, root, nil
+}
+
+// coreStepRE reads the step a core error names: `step "b": …` or `step 3 …`.
+var coreStepRE = regexp.MustCompile(`^step ("(?:[^"\\]|\\.)*"|[0-9]+)`)
+
+// stepNode is the node of the step msg (the core's error) names, else the
+// steps list, else root.
+func (p *parser) stepNode(msg string, lines map[string]*yaml.Node, root *yaml.Node) *yaml.Node {
+	if m := coreStepRE.FindStringSubmatch(msg); m != nil {
+		if name, err := strconv.Unquote(m[1]); err == nil {
+			if n := lines[name]; n != nil {
+				return n
+			}
+		} else if i, err := strconv.Atoi(m[1]); err == nil && p.steps != nil && i >= 1 && i <= len(p.steps.Content) {
+			return p.steps.Content[i-1]
+		}
+	}
+	if p.steps != nil {
+		return p.steps
+	}
+	return root
 }
 
 // fields walks a mapping node, reporting unknown and duplicate keys.
@@ -163,28 +200,61 @@ func (p *parser) fields(n *yaml.Node, what string, known []string, f func(key st
 	}
 }
 
+// str reads a string: any scalar but null, written as it is (`run: true`
+// runs the command true, `forEach: [1, 2]` are items "1" and "2"), unless a
+// tag other than !!str says it is something else (`run: !!int x`).
 func (p *parser) str(n *yaml.Node, what string) string {
-	if n.Kind != yaml.ScalarNode || n.Tag == "!!null" {
-		p.errf(n, "%s must be a string", what)
+	if n.Kind != yaml.ScalarNode || n.ShortTag() == "!!null" || n.Style&yaml.TaggedStyle != 0 && n.ShortTag() != "!!str" {
+		p.errf(n, "%s must be a string, not %s", what, found(n))
 		return ""
 	}
 	return n.Value
 }
 
+// boolean reads a YAML boolean (tag !!bool): true or false, not a quoted
+// "true", YAML 1.1's yes/on/no/off, or null.
 func (p *parser) boolean(n *yaml.Node, what string) bool {
-	var b bool
-	if n.Kind != yaml.ScalarNode || n.Decode(&b) != nil {
-		p.errf(n, "%s must be true or false, not %s", what, core.Quote(n.Value))
+	if n.Kind == yaml.ScalarNode && n.ShortTag() == "!!bool" {
+		switch n.Value {
+		case "true", "True", "TRUE":
+			return true
+		case "false", "False", "FALSE":
+			return false
+		}
 	}
-	return b
+	p.errf(n, "%s must be true or false, not %s", what, found(n))
+	return false
 }
 
+// integer reads a YAML integer (tag !!int): not 2.9 (cut to 2), "3", or null.
 func (p *parser) integer(n *yaml.Node, what string) int {
 	var i int
-	if n.Kind != yaml.ScalarNode || n.Decode(&i) != nil {
-		p.errf(n, "%s must be a whole number, not %s", what, core.Quote(n.Value))
+	if n.Kind != yaml.ScalarNode || n.ShortTag() != "!!int" || n.Decode(&i) != nil {
+		p.errf(n, "%s must be a whole number, not %s", what, found(n))
+		return 0
 	}
 	return i
+}
+
+// found describes what n holds, for an error saying what was expected
+// instead: its text, quoted, and what the text alone does not show (that it
+// is quoted, tagged, or null).
+func found(n *yaml.Node) string {
+	switch {
+	case n.Kind == yaml.MappingNode:
+		return "a mapping"
+	case n.Kind == yaml.SequenceNode:
+		return "a list"
+	case n.Kind != yaml.ScalarNode:
+		return "an alias"
+	case n.Style&yaml.TaggedStyle != 0:
+		return fmt.Sprintf("%s tagged %s", core.Quote(n.Value), core.Quote(n.Tag))
+	case n.ShortTag() == "!!null":
+		return "null (nothing)"
+	case n.Style&(yaml.DoubleQuotedStyle|yaml.SingleQuotedStyle) != 0:
+		return "the quoted string " + core.Quote(n.Value)
+	}
+	return core.Quote(n.Value)
 }
 
 func (p *parser) duration(n *yaml.Node, what string) time.Duration {
@@ -217,8 +287,18 @@ func (p *parser) strmap(n *yaml.Node, what string) map[string]string {
 		return nil
 	}
 	m := map[string]string{}
+	first := map[string]int{} // key → its line
 	for i := 0; i+1 < len(n.Content); i += 2 {
-		m[p.str(n.Content[i], what+" keys")] = p.str(n.Content[i+1], what+" values")
+		k, errs := n.Content[i], len(p.errs)+p.more
+		key := p.str(k, what+" keys")
+		if len(p.errs)+p.more == errs {
+			if line, dup := first[key]; dup {
+				p.errf(k, "%s: key %s appears twice (first at line %d): keep one", what, core.Quote(key), line)
+				continue
+			}
+			first[key] = k.Line
+		}
+		m[key] = p.str(n.Content[i+1], what+" values")
 	}
 	return m
 }
@@ -301,7 +381,7 @@ func (p *parser) run(n *yaml.Node) (core.RunSpec, map[string]*yaml.Node) {
 func (p *parser) step(n *yaml.Node, i int) core.StepSpec {
 	var s core.StepSpec
 	var retryNode *yaml.Node
-	child := false
+	child, badRun := false, false
 	what := fmt.Sprintf("step %d", i+1)
 	for j := 0; j+1 < len(n.Content); j += 2 {
 		if n.Content[j].Value == "name" {
@@ -314,10 +394,12 @@ func (p *parser) step(n *yaml.Node, i int) core.StepSpec {
 			s.Name = p.str(v, what+": name")
 			p.checkNames(v, "step name")
 		case "run":
+			errs := len(p.errs) + p.more
 			s.Command = p.str(v, what+": run")
+			badRun = len(p.errs)+p.more > errs // reported: not "no run command" besides
 		case "depends_on":
 			if v.Kind == yaml.ScalarNode {
-				s.DependsOn = []string{v.Value}
+				s.DependsOn = []string{p.str(v, what+": depends_on")}
 			} else {
 				s.DependsOn = p.list(v, what+": depends_on")
 			}
@@ -404,7 +486,7 @@ func (p *parser) step(n *yaml.Node, i int) core.StepSpec {
 		if s.Name == "" {
 			p.errf(n, "%s has no name", what)
 		}
-		if !child && s.Type != "task" && strings.TrimSpace(s.Command) == "" {
+		if !child && !badRun && s.Type != "task" && strings.TrimSpace(s.Command) == "" {
 			p.errf(n, "%s has no run command", what)
 		}
 	}
@@ -443,12 +525,12 @@ func (p *parser) retry(n *yaml.Node, what string) *core.RetryPolicy {
 			for _, c := range items {
 				var code int
 				switch {
-				case c.Kind == yaml.ScalarNode && c.Value == "timeout":
+				case c.Kind == yaml.ScalarNode && c.ShortTag() == "!!str" && c.Value == "timeout":
 					r.OnTimeout = true
-				case c.Kind == yaml.ScalarNode && c.Decode(&code) == nil:
-					r.Codes = append(r.Codes, code)
+				case c.Kind == yaml.ScalarNode && c.ShortTag() == "!!int" && c.Decode(&code) == nil:
+					r.Codes = append(r.Codes, code) // a YAML integer: not 1.7, cut to 1
 				default:
-					p.errf(c, "%s: on: %s is neither an exit code (1-255) nor timeout", what, core.Quote(c.Value))
+					p.errf(c, "%s: on: %s is neither an exit code (1-255) nor timeout", what, found(c))
 				}
 			}
 		}

@@ -73,7 +73,45 @@ func TestParseErrors(t *testing.T) {
 		{"empty file", "", "x.yaml:1:1: the file holds no workflow (it is empty, or only comments): write a mapping with `steps:`, a list of steps each with a `name` and a `run` command"},
 		{"only comments", "  \n# nothing\n", "x.yaml:1:1: the file holds no workflow (it is empty, or only comments): write a mapping with `steps:`, a list of steps each with a `name` and a `run` command"},
 		{"core limit", "steps:\n  - name: a\n    run: x\n    forEach: [" + strings.Repeat("i,", 1000) + "i]\n",
-			`x.yaml:2:3: step "a": forEach has 1001 items, at most 1000`},
+			`x.yaml:2:5: step "a": forEach has 1001 items, at most 1000`},
+		// The core's error names a step: at that step's line, not the first's.
+		{"core limit of another step", "steps:\n  - name: a\n    run: x\n  - name: b\n    run: y\n    forEach: [" + strings.Repeat("i,", 1000) + "i]\n",
+			`x.yaml:4:5: step "b": forEach has 1001 items, at most 1000`},
+		{"core error of another step", "steps:\n  - name: a\n    run: x\n  - name: b\n    run: y\n    hold: true\n    wait: 5s\n",
+			`x.yaml:4:5: step "b": hold and wait cannot both gate one step`},
+		// Duplicate keys of env, labels and with, as of the built-in fields.
+		{"duplicate run env", "env: {A: x, A: y}\nsteps:\n  - name: a\n    run: x\n", `x.yaml:1:13: env: key "A" appears twice (first at line 1): keep one`},
+		{"duplicate step env", "steps:\n  - name: a\n    run: x\n    env:\n      A: 1\n      B: 2\n      A: 3\n", `x.yaml:7:7: step "a": env: key "A" appears twice (first at line 5): keep one`},
+		{"duplicate label", "steps:\n  - name: a\n    run: x\n    labels:\n      zone: eu\n      zone: us\n", `x.yaml:6:7: step "a": labels: key "zone" appears twice (first at line 5): keep one`},
+		{"duplicate with", "steps:\n  - name: a\n    with: {K: v, \"K\": w}\n    workflow:\n      steps: [{name: b, run: x}]\n", `x.yaml:3:18: step "a": with: key "K" appears twice (first at line 3): keep one`},
+		// Integers are YAML integers, booleans YAML booleans, strings
+		// scalars not tagged otherwise: nothing is converted loosely.
+		{"fractional attempts", "steps:\n  - name: a\n    run: x\n    retry: {attempts: 2.9}\n", `x.yaml:4:23: step "a": retry: attempts must be a whole number, not "2.9"`},
+		{"fractional exit code", "steps:\n  - name: a\n    run: x\n    retry: {attempts: 2, on: [1.7]}\n", `x.yaml:4:31: step "a": retry: on: "1.7" is neither an exit code (1-255) nor timeout`},
+		{"quoted exit code", "steps:\n  - name: a\n    run: x\n    retry: {attempts: 2, on: ['3']}\n", `x.yaml:4:31: step "a": retry: on: the quoted string "3" is neither an exit code (1-255) nor timeout`},
+		{"fractional group max", "concurrency: {group: g, max: 3.99}\nsteps:\n  - name: a\n    run: x\n", `x.yaml:1:30: concurrency: max must be a whole number, not "3.99"`},
+		{"quoted attempts", "steps:\n  - name: a\n    run: x\n    retry: {attempts: \"3\"}\n", `x.yaml:4:23: step "a": retry: attempts must be a whole number, not the quoted string "3"`},
+		{"quoted bool", "steps:\n  - name: a\n    run: x\n    hold: \"on\"\n", `x.yaml:4:11: step "a": hold must be true or false, not the quoted string "on"`},
+		{"yes for a bool", "steps:\n  - name: a\n    run: x\n    idempotent: yes\n", `x.yaml:4:17: step "a": idempotent must be true or false, not "yes"`},
+		{"null bool", "steps:\n  - name: a\n    run: x\n    writes: ~\n", `x.yaml:4:13: step "a": writes must be true or false, not null (nothing)`},
+		{"empty bool", "concurrency: {group: g, cancel_in_progress: }\nsteps:\n  - name: a\n    run: x\n", `x.yaml:1:45: concurrency: cancel_in_progress must be true or false, not null (nothing)`},
+		{"tagged string", "steps:\n  - name: a\n    run: !!int hello\n", `x.yaml:3:10: step "a": run must be a string, not "hello" tagged "!!int"`},
+		{"tagged item", "steps:\n  - name: a\n    run: x\n    tags: [!!float 1]\n", `x.yaml:4:12: step "a": tags entries must be a string, not "1" tagged "!!float"`},
+		{"null dependency", "steps:\n  - name: a\n    run: x\n    depends_on:\n", `x.yaml:4:16: step "a": depends_on must be a string, not null (nothing)`},
+		{"list for a string", "steps:\n  - name: a\n    run: [x]\n", `x.yaml:3:10: step "a": run must be a string, not a list`},
+		// A second document is refused even when it does not parse.
+		{"broken second document", "steps:\n  - name: a\n    run: x\n---\nsteps: [\n", "x.yaml:4:1: more than one YAML document; a file holds one workflow: remove the `---` and what follows, or submit it as its own file"},
+		{"after the end marker", "steps:\n  - name: a\n    run: x\n...\nfoo: bar\n", "x.yaml:4:1: more than one YAML document; a file holds one workflow: remove the `---` and what follows, or submit it as its own file"},
+		{"empty second document", "steps:\n  - name: a\n    run: x\n---\n", "x.yaml:4:1: more than one YAML document; a file holds one workflow: remove the `---` and what follows, or submit it as its own file"},
+		// Anchors and aliases are not supported, at the alias's line.
+		{"alias for a mapping", "env: &e {A: b}\nsteps:\n  - name: a\n    run: x\n    env: *e\n", `x.yaml:5:10: alias "*e": YAML aliases and anchors are not supported: write the value out where it is used (its anchor is at line 1)`},
+		{"alias for a step", "steps:\n  - &s {name: a, run: x}\n  - *s\n", `x.yaml:3:5: alias "*s": YAML aliases and anchors are not supported: write the value out where it is used (its anchor is at line 2)`},
+		{"merge key", "steps:\n  - &s {name: a, run: x}\n  - <<: *s\n    name: b\n", `x.yaml:3:9: alias "*s": YAML aliases and anchors are not supported: write the value out where it is used (its anchor is at line 2)`},
+		{"anchor", "name: &n r\nsteps:\n  - name: a\n    run: x\n", `x.yaml:1:7: anchor "&n": YAML anchors and aliases are not supported: remove it`},
+		{"undefined alias", "steps:\n  - name: a\n    run: *cmd\n", `x.yaml:3:10: YAML syntax: alias "*cmd" names no anchor: YAML aliases and anchors are not supported: write the value out where it is used`},
+		// The YAML library names no line for these: found here.
+		{"NUL byte", "steps:\n  - name: a\n    run: \"x\x00\"\n", `x.yaml:3:12: YAML syntax: control characters are not allowed: U+0000 here: remove it, or write it as an escape in a double-quoted string ("\u0000")`},
+		{"invalid UTF-8", "steps:\n  - name: é\xff\n    run: x\n", `x.yaml:2:12: YAML syntax: invalid leading UTF-8 octet: byte 0xFF here is not UTF-8: save the file as UTF-8`},
 		// Syntax errors: the line (corrected for the YAML library's
 		// counting), the column of the culprit, and a hint.
 		{"unclosed flow list", "steps: [\n", "x.yaml:1:8: YAML syntax: did not find expected node content: a flow list [ … ] or mapping { … } is not closed, or lacks a ',' between its entries"},
@@ -204,5 +242,26 @@ func TestParseRetry(t *testing.T) {
 	}
 	if n == nil || n.Attempts != 2 || n.Codes != nil || n.OnTimeout || !n.RetriesExit(1) || n.RetriesExit(0) {
 		t.Fatalf("n's retry wrong: %+v", n)
+	}
+}
+
+// TestSyntaxNoLine: a YAML error the library names no line for, and that
+// cannot be found in the file, says so rather than pointing at 1:1.
+func TestSyntaxNoLine(t *testing.T) {
+	for _, c := range []struct{ src, err, want string }{
+		{"a: b\n", "yaml: something else", "YAML syntax: something else (the YAML library names no line for it)"},
+		{"a: b\n", "not the library's", "YAML syntax: not the library's (the YAML library names no line for it)"},
+		{"a: b\n", "yaml: unknown anchor 'zz' referenced", `YAML syntax: alias "*zz" names no anchor: YAML aliases and anchors are not supported: write the value out where it is used (the YAML library names no line for it)`},
+		{"a: b\n", "yaml: control characters are not allowed", "YAML syntax: control characters are not allowed (the YAML library names no line for it)"},
+	} {
+		line, _, msg := syntaxError([]byte(c.src), errors.New(c.err))
+		if line != 0 || msg != c.want {
+			t.Errorf("%s: line %d, %q; want line 0, %q", c.err, line, msg, c.want)
+		}
+	}
+	p := &parser{file: "x.yaml"}
+	p.errAt(0, 0, "YAML syntax: odd")
+	if err := p.err(); err.Error() != "invalid workflow:\n  x.yaml: YAML syntax: odd" {
+		t.Errorf("no line: %q", err)
 	}
 }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -93,7 +94,7 @@ func TestChildRunsCLI(t *testing.T) {
 	}
 
 	// A cycle of files is refused before anything is sent.
-	if _, errOut, code := w.cli("run", "submit", at("a.yaml")); code != exitRefused || !strings.Contains(errOut, "starts a cycle of files: "+at("a.yaml")+" -> "+at("b.yaml")+" -> "+at("a.yaml")) {
+	if _, errOut, code := w.cli("run", "submit", at("a.yaml")); code != exitRefused || !strings.Contains(errOut, fmt.Sprintf("starts a cycle of files: %q -> %q -> %q", at("a.yaml"), at("b.yaml"), at("a.yaml"))) {
 		t.Errorf("a cycle of files: exit %d, %s", code, errOut)
 	}
 }
