@@ -70,6 +70,7 @@ import (
 	"math/bits"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 
 	bolt "go.etcd.io/bbolt"
@@ -504,6 +505,15 @@ func recoverLog(db *bolt.DB, path string, keep bool) (walState, error) {
 	// of the same store whose log has since moved on.
 	next.id = make([]byte, 16)
 	rand.Read(next.id)
+	// A log file being made when an earlier process died (newLogFile's
+	// temporary) is nobody's: this process holds the store's lock.
+	if ents, err := os.ReadDir(filepath.Dir(lp)); err == nil {
+		for _, e := range ents {
+			if strings.HasPrefix(e.Name(), filepath.Base(lp)+".tmp-") {
+				os.Remove(filepath.Join(filepath.Dir(lp), e.Name()))
+			}
+		}
+	}
 	if err := newLogFile(lp, next.id); err != nil {
 		return st, fmt.Errorf("%w: create %s: %w", ErrLog, lp, err)
 	}

@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"io/fs"
 	"math/rand/v2"
 	"os"
 	"os/exec"
@@ -596,5 +597,33 @@ func TestLogLastRecordOfAKeyWins(t *testing.T) {
 	s.Close()
 	if got, err = loadAt(path); err != nil || !reflect.DeepEqual(got, want) {
 		t.Errorf("reopened: %s (%v)\nwant %s", show(got), err, show(want))
+	}
+}
+
+// TestLogTempLeftoverRemoved: a log file being made when a process died
+// (newLogFile's temporary, 1 MiB each) is removed by the next open that
+// takes the store, so a store killed while starting again and again does
+// not pile them up; other files beside the store are left alone.
+func TestLogTempLeftoverRemoved(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "tether.db")
+	s := open(t, path)
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	left := filepath.Join(dir, "tether.db.wal.tmp-123456")
+	other := filepath.Join(dir, "tether.db.walnut")
+	for _, f := range []string{left, other} {
+		if err := os.WriteFile(f, make([]byte, 1<<10), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s = open(t, path)
+	defer s.Close()
+	if _, err := os.Stat(left); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("the leftover log temporary: %v, want it removed", err)
+	}
+	if _, err := os.Stat(other); err != nil {
+		t.Errorf("another file beside the store: %v, want it kept", err)
 	}
 }
