@@ -62,6 +62,9 @@ type options struct {
 	out        string
 	// run rerun
 	failedOnly bool
+	// schedule create: per invocation, never package variables (a test
+	// runs several commands at once)
+	sched struct{ cron, tz, catchUp string }
 	// store backup
 	offline bool
 	// run list

@@ -14,9 +14,6 @@ import (
 	"github.com/tether-run/tether/client"
 )
 
-// schedFlags are schedule create's own flags.
-var schedFlags struct{ cron, tz, catchUp string }
-
 // scheduleCommands are the cron schedules' commands (SPEC §8a).
 func scheduleCommands() []*command {
 	return []*command{
@@ -39,9 +36,9 @@ one fire time twice.` + clientHelp,
 			example: `  orchestrator schedule create nightly --cron "0 3 * * *" --tz Europe/Paris nightly.yaml
   orchestrator schedule create poll --cron "*/5 * * * *" --catch-up none poll.yaml`,
 			flags: clientFlags(func(fs *flag.FlagSet, o *options) {
-				fs.StringVar(&schedFlags.cron, "cron", "", "the cron `expression` (required)")
-				fs.StringVar(&schedFlags.tz, "tz", "", "time `zone` of the expression: a name (Europe/Paris) or an offset (+05:30); default UTC")
-				fs.StringVar(&schedFlags.catchUp, "catch-up", "one", "missed fire times after downtime: `none`, one or all")
+				fs.StringVar(&o.sched.cron, "cron", "", "the cron `expression` (required)")
+				fs.StringVar(&o.sched.tz, "tz", "", "time `zone` of the expression: a name (Europe/Paris) or an offset (+05:30); default UTC")
+				fs.StringVar(&o.sched.catchUp, "catch-up", "one", "missed fire times after downtime: `none`, one or all")
 			}),
 			run: scheduleCreate,
 		},
@@ -89,7 +86,8 @@ one fire time twice.` + clientHelp,
 }
 
 func scheduleCreate(ctx context.Context, e *env, args []string) error {
-	if schedFlags.cron == "" {
+	f := e.opts.sched
+	if f.cron == "" {
 		return usageErrorf("--cron is required: a cron expression such as \"0 3 * * *\" or @daily")
 	}
 	name, file := args[0], args[1]
@@ -105,8 +103,8 @@ func scheduleCreate(ctx context.Context, e *env, args []string) error {
 		return fmt.Errorf("read workflow: %w", err)
 	}
 	return withClient(ctx, e, func(ctx context.Context, c *client.Client) error {
-		sc, err := c.CreateSchedule(ctx, client.ScheduleRequest{Name: name, Cron: schedFlags.cron, TZ: schedFlags.tz,
-			CatchUp: schedFlags.catchUp, File: filepath.Base(file), Workflow: string(src)})
+		sc, err := c.CreateSchedule(ctx, client.ScheduleRequest{Name: name, Cron: f.cron, TZ: f.tz,
+			CatchUp: f.catchUp, File: filepath.Base(file), Workflow: string(src)})
 		if err != nil {
 			return err
 		}
