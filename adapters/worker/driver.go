@@ -617,6 +617,7 @@ func (d *Driver) push(in input) bool {
 // for every goroutine.
 func (d *Driver) shutdown() {
 	for _, p := range d.procs {
+		p.signalled.Store(true) // stopped by the worker: not uploaded (SPEC §10 persistFile)
 		p.signal(killSignal)
 	}
 	if d.cur != nil {
@@ -633,7 +634,7 @@ func (d *Driver) shutdown() {
 	close(d.done)
 	d.wg.Wait()
 	if d.tempWork && !d.opts.KeepScratch {
-		os.RemoveAll(d.workDir)
+		removeTree(d.workDir)
 	}
 	for l := range d.secrets {
 		d.dropSecrets(l)

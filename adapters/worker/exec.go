@@ -30,7 +30,7 @@ const (
 	maxBatchLines = 1000
 	maxBatchBytes = 256 << 10
 	drainPoll     = 100 * time.Millisecond // how often a waiting exit looks at the reader
-	drainWait     = time.Second            // after the shell exits, wait this long for its pipe to close
+	drainWait     = time.Second            // after the step's process exits, wait this long for its pipe to close
 	exitCodeErr   = 127                    // exit code reported when the process could not start
 	killSignal    = syscall.SIGKILL        // ExecKill, and leftovers of an exited step
 	termSignal    = syscall.SIGTERM        // ExecTerm
@@ -43,16 +43,23 @@ type proc struct {
 	pgid int
 	gate *outGate // its pipe reader's gate (SPEC §10 backpressure)
 	shim bool
-	// signalled: the worker stopped it (cancel, timeout, drain): its output
-	// directory is not uploaded (SPEC §10 persistFile).
+	// signalled: the worker stopped it (cancel, timeout, drain, its own
+	// shutdown): its output directory is not uploaded (SPEC §10
+	// persistFile).
 	signalled atomic.Bool
+	// gone: the leader is reaped, so pgid may name another process's group
+	// by now: no signal is sent any more. mu makes a signal and the reaping
+	// exclude each other.
+	mu   sync.Mutex
+	gone bool
 }
 
 // outGate lets a step's pipe reader take one batch of output at a time, and
 // only while the core does not report the lease's output paused (its window
 // of unacknowledged lines is full): the step then blocks on write, as under
-// a slow terminal. The loop goroutine sets paused after every Step and
-// clears pending when it has stepped the reader's batch; it never blocks.
+// a slow terminal. The reader sets pending when it hands a batch to the
+// loop; the loop goroutine sets paused after every Step and clears pending
+// when it has stepped the batch; it never blocks.
 type outGate struct {
 	mu      sync.Mutex
 	paused  bool          // the core's OutputPaused for the lease
@@ -84,24 +91,32 @@ func (g *outGate) setPaused(p bool) {
 
 func (g *outGate) taken() { g.update(func() { g.pending = false }) }
 
-// isPaused says whether the reader is held for acks, not stuck on the pipe.
+// isPaused says whether the reader is held (for acks, or for the loop to
+// take its batch), not reading the pipe.
 func (g *outGate) isPaused() bool {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	return g.paused || g.pending
 }
 
-// acquire waits until the reader may read a batch and marks one pending;
-// false once done is closed (the worker is stopping).
+// hold marks a batch on its way to the loop: the reader reads no more
+// until the loop took it.
+func (g *outGate) hold() {
+	g.mu.Lock()
+	g.pending = true
+	g.mu.Unlock()
+}
+
+// acquire waits until the reader may read a batch (nothing paused or
+// pending); false once done is closed (the worker is stopping).
 func (g *outGate) acquire(done <-chan struct{}) bool {
 	for {
 		g.mu.Lock()
-		if !g.paused && !g.pending {
-			g.pending = true
-			g.mu.Unlock()
+		ok := !g.paused && !g.pending
+		g.mu.Unlock()
+		if ok {
 			return true
 		}
-		g.mu.Unlock()
 		select {
 		case <-g.wake:
 		case <-done:
@@ -113,7 +128,14 @@ func (g *outGate) acquire(done <-chan struct{}) bool {
 // signal sends sig to the step's process group. Under a shim, SIGTERM goes
 // to the shim alone, which passes it on to the whole group once and waits
 // for the shell (so every process gets exactly one, as without a shim).
+// Once the leader is reaped it sends nothing: its pid, the group's id, may
+// have been reused.
 func (p *proc) signal(sig syscall.Signal) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.gone {
+		return
+	}
 	target := -p.pgid
 	if p.shim && sig == termSignal {
 		target = p.pgid
@@ -169,7 +191,7 @@ func (d *Driver) start(c core.ExecCommand) {
 		cmd = exec.Command(d.opts.Shim, ShimArg, strconv.Itoa(os.Getpid()), c.Command)
 		cmd.SysProcAttr = shimAttr()
 	}
-	var wait func() error
+	var exitWait func() (zombie bool, err error)
 	var endpoint map[string]string
 	if d.endpoint != nil {
 		// The step endpoint's variables, set here and not shipped: the
@@ -194,9 +216,9 @@ func (d *Driver) start(c core.ExecCommand) {
 	if err == nil {
 		cmd.Stdout, cmd.Stderr = pw, pw
 		if d.opts.Shim != "" {
-			wait, err = startPinned(cmd)
-		} else {
-			wait, err = cmd.Wait, cmd.Start()
+			exitWait, err = startPinned(cmd)
+		} else if err = cmd.Start(); err == nil {
+			exitWait = func() (bool, error) { return awaitLeader(cmd) }
 		}
 		pw.Close() // the child holds its own copy
 		if err != nil {
@@ -224,15 +246,25 @@ func (d *Driver) start(c core.ExecCommand) {
 			defer close(drained)
 			readOutput(pr, p.gate, d.done, func(lines []string) bool { return d.push(output{lease: lease, lines: sec.redactLines(lines)}) })
 		}()
-		werr := wait()
-		// Background children may still hold the pipe: give them a moment,
-		// then kill what is left of the group (the group still exists while
-		// they do, so its id cannot have been reused) and stop reading. The
-		// moment is counted only while the reader reads: a reader held for
-		// acks still has the step's last output to deliver before its exit.
-		waitDrained(drained, p.gate, func() { p.signal(killSignal) })
+		// The leader has exited; where the system allows (Linux) it is
+		// not reaped yet, so its pid, the group's id, is not reused while
+		// the kill below or a cancel may still name the group.
+		zombie, werr := exitWait()
+		// Background processes may still hold the pipe: give them a
+		// moment, then kill what is left of the group, and after another
+		// stop reading (one outside the group, e.g. under setsid, is not
+		// waited for: SPEC §10). The moment is counted only while the
+		// reader reads: a reader held for acks still has the step's last
+		// output to deliver. A stopping worker reads no more at once.
+		waitDrained(drained, p.gate, d.done, func() { p.signal(killSignal) })
 		pr.Close()
 		<-drained
+		p.mu.Lock()
+		if zombie {
+			werr = cmd.Wait()
+		}
+		p.gone = true
+		p.mu.Unlock()
 		x := exited{Lease: lease}
 		switch st, ok := waitStatus(cmd); {
 		case ok && st.Signaled():
@@ -262,8 +294,9 @@ func (d *Driver) start(c core.ExecCommand) {
 				x.Err = perr.Error()
 			}
 		}
-		if len(lines) > 0 && p.gate.acquire(d.done) && !d.push(output{lease: lease, lines: lines}) {
-			return
+		if len(lines) > 0 && p.gate.acquire(d.done) {
+			p.gate.hold()
+			d.push(output{lease: lease, lines: lines}) // false only once the worker stops: then so is the exit's
 		}
 		d.removeStepDirs(dirs, log)
 		d.push(x)
@@ -279,14 +312,17 @@ func waitStatus(cmd *exec.Cmd) (syscall.WaitStatus, bool) {
 }
 
 // waitDrained waits for the reader to finish: after drainWait of reading
-// without an end it calls kill, after another it gives up.
-func waitDrained(drained <-chan struct{}, g *outGate, kill func()) {
+// without an end it calls kill, after another it gives up; at once when
+// done is closed (the worker is stopping: nothing more is pushed).
+func waitDrained(drained <-chan struct{}, g *outGate, done <-chan struct{}, kill func()) {
 	tick := time.NewTicker(drainPoll)
 	defer tick.Stop()
 	reading, killed := time.Duration(0), false
 	for {
 		select {
 		case <-drained:
+			return
+		case <-done:
 			return
 		case <-tick.C:
 		}
@@ -310,7 +346,7 @@ func waitDrained(drained <-chan struct{}, g *outGate, kill func()) {
 // longer than maxLine cut. It returns when r ends, done is closed or emit
 // returns false.
 func readOutput(r io.Reader, g *outGate, done <-chan struct{}, emit func([]string) bool) {
-	br := bufio.NewReaderSize(r, maxLine)
+	br := bufio.NewReaderSize(r, maxLine+len("\r\n")) // a line of maxLine and its ending fits
 	for {
 		if !g.acquire(done) {
 			return
@@ -330,11 +366,11 @@ func readOutput(r io.Reader, g *outGate, done <-chan struct{}, emit func([]strin
 				break
 			}
 		}
-		if len(lines) > 0 && !emit(lines) {
-			return
-		}
-		if len(lines) == 0 {
-			g.taken() // nothing went to the loop
+		if len(lines) > 0 {
+			g.hold()
+			if !emit(lines) {
+				return
+			}
 		}
 		if err != nil {
 			return
@@ -350,11 +386,14 @@ func lineBuffered(br *bufio.Reader) bool {
 }
 
 // readLine reads one line without its ending, cutting one longer than
-// maxLine; ok is false when there was nothing to read.
+// maxLine (SPEC §10: a line of exactly maxLine is whole); ok is false when
+// there was nothing to read.
 func readLine(br *bufio.Reader) (text string, ok bool, err error) {
 	line, err := br.ReadSlice('\n')
-	text = string(bytes.TrimRight(line, "\r\n"))
-	truncated := false
+	b := bytes.TrimRight(line, "\r\n")
+	truncated := len(b) > maxLine
+	text = string(b[:min(len(b), maxLine)]) // before the buffer is read again
+	ok = len(line) > 0
 	for errors.Is(err, bufio.ErrBufferFull) {
 		truncated = true
 		_, err = br.ReadSlice('\n')
@@ -362,7 +401,7 @@ func readLine(br *bufio.Reader) (text string, ok bool, err error) {
 	if truncated {
 		text = strings.ToValidUTF8(text, "") + " [line truncated]"
 	}
-	return text, len(line) > 0, err
+	return text, ok, err
 }
 
 // overlay returns base with each env's variables set in turn (a later one

@@ -32,6 +32,21 @@ func TestReadOutput(t *testing.T) {
 	}
 }
 
+// A line of exactly 16 KiB (SPEC §10), with either ending, is whole; one
+// byte more is cut to 16 KiB and marked. (Planted: the reader's buffer was
+// the limit, so a line of the limit and its newline did not fit: cut.)
+func TestReadOutputLineOfTheLimit(t *testing.T) {
+	limit, over := strings.Repeat("a", maxLine), strings.Repeat("b", maxLine+1)
+	var got []string
+	g := newOutGate()
+	readOutput(strings.NewReader(limit+"\n"+limit+"\r\n"+over+"\n"+over+"\r\n"+limit), g, nil,
+		func(s []string) bool { got = append(got, s...); g.taken(); return true })
+	cut := over[:maxLine] + " [line truncated]"
+	if want := []string{limit, limit, cut, cut, limit}; !reflect.DeepEqual(got, want) {
+		t.Fatalf("readOutput = %q…, want %q…", abbrev(got), abbrev(want))
+	}
+}
+
 // TestReadOutputBatchesAndWaits: lines already in the pipe come as one
 // batch; the next batch waits until the loop took the first and the gate is
 // not paused; a paused reader gives up when the worker stops.

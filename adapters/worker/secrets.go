@@ -12,7 +12,14 @@ package worker
 //	                             when the process has exited
 //	secrets_as: env              NAME=value in the process's environment
 //	                             (readable through /proc/PID/environ by the
-//	                             same user)
+//	                             same user); not a name on the denylist a
+//	                             step's env: gets (PATH, TETHER_*, …),
+//	                             which would override the worker's
+//
+// A secrets directory's name carries a digest of the worker's work
+// directory (secretsDirPrefix), so that a worker started again with it
+// removes the directories a killed process of it left (sweepSecrets), and
+// no other worker's.
 //
 // Every value of at least MinRedact bytes, and every line of at least
 // MinRedact bytes of a multi-line value, is replaced by "***" in the step's
@@ -22,6 +29,8 @@ package worker
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -30,6 +39,7 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/tether-run/tether/core"
@@ -86,6 +96,7 @@ func (d *Driver) secretsReady(c core.ExecCommand) bool {
 		d.secrets = map[core.LeaseID]*stepSecrets{}
 	}
 	d.secrets[c.Lease] = &stepSecrets{pending: true}
+	prefix := secretsDirPrefix(d.workDir)
 	parent := d.ctx // Run's: a worker that stops stops fetching
 	if parent == nil {
 		parent = context.Background()
@@ -95,7 +106,7 @@ func (d *Driver) secretsReady(c core.ExecCommand) bool {
 		defer d.wg.Done()
 		ctx, cancel := context.WithTimeout(parent, secretsFetchTimeout)
 		defer cancel()
-		sec, err := fetchSecrets(ctx, d.data, c, d.log)
+		sec, err := fetchSecrets(ctx, d.data, c, prefix, d.log)
 		if !d.push(secretsFetched{c: c, sec: sec, err: err}) && sec != nil {
 			sec.remove()
 		}
@@ -148,7 +159,48 @@ func (d *Driver) dropSecrets(lease core.LeaseID) {
 
 func (s *stepSecrets) remove() {
 	if s != nil && s.dir != "" {
-		os.RemoveAll(s.dir)
+		removeTree(s.dir) // the step may have made it read-only
+	}
+}
+
+// secretsDirPrefix begins the name of every secrets directory of the
+// worker whose work directory is workDir: "tether-secrets-", 12 hex digits
+// of its absolute path's SHA-256, "-". A worker's work directory is its
+// own (its state directory's lock, or --work-dir, whose step-* a worker
+// removes at start too), so these directories are its own.
+func secretsDirPrefix(workDir string) string {
+	if workDir == "" {
+		return "tether-secrets-"
+	}
+	if abs, err := filepath.Abs(workDir); err == nil {
+		workDir = abs
+	}
+	sum := sha256.Sum256([]byte(workDir))
+	return "tether-secrets-" + hex.EncodeToString(sum[:6]) + "-"
+}
+
+// sweepSecrets removes the secrets directories a previous process of the
+// worker whose work directory is workDir left (killed, it could not remove
+// them): under shmDir and the temp dir, named with its prefix, directories
+// (not links) this user owns. Called at start, before any step runs.
+func sweepSecrets(workDir string, log *slog.Logger) {
+	prefix := secretsDirPrefix(workDir)
+	for _, base := range []string{shmDir, os.TempDir()} {
+		old, _ := filepath.Glob(filepath.Join(base, prefix+"*"))
+		for _, dir := range old {
+			fi, err := os.Lstat(dir)
+			if err != nil || !fi.IsDir() {
+				continue
+			}
+			if st, ok := fi.Sys().(*syscall.Stat_t); !ok || int(st.Uid) != os.Geteuid() {
+				continue
+			}
+			if err := removeTree(dir); err != nil {
+				log.Warn("cannot remove a secrets directory a previous worker process left", "dir", dir, "err", err)
+			} else {
+				log.Info("removed a secrets directory a previous worker process left", "dir", dir)
+			}
+		}
 	}
 }
 
@@ -211,9 +263,11 @@ func redactions(values [][]byte) []string {
 	return out
 }
 
-// fetchSecrets fetches c's secrets and hands them over as c asks; log
-// gets a warning when their directory cannot be under shmDir.
-func fetchSecrets(ctx context.Context, dc *DataClient, c core.ExecCommand, log *slog.Logger) (*stepSecrets, error) {
+// fetchSecrets fetches c's secrets and hands them over as c asks, in a
+// directory whose name begins with prefix (secretsDirPrefix); log gets a
+// warning when their directory cannot be under shmDir, or a secret is not
+// set in the environment.
+func fetchSecrets(ctx context.Context, dc *DataClient, c core.ExecCommand, prefix string, log *slog.Logger) (*stepSecrets, error) {
 	if dc == nil {
 		return nil, errors.New("the worker has no data plane")
 	}
@@ -239,6 +293,11 @@ func fetchSecrets(ctx context.Context, dc *DataClient, c core.ExecCommand, log *
 			if strings.IndexByte(string(values[i]), 0) >= 0 {
 				return nil, fmt.Errorf("secret %s holds a NUL byte: an environment variable cannot; use secrets_as: files", name)
 			}
+			if core.Denied(name) { // as the step's env: (SPEC §8): the worker's own variables stay
+				log.Warn("secret not set in the step's environment: its name is one the worker sets; use secrets_as: files",
+					"lease", uint64(c.Lease), "step", string(c.Step), "secret", name)
+				continue
+			}
 			s.env = append(s.env, name+"="+string(values[i]))
 		}
 		return s, nil
@@ -247,12 +306,12 @@ func fetchSecrets(ctx context.Context, dc *DataClient, c core.ExecCommand, log *
 	if fi, err := os.Stat(shmDir); err == nil && fi.IsDir() {
 		base = shmDir // tmpfs: the values never reach a disk
 	}
-	dir, err := os.MkdirTemp(base, "tether-secrets-") // mode 0700
+	dir, err := os.MkdirTemp(base, prefix) // mode 0700
 	if err != nil && base != "" {
 		// A step does not fail because /dev/shm is full or not writable,
 		// but SPEC §14a promises it is never on a disk: say so.
 		shmErr := err
-		if dir, err = os.MkdirTemp("", "tether-secrets-"); err == nil {
+		if dir, err = os.MkdirTemp("", prefix); err == nil {
 			log.Warn("step secrets directory is on disk: "+shmDir+" could not be used", "lease", uint64(c.Lease), "step", string(c.Step), "dir", dir, "err", shmErr)
 		}
 	}

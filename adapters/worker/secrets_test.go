@@ -67,7 +67,7 @@ func TestSecretsDirFallbackIsLogged(t *testing.T) {
 	// A usable shm: the directory is under it, nothing is logged.
 	shmDir = t.TempDir()
 	rec := &levelRecorder{}
-	sec, err := fetchSecrets(t.Context(), dc, c, slog.New(rec))
+	sec, err := fetchSecrets(t.Context(), dc, c, "tether-secrets-", slog.New(rec))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -87,7 +87,7 @@ func TestSecretsDirFallbackIsLogged(t *testing.T) {
 		}
 	}
 	rec = &levelRecorder{}
-	sec, err = fetchSecrets(t.Context(), dc, c, slog.New(rec))
+	sec, err = fetchSecrets(t.Context(), dc, c, "tether-secrets-", slog.New(rec))
 	if err != nil {
 		t.Fatalf("an unusable shm failed the step: %v", err)
 	}
@@ -103,5 +103,107 @@ func TestSecretsDirFallbackIsLogged(t *testing.T) {
 	r.Attrs(func(a slog.Attr) bool { attrs[a.Key] = a.Value.String(); return true })
 	if attrs["dir"] != sec.dir || attrs["err"] == "" || !strings.Contains(r.Message, shmDir) {
 		t.Errorf("the warning %q %v does not name the directory %s, %s and the error", r.Message, attrs, sec.dir, shmDir)
+	}
+}
+
+// secretsServer answers GET /secret/NAME with "value-of-NAME".
+func secretsServer(t *testing.T) string {
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.WriteString(w, "value-of-"+strings.TrimPrefix(r.URL.Path, "/secret/"))
+	}))
+	srv.Config.Protocols = new(http.Protocols)
+	srv.Config.Protocols.SetUnencryptedHTTP2(true)
+	srv.Start()
+	t.Cleanup(srv.Close)
+	return srv.URL
+}
+
+// A secret handed over as an environment variable never replaces one the
+// worker sets: a name on the denylist a step's env: gets (SPEC §8: PATH,
+// TETHER_*, …) is left out, with a warning. (Planted: secrets_as: env was
+// laid over last, so a secret named PATH or TETHER_OUTPUT_DIR won.)
+func TestSecretsAsEnvDenylist(t *testing.T) {
+	dc, err := NewDataClient(secretsServer(t), nil, func() string { return "cred" })
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := &levelRecorder{}
+	c := core.ExecCommand{Lease: 7, Step: "s", SecretsAs: core.SecretsAsEnv, Secrets: []string{"PATH", "TETHER_OUTPUT_DIR", "API_KEY"}}
+	sec, err := fetchSecrets(t.Context(), dc, c, "tether-secrets-", slog.New(rec))
+	if err != nil {
+		t.Fatal(err)
+	}
+	env := overlay([]string{"PATH=/bin"}, map[string]string{EnvOutputDir: "/out"}, sec.environ())
+	if want := []string{"API_KEY=value-of-API_KEY", "PATH=/bin", "TETHER_OUTPUT_DIR=/out"}; !slices.Equal(env, want) {
+		t.Errorf("environment %q, want %q", env, want)
+	}
+	if r, ok := rec.find("not set in the step's environment"); !ok || r.Level != slog.LevelWarn {
+		t.Errorf("no warning for the secrets left out: %v", rec.records)
+	}
+	if got := sec.redactLines([]string{"value-of-PATH"}); got[0] != Redacted {
+		t.Errorf("a secret left out of the environment is not redacted: %q", got)
+	}
+}
+
+// A worker started again removes the secrets directories a process of it
+// killed with SIGKILL left under /dev/shm (it could not remove them), and
+// no other worker's: the directories are named after the work directory.
+// (Planted: they were left for ever.)
+func TestSecretsDirsSweptAtStart(t *testing.T) {
+	defer func(old string) { shmDir = old }(shmDir)
+	shmDir = t.TempDir()
+	work, otherWork := t.TempDir(), t.TempDir()
+	d, err := New(Options{URL: "ws://unused", DataURL: secretsServer(t), WorkDir: work})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cred := "w.cred"
+	d.cred.Store(&cred)
+	if err := d.openWorkDir(); err != nil { // as Run does first
+		t.Fatal(err)
+	}
+	// A process of this worker fetches a step's secrets, then is killed.
+	if d.secretsReady(core.ExecCommand{Lease: 1, Step: "s", Secrets: []string{"API_KEY"}}) {
+		t.Fatal("no fetch started")
+	}
+	in := (<-d.inputs).(secretsFetched)
+	close(d.done)
+	d.wg.Wait()
+	if in.err != nil {
+		t.Fatal(in.err)
+	}
+	left := in.sec.dir
+	if filepath.Dir(left) != shmDir {
+		t.Fatalf("secrets directory %s, want one under %s", left, shmDir)
+	}
+	os.Chmod(left, 0o500) // a step may do as much
+	others := []string{
+		filepath.Join(shmDir, secretsDirPrefix(otherWork)+"1"), // another worker's
+		filepath.Join(shmDir, "tether-secrets-2"),              // named otherwise
+	}
+	for _, o := range others {
+		if err := os.Mkdir(o, 0o700); err != nil {
+			t.Fatal(err)
+		}
+	}
+	link := filepath.Join(shmDir, secretsDirPrefix(work)+"link") // not a directory of its own
+	if err := os.Symlink(others[0], link); err != nil {
+		t.Fatal(err)
+	}
+
+	d2, err := New(Options{URL: "ws://unused", WorkDir: work})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := d2.openWorkDir(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Lstat(left); !os.IsNotExist(err) {
+		t.Errorf("the secrets directory a killed process left is still there: %v", err)
+	}
+	for _, o := range append(others, link) {
+		if _, err := os.Lstat(o); err != nil {
+			t.Errorf("%s was removed: %v", o, err)
+		}
 	}
 }

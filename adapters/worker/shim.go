@@ -10,13 +10,17 @@ import (
 const ShimArg = "__tether-step-shim"
 
 // startPinned starts cmd from a goroutine locked to its OS thread and keeps
-// that goroutine, and so the thread, until the process is reaped: Pdeathsig
+// that goroutine, and so the thread, until the process has exited: Pdeathsig
 // is sent when the thread that forked the child exits, not the process, and
-// the Go runtime may retire an idle thread at any time. The returned wait is
-// cmd.Wait, run on that goroutine.
-func startPinned(cmd *exec.Cmd) (wait func() error, err error) {
+// the Go runtime may retire an idle thread at any time. The returned wait
+// is awaitLeader's, run on that goroutine.
+func startPinned(cmd *exec.Cmd) (wait func() (zombie bool, err error), err error) {
 	started := make(chan error, 1)
-	waited := make(chan error, 1)
+	type result struct {
+		zombie bool
+		err    error
+	}
+	waited := make(chan result, 1)
 	go func() {
 		runtime.LockOSThread()
 		defer runtime.UnlockOSThread()
@@ -25,10 +29,22 @@ func startPinned(cmd *exec.Cmd) (wait func() error, err error) {
 			return
 		}
 		started <- nil
-		waited <- cmd.Wait()
+		zombie, err := awaitLeader(cmd)
+		waited <- result{zombie, err}
 	}()
 	if err := <-started; err != nil {
 		return nil, err
 	}
-	return func() error { return <-waited }, nil
+	return func() (bool, error) { r := <-waited; return r.zombie, r.err }, nil
+}
+
+// awaitLeader returns once cmd's process has exited. Where it can (awaitExit)
+// it leaves the process unreaped, a zombie that keeps its pid, and so its
+// group's id, from reuse: zombie is true and the caller reaps it with
+// cmd.Wait. Elsewhere it reaps it: cmd.Wait's error.
+func awaitLeader(cmd *exec.Cmd) (zombie bool, err error) {
+	if awaitExit(cmd.Process.Pid) == nil {
+		return true, nil
+	}
+	return false, cmd.Wait()
 }

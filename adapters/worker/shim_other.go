@@ -3,6 +3,7 @@
 package worker
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"syscall"
@@ -23,3 +24,8 @@ func ShimMain(args []string) int {
 	fmt.Fprintln(os.Stderr, "tether step shim: not supported on this system")
 	return 1
 }
+
+// awaitExit cannot wait for a process without reaping it here: the caller
+// reaps it (and its group's id may then be reused while a background
+// process still holds the step's pipe).
+func awaitExit(pid int) error { return errors.ErrUnsupported }

@@ -131,3 +131,28 @@ func BenchmarkExecTrue(b *testing.B) {
 		})
 	}
 }
+
+// A shell killed by any signal ends the step as killed by that signal
+// (SPEC §10: 128+N, "killed by signal"), through the shim as without it,
+// with nothing in the step's output: not for the signals the Go runtime
+// catches (a crash dump and exit 2) nor those it ignores (a plain exit
+// 128+N). (Planted: the shim re-raised the signal through the runtime.)
+func TestExecEverySignalStatusThroughTheShim(t *testing.T) {
+	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
+	defer cancel()
+	d := execDriver(t)
+	for i, c := range []struct {
+		name string
+		sig  syscall.Signal
+	}{
+		{"TERM", syscall.SIGTERM}, {"ABRT", syscall.SIGABRT}, {"QUIT", syscall.SIGQUIT}, {"SEGV", syscall.SIGSEGV},
+		{"BUS", syscall.SIGBUS}, {"ILL", syscall.SIGILL}, {"USR1", syscall.SIGUSR1}, {"PIPE", syscall.SIGPIPE},
+		{"HUP", syscall.SIGHUP}, {"KILL", syscall.SIGKILL},
+	} {
+		name, sig := c.name, c.sig
+		lines, x := runToExit(t, ctx, d, core.LeaseID(20+i), "kill -"+name+" $$")
+		if !x.Signaled || x.ExitCode != 128+int(sig) || x.Err != "" || len(lines) != 0 {
+			t.Errorf("kill -%s: exit %+v, %d lines %.100q; want killed by signal %d (%d), no output", name, x, len(lines), lines, sig, 128+int(sig))
+		}
+	}
+}

@@ -96,12 +96,13 @@ func (d *Driver) openWorkDir() error {
 		return fmt.Errorf("work directory: %w", err)
 	}
 	d.workDir = d.opts.WorkDir
+	sweepSecrets(d.workDir, d.log) // never kept: secret values
 	if d.opts.KeepScratch {
 		return nil
 	}
 	old, _ := filepath.Glob(filepath.Join(d.workDir, "step-*"))
 	for _, dir := range old {
-		if err := os.RemoveAll(dir); err != nil {
+		if err := removeTree(dir); err != nil {
 			d.log.Warn("cannot remove a step directory a previous worker process left", "dir", dir, "err", err)
 		}
 	}
@@ -117,10 +118,10 @@ type stepDirs struct {
 func (d *Driver) makeStepDirs(lease core.LeaseID) (stepDirs, error) {
 	root := filepath.Join(d.workDir, "step-"+strconv.FormatUint(uint64(lease), 10))
 	s := stepDirs{root: root, scratch: filepath.Join(root, "scratch"), output: filepath.Join(root, "output")}
-	os.RemoveAll(root) // a directory of the same lease cannot be in use: leases are never reused
+	removeTree(root) // a directory of the same lease cannot be in use: leases are never reused
 	for _, dir := range []string{root, s.scratch, s.output} {
 		if err := os.Mkdir(dir, 0o700); err != nil {
-			os.RemoveAll(root)
+			removeTree(root)
 			return stepDirs{}, fmt.Errorf("step directory: %w", err)
 		}
 	}
@@ -132,8 +133,51 @@ func (d *Driver) removeStepDirs(s stepDirs, log interface{ Warn(string, ...any) 
 	if d.opts.KeepScratch || s.root == "" {
 		return
 	}
-	if err := os.RemoveAll(s.root); err != nil {
+	if err := removeTree(s.root); err != nil {
 		log.Warn("cannot remove the step's directory", "dir", s.root, "err", err)
+	}
+}
+
+// removeTree removes dir and everything in it, as os.RemoveAll does, also
+// when a step left a directory in it that its user may not write or search
+// (`chmod 500 d`, `chmod 000 .`), which SPEC §10 removes all the same: then
+// it gives each directory of the tree its owner's rwx and tries again. It
+// does so through an os.Root of dir's parent, so that a symbolic link in
+// the tree (or one put in dir's place) never leads a change outside it.
+func removeTree(dir string) error {
+	err := os.RemoveAll(dir)
+	if err == nil {
+		return nil
+	}
+	root, rerr := os.OpenRoot(filepath.Dir(dir))
+	if rerr != nil {
+		return err
+	}
+	defer root.Close()
+	openUp(root, filepath.Base(dir))
+	return os.RemoveAll(dir)
+}
+
+// openUp gives name, when it is a directory (not a link to one), and each
+// directory under it u+rwx, top down.
+func openUp(root *os.Root, name string) {
+	fi, err := root.Lstat(name)
+	if err != nil || !fi.IsDir() {
+		return
+	}
+	if perm := fi.Mode().Perm(); perm&0o700 != 0o700 && root.Chmod(name, perm|0o700) != nil {
+		return
+	}
+	f, err := root.Open(name)
+	if err != nil {
+		return
+	}
+	ents, _ := f.ReadDir(-1)
+	f.Close()
+	for _, e := range ents {
+		if e.IsDir() {
+			openUp(root, filepath.Join(name, e.Name()))
+		}
 	}
 }
 

@@ -241,7 +241,7 @@ func main() {
 	}
 	// SIGINT and SIGTERM drain (§10); SIGHUP is ignored: a worker has no
 	// configuration to reload, and a closed terminal must not stop its steps.
-	signal.Ignore(syscall.SIGHUP)
+	ignoreHangups()
 	stops := make(chan os.Signal, 2)
 	signal.Notify(stops, os.Interrupt, syscall.SIGTERM)
 	stop, err := cpuProfile(os.Getenv(cpuProfileEnv))
@@ -252,6 +252,19 @@ func main() {
 	code := runWith(context.Background(), stops, os.Args[1:], os.Stdout, os.Stderr)
 	stop()
 	os.Exit(code)
+}
+
+// ignoreHangups makes the worker ignore SIGHUP (SPEC §10) by catching it
+// and dropping it, not with signal.Ignore: an ignored signal stays ignored
+// across exec, so every step would start with SIGHUP ignored, while a
+// caught one is back at its default in a child.
+func ignoreHangups() {
+	hups := make(chan os.Signal, 1)
+	signal.Notify(hups, syscall.SIGHUP)
+	go func() {
+		for range hups {
+		}
+	}()
 }
 
 // cpuProfileEnv names a file for the process's CPU profile, written from
