@@ -7,7 +7,6 @@ package orchestrator
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net/http"
 	"regexp"
@@ -67,16 +66,13 @@ func ResolveZone(tz string, now time.Time) ([]core.ZoneSpan, error) {
 	return spans, nil
 }
 
-// CreateSchedule creates a schedule; a refusal is ErrRefused with the
-// core's reason, and its code in *code when code is not nil.
-func (d *Driver) CreateSchedule(ctx context.Context, in core.CreateSchedule, code *string) error {
-	a, err := d.do(ctx, func(id core.CallID) core.Input {
+// CreateSchedule creates a schedule; a refusal is a *Refusal (ErrRefused,
+// with the core's reason and code).
+func (d *Driver) CreateSchedule(ctx context.Context, in core.CreateSchedule) error {
+	_, err := d.do(ctx, func(id core.CallID) core.Input {
 		in.Call, in.Actor = id, actorOf(ctx)
 		return in
 	})
-	if code != nil {
-		*code = a.Code
-	}
 	if err != nil {
 		return fmt.Errorf("create schedule %s: %w", core.Quote(in.Name), err)
 	}
@@ -85,32 +81,14 @@ func (d *Driver) CreateSchedule(ctx context.Context, in core.CreateSchedule, cod
 
 // ChangeSchedule pauses, resumes or deletes a schedule (op is one of
 // core.SchedulePause, ScheduleResume, ScheduleDelete).
-func (d *Driver) ChangeSchedule(ctx context.Context, name, op string, code *string) error {
-	a, err := d.do(ctx, func(id core.CallID) core.Input {
+func (d *Driver) ChangeSchedule(ctx context.Context, name, op string) error {
+	_, err := d.do(ctx, func(id core.CallID) core.Input {
 		return core.ChangeSchedule{Call: id, Actor: actorOf(ctx), Name: name, Op: op}
 	})
-	if code != nil {
-		*code = a.Code
-	}
 	if err != nil {
 		return fmt.Errorf("%s schedule %s: %w", op, core.Quote(name), err)
 	}
 	return nil
-}
-
-// scheduleRefusal maps a core refusal's code onto its status (SPEC §15).
-func scheduleRefusal(code string, err error) error {
-	if !errors.Is(err, ErrRefused) {
-		return err
-	}
-	status := http.StatusConflict
-	switch code {
-	case core.CodeInvalid:
-		status = http.StatusBadRequest
-	case core.CodeNotFound:
-		status = http.StatusNotFound
-	}
-	return errorf(status, "%v", err)
 }
 
 // scheduleView renders a schedule; upcoming > 0 adds that many next fire
@@ -166,11 +144,10 @@ func (a *api) createSchedule(r *http.Request) (int, any, error) {
 	if err != nil {
 		return 0, nil, errorf(http.StatusBadRequest, "%v", err)
 	}
-	var code string
 	err = a.d.CreateSchedule(r.Context(), core.CreateSchedule{Name: req.Name, Cron: req.Cron, Zone: req.TZ, Spans: spans,
-		CatchUp: req.CatchUp, Spec: spec}, &code)
+		CatchUp: req.CatchUp, Spec: spec})
 	if err != nil {
-		return 0, nil, scheduleRefusal(code, err)
+		return 0, nil, err // a refusal's status is its code's (classify)
 	}
 	v, _, err := a.schedule(r.Context(), req.Name, 0)
 	if err != nil {
@@ -206,9 +183,8 @@ func (a *api) showSchedule(r *http.Request) (int, any, error) {
 
 func (a *api) changeSchedule(r *http.Request, op string) (int, any, error) {
 	name := r.PathValue("name")
-	var code string
-	if err := a.d.ChangeSchedule(r.Context(), name, op, &code); err != nil {
-		return 0, nil, scheduleRefusal(code, err)
+	if err := a.d.ChangeSchedule(r.Context(), name, op); err != nil {
+		return 0, nil, err // a refusal's status is its code's (classify)
 	}
 	if op == core.ScheduleDelete {
 		return http.StatusOK, client.DeletedSchedule{Deleted: name}, nil

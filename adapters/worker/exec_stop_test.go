@@ -5,7 +5,6 @@ import (
 	"errors"
 	"io/fs"
 	"net/http"
-	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -184,18 +183,13 @@ func TestExecShutdownStopsWithoutUploads(t *testing.T) {
 		t.Skip("no /proc")
 	}
 	var puts atomic.Int32
-	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	url := h2cServer(t, func(w http.ResponseWriter, r *http.Request) {
 		puts.Add(1)
 		w.WriteHeader(http.StatusServiceUnavailable) // retried: a shutdown that uploads waits
-	}))
-	srv.Config.Protocols = new(http.Protocols)
-	srv.Config.Protocols.SetHTTP1(true)
-	srv.Config.Protocols.SetUnencryptedHTTP2(true)
-	srv.Start()
-	defer srv.Close()
+	})
 	ctx, cancel := context.WithTimeout(t.Context(), 15*time.Second)
 	defer cancel()
-	d := newExecDriver(t, testShim(t), srv.URL)
+	d := newExecDriver(t, testShim(t), url)
 	cred := "w.cred"
 	d.cred.Store(&cred)
 	d.exec(core.ExecCommand{Op: core.ExecStart, Lease: 3, Command: `echo half > "$TETHER_OUTPUT_DIR/part"; echo $$; sleep 30`})

@@ -50,14 +50,7 @@ func TestRedaction(t *testing.T) {
 // warning naming that directory and the error. (Planted: the fallback was
 // silent.)
 func TestSecretsDirFallbackIsLogged(t *testing.T) {
-	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		io.WriteString(w, "value-of-"+strings.TrimPrefix(r.URL.Path, "/secret/"))
-	}))
-	srv.Config.Protocols = new(http.Protocols)
-	srv.Config.Protocols.SetUnencryptedHTTP2(true)
-	srv.Start()
-	defer srv.Close()
-	dc, err := NewDataClient(srv.URL, nil, func() string { return "cred" })
+	dc, err := NewDataClient(secretsServer(t), nil, func() string { return "cred" })
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -108,10 +101,17 @@ func TestSecretsDirFallbackIsLogged(t *testing.T) {
 
 // secretsServer answers GET /secret/NAME with "value-of-NAME".
 func secretsServer(t *testing.T) string {
-	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	return h2cServer(t, func(w http.ResponseWriter, r *http.Request) {
 		io.WriteString(w, "value-of-"+strings.TrimPrefix(r.URL.Path, "/secret/"))
-	}))
+	})
+}
+
+// h2cServer serves h as the data plane does (HTTP/1.1 and cleartext
+// HTTP/2) until the test ends, and returns its URL.
+func h2cServer(t *testing.T, h http.HandlerFunc) string {
+	srv := httptest.NewUnstartedServer(h)
 	srv.Config.Protocols = new(http.Protocols)
+	srv.Config.Protocols.SetHTTP1(true)
 	srv.Config.Protocols.SetUnencryptedHTTP2(true)
 	srv.Start()
 	t.Cleanup(srv.Close)

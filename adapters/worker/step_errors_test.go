@@ -4,7 +4,6 @@ import (
 	"encoding/json"
 	"io"
 	"net/http"
-	"net/http/httptest"
 	"sync"
 	"testing"
 
@@ -38,7 +37,7 @@ func TestStepEndpointPassesOnOrchestratorErrors(t *testing.T) {
 		mu   sync.Mutex
 		sent = map[string]int{}
 	)
-	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	url := h2cServer(t, func(w http.ResponseWriter, r *http.Request) {
 		io.Copy(io.Discard, r.Body)
 		mu.Lock()
 		sent[r.Method+" "+r.URL.Path]++
@@ -54,12 +53,8 @@ func TestStepEndpointPassesOnOrchestratorErrors(t *testing.T) {
 		w.Header().Set("Content-Type", "application/json; charset=utf-8")
 		w.WriteHeader(a.status)
 		io.WriteString(w, a.body)
-	}))
-	srv.Config.Protocols = new(http.Protocols)
-	srv.Config.Protocols.SetUnencryptedHTTP2(true)
-	srv.Start()
-	defer srv.Close()
-	c, err := NewDataClient(srv.URL, nil, func() string { return "cred" })
+	})
+	c, err := NewDataClient(url, nil, func() string { return "cred" })
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -104,7 +99,7 @@ func TestStepEndpointPassesOnOrchestratorErrors(t *testing.T) {
 // {"error"}, a proxy's page) reaches the step in that shape, with its
 // status and the code of that status.
 func TestStepEndpointReshapesOtherErrors(t *testing.T) {
-	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	url := h2cServer(t, func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path == "/data/old/latest" {
 			w.WriteHeader(http.StatusNotFound)
 			io.WriteString(w, `{"error":"no such data"}`)
@@ -113,12 +108,8 @@ func TestStepEndpointReshapesOtherErrors(t *testing.T) {
 		w.Header().Set("Content-Type", "text/html")
 		w.WriteHeader(http.StatusForbidden)
 		io.WriteString(w, "<html>forbidden by the proxy</html>")
-	}))
-	srv.Config.Protocols = new(http.Protocols)
-	srv.Config.Protocols.SetUnencryptedHTTP2(true)
-	srv.Start()
-	defer srv.Close()
-	c, _ := NewDataClient(srv.URL, nil, func() string { return "cred" })
+	})
+	c, _ := NewDataClient(url, nil, func() string { return "cred" })
 	e, tok := testEndpoint(t, c, 0)
 	for path, want := range map[string]client.ErrorBody{
 		"/data/old/latest":   {Code: client.CodeNotFound, Message: "no such data", Error: "no such data"},
