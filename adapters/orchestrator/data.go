@@ -250,12 +250,19 @@ type dataPlane struct {
 }
 
 func (p *dataPlane) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	ctx, cancel := context.WithTimeout(r.Context(), dataTimeout)
+	end := time.Now().Add(dataTimeout)
+	ctx, cancel := context.WithDeadline(r.Context(), end)
 	defer cancel()
 	r = r.WithContext(ctx)
 	// The context does not bound reading the body; read deadlines do (see
 	// idleBody), and none is read before the request is authenticated.
-	body := &idleBody{r: r.Body, rc: http.NewResponseController(w), idle: p.d.opts.BodyIdleTimeout, end: time.Now().Add(dataTimeout)}
+	// The request's own deadline replaces the one every body got with its
+	// headers (BodyTimeout, bodyDeadline) before anything here can wait,
+	// for room in the budget above all: HTTP/2 closes a body for good
+	// once its read deadline passes, whatever deadline is set after.
+	rc := http.NewResponseController(w)
+	_ = rc.SetReadDeadline(end)
+	body := &idleBody{r: r.Body, rc: rc, idle: p.d.opts.BodyIdleTimeout, end: end}
 	r.Body = body
 	cw := &countedResponse{ResponseWriter: w}
 	w = cw
@@ -476,6 +483,13 @@ func (p *dataPlane) write(w http.ResponseWriter, r *http.Request, rt dataRoute, 
 // appendBody reads an append's body into memory, within the budget, and
 // has the loop fence and persist it with its group's records.
 func (p *dataPlane) appendBody(w http.ResponseWriter, r *http.Request, rt dataRoute, cred string, lease core.LeaseID, req string) error {
+	// A declared length that would pass the stream's bound is refused
+	// before its body is read (SPEC §14); the write decides again.
+	if max := p.d.opts.MaxStream; r.ContentLength > 0 && max > 0 {
+		if m, err := p.d.st.Stream(rt.id); err == nil && m.Length+r.ContentLength > max {
+			return fmt.Errorf("%w: stream %q holds %d bytes, %d more would pass %d", store.ErrStreamFull, rt.id, m.Length, r.ContentLength, max)
+		}
+	}
 	body, held, err := p.readBody(w, r, p.d.opts.MaxAppendBody)
 	if err != nil {
 		return err
@@ -518,11 +532,13 @@ func (p *dataPlane) readBody(w http.ResponseWriter, r *http.Request, limit int64
 	held = limit // a body of unknown length may use the whole limit
 	if r.ContentLength >= 0 {
 		held = r.ContentLength
-		body = make([]byte, 0, held)
 	}
 	if err := p.mem.acquire(r.Context(), held); err != nil {
 		return nil, 0, err
 	}
+	// Made only once the budget has room: a request waiting for it holds
+	// no buffer; and whole, so appending never grows it past what it holds.
+	body = make([]byte, 0, held)
 	_, err = io.Copy(&sliceWriter{b: &body, max: held}, http.MaxBytesReader(w, r.Body, limit))
 	if err != nil {
 		p.mem.release(held)

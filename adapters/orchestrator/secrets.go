@@ -292,8 +292,17 @@ func (p *dataPlane) token(w http.ResponseWriter, r *http.Request, cred string) e
 	if err != nil {
 		return &httpError{code: http.StatusBadRequest, msg: strings.Replace(err.Error(), "a write", "a token", 1)}
 	}
+	// A write's credential and lease are checked on its headers, before a
+	// byte of its body is read (SPEC §12); the secret it names, below.
+	if err := p.d.authenticate(r.Context(), cred, lease); err != nil {
+		return err
+	}
 	var req client.TokenRequest
 	if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, maxTokenRequestBytes)).Decode(&req); err != nil {
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) || errors.Is(err, ErrBodyStalled) {
+			return bodyError(err, maxTokenRequestBytes)
+		}
 		return &httpError{code: http.StatusBadRequest, msg: `want {"name": "worker-1", "ttl": "10m", "into_secret": "NAME"}: ` + err.Error()}
 	}
 	if req.Name == "" || req.IntoSecret == "" {
