@@ -43,6 +43,7 @@ const (
 	RefusedUndeclaredOutput               // the lease's step declares outputs, and not this data id (403)
 	RefusedSecretNotDeclared              // the lease's step does not declare the secret (SPEC §14a)
 	RefusedSecretsFull                    // a new secret past MaxSecrets (SPEC §14a)
+	RefusedLeaseNotStarted                // a write-bearing step's lease whose START is not recorded: its process has not started (SPEC §14)
 )
 
 func (r WriteRefusal) String() string {
@@ -67,6 +68,8 @@ func (r WriteRefusal) String() string {
 		return "secret-not-declared"
 	case RefusedSecretsFull:
 		return "secrets-full"
+	case RefusedLeaseNotStarted:
+		return "lease-not-started"
 	}
 	return "invalid"
 }
@@ -117,6 +120,8 @@ func (a DataAnswer) Err() error {
 		return fmt.Errorf("%w: lease %d may not use secret %s", ErrSecretNotDeclared, a.Lease, Quote(a.Detail))
 	case RefusedSecretsFull:
 		return fmt.Errorf("secret %s refused: at most %d secrets", Quote(a.Detail), MaxSecrets)
+	case RefusedLeaseNotStarted:
+		return fmt.Errorf("%w: lease %d: its step writes and its START is not recorded, so its process has not started", ErrNotStarted, a.Lease)
 	}
 	return fmt.Errorf("data write refused (%d)", a.Refusal)
 }
@@ -148,6 +153,15 @@ func (o *Orchestrator) CheckWriteTo(now time.Time, credential string, l LeaseID,
 		a.Step = lr.Step
 		if s := o.steps[lr.Step]; s != nil {
 			a.Run = s.Run
+		}
+	}
+	if a.Refusal == WriteAdmitted {
+		// A write-bearing step's process starts only once its START is
+		// durable (§4), so nothing of it writes before: a write under a
+		// lease not started would be the output of no run of the step,
+		// and would stay if the lease were requeued as never started.
+		if lr := o.leases[l]; !lr.Started && o.specOf[lr.Step].Writes {
+			a.Refusal = RefusedLeaseNotStarted
 		}
 	}
 	if a.Refusal == WriteAdmitted {

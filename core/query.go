@@ -14,6 +14,10 @@ import (
 // ErrNotCurrent is returned by Fence when a lease has lost its authority.
 var ErrNotCurrent = errors.New("lease is not current")
 
+// ErrNotStarted is returned (wrapped) when a data-plane write comes under
+// the lease of a write-bearing step whose START is not recorded (SPEC §14).
+var ErrNotStarted = errors.New("lease not started")
+
 // ErrUnknownLease is returned by Fence for a lease that does not exist or
 // belongs to another worker.
 var ErrUnknownLease = errors.New("unknown lease")
