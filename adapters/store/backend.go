@@ -32,9 +32,12 @@ type Records interface {
 	// Apply makes a batch of records durable in one atomic transaction:
 	// upserts put their value, deletes remove their key, in order (a later
 	// record of one key wins). When it returns nil the whole batch is
-	// durable; on error none of it is applied. An empty batch writes
-	// nothing (a store that fences, as PostgreSQL's does, still proves its
-	// leadership with it: SPEC §11).
+	// durable; on error the batch was not acknowledged, and may or may not
+	// be durable (an entry of a log written whole before its fdatasync
+	// failed is replayed at the next open): the caller releases nothing of
+	// it and stops (SPEC §11). An empty batch writes nothing, but fails as
+	// any batch would on a closed or broken store (and a store that fences,
+	// as PostgreSQL's does, still proves its leadership with it).
 	Apply(recs []core.Record) error
 	// Load returns the live records and the log lines of the live leases,
 	// sorted by key; not the history of archived runs (SPEC §7a) nor the

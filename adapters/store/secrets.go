@@ -82,9 +82,10 @@ func LoadOrCreateKey(path string) (key []byte, created bool, err error) {
 	if err != nil {
 		return nil, false, fmt.Errorf("store: secrets key: %w", err)
 	}
-	if d, err := os.Open(filepath.Dir(path)); err == nil {
-		d.Sync()
-		d.Close()
+	// The key's name must be durable before anything is sealed with it: a
+	// crash that lost it would leave every sealed value unreadable.
+	if err := syncDir(filepath.Dir(path)); err != nil {
+		return nil, false, fmt.Errorf("store: secrets key: sync its directory: %w", err)
 	}
 	return key, true, nil
 }

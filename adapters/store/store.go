@@ -189,7 +189,13 @@ func OpenWith(path string, opts Options) (*Store, error) {
 // answering (which the caller must assume anyway: it exits, SPEC §11).
 func (s *Store) Apply(recs []core.Record) error {
 	if len(recs) == 0 {
-		return nil
+		// Writes nothing, but answers as any batch would: a closed store
+		// or a broken log (a failed fdatasync: the only safe answer is to
+		// stop) is not hidden behind groups that happen to be empty.
+		if s.log != nil {
+			return s.log.failed()
+		}
+		return s.mapErr(s.db.View(func(*bolt.Tx) error { return nil }))
 	}
 	if err := checkRecords(recs); err != nil {
 		return err

@@ -398,11 +398,14 @@ func scanLog(buf []byte, applied uint64) (payloads [][]byte, last uint64, err er
 	// itself as the first of its own write), means that b went bad after
 	// it was synced; one of b's own write was torn with it. Without any
 	// entry from the header on, b is the first after the applied one: the
-	// ring starts again at the header only once all is applied.
-	b := expect
-	if b == 0 {
-		b = applied + 1
-	}
+	// ring starts again at the header only once all is applied. Nor is it
+	// ever one the store applied: when the first page of the write that
+	// turned the ring was torn, the scan followed the turn before's
+	// entries (numbered at most applied) into the middle of that write,
+	// whose second entry is then b's own write, torn with it, not an
+	// entry written after it was synced (the applier applies whole
+	// writes, so applied+1 begins one).
+	b := max(expect, applied+1)
 	for o := off + 1; o+walEntryHead <= int64(len(buf)); o++ {
 		if binary.LittleEndian.Uint32(buf[o:o+4]) == 0 {
 			continue
@@ -548,6 +551,17 @@ func openLog(db *bolt.DB, path string, st walState, limit int64) (*wlog, error) 
 
 // append logs one entry (walEntryHead bytes of room, then its payload) and
 // returns once it is durable.
+// failed returns what every call must answer once the log is closed or
+// broken: ErrClosed, the error that broke it, or nil.
+func (l *wlog) failed() error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed {
+		return ErrClosed
+	}
+	return l.err
+}
+
 func (l *wlog) append(buf []byte) error {
 	if int64(len(buf)) > walMaxEntry {
 		return fmt.Errorf("store: a batch of %d bytes: larger than the log takes", len(buf))
