@@ -20,12 +20,18 @@ import (
 
 // Control-plane timing and limits (SPEC §12).
 const (
-	readWait       = 60 * time.Second // a connection silent this long (no frame, no pong) is dead (Options.ReadWait)
-	writeWait      = 10 * time.Second // one frame must be written within this
-	sendQueue      = 1024             // frames queued per connection; a slower reader is closed (1013)
-	connInputQueue = 64               // inputs of one connection waiting for the loop; its reads wait beyond it
-	maxReasonLen   = 120              // a close frame's reason (control frames carry 125 bytes)
-	lingerWait     = 5 * time.Second  // after a close frame, how long the peer has to read it and answer
+	readWait  = 60 * time.Second // a connection silent this long (no frame, no pong) is dead (Options.ReadWait)
+	writeWait = 10 * time.Second // one frame must be written within this
+	// sendQueue: a connection whose queue still holds this many frames
+	// when a release begins is reading too slowly, and is closed (1013).
+	// A release itself may add more: a Welcome and a Dispatch (or a
+	// Cancel) for every lease the largest Hello holds come in one, before
+	// the writer runs; sendQueueMax bounds the queue whatever happens.
+	sendQueue      = 1024
+	sendQueueMax   = sendQueue + 4*core.MaxInFlightLeases
+	connInputQueue = 64              // inputs of one connection waiting for the loop; its reads wait beyond it
+	maxReasonLen   = 120             // a close frame's reason (control frames carry 125 bytes)
+	lingerWait     = 5 * time.Second // after a close frame, how long the peer has to read it and answer
 )
 
 // WebSocket close codes the driver uses (SPEC §9), each sent with a reason.
@@ -83,7 +89,13 @@ type conn struct {
 
 	stop     chan struct{} // closed by abort: hang up now, unflushed
 	stopOnce sync.Once
-	loopSide struct{ closing bool } // loop goroutine only: out is closed
+	// Loop goroutine only: out is closed; the release last sent to, and
+	// whether the queue was full when it began (send).
+	loopSide struct {
+		closing bool
+		release uint64
+		behind  bool
+	}
 
 	// Admission (SPEC §12): host is the source address; the connection
 	// counts as unauthenticated until the core welcomes it (leaveUnauth),
@@ -412,14 +424,21 @@ func (d *Driver) pingSweep() {
 	})
 }
 
-// send queues a frame (loop goroutine only). A connection whose queue is full
-// is not keeping up: it is closed with 1013 (try again later), which the
-// core hears as a Disconnected.
-func (c *conn) send(b []byte) {
+// send queues a frame of release number release (loop goroutine only). A
+// connection whose queue still held sendQueue frames when the release
+// began is not keeping up: it is closed with 1013 (try again later), which
+// the core hears as a Disconnected. Within a release the queue may grow
+// past sendQueue (one release may hold a dispatch for each of a worker's
+// leases), never past sendQueueMax.
+func (c *conn) send(b []byte, release uint64) {
 	if c.loopSide.closing {
 		return
 	}
-	if !c.out.push(b) {
+	if c.loopSide.release != release {
+		c.loopSide.release = release
+		c.loopSide.behind = c.out.len() >= sendQueue
+	}
+	if c.loopSide.behind || !c.out.push(b) {
 		c.loopSide.closing = true
 		c.overOnce.Do(func() {
 			// Off the loop: the close frame may wait for the slow reader.
@@ -447,8 +466,8 @@ func (c *conn) closeAfterQueued(code int, reason string) {
 	c.out.close()
 }
 
-// frameQueue is a connection's queue of frames to write, at most sendQueue
-// of them: pushed and closed by the loop goroutine, taken by the writer.
+// frameQueue is a connection's queue of frames to write, at most
+// sendQueueMax of them: pushed and closed by the loop goroutine, taken by the writer.
 // It holds no more than what waits in it (an idle connection's queue is
 // empty), where a channel of sendQueue frames would hold 24 KiB from the
 // start whatever waits in it.
@@ -462,10 +481,17 @@ type frameQueue struct {
 
 func newFrameQueue() frameQueue { return frameQueue{ready: make(chan struct{}, 1)} }
 
-// push queues b, or says the queue is full.
+// len returns how many frames wait.
+func (q *frameQueue) len() int {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return len(q.frames)
+}
+
+// push queues b, or says the queue is full (sendQueueMax).
 func (q *frameQueue) push(b []byte) bool {
 	q.mu.Lock()
-	if len(q.frames) >= sendQueue {
+	if len(q.frames) >= sendQueueMax {
 		q.mu.Unlock()
 		return false
 	}

@@ -277,6 +277,7 @@ type Driver struct {
 	o          *core.Orchestrator
 	conns      map[core.ConnID]*conn
 	coreClosed map[core.ConnID]bool // the core closed these; their reads end silently
+	releases   uint64               // groups released so far (loop goroutine): a send queue is judged once a release
 	calls      map[core.CallID]chan core.APIAnswer
 	// pendingReq: request ids of data writes admitted into groups not yet
 	// durable (stepdata.go); a repeat of one is not fenced again.
@@ -551,8 +552,8 @@ func Start(opts Options) (*Driver, error) {
 	// trace each batch the loop measures (LoopStats) is a region, "batch",
 	// or "land" for a group released while idle (SPEC §12, the loop's
 	// longest step).
+	d.wg.Add(3) // before the loop starts: a loop that fails at once waits for these in run
 	go pprof.Do(context.Background(), pprof.Labels("goroutine", "loop"), func(context.Context) { d.run() })
-	d.wg.Add(3)
 	go d.pruner(st, o.Config().Retention)
 	go d.releaser(st)
 	go d.pingSweep()
@@ -888,6 +889,7 @@ func (d *Driver) land() error {
 			break
 		}
 	}
+	d.releases++ // a connection's send queue is judged once a release (conn.send)
 	f.group.Release(d.deliver, func(a core.APIAnswer) {
 		if reply, ok := d.calls[a.Call]; ok {
 			reply <- a // buffered: never blocks
@@ -1221,7 +1223,7 @@ func (d *Driver) deliver(e core.Envelope) {
 		c.hangUp(closeInternal, fmt.Sprintf("orchestrator cannot send a %s: %s", e.Msg.Kind(), reason))
 		return
 	}
-	c.send(b)
+	c.send(b, d.releases)
 	switch m := e.Msg.(type) {
 	case core.Welcome:
 		c.leaveUnauth(d) // authenticated: the core accepted its Hello
