@@ -5,7 +5,7 @@ package orchestrator
 // (html/template, embedded; no build step) and a little plain JavaScript
 // (web/app.js) that follows the live streams with EventSource.
 //
-//	GET  /login, POST /login     the admin token in a form → a session cookie
+//	GET  /login, POST /login     an operator token in a form → a session cookie
 //	POST /logout
 //	GET  /                       runs, newest first (?status=, ?name=, ?cursor=, ?limit=)
 //	GET  /runs/{id}              one run: its DAG, its steps, its log, its server events
@@ -18,7 +18,7 @@ package orchestrator
 //	GET  /static/{file}          the style sheet and the script
 //
 // Every read and every action is a call of the operator API (api.go),
-// made in-process with the admin token: the page has no read path of its
+// made in-process with the session's own operator token: the page has no read path of its
 // own. Sessions live in memory only (a restart logs everyone out), at most
 // MaxWebSessions of them; every POST is checked for its origin
 // (http.CrossOriginProtection: Sec-Fetch-Site, Origin) and, but the login,
@@ -281,9 +281,19 @@ func (w *web) logout(rw http.ResponseWriter, r *http.Request) {
 	http.Redirect(rw, r, "/login", http.StatusSeeOther)
 }
 
-// safeNext keeps a redirect target on this site: a path, not "//host".
+// safeNext keeps a redirect target on this site (SPEC §18): a path, read
+// as a browser will read it. A browser drops tabs and newlines from a URL
+// and reads '\\' as '/', so "/\t/host" and "/\\host" are "//host", another
+// site: no control byte and no backslash at all, and what is left must
+// parse as a path alone (no scheme, no host) starting with one '/'.
 func safeNext(next string) string {
-	if !strings.HasPrefix(next, "/") || strings.HasPrefix(next, "//") || strings.HasPrefix(next, "/\\") || strings.ContainsAny(next, "\r\n") {
+	for i := 0; i < len(next); i++ {
+		if c := next[i]; c < 0x20 || c == 0x7f || c == '\\' {
+			return "/"
+		}
+	}
+	u, err := url.Parse(next)
+	if err != nil || u.Scheme != "" || u.Host != "" || u.Opaque != "" || !strings.HasPrefix(next, "/") || strings.HasPrefix(next, "//") {
 		return "/"
 	}
 	return next

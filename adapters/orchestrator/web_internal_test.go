@@ -57,3 +57,23 @@ func TestWebRunPageGapsAndLayers(t *testing.T) {
 		t.Log(body)
 	}
 }
+
+// safeNext keeps the page a login returns to on this site (SPEC §18), as
+// a browser reads the target: it drops tabs and newlines and reads '\' as
+// '/', so each of these is "//evil.example", another site.
+func TestSafeNextAsABrowserReadsIt(t *testing.T) {
+	for _, next := range []string{
+		"//evil.example/x", "/\\evil.example", "/\t/evil.example/phish", "/\t\\evil.example",
+		"/\n/evil.example", "/\r/evil.example", "/%09/x\x7f", "\\\\evil.example", "https://evil.example/",
+		"evil.example", "", "javascript:alert(1)", "/x\\y",
+	} {
+		if got := safeNext(next); got != "/" {
+			t.Errorf("safeNext(%q) = %q, want /", next, got)
+		}
+	}
+	for _, next := range []string{"/", "/runs/run-1", "/runs?state=failed&page=2", "/events#x", "/runs/run-1%2F"} {
+		if got := safeNext(next); got != next {
+			t.Errorf("safeNext(%q) = %q, want it kept", next, got)
+		}
+	}
+}

@@ -99,9 +99,26 @@
     });
   }
   // shown says whether the page already holds the element of this key
-  // (a stream may start by sending what the page was rendered with).
+  // (a stream may start by sending what the page was rendered with, every
+  // line of a long log): the keys of a container are read from the page
+  // once, then kept as elements are added (mark), so each check is one
+  // lookup, not a walk of every line.
+  const keySets = new WeakMap();
+  function keysOf(root) {
+    let set = keySets.get(root);
+    if (!set) {
+      set = new Set();
+      root.querySelectorAll('[data-key]').forEach(function (e) { set.add(e.dataset.key); });
+      keySets.set(root, set);
+    }
+    return set;
+  }
   function shown(root, key) {
-    return Array.from(root.querySelectorAll('[data-key]')).some(function (e) { return e.dataset.key === key; });
+    return keysOf(root).has(key);
+  }
+  function mark(root, el, key) {
+    el.dataset.key = key;
+    keysOf(root).add(key);
   }
   function logLine(d, text, cls) {
     const log = document.getElementById('log');
@@ -112,7 +129,7 @@
     if (empty) empty.remove();
     const line = document.createElement('div');
     line.className = 'line' + (cls ? ' ' + cls : '');
-    if (d.index !== undefined) line.dataset.key = key;
+    if (d.index !== undefined) mark(log, line, key);
     const s = document.createElement('span');
     s.className = 'step';
     s.textContent = stepName(stepID(d));
@@ -134,7 +151,7 @@
       const body = document.querySelector('#events tbody');
       if (!body || shown(body, String(d.seq))) return;
       const row = document.createElement('tr');
-      row.dataset.key = String(d.seq);
+      mark(body, row, String(d.seq));
       cells(row, [String(d.seq), when(d.at), d.step ? stepName(stepID(d)) : '', d.kind, d.message]);
       body.append(row);
     } else if (page === 'events') {
@@ -142,13 +159,14 @@
       if (!body || shown(body, d.run + '#' + d.seq)) return;
       body.querySelectorAll('tr.none').forEach(function (r) { r.remove(); });
       const row = document.createElement('tr');
-      row.dataset.key = d.run + '#' + d.seq;
+      mark(body, row, d.run + '#' + d.seq);
       cells(row, [when(d.at), d.run, String(d.seq), d.step || '', d.kind, d.message]);
       body.prepend(row);
     }
   }
   function onWorker(d) {
-    matching('data-worker', d.worker).concat(matching('data-name', d.worker)).forEach(function (row) {
+    // By its id only: a worker's name may be another's id.
+    matching('data-worker', d.worker).forEach(function (row) {
       row.querySelectorAll('.badge[data-field="state"]').forEach(function (b) { setClass(b, 'w-', d.state); });
       field(row, 'state', d.state);
       if (d.slots !== undefined) field(row, 'slots', String(d.slots));
