@@ -149,7 +149,7 @@ func (w *world) orchFrozen() bool {
 // ---- the store's side: the leader row, judged by the store's clock ----
 
 // storeCheck is the epoch check every commit and every proof runs
-// atomically with its write (SELECT epoch … FOR SHARE); then it records
+// atomically with its write (SELECT epoch … FOR KEY SHARE); then it records
 // who committed in which epoch for PropOneWriterPerEpoch.
 func (w *world) storeCheck(in *haInstance, fence uint64) error {
 	if in.cutUntil.After(w.now) {

@@ -15,9 +15,11 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strconv"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/tether-run/tether/adapters/store"
@@ -94,7 +96,9 @@ func (e *Elector) Config() Config { return e.c }
 // did, with the new epoch.
 func (e *Elector) TryTakeOver(ctx context.Context) (epoch uint64, ok bool, err error) {
 	var n int64
-	err = e.pool.QueryRow(ctx, takeOver, e.c.Holder, e.c.URL, e.c.Lease).Scan(&n)
+	err = e.bounded(ctx, func(tx pgx.Tx) error {
+		return tx.QueryRow(ctx, takeOver, e.c.Holder, e.c.URL, e.c.Lease).Scan(&n)
+	})
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 		return 0, false, nil
@@ -102,6 +106,24 @@ func (e *Elector) TryTakeOver(ctx context.Context) (epoch uint64, ok bool, err e
 		return 0, false, fmt.Errorf("pglead: take over: %w", err)
 	}
 	return uint64(n), true, nil
+}
+
+// bounded runs f in a transaction whose statements the server gives up by
+// itself at ctx's deadline (statement_timeout, lock waits included): the
+// client gives up at the deadline too, and a statement it stopped waiting
+// for must not land later (a take-over while a paused leader's fenced
+// transaction held the row would name this elector, with a new epoch, for
+// a whole lease, after it was told it did not lead).
+func (e *Elector) bounded(ctx context.Context, f func(pgx.Tx) error) error {
+	return pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
+		if dl, ok := ctx.Deadline(); ok {
+			ms := max(time.Until(dl).Milliseconds(), 1)
+			if _, err := tx.Exec(ctx, "SELECT set_config('statement_timeout', $1, true)", strconv.FormatInt(ms, 10)); err != nil {
+				return err
+			}
+		}
+		return f(tx)
+	})
 }
 
 // Campaign blocks, trying to take over every Poll, until it takes the lead
@@ -134,7 +156,11 @@ func (e *Elector) Campaign(ctx context.Context) (uint64, error) {
 // Renew extends the lease of epoch by Lease from the database's now. It
 // returns an error wrapping store.ErrDeposed when epoch no longer leads.
 func (e *Elector) Renew(ctx context.Context, epoch uint64) error {
-	tag, err := e.pool.Exec(ctx, renew, int64(epoch), e.c.Lease)
+	var tag pgconn.CommandTag
+	err := e.bounded(ctx, func(tx pgx.Tx) (err error) {
+		tag, err = tx.Exec(ctx, renew, int64(epoch), e.c.Lease)
+		return err
+	})
 	if err != nil {
 		return fmt.Errorf("pglead: renew epoch %d: %w", epoch, err)
 	}

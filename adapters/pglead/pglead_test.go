@@ -8,6 +8,7 @@ package pglead_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -161,6 +162,84 @@ func TestElection(t *testing.T) {
 		}
 		if err := a.Renew(t.Context(), ea); !errors.Is(err, store.ErrDeposed) {
 			t.Errorf("a's renewal after it resigned and b took over: %v; want ErrDeposed", err)
+		}
+	})
+
+	// A fenced transaction (the store's writes: one per commit, fold,
+	// blob chunk) holds the leader's row while it runs: a take-over must
+	// wait for it (the fence), the leader's own renewal must not (under
+	// uploads the renewals waited behind them until the lease lapsed).
+	t.Run("a fenced transaction holds a take-over, not a renewal", func(t *testing.T) {
+		pool := newPool(t, c)
+		a := pglead.New(pool, pglead.Config{Holder: "a", URL: "http://a", Lease: 2 * time.Second})
+		ea, ok, err := a.TryTakeOver(t.Context())
+		if err != nil || !ok {
+			t.Fatalf("a's take-over: %v %v", ok, err)
+		}
+		tx, err := pool.Begin(t.Context())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer tx.Rollback(t.Context())
+		if _, err := tx.Exec(t.Context(), "SELECT tether_fence($1)", int64(ea)); err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithTimeout(t.Context(), 1500*time.Millisecond)
+		err = a.Renew(ctx, ea)
+		cancel()
+		if err != nil {
+			t.Fatalf("the leader's renewal with a fenced transaction open: %v; want it renewed at once", err)
+		}
+		if _, err := pool.Exec(t.Context(), "UPDATE tether_leader SET expires_at = now() WHERE id = 1"); err != nil { // a's lease lapses
+			t.Fatal(err)
+		}
+		b, err := pool.Acquire(t.Context())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer b.Release()
+		if _, err := b.Exec(t.Context(), "SET lock_timeout = '1s'"); err != nil {
+			t.Fatal(err)
+		}
+		_, err = b.Exec(t.Context(), `UPDATE tether_leader SET epoch = epoch + 1, holder = 'b', url = 'http://b', expires_at = now() + interval '1 hour'
+			WHERE id = 1 AND expires_at <= now()`)
+		if err == nil || !strings.Contains(err.Error(), "lock timeout") {
+			t.Fatalf("a take-over (the elector's statement) while a fenced transaction of the epoch before runs: %v; want it to wait (lock timeout)", err)
+		}
+	})
+
+	// A take-over the elector gave up on (Campaign bounds each attempt)
+	// must not land once the row frees: it was told it did not lead.
+	t.Run("a take-over given up on does not land later", func(t *testing.T) {
+		pool := newPool(t, c)
+		a := pglead.New(pool, pglead.Config{Holder: "a", URL: "http://a", Lease: time.Second})
+		ea, ok, err := a.TryTakeOver(t.Context())
+		if err != nil || !ok {
+			t.Fatalf("a's take-over: %v %v", ok, err)
+		}
+		tx, err := pool.Begin(t.Context()) // a paused inside a fenced transaction
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer tx.Rollback(t.Context())
+		if _, err := tx.Exec(t.Context(), "SELECT tether_fence($1)", int64(ea)); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(1100 * time.Millisecond) // a's lease lapses
+		b := pglead.New(pool, pglead.Config{Holder: "b", URL: "http://b", Lease: time.Hour})
+		ctx, cancel := context.WithTimeout(t.Context(), time.Second)
+		_, ok, err = b.TryTakeOver(ctx)
+		cancel()
+		if ok || err == nil {
+			t.Fatalf("b's take-over while a's fenced transaction holds the row: ok %v, %v; want it to give up", ok, err)
+		}
+		tx.Rollback(t.Context()) // a's session ends
+		time.Sleep(500 * time.Millisecond)
+		if url, epoch, _, err := b.Leader(t.Context()); err != nil || url == "http://b" || epoch != ea {
+			t.Fatalf("after b gave up: the row names %q at epoch %d (%v); want a's epoch %d, not b", url, epoch, err, ea)
+		}
+		if eb, ok, err := b.TryTakeOver(t.Context()); err != nil || !ok || eb != ea+1 {
+			t.Fatalf("b's next take-over: epoch %d ok %v, %v; want epoch %d", eb, ok, err, ea+1)
 		}
 	})
 }

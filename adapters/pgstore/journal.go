@@ -32,7 +32,7 @@ package pgstore
 // fold, or a deposed leader's last commits) under its own fence before
 // anything reads. A deposed leader's fold begins with the fence too: it
 // fails with store.ErrDeposed and changes nothing; one in flight at the
-// take-over holds the leader row FOR SHARE, so the take-over waits for it
+// take-over holds the leader row FOR KEY SHARE, so the take-over waits for it
 // to end, and the new leader's Open folds what is left after it.
 
 import (

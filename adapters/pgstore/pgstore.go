@@ -51,6 +51,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -209,11 +210,11 @@ func connect(ctx context.Context, dsn string) (*pgxpool.Pool, error) {
 	// A commit is answered only once it is on stable storage (SPEC §11),
 	// whatever the server's default; a connection string may ask for more
 	// (remote_apply, with standbys), never for less.
-	switch cfg.ConnConfig.RuntimeParams["synchronous_commit"] {
+	switch strings.ToLower(cfg.ConnConfig.RuntimeParams["synchronous_commit"]) {
 	case "":
 		cfg.ConnConfig.RuntimeParams["synchronous_commit"] = "on"
-	case "off":
-		return nil, fmt.Errorf("pgstore: synchronous_commit=off would answer commits a crash can lose (SPEC §11); drop it from the store URL")
+	case "off", "false", "no", "0": // PostgreSQL reads each as off
+		return nil, errSyncOff
 	}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
@@ -224,7 +225,15 @@ func connect(ctx context.Context, dsn string) (*pgxpool.Pool, error) {
 		pool.Close()
 		return nil, fmt.Errorf("pgstore: connect: %w", err)
 	}
-	err = migrate(ctx, conn.Conn(), migrations)
+	// What the session runs with, however it was set (an options=-c
+	// parameter, a role's or a database's default the URL left alone).
+	var sync string
+	if err = conn.QueryRow(ctx, "SHOW synchronous_commit").Scan(&sync); err == nil && sync == "off" {
+		err = errSyncOff
+	}
+	if err == nil {
+		err = migrate(ctx, conn.Conn(), migrations)
+	}
 	conn.Release()
 	if err != nil {
 		pool.Close()
@@ -232,6 +241,10 @@ func connect(ctx context.Context, dsn string) (*pgxpool.Pool, error) {
 	}
 	return pool, nil
 }
+
+// errSyncOff is returned by Open for sessions that would commit with
+// synchronous_commit off.
+var errSyncOff = errors.New("pgstore: synchronous_commit=off would answer commits a crash can lose (SPEC §11); drop it from the store URL")
 
 // Pool is the Store's connection pool (the leader election shares it).
 func (s *Store) Pool() *pgxpool.Pool { return s.pool }
@@ -351,11 +364,17 @@ func checkRecords(recs []core.Record) error {
 			return fmt.Errorf("pgstore: apply record %d of %d (%.40q…): %w", i+1, len(recs), r.Key, store.ErrKeyTooLarge)
 		case !r.Delete && r.Value == nil:
 			return fmt.Errorf("pgstore: apply record %q: %w", r.Key, store.ErrNoValue)
-		case strings.ContainsRune(r.Key, 0):
-			return fmt.Errorf("pgstore: apply record %q: a key holds no NUL byte: %w", r.Key, store.ErrEmptyKey)
+		case !textHolds(r.Key):
+			return fmt.Errorf("pgstore: apply record %q: a key is UTF-8 without a NUL byte (a text column holds no other): %w", r.Key, store.ErrEmptyKey)
 		}
 	}
 	return nil
+}
+
+// textHolds says whether a text column can hold s: PostgreSQL's text is
+// without NUL, and in a UTF-8 database (initdb's default) valid UTF-8.
+func textHolds(s string) bool {
+	return utf8.ValidString(s) && !strings.ContainsRune(s, 0)
 }
 
 // Apply writes a batch of records in one transaction, fenced: upserts put
@@ -505,6 +524,9 @@ func (s *Store) prepare(recs []core.Record) ([]jop, []byte, error) {
 				continue
 			}
 			h, err := s.historyRow(core.RunID(run), r.Value)
+			if err == nil && (!textHolds(h.name) || !textHolds(h.status)) {
+				err = errors.New("its run's name and status are UTF-8 without a NUL byte (text columns)")
+			}
 			if err != nil {
 				return nil, nil, fmt.Errorf("pgstore: record %q: %w", r.Key, err)
 			}
@@ -519,6 +541,9 @@ func (s *Store) prepare(recs []core.Record) ([]jop, []byte, error) {
 			var e core.AuditEntry
 			if err := jsonUnmarshal(r.Value, &e); err != nil {
 				return nil, nil, fmt.Errorf("pgstore: audit record %q: %w", r.Key, err)
+			}
+			if !textHolds(e.Actor) || !textHolds(e.Action) {
+				return nil, nil, fmt.Errorf("pgstore: audit record %q: its actor and action are UTF-8 without a NUL byte (text columns)", r.Key)
 			}
 			ops = append(ops, jop{table: tAudit, key: r.Key, value: r.Value, at: nanos(e.At), actor: e.Actor, action: e.Action})
 		default:

@@ -92,6 +92,10 @@ func (s *Store) Reserve() func(recs []core.Record) error {
 		s.outstanding--
 		s.orderMu.Unlock()
 		p.err = err
+		// Only this place's own call reads prev (the places after it read
+		// its number and its end): let go of it, or every place ever
+		// reserved would stay reachable from s.last.
+		p.prev = nil
 		close(p.done)
 		return err
 	}

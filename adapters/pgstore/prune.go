@@ -219,10 +219,14 @@ func (s *Store) PruneData(cutoff time.Time, keepBundle func(fp string) bool, bud
 		var last *string
 		var scanned int
 		var ids []string
+		// The age is read from the row deleted (t), not the scan (s): an
+		// append that commits while the DELETE waits for its row makes
+		// PostgreSQL test the row again, as it is now (SPEC §7a: only
+		// streams last appended before the cutoff go).
 		err := tx.QueryRow(ctx, `WITH scan AS (
 				SELECT id, updated_ns FROM tether_stream WHERE id > $2 ORDER BY id LIMIT $3),
 			gone AS (
-				DELETE FROM tether_stream t USING scan s WHERE t.id = s.id AND s.updated_ns < $1 RETURNING t.id)
+				DELETE FROM tether_stream t USING scan s WHERE t.id = s.id AND t.updated_ns < $1 RETURNING t.id)
 			SELECT (SELECT max(id) FROM scan), (SELECT count(*) FROM scan),
 				coalesce((SELECT array_agg(id) FROM gone), '{}')`, c, fromStream, budget).Scan(&last, &scanned, &ids)
 		if err != nil {

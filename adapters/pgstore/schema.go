@@ -127,6 +127,25 @@ EXCEPTION WHEN feature_not_supported THEN
 	NULL; -- a server built without lz4 keeps default_toast_compression
 END $$;
 `,
+	// 6: the fence takes the leader's row FOR KEY SHARE, not FOR SHARE,
+	// and the epoch is a key (a unique index): a take-over changes the
+	// epoch, so it still waits for every fenced transaction of the epoch
+	// before and fences out every one after; the leader's renewal changes
+	// only expires_at, so it no longer waits behind the fenced
+	// transactions (one per blob chunk, commit, fold), which PostgreSQL
+	// lets overtake a waiting updater: under uploads a leader could lose
+	// its own lease.
+	`
+CREATE UNIQUE INDEX tether_leader_epoch ON tether_leader (epoch);
+CREATE OR REPLACE FUNCTION tether_fence(want bigint) RETURNS void LANGUAGE plpgsql AS $$
+DECLARE have bigint;
+BEGIN
+	SELECT epoch INTO have FROM tether_leader WHERE id = 1 FOR KEY SHARE;
+	IF have IS DISTINCT FROM want THEN
+		RAISE EXCEPTION 'the leader epoch is %, this orchestrator''s is %', have, want USING ERRCODE = 'TR001';
+	END IF;
+END $$;
+`,
 }
 
 // migrate brings the database to the newest version this binary knows.

@@ -187,7 +187,7 @@ func TestServeLeaderStandby(t *testing.T) {
 	}
 }
 
-// A leader paused inside a write transaction holds the leader row FOR SHARE
+// A leader paused inside a write transaction holds the leader row FOR KEY SHARE
 // (the fence): the server ends its session after a lease idle, so a
 // standby's take-over does not wait for it to resume.
 func TestLeaderSessionPausedInTransaction(t *testing.T) {
@@ -209,7 +209,7 @@ func TestLeaderSessionPausedInTransaction(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := tx.Exec(ctx, "SELECT epoch FROM tether_leader WHERE id = 1 FOR SHARE"); err != nil {
+	if _, err := tx.Exec(ctx, "SELECT epoch FROM tether_leader WHERE id = 1 FOR KEY SHARE"); err != nil {
 		t.Fatal(err)
 	}
 	// The transaction stays open, as a paused process leaves it.

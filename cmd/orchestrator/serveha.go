@@ -88,7 +88,7 @@ func defaultAdvertise(addr net.Addr, tlsOn bool) (string, error) {
 // leaderDSN is the store's URL for the leader's sessions: unless the URL
 // says otherwise, the server ends a session idle in a transaction for a
 // lease. A leader paused inside a write transaction holds the leader row
-// FOR SHARE (the fence), which a take-over's UPDATE waits for: without the
+// FOR KEY SHARE (the fence), which a take-over's UPDATE waits for: without the
 // timeout no standby could take over until the paused one resumed.
 func leaderDSN(dsn string, lease time.Duration) string {
 	const param = "idle_in_transaction_session_timeout"
@@ -136,7 +136,7 @@ func serveLeading(ctx context.Context, e *env, log *slog.Logger, cfg serverConfi
 	if err != nil {
 		return usageErrorf("--store: the URL does not parse as a PostgreSQL connection string")
 	}
-	pcfg.MaxConns = 2 // the election's own: a renewal never waits behind commits
+	pcfg.MaxConns = 2 // the election's own: a renewal never waits for a commit's connection (nor its fence: SPEC §11)
 	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
 		return fmt.Errorf("store %s: %w", where, err)
