@@ -287,6 +287,7 @@ func (d *Driver) readLoop(c *conn) string {
 		}
 		b, err := frames.Read(r)
 		if errors.Is(err, wire.ErrFrameTooLarge) {
+			c.bytesIn += wire.MaxFrame + 1 // read before it was refused: its cost (SPEC §12)
 			why := fmt.Sprintf("frame larger than %d bytes", wire.MaxFrame)
 			c.hangUp(closeTooBig, why)
 			return why

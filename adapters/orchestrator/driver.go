@@ -1220,7 +1220,8 @@ func (d *Driver) deliver(e core.Envelope) {
 		}
 		d.log.Error("cannot encode message; closing the connection", attrs...)
 		reason := strings.TrimPrefix(err.Error(), wire.ErrFrameTooLarge.Error()+": ") // fits a close frame's 120 bytes
-		c.hangUp(closeInternal, fmt.Sprintf("orchestrator cannot send a %s: %s", e.Msg.Kind(), reason))
+		c.loopSide.closing = true
+		go c.hangUp(closeInternal, fmt.Sprintf("orchestrator cannot send a %s: %s", e.Msg.Kind(), reason)) // off the loop: the close frame may wait for the writer
 		return
 	}
 	c.send(b, d.releases)

@@ -39,3 +39,18 @@ func WithBundleBodyTimeout(opts Options, d time.Duration) Options {
 
 // AuditAction is the audited action of a route (operators.go).
 func AuditAction(method, path string) string { return auditAction(method, path) }
+
+// RefusalUnits returns what is left of host's refusal budget (negative: in
+// debt), as of now.
+func RefusalUnits(d *Driver, host string) float64 {
+	d.refusals.mu.Lock()
+	defer d.refusals.mu.Unlock()
+	b := d.refusals.m[host]
+	if b == nil {
+		return d.refusals.burst
+	}
+	return b.refill(time.Now(), d.refusals.rate, d.refusals.burst)
+}
+
+// SpendRefusals charges host's refusal budget n refusals now.
+func SpendRefusals(d *Driver, host string, n float64) { d.refusals.spend(host, time.Now(), n) }

@@ -3,6 +3,7 @@ package orchestrator_test
 import (
 	"context"
 	"fmt"
+	"net/http"
 	"runtime"
 	"testing"
 	"time"
@@ -65,5 +66,59 @@ func TestLargestWorkerGetsItsWholeRelease(t *testing.T) {
 	}
 	if welcomes != 1 {
 		t.Fatalf("%d welcomes, want 1", welcomes)
+	}
+}
+
+// A control connection closed 1009 for a frame over wire.MaxFrame costs
+// its address one refusal per 64 KiB it sent (SPEC §12: a refused 1 MiB
+// frame costs 17), not one.
+func TestOversizeFrameCostsItsBytes(t *testing.T) {
+	t.Parallel()
+	r := startData(t, orchestrator.Options{RefusalsPerSec: 1})
+	ws, _, err := websocket.DefaultDialer.DialContext(r.ctx, r.d.URL(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ws.Close()
+	if err := ws.WriteMessage(websocket.TextMessage, make([]byte, wire.MaxFrame+1)); err != nil {
+		t.Fatal(err)
+	}
+	ws.SetReadDeadline(time.Now().Add(10 * time.Second))
+	_, _, err = ws.ReadMessage()
+	if ce, ok := err.(*websocket.CloseError); !ok || ce.Code != websocket.CloseMessageTooBig {
+		t.Fatalf("a frame of %d bytes: %v, want close 1009", wire.MaxFrame+1, err)
+	}
+	ws.Close()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		left := orchestrator.RefusalUnits(r.d, "127.0.0.1")
+		if left <= 2-17+1 { // burst 2, rate 1/s: a second's refill at most
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after a refused frame of 1 MiB the address's refusal budget holds %.1f units of its burst of 2, want at most %d (17 spent)", left, 2-17+1)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// The probes answer at once from an address in debt with its refusal
+// budget (SPEC §16; a prober may share an address, through a translator,
+// with a client that keeps being refused), where any other request waits.
+func TestProbesNeverWaitForRefusals(t *testing.T) {
+	t.Parallel()
+	r := startData(t, orchestrator.Options{RefusalsPerSec: 1})
+	orchestrator.SpendRefusals(r.d, "127.0.0.1", 10) // 8 units in debt: 8 s at 1/s, waits of 5 s
+	hc := &http.Client{Timeout: 30 * time.Second}
+	for _, p := range []string{"/livez", "/readyz"} {
+		start := time.Now()
+		resp, err := hc.Get(r.d.DataURL() + p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if took := time.Since(start); resp.StatusCode != http.StatusOK || took > 2500*time.Millisecond {
+			t.Fatalf("GET %s from an address in refusal debt: HTTP %d after %v, want 200 at once (the wait is 5 s)", p, resp.StatusCode, took.Round(time.Millisecond))
+		}
 	}
 }

@@ -160,9 +160,16 @@ func (b *workBudget) refill(now time.Time, rate, burst float64) float64 {
 
 // throttleRefused makes a request from an address in debt with its
 // refusal budget wait (at most refusalWaitMax, or until the client goes
-// away), then serves it and charges the address for a refusal.
+// away), then serves it and charges the address for a refusal. The probes
+// neither wait nor are charged (SPEC §16: they answer at once, a not-ready
+// orchestrator's 503 included; a prober may share an address with a
+// client in debt).
 func (d *Driver) throttleRefused(h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/livez" || r.URL.Path == "/readyz" {
+			h.ServeHTTP(w, r)
+			return
+		}
 		host := sourceHost(r.RemoteAddr)
 		if wait := min(d.refusals.wait(host, time.Now()), refusalWaitMax); wait > 0 {
 			t := time.NewTimer(wait)
