@@ -27,6 +27,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/tether-run/tether/adapters/store"
@@ -40,9 +41,13 @@ const (
 	// kinds, when Options.MaxEventStreams is zero; beyond it a new stream
 	// is refused with 503.
 	DefaultMaxEventStreams = 256
-	// StreamQueue is how many events wait for one stream's client; a
-	// stream whose client lets more pile up is closed (it resumes by
-	// Last-Event-ID on reconnect).
+	// StreamQueue is how many events may wait for one stream's client:
+	// a stream whose client let this many pile up, over more than one
+	// publish, is closed when more are published (it resumes by
+	// Last-Event-ID on reconnect). One publish is queued whole whatever
+	// its size (a worker's batch of log lines may hold thousands), so a
+	// client that reads as fast as it can is never closed for a burst,
+	// nor while it reads one.
 	StreamQueue = 1024
 	// ServerEventRing is how many of the latest server events the server
 	// stream can resume from (they are kept in memory, numbered).
@@ -83,10 +88,11 @@ type streamEvent struct {
 
 // subscriber is one open stream.
 type subscriber struct {
-	ch      chan streamEvent // closed by the loop only (dropped, or the run ended)
-	dropped bool             // it fell behind; set before ch is closed
-	left    bool             // its handler returned: never register it
-	run     core.RunID       // "" for the server stream
+	ch      chan []streamEvent // one publish's events a value; closed by the loop only (dropped, or the run ended)
+	queued  atomic.Int64       // events in ch: added by the loop before it sends, taken by the handler
+	dropped bool               // it fell behind; set before ch is closed
+	left    bool               // its handler returned: never register it
+	run     core.RunID         // "" for the server stream
 }
 
 // runTopic is a run with subscribers.
@@ -141,7 +147,10 @@ func (b *broker) reserve(run core.RunID) *subscriber {
 		return nil
 	}
 	b.open++
-	return &subscriber{ch: make(chan streamEvent, StreamQueue), run: run}
+	// Fewer than StreamQueue events wait when a publish is queued, each
+	// publish at least one, or one publish alone: StreamQueue+2 places
+	// never fill first.
+	return &subscriber{ch: make(chan []streamEvent, StreamQueue+2), run: run}
 }
 
 // leave gives the place back and unregisters s (its handler returned).
@@ -175,16 +184,25 @@ func (b *broker) remove(s *subscriber) {
 	}
 }
 
-// send queues e for s without waiting; a stream that is full is dropped
-// (mu held).
-func (b *broker) send(s *subscriber, e streamEvent) {
-	select {
-	case s.ch <- e:
-	default:
-		s.dropped = true
-		b.remove(s)
-		close(s.ch)
+// send queues one publish's events for s without waiting (mu held). A
+// stream whose client still has StreamQueue events waiting from more than
+// one earlier publish is dropped; otherwise the publish is queued whole.
+// evs is shared by the subscribers: nobody changes it after.
+func (b *broker) send(s *subscriber, evs []streamEvent) {
+	if len(evs) == 0 || s.dropped {
+		return
 	}
+	if s.queued.Load() < StreamQueue || len(s.ch) <= 1 {
+		s.queued.Add(int64(len(evs)))
+		select {
+		case s.ch <- evs:
+			return
+		default:
+		}
+	}
+	s.dropped = true
+	b.remove(s)
+	close(s.ch)
 }
 
 // subscribeRun registers s for run id's events (loop goroutine, inside a
@@ -427,12 +445,7 @@ func (b *broker) publishRuns(rd core.Ready) {
 			}
 		}
 		for s := range t.subs {
-			for _, e := range evs {
-				if s.dropped {
-					break
-				}
-				b.send(s, e)
-			}
+			b.send(s, evs)
 		}
 		if ended { // the run left the core: its streams end
 			for s := range t.subs {
@@ -528,12 +541,7 @@ func (b *broker) publishServer(rd core.Ready, nums []numbered) {
 		}
 	}
 	for s := range b.server {
-		for _, e := range evs {
-			if s.dropped {
-				break
-			}
-			b.send(s, e)
-		}
+		b.send(s, evs)
 	}
 }
 
@@ -735,19 +743,19 @@ func (a *api) follow(r *http.Request, s *sse, sub *subscriber, write func(stream
 	defer ping.Stop()
 	for {
 		select {
-		case e, ok := <-sub.ch:
+		case evs, ok := <-sub.ch:
 			if !ok {
 				// Dropped (it fell behind) or the run ended after an
 				// "end" that did not fit: the client reconnects and resumes.
 				s.flush()
 				return
 			}
-			end := write(e)
+			end := writeAll(sub, evs, write)
 			for !end && len(sub.ch) > 0 { // write what is queued, then flush once
-				if e, ok = <-sub.ch; !ok {
+				if evs, ok = <-sub.ch; !ok {
 					break
 				}
-				end = write(e)
+				end = writeAll(sub, evs, write)
 			}
 			if s.flush() != nil || end {
 				return
@@ -765,6 +773,18 @@ func (a *api) follow(r *http.Request, s *sse, sub *subscriber, write func(stream
 			return
 		}
 	}
+}
+
+// writeAll writes one publish's events until one ends the stream, and
+// takes them off the subscriber's count.
+func writeAll(sub *subscriber, evs []streamEvent, write func(streamEvent) bool) bool {
+	defer sub.queued.Add(-int64(len(evs)))
+	for _, e := range evs {
+		if write(e) {
+			return true
+		}
+	}
+	return false
 }
 
 // runStream is GET /api/runs/{id}/events.

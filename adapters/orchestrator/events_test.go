@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"syscall"
 	"testing"
@@ -651,4 +652,47 @@ func TestRunStreamResumesAcrossRestart(t *testing.T) {
 			t.Errorf("after the restart the stream repeated server event %s", e.data)
 		}
 	}
+}
+
+// A client that reads as fast as it can is never dropped for a burst: one
+// worker's batch of 3,000 lines (one Logs message; a worker sends up to
+// 10,000) is one publish, queued whole, though it is more than StreamQueue
+// events. At one P the loop publishes it all before the stream's handler
+// runs.
+func TestStreamBurstKeepsAFastClient(t *testing.T) {
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
+	r := startAPI(t)
+	ctx, d := r.ctx, r.d
+	w := rawFleetWorker(t, ctx, d, "raw-burst")
+	run, err := d.Submit(ctx, core.RunSpec{Name: "burst", Steps: []core.StepSpec{{Name: "a", Command: "x", Writes: true}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dm := recvMsg[core.Dispatch](w)
+	w.send(core.Start{Lease: dm.Lease, Request: 1})
+	recvMsg[core.StartAck](w)
+	s := openStream(t, ctx, d, "/runs/"+string(run)+"/events", "")
+	s.until("the run's status", func(e sseEvent) bool { return e.kind == "run" })
+	const n = 3 * orchestrator.StreamQueue
+	texts := make([]string, n)
+	for i := range texts {
+		texts[i] = fmt.Sprintf("%05d", i)
+	}
+	w.send(core.Logs{Lease: dm.Lease, Lines: lines(1, texts...)})
+	recvMsg[core.LogAck](w)
+	w.send(core.Report{Step: dm.Step, Lease: dm.Lease, Request: 2, Outcome: core.Outcome{Status: core.OutcomeSuccess}})
+	recvMsg[core.Answer](w)
+	got := 0
+	for e := range s.ch {
+		switch e.kind {
+		case "log":
+			got++
+		case "end":
+			if got != n {
+				t.Fatalf("the stream ended after %d lines, want %d", got, n)
+			}
+			return
+		}
+	}
+	t.Fatalf("the stream closed without its end after %d of %d lines: the client was dropped for one burst", got, n)
 }
