@@ -812,8 +812,7 @@ func (a *api) runStream(w http.ResponseWriter, r *http.Request, sub *subscriber,
 	if !found {
 		h, ok, err := a.history(id)
 		if err == nil && ok {
-			src = archivedSource(h)
-			lines, err = a.archivedLines(&src, src.matchSteps(""))
+			src = archivedSource(h) // its lines are read a page at a time, below
 		}
 		if err != nil {
 			a.fail(w, r, err)
@@ -845,7 +844,19 @@ func (a *api) runStream(w http.ResponseWriter, r *http.Request, sub *subscriber,
 			s.event(e.kind, cur.String(), e.data)
 		}
 	}
-	if !found { // archived: the whole run has been sent
+	if !found { // archived: its lines, a page at a time, then its end
+		err := a.eachArchivedPage(&src, src.matchSteps(""), func(page []core.StepLogLine) error {
+			for _, l := range page {
+				if e := lineEvent(id, l); cur.admit(e) {
+					s.event(e.kind, cur.String(), e.data)
+				}
+			}
+			return s.flush()
+		})
+		if err != nil { // the client resumes from what it heard
+			a.d.log.Warn("archived run stream cut", "run", string(id), "err", err)
+			return
+		}
 		s.event("end", cur.String(), StreamEnd{Run: string(id), Status: src.status})
 		s.flush()
 		return

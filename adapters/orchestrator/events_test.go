@@ -696,3 +696,73 @@ func TestStreamBurstKeepsAFastClient(t *testing.T) {
 	}
 	t.Fatalf("the stream closed without its end after %d of %d lines: the client was dropped for one burst", got, n)
 }
+
+// An archived run's stream reads its lines from the store a page at a time
+// (store.MaxLogPage), in the steps' order, and resumes in the middle of
+// them: 12,000 lines of step a (two pages), then b's, then end.
+func TestArchivedRunStreamPages(t *testing.T) {
+	r := startAPI(t)
+	ctx, d := r.ctx, r.d
+	w := rawFleetWorker(t, ctx, d, "raw-pages")
+	run, err := d.Submit(ctx, core.RunSpec{Name: "pages", Steps: []core.StepSpec{
+		{Name: "a", Command: "x", Writes: true}, {Name: "b", Command: "x", Writes: true, DependsOn: []string{"a"}}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const na, nb = 12000, 3
+	req := uint64(0)
+	for step, n := range []int{na, nb} {
+		dm := recvMsg[core.Dispatch](w)
+		req++
+		w.send(core.Start{Lease: dm.Lease, Request: req})
+		recvMsg[core.StartAck](w)
+		for from := 0; from < n; from += 6000 {
+			texts := make([]string, min(6000, n-from))
+			for i := range texts {
+				texts[i] = fmt.Sprintf("%c%05d", 'a'+step, from+i)
+			}
+			w.send(core.Logs{Lease: dm.Lease, Lines: lines(1+from, texts...)})
+			recvMsg[core.LogAck](w)
+		}
+		req++
+		w.send(core.Report{Step: dm.Step, Lease: dm.Lease, Request: req, Outcome: core.Outcome{Status: core.OutcomeSuccess}})
+		recvMsg[core.Answer](w)
+	}
+	openStream(t, ctx, d, "/runs/"+string(run)+"/events", "").rest() // until "end": the run is archived
+	var want []string
+	for i := range na {
+		want = append(want, fmt.Sprintf("a%05d", i))
+	}
+	for i := range nb {
+		want = append(want, fmt.Sprintf("b%05d", i))
+	}
+	check := func(all []sseEvent, from int) {
+		t.Helper()
+		var got []string
+		for _, e := range all {
+			if e.kind == "log" {
+				got = append(got, decode[orchestrator.StreamLine](t, e).Text)
+			}
+		}
+		if len(got) != len(want)-from || all[len(all)-1].kind != "end" {
+			t.Fatalf("from line %d: %d lines, ending with %q; want %d and end", from, len(got), all[len(all)-1].kind, len(want)-from)
+		}
+		for i, g := range got {
+			if g != want[from+i] {
+				t.Fatalf("from line %d: line %d is %q, want %q (every line once, in order)", from, i, g, want[from+i])
+			}
+		}
+	}
+	all := openStream(t, ctx, d, "/runs/"+string(run)+"/events", "").rest()
+	check(all, 0)
+	var mid string
+	n := 0
+	for _, e := range all {
+		if e.kind == "log" {
+			if n++; n == 11000 {
+				mid = e.id
+			}
+		}
+	}
+	check(openStream(t, ctx, d, "/runs/"+string(run)+"/events", mid).rest(), 11000)
+}

@@ -241,40 +241,41 @@ func (a *api) archivedLogs(src *runSource, steps []core.StepID) ([]APILogLine, e
 
 // archivedLines is archivedLogs' lines as the store keeps them.
 func (a *api) archivedLines(src *runSource, steps []core.StepID) ([]core.StepLogLine, error) {
-	want := map[core.StepID]bool{}
-	for _, s := range steps {
-		want[s] = true
-	}
-	var leases []core.LeaseID
-	for _, l := range src.leases {
-		if want[l.Step] {
-			leases = append(leases, l.ID)
-		}
-	}
-	byLease := map[core.LeaseID][]core.StepLogLine{}
-	after := ""
-	for len(leases) > 0 {
-		page, next, err := a.d.st.HistoryLogs(leases, after, store.MaxLogPage)
-		if err != nil {
-			return nil, err
-		}
-		for _, l := range page {
-			byLease[l.Lease] = append(byLease[l.Lease], l)
-		}
-		if next == "" {
-			break
-		}
-		after = next
-	}
 	var out []core.StepLogLine
+	err := a.eachArchivedPage(src, steps, func(page []core.StepLogLine) error {
+		out = append(out, page...)
+		return nil
+	})
+	return out, err
+}
+
+// eachArchivedPage hands f the stored lines of the given steps' leases,
+// a page (at most store.MaxLogPage lines) at a time, in the steps' order,
+// each step's in lease order: what a reader of a long log holds at once is
+// one page, not the log.
+func (a *api) eachArchivedPage(src *runSource, steps []core.StepID, f func([]core.StepLogLine) error) error {
 	for _, sid := range steps {
+		var leases []core.LeaseID
 		for _, l := range src.leases {
 			if l.Step == sid {
-				out = append(out, byLease[l.ID]...)
+				leases = append(leases, l.ID)
 			}
 		}
+		for after := ""; len(leases) > 0; {
+			page, next, err := a.d.st.HistoryLogs(leases, after, store.MaxLogPage)
+			if err != nil {
+				return err
+			}
+			if err := f(page); err != nil {
+				return err
+			}
+			if next == "" {
+				break
+			}
+			after = next
+		}
 	}
-	return out, nil
+	return nil
 }
 
 // runQuery is GET /api/runs's parameters.
