@@ -34,20 +34,38 @@ const ChunkSize = 512 << 10
 // store.ErrTooLarge) and pins it until ReleaseBlob.
 func (s *Store) WriteBlob(r io.Reader, limit int64) (store.BlobRef, error) {
 	s.blobMu.Lock()
-	s.creating++ // no collection while a blob may be named but not yet pinned
+	s.creating++ // no sweep of every blob (CollectBlobs) while one is written
 	s.blobMu.Unlock()
-	ref, err := s.createBlob(r, limit)
+	pinned := false
+	ref, err := s.createBlob(r, limit, func(ref store.BlobRef) {
+		// Pinned before it is named: collection, which runs while other
+		// writes stream, never removes it (or the blob of the same bytes
+		// it joins) from then on.
+		s.blobMu.Lock()
+		s.pins[ref.SHA256]++
+		s.blobMu.Unlock()
+		pinned = true
+	})
 	s.blobMu.Lock()
 	defer s.blobMu.Unlock()
 	s.creating--
-	if err == nil {
-		s.pins[ref.SHA256]++
+	if err != nil && pinned {
+		s.unpinLocked(ref.SHA256)
 	}
 	s.collectLocked()
 	return ref, err
 }
 
-func (s *Store) createBlob(r io.Reader, limit int64) (store.BlobRef, error) {
+// unpinLocked takes one pin off a blob; one no write pins any more may be
+// collected (blobMu held).
+func (s *Store) unpinLocked(sha string) {
+	if s.pins[sha]--; s.pins[sha] <= 0 {
+		delete(s.pins, sha)
+		s.unsure[sha] = true
+	}
+}
+
+func (s *Store) createBlob(r io.Reader, limit int64, pin func(store.BlobRef)) (store.BlobRef, error) {
 	var id [16]byte
 	rand.Read(id[:])
 	chunks := hex.EncodeToString(id[:])
@@ -86,6 +104,7 @@ func (s *Store) createBlob(r io.Reader, limit int64) (store.BlobRef, error) {
 		}
 	}
 	ref := store.BlobRef{SHA256: hex.EncodeToString(h.Sum(nil)), Size: n}
+	pin(ref)
 	err := s.tx(false, func(ctx context.Context, tx pgx.Tx) error {
 		// Same name, same bytes: a blob already there is kept as it is.
 		tag, err := tx.Exec(ctx, "INSERT INTO tether_blob (sha, size, chunks) VALUES ($1, $2, $3) ON CONFLICT (sha) DO NOTHING", ref.SHA256, n, chunks)
@@ -96,7 +115,7 @@ func (s *Store) createBlob(r io.Reader, limit int64) (store.BlobRef, error) {
 	})
 	if err != nil {
 		drop()
-		return store.BlobRef{}, blobErr(err)
+		return ref, blobErr(err) // ref: the caller unpins it
 	}
 	return ref, nil
 }
@@ -116,10 +135,7 @@ func (s *Store) ReleaseBlob(ref store.BlobRef) {
 	if s.pins[ref.SHA256] == 0 {
 		return
 	}
-	if s.pins[ref.SHA256]--; s.pins[ref.SHA256] == 0 {
-		delete(s.pins, ref.SHA256)
-		s.unsure[ref.SHA256] = true
-	}
+	s.unpinLocked(ref.SHA256)
 	s.collectLocked()
 }
 
@@ -133,10 +149,11 @@ func (s *Store) pinned(ref store.BlobRef) error {
 	return nil
 }
 
-// collectLocked removes the released blobs no record names, unless a
-// WriteBlob is under way (its blob may be one of them, not yet pinned).
+// collectLocked removes the released blobs no record names and no write
+// pins (a write pins its blob before naming it, so one streaming now holds
+// up nothing of the others).
 func (s *Store) collectLocked() {
-	if s.creating > 0 || len(s.unsure) == 0 || s.closed.Load() {
+	if len(s.unsure) == 0 || s.closed.Load() {
 		return
 	}
 	for sha := range s.unsure {

@@ -65,12 +65,6 @@ func (s *Store) release(shas []string) int {
 			free = append(free, sha)
 		}
 	}
-	if s.creating > 0 {
-		for _, sha := range free {
-			s.unsure[sha] = true // a write under way may name it: later
-		}
-		return 0
-	}
 	n, err := s.removeUnnamed(free)
 	if err != nil {
 		for _, sha := range free {

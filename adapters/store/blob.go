@@ -58,8 +58,11 @@ type Blobs interface {
 	// Create streams r into a blob, hashing it, reading at most limit
 	// bytes: more is ErrTooLarge and nothing is kept. It returns once the
 	// blob's bytes and its name are on stable storage. The same bytes
-	// twice are one blob.
-	Create(r io.Reader, limit int64) (BlobRef, error)
+	// twice are one blob. Once the bytes are hashed and before the blob
+	// takes its name, it calls pin with its ref (so that a collector
+	// keeps it, or a blob of the same bytes it was about to remove, from
+	// then on); the caller undoes the pin when Create then fails.
+	Create(r io.Reader, limit int64, pin func(BlobRef)) (BlobRef, error)
 	// Open opens a blob for reading.
 	Open(sha string) (io.ReadSeekCloser, error)
 	// Remove deletes a blob; a missing one is no error.
@@ -81,7 +84,7 @@ func openDirBlobs(dir string) (*dirBlobs, error) {
 	return &dirBlobs{dir: dir}, syncDir(filepath.Dir(dir))
 }
 
-func (b *dirBlobs) Create(r io.Reader, limit int64) (ref BlobRef, err error) {
+func (b *dirBlobs) Create(r io.Reader, limit int64, pin func(BlobRef)) (ref BlobRef, err error) {
 	f, err := os.CreateTemp(b.dir, blobTempPrefix+"*")
 	if err != nil {
 		return BlobRef{}, fmt.Errorf("store: create blob: %w", err)
@@ -107,6 +110,7 @@ func (b *dirBlobs) Create(r io.Reader, limit int64) (ref BlobRef, err error) {
 		return BlobRef{}, fmt.Errorf("store: close blob: %w", err)
 	}
 	ref = BlobRef{SHA256: hex.EncodeToString(h.Sum(nil)), Size: n}
+	pin(ref)
 	// Same name, same bytes: replacing an existing blob changes nothing.
 	if err := os.Rename(f.Name(), filepath.Join(b.dir, ref.SHA256)); err != nil {
 		return BlobRef{}, fmt.Errorf("store: name blob: %w", err)
@@ -173,17 +177,34 @@ func syncDir(dir string) error {
 // it. Call it off the driver's loop: it reads the body and syncs a file.
 func (s *Store) WriteBlob(r io.Reader, limit int64) (BlobRef, error) {
 	s.blobMu.Lock()
-	s.creating++ // no collection while a blob may be named but not yet pinned
+	s.creating++ // no sweep of the directory (CollectBlobs) while a blob's temporary file is written
 	s.blobMu.Unlock()
-	ref, err := s.blobs.Create(r, limit)
+	var pinned *BlobRef
+	ref, err := s.blobs.Create(r, limit, func(ref BlobRef) {
+		// Pinned before it takes its name: collection, which runs
+		// while other writes stream, never removes it from then on.
+		s.blobMu.Lock()
+		s.pins[ref.SHA256]++
+		s.blobMu.Unlock()
+		pinned = &ref
+	})
 	s.blobMu.Lock()
 	defer s.blobMu.Unlock()
 	s.creating--
-	if err == nil {
-		s.pins[ref.SHA256]++
+	if err != nil && pinned != nil {
+		s.unpinLocked(*pinned)
 	}
 	s.collectLocked()
 	return ref, err
+}
+
+// unpinLocked takes one pin off a blob; one no write pins any more may be
+// collected (blobMu held).
+func (s *Store) unpinLocked(ref BlobRef) {
+	if s.pins[ref.SHA256]--; s.pins[ref.SHA256] <= 0 {
+		delete(s.pins, ref.SHA256)
+		s.unsure[ref.SHA256] = true
+	}
 }
 
 // ReleaseBlob unpins a blob WriteBlob returned, once the write that names
@@ -195,22 +216,19 @@ func (s *Store) ReleaseBlob(ref BlobRef) {
 	if s.pins[ref.SHA256] == 0 {
 		return // not written by WriteBlob, or already released
 	}
-	if s.pins[ref.SHA256]--; s.pins[ref.SHA256] == 0 {
-		delete(s.pins, ref.SHA256)
-		s.unsure[ref.SHA256] = true
-	}
+	s.unpinLocked(ref)
 	s.collectLocked()
 }
 
 // OpenBlob opens a blob for reading.
 func (s *Store) OpenBlob(sha string) (io.ReadSeekCloser, error) { return s.blobs.Open(sha) }
 
-// collectLocked removes the released blobs no record names, unless a
-// Create is under way (its blob may be one of them, named but not yet
-// pinned) or a Backup (its snapshot may name one): then they wait for the
-// next call.
+// collectLocked removes the released blobs no record names and no write
+// pins (a Create pins its blob before naming it, so one streaming now
+// holds up nothing of the others), unless a Backup is under way (its
+// snapshot may name one): then they wait for the next call.
 func (s *Store) collectLocked() {
-	if s.creating > 0 || s.holds > 0 || len(s.unsure) == 0 {
+	if s.holds > 0 || len(s.unsure) == 0 {
 		return
 	}
 	for sha := range s.unsure {

@@ -513,6 +513,31 @@ func testBlobs(t *testing.T, h *harness) {
 		f.Close()
 		t.Error("a released blob no record names is still there")
 	}
+	// Another write streaming meanwhile (its body stalled) holds up none
+	// of it: a released blob goes at once (SPEC §14), not once every
+	// upload has ended.
+	pr, pw := io.Pipe()
+	streaming := make(chan error, 1)
+	go func() {
+		ref, err := h.b.WriteBlob(pr, 1<<20)
+		if err == nil {
+			h.b.ReleaseBlob(ref)
+		}
+		streaming <- err
+	}()
+	if _, err := pw.Write([]byte("a body that stalls")); err != nil {
+		t.Fatal(err)
+	}
+	loose2 := h.blob([]byte("nobody names me either"))
+	h.b.ReleaseBlob(loose2)
+	if f, err := h.b.OpenBlob(loose2.SHA256); err == nil {
+		f.Close()
+		t.Error("a released blob no record names stays while another write streams")
+	}
+	pw.Close()
+	if err := <-streaming; err != nil {
+		t.Fatalf("the streaming write: %v", err)
+	}
 	m := h.put("kept", []byte("named by a version"), t0).Data
 	big := make([]byte, 1300<<10) // more than a MiB: several pieces wherever a backend cuts them
 	for i := range big {
