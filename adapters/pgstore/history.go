@@ -151,39 +151,42 @@ func (s *Store) ListRuns(f store.RunFilter, cursor uint64, limit int) ([]store.R
 	if cursor != 0 {
 		below = int64(cursor)
 	}
-	var since int64 = -1
-	if !f.Since.IsZero() {
-		since = nanos(f.Since)
-	}
 	var runs []store.RunSummary
 	var next uint64
 	err := s.read(func(ctx context.Context, tx pgx.Tx) error {
+		// As the bbolt store reads its index: newest first, at most
+		// store.ListScanLimit runs examined (a filter that matches
+		// little answers a short page and a cursor, never a scan of
+		// the whole table), stopping at the first submitted before
+		// Since.
 		rows, err := tx.Query(ctx, `SELECT seq, summary FROM tether_history
-			WHERE seq < $1 AND ($2 = '' OR status = $2) AND ($3 = '' OR name = $3) AND submitted_ns >= $4
-			ORDER BY seq DESC LIMIT $5`, below, f.Status, f.Name, since, limit+1)
+			WHERE seq < $1 ORDER BY seq DESC LIMIT $2`, below, store.ListScanLimit+1)
 		if err != nil {
 			return err
 		}
+		defer rows.Close()
 		runs, next = runs[:0], 0
-		for rows.Next() {
+		for scanned := 0; rows.Next(); scanned++ {
 			var seq int64
 			var sj []byte
 			if err := rows.Scan(&seq, &sj); err != nil {
-				rows.Close()
 				return err
 			}
-			if len(runs) == limit {
-				next = uint64(seq) + 1
-				break
+			if len(runs) == limit || scanned == store.ListScanLimit {
+				next = uint64(seq) + 1 // this one is not examined yet
+				return nil
 			}
 			var sum store.RunSummary
 			if err := json.Unmarshal(sj, &sum); err != nil {
-				rows.Close()
 				return fmt.Errorf("summary of run %d: %w", seq, err)
 			}
-			runs = append(runs, sum)
+			if !f.Since.IsZero() && sum.SubmittedAt.Before(f.Since) {
+				return nil
+			}
+			if f.Match(sum.Status, sum.Name, sum.SubmittedAt) {
+				runs = append(runs, sum)
+			}
 		}
-		rows.Close()
 		return rows.Err()
 	})
 	if err != nil {
@@ -215,38 +218,40 @@ func (s *Store) Audit(q store.AuditQuery) ([]core.AuditEntry, uint64, error) {
 	if q.Before != 0 {
 		before = core.AuditKey(q.Before)
 	}
-	var since int64 = -1
-	if !q.Since.IsZero() {
-		since = nanos(q.Since)
-	}
 	entries := []core.AuditEntry{}
 	var next uint64
 	err := s.read(func(ctx context.Context, tx pgx.Tx) error {
+		// As the bbolt store reads it: newest first, at most
+		// store.AuditScanLimit entries examined (SPEC §12: a filter
+		// that matches little answers a short page and a cursor),
+		// stopping at the first recorded before Since.
 		rows, err := tx.Query(ctx, `SELECT value FROM tether_audit
-			WHERE key < $1 AND at_ns >= $2 AND ($3 = '' OR actor = $3) AND ($4 = '' OR action = $4)
-			ORDER BY key DESC LIMIT $5`, before, since, q.Actor, q.Action, q.Limit+1)
+			WHERE key < $1 ORDER BY key DESC LIMIT $2`, before, store.AuditScanLimit+1)
 		if err != nil {
 			return err
 		}
+		defer rows.Close()
 		entries, next = entries[:0], 0
-		for rows.Next() {
+		for scanned := 0; rows.Next(); scanned++ {
 			var v []byte
 			if err := rows.Scan(&v); err != nil {
-				rows.Close()
 				return err
 			}
 			var e core.AuditEntry
 			if err := json.Unmarshal(v, &e); err != nil {
-				rows.Close()
 				return fmt.Errorf("audit entry: %w", err)
 			}
-			if len(entries) == q.Limit {
-				next = e.Seq + 1
-				break
+			if !q.Since.IsZero() && e.At.Before(q.Since) {
+				return nil // older entries are older still: the core's clock never runs back
 			}
-			entries = append(entries, e)
+			if len(entries) == q.Limit || scanned == store.AuditScanLimit {
+				next = e.Seq + 1 // this one is not examined yet
+				return nil
+			}
+			if (q.Actor == "" || e.Actor == q.Actor) && (q.Action == "" || e.Action == q.Action) {
+				entries = append(entries, e)
+			}
 		}
-		rows.Close()
 		return rows.Err()
 	})
 	if err != nil {

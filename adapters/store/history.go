@@ -51,11 +51,11 @@ var (
 )
 
 // Limits of the history reads: a page of ListRuns scans at most
-// listScanMax index entries (a filter that matches little answers a short
+// ListScanLimit index entries (a filter that matches little answers a short
 // page with a cursor rather than holding the transaction), and a page of
 // HistoryLogs holds at most MaxLogPage lines.
 const (
-	listScanMax = 10000
+	ListScanLimit = 10000
 	MaxLogPage  = 10000
 	// migrateBatch is how many records one migration transaction moves.
 	migrateBatch = 5000
@@ -427,7 +427,7 @@ func (f RunFilter) Match(status, name string, submitted time.Time) bool {
 // of them. next is the cursor of the following page: every archived run
 // numbered in [next, cursor) was examined; 0 when none is left. A page may
 // be short (even empty) with a non-zero next when the filter matched little
-// of the listScanMax entries one transaction examines. Runs are numbered
+// of the ListScanLimit entries one transaction examines. Runs are numbered
 // in submission order and the core's clock never goes back, so the scan
 // stops at the first run submitted before f.Since.
 func (s *Store) ListRuns(f RunFilter, cursor uint64, limit int) (runs []RunSummary, next uint64, err error) {
@@ -449,7 +449,7 @@ func (s *Store) ListRuns(f RunFilter, cursor uint64, limit int) (runs []RunSumma
 		}
 		for scanned := 0; k != nil; k, v = c.Prev() {
 			seq := binary.BigEndian.Uint64(k)
-			if len(runs) == limit || scanned == listScanMax {
+			if len(runs) == limit || scanned == ListScanLimit {
 				next = seq + 1 // this one is not examined yet
 				return nil
 			}

@@ -754,6 +754,26 @@ func testAudit(t *testing.T, h *harness) {
 			t.Errorf("%s: entries since hour 6: %v %v; want 7 6", when, seqs(page), err)
 		}
 	})
+	// A filter that matches little examines at most AuditScanLimit entries
+	// a read (SPEC §12): behind more than that of another actor's, bob's
+	// first read is a short page and a cursor, the next one finds them.
+	recs = recs[:0]
+	for seq := uint64(8); seq < 8+store.AuditScanLimit+5; seq++ {
+		recs = append(recs, auditRec(t, seq, "carol"))
+		if len(recs) == 2000 {
+			must(t, h.b.Apply(recs))
+			recs = recs[:0]
+		}
+	}
+	must(t, h.b.Apply(recs))
+	page, next, err := h.b.Audit(store.AuditQuery{Actor: "bob"})
+	if err != nil || len(page) != 0 || next == 0 {
+		t.Fatalf("bob's entries behind %d of carol's: %v next %d %v; want a short page and a cursor", store.AuditScanLimit+5, seqs(page), next, err)
+	}
+	page, _, err = h.b.Audit(store.AuditQuery{Actor: "bob", Before: next})
+	if err != nil || !reflect.DeepEqual(seqs(page), []uint64{6, 4, 2}) {
+		t.Errorf("bob's entries from the cursor %d: %v %v; want 6 4 2", next, seqs(page), err)
+	}
 }
 
 // Secrets: none without a key; sealed with it (a run's record too) and
