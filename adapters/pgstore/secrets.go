@@ -29,14 +29,17 @@ func (s *Store) SetSecretsKey(key []byte) error { return s.keys.SetKey(key) }
 // HoldsSealed says whether the database holds a value sealed with a key:
 // a secret, or a run's record or history (the first of each tells: all are
 // sealed once a key was given).
-func (s *Store) HoldsSealed() bool {
+func (s *Store) HoldsSealed() (bool, error) {
 	var found bool
 	err := s.read(func(ctx context.Context, tx pgx.Tx) error {
 		return tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM tether_secret)
 			OR coalesce((SELECT substr(value, 1, 1) = '\x01'::bytea FROM tether_record WHERE key >= 'run/' AND key < 'run0' ORDER BY key LIMIT 1), false)
 			OR coalesce((SELECT substr(value, 1, 1) = '\x01'::bytea FROM tether_history ORDER BY run LIMIT 1), false)`).Scan(&found)
 	})
-	return err == nil && found
+	if err != nil {
+		return false, fmt.Errorf("pgstore: does the database hold sealed values: %w", err)
+	}
+	return found, nil
 }
 
 // Secret returns the value of secret name: store.ErrNotFound if there is

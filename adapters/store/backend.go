@@ -146,8 +146,9 @@ type Secrets interface {
 	// before it serves secrets; without it nothing is sealed.
 	SetSecretsKey(key []byte) error
 	// HoldsSealed says whether the backend holds values sealed with a key,
-	// so a start without that key must refuse rather than make a new one.
-	HoldsSealed() bool
+	// so a start without that key must refuse rather than make a new one;
+	// an error when it cannot tell (a start must not guess then either).
+	HoldsSealed() (bool, error)
 	// Secret is secret name's value: ErrNotFound if there is none,
 	// ErrSecretsKey if the backend's key does not open it.
 	Secret(name string) ([]byte, error)

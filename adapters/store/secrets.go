@@ -225,11 +225,14 @@ func holdsSealed(db *bolt.DB) bool {
 
 // HoldsSealed says whether the store holds a value sealed with a secrets
 // key: a start without that key must not make a new one.
-func (s *Store) HoldsSealed() bool {
+func (s *Store) HoldsSealed() (bool, error) {
 	if s.log != nil {
 		s.log.barrier() // an error: the read below says what the file holds
 	}
-	return holdsSealed(s.db)
+	if err := s.db.View(func(*bolt.Tx) error { return nil }); err != nil {
+		return false, fmt.Errorf("store: does the store hold sealed values: %w", s.mapErr(err))
+	}
+	return holdsSealed(s.db), nil
 }
 
 // checkSecrets: every secret's value is sealed and, with the key, opens,

@@ -781,8 +781,8 @@ func testAudit(t *testing.T, h *harness) {
 // values says so.
 func testSecrets(t *testing.T, h *harness) {
 	value := []byte("the-secret-value-42")
-	if h.b.HoldsSealed() {
-		t.Error("an empty backend says it holds sealed values")
+	if sealed, err := h.b.HoldsSealed(); err != nil || sealed {
+		t.Errorf("an empty backend: HoldsSealed %v, %v; want false", sealed, err)
 	}
 	if _, err := h.b.ApplyWithData(nil, []store.DataOp{{Kind: store.OpSecretPut, ID: "A", Body: value}}); !errors.Is(err, store.ErrNoSecretsKey) {
 		t.Fatalf("a secret put without a key: %v, want ErrNoSecretsKey", err)
@@ -804,8 +804,8 @@ func testSecrets(t *testing.T, h *harness) {
 		if got := keys(h.load())[run.Key]; got != string(run.Value) {
 			t.Errorf("%s: the sealed run record loads as %q", when, got)
 		}
-		if !h.b.HoldsSealed() {
-			t.Errorf("%s: HoldsSealed is false with a sealed value", when)
+		if sealed, err := h.b.HoldsSealed(); err != nil || !sealed {
+			t.Errorf("%s: HoldsSealed %v, %v with a sealed value; want true", when, sealed, err)
 		}
 	})
 	// Another key: refused, never other bytes.
@@ -1074,6 +1074,14 @@ func testClosed(t *testing.T, h *harness) {
 	}
 	if _, err := h.b.Data("a", 0); !errors.Is(err, store.ErrClosed) {
 		t.Errorf("Data after Close: %v, want ErrClosed", err)
+	}
+	if err := h.b.Apply(nil); !errors.Is(err, store.ErrClosed) {
+		t.Errorf("an empty Apply after Close: %v, want ErrClosed", err)
+	}
+	// A backend that cannot tell whether it holds sealed values says so:
+	// a start must not make a new secrets key on a guess (SPEC §14a).
+	if sealed, err := h.b.HoldsSealed(); !errors.Is(err, store.ErrClosed) {
+		t.Errorf("HoldsSealed after Close: %v, %v; want ErrClosed", sealed, err)
 	}
 	h.restart()
 	if got := keys(h.load()); !reflect.DeepEqual(got, map[string]string{"worker/w1": "one"}) {
