@@ -99,16 +99,25 @@ func (s *Store) PruneHistory(cutoff time.Time, budget int) (store.PruneStats, er
 		if err != nil {
 			return nil, false, err
 		}
+		// Each history (130 KB for 200 steps) is decoded as it is read
+		// and only its leases kept: a pass holds one value at a time,
+		// not budget of them.
 		type victim struct {
-			run   string
-			value []byte
+			run    string
+			leases []string
 		}
 		var victims []victim
+		var value []byte
 		for rows.Next() {
 			var v victim
-			if err := rows.Scan(&v.run, &v.value); err != nil {
+			if err := rows.Scan(&v.run, &value); err != nil {
 				rows.Close()
 				return nil, false, err
+			}
+			if h, err := s.decodeHistory(core.RunID(v.run), value); err == nil { // else nothing to find its lines by
+				for _, l := range h.Leases {
+					v.leases = append(v.leases, fmt.Sprintf("%020d", uint64(l.ID)))
+				}
 			}
 			victims = append(victims, v)
 		}
@@ -117,16 +126,11 @@ func (s *Store) PruneHistory(cutoff time.Time, budget int) (store.PruneStats, er
 		}
 		for _, v := range victims {
 			st.Runs++
-			h, err := s.decodeHistory(core.RunID(v.run), v.value)
-			if err != nil || len(h.Leases) == 0 {
-				continue // nothing to find its lines by
-			}
-			leases := make([]string, len(h.Leases))
-			for i, l := range h.Leases {
-				leases[i] = fmt.Sprintf("%020d", uint64(l.ID))
+			if len(v.leases) == 0 {
+				continue
 			}
 			if _, err := tx.Exec(ctx, `INSERT INTO tether_pruning (run, leases) VALUES ($1, $2)
-				ON CONFLICT (run) DO UPDATE SET leases = excluded.leases`, v.run, leases); err != nil {
+				ON CONFLICT (run) DO UPDATE SET leases = excluded.leases`, v.run, v.leases); err != nil {
 				return nil, false, err
 			}
 		}
