@@ -22,13 +22,12 @@ import (
 const (
 	readWait  = 60 * time.Second // a connection silent this long (no frame, no pong) is dead (Options.ReadWait)
 	writeWait = 10 * time.Second // one frame must be written within this
-	// sendQueue: a connection whose queue still holds this many frames
-	// when a release begins is reading too slowly, and is closed (1013).
-	// A release itself may add more: a Welcome and a Dispatch (or a
-	// Cancel) for every lease the largest Hello holds come in one, before
-	// the writer runs; sendQueueMax bounds the queue whatever happens.
+	// sendQueue: a connection whose queue would hold more frames than
+	// this, plus two for each lease its Hello may hold (slots + ahead), is
+	// reading too slowly, and is closed (1013): a Welcome and a Dispatch
+	// (or a Cancel) for every one of them may come in one release, before
+	// the writer runs.
 	sendQueue      = 1024
-	sendQueueMax   = sendQueue + 4*core.MaxInFlightLeases
 	connInputQueue = 64              // inputs of one connection waiting for the loop; its reads wait beyond it
 	maxReasonLen   = 120             // a close frame's reason (control frames carry 125 bytes)
 	lingerWait     = 5 * time.Second // after a close frame, how long the peer has to read it and answer
@@ -89,13 +88,10 @@ type conn struct {
 
 	stop     chan struct{} // closed by abort: hang up now, unflushed
 	stopOnce sync.Once
-	// Loop goroutine only: out is closed; the release last sent to, and
-	// whether the queue was full when it began (send).
-	loopSide struct {
-		closing bool
-		release uint64
-		behind  bool
-	}
+	loopSide struct{ closing bool } // loop goroutine only: out is closed
+	// leases is how many leases its Hello may hold (slots + ahead, at most
+	// core.MaxInFlightLeases): its send queue's room beyond sendQueue.
+	leases atomic.Int32
 
 	// Admission (SPEC §12): host is the source address; the connection
 	// counts as unauthenticated until the core welcomes it (leaveUnauth),
@@ -314,7 +310,8 @@ func (d *Driver) readLoop(c *conn) string {
 		}
 		if first {
 			first = false
-			if _, ok := m.(core.Hello); ok {
+			if h, ok := m.(core.Hello); ok {
+				c.leases.Store(int32(min(max(h.Slots, 0)+max(h.Ahead, 0), core.MaxInFlightLeases)))
 				if why := d.takeHelloPlace(c); why != "" {
 					d.log.Warn("hello refused: too many worker connections", "conn", uint64(c.id), "max_conns", d.opts.MaxConns)
 					c.hangUp(closeTryAgain, why)
@@ -345,6 +342,11 @@ func (d *Driver) readLoop(c *conn) string {
 		if d.beats.pass(c, frame{conn: c.id, msg: m, from: c}) != nil {
 			return "orchestrator stopping"
 		}
+		// The waits above (the work budget, the input tokens) are not the
+		// peer's silence: ReadWait runs again from when it is read again
+		// (a deadline past by now would drop a connection whose frames
+		// wait in its socket).
+		c.ws.SetReadDeadline(time.Now().Add(d.opts.ReadWait))
 	}
 }
 
@@ -425,25 +427,19 @@ func (d *Driver) pingSweep() {
 	})
 }
 
-// send queues a frame of release number release (loop goroutine only). A
-// connection whose queue still held sendQueue frames when the release
-// began is not keeping up: it is closed with 1013 (try again later), which
-// the core hears as a Disconnected. Within a release the queue may grow
-// past sendQueue (one release may hold a dispatch for each of a worker's
-// leases), never past sendQueueMax.
-func (c *conn) send(b []byte, release uint64) {
+// send queues a frame (loop goroutine only). A connection whose queue is
+// full (sendQueue, and two frames for each lease its Hello may hold) is not
+// keeping up: it is closed with 1013 (try again later), which the core
+// hears as a Disconnected.
+func (c *conn) send(b []byte) {
 	if c.loopSide.closing {
 		return
 	}
-	if c.loopSide.release != release {
-		c.loopSide.release = release
-		c.loopSide.behind = c.out.len() >= sendQueue
-	}
-	if c.loopSide.behind || !c.out.push(b) {
+	if limit := sendQueue + 2*int(c.leases.Load()); !c.out.push(b, limit) {
 		c.loopSide.closing = true
 		c.overOnce.Do(func() {
 			// Off the loop: the close frame may wait for the slow reader.
-			go c.hangUp(closeTryAgain, fmt.Sprintf("send queue full (%d frames): reading too slowly; reconnect later", sendQueue))
+			go c.hangUp(closeTryAgain, fmt.Sprintf("send queue full (%d frames): reading too slowly; reconnect later", limit))
 		})
 	}
 }
@@ -468,7 +464,7 @@ func (c *conn) closeAfterQueued(code int, reason string) {
 }
 
 // frameQueue is a connection's queue of frames to write, at most
-// sendQueueMax of them: pushed and closed by the loop goroutine, taken by the writer.
+// sendQueue and two a lease of them (send): pushed and closed by the loop goroutine, taken by the writer.
 // It holds no more than what waits in it (an idle connection's queue is
 // empty), where a channel of sendQueue frames would hold 24 KiB from the
 // start whatever waits in it.
@@ -482,17 +478,10 @@ type frameQueue struct {
 
 func newFrameQueue() frameQueue { return frameQueue{ready: make(chan struct{}, 1)} }
 
-// len returns how many frames wait.
-func (q *frameQueue) len() int {
+// push queues b, or says the queue holds limit frames already.
+func (q *frameQueue) push(b []byte, limit int) bool {
 	q.mu.Lock()
-	defer q.mu.Unlock()
-	return len(q.frames)
-}
-
-// push queues b, or says the queue is full (sendQueueMax).
-func (q *frameQueue) push(b []byte) bool {
-	q.mu.Lock()
-	if len(q.frames) >= sendQueueMax {
+	if len(q.frames) >= limit {
 		q.mu.Unlock()
 		return false
 	}

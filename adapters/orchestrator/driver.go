@@ -277,7 +277,6 @@ type Driver struct {
 	o          *core.Orchestrator
 	conns      map[core.ConnID]*conn
 	coreClosed map[core.ConnID]bool // the core closed these; their reads end silently
-	releases   uint64               // groups released so far (loop goroutine): a send queue is judged once a release
 	calls      map[core.CallID]chan core.APIAnswer
 	// pendingReq: request ids of data writes admitted into groups not yet
 	// durable (stepdata.go); a repeat of one is not fenced again.
@@ -889,7 +888,6 @@ func (d *Driver) land() error {
 			break
 		}
 	}
-	d.releases++ // a connection's send queue is judged once a release (conn.send)
 	f.group.Release(d.deliver, func(a core.APIAnswer) {
 		if reply, ok := d.calls[a.Call]; ok {
 			reply <- a // buffered: never blocks
@@ -1224,7 +1222,7 @@ func (d *Driver) deliver(e core.Envelope) {
 		go c.hangUp(closeInternal, fmt.Sprintf("orchestrator cannot send a %s: %s", e.Msg.Kind(), reason)) // off the loop: the close frame may wait for the writer
 		return
 	}
-	c.send(b, d.releases)
+	c.send(b)
 	switch m := e.Msg.(type) {
 	case core.Welcome:
 		c.leaveUnauth(d) // authenticated: the core accepted its Hello

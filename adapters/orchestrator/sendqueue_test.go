@@ -2,7 +2,9 @@ package orchestrator_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"net"
 	"net/http"
 	"runtime"
 	"testing"
@@ -119,6 +121,46 @@ func TestProbesNeverWaitForRefusals(t *testing.T) {
 		resp.Body.Close()
 		if took := time.Since(start); resp.StatusCode != http.StatusOK || took > 2500*time.Millisecond {
 			t.Fatalf("GET %s from an address in refusal debt: HTTP %d after %v, want 200 at once (the wait is 5 s)", p, resp.StatusCode, took.Round(time.Millisecond))
+		}
+	}
+}
+
+// A connection's frames that wait for its work budget (SPEC §12) are not
+// silence: the read deadline (ReadWait, SPEC §9) runs from when its reader
+// reads again, not from the frame before the wait.
+func TestBudgetWaitIsNotSilence(t *testing.T) {
+	t.Parallel()
+	r := startData(t, orchestrator.Options{ReadWait: time.Second, WorkPerSec: 1})
+	tok, err := r.d.CreateToken(r.ctx, "w", time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ws, _, err := websocket.DefaultDialer.DialContext(r.ctx, r.d.URL(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ws.Close()
+	w := rawWorker{t, ws}
+	w.send(core.Hello{Version: core.ProtocolVersion, Token: tok, Worker: "w-id", Name: "w", Slots: 1, MaxDelay: time.Minute})
+	if m, ok := w.recv().(core.Welcome); !ok {
+		t.Fatalf("want a Welcome, got %s", core.DescribeMsg(m))
+	}
+	// One heartbeat listing three leases costs 4: it waits 4 s for the
+	// budget (the Hello took the burst), four times ReadWait, while the
+	// pings sent meanwhile wait in the socket for the reader.
+	w.send(core.Heartbeat{InFlight: []core.LeaseRef{{Step: "run-9/a", Lease: 91}, {Step: "run-9/b", Lease: 92}, {Step: "run-9/c", Lease: 93}}})
+	// Keep sending, so the connection is never silent for a second.
+	for range 12 {
+		time.Sleep(500 * time.Millisecond)
+		if err := ws.WriteControl(websocket.PingMessage, nil, time.Now().Add(time.Second)); err != nil {
+			t.Fatalf("the connection was closed while its frames waited for the work budget: %v", err)
+		}
+	}
+	ws.SetReadDeadline(time.Now().Add(300 * time.Millisecond))
+	if _, _, err := ws.ReadMessage(); err != nil {
+		var ne net.Error
+		if !errors.As(err, &ne) || !ne.Timeout() {
+			t.Fatalf("the connection was closed while its frames waited for the work budget: %v", err)
 		}
 	}
 }

@@ -56,7 +56,7 @@ var (
 // HistoryLogs holds at most MaxLogPage lines.
 const (
 	ListScanLimit = 10000
-	MaxLogPage  = 10000
+	MaxLogPage    = 10000
 	// migrateBatch is how many records one migration transaction moves.
 	migrateBatch = 5000
 )
