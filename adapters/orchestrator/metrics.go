@@ -93,7 +93,7 @@ func newMetrics(d *Driver) *metrics {
 	}
 	m.dataBytes.WithLabelValues("in")
 	m.dataBytes.WithLabelValues("out")
-	for _, code := range []int{400, 401, 403, 404, 405, 408, 409, 413, 429, 503, 500, 418} {
+	for _, code := range []int{400, 401, 403, 404, 405, 408, 409, 413, 416, 429, 503, 500, 418} {
 		m.dataRefusals.WithLabelValues(refusalReason(code)) // every reason has a series from the start
 	}
 	m.reg.MustRegister(m.grants, m.dispatchLatency, m.submitToStart, m.commitRecords, m.commitDuration,
@@ -136,7 +136,7 @@ func LeaderGauges(leading bool, epoch func() uint64) []prometheus.Collector {
 
 // handler serves /metrics: open, or behind a bearer token when token is set.
 func (m *metrics) handler(d *Driver, token string) http.Handler {
-	h := promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{MaxRequestsInFlight: metricsInFlight, Timeout: metricsTimeout})
+	h := promhttp.HandlerFor(m.reg, MetricsHandlerOpts())
 	if token == "" {
 		return h
 	}
@@ -243,6 +243,13 @@ func count(s string) float64 {
 	return float64(n)
 }
 
+// MetricsHandlerOpts are the bounds of a /metrics scrape (SPEC §16): at
+// most 4 at once (one more is answered 503), each within 10 s; a standby's
+// /metrics has the same.
+func MetricsHandlerOpts() promhttp.HandlerOpts {
+	return promhttp.HandlerOpts{MaxRequestsInFlight: metricsInFlight, Timeout: metricsTimeout}
+}
+
 // refusalReason names a data-plane refusal by its status: a bounded label.
 func refusalReason(code int) string {
 	switch code {
@@ -262,6 +269,8 @@ func refusalReason(code int) string {
 		return "fenced"
 	case http.StatusRequestEntityTooLarge:
 		return "too_large"
+	case http.StatusRequestedRangeNotSatisfiable:
+		return "out_of_range" // an offset past a stream's end (SPEC §14)
 	case http.StatusTooManyRequests:
 		return "throttled"
 	case http.StatusServiceUnavailable:

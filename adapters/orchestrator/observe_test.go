@@ -175,6 +175,7 @@ func TestMetricsAfterARun(t *testing.T) {
 		`tether_dispatch_latency_seconds_count`:                      2,
 		`tether_submit_to_start_seconds_count`:                       2,
 		`tether_data_plane_refusals_total{reason="unauthenticated"}`: 1,
+		`tether_data_plane_refusals_total{reason="out_of_range"}`:    0, // named, and there from the start
 	}
 	for k, v := range want {
 		if got, ok := m[k]; !ok || got != v {

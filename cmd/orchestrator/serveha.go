@@ -279,7 +279,7 @@ func newStandby(self, metricsToken string) *standby {
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 	)
-	h := promhttp.HandlerFor(reg, promhttp.HandlerOpts{MaxRequestsInFlight: 2})
+	h := promhttp.HandlerFor(reg, orchestrator.MetricsHandlerOpts()) // SPEC §16's bounds, as the leader's
 	s.metrics = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		got, _ := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
 		if metricsToken != "" && subtle.ConstantTimeCompare([]byte(got), []byte(metricsToken)) != 1 {
