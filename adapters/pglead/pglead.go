@@ -186,12 +186,13 @@ func (e *Elector) Hold(ctx context.Context, epoch uint64) error {
 			return nil
 		case <-t.C:
 		}
+		sent := time.Now() // the lease runs from the statement, not its answer: give up early, never late
 		rctx, cancel := context.WithTimeout(ctx, e.c.Renew)
 		err := e.Renew(rctx, epoch)
 		cancel()
 		switch {
 		case err == nil:
-			renewed = time.Now()
+			renewed = sent
 		case ctx.Err() != nil:
 			return nil
 		case errors.Is(err, store.ErrDeposed):
