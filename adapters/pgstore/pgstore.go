@@ -154,6 +154,11 @@ func Open(ctx context.Context, dsn string, o Options) (*Store, error) {
 		s.depth = DefaultPipeline
 	}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
+	// Open's own work (the fold of what a predecessor left, the sweep of
+	// unfinished blobs) runs under s.ctx, but ends with the caller's ctx
+	// while Open runs: a stop asked for during a long Open is heard.
+	stop := context.AfterFunc(ctx, s.cancel)
+	defer stop()
 	// What a predecessor committed and did not fold, under this Store's
 	// fence, before anything reads (journal.go).
 	if err := s.pool.QueryRow(s.ctx, "SELECT coalesce(max(seq), 0) FROM tether_journal").Scan(&s.jseq); err != nil {
@@ -178,6 +183,10 @@ func Open(ctx context.Context, dsn string, o Options) (*Store, error) {
 	if _, err := s.CollectBlobs(); err != nil {
 		s.Close()
 		return nil, err
+	}
+	if !stop() { // ctx ended: the store was cancelled with it
+		s.Close()
+		return nil, fmt.Errorf("pgstore: open: %w", ctx.Err())
 	}
 	return s, nil
 }
