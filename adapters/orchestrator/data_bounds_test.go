@@ -220,3 +220,48 @@ func TestAppendPastTheStreamRefusedOnItsHeaders(t *testing.T) {
 		t.Fatalf("an append that fills the stream exactly: HTTP %d %s, want 200", a.status, a.body)
 	}
 }
+
+// A secret's value (PUT /secret/NAME, at most 64 KiB) is held within the
+// data plane's memory budget, as an append's body is (SPEC §14): a secret
+// whose body stalls holding the whole budget makes an append wait for it.
+func TestSecretPutHeldWithinTheBudget(t *testing.T) {
+	t.Parallel()
+	r := startData(t, orchestrator.Options{MaxAppendBody: 64 << 10, MaxDataInFlight: 64 << 10, BodyIdleTimeout: 10 * time.Second})
+	w := r.enroll("w1")
+	dm := r.leaseFor(w, core.StepSpec{Name: "minter", PutSecrets: []string{"MINTED"}})
+	pr, pw := io.Pipe()
+	req, _ := http.NewRequestWithContext(r.ctx, http.MethodPut, r.d.DataURL()+"/secret/MINTED", pr)
+	req.ContentLength = core.MaxSecretBytes
+	req.Header.Set("Authorization", "Bearer "+w.cred)
+	req.Header.Set(orchestrator.LeaseHeader, strconv.FormatUint(uint64(dm.Lease), 10))
+	secretDone := make(chan int, 1)
+	go func() {
+		resp, err := r.hc.Do(req)
+		if err != nil {
+			secretDone <- 0
+			return
+		}
+		resp.Body.Close()
+		secretDone <- resp.StatusCode
+	}()
+	if _, err := pw.Write([]byte("x")); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(300 * time.Millisecond) // the secret holds the budget
+	pa, outA := r.pipedAppend(w.cred, dm.Lease, "log", 5)
+	pa.Write([]byte("hello"))
+	pa.Close()
+	select {
+	case a := <-outA:
+		t.Fatalf("an append answered HTTP %d while a stalled secret held the whole budget; want it to wait", a.status)
+	case <-time.After(time.Second):
+	}
+	pw.Write(bytes.Repeat([]byte("y"), core.MaxSecretBytes-1))
+	pw.Close()
+	if code := <-secretDone; code != http.StatusCreated {
+		t.Fatalf("the secret: HTTP %d, want 201", code)
+	}
+	if a := <-outA; a.status != http.StatusOK {
+		t.Fatalf("the append after the secret: HTTP %d %s, want 200", a.status, a.body)
+	}
+}

@@ -18,7 +18,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"io/fs"
 	"net/http"
 	"os"
@@ -254,13 +253,12 @@ func (p *dataPlane) secret(w http.ResponseWriter, r *http.Request, cred string) 
 		w.Write(v)
 		return nil
 	}
-	if r.ContentLength > core.MaxSecretBytes {
-		return tooLarge(r.ContentLength, core.MaxSecretBytes)
-	}
-	value, err := io.ReadAll(http.MaxBytesReader(w, r.Body, core.MaxSecretBytes))
+	// Within the budget of bodies held at once, as an append's (SPEC §14).
+	value, held, err := p.readBody(w, r, core.MaxSecretBytes)
 	if err != nil {
-		return bodyError(err, core.MaxSecretBytes)
+		return err
 	}
+	defer p.mem.release(held)
 	if len(value) == 0 {
 		return &httpError{code: http.StatusBadRequest, msg: "a secret's value must not be empty"}
 	}

@@ -20,6 +20,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode"
 	"unicode/utf8"
 
 	bolt "go.etcd.io/bbolt"
@@ -117,7 +118,7 @@ func ValidateAttributes(a map[string]string) error {
 			return fmt.Errorf("%w: key %q: want 1-%d of [A-Za-z0-9._-]", ErrBadAttribute, k, MaxAttributeKey)
 		}
 		v := a[k]
-		if len(v) > MaxAttributeValue || !utf8.ValidString(v) || strings.IndexFunc(v, func(r rune) bool { return r < 0x20 || r == 0x7f }) >= 0 {
+		if len(v) > MaxAttributeValue || !utf8.ValidString(v) || strings.IndexFunc(v, func(r rune) bool { return r != ' ' && !unicode.IsPrint(r) }) >= 0 { // as core.CheckName: C1 controls and bidi overrides too
 			return fmt.Errorf("%w: %s: want at most %d bytes of printable UTF-8", ErrBadAttribute, k, MaxAttributeValue)
 		}
 	}

@@ -150,3 +150,19 @@ func TestEmptyApplyAnswersAsAnyBatch(t *testing.T) {
 		t.Fatalf("Apply(nil) after Close, no log = %v, want ErrClosed", err)
 	}
 }
+
+// An attribute's value is printable as a name is (core.CheckName, SPEC
+// §12): C1 controls and bidi overrides are refused with C0 and DEL; spaces
+// and printable non-ASCII pass.
+func TestAttributeValuesPrintable(t *testing.T) {
+	for _, v := range []string{"a\x1bb", "a\x7fb", "a\u009bb", "a\u202eb", "\xff"} {
+		if err := ValidateAttributes(map[string]string{"k": v}); err == nil {
+			t.Errorf("attribute value %q accepted", v)
+		}
+	}
+	for _, v := range []string{"", "a b", "résumé", "日本"} {
+		if err := ValidateAttributes(map[string]string{"k": v}); err != nil {
+			t.Errorf("attribute value %q refused: %v", v, err)
+		}
+	}
+}
