@@ -286,6 +286,18 @@ func (o *Orchestrator) LeaseLogs(id LeaseID) []StepLogLine {
 	return append([]StepLogLine(nil), o.logs[id]...)
 }
 
+// LeaseLogsFrom returns lease id's log lines of index from on: what a
+// reader that has the first from lines still lacks (SPEC §17, a stream
+// resumed), copying no more.
+func (o *Orchestrator) LeaseLogsFrom(id LeaseID, from int) []StepLogLine {
+	ls := o.logs[id]
+	i := sort.Search(len(ls), func(i int) bool { return ls[i].Index >= from })
+	if i == len(ls) {
+		return nil
+	}
+	return append([]StepLogLine(nil), ls[i:]...)
+}
+
 // ClosedLeases returns the closed-lease table (SPEC §7a), sorted by lease.
 func (o *Orchestrator) ClosedLeases() []ClosedLease {
 	return o.closedAll()

@@ -801,7 +801,9 @@ func (a *api) runStream(w http.ResponseWriter, r *http.Request, sub *subscriber,
 			return
 		}
 		for _, l := range src.leases {
-			lines = append(lines, o.LeaseLogs(l.ID)...)
+			// Only what the cursor has not seen is copied on the loop (a
+			// resumed stream of a long log copies its tail, not the log).
+			lines = append(lines, o.LeaseLogsFrom(l.ID, cur.count[l.ID])...)
 		}
 		a.d.streams.subscribeRun(sub, id, src.leases)
 	})
