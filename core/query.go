@@ -281,14 +281,9 @@ func (o *Orchestrator) StepLogs(step StepID) []StepLogLine {
 	return out
 }
 
-// LeaseLogs returns the stored log lines of one lease, in arrival order.
-func (o *Orchestrator) LeaseLogs(id LeaseID) []StepLogLine {
-	return append([]StepLogLine(nil), o.logs[id]...)
-}
-
-// LeaseLogsFrom returns lease id's log lines of index from on: what a
-// reader that has the first from lines still lacks (SPEC §17, a stream
-// resumed), copying no more.
+// LeaseLogsFrom returns lease id's stored log lines, in arrival order, of
+// index from on (0: all): what a reader that has the first from lines still
+// lacks (SPEC §17, a stream resumed), copying no more.
 func (o *Orchestrator) LeaseLogsFrom(id LeaseID, from int) []StepLogLine {
 	ls := o.logs[id]
 	i := sort.Search(len(ls), func(i int) bool { return ls[i].Index >= from })

@@ -295,9 +295,7 @@ func (d *Driver) readLoop(c *conn) string {
 		if c.lingering() {
 			continue // hung up (its send queue overflowed): discard
 		}
-		now := time.Now()
-		c.heard.Store(now.UnixNano())
-		c.ws.SetReadDeadline(now.Add(d.opts.ReadWait))
+		c.heard.Store(time.Now().UnixNano()) // the read deadline moves once the frame is passed on, below
 		if typ != websocket.TextMessage {
 			c.hangUp(closeData, "binary frames are not part of the protocol")
 			return "binary frame"
@@ -463,8 +461,8 @@ func (c *conn) closeAfterQueued(code int, reason string) {
 	c.out.close()
 }
 
-// frameQueue is a connection's queue of frames to write, at most
-// sendQueue and two a lease of them (send): pushed and closed by the loop goroutine, taken by the writer.
+// frameQueue is a connection's queue of frames to write, at most the limit
+// send gives: pushed and closed by the loop goroutine, taken by the writer.
 // It holds no more than what waits in it (an idle connection's queue is
 // empty), where a channel of sendQueue frames would hold 24 KiB from the
 // start whatever waits in it.

@@ -132,18 +132,17 @@ func (d *Driver) openSecrets(opts Options) error {
 		path = opts.StorePath + ".secrets-key"
 	}
 	if path != "" {
-		_, err := os.Stat(path)
-		sealed := false
-		if errors.Is(err, fs.ErrNotExist) {
+		if _, err := os.Stat(path); errors.Is(err, fs.ErrNotExist) {
 			// Asked only when the key would be made: a store that
 			// cannot say (a database that went away) makes no key.
-			if sealed, err = d.st.HoldsSealed(); err != nil {
+			sealed, err := d.st.HoldsSealed()
+			if err != nil {
 				return fmt.Errorf("secrets key file %s does not exist, and whether the store holds values sealed with a key cannot be read: %w", path, err)
 			}
-		}
-		if sealed {
-			return fmt.Errorf("%w: the secrets key file %s does not exist, and the store holds values sealed with a key: "+
-				"put that key file there (a backup does not carry it) or name it with --secrets-key-file; a new key would open none of them", store.ErrNoSecretsKey, path)
+			if sealed {
+				return fmt.Errorf("%w: the secrets key file %s does not exist, and the store holds values sealed with a key: "+
+					"put that key file there (a backup does not carry it) or name it with --secrets-key-file; a new key would open none of them", store.ErrNoSecretsKey, path)
+			}
 		}
 		k, created, err := store.LoadOrCreateKey(path)
 		if err != nil {

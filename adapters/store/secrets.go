@@ -200,7 +200,10 @@ func keyNextTo(path string, db *bolt.DB) (*Store, error) {
 	if !errors.Is(err, fs.ErrNotExist) {
 		return nil, err
 	}
-	if holdsSealed(db) {
+	if sealed, err := holdsSealed(db); err != nil || sealed {
+		if err != nil {
+			return nil, fmt.Errorf("store: does %s hold sealed values: %w", path, err)
+		}
 		return nil, fmt.Errorf("%w: %s holds sealed values; put the key file it was written with at %s.secrets-key (a backup does not carry it, SPEC §14a)", ErrNoSecretsKey, path, path)
 	}
 	return s, nil
@@ -209,9 +212,9 @@ func keyNextTo(path string, db *bolt.DB) (*Store, error) {
 // holdsSealed says whether db holds a sealed value: a secret, or a run's
 // record or history (the first of each bucket tells: all are sealed once a
 // key was given).
-func holdsSealed(db *bolt.DB) bool {
+func holdsSealed(db *bolt.DB) (bool, error) {
 	found := false
-	db.View(func(tx *bolt.Tx) error {
+	err := db.View(func(tx *bolt.Tx) error {
 		for _, name := range [][]byte{bktSecret, bktRuns, bktHistory} {
 			if b := tx.Bucket(name); b != nil {
 				k, v := b.Cursor().First()
@@ -220,7 +223,7 @@ func holdsSealed(db *bolt.DB) bool {
 		}
 		return nil
 	})
-	return found
+	return found, err
 }
 
 // HoldsSealed says whether the store holds a value sealed with a secrets
@@ -229,10 +232,11 @@ func (s *Store) HoldsSealed() (bool, error) {
 	if s.log != nil {
 		s.log.barrier() // an error: the read below says what the file holds
 	}
-	if err := s.db.View(func(*bolt.Tx) error { return nil }); err != nil {
+	found, err := holdsSealed(s.db)
+	if err != nil {
 		return false, fmt.Errorf("store: does the store hold sealed values: %w", s.mapErr(err))
 	}
-	return holdsSealed(s.db), nil
+	return found, nil
 }
 
 // checkSecrets: every secret's value is sealed and, with the key, opens,

@@ -549,8 +549,6 @@ func openLog(db *bolt.DB, path string, st walState, limit int64) (*wlog, error) 
 	return l, nil
 }
 
-// append logs one entry (walEntryHead bytes of room, then its payload) and
-// returns once it is durable.
 // failed returns what every call must answer once the log is closed or
 // broken: ErrClosed, the error that broke it, or nil.
 func (l *wlog) failed() error {
@@ -562,6 +560,8 @@ func (l *wlog) failed() error {
 	return l.err
 }
 
+// append logs one entry (walEntryHead bytes of room, then its payload) and
+// returns once it is durable.
 func (l *wlog) append(buf []byte) error {
 	if int64(len(buf)) > walMaxEntry {
 		return fmt.Errorf("store: a batch of %d bytes: larger than the log takes", len(buf))
