@@ -804,9 +804,12 @@ func idOf(ln LogLine, event bool) lineID {
 }
 
 // storeLogs keeps a current lease's log lines and events, deduplicated (see
-// lineID), in arrival order. Lines of a lease that lost
-// authority are refused: logs are writes, and writes are fenced. A lease
-// that committed keeps its authority over its own log.
+// lineID), in arrival order. Lines of a lease whose log is closed
+// (LeaseRecord.LogOpen) are refused: logs are writes, and writes are
+// fenced. A worker sends its report only once all the lease's output is
+// acknowledged (§10), so closing the log at the commit loses none of it,
+// and a closed log's length is final (a live stream's cursor relies on it,
+// SPEC §17).
 //
 // Every message is answered with a LogAck on its connection (protocol
 // version 2, §3): the highest sequence numbers up to which the lease's lines
@@ -817,7 +820,13 @@ func idOf(ln LogLine, event bool) lineID {
 // this batch: it leaves only once the stored lines are durable (§11).
 func (o *Orchestrator) storeLogs(w *WorkerRecord, c ConnID, id LeaseID, lines []LogLine, event bool) {
 	l, _ := o.leaseFor(w, id)
-	if l == nil || !(l.Current || l.Committed) || len(lines) > MaxLogLinesPerMessage {
+	if l != nil && l.Committed && o.allStored(id, lines, event) {
+		// A duplicate of stored lines (a network that delivers twice) is
+		// answered as it was before the commit, not refused.
+		o.ackLogs(c, id, o.logWatermark(id, false), o.logWatermark(id, true))
+		return
+	}
+	if l == nil || !l.LogOpen() || len(lines) > MaxLogLinesPerMessage {
 		var size int
 		for _, ln := range lines {
 			size += LineBytes(ln.Text)
@@ -854,6 +863,17 @@ func (o *Orchestrator) storeLogs(w *WorkerRecord, c ConnID, id LeaseID, lines []
 		o.appends = append(o.appends, Record{Key: logKey(id, sl.Index), Value: encodeScratch(&o.scratch, sl)})
 	}
 	o.ackLogs(c, id, o.logWatermark(id, false), o.logWatermark(id, true))
+}
+
+// allStored reports whether every one of lines is stored under lease id.
+func (o *Orchestrator) allStored(id LeaseID, lines []LogLine, event bool) bool {
+	seen := o.logSeen[id]
+	for _, ln := range lines {
+		if seen == nil || !seen.has(idOf(ln, event)) {
+			return false
+		}
+	}
+	return true
 }
 
 // ackLogs sends a LogAck unless the connection speaks protocol version 1.

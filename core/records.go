@@ -131,6 +131,12 @@ type LeaseRecord struct {
 	Answers   []AnsweredReport `json:",omitempty"`
 }
 
+// LogOpen reports whether the lease's log still takes lines: while it is
+// current and no report of it committed (SPEC §3). A closed log never opens
+// again (authority never comes back, a commit is final), so its length is
+// final.
+func (l *LeaseRecord) LogOpen() bool { return l.Current && !l.Committed }
+
 // AnsweredReport remembers an answered report for idempotent replays.
 type AnsweredReport struct {
 	Request uint64

@@ -23,6 +23,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -380,6 +381,7 @@ func (b *broker) publishRuns(rd core.Ready) {
 		}
 	}
 	steps := map[core.RunID][]streamEvent{}
+	grants := map[core.RunID][]streamEvent{} // leases new to a run: before its lines
 	for id, t := range b.runs {
 		for _, rec := range keyRange(rd.Records, core.KindStep+"/"+string(id)+"/") {
 			if rec.Delete {
@@ -401,6 +403,7 @@ func (b *broker) publishRuns(rd core.Ready) {
 					}
 					t.addLease(s.Lease, s.ID, w)
 					b.runOf[s.Lease] = id
+					grants[id] = append(grants[id], streamEvent{kind: "lease", lease: s.Lease})
 				}
 			}
 			steps[id] = append(steps[id], streamEvent{kind: "step", data: t.step(s)})
@@ -421,8 +424,22 @@ func (b *broker) publishRuns(rd core.Ready) {
 		}
 		out[run] = append(out[run], lineEvent(run, l))
 	}
+	// A lease whose log closed (its length final, SPEC §3) after its lines:
+	// a cursor then counts it done and stops naming it (runCursor).
+	closes := map[core.RunID][]streamEvent{}
+	for _, rec := range keyRange(rd.Records, core.KindLease+"/") {
+		lease, err := strconv.ParseUint(strings.TrimPrefix(rec.Key, core.KindLease+"/"), 10, 64)
+		run := b.runOf[core.LeaseID(lease)]
+		if err != nil || run == "" || rec.Delete {
+			continue
+		}
+		var l core.LeaseRecord
+		if json.Unmarshal(rec.Value, &l) == nil && !l.LogOpen() {
+			closes[run] = append(closes[run], streamEvent{kind: "closed", lease: l.ID})
+		}
+	}
 	for id, t := range b.runs {
-		evs := append(out[id], steps[id]...)
+		evs := append(append(append(grants[id], out[id]...), closes[id]...), steps[id]...)
 		ended := false
 		if rec, ok := record(rd.Records, core.KindRun+"/"+string(id)); ok && !rec.Delete {
 			var r core.RunRecord
@@ -557,13 +574,18 @@ func historyHead(rec core.Record) (core.HistoryHead, bool) {
 // ---- cursors (the events' ids) ----
 
 // runCursor is how far a run stream has gone: its server events up to
-// sequence events, and in each lease's log the first count lines. Its text
-// (an event id) is "<events>:" then, for each lease with lines, by lease
-// id, "<lease>.<count>" separated by commas: "3:12.40,13.2".
+// sequence events, and each lease's log. A lease is *done* once its log is
+// closed (core.LeaseRecord.LogOpen: its length is final) and all of it was
+// sent; the cursor keeps only the leases that are not, so its text stays
+// as short as the run's current leases (SPEC §17). Its text (an event id)
+// is "<events>:<below>:" then, by lease id, "<lease>.<count>" separated by
+// commas: "3:12:9.4,13.2" (lease 9 has sent 4 lines, 13 two; every other
+// lease under 12 is done; every other at or over 12 has sent nothing). The
+// id of earlier releases, "<events>:<lease>.<count>,...", reads as below 0.
 type runCursor struct {
 	events int
-	count  map[core.LeaseID]int
-	order  []core.LeaseID // the keys of count, sorted
+	below  core.LeaseID         // every lease under it that count does not hold is done
+	count  map[core.LeaseID]int // lines sent of each lease that is not done (0 for some under below)
 }
 
 // maxCursorLeases bounds the leases a Last-Event-ID may name.
@@ -574,13 +596,20 @@ func parseRunCursor(s string) (runCursor, error) {
 	if s == "" {
 		return c, nil
 	}
-	bad := fmt.Errorf("Last-Event-ID %s is not an id of this run stream (<events>:<lease>.<count>,...)", core.Quote(s))
+	bad := fmt.Errorf("Last-Event-ID %s is not an id of this run stream (<events>:<below>:<lease>.<count>,...)", core.Quote(s))
 	ev, rest, ok := strings.Cut(s, ":")
 	n, err := strconv.Atoi(ev)
 	if !ok || err != nil || n < 0 {
 		return c, bad
 	}
 	c.events = n
+	if b, list, two := strings.Cut(rest, ":"); two {
+		w, err := strconv.ParseUint(b, 10, 64)
+		if err != nil {
+			return c, bad
+		}
+		c.below, rest = core.LeaseID(w), list
+	}
 	if rest == "" {
 		return c, nil
 	}
@@ -592,24 +621,33 @@ func parseRunCursor(s string) (runCursor, error) {
 		ls, cs, ok := strings.Cut(p, ".")
 		l, err1 := strconv.ParseUint(ls, 10, 64)
 		k, err2 := strconv.Atoi(cs)
-		if !ok || err1 != nil || err2 != nil || l == 0 || k <= 0 {
+		if !ok || err1 != nil || err2 != nil || l == 0 || k < 0 {
 			return c, bad
 		}
 		if _, dup := c.count[core.LeaseID(l)]; dup {
 			return c, bad
 		}
 		c.count[core.LeaseID(l)] = k
-		c.order = append(c.order, core.LeaseID(l))
 	}
-	sort.Slice(c.order, func(i, j int) bool { return c.order[i] < c.order[j] })
 	return c, nil
 }
 
+// String is the cursor's text: the leases under below that are not done,
+// and those at or over it with lines sent.
 func (c *runCursor) String() string {
+	order := make([]core.LeaseID, 0, len(c.count))
+	for l, k := range c.count {
+		if l < c.below || k > 0 {
+			order = append(order, l)
+		}
+	}
+	slices.Sort(order)
 	var sb strings.Builder
 	sb.WriteString(strconv.Itoa(c.events))
 	sb.WriteByte(':')
-	for i, l := range c.order {
+	sb.WriteString(strconv.FormatUint(uint64(c.below), 10))
+	sb.WriteByte(':')
+	for i, l := range order {
 		if i > 0 {
 			sb.WriteByte(',')
 		}
@@ -620,8 +658,41 @@ func (c *runCursor) String() string {
 	return sb.String()
 }
 
+// done reports whether all of lease l was sent and its log is closed.
+func (c *runCursor) done(l core.LeaseID) bool {
+	_, open := c.count[l]
+	return !open && l < c.below
+}
+
+// sent is how many of lease l's lines were sent: -1 if it is done.
+func (c *runCursor) sent(l core.LeaseID) int {
+	if c.done(l) {
+		return -1
+	}
+	return c.count[l]
+}
+
+// learn notes a lease of the run: unless it is done, it is held, so the
+// cursor's text names it once below passes it.
+func (c *runCursor) learn(l core.LeaseID) {
+	if !c.done(l) {
+		c.count[l] += 0
+	}
+}
+
+// close notes that lease l's log is closed and every line of it was sent
+// (its lines come before its close on a stream). A lease the cursor never
+// learned is left alone: below never passes a lease it does not hold.
+func (c *runCursor) close(l core.LeaseID) {
+	if _, held := c.count[l]; !held {
+		return
+	}
+	delete(c.count, l)
+	c.below = max(c.below, l+1)
+}
+
 // admit reports whether e is new to the stream, and advances the cursor
-// past it.
+// past it. The stream's own kinds ("lease", "closed") are never written.
 func (c *runCursor) admit(e streamEvent) bool {
 	switch e.kind {
 	case "server":
@@ -630,17 +701,17 @@ func (c *runCursor) admit(e streamEvent) bool {
 		}
 		c.events = e.seq
 	case "log", "gap":
-		k, seen := c.count[e.lease]
-		if e.index < k {
+		k := c.sent(e.lease)
+		if k < 0 || e.index < k {
 			return false
 		}
-		if !seen {
-			i := sort.Search(len(c.order), func(i int) bool { return c.order[i] > e.lease })
-			c.order = append(c.order, 0)
-			copy(c.order[i+1:], c.order[i:])
-			c.order[i] = e.lease
-		}
 		c.count[e.lease] = e.index + 1
+	case "lease":
+		c.learn(e.lease)
+		return false
+	case "closed":
+		c.close(e.lease)
+		return false
 	}
 	return true
 }
@@ -803,7 +874,9 @@ func (a *api) runStream(w http.ResponseWriter, r *http.Request, sub *subscriber,
 		for _, l := range src.leases {
 			// Only what the cursor has not seen is copied on the loop (a
 			// resumed stream of a long log copies its tail, not the log).
-			lines = append(lines, o.LeaseLogsFrom(l.ID, cur.count[l.ID])...)
+			if k := cur.sent(l.ID); k >= 0 {
+				lines = append(lines, o.LeaseLogsFrom(l.ID, k)...)
+			}
 		}
 		a.d.streams.subscribeRun(sub, id, src.leases)
 	})
@@ -832,6 +905,9 @@ func (a *api) runStream(w http.ResponseWriter, r *http.Request, sub *subscriber,
 	for _, l := range src.leases {
 		t.addLease(l.ID, l.Step, l.Worker)
 	}
+	for _, l := range src.leases { // by id
+		cur.learn(l.ID)
+	}
 	for _, st := range src.steps {
 		s.event("step", cur.String(), t.step(st))
 	}
@@ -841,21 +917,24 @@ func (a *api) runStream(w http.ResponseWriter, r *http.Request, sub *subscriber,
 			s.event(e.kind, cur.String(), e.data)
 		}
 	}
-	for _, l := range lines {
-		if e := lineEvent(id, l); cur.admit(e) {
-			s.event(e.kind, cur.String(), e.data)
+	// The lines come lease by lease, by id; a lease whose log is closed is
+	// done after its last (so the ids name only the leases not done).
+	k := 0
+	for _, l := range src.leases {
+		if !found {
+			break // archived: below
+		}
+		for ; k < len(lines) && lines[k].Lease == l.ID; k++ {
+			if e := lineEvent(id, lines[k]); cur.admit(e) {
+				s.event(e.kind, cur.String(), e.data)
+			}
+		}
+		if !l.LogOpen() {
+			cur.close(l.ID)
 		}
 	}
 	if !found { // archived: its lines, a page at a time, then its end
-		err := a.eachArchivedPage(&src, src.matchSteps(""), func(page []core.StepLogLine) error {
-			for _, l := range page {
-				if e := lineEvent(id, l); cur.admit(e) {
-					s.event(e.kind, cur.String(), e.data)
-				}
-			}
-			return s.flush()
-		})
-		if err != nil { // the client resumes from what it heard
+		if err := a.archivedStream(&src, &cur, s); err != nil { // the client resumes from what it heard
 			a.d.log.Warn("archived run stream cut", "run", string(id), "err", err)
 			return
 		}
@@ -872,6 +951,44 @@ func (a *api) runStream(w http.ResponseWriter, r *http.Request, sub *subscriber,
 		}
 		return e.kind == "end"
 	})
+}
+
+// archivedStream writes an archived run's lines the cursor has not seen, a
+// page at a time, lease by lease in id order: every lease is done after
+// its last line (an archived run's logs are closed).
+func (a *api) archivedStream(src *runSource, cur *runCursor, s *sse) error {
+	var ids []core.LeaseID
+	for _, l := range src.leases {
+		if !cur.done(l.ID) {
+			ids = append(ids, l.ID)
+		}
+	}
+	k := 0 // ids[:k] are done
+	for after := ""; len(ids) > 0; {
+		page, next, err := a.d.st.HistoryLogs(ids, after, store.MaxLogPage)
+		if err != nil {
+			return err
+		}
+		for _, l := range page {
+			for ; k < len(ids) && ids[k] < l.Lease; k++ {
+				cur.close(ids[k])
+			}
+			if e := lineEvent(src.run.ID, l); cur.admit(e) {
+				s.event(e.kind, cur.String(), e.data)
+			}
+		}
+		if err := s.flush(); err != nil {
+			return err
+		}
+		if next == "" {
+			break
+		}
+		after = next
+	}
+	for ; k < len(ids); k++ {
+		cur.close(ids[k])
+	}
+	return nil
 }
 
 // serverStream is GET /api/events.

@@ -9,6 +9,8 @@ import (
 	"path/filepath"
 	"testing"
 	"time"
+
+	"github.com/tether-run/tether/core"
 )
 
 // An idle stream sends ": ping" comment lines, so proxies keep it open;
@@ -47,5 +49,57 @@ func TestStreamHeartbeat(t *testing.T) {
 			}
 		}
 		resp.Body.Close()
+	}
+}
+
+// A run stream's cursor (SPEC §17): its text round-trips; an id of an
+// earlier release ("<events>:<lease>.<count>,...") reads as below 0; a
+// lease is named until it is done, and a done lease's lines are not
+// admitted again; below never passes a lease the cursor holds, nor jumps
+// for a lease it never learned.
+func TestRunCursor(t *testing.T) {
+	old, err := parseRunCursor("3:12.40,13.2")
+	if err != nil || old.below != 0 || old.count[12] != 40 || old.count[13] != 2 || old.String() != "3:0:12.40,13.2" {
+		t.Fatalf("old id: %+v %v, string %q", old, err, old.String())
+	}
+	c, err := parseRunCursor("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	line := func(l core.LeaseID, i int) streamEvent { return streamEvent{kind: "log", lease: l, index: i} }
+	for _, l := range []core.LeaseID{4, 7, 9} {
+		c.admit(streamEvent{kind: "lease", lease: l})
+	}
+	if !c.admit(line(7, 0)) || !c.admit(line(9, 0)) || c.admit(line(9, 0)) {
+		t.Fatal("lines: each admitted once")
+	}
+	if got := c.String(); got != "0:0:7.1,9.1" {
+		t.Fatalf("after two lines: %q", got)
+	}
+	c.admit(streamEvent{kind: "closed", lease: 9})
+	if got := c.String(); got != "0:10:4.0,7.1" { // 4 is not done though it sent nothing
+		t.Fatalf("after 9 closed: %q", got)
+	}
+	if c.admit(line(9, 1)) {
+		t.Fatal("a line of a done lease admitted")
+	}
+	c.admit(streamEvent{kind: "closed", lease: 20}) // never learned: below stays
+	c.admit(streamEvent{kind: "closed", lease: 4})
+	c.admit(streamEvent{kind: "closed", lease: 7})
+	if got := c.String(); got != "0:10:" {
+		t.Fatalf("all done: %q", got)
+	}
+	r, err := parseRunCursor(c.String())
+	if err != nil || !r.done(4) || !r.done(9) || r.done(10) || r.sent(12) != 0 {
+		t.Fatalf("parsed %q: %+v %v", c.String(), r, err)
+	}
+	r.learn(5) // under below and not named: done, so not held
+	if !r.done(5) {
+		t.Fatal("learning a done lease made it open")
+	}
+	for _, bad := range []string{"x", "1:2", "1:2:3", "1:a:3.1", "1:2:3.-1", "1:2:3.1,3.2", "1:2:0.1", "-1:0:"} {
+		if _, err := parseRunCursor(bad); err == nil {
+			t.Errorf("%q parsed", bad)
+		}
 	}
 }

@@ -698,8 +698,9 @@ func TestStreamBurstKeepsAFastClient(t *testing.T) {
 }
 
 // An archived run's stream reads its lines from the store a page at a time
-// (store.MaxLogPage), in the steps' order, and resumes in the middle of
-// them: 12,000 lines of step a (two pages), then b's, then end.
+// (store.MaxLogPage), lease by lease in id order (here the steps' order),
+// and resumes in the middle of them: 12,000 lines of step a (two pages),
+// then b's, then end.
 func TestArchivedRunStreamPages(t *testing.T) {
 	r := startAPI(t)
 	ctx, d := r.ctx, r.d
@@ -765,4 +766,137 @@ func TestArchivedRunStreamPages(t *testing.T) {
 		}
 	}
 	check(openStream(t, ctx, d, "/runs/"+string(run)+"/events", mid).rest(), 11000)
+}
+
+// A run stream's id names only the leases that are not done (a lease is
+// done once its log is closed and all of it sent), so it stays as short as
+// the run's current leases however many leases the run had (SPEC §17): a
+// run of 300 one-line steps, one of them held open throughout, streams
+// ids of a few bytes, and a stream resumed from one in the middle, live or
+// archived, hears every line after it exactly once.
+func TestRunStreamIDStaysShort(t *testing.T) {
+	r := startAPI(t)
+	ctx, d := r.ctx, r.d
+	long := rawFleetWorker(t, ctx, d, "raw-long")
+	many := rawFleetWorker(t, ctx, d, "raw-many")
+	const n = 300
+	steps := []core.StepSpec{{Name: "long", Command: "x", Writes: true, Target: "raw-long"}}
+	for i := range n {
+		steps = append(steps, core.StepSpec{Name: fmt.Sprintf("s%03d", i), Command: "x", Writes: true, Target: "raw-many"})
+	}
+	run, err := d.Submit(ctx, core.RunSpec{Name: "many-leases", Steps: steps})
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := "/runs/" + string(run) + "/events"
+	s := openStream(t, ctx, d, path, "")
+	dl := recvMsg[core.Dispatch](long)
+	long.send(core.Start{Lease: dl.Lease, Request: 1})
+	recvMsg[core.StartAck](long)
+	long.send(core.Logs{Lease: dl.Lease, Lines: lines(1, "long-1")})
+	recvMsg[core.LogAck](long)
+	var want []string
+	req := uint64(0)
+	var next *core.Dispatch // a dispatch read while waiting for an ack
+	for i := range n {
+		dm := next
+		if dm == nil {
+			m := recvMsg[core.Dispatch](many)
+			dm = &m
+		}
+		next = nil
+		req++
+		many.send(core.Start{Lease: dm.Lease, Request: req})
+		recvMsg[core.StartAck](many)
+		text := fmt.Sprintf("line of %s", dm.Step)
+		many.send(core.Logs{Lease: dm.Lease, Lines: lines(1, text)})
+		recvMsg[core.LogAck](many)
+		req++
+		many.send(core.Report{Step: dm.Step, Lease: dm.Lease, Request: req, Outcome: core.Outcome{Status: core.OutcomeSuccess}})
+		recvMsg[core.Answer](many)
+		want = append(want, text)
+		if i == n/2 { // lines after the commit are refused, acknowledged as discarded
+			many.send(core.Logs{Lease: dm.Lease, Lines: lines(2, "late")})
+			for {
+				switch m := many.recv().(type) {
+				case core.Dispatch:
+					next = &m
+					continue
+				case core.LogAck:
+					if m.Lease != dm.Lease || m.Lines != 2 {
+						t.Fatalf("a line after the commit: ack %+v, want lease %d's discarded (lines 2)", m, dm.Lease)
+					}
+				default:
+					t.Fatalf("want a LogAck, got %s", core.DescribeMsg(m))
+				}
+				break
+			}
+		}
+	}
+	texts := func(evs []sseEvent) []string {
+		var out []string
+		for _, e := range evs {
+			if e.kind == "log" {
+				out = append(out, decode[orchestrator.StreamLine](t, e).Text)
+			}
+		}
+		return out
+	}
+	// While the long step still runs: an id from the middle resumes the live run.
+	live := s.until("the last short step's line", func(e sseEvent) bool {
+		return e.kind == "log" && strings.Contains(e.data, fmt.Sprintf("s%03d", n-1))
+	})
+	mid := ""
+	for k, e := 0, 0; e < len(live); e++ {
+		if live[e].kind == "log" {
+			if k++; k == n/2 {
+				mid = live[e].id // after long-1 and the lines of s000..s148
+			}
+		}
+	}
+	s2 := openStream(t, ctx, d, path, mid)
+	long.send(core.Logs{Lease: dl.Lease, Lines: lines(2, "long-2")})
+	recvMsg[core.LogAck](long)
+	long.send(core.Report{Step: dl.Step, Lease: dl.Lease, Request: 2, Outcome: core.Outcome{Status: core.OutcomeSuccess}})
+	recvMsg[core.Answer](long)
+	want = append(want, "long-2")
+	live = append(live, s.rest()...) // until "end"
+
+	got := texts(live)
+	if len(got) != n+2 || got[0] != "long-1" || strings.Join(got[1:], "|") != strings.Join(want, "|") {
+		t.Fatalf("live stream: %d lines %q..., want long-1, one line of each step, long-2", len(got), got[:min(len(got), 4)])
+	}
+	longest := ""
+	for _, e := range live {
+		if len(e.id) > len(longest) {
+			longest = e.id
+		}
+	}
+	// The longest names the held lease and the one whose line it follows.
+	if len(longest) > 40 {
+		t.Errorf("an event id of %d bytes (%.60s…): want at most 40 for a run with at most two leases open at once", len(longest), longest)
+	}
+	check := func(from string, evs []sseEvent, want []string) {
+		t.Helper()
+		got := texts(evs)
+		if strings.Join(got, "|") != strings.Join(want, "|") {
+			t.Errorf("resumed %s at %s: %d lines (%q…), want the %d after it, each once (%q…)", from, mid, len(got), got[:min(len(got), 3)], len(want), want[:3])
+		}
+		if evs[len(evs)-1].kind != "end" {
+			t.Errorf("resumed %s: ended with %s, want end", from, evs[len(evs)-1].kind)
+		}
+	}
+	check("live", s2.rest(), want[n/2-1:])
+	// Archived, the lines come lease by lease: the long step's first.
+	check("archived", openStream(t, ctx, d, path, mid).rest(), append([]string{"long-2"}, want[n/2-1:n]...))
+	// The archived stream from the start names no lease once each is done.
+	all := openStream(t, ctx, d, path, "").rest()
+	if g := texts(all); len(g) != n+2 {
+		t.Errorf("archived stream: %d lines, want %d", len(g), n+2)
+	}
+	for _, e := range all {
+		if len(e.id) > 40 {
+			t.Fatalf("archived stream: an event id of %d bytes (%.60s…), want at most 40", len(e.id), e.id)
+		}
+	}
 }
