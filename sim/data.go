@@ -23,7 +23,9 @@ import (
 // holds a request (TCP retransmits it) for up to the data plane's request
 // deadline, and a process runs on while its worker is cut off and its step
 // is triaged or re-dispatched. Some writes name another worker's lease (a
-// forged lease header). Every decision is checked against the Checker's
+// forged lease header), some a lease their own worker holds but has not
+// started (a process naming its worker's lease held ahead, or still waiting
+// for its StartAck: refused for a write-bearing step, SPEC §14). Every decision is checked against the Checker's
 // own view of leases (spec.PropFencedWrites), never the core's answer; and
 // at the end, every stored write was made under a lease current and held
 // by its writer when it was stored.
@@ -47,6 +49,8 @@ type DataStats struct {
 	ZombieRefused  int
 	Foreign        int // writes naming another worker's lease
 	ForeignRefused int
+	Unstarted      int // writes naming a lease the writer's worker holds and has started no process under
+	UnstartedRef   int // of those, refused
 	Lost           int // requests lost: the orchestrator down, or held past the deadline
 	Undeclared     int // writes under the writer's current lease to an id its step does not declare
 	UndeclaredRef  int // of those, refused
@@ -62,6 +66,8 @@ func (s *DataStats) add(o DataStats) {
 	s.ZombieRefused += o.ZombieRefused
 	s.Foreign += o.Foreign
 	s.ForeignRefused += o.ForeignRefused
+	s.Unstarted += o.Unstarted
+	s.UnstartedRef += o.UnstartedRef
 	s.Lost += o.Lost
 	s.Undeclared += o.Undeclared
 	s.UndeclaredRef += o.UndeclaredRef
@@ -69,14 +75,15 @@ func (s *DataStats) add(o DataStats) {
 }
 
 func (s DataStats) String() string {
-	return fmt.Sprintf("data writes: %d (admitted %d, stored %d; zombie %d, refused %d; another worker's lease %d, refused %d; lost %d; undeclared %d, refused %d)",
-		s.Writes, s.Admitted, s.Stored, s.Zombie, s.ZombieRefused, s.Foreign, s.ForeignRefused, s.Lost, s.Undeclared, s.UndeclaredRef) + "; " + s.Secrets.String()
+	return fmt.Sprintf("data writes: %d (admitted %d, stored %d; zombie %d, refused %d; another worker's lease %d, refused %d; a lease not started %d, refused %d; lost %d; undeclared %d, refused %d)",
+		s.Writes, s.Admitted, s.Stored, s.Zombie, s.ZombieRefused, s.Foreign, s.ForeignRefused, s.Unstarted, s.UnstartedRef, s.Lost, s.Undeclared, s.UndeclaredRef) + "; " + s.Secrets.String()
 }
 
 // dataPlane is the world's data-plane state; its randomness is its own
 // stream, so the writes change nothing else the seed decides.
 type dataPlane struct {
 	r       *rand.Rand
+	early   *rand.Rand // picks the writes naming a lease not started: a stream apart, so the others draw as before
 	req     uint64
 	stored  []storedWrite
 	stats   DataStats
@@ -127,7 +134,7 @@ type storedWrite struct {
 
 func (w *world) dataState() *dataPlane {
 	if w.data == nil {
-		w.data = &dataPlane{r: rand.New(rand.NewPCG(w.seed, 0xda7a))}
+		w.data = &dataPlane{r: rand.New(rand.NewPCG(w.seed, 0xda7a)), early: rand.New(rand.NewPCG(w.seed, 0xea51))}
 	}
 	return w.data
 }
@@ -153,6 +160,9 @@ func (w *world) dataWrites(wn *workerNode, p *proc, dur time.Duration) {
 			if d.r.IntN(20) == 0 {
 				lease = w.foreignLease(wn, lease)
 			}
+			if d.early.IntN(20) == 0 {
+				lease = w.unstartedLease(wn, lease)
+			}
 			w.forwardWrite(wn, gen, lease, id, w.now)
 		})
 	}
@@ -177,6 +187,36 @@ func (w *world) foreignLease(wn *workerNode, own core.LeaseID) core.LeaseID {
 	}
 	sort.Slice(ids, func(i, j int) bool { return ids[i] < ids[j] })
 	return ids[w.dataState().r.IntN(len(ids))]
+}
+
+// writeAtStart is, now and then, a write under a lease its worker is
+// about to start (its Start just sent): a step endpoint that forwards a
+// write before the StartAck, racing the Start to the orchestrator.
+func (w *world) writeAtStart(wn *workerNode, l core.LeaseID) {
+	if w.script != nil {
+		return
+	}
+	d := w.dataState()
+	if d.early.IntN(4) != 0 {
+		return
+	}
+	w.forwardWrite(wn, wn.gen, l, fmt.Sprintf("any-%d", d.early.IntN(100)), w.now)
+}
+
+// unstartedLease picks a lease worker wn holds with no process started
+// under it (held ahead, or waiting for its StartAck), or keeps l if there
+// is none.
+func (w *world) unstartedLease(wn *workerNode, l core.LeaseID) core.LeaseID {
+	var ids []core.LeaseID
+	for _, ref := range wn.m.InFlight() { // sorted by lease
+		if wn.procs[ref.Lease] == nil {
+			ids = append(ids, ref.Lease)
+		}
+	}
+	if len(ids) == 0 {
+		return l
+	}
+	return ids[w.dataState().early.IntN(len(ids))]
 }
 
 // forwardWrite is the worker's step endpoint forwarding a write issued at
@@ -227,10 +267,15 @@ func (w *world) arriveWrite(writer core.WorkerID, in core.DataWrite) {
 		d.stats.Lost++
 		return
 	}
-	foreign := false
+	foreign, unstarted := false, false
 	for _, o := range w.workers {
 		if p := o.procs[in.Lease]; p != nil && o.id != writer {
 			foreign = true
+		}
+		if o.id == writer && o.procs[in.Lease] == nil {
+			for _, ref := range o.m.InFlight() {
+				unstarted = unstarted || ref.Lease == in.Lease
+			}
 		}
 	}
 	rd := w.orchInput(in)
@@ -261,7 +306,13 @@ func (w *world) arriveWrite(writer core.WorkerID, in core.DataWrite) {
 	if foreign {
 		d.stats.Foreign++
 	}
+	if unstarted {
+		d.stats.Unstarted++
+	}
 	if a.Refusal != core.WriteAdmitted {
+		if unstarted {
+			d.stats.UnstartedRef++
+		}
 		if !declared {
 			d.stats.UndeclaredRef++
 		}

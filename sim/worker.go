@@ -320,6 +320,7 @@ func (w *world) applyWorker(wn *workerNode, rd core.WorkerReady) {
 				continue
 			}
 		case core.Start:
+			w.writeAtStart(wn, m.Lease)
 			if w.buggify("late-start") {
 				gen, c := wn.gen, wn.conn
 				w.after(w.uniform(10*time.Second, 30*time.Second), evWorkerTick, wn.idx, m, "late", func() {

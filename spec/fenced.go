@@ -9,7 +9,10 @@ import (
 // PropFencedWrites names the data plane's fencing property (SPEC §14): a
 // data-plane write the core admits was made under a lease that is current
 // and held by the writing worker, and the worker is active and not
-// revoked, at that moment; so nothing stored came from a zombie.
+// revoked, at that moment; so nothing stored came from a zombie. A
+// write-bearing step's lease also has its START recorded (a StartAck{ok}
+// produced for it): its process cannot have started before, so a write
+// under it would be the output of no run of the step.
 const PropFencedWrites = "FencedWrites"
 
 // LeaseHeldBy reports, from the Checker's own view of the orchestrator (the
@@ -21,6 +24,14 @@ func (c *Checker) LeaseHeldBy(w core.WorkerID, l core.LeaseID) bool {
 	ow, cur := c.current[l]
 	info, ok := c.workers[w]
 	return cur && ow.worker == w && ok && info.active && !info.revoked
+}
+
+// LeaseStarted reports, from the Checker's own view, whether lease l may
+// carry writes as far as its start goes: its step is no-write, or a
+// StartAck{ok} was produced for it (its START recorded, SPEC §4, §14).
+func (c *Checker) LeaseStarted(l core.LeaseID) bool {
+	m := c.leases[l]
+	return !m.writes || m.ack >= ackProduced
 }
 
 // LeaseStep is the step of current lease l, by the Checker's view.
@@ -52,14 +63,21 @@ func OutputDeclared(outputs []string, id string) bool {
 
 // WriteDecided checks the core's answer to a data-plane write by worker w
 // under lease l, called right after the batch that answered it was
-// recorded (Batch): an admitted write must be one LeaseHeldBy allows. The
+// recorded (Batch): an admitted write must be one LeaseHeldBy allows,
+// under a lease LeaseStarted says may write. The
 // core decides a write after every timer due by then has fired, and
 // nothing after the decision in its batch ends a lease, so the state after
 // the batch is the state the decision was made in.
 func (c *Checker) WriteDecided(w core.WorkerID, l core.LeaseID, a core.DataAnswer) *Violation {
 	c.checks++
-	if a.Refusal != core.WriteAdmitted || c.LeaseHeldBy(w, l) {
+	if a.Refusal != core.WriteAdmitted {
 		return nil
+	}
+	if c.LeaseHeldBy(w, l) {
+		if c.LeaseStarted(l) {
+			return nil
+		}
+		return &Violation{Invariant: PropFencedWrites, Detail: fmt.Sprintf("a data-plane write by worker %s under lease %d was admitted, but the lease's step %s is write-bearing and its START is not recorded under it", w, l, c.leases[l].step)}
 	}
 	ow, cur := c.current[l]
 	info, known := c.workers[w]
