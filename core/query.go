@@ -281,16 +281,20 @@ func (o *Orchestrator) StepLogs(step StepID) []StepLogLine {
 	return out
 }
 
-// LeaseLogsFrom returns lease id's stored log lines, in arrival order, of
+// LeaseLogsView returns lease id's stored log lines, in arrival order, of
 // index from on (0: all): what a reader that has the first from lines still
-// lacks (SPEC §17, a stream resumed), copying no more.
-func (o *Orchestrator) LeaseLogsFrom(id LeaseID, from int) []StepLogLine {
+// lacks (SPEC §17, a stream resumed). Unlike the other queries it copies
+// nothing: the lines are shared with the orchestrator, which only ever
+// appends to a lease's log (and drops the whole log at archive), never
+// changing a line it stored, so the view stays as it was returned and may
+// be read after the call, on another goroutine, while the orchestrator
+// steps on. Its capacity is its length, so an append to it copies. The
+// caller must not change its lines. So a reader of a long log costs the
+// caller's goroutine its reading, and the orchestrator's none (SPEC §12).
+func (o *Orchestrator) LeaseLogsView(id LeaseID, from int) []StepLogLine {
 	ls := o.logs[id]
 	i := sort.Search(len(ls), func(i int) bool { return ls[i].Index >= from })
-	if i == len(ls) {
-		return nil
-	}
-	return append([]StepLogLine(nil), ls[i:]...)
+	return ls[i:len(ls):len(ls)]
 }
 
 // ClosedLeases returns the closed-lease table (SPEC §7a), sorted by lease.

@@ -58,3 +58,40 @@ func TestWorkerClockIsWorkersLastHeartbeat(t *testing.T) {
 		}
 	})
 }
+
+// TestLeaseLogsViewIsStable: a view of a lease's log holds the lines of
+// index from on, stays as it was while the log grows (the orchestrator
+// only appends), and an append to the view never reaches the log (its
+// capacity is its length).
+func TestLeaseLogsViewIsStable(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		o := &Orchestrator{}
+		o.init()
+		add := func(n int) {
+			for range n {
+				i := len(o.logs[7])
+				o.logs[7] = append(o.logs[7], StepLogLine{Lease: 7, Index: i, Line: LogLine{Seq: uint64(i + 1), Text: "x"}})
+			}
+		}
+		add(rapid.IntRange(0, 40).Draw(t, "before"))
+		from := rapid.IntRange(0, 45).Draw(t, "from")
+		v := o.LeaseLogsView(7, from)
+		if want := max(0, len(o.logs[7])-from); len(v) != want || cap(v) != len(v) {
+			t.Fatalf("view from %d of %d lines: len %d cap %d, want len %d = cap", from, len(o.logs[7]), len(v), cap(v), want)
+		}
+		snap := slices.Clone(v)
+		add(rapid.IntRange(0, 40).Draw(t, "after"))
+		if !slices.Equal(v, snap) {
+			t.Fatal("the view changed as the log grew")
+		}
+		_ = append(v, StepLogLine{Lease: 7, Index: -1})
+		for _, l := range o.logs[7] {
+			if l.Index < 0 {
+				t.Fatal("an append to the view reached the log")
+			}
+		}
+		if len(o.LeaseLogsView(8, 0)) != 0 {
+			t.Fatal("a view of a lease with no log is not empty")
+		}
+	})
+}

@@ -630,7 +630,10 @@ func (a *api) cancelRun(r *http.Request, id core.RunID) (int, any, error) {
 
 func (a *api) logs(ctx context.Context, id core.RunID, step string) (int, any, error) {
 	out := APILogs{Run: string(id), Step: step, Lines: []APILogLine{}}
-	var src runSource
+	var (
+		src   runSource
+		views [][]core.StepLogLine // each lease's log, shared with the core: read off the loop
+	)
 	found, matched := false, false
 	err := a.d.Snapshot(ctx, func(o *core.Orchestrator) {
 		if src, found = liveSource(o, id); !found {
@@ -639,13 +642,20 @@ func (a *api) logs(ctx context.Context, id core.RunID, step string) (int, any, e
 		steps := src.matchSteps(step)
 		matched = len(steps) > 0
 		for _, sid := range steps {
-			for _, l := range o.StepLogs(sid) {
-				out.Lines = append(out.Lines, logLine(l))
+			for _, l := range src.leases { // by id
+				if l.Step == sid {
+					views = append(views, o.LeaseLogsView(l.ID, 0))
+				}
 			}
 		}
 	})
 	if err != nil {
 		return 0, nil, err
+	}
+	for _, v := range views {
+		for _, l := range v {
+			out.Lines = append(out.Lines, logLine(l))
+		}
 	}
 	if !found {
 		h, ok, err := a.history(id)

@@ -864,7 +864,7 @@ func (a *api) runStream(w http.ResponseWriter, r *http.Request, sub *subscriber,
 	defer cancel()
 	var (
 		src   runSource
-		lines []core.StepLogLine
+		lines [][]core.StepLogLine // a view of each lease's log (by lease id), shared with the core
 		found bool
 	)
 	err := a.d.Snapshot(ctx, func(o *core.Orchestrator) {
@@ -872,10 +872,12 @@ func (a *api) runStream(w http.ResponseWriter, r *http.Request, sub *subscriber,
 			return
 		}
 		for _, l := range src.leases {
-			// Only what the cursor has not seen is copied on the loop (a
-			// resumed stream of a long log copies its tail, not the log).
+			// Nothing of a log is copied on the loop: a view of what the
+			// cursor has not seen, read below, off the loop.
 			if k := cur.sent(l.ID); k >= 0 {
-				lines = append(lines, o.LeaseLogsFrom(l.ID, k)...)
+				if v := o.LeaseLogsView(l.ID, k); len(v) > 0 {
+					lines = append(lines, v)
+				}
 			}
 		}
 		a.d.streams.subscribeRun(sub, id, src.leases)
@@ -924,10 +926,13 @@ func (a *api) runStream(w http.ResponseWriter, r *http.Request, sub *subscriber,
 		if !found {
 			break // archived: below
 		}
-		for ; k < len(lines) && lines[k].Lease == l.ID; k++ {
-			if e := lineEvent(id, lines[k]); cur.admit(e) {
-				s.event(e.kind, cur.String(), e.data)
+		if k < len(lines) && lines[k][0].Lease == l.ID {
+			for _, ln := range lines[k] {
+				if e := lineEvent(id, ln); cur.admit(e) {
+					s.event(e.kind, cur.String(), e.data)
+				}
 			}
+			k++
 		}
 		if !l.LogOpen() {
 			cur.close(l.ID)

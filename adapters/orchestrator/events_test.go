@@ -900,3 +900,52 @@ func TestRunStreamIDStaysShort(t *testing.T) {
 		}
 	}
 }
+
+// A run's stored lines are read off the loop (core.LeaseLogsView), by a
+// stream's snapshot and by GET /api/runs/{id}/logs, while the loop goes on
+// storing more of the same log: under the race detector, and each read
+// is a prefix of the log, every line once, in order.
+func TestLogViewsReadWhileTheLogGrows(t *testing.T) {
+	r := startAPI(t)
+	ctx, d := r.ctx, r.d
+	w := rawFleetWorker(t, ctx, d, "raw-view")
+	run, err := d.Submit(ctx, core.RunSpec{Name: "views", Steps: []core.StepSpec{{Name: "a", Command: "x", Writes: true}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dm := recvMsg[core.Dispatch](w)
+	w.send(core.Start{Lease: dm.Lease, Request: 1})
+	recvMsg[core.StartAck](w)
+	text := func(i int) string { return fmt.Sprintf("line %06d", i) }
+	const burst = 400
+	sent := 0
+	for round := range 12 {
+		texts := make([]string, burst)
+		for i := range texts {
+			texts[i] = text(sent + i)
+		}
+		w.send(core.Logs{Lease: dm.Lease, Lines: lines(sent+1, texts...)}) // its ack is not awaited: the loop stores it while we read
+		sent += burst
+		var logs orchestrator.APILogs
+		r.expect("GET", "/runs/"+string(run)+"/logs", nil, http.StatusOK, &logs)
+		for i, l := range logs.Lines {
+			if l.Text != text(i) {
+				t.Fatalf("round %d: GET logs line %d is %q, want %q (a prefix of the log)", round, i, l.Text, text(i))
+			}
+		}
+		s := openStream(t, ctx, d, "/runs/"+string(run)+"/events", "")
+		next := 0
+		s.until("the last line sent", func(e sseEvent) bool {
+			if e.kind != "log" {
+				return false
+			}
+			l := decode[orchestrator.StreamLine](t, e)
+			if l.Index != next || l.Text != text(next) {
+				t.Fatalf("round %d: stream line %d is %d %q, want every line once, in order", round, next, l.Index, l.Text)
+			}
+			next++
+			return next == sent
+		})
+		s.cancel()
+	}
+}
