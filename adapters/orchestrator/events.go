@@ -675,8 +675,8 @@ func (c *runCursor) sent(l core.LeaseID) int {
 // learn notes a lease of the run: unless it is done, it is held, so the
 // cursor's text names it once below passes it.
 func (c *runCursor) learn(l core.LeaseID) {
-	if !c.done(l) {
-		c.count[l] += 0
+	if _, held := c.count[l]; !held && !c.done(l) {
+		c.count[l] = 0
 	}
 }
 
