@@ -280,7 +280,8 @@ func (p *scan) lease(v *LeaseRecord) bool {
 		(!p.lit(`,"Held":`) || p.bool(&v.Held)) &&
 		p.optTime(`,"Deadline":`, &v.Deadline) &&
 		p.optStr(`,"EndReason":`, &v.EndReason) &&
-		p.lit(`,"Committed":`) && p.bool(&v.Committed)
+		p.lit(`,"Committed":`) && p.bool(&v.Committed) &&
+		(!p.lit(`,"LogClosed":`) || p.bool(&v.LogClosed))
 	v.Step, v.Worker = StepID(step), WorkerID(worker)
 	if ok && p.lit(`,"Answers":`) {
 		ok = p.answers(&v.Answers)

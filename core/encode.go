@@ -271,6 +271,10 @@ func (e *recEncoder) lease(l *LeaseRecord) {
 	}
 	e.key(false, "Committed")
 	e.bool(l.Committed)
+	if l.LogClosed {
+		e.key(false, "LogClosed")
+		e.bool(true)
+	}
 	if len(l.Answers) > 0 {
 		e.key(false, "Answers")
 		e.b = append(e.b, '[')

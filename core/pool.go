@@ -648,7 +648,7 @@ func (o *Orchestrator) report(w *WorkerRecord, c ConnID, m Report) {
 	switch s.State {
 	case StateCancelling:
 		if m.Outcome.Status == OutcomeCleanupFailed {
-			l.Committed = true
+			o.commitLease(l, c)
 			s.Outcome = &m.Outcome
 			record(Committed, "")
 			o.fail(s, ClassCleanup, "cancel cleanup failed: "+m.Outcome.Message)
@@ -660,7 +660,7 @@ func (o *Orchestrator) report(w *WorkerRecord, c ConnID, m Report) {
 		return
 	}
 	if m.Outcome.Status == OutcomeWorkerStopped {
-		o.workerStopped(w, s, l, m.Outcome, record)
+		o.workerStopped(w, c, s, l, m.Outcome, record)
 		return
 	}
 	switch s.State {
@@ -677,7 +677,7 @@ func (o *Orchestrator) report(w *WorkerRecord, c ConnID, m Report) {
 	if s.State != StateRunning {
 		panic(fmt.Sprintf("core: report on current lease %d of step %s in state %s", l.ID, s.ID, s.State))
 	}
-	l.Committed = true
+	o.commitLease(l, c)
 	s.Outcome = &m.Outcome
 	record(Committed, "")
 	switch m.Outcome.Status {
@@ -707,6 +707,15 @@ func (o *Orchestrator) report(w *WorkerRecord, c ConnID, m Report) {
 	}
 }
 
+// commitLease marks l committed by a report that came on connection c.
+// Its log closes with it unless c speaks protocol version 1 (SPEC §3): a
+// version 2 worker reports only once its output is acknowledged, a version
+// 1 worker may replay buffered output after its report.
+func (o *Orchestrator) commitLease(l *LeaseRecord, c ConnID) {
+	l.Committed = true
+	l.LogClosed = !o.connV1[c]
+}
+
 // workerStopped settles a current lease whose worker stopped its process
 // because the worker itself was stopped (a second SIGTERM, or the drain
 // timeout: §4). It is triage by the worker's own word: a step that never
@@ -714,7 +723,7 @@ func (o *Orchestrator) report(w *WorkerRecord, c ConnID, m Report) {
 // from the beginning (both answered CANCELLED; the attempt cap applies), and
 // a started write-bearing step fails, class worker-stopped (its report is
 // COMMITTED): it may have written, so it is never re-dispatched.
-func (o *Orchestrator) workerStopped(w *WorkerRecord, s *StepRecord, l *LeaseRecord, out Outcome, record func(Verdict, string)) {
+func (o *Orchestrator) workerStopped(w *WorkerRecord, c ConnID, s *StepRecord, l *LeaseRecord, out Outcome, record func(Verdict, string)) {
 	msg := fmt.Sprintf("worker %s was stopped before the step finished", w.ID)
 	defer o.because(CauseWorkerStopped, s.ID, l)()
 	if out.Message != "" {
@@ -729,7 +738,7 @@ func (o *Orchestrator) workerStopped(w *WorkerRecord, s *StepRecord, l *LeaseRec
 		if s.State == StateRecovering {
 			o.transition(s, EvStart)
 		}
-		l.Committed = true
+		o.commitLease(l, c)
 		s.Outcome = &out
 		record(Committed, "")
 		o.fail(s, ClassWorkerStopped, msg+"; write-bearing step not re-dispatched")

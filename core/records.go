@@ -128,14 +128,19 @@ type LeaseRecord struct {
 	Deadline  time.Time `json:",omitzero"` // ack deadline (not started), silence (held) or recovery deadline (recovering)
 	EndReason string    `json:",omitempty"`
 	Committed bool
+	// LogClosed: the lease's log takes no more lines though it committed
+	// (SPEC §3): set at a commit by a version 2 connection, whose worker
+	// reports only once its output is acknowledged. A version 1 worker may
+	// send buffered output after its report, so its log stays open.
+	LogClosed bool             `json:",omitempty"`
 	Answers   []AnsweredReport `json:",omitempty"`
 }
 
 // LogOpen reports whether the lease's log still takes lines: while it is
-// current and no report of it committed (SPEC §3). A closed log never opens
-// again (authority never comes back, a commit is final), so its length is
-// final.
-func (l *LeaseRecord) LogOpen() bool { return l.Current && !l.Committed }
+// current, or committed by a version 1 worker (SPEC §3). A closed log never
+// opens again (authority never comes back, a commit is final), so its
+// length is final.
+func (l *LeaseRecord) LogOpen() bool { return (l.Current || l.Committed) && !l.LogClosed }
 
 // AnsweredReport remembers an answered report for idempotent replays.
 type AnsweredReport struct {

@@ -577,7 +577,8 @@ func historyHead(rec core.Record) (core.HistoryHead, bool) {
 // sequence events, and each lease's log. A lease is *done* once its log is
 // closed (core.LeaseRecord.LogOpen: its length is final) and all of it was
 // sent; the cursor keeps only the leases that are not, so its text stays
-// as short as the run's current leases (SPEC §17). Its text (an event id)
+// as short as the run's current leases (SPEC §17; and those a version 1
+// worker committed, whose logs stay open). Its text (an event id)
 // is "<events>:<below>:" then, by lease id, "<lease>.<count>" separated by
 // commas: "3:12:9.4,13.2" (lease 9 has sent 4 lines, 13 two; every other
 // lease under 12 is done; every other at or over 12 has sent nothing). The
