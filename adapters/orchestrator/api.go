@@ -25,6 +25,7 @@ package orchestrator
 // calls, answered only once their batch is durable.
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -460,7 +461,28 @@ func (a *api) classify(err error) *httpError {
 	return &httpError{code: http.StatusInternalServerError, msg: err.Error()}
 }
 
+// jsonStreamer is an answer too long to hold whole: it writes itself,
+// as json.MarshalIndent would, to a buffer writeJSON flushes as it fills.
+type jsonStreamer interface {
+	streamJSON(w *bufio.Writer) error
+}
+
 func writeJSON(w http.ResponseWriter, code int, v any) {
+	if s, ok := v.(jsonStreamer); ok {
+		w.Header().Set("Content-Type", "application/json; charset=utf-8")
+		w.Header().Set("Cache-Control", "no-store")
+		w.Header().Set("X-Content-Type-Options", "nosniff")
+		w.WriteHeader(code)
+		bw := bufio.NewWriterSize(w, 64<<10)
+		if err := s.streamJSON(bw); err != nil {
+			// The status is gone: cut the answer, so that the client sees
+			// a broken one rather than a short one that parses.
+			panic(http.ErrAbortHandler)
+		}
+		bw.WriteString("\n")
+		bw.Flush()
+		return
+	}
 	b, err := json.MarshalIndent(v, "", "  ")
 	if err != nil {
 		code, b = http.StatusInternalServerError, []byte(`{"code": "internal", "message": "cannot encode the answer", "error": "cannot encode the answer"}`)
@@ -628,8 +650,74 @@ func (a *api) cancelRun(r *http.Request, id core.RunID) (int, any, error) {
 	return http.StatusOK, APISubmitted{Run: string(id)}, nil
 }
 
+// logsAnswer is GET /api/runs/{id}/logs's answer, written a line at a
+// time (jsonStreamer): the lines of a live run from views of its leases'
+// logs (shared with the core, read off the loop), an archived run's a page
+// at a time from the store. What the answer holds at once is a page, not
+// the log, however long (SPEC §15).
+type logsAnswer struct {
+	run, step string
+	views     [][]core.StepLogLine // a live run's
+	a         *api                 // an archived run's: src's steps' pages
+	src       *runSource
+	steps     []core.StepID
+}
+
+// streamJSON writes the answer as writeJSON would write an APILogs.
+func (l *logsAnswer) streamJSON(w *bufio.Writer) error {
+	head := APILogs{Run: l.run, Step: l.step}
+	b, err := json.MarshalIndent(head, "", "  ")
+	if err != nil {
+		return err
+	}
+	// head ends `"lines": null` then "\n}": the lines go in its place.
+	b = bytes.TrimSuffix(b, []byte("null\n}"))
+	w.Write(b)
+	n := 0
+	line := func(ln core.StepLogLine) error {
+		b, err := json.MarshalIndent(logLine(ln), "    ", "  ")
+		if err != nil {
+			return err
+		}
+		if n == 0 {
+			w.WriteString("[\n    ")
+		} else {
+			w.WriteString(",\n    ")
+		}
+		n++
+		_, err = w.Write(b)
+		return err
+	}
+	for _, v := range l.views {
+		for _, ln := range v {
+			if err := line(ln); err != nil {
+				return err
+			}
+		}
+	}
+	if l.a != nil {
+		err := l.a.eachArchivedPage(l.src, l.steps, func(page []core.StepLogLine) error {
+			for _, ln := range page {
+				if err := line(ln); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			return err
+		}
+	}
+	if n == 0 {
+		w.WriteString("[]\n}")
+	} else {
+		w.WriteString("\n  ]\n}")
+	}
+	return nil
+}
+
 func (a *api) logs(ctx context.Context, id core.RunID, step string) (int, any, error) {
-	out := APILogs{Run: string(id), Step: step, Lines: []APILogLine{}}
+	out := &logsAnswer{run: string(id), step: step}
 	var (
 		src   runSource
 		views [][]core.StepLogLine // each lease's log, shared with the core: read off the loop
@@ -652,11 +740,7 @@ func (a *api) logs(ctx context.Context, id core.RunID, step string) (int, any, e
 	if err != nil {
 		return 0, nil, err
 	}
-	for _, v := range views {
-		for _, l := range v {
-			out.Lines = append(out.Lines, logLine(l))
-		}
-	}
+	out.views = views
 	if !found {
 		h, ok, err := a.history(id)
 		if err != nil {
@@ -669,9 +753,7 @@ func (a *api) logs(ctx context.Context, id core.RunID, step string) (int, any, e
 		steps := src.matchSteps(step)
 		matched = len(steps) > 0
 		if matched {
-			if out.Lines, err = a.archivedLogs(&src, steps); err != nil {
-				return 0, nil, err
-			}
+			out.a, out.src, out.steps = a, &src, steps
 		}
 	}
 	if !matched {

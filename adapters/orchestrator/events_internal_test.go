@@ -6,6 +6,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"net/http/httptest"
 	"path/filepath"
 	"testing"
 	"time"
@@ -100,6 +101,43 @@ func TestRunCursor(t *testing.T) {
 	for _, bad := range []string{"x", "1:2", "1:2:3", "1:a:3.1", "1:2:3.-1", "1:2:3.1,3.2", "1:2:0.1", "-1:0:"} {
 		if _, err := parseRunCursor(bad); err == nil {
 			t.Errorf("%q parsed", bad)
+		}
+	}
+}
+
+// GET /api/runs/{id}/logs writes its answer a line at a time
+// (logsAnswer.streamJSON), byte for byte as writeJSON writes the same
+// APILogs whole: with no lines, one, and several over two views, with and
+// without a step.
+func TestLogsAnswerStreamsWhatMarshalWrites(t *testing.T) {
+	at := time.Date(2026, 11, 27, 12, 0, 0, 0, time.UTC)
+	ln := func(lease core.LeaseID, i int, text string) core.StepLogLine {
+		return core.StepLogLine{Step: "run-1/a", Lease: lease, Index: i, Line: core.LogLine{Seq: uint64(i + 1), At: at, Text: text}}
+	}
+	gap := core.StepLogLine{Step: "run-1/a", Lease: 3, Index: 1, Line: core.LogLine{At: at, Text: "--- gap ---"}}
+	for _, c := range []struct {
+		step  string
+		views [][]core.StepLogLine
+	}{
+		{"", nil},
+		{"a", [][]core.StepLogLine{{ln(2, 0, "one")}}},
+		{"", [][]core.StepLogLine{{ln(2, 0, "one"), ln(2, 1, `"quoted" <tag>`)}, {ln(3, 0, "x"), gap}}},
+	} {
+		want := APILogs{Run: "run-1", Step: c.step, Lines: []APILogLine{}}
+		for _, v := range c.views {
+			for _, l := range v {
+				want.Lines = append(want.Lines, logLine(l))
+			}
+		}
+		whole := httptest.NewRecorder()
+		writeJSON(whole, http.StatusOK, want)
+		streamed := httptest.NewRecorder()
+		writeJSON(streamed, http.StatusOK, &logsAnswer{run: "run-1", step: c.step, views: c.views})
+		if streamed.Body.String() != whole.Body.String() {
+			t.Errorf("streamed:\n%s\nwhole:\n%s", streamed.Body, whole.Body)
+		}
+		if streamed.Header().Get("Content-Type") != whole.Header().Get("Content-Type") {
+			t.Errorf("content type %q, want %q", streamed.Header().Get("Content-Type"), whole.Header().Get("Content-Type"))
 		}
 	}
 }

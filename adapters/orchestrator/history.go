@@ -224,31 +224,6 @@ func (a *api) history(id core.RunID) (core.RunHistory, bool, error) {
 	return h, true, nil
 }
 
-// archivedLogs reads the stored lines of an archived run's steps, page by
-// page (each page a short read transaction), in the order a live run's are
-// shown: step by step in the run's order, lease by lease, line by line.
-func (a *api) archivedLogs(src *runSource, steps []core.StepID) ([]APILogLine, error) {
-	lines, err := a.archivedLines(src, steps)
-	if err != nil {
-		return nil, err
-	}
-	out := make([]APILogLine, 0, len(lines))
-	for _, l := range lines {
-		out = append(out, logLine(l))
-	}
-	return out, nil
-}
-
-// archivedLines is archivedLogs' lines as the store keeps them.
-func (a *api) archivedLines(src *runSource, steps []core.StepID) ([]core.StepLogLine, error) {
-	var out []core.StepLogLine
-	err := a.eachArchivedPage(src, steps, func(page []core.StepLogLine) error {
-		out = append(out, page...)
-		return nil
-	})
-	return out, err
-}
-
 // eachArchivedPage hands f the stored lines of the given steps' leases,
 // a page (at most store.MaxLogPage lines) at a time, in the steps' order,
 // each step's in lease order: what a reader of a long log holds at once is
