@@ -165,6 +165,11 @@ func Unpack(r io.Reader, path string) (err error) {
 	blobDir := path + ".blobs"
 	for _, p := range []string{path, blobDir, walPath(path)} {
 		if _, err := os.Lstat(p); err == nil {
+			if p == blobDir {
+				if _, err := os.Lstat(path); errors.Is(err, os.ErrNotExist) {
+					return fmt.Errorf("%w: %s, without its store file %s: an unpack stopped midway leaves it so; remove it and unpack again", ErrExists, p, path)
+				}
+			}
 			return fmt.Errorf("%w: %s; a backup never overwrites", ErrExists, p)
 		}
 	}
@@ -175,6 +180,10 @@ func Unpack(r io.Reader, path string) (err error) {
 		}
 		return fmt.Errorf("store: unpack: %w", err)
 	}
+	// This call made the blob directory, so no other unpack to path is
+	// under way: a store file an unpack killed midway left half written is
+	// nobody's.
+	removeLeftovers(dir, filepath.Base(path)+".tmp-")
 	tmp, err := os.CreateTemp(dir, filepath.Base(path)+".tmp-*")
 	if err != nil {
 		os.Remove(blobDir)
@@ -272,6 +281,9 @@ func Compact(path string) (before, after int64, err error) {
 		return 0, 0, err
 	}
 	defer src.Close()
+	// A copy a compaction killed midway left (as large as the store) is
+	// nobody's: this process holds the store's lock.
+	removeLeftovers(filepath.Dir(path), filepath.Base(path)+".compact-")
 	f, err := os.CreateTemp(filepath.Dir(path), filepath.Base(path)+".compact-*")
 	if err != nil {
 		return 0, 0, fmt.Errorf("store: compact: %w", err)

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -436,4 +437,65 @@ func TestBackupUnderConcurrentWrites(t *testing.T) {
 		default:
 		}
 	}
+}
+
+// What a compaction or an unpack killed midway leaves is removed by the
+// next call that owns it: a compaction's copy (as large as the store) by
+// the next Compact or Open of the store, an unpack's half-written store
+// file by the next Unpack to the same path. An unpack's blob directory
+// left without its store file is refused with what to do.
+func TestKilledToolsLeftoversRemoved(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "tether.db")
+	s := soundStore(t, path)
+	var buf bytes.Buffer
+	if err := s.Backup(&buf); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	touch := func(name string) string {
+		t.Helper()
+		f := filepath.Join(dir, name)
+		if err := os.WriteFile(f, make([]byte, 1<<10), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return f
+	}
+	gone := func(what, f string) {
+		t.Helper()
+		if _, err := os.Stat(f); !errors.Is(err, fs.ErrNotExist) {
+			t.Errorf("%s (%s): %v, want it removed", what, filepath.Base(f), err)
+		}
+	}
+	keep := touch("tether.db.compactor") // not a leftover: kept
+	left := touch("tether.db.compact-111")
+	if _, _, err := Compact(path); err != nil {
+		t.Fatal(err)
+	}
+	gone("a compaction's leftover, after Compact", left)
+	left = touch("tether.db.compact-222")
+	open(t, path).Close()
+	gone("a compaction's leftover, after Open", left)
+	if _, err := os.Stat(keep); err != nil {
+		t.Errorf("another file beside the store: %v, want it kept", err)
+	}
+
+	restored := filepath.Join(dir, "restored.db")
+	half := touch("restored.db.tmp-333")
+	if err := os.Mkdir(restored+".blobs", 0o700); err != nil {
+		t.Fatal(err)
+	}
+	err := Unpack(bytes.NewReader(buf.Bytes()), restored)
+	if !errors.Is(err, ErrExists) || !strings.Contains(err.Error(), "stopped midway") {
+		t.Fatalf("Unpack beside a blob directory left without its store = %v, want ErrExists saying what to do", err)
+	}
+	if err := os.Remove(restored + ".blobs"); err != nil {
+		t.Fatal(err)
+	}
+	if err := Unpack(bytes.NewReader(buf.Bytes()), restored); err != nil {
+		t.Fatal(err)
+	}
+	gone("an unpack's half-written store file, after Unpack", half)
 }

@@ -509,14 +509,9 @@ func recoverLog(db *bolt.DB, path string, keep bool) (walState, error) {
 	next.id = make([]byte, 16)
 	rand.Read(next.id)
 	// A log file being made when an earlier process died (newLogFile's
-	// temporary) is nobody's: this process holds the store's lock.
-	if ents, err := os.ReadDir(filepath.Dir(lp)); err == nil {
-		for _, e := range ents {
-			if strings.HasPrefix(e.Name(), filepath.Base(lp)+".tmp-") {
-				os.Remove(filepath.Join(filepath.Dir(lp), e.Name()))
-			}
-		}
-	}
+	// temporary), or a compaction's copy of the store (Compact's), is
+	// nobody's: this process holds the store's lock.
+	removeLeftovers(filepath.Dir(lp), filepath.Base(lp)+".tmp-", filepath.Base(path)+".compact-")
 	if err := newLogFile(lp, next.id); err != nil {
 		return st, fmt.Errorf("%w: create %s: %w", ErrLog, lp, err)
 	}
@@ -775,4 +770,22 @@ func checkWAL(c *checker) {
 			c.problem("log "+core.Quote(string(k)), "holds %d bytes where %d belong", len(v), want)
 		}
 	})
+}
+
+// removeLeftovers removes the files of dir whose names start with one of
+// prefixes: temporaries a process killed midway left (its caller holds
+// what they were made for, so nothing else is writing them).
+func removeLeftovers(dir string, prefixes ...string) {
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return
+	}
+	for _, e := range ents {
+		for _, p := range prefixes {
+			if strings.HasPrefix(e.Name(), p) {
+				os.Remove(filepath.Join(dir, e.Name()))
+				break
+			}
+		}
+	}
 }
