@@ -303,7 +303,7 @@ func TestDecodeRecordsFastPath(t *testing.T) {
 		Outcome: &Outcome{Status: OutcomeFailure, ExitCode: -2, Message: "no"}, FinishedAt: at, EverStarted: true, RejectedBy: "w1",
 		RequiredTags: []string{"gpu"}, MissedBy: []WorkerID{"w2"}, Tries: 1, ReusedFrom: "r0/a", Child: "r2"}
 	l := &LeaseRecord{ID: 9, Step: "r1/a", Worker: "w1", GrantedAt: at, Current: true, Started: true, Held: true, Deadline: at, EndReason: "e",
-		Committed: true, Answers: []AnsweredReport{{Request: 1, Outcome: Outcome{Status: 1}, Verdict: 2, Reason: "r"}, {Request: 2}}}
+		Committed: true, LogClosed: true, Answers: []AnsweredReport{{Request: 1, Outcome: Outcome{Status: 1}, Verdict: 2, Reason: "r"}, {Request: 2}}}
 	ev := &ServerEvent{Run: "r1", Seq: 3, At: at, Step: "r1/a", Kind: "k", Message: "m", Cause: "c", Worker: "w1", Lease: 9}
 	for _, c := range []struct {
 		v    any

@@ -187,7 +187,7 @@ func genLeaseRecord() *rapid.Generator[*LeaseRecord] {
 		l := &LeaseRecord{
 			ID: LeaseID(rapid.Uint64().Draw(t, "id")), Step: StepID(genString().Draw(t, "step")), Worker: WorkerID(genString().Draw(t, "worker")),
 			GrantedAt: genTime().Draw(t, "granted"), Current: rapid.Bool().Draw(t, "current"), Started: rapid.Bool().Draw(t, "started"),
-			Deadline: genTime().Draw(t, "deadline"), EndReason: genString().Draw(t, "reason"), Committed: rapid.Bool().Draw(t, "committed"),
+			Deadline: genTime().Draw(t, "deadline"), EndReason: genString().Draw(t, "reason"), Committed: rapid.Bool().Draw(t, "committed"), LogClosed: rapid.Bool().Draw(t, "log closed"),
 		}
 		switch rapid.IntRange(0, 2).Draw(t, "answers-kind") {
 		case 1:
@@ -223,7 +223,7 @@ func genRunHistory() *rapid.Generator[*RunHistory] {
 			h.Steps = append(h.Steps, StepRecord{ID: StepID(genString().Draw(t, "sid")), State: State(rapid.Uint8().Draw(t, "state")),
 				FinishedAt: genTime().Draw(t, "sfin"), Outcome: &Outcome{Status: OutcomeSuccess, Message: genString().Draw(t, "msg")}})
 			h.Leases = append(h.Leases, LeaseRecord{ID: LeaseID(rapid.Uint64().Draw(t, "lid")), Step: h.Steps[i].ID,
-				EndReason: genString().Draw(t, "end"), Committed: rapid.Bool().Draw(t, "committed"),
+				EndReason: genString().Draw(t, "end"), Committed: rapid.Bool().Draw(t, "committed"), LogClosed: rapid.Bool().Draw(t, "log closed"),
 				Answers: []AnsweredReport{{Request: rapid.Uint64().Draw(t, "req"), Outcome: genOutcome().Draw(t, "outcome")}}})
 			h.Events = append(h.Events, ServerEvent{Run: h.Run.ID, Seq: i + 1, At: genTime().Draw(t, "at"), Kind: genString().Draw(t, "kind")})
 		}

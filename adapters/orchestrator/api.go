@@ -394,6 +394,20 @@ func (a *api) handler(rt apiRoute) http.Handler {
 			r.Body = &idleBody{r: r.Body, rc: http.NewResponseController(w), idle: a.d.opts.BodyIdleTimeout, end: time.Now().Add(a.d.opts.bundleBody)}
 		}
 		status, body, err := rt.serve(a, r)
+		if s, ok := body.(jsonStreamer); ok && err == nil {
+			sent, serr := writeStream(w, status, s)
+			switch {
+			case serr == nil:
+				return
+			case !sent: // nothing of the answer left: an error answer instead
+				err = serr
+			default:
+				// The status is gone: cut the answer, so that the client
+				// sees a broken one rather than a short one that parses.
+				a.d.log.Warn("answer cut", "method", r.Method, "path", r.URL.Path, "err", serr)
+				panic(http.ErrAbortHandler)
+			}
+		}
 		if err != nil {
 			if changes && !note.decided {
 				a.refused(r, op.Name, err)
@@ -462,27 +476,48 @@ func (a *api) classify(err error) *httpError {
 }
 
 // jsonStreamer is an answer too long to hold whole: it writes itself,
-// as json.MarshalIndent would, to a buffer writeJSON flushes as it fills.
+// as json.MarshalIndent would, to a buffer writeStream flushes as it fills.
 type jsonStreamer interface {
 	streamJSON(w *bufio.Writer) error
 }
 
-func writeJSON(w http.ResponseWriter, code int, v any) {
-	if s, ok := v.(jsonStreamer); ok {
-		w.Header().Set("Content-Type", "application/json; charset=utf-8")
-		w.Header().Set("Cache-Control", "no-store")
-		w.Header().Set("X-Content-Type-Options", "nosniff")
-		w.WriteHeader(code)
-		bw := bufio.NewWriterSize(w, 64<<10)
-		if err := s.streamJSON(bw); err != nil {
-			// The status is gone: cut the answer, so that the client sees
-			// a broken one rather than a short one that parses.
-			panic(http.ErrAbortHandler)
-		}
-		bw.WriteString("\n")
-		bw.Flush()
-		return
+// writeStream writes s's answer with writeJSON's headers, which go out
+// with its first bytes (streamAnswerBuffer of them, or all): so an error
+// before that (sent false) can still be answered as an error.
+func writeStream(w http.ResponseWriter, code int, s jsonStreamer) (sent bool, err error) {
+	lw := &lazyHeader{w: w, code: code}
+	bw := bufio.NewWriterSize(lw, streamAnswerBuffer)
+	if err := s.streamJSON(bw); err != nil {
+		return lw.sent, err
 	}
+	bw.WriteString("\n")
+	return true, bw.Flush()
+}
+
+// streamAnswerBuffer is how much of a streamed answer is held before it
+// is written.
+const streamAnswerBuffer = 64 << 10
+
+// lazyHeader writes the answer's headers and status with its first bytes.
+type lazyHeader struct {
+	w    http.ResponseWriter
+	code int
+	sent bool
+}
+
+func (l *lazyHeader) Write(b []byte) (int, error) {
+	if !l.sent {
+		l.sent = true
+		h := l.w.Header()
+		h.Set("Content-Type", "application/json; charset=utf-8")
+		h.Set("Cache-Control", "no-store")
+		h.Set("X-Content-Type-Options", "nosniff")
+		l.w.WriteHeader(l.code)
+	}
+	return l.w.Write(b)
+}
+
+func writeJSON(w http.ResponseWriter, code int, v any) {
 	b, err := json.MarshalIndent(v, "", "  ")
 	if err != nil {
 		code, b = http.StatusInternalServerError, []byte(`{"code": "internal", "message": "cannot encode the answer", "error": "cannot encode the answer"}`)

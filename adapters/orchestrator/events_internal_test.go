@@ -132,7 +132,9 @@ func TestLogsAnswerStreamsWhatMarshalWrites(t *testing.T) {
 		whole := httptest.NewRecorder()
 		writeJSON(whole, http.StatusOK, want)
 		streamed := httptest.NewRecorder()
-		writeJSON(streamed, http.StatusOK, &logsAnswer{run: "run-1", step: c.step, views: c.views})
+		if sent, err := writeStream(streamed, http.StatusOK, &logsAnswer{run: "run-1", step: c.step, views: c.views}); !sent || err != nil {
+			t.Fatalf("writeStream: sent %v, %v", sent, err)
+		}
 		if streamed.Body.String() != whole.Body.String() {
 			t.Errorf("streamed:\n%s\nwhole:\n%s", streamed.Body, whole.Body)
 		}

@@ -6,11 +6,13 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"path/filepath"
 	"runtime"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -18,6 +20,7 @@ import (
 	"github.com/gorilla/websocket"
 
 	"github.com/tether-run/tether/adapters/orchestrator"
+	"github.com/tether-run/tether/adapters/store"
 	"github.com/tether-run/tether/client"
 	"github.com/tether-run/tether/core"
 )
@@ -947,5 +950,91 @@ func TestLogViewsReadWhileTheLogGrows(t *testing.T) {
 			return next == sent
 		})
 		s.cancel()
+	}
+}
+
+// failingLogs is a bbolt store whose HistoryLogs fails from its call
+// number failFrom on (0: never).
+type failingLogs struct {
+	*store.Store
+	calls, failFrom atomic.Int32
+}
+
+func (s *failingLogs) HistoryLogs(leases []core.LeaseID, after string, limit int) ([]core.StepLogLine, string, error) {
+	if n := s.calls.Add(1); s.failFrom.Load() > 0 && n >= s.failFrom.Load() {
+		return nil, "", errors.New("the disk is on fire")
+	}
+	return s.Store.HistoryLogs(leases, after, limit)
+}
+
+// GET /api/runs/{id}/logs of an archived run streams its answer; a store
+// error before any of it went out is an error answer (500, with the
+// error), one after cuts the connection (a client never takes a short
+// answer for the whole) and is logged.
+func TestArchivedLogsStoreError(t *testing.T) {
+	bst, err := store.Open(filepath.Join(t.TempDir(), "tether.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := &failingLogs{Store: bst}
+	var logBuf lockedBuffer
+	d, err := orchestrator.Start(orchestrator.Options{Addr: "127.0.0.1:0", Store: st, AdminToken: adminToken,
+		Logger: slog.New(slog.NewTextHandler(&logBuf, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	ctx, cancel := context.WithTimeout(t.Context(), testTimeout)
+	defer cancel()
+	r := &apiRig{t: t, ctx: ctx, d: d}
+	w := rawFleetWorker(t, ctx, d, "raw-fail")
+	run, err := d.Submit(ctx, core.RunSpec{Name: "fail", Steps: []core.StepSpec{
+		{Name: "a", Command: "x", Writes: true}, {Name: "b", Command: "x", Writes: true, DependsOn: []string{"a"}}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for step, n := range []int{2000, 1} { // a's lines are more than an answer holds before it is sent
+		dm := recvMsg[core.Dispatch](w)
+		w.send(core.Start{Lease: dm.Lease, Request: uint64(10 * (step + 1))})
+		recvMsg[core.StartAck](w)
+		texts := make([]string, n)
+		for i := range texts {
+			texts[i] = fmt.Sprintf("%s line %04d %s", dm.Step, i, strings.Repeat("x", 60))
+		}
+		w.send(core.Logs{Lease: dm.Lease, Lines: lines(1, texts...)})
+		recvMsg[core.LogAck](w)
+		w.send(core.Report{Step: dm.Step, Lease: dm.Lease, Request: uint64(10*(step+1) + 1), Outcome: core.Outcome{Status: core.OutcomeSuccess}})
+		recvMsg[core.Answer](w)
+	}
+	openStream(t, ctx, d, "/runs/"+string(run)+"/events", "").rest() // until "end": archived
+	var whole orchestrator.APILogs
+	r.expect("GET", "/runs/"+string(run)+"/logs", nil, http.StatusOK, &whole)
+	if len(whole.Lines) != 2001 {
+		t.Fatalf("the archived run's logs: %d lines, want 2001", len(whole.Lines))
+	}
+
+	st.calls.Store(0)
+	st.failFrom.Store(1) // the first page
+	code, body := r.do("GET", "/runs/"+string(run)+"/logs", nil, nil)
+	if code != http.StatusInternalServerError || !strings.Contains(string(body), "the disk is on fire") {
+		t.Errorf("the first page failing: HTTP %d %s, want 500 with the store's error", code, body)
+	}
+
+	st.calls.Store(0)
+	st.failFrom.Store(2) // b's page, after a's 2,000 lines went out
+	req, _ := http.NewRequestWithContext(ctx, "GET", d.APIURL()+"/runs/"+string(run)+"/logs", nil)
+	req.Header.Set("Authorization", "Bearer "+adminToken)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var cut orchestrator.APILogs
+	derr := json.NewDecoder(resp.Body).Decode(&cut)
+	if resp.StatusCode != http.StatusOK || derr == nil {
+		t.Errorf("a later page failing: HTTP %d, decode %v; want the answer cut (a decode error), not a short one that parses", resp.StatusCode, derr)
+	}
+	if !strings.Contains(logBuf.String(), "the disk is on fire") {
+		t.Errorf("the cut answer's error is in no log line")
 	}
 }

@@ -419,7 +419,9 @@ func (w *web) call(ctx context.Context, method, path string, body any, out any) 
 	}
 	req.Header.Set("Authorization", "Bearer "+s.token)
 	rec := &memResponse{h: http.Header{}, code: http.StatusOK}
-	w.api.ServeHTTP(rec, req)
+	if !serveIn(w.api, rec, req) {
+		return &webError{code: http.StatusInternalServerError, msg: "the answer was cut short (the orchestrator's log says why)"}
+	}
 	if rec.code >= 400 {
 		var e struct {
 			Error   any    `json:"error"`
@@ -445,6 +447,21 @@ func (w *web) call(ctx context.Context, method, path string, body any, out any) 
 		return json.Unmarshal(rec.body.Bytes(), out)
 	}
 	return nil
+}
+
+// serveIn serves req into rec; false if the handler cut its answer
+// (http.ErrAbortHandler, as a streamed answer that failed midway does).
+func serveIn(h http.Handler, rec *memResponse, req *http.Request) (whole bool) {
+	defer func() {
+		if v := recover(); v != nil {
+			if v != http.ErrAbortHandler {
+				panic(v)
+			}
+			whole = false
+		}
+	}()
+	h.ServeHTTP(rec, req)
+	return true
 }
 
 // memResponse is an in-memory http.ResponseWriter.

@@ -1,6 +1,7 @@
 package orchestrator
 
 import (
+	"net/http"
 	"net/http/httptest"
 	"strings"
 	"testing"
@@ -76,4 +77,25 @@ func TestSafeNextAsABrowserReadsIt(t *testing.T) {
 			t.Errorf("safeNext(%q) = %q, want it kept", next, got)
 		}
 	}
+}
+
+// The status page's in-process API call (serveIn) turns an answer the
+// handler cut (http.ErrAbortHandler) into false, serves any other whole,
+// and lets any other panic through.
+func TestServeInCutAnswer(t *testing.T) {
+	req := httptest.NewRequest("GET", "/api/x", nil)
+	rec := &memResponse{h: http.Header{}, code: http.StatusOK}
+	if serveIn(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.Write([]byte("{}")) }), rec, req) != true || rec.body.String() != "{}" {
+		t.Fatal("a whole answer: not served")
+	}
+	cut := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.Write([]byte("{")); panic(http.ErrAbortHandler) })
+	if serveIn(cut, &memResponse{h: http.Header{}}, req) {
+		t.Fatal("a cut answer: reported whole")
+	}
+	defer func() {
+		if v := recover(); v != "boom" {
+			t.Fatalf("another panic: recovered %v, want it through", v)
+		}
+	}()
+	serveIn(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { panic("boom") }), &memResponse{h: http.Header{}}, req)
 }
