@@ -508,10 +508,7 @@ type lazyHeader struct {
 func (l *lazyHeader) Write(b []byte) (int, error) {
 	if !l.sent {
 		l.sent = true
-		h := l.w.Header()
-		h.Set("Content-Type", "application/json; charset=utf-8")
-		h.Set("Cache-Control", "no-store")
-		h.Set("X-Content-Type-Options", "nosniff")
+		jsonHeaders(l.w.Header())
 		l.w.WriteHeader(l.code)
 	}
 	return l.w.Write(b)
@@ -522,11 +519,16 @@ func writeJSON(w http.ResponseWriter, code int, v any) {
 	if err != nil {
 		code, b = http.StatusInternalServerError, []byte(`{"code": "internal", "message": "cannot encode the answer", "error": "cannot encode the answer"}`)
 	}
-	w.Header().Set("Content-Type", "application/json; charset=utf-8")
-	w.Header().Set("Cache-Control", "no-store")
-	w.Header().Set("X-Content-Type-Options", "nosniff")
+	jsonHeaders(w.Header())
 	w.WriteHeader(code)
 	w.Write(append(b, '\n'))
+}
+
+// jsonHeaders are the headers of every JSON answer.
+func jsonHeaders(h http.Header) {
+	h.Set("Content-Type", "application/json; charset=utf-8")
+	h.Set("Cache-Control", "no-store")
+	h.Set("X-Content-Type-Options", "nosniff")
 }
 
 // readBody reads the whole (size-limited) body.
@@ -709,37 +711,31 @@ func (l *logsAnswer) streamJSON(w *bufio.Writer) error {
 	b = bytes.TrimSuffix(b, []byte("null\n}"))
 	w.Write(b)
 	n := 0
-	line := func(ln core.StepLogLine) error {
-		b, err := json.MarshalIndent(logLine(ln), "    ", "  ")
-		if err != nil {
-			return err
-		}
-		if n == 0 {
-			w.WriteString("[\n    ")
-		} else {
-			w.WriteString(",\n    ")
-		}
-		n++
-		_, err = w.Write(b)
-		return err
-	}
-	for _, v := range l.views {
-		for _, ln := range v {
-			if err := line(ln); err != nil {
+	lines := func(ls []core.StepLogLine) error {
+		for _, ln := range ls {
+			b, err := json.MarshalIndent(logLine(ln), "    ", "  ")
+			if err != nil {
+				return err
+			}
+			if n == 0 {
+				w.WriteString("[\n    ")
+			} else {
+				w.WriteString(",\n    ")
+			}
+			n++
+			if _, err := w.Write(b); err != nil {
 				return err
 			}
 		}
+		return nil
+	}
+	for _, v := range l.views {
+		if err := lines(v); err != nil {
+			return err
+		}
 	}
 	if l.a != nil {
-		err := l.a.eachArchivedPage(l.src, l.steps, func(page []core.StepLogLine) error {
-			for _, ln := range page {
-				if err := line(ln); err != nil {
-					return err
-				}
-			}
-			return nil
-		})
-		if err != nil {
+		if err := l.a.eachArchivedPage(l.src, l.steps, lines); err != nil {
 			return err
 		}
 	}
@@ -753,10 +749,7 @@ func (l *logsAnswer) streamJSON(w *bufio.Writer) error {
 
 func (a *api) logs(ctx context.Context, id core.RunID, step string) (int, any, error) {
 	out := &logsAnswer{run: string(id), step: step}
-	var (
-		src   runSource
-		views [][]core.StepLogLine // each lease's log, shared with the core: read off the loop
-	)
+	var src runSource
 	found, matched := false, false
 	err := a.d.Snapshot(ctx, func(o *core.Orchestrator) {
 		if src, found = liveSource(o, id); !found {
@@ -767,7 +760,7 @@ func (a *api) logs(ctx context.Context, id core.RunID, step string) (int, any, e
 		for _, sid := range steps {
 			for _, l := range src.leases { // by id
 				if l.Step == sid {
-					views = append(views, o.LeaseLogsView(l.ID, 0))
+					out.views = append(out.views, o.LeaseLogsView(l.ID, 0)) // read off the loop
 				}
 			}
 		}
@@ -775,7 +768,6 @@ func (a *api) logs(ctx context.Context, id core.RunID, step string) (int, any, e
 	if err != nil {
 		return 0, nil, err
 	}
-	out.views = views
 	if !found {
 		h, ok, err := a.history(id)
 		if err != nil {
